@@ -1,0 +1,377 @@
+"""The `orch` command line: parse, call one core function, render (rich tables or --json).
+
+Heavy modules (the database layer, SSH, HTTP) are imported inside the commands that need
+them: `orch plan` must start in a small multiple of a bare `python -c pass`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from orchestrator.planning import Plan
+    from orchestrator.spec import LoadedJob
+
+app = typer.Typer(
+    name="orch",
+    help="Fine-tune LLMs on rented GPUs at the lowest cost that works.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+servers_app = typer.Typer(help="The monthly dedicated servers you rent.", no_args_is_help=True)
+app.add_typer(servers_app, name="servers")
+
+# Exit codes scripts can rely on.
+EXIT_INVALID = 2  # a job file or argument is wrong
+EXIT_NO_FIT = 3  # nothing can run the job under its constraints
+EXIT_NOT_FOUND = 4
+
+GIB = 1024**3
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _print_json(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # Piped output (scripts, CI logs) gets a width where the plan table does not wrap.
+    width = None if sys.stdout.isatty() else 160
+    return Console(highlight=False, width=width)
+
+
+def _load(path: Path) -> LoadedJob:
+    from orchestrator.spec import SpecError, load_job
+
+    try:
+        return load_job(path)
+    except SpecError as exc:
+        for problem in exc.problems:
+            typer.echo(problem, err=True)
+        n = len(exc.problems)
+        typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
+    from orchestrator.planning import make_plan
+    from orchestrator.scheduler import NoFit
+
+    try:
+        return make_plan(job, servers)
+    except NoFit as exc:
+        _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def _money(value: Any) -> str:
+    if value is None:
+        return "-"
+    d = Decimal(str(value))
+    return f"${d:,.2f}" if d >= 1 else f"${d:.4f}".rstrip("0").rstrip(".")
+
+
+def _render_plan(plan: Plan, limit: int) -> None:
+    from rich.table import Table
+
+    con = _console()
+    job, w, est = plan.job, plan.workload, plan.estimate
+    spec = job.spec
+    con.print(f"[bold]{spec.name}[/]  {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params)"
+              f", {spec.method}, {job.dataset.tokens:,} tokens x {spec.training.epochs:g} epoch"
+              f"{'s' if spec.training.epochs != 1 else ''} ({job.dataset.source})")
+    o = plan.chosen.offer
+    mem = Table(title=f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value})",
+                title_justify="left")
+    mem.add_column("component")
+    mem.add_column("per GPU", justify="right")
+    for name, value in est.components.items():
+        mem.add_row(name, _gib(value))
+    mem.add_row("[bold]peak[/]", f"[bold]{_gib(est.peak_bytes)}[/]")
+    mem.add_row(f"required (+{est.headroom:.0%} headroom)", f"[bold]{_gib(est.required_bytes)}[/]")
+    if est.host_ram_bytes:
+        mem.add_row("host RAM (offloaded)", _gib(est.host_ram_required))
+    con.print(mem)
+    for note in est.notes:
+        con.print(f"  note: {note}")
+
+    table = Table(title=f"Placements that fit ({len(plan.ranking.placements)}), cheapest first",
+                  title_justify="left")
+    for col, justify in (("#", "right"), ("provider", "left"), ("GPU", "left"),
+                         ("n", "right"), ("billing", "left"), ("spot", "left"),
+                         ("$/h", "right"), ("layout", "left"), ("est. h", "right"),
+                         ("est. cost", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for i, p in enumerate(plan.ranking.placements[:limit], 1):
+        po = p.offer
+        rate = _money(po.price_per_hour) if po.price_per_hour is not None else (
+            f"{_money(po.monthly_price)}/mo" if po.monthly_price is not None else "-")
+        cost = _money(p.est_cost)
+        if p.amortised_cost is not None:
+            cost += f" (+{_money(p.amortised_cost)} of rent)"
+        style = "bold green" if i == 1 else None
+        billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
+                                                                          po.billing.value)
+        table.add_row(str(i), po.provider, po.gpu, str(po.gpu_count), billing,
+                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
+                      f"{p.est_hours:.2f}", cost, style=style)
+    con.print(table)
+    hidden = len(plan.ranking.placements) - limit
+    if hidden > 0:
+        con.print(f"  … {hidden} more (use --all or --json)")
+    con.print(f"[bold]Chosen:[/] {plan.chosen.offer.provider} {o.gpu} x{o.gpu_count} — "
+              f"{plan.to_dict(0)['why']}")
+    if plan.ranking.rejected:
+        con.print("Left out: " + "; ".join(f"{n} {r}" for r, n in
+                                           sorted(plan.ranking.rejected.items())))
+    if plan.unpriced:
+        names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
+        con.print(f"Not planned, price not published: {names} "
+                  "(register one you rent with `orch servers add`)")
+
+
+def _servers_for_plan() -> list[Any]:
+    from orchestrator.paths import default_db_url
+    from orchestrator.readonly import registered_servers
+
+    return registered_servers(default_db_url())
+
+
+@app.command()
+def plan(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    json_out: JsonFlag = False,
+    all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
+) -> None:
+    """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    job = _load(file)
+    result = _plan(job, _servers_for_plan())
+    if json_out:
+        _print_json(result.to_dict(alternatives=10_000 if all_rows else 20))
+    else:
+        _render_plan(result, 10_000 if all_rows else 12)
+
+
+def _store() -> Any:
+    from orchestrator.store import StoreError, open_store
+
+    try:
+        return open_store()
+    except StoreError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and record the job as "
+                                          "'planned'; start nothing.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Plan a job and run it (with --dry-run: record the plan only)."""
+    job = _load(file)
+    if not dry_run:
+        _fail("running jobs needs the engine, which is not built yet; use `orch submit "
+              f"{file} --dry-run` to record the plan", 1)
+    store = _store()
+    servers = _registered(store)
+    result = _plan(job, servers)
+    placement = result.to_dict(alternatives=10_000)
+    p = result.chosen
+    row = store.create_job(
+        name=job.spec.name,
+        status="planned",
+        method=job.spec.method,
+        base_model=job.spec.base_model.repo,
+        spec_json=job.spec.model_dump_json(),
+        spec_hash=job.spec_hash,
+        placement=placement,
+        provider=p.offer.provider,
+        gpu=p.offer.gpu,
+        gpu_count=p.offer.gpu_count,
+        billing=p.offer.billing.value,
+        interruptible=p.offer.interruptible,
+        est_hours=p.est_hours,
+        est_cost=p.est_cost,
+        event_kind="planned",
+        event_message=f"dry run: {placement['why']}",
+        event_data={"file": str(file), "placement": placement["placement"]},
+    )
+    if json_out:
+        _print_json({"job_id": row.id, "status": row.status, **placement})
+    else:
+        typer.echo(f"{row.id}  planned  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"
+                   f"  est. {p.est_hours:.2f} h  {_money(p.est_cost)}  (dry run: nothing started)")
+
+
+def _registered(store: Any) -> list[Any]:
+    from orchestrator.planning import RegisteredServer
+    from orchestrator.store import from_micros
+
+    return [RegisteredServer(s.name, s.gpu, s.gpu_count, from_micros(s.monthly_price_micros),
+                             s.host, s.status) for s in store.list_servers()]
+
+
+def _job_dict(j: Any) -> dict[str, Any]:
+    from orchestrator.store import from_micros
+
+    return {
+        "id": j.id, "name": j.name, "status": j.status, "method": j.method,
+        "base_model": j.base_model, "provider": j.provider, "gpu": j.gpu,
+        "gpu_count": j.gpu_count, "interruptible": j.interruptible,
+        "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
+        "cost": str(from_micros(j.cost_micros or 0)),
+        "created_at": j.created_at.isoformat().replace("+00:00", "Z"),
+    }
+
+
+@app.command()
+def jobs(
+    json_out: JsonFlag = False,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
+) -> None:
+    """List jobs, newest first."""
+    rows = [_job_dict(j) for j in _store().list_jobs(limit=limit, status=status)]
+    if json_out:
+        _print_json(rows)
+        return
+    if not rows:
+        typer.echo("no jobs yet; try `orch submit examples/qlora-8b.yml --dry-run`")
+        return
+    from rich.table import Table
+
+    table = Table()
+    for col in ("id", "name", "status", "method", "placement", "est. h", "est. cost",
+                "created (UTC)"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["id"], r["name"], r["status"], r["method"],
+                      f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
+                      _money(r["est_cost"]), r["created_at"][:19])
+    _console().print(table)
+
+
+@servers_app.command("add")
+def servers_add(
+    name: Annotated[str, typer.Argument(help="A short name for the server.")],
+    host: Annotated[str, typer.Option(help="IP address or DNS name for SSH.")],
+    gpu: Annotated[str, typer.Option(help="GPU model, e.g. H100 SXM, H200, B200.")],
+    monthly: Annotated[str, typer.Option(help="Monthly rent in USD, e.g. 2190.")],
+    port: Annotated[int, typer.Option(help="SSH port.")] = 22,
+    user: Annotated[str, typer.Option(help="SSH login.")] = "root",
+    gpus: Annotated[int, typer.Option(help="Number of GPUs.")] = 1,
+    json_out: JsonFlag = False,
+) -> None:
+    """Register a monthly server you rent (its idle time then costs jobs nothing)."""
+    from providers import catalog
+
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        _fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
+    matches = catalog.resolve_gpu(gpu)
+    if len(matches) != 1:
+        known = ", ".join(catalog.gpus())
+        what = "is ambiguous" if matches else "is not a known GPU"
+        _fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
+    if not 1 <= gpus <= 8:
+        _fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
+    if not 1 <= port <= 65535:
+        _fail(f"--port must be 1..65535 (got {port})", EXIT_INVALID)
+    if not host or any(c.isspace() for c in host):
+        _fail(f"--host {host!r}: give an IP address or DNS name", EXIT_INVALID)
+    try:
+        price = Decimal(monthly.replace(",", "").lstrip("$"))
+    except ArithmeticError:
+        _fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
+    if not price.is_finite() or price <= 0:
+        _fail(f"--monthly must be > 0 (got {monthly})", EXIT_INVALID)
+    from orchestrator.store import StoreError
+
+    try:
+        s = _store().add_server(name=name, host=host, port=port, user=user, gpu=matches[0],
+                                gpu_count=gpus, monthly_price=price)
+    except StoreError as exc:
+        _fail(str(exc), EXIT_INVALID)
+    if json_out:
+        _print_json(_server_dict(s))
+    else:
+        typer.echo(f"added {s.name}: {s.gpu} x{s.gpu_count} at {s.user}@{s.host}:{s.port}, "
+                   f"{_money(price)}/month")
+
+
+def _server_dict(s: Any) -> dict[str, Any]:
+    from orchestrator.store import from_micros
+
+    return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
+            "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
+            "status": s.status}
+
+
+@servers_app.command("list")
+def servers_list(json_out: JsonFlag = False) -> None:
+    """List registered servers."""
+    rows = [_server_dict(s) for s in _store().list_servers()]
+    if json_out:
+        _print_json(rows)
+        return
+    if not rows:
+        typer.echo("no servers registered; add one with `orch servers add NAME --host H "
+                   "--gpu H100 SXM --monthly 2190`")
+        return
+    from rich.table import Table
+
+    table = Table()
+    for col in ("name", "GPU", "n", "ssh", "monthly", "status"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["gpu"], str(r["gpu_count"]),
+                      f"{r['user']}@{r['host']}:{r['port']}", _money(r["monthly_price"]),
+                      r["status"])
+    _console().print(table)
+
+
+@servers_app.command("remove")
+def servers_remove(name: Annotated[str, typer.Argument(help="The server's name.")]) -> None:
+    """Forget a registered server (nothing on the server is touched)."""
+    from orchestrator.store import NotFoundError, StoreError
+
+    try:
+        _store().remove_server(name)
+    except NotFoundError as exc:
+        _fail(str(exc), EXIT_NOT_FOUND)
+    except StoreError as exc:
+        _fail(str(exc), EXIT_INVALID)
+    typer.echo(f"removed {name}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

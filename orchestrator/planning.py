@@ -1,0 +1,181 @@
+"""Assemble a plan: job file → workload → offers (catalog + registered servers) → ranking."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from orchestrator import scheduler, sizing
+from orchestrator.scheduler import Constraints, Placement, Ranking
+from orchestrator.sizing import MemoryEstimate, Workload
+from orchestrator.spec import LoadedJob
+from providers import catalog
+from providers.base import Billing, Offer
+
+# The provider name registered monthly servers plan under.
+REGISTERED = "dedicated"
+# A registered server is already running: no boot, and (without a cache probe) one pull.
+REGISTERED_PULL_GBPS = 2.0
+
+
+@dataclass(frozen=True)
+class RegisteredServer:
+    """A monthly server the user rents (a row of the `server` table), as plain values."""
+
+    name: str
+    gpu: str
+    gpu_count: int
+    monthly_price: Decimal
+    host: str = ""
+    status: str = "idle"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `orch plan` shows and `orch submit` records."""
+
+    job: LoadedJob
+    workload: Workload
+    ranking: Ranking
+    chosen: Placement
+    unpriced: tuple[catalog.UnpricedTier, ...]
+
+    @property
+    def estimate(self) -> MemoryEstimate:
+        return self.chosen.estimate
+
+    def to_dict(self, alternatives: int = 20) -> dict[str, Any]:
+        """The `orch plan --json` object."""
+        est = self.estimate
+        spec = self.job.spec
+        return {
+            "job": spec.name,
+            "file": str(self.job.path),
+            "spec_hash": self.job.spec_hash,
+            "base_model": spec.base_model.repo,
+            "params": self.workload.arch.params,
+            "trainable_params": self.workload.trainable_params,
+            "tokens": {"per_epoch": self.job.dataset.tokens,
+                       "epochs": spec.training.epochs,
+                       "total": total_tokens(self.job),
+                       "source": self.job.dataset.source},
+            "estimate": estimate_dict(est),
+            "placement": self.chosen.to_dict(),
+            "alternatives": [p.to_dict() for p in self.ranking.placements[1:1 + alternatives]],
+            "feasible": len(self.ranking.placements),
+            "rejected": dict(self.ranking.rejected),
+            "unpriced_tiers": [f"{u.provider}:{u.name}" for u in self.unpriced],
+            "why": why(self),
+        }
+
+
+def estimate_dict(est: MemoryEstimate) -> dict[str, Any]:
+    """JSON shape of a MemoryEstimate."""
+    return {
+        "method": est.method,
+        "gpu_count": est.gpu_count,
+        "strategy": est.strategy.value,
+        "peak_bytes": est.peak_bytes,
+        "required_bytes": est.required_bytes,
+        "headroom": est.headroom,
+        "host_ram_bytes": est.host_ram_bytes,
+        "components": dict(est.components),
+        "notes": list(est.notes),
+    }
+
+
+def workload_from(job: LoadedJob) -> Workload:
+    """The sizing inputs of a validated job."""
+    s = job.spec
+    return Workload(
+        arch=job.architecture,
+        method=s.method,
+        sequence_len=s.training.sequence_len,
+        micro_batch_size=s.training.micro_batch_size,
+        optimizer=s.training.optimizer,
+        gradient_checkpointing=s.training.gradient_checkpointing,
+        lora_r=s.lora.r,
+        lora_modules=s.lora.modules,
+        lora_dropout=s.lora.dropout,
+        headroom=s.resources.headroom,
+    )
+
+
+def total_tokens(job: LoadedJob) -> int:
+    """Tokens trained over all epochs."""
+    return max(1, round(job.dataset.tokens * job.spec.training.epochs))
+
+
+def constraints_from(job: LoadedJob) -> Constraints:
+    """The job's resources section as scheduler constraints."""
+    r = job.spec.resources
+    gpus = None
+    if r.gpus is not None:
+        gpus = frozenset(name for g in r.gpus for name in catalog.resolve_gpu(g))
+    return Constraints(
+        spot=r.spot,
+        gpus=gpus,
+        max_gpus=r.max_gpus,
+        providers=None if r.providers is None else frozenset(r.providers),
+        max_price_per_hour=r.max_price_per_hour,
+        max_cost=r.max_cost,
+        deadline_hours=r.deadline_hours,
+    )
+
+
+def server_offers(servers: list[RegisteredServer]) -> list[Offer]:
+    """Idle registered servers as offers with zero marginal cost."""
+    spec = catalog.gpus()
+    out = []
+    for s in servers:
+        if s.status != "idle" or s.gpu not in spec:
+            continue
+        out.append(Offer(
+            provider=REGISTERED,
+            offer_id=f"server:{s.name}",
+            gpu=s.gpu,
+            gpu_count=s.gpu_count,
+            gpu_memory_bytes=spec[s.gpu].memory_bytes,
+            billing=Billing.MONTHLY,
+            interruptible=False,
+            price_per_hour=None,
+            monthly_price=s.monthly_price,
+            registered=True,
+            region=s.host or None,
+            boot_minutes=0.0,
+            pull_gbps=REGISTERED_PULL_GBPS,
+        ))
+    return out
+
+
+def make_plan(job: LoadedJob, servers: list[RegisteredServer] | None = None) -> Plan:
+    """Rank every offer for `job`; raise scheduler.NoFit when nothing can run it."""
+    w = workload_from(job)
+    cat = catalog.load()
+    offers = [*cat.offers, *server_offers(servers or [])]
+    chosen, ranking = scheduler.choose(w, total_tokens(job), offers, catalog.gpus(),
+                                       constraints_from(job))
+    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced)
+
+
+def why(plan: Plan) -> str:
+    """One sentence on why the chosen placement won."""
+    c = plan.chosen
+    o = c.offer
+    runner_up = plan.ranking.placements[1] if len(plan.ranking.placements) > 1 else None
+    if o.registered:
+        head = f"idle registered server {o.offer_id.removeprefix('server:')} costs nothing more"
+    else:
+        kind = "spot" if o.interruptible else o.billing.value.replace("_", "-")
+        head = f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} {kind} at ${c.est_cost}"
+    if runner_up is None:
+        return f"{head}; the only placement that fits"
+    r = runner_up.offer
+    return (f"{head}; next best {r.gpu} x{r.gpu_count} ({r.provider}) at ${runner_up.est_cost} "
+            f"in {runner_up.est_hours:.2f} h")
+
+
+def single_gpu_breakdown(job: LoadedJob) -> MemoryEstimate:
+    """The one-GPU estimate, shown even when the job needs several GPUs."""
+    return sizing.estimate(workload_from(job), 1)

@@ -1,0 +1,194 @@
+"""Rank placements over offers and registered servers; pick the cheapest that fits (pure)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from orchestrator import pricing, sizing, throughput
+from orchestrator.sizing import GIB, MemoryEstimate, Workload
+from providers.base import Billing, GpuSpec, Offer
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The job's `resources:` limits, as plain values."""
+
+    spot: str = "allowed"  # allowed | required | never
+    gpus: frozenset[str] | None = None  # canonical GPU names; None = any
+    max_gpus: int = 8
+    providers: frozenset[str] | None = None
+    max_price_per_hour: Decimal | None = None
+    max_cost: Decimal | None = None
+    deadline_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One way to run the job, with its estimate and cost."""
+
+    offer: Offer
+    estimate: MemoryEstimate
+    duration: throughput.Duration
+    est_cost: Decimal  # marginal dollars for this job
+    amortised_cost: Decimal | None = None  # share of a monthly rent already paid
+
+    @property
+    def est_hours(self) -> float:
+        return self.duration.total
+
+    def sort_key(self) -> tuple[Decimal, float, str, str, int]:
+        """Cost, then time, then a stable identity: ties never depend on input order."""
+        o = self.offer
+        return (self.est_cost, round(self.est_hours, 9), o.provider, o.offer_id, o.gpu_count)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary (the `placement` shape of `orch plan --json`)."""
+        o = self.offer
+        return {
+            "provider": o.provider,
+            "offer_id": o.offer_id,
+            "gpu": o.gpu,
+            "gpu_count": o.gpu_count,
+            "billing": o.billing.value,
+            "interruptible": o.interruptible,
+            "registered": o.registered,
+            "price_per_hour": None if o.price_per_hour is None else str(o.price_per_hour),
+            "monthly_price": None if o.monthly_price is None else str(o.monthly_price),
+            "strategy": self.estimate.strategy.value,
+            "required_bytes_per_gpu": self.estimate.required_bytes,
+            "est_hours": round(self.est_hours, 4),
+            "est_training_hours": round(self.duration.training, 4),
+            "est_overhead_hours": round(self.duration.overhead, 4),
+            "throughput_source": self.duration.source,
+            "est_cost": str(self.est_cost),
+            "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
+        }
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Every feasible placement, cheapest first, and why the others were left out."""
+
+    placements: tuple[Placement, ...]
+    rejected: Mapping[str, int] = field(default_factory=dict)  # reason -> offers
+
+    @property
+    def chosen(self) -> Placement | None:
+        return self.placements[0] if self.placements else None
+
+
+class NoFit(Exception):
+    """No offer can run the job; the message states the smallest need and the largest offer."""
+
+
+def _constraint_failure(o: Offer, c: Constraints) -> str | None:
+    if c.spot == "never" and o.interruptible:
+        return "interruptible, but resources.spot is never"
+    if c.spot == "required" and not o.interruptible:
+        return "not interruptible, but resources.spot is required"
+    if c.gpus is not None and o.gpu not in c.gpus:
+        return "GPU not in resources.gpus"
+    if o.gpu_count > c.max_gpus:
+        return "more GPUs than resources.max_gpus"
+    if c.providers is not None and o.provider not in c.providers:
+        return "provider not in resources.providers"
+    if (c.max_price_per_hour is not None and o.price_per_hour is not None
+            and o.price_per_hour > c.max_price_per_hour):
+        return "above resources.max_price_per_hour"
+    return None
+
+
+def rank(
+    w: Workload,
+    tokens: int,
+    offers: Iterable[Offer],
+    gpus: Mapping[str, GpuSpec],
+    constraints: Constraints = Constraints(),
+    cached_on: frozenset[str] = frozenset(),
+    measured_tokens_per_s: Mapping[tuple[str, int], float] | None = None,
+) -> Ranking:
+    """All placements that fit and satisfy the constraints, cheapest (then fastest) first.
+
+    `cached_on` holds offer ids whose host already has the base model (no pull);
+    `measured_tokens_per_s` maps (GPU, count) to a figure learned from finished jobs.
+    """
+    rejected: Counter[str] = Counter()
+    placements: list[Placement] = []
+    fit_cache: dict[tuple[int, int, int | None], MemoryEstimate | None] = {}
+    for offer in offers:
+        why = _constraint_failure(offer, constraints)
+        if why:
+            rejected[why] += 1
+            continue
+        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes)
+        if key not in fit_cache:
+            fit_cache[key] = sizing.fit(w, offer.gpu_count, offer.gpu_memory_bytes,
+                                        offer.ram_bytes)
+        est = fit_cache[key]
+        if est is None:
+            rejected["does not fit in GPU memory"] += 1
+            continue
+        measured = (measured_tokens_per_s or {}).get((offer.gpu, offer.gpu_count))
+        dur = throughput.duration(w, tokens, offer, gpus[offer.gpu], est.strategy,
+                                  model_cached=offer.offer_id in cached_on,
+                                  measured_tokens_per_s=measured)
+        if constraints.deadline_hours is not None and dur.total > constraints.deadline_hours:
+            rejected["slower than resources.deadline_hours"] += 1
+            continue
+        cost = pricing.job_cost(offer, dur.total)
+        if constraints.max_cost is not None and cost > constraints.max_cost:
+            rejected["above resources.max_cost"] += 1
+            continue
+        amortised = None
+        if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
+            amortised = pricing.amortised_share(offer.monthly_price, dur.total)
+        placements.append(Placement(offer, est, dur, cost, amortised))
+    placements.sort(key=Placement.sort_key)
+    return Ranking(tuple(placements), dict(rejected))
+
+
+def smallest_need(w: Workload, max_gpus: int = 8) -> MemoryEstimate:
+    """The least per-GPU memory any layout of `w` needs (sharded over the most GPUs)."""
+    best: MemoryEstimate | None = None
+    for count in (1, 2, 4, 8):
+        if count > max_gpus:
+            break
+        for strategy in sizing.candidate_strategies(count):
+            if strategy in (sizing.Strategy.OFFLOAD, sizing.Strategy.SHARDED_OFFLOAD):
+                continue  # offload needs a known host RAM; report the GPU-only need
+            est = sizing.estimate(w, count, strategy)
+            if best is None or est.required_bytes < best.required_bytes:
+                best = est
+    assert best is not None
+    return best
+
+
+def choose(
+    w: Workload,
+    tokens: int,
+    offers: Iterable[Offer],
+    gpus: Mapping[str, GpuSpec],
+    constraints: Constraints = Constraints(),
+    **kwargs: object,
+) -> tuple[Placement, Ranking]:
+    """The cheapest feasible placement, or NoFit explaining the gap."""
+    offers = list(offers)
+    ranking = rank(w, tokens, offers, gpus, constraints, **kwargs)  # type: ignore[arg-type]
+    if ranking.chosen is not None:
+        return ranking.chosen, ranking
+    need = smallest_need(w, constraints.max_gpus)
+    largest = max(offers, key=lambda o: (o.gpu_memory_bytes, o.gpu_count), default=None)
+    largest_txt = (f"{largest.gpu_memory_bytes / GIB:.1f} GiB per GPU ({largest.gpu} "
+                   f"x{largest.gpu_count}, {largest.provider})" if largest else "no offers at all")
+    reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items()))
+    raise NoFit(
+        f"no placement fits: the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
+        f"({need.strategy.value} on {need.gpu_count} GPU{'s' if need.gpu_count > 1 else ''}, "
+        f"headroom {need.headroom:.0%}); the largest offer has {largest_txt}. "
+        f"Rejected: {reasons or 'none'}. Try a shorter training.sequence_len, a smaller "
+        "micro_batch_size, method qlora, relaxed resources, or register a larger server "
+        "with `orch servers add`."
+    )

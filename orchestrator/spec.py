@@ -1,0 +1,505 @@
+"""JobSpec (pydantic v2) and job-file loading with `file:line field: problem; fix` errors."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator import yamlpos
+from orchestrator.architectures import (
+    LINEAR_MODULES,
+    Architecture,
+    ArchitectureError,
+    from_config_json,
+    from_fields,
+    lookup,
+)
+
+# Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training").
+DEFAULT_TRAINER_IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+
+# Rough characters per token for English text with 128K–152K vocabularies; used only when
+# the dataset gives no `tokens:` count. docs/sizing.md explains the estimate.
+CHARS_PER_TOKEN = 4.0
+# Prompt-template tokens added per alpaca row / per chat message.
+ALPACA_TEMPLATE_TOKENS = 24
+CHAT_MESSAGE_TOKENS = 6
+# With a given token count, only this many rows are read to check the format.
+_SAMPLE_ROWS = 1000
+
+
+def _to_decimal(value: Any) -> Any:
+    # YAML floats become Decimal through their shortest repr, so 0.074 stays 0.074 exactly.
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float, str)):
+        try:
+            return Decimal(str(value))
+        except InvalidOperation:
+            raise ValueError(f"must be a number of dollars (got {value!r})") from None
+    return value
+
+
+def _any_or_list(value: Any) -> Any:
+    if value == "any":
+        return None
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+Money = Annotated[Decimal, BeforeValidator(_to_decimal), Field(gt=0)]
+AnyOrList = Annotated[list[str] | None, BeforeValidator(_any_or_list)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ArchitectureFields(_Strict):
+    """A model shape given inline, as config.json names the fields."""
+
+    hidden_size: int = Field(gt=0)
+    num_hidden_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_key_value_heads: int | None = Field(default=None, gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    head_dim: int | None = Field(default=None, gt=0)
+
+
+class BaseModelRef(_Strict):
+    """Which base model: a repo id, optionally with a revision and its shape."""
+
+    repo: str = Field(min_length=1)
+    revision: str = "main"
+    config: str | None = None
+    architecture: ArchitectureFields | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, value: Any) -> Any:
+        return {"repo": value} if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> BaseModelRef:
+        if self.config and self.architecture:
+            raise ValueError("give either config or architecture, not both")
+        return self
+
+
+class LoraSpec(_Strict):
+    r: int = Field(default=16, gt=0, le=1024)
+    alpha: float = Field(default=32, gt=0)
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target: Annotated[list[str] | None, BeforeValidator(
+        lambda v: None if v == "all-linear" else v)] = None
+
+    @field_validator("target")
+    @classmethod
+    def _known_modules(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("must name at least one module, or be all-linear")
+        for name in value:
+            if name not in LINEAR_MODULES:
+                close = difflib.get_close_matches(name, LINEAR_MODULES, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
+                    "or all-linear)"
+                )
+        return value
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The adapted linear layers."""
+        return LINEAR_MODULES if self.target is None else tuple(self.target)
+
+
+Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
+
+
+class TrainingSpec(_Strict):
+    sequence_len: int = Field(default=2048, ge=16, le=1_048_576)
+    micro_batch_size: int = Field(default=2, gt=0, le=4096)
+    gradient_accumulation_steps: int = Field(default=4, gt=0)
+    epochs: float = Field(default=1, gt=0, le=1000)
+    learning_rate: float = Field(default=2.0e-4, gt=0, lt=1)
+    optimizer: Optimizer = "adamw_8bit"
+    gradient_checkpointing: bool = True
+    packing: bool = True
+
+
+class HfDataset(_Strict):
+    hf: str = Field(min_length=1)
+    split: str = "train"
+
+
+def _dataset_path(value: Any) -> Any:
+    if isinstance(value, str):
+        return {"local": value}
+    return value
+
+
+class DatasetPath(_Strict):
+    """A local file (uploaded to the host) or a Hugging Face dataset."""
+
+    local: str | None = None
+    hf: str | None = None
+    split: str = "train"
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DatasetPath:
+        if (self.local is None) == (self.hf is None):
+            raise ValueError("must be a local file path or {hf: org/name}")
+        return self
+
+
+class DatasetSpec(_Strict):
+    path: Annotated[DatasetPath, BeforeValidator(_dataset_path)]
+    format: Literal["alpaca", "chat_template"] = "alpaca"
+    tokens: int | None = Field(default=None, gt=0)
+
+
+class EvalSpec(_Strict):
+    eval_set: str | None = None
+    tasks: list[str] = Field(default_factory=list)
+
+
+class ResourcesSpec(_Strict):
+    spot: Literal["allowed", "required", "never"] = "allowed"
+    gpus: AnyOrList = None
+    max_gpus: int = Field(default=8, ge=1, le=8)
+    providers: AnyOrList = None
+    max_price_per_hour: Money | None = None
+    max_cost: Money | None = None
+    deadline_hours: float | None = Field(default=None, gt=0)
+    headroom: float = Field(default=0.2, ge=0, le=1)
+
+
+class TrainerSpec(_Strict):
+    image: str = DEFAULT_TRAINER_IMAGE
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("image")
+    @classmethod
+    def _pinned(cls, value: str) -> str:
+        tag = value.rsplit("/", 1)[-1].partition(":")[2]
+        if not tag or tag in {"latest", "main-latest"}:
+            raise ValueError(
+                f"pin an image tag (got {value!r}); e.g. {DEFAULT_TRAINER_IMAGE!r}"
+            )
+        return value
+
+
+class JobSpec(_Strict):
+    """A job file, validated. Only name, base_model, method and dataset are required."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    base_model: BaseModelRef
+    method: Literal["qlora", "lora", "full"]
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    dataset: DatasetSpec
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+
+
+@dataclass(frozen=True)
+class DatasetSize:
+    """How many tokens one epoch has, and whether that is a count or an estimate."""
+
+    tokens: int
+    rows: int | None
+    source: str  # "job file" | "estimated from N characters"
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    """A validated job file with everything resolved that sizing needs."""
+
+    spec: JobSpec
+    path: Path
+    architecture: Architecture
+    dataset: DatasetSize
+
+    @property
+    def spec_hash(self) -> str:
+        """Identity of the resolved job: sha256 of its canonical JSON."""
+        return spec_hash(self.spec)
+
+
+class SpecError(ValueError):
+    """One or more problems in a job file, each as `file:line field: problem`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def spec_hash(spec: JobSpec) -> str:
+    """sha256 of the spec's canonical JSON (sorted keys, defaults filled in)."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- error translation ---------------------------------------------------------------------
+
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "decimal_type": "a number",
+}
+
+
+def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that validates the mapping at `loc`."""
+    model: type[BaseModel] = JobSpec
+    for part in loc:
+        if isinstance(part, int):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        sub = _submodel(field.annotation)
+        if sub is None:
+            return None
+        model = sub
+    return model
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    origin_meta = getattr(annotation, "__metadata__", None)
+    if origin_meta is not None:
+        return _submodel(getattr(annotation, "__origin__", None))
+    return None
+
+
+def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    # DatasetPath wraps a plain path string as {local: ...}; report it as `dataset.path`.
+    if loc[:3] == ("dataset", "path", "local"):
+        return loc[:2]
+    return loc
+
+
+def _describe(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    loc = tuple(err["loc"])
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        choices = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), choices, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key; did you mean {close[0]!r}?"
+        return f"unknown key; allowed here: {', '.join(choices)}" if choices else "unknown key"
+    if kind == "missing":
+        return "required; add it (see examples/ for a complete job file)"
+    if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+              "less_than_equal": "<="}[kind]
+        bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"must be {op} {bound} (got {got!r})"
+    if kind == "literal_error":
+        expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
+        close = difflib.get_close_matches(str(got), [e.strip() for e in expected.split(",")], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"must be one of {expected} (got {got!r}){hint}"
+    if kind == "string_pattern_mismatch":
+        return (f"must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
+                f"digit (got {got!r})")
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind in _TYPE_WORDS:
+        return f"must be {_TYPE_WORDS[kind]} (got {got!r})"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    return str(err["msg"])
+
+
+def _translate(exc: ValidationError, filename: str, pos: yamlpos.Positions) -> list[str]:
+    out: list[tuple[int, str]] = []
+    for err in exc.errors():
+        loc = _user_loc(tuple(err["loc"]))
+        line = pos.line(loc)
+        where = yamlpos.dotted(loc) or "(top level)"
+        out.append((line, f"{filename}:{line} {where}: {_describe(dict(err))}"))
+    return [msg for _, msg in sorted(set(out))]
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def load_job(path: str | Path) -> LoadedJob:
+    """Read, validate and resolve a job file; raise SpecError listing every problem."""
+    path = Path(path)
+    name = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError([f"{name}: file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([f"{name}: cannot read ({exc})"]) from None
+    try:
+        raw, pos = yamlpos.load(text, name)
+    except yamlpos.YamlError as exc:
+        raise SpecError([str(exc)]) from None
+    if not isinstance(raw, dict):
+        raise SpecError([f"{name}:1 (top level): must be a mapping of keys such as name, "
+                         "base_model, method, dataset"])
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(_translate(exc, name, pos)) from None
+    return resolve(spec, path, pos)
+
+
+def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> LoadedJob:
+    """Check what the schema cannot (files, model shape, GPU and provider names)."""
+    from providers import catalog  # data only; kept here so the schema stays import-light
+
+    pos = pos or yamlpos.Positions()
+    name = str(path)
+    base = path.parent
+    problems: list[tuple[int, str]] = []
+
+    def problem(loc: tuple[str | int, ...], msg: str) -> None:
+        line = pos.line(loc)
+        problems.append((line, f"{name}:{line} {yamlpos.dotted(loc)}: {msg}"))
+
+    arch: Architecture | None = None
+    ref = spec.base_model
+    try:
+        if ref.architecture is not None:
+            arch = from_fields(ref.architecture.model_dump(exclude_none=True), where=name)
+        elif ref.config is not None:
+            arch = from_config_json(base / ref.config)
+        else:
+            arch = lookup(ref.repo).architecture
+    except ArchitectureError as exc:
+        loc: tuple[str | int, ...] = ("base_model",)
+        if ref.config is not None:
+            loc = ("base_model", "config")
+        problem(loc, str(exc))
+
+    dataset: DatasetSize | None = None
+    if spec.dataset.path.local is not None:
+        data_file = base / spec.dataset.path.local
+        if not data_file.is_file():
+            problem(("dataset", "path"), f"file not found: {data_file}; fix the path "
+                    "(relative to the job file) or use {hf: org/name}")
+        else:
+            try:
+                dataset = count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
+            except SpecError as exc:
+                problems.extend((pos.line(("dataset", "path")), p) for p in exc.problems)
+    elif spec.dataset.tokens is None:
+        problem(("dataset", "tokens"), "required for a {hf: ...} dataset (orch cannot download "
+                "it to count); give the token count of one epoch")
+    else:
+        dataset = DatasetSize(spec.dataset.tokens, None, "job file")
+
+    if spec.eval.eval_set is not None and not (base / spec.eval.eval_set).is_file():
+        problem(("eval", "eval_set"), f"file not found: {base / spec.eval.eval_set}")
+
+    for i, gpu in enumerate(spec.resources.gpus or []):
+        if not catalog.resolve_gpu(gpu):
+            known = list(catalog.gpus())
+            close = difflib.get_close_matches(gpu, known, n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problem(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
+                    f"{', '.join(known)}")
+    providers = catalog.provider_names()
+    for i, prov in enumerate(spec.resources.providers or []):
+        if prov not in providers:
+            close = difflib.get_close_matches(prov, providers, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problem(("resources", "providers", i), f"unknown provider {prov!r}; {hint}known: "
+                    f"{', '.join(providers)}")
+
+    if problems or arch is None or dataset is None:
+        raise SpecError([m for _, m in sorted(set(problems))])
+    return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
+
+
+def count_tokens(path: Path, fmt: str, given: int | None) -> DatasetSize:
+    """Validate a JSONL dataset's rows and estimate its tokens (unless `given`)."""
+    chars = 0
+    rows = 0
+    overhead = 0
+    problems: list[str] = []
+    with path.open(encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+                continue
+            rows += 1
+            if fmt == "alpaca":
+                if not isinstance(row, dict) or "instruction" not in row or "output" not in row:
+                    problems.append(f"{path}:{lineno}: an alpaca row needs 'instruction' and "
+                                    "'output' (and optional 'input'); or set dataset.format: "
+                                    "chat_template")
+                    continue
+                chars += sum(len(str(row.get(k) or "")) for k in ("instruction", "input", "output"))
+                overhead += ALPACA_TEMPLATE_TOKENS
+            else:
+                msgs = row.get("messages", row.get("conversations")) if isinstance(row, dict) \
+                    else None
+                if not isinstance(msgs, list):
+                    problems.append(f"{path}:{lineno}: a chat_template row needs a 'messages' "
+                                    "list of {role, content}; or set dataset.format: alpaca")
+                    continue
+                for m in msgs:
+                    content = m.get("content", m.get("value", "")) if isinstance(m, dict) else m
+                    chars += len(str(content))
+                    overhead += CHAT_MESSAGE_TOKENS
+            if len(problems) >= 5 or (given is not None and rows >= _SAMPLE_ROWS):
+                break
+    if problems:
+        raise SpecError(problems)
+    if rows == 0:
+        raise SpecError([f"{path}: dataset is empty"])
+    if given is not None:
+        return DatasetSize(given, rows, "job file")
+    tokens = max(1, round(chars / CHARS_PER_TOKEN) + overhead)
+    return DatasetSize(tokens, rows, f"estimated from {chars:,} characters in {rows:,} rows")

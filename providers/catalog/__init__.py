@@ -1,0 +1,156 @@
+"""Static price catalogs and GPU specs (YAML beside this file) for planning without credentials."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from providers.base import Billing, GpuSpec, Offer
+
+_DIR = Path(__file__).parent
+_MIB = 1024**2
+_GB = 1000**3
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+@cache
+def gpus() -> dict[str, GpuSpec]:
+    """Every GPU model we know, by canonical name."""
+    doc = yaml.safe_load((_DIR / "gpus.yaml").read_text())
+    raw, scaling = doc["gpus"], doc["scaling"]
+    return {
+        name: GpuSpec(
+            name=name,
+            memory_bytes=int(f["memory_mib"]) * _MIB,
+            bf16_tflops=float(f["bf16_tflops"]),
+            bandwidth_tbps=float(f["bandwidth_tbps"]),
+            mfu=float(f["mfu"]),
+            interconnect=f["interconnect"],
+            scaling=tuple((k, float(v)) for k, v in scaling[f["interconnect"]].items()),
+            aliases=tuple(str(a) for a in f.get("aliases", [])),
+        )
+        for name, f in raw.items()
+    }
+
+
+def resolve_gpu(name: str) -> list[str]:
+    """Canonical GPU names a user's spelling refers to ("h100" → both H100 variants)."""
+    key = _norm(name)
+    hits = [g.name for g in gpus().values() if key in {_norm(g.name), *map(_norm, g.aliases)}]
+    return hits
+
+
+@dataclass(frozen=True)
+class UnpricedTier:
+    """A catalog tier whose price the source does not publish (never planned as-is)."""
+
+    provider: str
+    name: str
+    gpu: str
+    gpu_count: int
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Offers with published prices, plus the tiers left out for want of a price."""
+
+    offers: tuple[Offer, ...]
+    unpriced: tuple[UnpricedTier, ...]
+    volume_per_gb_month: dict[str, Decimal]
+
+
+def _price(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(str(value))
+
+
+def _cloud(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
+    spec = gpus()
+    offers: list[Offer] = []
+    unpriced: list[UnpricedTier] = []
+    provider = raw["provider"]
+    for tier in raw["tiers"]:
+        gpu = spec[tier["gpu"]]
+        for count in raw["counts"]:
+            for interruptible, key in ((False, "on_demand"), (True, "spot")):
+                per_gpu = _price(tier[key])
+                if per_gpu is None:
+                    continue  # the source does not sell this tier; nothing to plan
+                kind = "spot" if interruptible else "on-demand"
+                offers.append(
+                    Offer(
+                        provider=provider,
+                        offer_id=f"{_norm(gpu.name)}-x{count}-{kind}",
+                        gpu=gpu.name,
+                        gpu_count=count,
+                        gpu_memory_bytes=gpu.memory_bytes,
+                        billing=Billing(raw["billing"]),
+                        interruptible=interruptible,
+                        price_per_hour=per_gpu * count,
+                        boot_minutes=float(raw["boot_minutes"]),
+                        pull_gbps=float(raw["pull_gbps"]),
+                    )
+                )
+    return offers, unpriced
+
+
+def _dedicated(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
+    spec = gpus()
+    offers: list[Offer] = []
+    unpriced: list[UnpricedTier] = []
+    provider = raw["provider"]
+    for tier in raw["tiers"]:
+        gpu = spec[tier["gpu"]]
+        monthly = _price(tier["monthly"])
+        if monthly is None:
+            unpriced.append(UnpricedTier(provider, tier["name"], gpu.name, int(tier["count"])))
+            continue
+        ram = tier.get("ram_gb")
+        offers.append(
+            Offer(
+                provider=provider,
+                offer_id=tier["name"],
+                gpu=gpu.name,
+                gpu_count=int(tier["count"]),
+                gpu_memory_bytes=gpu.memory_bytes,
+                billing=Billing.MONTHLY,
+                interruptible=False,
+                price_per_hour=None,
+                monthly_price=monthly,
+                vcpu=tier.get("vcpu"),
+                ram_bytes=None if ram is None else int(ram * _GB),
+                boot_minutes=float(raw["handover_minutes"]),
+                pull_gbps=float(raw["pull_gbps"]),
+            )
+        )
+    return offers, unpriced
+
+
+@cache
+def load() -> Catalog:
+    """The static catalog: every priced offer and every unpriced tier."""
+    offers: list[Offer] = []
+    unpriced: list[UnpricedTier] = []
+    volume: dict[str, Decimal] = {}
+    for name, parse in (("cloud.yaml", _cloud), ("dedicated.yaml", _dedicated)):
+        raw = yaml.safe_load((_DIR / name).read_text())
+        o, u = parse(raw)
+        offers += o
+        unpriced += u
+        if raw.get("volume_per_gb_month") is not None:
+            volume[raw["provider"]] = Decimal(str(raw["volume_per_gb_month"]))
+    return Catalog(tuple(offers), tuple(unpriced), volume)
+
+
+def provider_names() -> list[str]:
+    """Providers the planner knows: the catalogs' plus `dedicated` (registered servers)."""
+    return sorted({o.provider for o in load().offers} | {u.provider for u in load().unpriced}
+                  | {"dedicated"})
