@@ -1,0 +1,184 @@
+"""Scheduler: the expected placements from whole-job cost, no-fit errors, properties."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator import scheduler
+from orchestrator.architectures import lookup
+from orchestrator.planning import RegisteredServer, server_offers
+from orchestrator.scheduler import Constraints, NoFit
+from orchestrator.sizing import GIB, Strategy, Workload
+from providers import catalog
+from providers.base import Billing, Offer
+
+TOKENS = 6_000_000
+
+
+def job(repo: str, method: str = "qlora", **kw: object) -> Workload:
+    return Workload(lookup(repo).architecture, method, **kw)  # type: ignore[arg-type]
+
+
+def choose(w: Workload, c: Constraints = Constraints(), extra: list[Offer] | None = None,
+           tokens: int = TOKENS) -> scheduler.Placement:
+    offers = [*catalog.load().offers, *(extra or [])]
+    return scheduler.choose(w, tokens, offers, catalog.gpus(), c)[0]
+
+
+def test_qlora_8b_goes_to_rtx3090_spot() -> None:
+    p = choose(job("meta-llama/Llama-3.1-8B"))
+    assert (p.offer.gpu, p.offer.gpu_count, p.offer.interruptible) == ("RTX 3090", 1, True)
+
+
+@pytest.mark.parametrize("repo", ["Qwen/Qwen2.5-32B", "meta-llama/Llama-3.1-70B"])
+def test_qlora_32b_and_70b_go_to_a100_spot(repo: str) -> None:
+    p = choose(job(repo, micro_batch_size=1))
+    assert (p.offer.gpu, p.offer.gpu_count, p.offer.interruptible) == ("A100 80GB", 1, True)
+
+
+def test_qlora_14b_fits_a_24gb_card_at_moderate_length() -> None:
+    p = choose(job("Qwen/Qwen2.5-14B", sequence_len=1024, micro_batch_size=1))
+    assert p.offer.gpu_memory_bytes <= 24576 * 2**20 and p.offer.interruptible
+
+
+@pytest.mark.parametrize("repo", ["meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-32B",
+                                  "meta-llama/Llama-3.1-70B"])
+def test_spot_never_gives_the_on_demand_equivalent(repo: str) -> None:
+    p = choose(job(repo, micro_batch_size=1), Constraints(spot="never"))
+    assert not p.offer.interruptible
+    assert (p.offer.gpu, p.offer.billing) == ("A100 80GB", Billing.PER_SECOND)
+
+
+def test_full_32b_is_sharded_over_several_gpus() -> None:
+    p = choose(job("Qwen/Qwen2.5-32B", "full", micro_batch_size=1), tokens=2_000_000)
+    assert p.offer.gpu_count == 8 and p.estimate.strategy is Strategy.SHARDED
+
+
+def test_full_32b_adamw_needs_more_than_the_catalog_offers() -> None:
+    w = job("Qwen/Qwen2.5-32B", "full", optimizer="adamw", micro_batch_size=1)
+    with pytest.raises(NoFit) as info:
+        choose(w)
+    msg = str(info.value)
+    assert "needs at least" in msg and "fsdp on 8 GPUs" in msg
+    assert "the largest offer has 80.0 GiB per GPU" in msg
+    assert "does not fit in GPU memory" in msg
+    # A registered 8x H200 node fits it, sharded, at zero marginal cost.
+    node = server_offers([RegisteredServer("hgx", "H200", 8, Decimal("25000"))])
+    p = choose(w, extra=node)
+    assert p.offer.offer_id == "server:hgx" and p.estimate.strategy is Strategy.SHARDED
+    assert p.est_cost == 0 and p.amortised_cost is not None and p.amortised_cost > 0
+
+
+def test_registered_idle_h100_wins_at_zero_marginal_cost() -> None:
+    mine = server_offers([RegisteredServer("box1", "H100 SXM", 1, Decimal("2190"))])
+    p = choose(job("meta-llama/Llama-3.1-8B"), extra=mine)
+    assert p.offer.offer_id == "server:box1" and p.est_cost == 0
+    busy = server_offers([RegisteredServer("box1", "H100 SXM", 1, Decimal("2190"),
+                                           status="busy")])
+    assert busy == []
+
+
+def test_new_monthly_rental_is_ranked_at_a_whole_month() -> None:
+    offers = [*catalog.load().offers]
+    ranking = scheduler.rank(job("meta-llama/Llama-3.1-8B"), TOKENS, offers, catalog.gpus())
+    monthly = [p for p in ranking.placements if p.offer.billing is Billing.MONTHLY]
+    assert monthly and all(p.est_cost == Decimal("2190") for p in monthly)
+    assert ranking.placements[-1].offer.billing is Billing.MONTHLY
+
+
+def test_unpublished_prices_are_never_planned() -> None:
+    cat = catalog.load()
+    assert {u.name for u in cat.unpriced} >= {"1xH200", "8xH200", "8xB200"}
+    assert not any(o.gpu in {"H200", "B200", "B300"} for o in cat.offers)
+
+
+def test_constraints_are_respected() -> None:
+    w = job("meta-llama/Llama-3.1-8B")
+    assert choose(w, Constraints(gpus=frozenset({"RTX 4090"}))).offer.gpu == "RTX 4090"
+    assert choose(w, Constraints(spot="required")).offer.interruptible
+    with pytest.raises(NoFit, match="above resources.max_cost"):
+        choose(w, Constraints(max_cost=Decimal("0.01")))
+    with pytest.raises(NoFit, match="slower than resources.deadline_hours"):
+        choose(w, Constraints(deadline_hours=0.01))
+    with pytest.raises(NoFit, match="provider not in resources.providers"):
+        choose(w, Constraints(providers=frozenset({"dedicated"})))
+    p = choose(w, Constraints(max_price_per_hour=Decimal("0.2"), spot="required"))
+    assert p.offer.price_per_hour is not None and p.offer.price_per_hour <= Decimal("0.2")
+
+
+def test_no_fit_names_smallest_need_and_largest_offer() -> None:
+    w = job("meta-llama/Llama-3.1-70B", "lora", sequence_len=32768, micro_batch_size=8,
+            gradient_checkpointing=False)
+    with pytest.raises(NoFit) as info:
+        choose(w)
+    msg = str(info.value)
+    assert "the job needs at least" in msg and "GiB per GPU" in msg
+    assert "H100 PCIe" in msg or "A100 80GB" in msg
+
+
+# --- properties -----------------------------------------------------------------------------
+
+GPUS = catalog.gpus()
+offer_st = st.builds(
+    lambda gpu, count, spot, cents, i: Offer(
+        provider=f"p{i % 3}", offer_id=f"o{i}", gpu=gpu, gpu_count=count,
+        gpu_memory_bytes=GPUS[gpu].memory_bytes, billing=Billing.PER_SECOND,
+        interruptible=spot, price_per_hour=Decimal(cents) / 100, boot_minutes=float(i % 7)),
+    st.sampled_from(sorted(GPUS)), st.sampled_from([1, 2, 4, 8]), st.booleans(),
+    st.integers(5, 5000), st.integers(0, 10_000),
+)
+workload_st = st.builds(
+    job,
+    st.sampled_from(["meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-14B",
+                     "Qwen/Qwen2.5-32B", "meta-llama/Llama-3.1-70B"]),
+    st.sampled_from(["qlora", "lora", "full"]),
+)
+constraint_st = st.builds(
+    Constraints,
+    spot=st.sampled_from(["allowed", "required", "never"]),
+    max_gpus=st.sampled_from([1, 2, 4, 8]),
+    max_price_per_hour=st.none() | st.integers(10, 2000).map(lambda c: Decimal(c) / 100),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(workload_st, st.lists(offer_st, max_size=30, unique_by=lambda o: o.offer_id),
+       constraint_st, st.randoms(use_true_random=False))
+def test_chosen_is_never_costlier_and_ranking_is_deterministic(
+    w: Workload, offers: list[Offer], c: Constraints, rnd: object
+) -> None:
+    ranking = scheduler.rank(w, TOKENS, offers, GPUS, c)
+    shuffled = list(offers)
+    rnd.shuffle(shuffled)  # type: ignore[attr-defined]
+    again = scheduler.rank(w, TOKENS, shuffled, GPUS, c)
+    assert [p.offer.offer_id for p in ranking.placements] == \
+        [p.offer.offer_id for p in again.placements]
+    for p in ranking.placements:
+        assert p.estimate.required_bytes <= p.offer.gpu_memory_bytes
+        assert p.offer.gpu_count <= c.max_gpus
+        assert not (c.spot == "never" and p.offer.interruptible)
+        assert not (c.spot == "required" and not p.offer.interruptible)
+    if ranking.chosen is not None:
+        best = ranking.chosen
+        assert all(best.est_cost <= p.est_cost for p in ranking.placements)
+        ties = [p for p in ranking.placements if p.est_cost == best.est_cost]
+        assert all(best.est_hours <= p.est_hours + 1e-9 for p in ties)
+    else:
+        with pytest.raises(NoFit, match="needs at least"):
+            scheduler.choose(w, TOKENS, offers, GPUS, c)
+    # Every offer is either placed or counted as rejected for a reason.
+    assert len(ranking.placements) + sum(ranking.rejected.values()) == len(offers)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload_st)
+def test_no_offer_fits_below_the_smallest_need(w: Workload) -> None:
+    need = scheduler.smallest_need(w)
+    small = Offer("x", "tiny", "RTX 3090", 8, need.required_bytes - 1, Billing.PER_SECOND,
+                  False, Decimal("1"))
+    assert scheduler.rank(w, TOKENS, [small], GPUS).chosen is None
+    assert need.required_bytes > 0 and need.required_bytes / GIB < 10_000

@@ -1,0 +1,234 @@
+"""Job-file loading: valid files resolve; every bad input names file, line, field and fix."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.spec import DEFAULT_TRAINER_IMAGE, SpecError, load_job
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+MINIMAL = """\
+name: t
+base_model: meta-llama/Llama-3.1-8B
+method: qlora
+dataset:
+  path: train.jsonl
+"""
+
+
+def write(tmp_path: Path, text: str, rows: list[dict] | None = None) -> Path:
+    data = tmp_path / "train.jsonl"
+    rows = rows if rows is not None else [
+        {"instruction": "Say hi", "input": "", "output": "hi there"},
+        {"instruction": "Add 2 and 2", "input": "", "output": "4"},
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    job = tmp_path / "job.yml"
+    job.write_text(text)
+    return job
+
+
+def problems(path: Path) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_job(path)
+    return info.value.problems
+
+
+@pytest.mark.parametrize("name", ["qlora-8b", "qlora-70b", "lora-14b", "full-32b"])
+def test_examples_load(name: str) -> None:
+    path = EXAMPLES / f"{name}.yml"
+    job = load_job(path)
+    assert job.dataset.tokens > 0
+    assert job.architecture.params > 0
+
+
+def test_minimal_file_gets_documented_defaults(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL))
+    s = job.spec
+    assert s.training.sequence_len == 2048
+    assert s.training.optimizer == "adamw_8bit"
+    assert s.lora.r == 16 and s.lora.modules[0] == "q_proj"
+    assert s.resources.spot == "allowed" and s.resources.headroom == 0.2
+    assert s.resources.gpus is None and s.resources.max_gpus == 8
+    assert s.trainer.image == DEFAULT_TRAINER_IMAGE
+    assert s.base_model.revision == "main"
+    # Counted from the file: two rows, chars/4 plus template tokens.
+    assert job.dataset.rows == 2 and "estimated" in job.dataset.source
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "traning:\n  epochs: 2\n")
+    assert problems(path) == [f"{path}:6 traning: unknown key; did you mean 'training'?"]
+
+
+def test_nested_impossible_value_names_line_and_field(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "training:\n  epochs: 1\n  learning_rate: -1\n")
+    assert problems(path) == [f"{path}:8 training.learning_rate: must be > 0 (got -1)"]
+
+
+def test_all_problems_reported_at_once_sorted_by_line(tmp_path: Path) -> None:
+    text = """\
+name: "bad name!"
+base_model: meta-llama/Llama-3.1-8B
+method: qlorra
+training:
+  micro_batch_size: "2"
+  gradient_checkpointing: maybe
+dataset:
+  path: train.jsonl
+resources:
+  spot: sometimes
+  max_gpus: 9
+  headroom: 1.5
+lora: {r: 0, target: [q_proj, vproj]}
+"""
+    found = problems(write(tmp_path, text))
+    lines = [int(p.split(":")[1].split()[0]) for p in found]
+    assert lines == sorted(lines)
+    joined = "\n".join(found)
+    assert ":1 name: must be 1-64 letters" in joined
+    assert ":3 method: must be one of qlora, lora, full (got 'qlorra'); did you mean 'qlora'?" \
+        in joined
+    assert ":5 training.micro_batch_size: must be an integer (got '2')" in joined
+    assert ":6 training.gradient_checkpointing: must be true or false" in joined
+    assert ":10 resources.spot: must be one of allowed, required, never" in joined
+    assert ":11 resources.max_gpus: must be <= 8 (got 9)" in joined
+    assert ":12 resources.headroom: must be <= 1 (got 1.5)" in joined
+    assert ":13 lora.r: must be > 0 (got 0)" in joined
+    assert "did you mean 'v_proj'?" in joined
+
+
+def test_missing_required_fields(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: t\nmethod: lora\n")
+    found = problems(path)
+    assert f"{path}:1 base_model: required; add it" in found[0]
+    assert any("dataset: required" in p for p in found)
+
+
+def test_yaml_syntax_error_and_duplicate_keys(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL + "training: [unclosed\n")
+    assert "not valid YAML" in problems(path)[0]
+    path = write(tmp_path, MINIMAL + "method: lora\n")
+    assert problems(path) == [f"{path}:6 method: duplicate key; keep only one"]
+
+
+def test_top_level_must_be_mapping(tmp_path: Path) -> None:
+    assert "must be a mapping" in problems(write(tmp_path, "- a\n- b\n"))[0]
+
+
+def test_yaml12_exponent_floats_are_numbers(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL + "training:\n  learning_rate: 1e-4\n"))
+    assert job.spec.training.learning_rate == pytest.approx(1e-4)
+
+
+def test_money_is_decimal_exactly(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL + "resources:\n  max_price_per_hour: 0.074\n"
+                                             "  max_cost: 25\n"))
+    assert job.spec.resources.max_price_per_hour == Decimal("0.074")
+    assert job.spec.resources.max_cost == Decimal("25")
+    path = write(tmp_path, MINIMAL + "resources:\n  max_cost: -3\n")
+    assert problems(path) == [f"{path}:7 resources.max_cost: must be > 0 (got -3)"]
+
+
+def test_unknown_base_model_suggests_and_explains(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("Llama-3.1-8B", "Llama-3.1-8C"))
+    (msg,) = problems(path)
+    assert msg.startswith(f"{path}:2 base_model: unknown base model")
+    assert "did you mean 'meta-llama/Llama-3.1-8B'" in msg and "config:" in msg
+
+
+def test_base_model_aliases_are_case_insensitive(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL.replace("meta-llama/Llama-3.1-8B",
+                                                   "META-LLAMA/llama-3.1-8b-instruct")))
+    assert job.architecture.params == 8_030_261_248
+
+
+def test_base_model_from_config_json(tmp_path: Path) -> None:
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24,
+           "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+           "vocab_size": 151936, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    text = MINIMAL.replace("base_model: meta-llama/Llama-3.1-8B",
+                           "base_model: {repo: me/tiny, revision: v2, config: config.json}")
+    job = load_job(write(tmp_path, text))
+    assert job.architecture.params == 494_032_768  # Qwen2.5-0.5B's published total
+    assert job.spec.base_model.revision == "v2"
+
+
+def test_config_json_missing_fields_are_named(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    text = MINIMAL.replace("base_model: meta-llama/Llama-3.1-8B",
+                           "base_model:\n  repo: me/tiny\n  config: config.json")
+    (msg,) = problems(write(tmp_path, text))
+    assert ":4 base_model.config:" in msg
+    assert "missing num_hidden_layers, num_attention_heads, intermediate_size, vocab_size" in msg
+
+
+def test_inline_architecture(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "base_model: meta-llama/Llama-3.1-8B",
+        "base_model:\n  repo: me/x\n  architecture: {hidden_size: 4096, num_hidden_layers: 32,"
+        " num_attention_heads: 32, num_key_value_heads: 8, intermediate_size: 14336,"
+        " vocab_size: 128256}")
+    assert load_job(write(tmp_path, text)).architecture.params == 8_030_261_248
+    bad = text.replace("hidden_size: 4096", "hiden_size: 4096")
+    found = problems(write(tmp_path, bad))
+    assert any("base_model.architecture.hiden_size: unknown key; did you mean 'hidden_size'?"
+               in p for p in found)
+
+
+def test_dataset_file_must_exist(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("train.jsonl", "missing.jsonl"))
+    (msg,) = problems(path)
+    assert msg.startswith(f"{path}:5 dataset.path: file not found")
+
+
+def test_hf_dataset_needs_a_token_count(tmp_path: Path) -> None:
+    text = MINIMAL.replace("path: train.jsonl", "path: {hf: tatsu-lab/alpaca}")
+    (msg,) = problems(write(tmp_path, text))
+    assert "dataset.tokens: required for a {hf: ...} dataset" in msg
+    job = load_job(write(tmp_path, text + "  tokens: 5000000\n"))
+    assert job.dataset.tokens == 5_000_000 and job.spec.dataset.path.hf == "tatsu-lab/alpaca"
+
+
+def test_dataset_rows_are_checked_with_their_line(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL, rows=[{"instruction": "a", "output": "b"}, {"prompt": "x"}])
+    (msg,) = problems(path)
+    assert "train.jsonl:2: an alpaca row needs 'instruction' and 'output'" in msg
+    (tmp_path / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\nnot json\n')
+    assert "train.jsonl:2: not valid JSON" in problems(path)[0]
+
+
+def test_chat_template_tokens_are_estimated(tmp_path: Path) -> None:
+    rows = [{"messages": [{"role": "user", "content": "x" * 400},
+                          {"role": "assistant", "content": "y" * 400}]}]
+    job = load_job(write(tmp_path, MINIMAL + "  format: chat_template\n", rows))
+    assert job.dataset.tokens == 800 // 4 + 2 * 6
+
+
+def test_gpu_and_provider_names_are_checked(tmp_path: Path) -> None:
+    text = MINIMAL + "resources:\n  gpus: [h100, A10]\n  providers: [clod]\n"
+    found = problems(write(tmp_path, text))
+    assert any(":7 resources.gpus[1]: unknown GPU 'A10'" in p for p in found)
+    assert any(":8 resources.providers[0]: unknown provider 'clod'; did you mean 'cloud'?" in p
+               for p in found)
+
+
+def test_unpinned_trainer_image_is_refused(tmp_path: Path) -> None:
+    (msg,) = problems(write(tmp_path, MINIMAL + "trainer: {image: axolotlai/axolotl}\n"))
+    assert "trainer.image: pin an image tag" in msg
+    (msg,) = problems(write(tmp_path, MINIMAL + "trainer:\n  image: axolotlai/axolotl:main-latest\n"))
+    assert "pin an image tag" in msg
+
+
+def test_spec_hash_is_stable_and_sensitive(tmp_path: Path) -> None:
+    a = load_job(write(tmp_path, MINIMAL)).spec_hash
+    assert a == load_job(write(tmp_path, MINIMAL)).spec_hash
+    # Spelling a default explicitly does not change the identity.
+    assert a == load_job(write(tmp_path, MINIMAL + "training: {epochs: 1}\n")).spec_hash
+    assert a != load_job(write(tmp_path, MINIMAL + "training: {epochs: 2}\n")).spec_hash

@@ -1,0 +1,95 @@
+"""Time and money: the 1.5 h calibration point, billing granularity, break-even."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from orchestrator import pricing, throughput
+from orchestrator.architectures import lookup
+from orchestrator.sizing import Strategy, Workload
+from providers import catalog
+from providers.base import Billing, Offer
+
+
+def w8b(method: str = "qlora", ckpt: bool = True) -> Workload:
+    return Workload(lookup("meta-llama/Llama-3.1-8B").architecture, method,  # type: ignore[arg-type]
+                    gradient_checkpointing=ckpt)
+
+
+def test_qlora_8b_on_4090_takes_about_90_minutes() -> None:
+    # seed-facts.md: QLoRA over 10k instruction pairs on Llama-3.1-8B ≈ 1.5 h on one RTX 4090;
+    # 10k pairs of ~600 tokens = 6M tokens (docs/sizing.md, "Throughput").
+    gpu = catalog.gpus()["RTX 4090"]
+    hours = throughput.training_seconds(w8b(), 6_000_000, gpu, 1, Strategy.SINGLE) / 3600
+    assert hours == pytest.approx(1.5, rel=0.10)
+
+
+def test_flops_per_token() -> None:
+    n = w8b().arch.params
+    assert throughput.flops_per_token(w8b("full", ckpt=False)) == 6 * n
+    assert throughput.flops_per_token(w8b("lora", ckpt=False)) == 4 * n
+    assert throughput.flops_per_token(w8b("lora", ckpt=True)) == 6 * n
+
+
+def test_more_gpus_are_faster_but_not_linear() -> None:
+    gpu = catalog.gpus()["A100 80GB"]
+    one = throughput.training_seconds(w8b(), 10**7, gpu, 1, Strategy.SINGLE)
+    eight = throughput.training_seconds(w8b(), 10**7, gpu, 8, Strategy.DDP)
+    assert one / 8 < eight < one / 4
+
+
+def test_measured_throughput_overrides_formula() -> None:
+    gpu = catalog.gpus()["RTX 4090"]
+    assert throughput.training_seconds(w8b(), 3600, gpu, 1, Strategy.SINGLE, 1.0) == 3600
+
+
+def test_duration_includes_boot_pull_and_eval() -> None:
+    offer = next(o for o in catalog.load().offers if o.gpu == "RTX 4090" and o.gpu_count == 1)
+    d = throughput.duration(w8b(), 6_000_000, offer, catalog.gpus()["RTX 4090"], Strategy.SINGLE)
+    assert d.boot == pytest.approx(5 / 60)
+    # 16 GB of bf16 safetensors at 2 Gbit/s ≈ 64 s.
+    assert d.model_pull == pytest.approx(8_030_261_248 * 2 * 8 / 2e9 / 3600)
+    assert d.total == pytest.approx(d.training + d.overhead)
+    cached = throughput.duration(w8b(), 6_000_000, offer, catalog.gpus()["RTX 4090"],
+                                 Strategy.SINGLE, model_cached=True)
+    assert cached.model_pull == 0
+
+
+def test_monthly_amortisation_matches_seed() -> None:
+    assert pricing.effective_hourly(Decimal("2190"), 730) == Decimal("3.00")
+    assert pricing.effective_hourly(Decimal("2190"), 100) == Decimal("21.90")
+    assert pricing.breakeven_hours(Decimal("2190"), Decimal("3")) == Decimal("730")
+    assert pricing.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 1300)
+    assert not pricing.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 100)
+
+
+def test_metered_billing_granularity() -> None:
+    price = Decimal("3.60")  # $0.001 per second
+    assert pricing.metered_cost(price, 1.5 / 3600, Billing.PER_SECOND) == Decimal("0.002")
+    assert pricing.metered_cost(price, 61 / 3600, Billing.PER_MINUTE) == Decimal("0.12")
+    # The seed's "about $0.27 at spot price" for 1.5 h on a 4090.
+    assert pricing.metered_cost(Decimal("0.177"), 1.5, Billing.PER_SECOND) == \
+        Decimal("0.265500")
+    with pytest.raises(ValueError):
+        pricing.metered_cost(price, -1.0, Billing.PER_SECOND)
+    with pytest.raises(ValueError):
+        pricing.metered_cost(price, 1.0, Billing.MONTHLY)
+
+
+def _monthly(registered: bool) -> Offer:
+    return Offer("dedicated", "s", "H100 SXM", 1, 80 * 2**30, Billing.MONTHLY, False, None,
+                 monthly_price=Decimal("2190"), registered=registered)
+
+
+def test_job_cost_for_monthly_servers() -> None:
+    assert pricing.job_cost(_monthly(True), 500) == 0  # already rented: marginal zero
+    assert pricing.job_cost(_monthly(False), 5) == Decimal("2190")  # commits a month
+    assert pricing.job_cost(_monthly(False), 800) == Decimal("4380")
+    assert pricing.amortised_share(Decimal("2190"), 73) == Decimal("219")
+
+
+def test_money_stays_decimal() -> None:
+    cost = pricing.metered_cost(Decimal("0.074"), 0.5, Billing.PER_SECOND)
+    assert isinstance(cost, Decimal) and cost == Decimal("0.037")
