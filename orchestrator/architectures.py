@@ -9,7 +9,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from orchestrator.yamlpos import load_data
 
 _DATA = Path(__file__).with_name("data") / "models.yaml"
 
@@ -112,7 +112,7 @@ class KnownModel:
 @cache
 def known_models() -> dict[str, KnownModel]:
     """Built-in table keyed by lower-cased repo id (aliases included)."""
-    raw = yaml.safe_load(_DATA.read_text())["models"]
+    raw = load_data(_DATA.read_text())["models"]
     table: dict[str, KnownModel] = {}
     for repo, fields in raw.items():
         fields = dict(fields)

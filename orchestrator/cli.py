@@ -1,4 +1,4 @@
-"""The `orch` command line: parse, call one core function, render (rich tables or --json).
+"""The `orch` command line: parse, call one core function, render (aligned tables or --json).
 
 Heavy modules (the database layer, SSH, HTTP) are imported inside the commands that need
 them: `orch plan` must start in a small multiple of a bare `python -c pass`.
@@ -47,14 +47,6 @@ def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
-def _console() -> Any:
-    from rich.console import Console
-
-    # Piped output (scripts, CI logs) gets a width where the plan table does not wrap.
-    width = None if sys.stdout.isatty() else 160
-    return Console(highlight=False, width=width)
-
-
 def _load(path: Path) -> LoadedJob:
     from orchestrator.spec import SpecError, load_job
 
@@ -83,69 +75,58 @@ def _gib(n: int) -> str:
 
 
 def _money(value: Any) -> str:
-    if value is None:
-        return "-"
-    d = Decimal(str(value))
-    return f"${d:,.2f}" if d >= 1 else f"${d:.4f}".rstrip("0").rstrip(".")
+    from orchestrator.pricing import usd
+
+    return usd(value)
 
 
 def _render_plan(plan: Plan, limit: int) -> None:
-    from rich.table import Table
+    from orchestrator.render import table
 
-    con = _console()
     job, w, est = plan.job, plan.workload, plan.estimate
     spec = job.spec
-    con.print(f"[bold]{spec.name}[/]  {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params)"
-              f", {spec.method}, {job.dataset.tokens:,} tokens x {spec.training.epochs:g} epoch"
-              f"{'s' if spec.training.epochs != 1 else ''} ({job.dataset.source})")
+    epochs = spec.training.epochs
+    out = [f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
+           f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
+           f"{'s' if epochs != 1 else ''} ({job.dataset.source})", ""]
     o = plan.chosen.offer
-    mem = Table(title=f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value})",
-                title_justify="left")
-    mem.add_column("component")
-    mem.add_column("per GPU", justify="right")
-    for name, value in est.components.items():
-        mem.add_row(name, _gib(value))
-    mem.add_row("[bold]peak[/]", f"[bold]{_gib(est.peak_bytes)}[/]")
-    mem.add_row(f"required (+{est.headroom:.0%} headroom)", f"[bold]{_gib(est.required_bytes)}[/]")
+    out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
+    rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
+    rows.append(["peak", _gib(est.peak_bytes)])
+    rows.append([f"required (+{est.headroom:.0%} headroom)", _gib(est.required_bytes)])
     if est.host_ram_bytes:
-        mem.add_row("host RAM (offloaded)", _gib(est.host_ram_required))
-    con.print(mem)
-    for note in est.notes:
-        con.print(f"  note: {note}")
+        rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
+    out.append(table(["component", "bytes"], rows, right=[1]))
+    out += [f"  note: {note}" for note in est.notes]
 
-    table = Table(title=f"Placements that fit ({len(plan.ranking.placements)}), cheapest first",
-                  title_justify="left")
-    for col, justify in (("#", "right"), ("provider", "left"), ("GPU", "left"),
-                         ("n", "right"), ("billing", "left"), ("spot", "left"),
-                         ("$/h", "right"), ("layout", "left"), ("est. h", "right"),
-                         ("est. cost", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    n = len(plan.ranking.placements)
+    out += ["", f"Placements that fit ({n}), cheapest first:"]
+    rows = []
     for i, p in enumerate(plan.ranking.placements[:limit], 1):
         po = p.offer
-        rate = _money(po.price_per_hour) if po.price_per_hour is not None else (
+        rate = f"${po.price_per_hour:,.3f}" if po.price_per_hour is not None else (
             f"{_money(po.monthly_price)}/mo" if po.monthly_price is not None else "-")
         cost = _money(p.est_cost)
         if p.amortised_cost is not None:
             cost += f" (+{_money(p.amortised_cost)} of rent)"
-        style = "bold green" if i == 1 else None
         billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
                                                                           po.billing.value)
-        table.add_row(str(i), po.provider, po.gpu, str(po.gpu_count), billing,
-                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
-                      f"{p.est_hours:.2f}", cost, style=style)
-    con.print(table)
-    hidden = len(plan.ranking.placements) - limit
-    if hidden > 0:
-        con.print(f"  … {hidden} more (use --all or --json)")
-    con.print(f"[bold]Chosen:[/] {plan.chosen.offer.provider} {o.gpu} x{o.gpu_count} — "
-              f"{plan.to_dict(0)['why']}")
+        rows.append([i, po.provider, po.gpu, po.gpu_count, billing,
+                     "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
+                     f"{p.est_hours:.2f}", cost])
+    out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
+                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
+    if n > limit:
+        out.append(f"  ... {n - limit} more (--all or --json)")
+    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}"]
     if plan.ranking.rejected:
-        con.print("Left out: " + "; ".join(f"{n} {r}" for r, n in
+        out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
                                            sorted(plan.ranking.rejected.items())))
     if plan.unpriced:
         names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
-        con.print(f"Not planned, price not published: {names} "
-                  "(register one you rent with `orch servers add`)")
+        out.append(f"Not planned, price not published: {names} "
+                   "(register one you rent with `orch servers add`)")
+    typer.echo("\n".join(out))
 
 
 def _servers_for_plan() -> list[Any]:
@@ -257,17 +238,14 @@ def jobs(
     if not rows:
         typer.echo("no jobs yet; try `orch submit examples/qlora-8b.yml --dry-run`")
         return
-    from rich.table import Table
+    from orchestrator.render import table
 
-    table = Table()
-    for col in ("id", "name", "status", "method", "placement", "est. h", "est. cost",
-                "created (UTC)"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["id"], r["name"], r["status"], r["method"],
-                      f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-                      _money(r["est_cost"]), r["created_at"][:19])
-    _console().print(table)
+    typer.echo(table(
+        ["id", "name", "status", "method", "placement", "est. h", "est. cost", "created (UTC)"],
+        [[r["id"], r["name"], r["status"], r["method"],
+          f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
+          _money(r["est_cost"]), r["created_at"][:19]] for r in rows],
+        right=[5, 6]))
 
 
 @servers_app.command("add")
@@ -282,9 +260,9 @@ def servers_add(
     json_out: JsonFlag = False,
 ) -> None:
     """Register a monthly server you rent (its idle time then costs jobs nothing)."""
-    from providers import catalog
-
     import re
+
+    from providers import catalog
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
         _fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
@@ -338,16 +316,13 @@ def servers_list(json_out: JsonFlag = False) -> None:
         typer.echo("no servers registered; add one with `orch servers add NAME --host H "
                    "--gpu H100 SXM --monthly 2190`")
         return
-    from rich.table import Table
+    from orchestrator.render import table
 
-    table = Table()
-    for col in ("name", "GPU", "n", "ssh", "monthly", "status"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["name"], r["gpu"], str(r["gpu_count"]),
-                      f"{r['user']}@{r['host']}:{r['port']}", _money(r["monthly_price"]),
-                      r["status"])
-    _console().print(table)
+    typer.echo(table(
+        ["name", "GPU", "n", "ssh", "monthly", "status"],
+        [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
+          _money(r["monthly_price"]), r["status"]] for r in rows],
+        right=[2, 4]))
 
 
 @servers_app.command("remove")

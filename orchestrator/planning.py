@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from orchestrator import scheduler, sizing
+from orchestrator.pricing import usd
 from orchestrator.scheduler import Constraints, Placement, Ranking
 from orchestrator.sizing import MemoryEstimate, Workload
 from orchestrator.spec import LoadedJob
@@ -167,13 +168,21 @@ def why(plan: Plan) -> str:
     if o.registered:
         head = f"idle registered server {o.offer_id.removeprefix('server:')} costs nothing more"
     else:
-        kind = "spot" if o.interruptible else o.billing.value.replace("_", "-")
-        head = f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} {kind} at ${c.est_cost}"
+        head = (f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} {_kind(o)} at "
+                f"{usd(c.est_cost)}")
     if runner_up is None:
         return f"{head}; the only placement that fits"
     r = runner_up.offer
-    return (f"{head}; next best {r.gpu} x{r.gpu_count} ({r.provider}) at ${runner_up.est_cost} "
-            f"in {runner_up.est_hours:.2f} h")
+    return (f"{head}; next best {r.gpu} x{r.gpu_count} {_kind(r)} ({r.provider}) at "
+            f"{usd(runner_up.est_cost)} in {runner_up.est_hours:.2f} h")
+
+
+def _kind(o: Offer) -> str:
+    if o.registered:
+        return "registered"
+    if o.billing is Billing.MONTHLY:
+        return "monthly rental"
+    return "spot" if o.interruptible else "on-demand"
 
 
 def single_gpu_breakdown(job: LoadedJob) -> MemoryEstimate:

@@ -84,3 +84,11 @@ def monthly_beats_hourly(
 ) -> bool:
     """True when `hours_per_month` of use cost more by the hour than the monthly rent."""
     return hourly_price * _hours(hours_per_month) > monthly_price
+
+
+def usd(value: Decimal | str | None) -> str:
+    """Dollars for people: cents from $1 up, four decimals below (spot rates are $0.074/h)."""
+    if value is None:
+        return "-"
+    d = Decimal(str(value))
+    return f"${d:,.2f}" if abs(d) >= 1 else f"${d:.4f}"

@@ -10,6 +10,9 @@ import yaml
 
 Loc = tuple[str | int, ...]
 
+# libyaml's parser when PyYAML was built with it (several times faster), else pure Python.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class YamlError(ValueError):
     """A file that is not valid YAML, or is valid YAML with duplicate keys."""
@@ -36,7 +39,7 @@ class Positions:
 def load(text: str, filename: str) -> tuple[Any, Positions]:
     """Parse one YAML document into plain Python values plus their positions."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -45,16 +48,22 @@ def load(text: str, filename: str) -> tuple[Any, Positions]:
     positions = Positions()
     if node is None:
         return None, positions
-    value = _walk(node, (), positions, filename)
+    constructor = yaml.SafeLoader("")
+    try:
+        value = _walk(node, (), positions, filename, constructor)
+    finally:
+        constructor.dispose()
     return value, positions
 
 
-def _walk(node: yaml.Node, loc: Loc, pos: Positions, filename: str) -> Any:
+def _walk(
+    node: yaml.Node, loc: Loc, pos: Positions, filename: str, ctor: yaml.SafeLoader
+) -> Any:
     pos.values[loc] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = _scalar(key_node)
+            key = _scalar(key_node, ctor)
             if key in out:
                 raise YamlError(
                     f"{filename}:{key_node.start_mark.line + 1} {_dotted((*loc, key))}: "
@@ -62,11 +71,11 @@ def _walk(node: yaml.Node, loc: Loc, pos: Positions, filename: str) -> Any:
                 )
             child = (*loc, key)
             pos.keys[child] = key_node.start_mark.line + 1
-            out[key] = _walk(value_node, child, pos, filename)
+            out[key] = _walk(value_node, child, pos, filename, ctor)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, (*loc, i), pos, filename) for i, item in enumerate(node.value)]
-    return _scalar(node)
+        return [_walk(item, (*loc, i), pos, filename, ctor) for i, item in enumerate(node.value)]
+    return _scalar(node, ctor)
 
 
 # PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string; YAML 1.2 and every user
@@ -74,14 +83,11 @@ def _walk(node: yaml.Node, loc: Loc, pos: Positions, filename: str) -> Any:
 _FLOAT_12 = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
-def _scalar(node: yaml.Node) -> Any:
+def _scalar(node: yaml.Node, ctor: yaml.SafeLoader) -> Any:
     # Construct scalars with PyYAML's own resolver so `2.0e-4`, `true`, `null` keep their types.
-    loader = yaml.SafeLoader("")
-    try:
-        value = loader.construct_object(node, deep=True)
-    finally:
-        loader.dispose()
-    if isinstance(value, str) and isinstance(node, yaml.ScalarNode) and node.style is None:
+    value = ctor.construct_object(node, deep=True)
+    if isinstance(value, str) and isinstance(node, yaml.ScalarNode) and not node.style:
+        # (plain style is None from PyYAML's parser and '' from libyaml's)
         if _FLOAT_12.match(value):
             return float(value)
     return value
@@ -98,3 +104,8 @@ def _dotted(loc: Loc) -> str:
 
 
 dotted = _dotted
+
+
+def load_data(text: str) -> Any:
+    """Parse a trusted data file (catalogs, model tables) with the fast safe loader."""
+    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader

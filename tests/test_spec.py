@@ -222,7 +222,8 @@ def test_gpu_and_provider_names_are_checked(tmp_path: Path) -> None:
 def test_unpinned_trainer_image_is_refused(tmp_path: Path) -> None:
     (msg,) = problems(write(tmp_path, MINIMAL + "trainer: {image: axolotlai/axolotl}\n"))
     assert "trainer.image: pin an image tag" in msg
-    (msg,) = problems(write(tmp_path, MINIMAL + "trainer:\n  image: axolotlai/axolotl:main-latest\n"))
+    latest = MINIMAL + "trainer:\n  image: axolotlai/axolotl:main-latest\n"
+    (msg,) = problems(write(tmp_path, latest))
     assert "pin an image tag" in msg
 
 

@@ -13,6 +13,13 @@ import yaml
 
 from providers.base import Billing, GpuSpec, Offer
 
+# libyaml's safe loader when available: the catalog is read on every `orch plan`.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _read_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+
 _DIR = Path(__file__).parent
 _MIB = 1024**2
 _GB = 1000**3
@@ -25,7 +32,7 @@ def _norm(name: str) -> str:
 @cache
 def gpus() -> dict[str, GpuSpec]:
     """Every GPU model we know, by canonical name."""
-    doc = yaml.safe_load((_DIR / "gpus.yaml").read_text())
+    doc = _read_yaml((_DIR / "gpus.yaml").read_text())
     raw, scaling = doc["gpus"], doc["scaling"]
     return {
         name: GpuSpec(
@@ -141,7 +148,7 @@ def load() -> Catalog:
     unpriced: list[UnpricedTier] = []
     volume: dict[str, Decimal] = {}
     for name, parse in (("cloud.yaml", _cloud), ("dedicated.yaml", _dedicated)):
-        raw = yaml.safe_load((_DIR / name).read_text())
+        raw = _read_yaml((_DIR / name).read_text())
         o, u = parse(raw)
         offers += o
         unpriced += u
