@@ -8,10 +8,13 @@ from pathlib import Path
 
 def data_dir() -> Path:
     """$XDG_DATA_HOME/orch, by default ~/.local/share/orch."""
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "orch"
+    xdg = os.environ.get("XDG_DATA_HOME", "").strip()
+    # The XDG spec says relative values are invalid and must be ignored.
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "share"
+    return base / "orch"
 
 
 def default_db_url() -> str:
-    """ORCH_DB_URL if set, else the SQLite file in the data dir."""
-    return os.environ.get("ORCH_DB_URL") or f"sqlite:///{data_dir() / 'orch.db'}"
+    """`ORCH_DB_URL` if set, else SQLite at `$XDG_DATA_HOME/orch/orch.db` (~/.local/share)."""
+    url = os.environ.get("ORCH_DB_URL", "").strip()
+    return url or f"sqlite:///{data_dir() / 'orch.db'}"

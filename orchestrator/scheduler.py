@@ -117,7 +117,9 @@ def rank(
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
+    # Offers repeat the same few shapes; size and time each shape once, price each offer.
     fit_cache: dict[tuple[int, int, int | None], MemoryEstimate | None] = {}
+    time_cache: dict[tuple[object, ...], throughput.Duration] = {}
     for offer in offers:
         why = _constraint_failure(offer, constraints)
         if why:
@@ -132,9 +134,14 @@ def rank(
             rejected["does not fit in GPU memory"] += 1
             continue
         measured = (measured_tokens_per_s or {}).get((offer.gpu, offer.gpu_count))
-        dur = throughput.duration(w, tokens, offer, gpus[offer.gpu], est.strategy,
-                                  model_cached=offer.offer_id in cached_on,
-                                  measured_tokens_per_s=measured)
+        cached = offer.offer_id in cached_on
+        tkey = (offer.gpu, offer.gpu_count, est.strategy, offer.boot_minutes, offer.pull_gbps,
+                cached, measured)
+        dur = time_cache.get(tkey)
+        if dur is None:
+            dur = time_cache[tkey] = throughput.duration(
+                w, tokens, offer, gpus[offer.gpu], est.strategy, model_cached=cached,
+                measured_tokens_per_s=measured)
         if constraints.deadline_hours is not None and dur.total > constraints.deadline_hours:
             rejected["slower than resources.deadline_hours"] += 1
             continue

@@ -1,0 +1,156 @@
+"""The `orch` command line, run as a real process against a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    e.pop("ORCH_DB_URL", None)
+    return e
+
+
+def orch(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+    proc = subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"orch {' '.join(args)} -> {proc.returncode}\n{proc.stderr}")
+    return proc
+
+
+def db(env: dict[str, str]) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "orch" / "orch.db"
+
+
+EXPECTED = {  # example -> (gpu, count, interruptible)
+    "qlora-8b": ("RTX 3090", 1, True),
+    "qlora-70b": ("A100 80GB", 1, True),
+    "lora-14b": ("A100 80GB", 1, True),
+    "full-32b": ("A100 80GB", 8, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_plan_json_for_examples(env: dict[str, str], name: str) -> None:
+    out = json.loads(orch(env, "plan", f"examples/{name}.yml", "--json").stdout)
+    est = out["estimate"]
+    assert set(est) >= {"method", "gpu_count", "peak_bytes", "required_bytes", "components"}
+    assert est["required_bytes"] > est["peak_bytes"] == sum(est["components"].values())
+    keys = {"provider", "gpu", "gpu_count", "billing", "interruptible", "price_per_hour",
+            "est_hours", "est_cost"}
+    p = out["placement"]
+    assert set(p) >= keys and all(set(a) >= keys for a in out["alternatives"])
+    assert (p["gpu"], p["gpu_count"], p["interruptible"]) == EXPECTED[name]
+    assert est["gpu_count"] == p["gpu_count"]
+    costs = [float(x["est_cost"]) for x in [p, *out["alternatives"]]]
+    assert costs == sorted(costs)
+    # Planning needs no database: nothing was created.
+    assert not db(env).exists()
+
+
+def test_plan_human_output(env: dict[str, str]) -> None:
+    out = orch(env, "plan", "examples/qlora-8b.yml").stdout
+    assert "GPU memory per GPU on RTX 3090 x1" in out
+    assert "required (+20% headroom)" in out and "Chosen: cloud RTX 3090 x1" in out
+    assert "Not planned, price not published" in out
+
+
+def test_invalid_job_file_exits_2_and_writes_nothing(env: dict[str, str], tmp_path: Path) -> None:
+    bad = tmp_path / "job.yml"
+    bad.write_text("name: x\nbase_model: meta-llama/Llama-3.1-8B\nmethod: qlora\n"
+                   "dataset: {path: nope.jsonl}\ntraning: {}\n")
+    for cmd in (["plan", str(bad)], ["submit", str(bad), "--dry-run"]):
+        proc = orch(env, *cmd, check=False)
+        assert proc.returncode == 2
+        assert f"{bad}:5 traning: unknown key; did you mean 'training'?" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not db(env).exists()
+
+
+def test_no_fit_exits_3_with_the_gap(env: dict[str, str], tmp_path: Path) -> None:
+    job = tmp_path / "job.yml"
+    shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
+    job.write_text("name: big\nbase_model: meta-llama/Llama-3.1-70B\nmethod: full\n"
+                   "training: {optimizer: adamw}\ndataset: {path: train.jsonl}\n")
+    proc = orch(env, "plan", str(job), check=False)
+    assert proc.returncode == 3
+    assert "no placement fits: the job needs at least" in proc.stderr
+    assert "the largest offer has" in proc.stderr
+
+
+def test_servers_and_dry_run_submit(env: dict[str, str]) -> None:
+    assert "no servers registered" in orch(env, "servers", "list").stdout
+    orch(env, "servers", "add", "box1", "--host", "203.0.113.7", "--gpu", "H100 SXM",
+         "--monthly", "2190")
+    dup = orch(env, "servers", "add", "box1", "--host", "h", "--gpu", "H100 SXM",
+               "--monthly", "1", check=False)
+    assert dup.returncode == 2 and "already exists" in dup.stderr
+    listed = json.loads(orch(env, "servers", "list", "--json").stdout)
+    assert listed == [{"name": "box1", "host": "203.0.113.7", "port": 22, "user": "root",
+                       "gpu": "H100 SXM", "gpu_count": 1, "monthly_price": "2190.000000",
+                       "status": "idle"}]
+
+    # The idle registered H100 now wins QLoRA 8B at zero marginal cost, in plan and submit.
+    plan = json.loads(orch(env, "plan", "examples/qlora-8b.yml", "--json").stdout)
+    assert plan["placement"]["provider"] == "dedicated"
+    assert plan["placement"]["offer_id"] == "server:box1"
+    assert plan["placement"]["est_cost"] == "0.000000"
+    sub = json.loads(orch(env, "submit", "examples/qlora-8b.yml", "--dry-run", "--json").stdout)
+    assert sub["status"] == "planned" and sub["placement"]["offer_id"] == "server:box1"
+
+    jobs = json.loads(orch(env, "jobs", "--json").stdout)
+    assert [j["id"] for j in jobs] == [sub["job_id"]]
+    assert jobs[0]["status"] == "planned" and jobs[0]["gpu"] == "H100 SXM"
+    assert jobs[0]["created_at"].endswith("Z")
+    assert sub["job_id"] in orch(env, "jobs").stdout
+
+    # The row and its first event are in SQLite, readable with plain sqlite3.
+    con = sqlite3.connect(db(env))
+    (status, hash_, placement) = con.execute(
+        "SELECT status, spec_hash, placement_json FROM job").fetchone()
+    assert status == "planned" and len(hash_) == 64
+    assert json.loads(placement)["placement"]["gpu"] == "H100 SXM"
+    assert con.execute("SELECT kind FROM event").fetchall() == [("planned",)]
+    assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    con.close()
+
+    orch(env, "servers", "remove", "box1")
+    gone = orch(env, "servers", "remove", "box1", check=False)
+    assert gone.returncode == 4 and "box1" in gone.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpu", "A10"], "is not a known GPU"),
+    (["--gpu", "H100"], "is ambiguous"),
+    (["--gpu", "H200", "--monthly", "-5"], "--monthly must be > 0"),
+    (["--gpu", "H200", "--monthly", "abc"], "--monthly 'abc'"),
+    (["--gpu", "H200", "--gpus", "9"], "--gpus must be 1..8"),
+])
+def test_servers_add_rejects_bad_input(env: dict[str, str], args: list[str],
+                                       message: str) -> None:
+    base = ["servers", "add", "s1", "--host", "h1"]
+    if "--monthly" not in args:
+        args = [*args, "--monthly", "100"]
+    proc = orch(env, *base, *args, check=False)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not db(env).exists()
+
+
+def test_submit_without_dry_run_says_what_to_do(env: dict[str, str]) -> None:
+    proc = orch(env, "submit", "examples/qlora-8b.yml", check=False)
+    assert proc.returncode == 1 and "--dry-run" in proc.stderr
+    assert not db(env).exists()
