@@ -179,11 +179,12 @@ def choose(
     offers: Iterable[Offer],
     gpus: Mapping[str, GpuSpec],
     constraints: Constraints = Constraints(),
-    **kwargs: object,
+    cached_on: frozenset[str] = frozenset(),
+    measured_tokens_per_s: Mapping[tuple[str, int], float] | None = None,
 ) -> tuple[Placement, Ranking]:
-    """The cheapest feasible placement, or NoFit explaining the gap."""
+    """The cheapest feasible placement (arguments as `rank`), or NoFit explaining the gap."""
     offers = list(offers)
-    ranking = rank(w, tokens, offers, gpus, constraints, **kwargs)  # type: ignore[arg-type]
+    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured_tokens_per_s)
     if ranking.chosen is not None:
         return ranking.chosen, ranking
     need = smallest_need(w, constraints.max_gpus)

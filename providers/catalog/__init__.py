@@ -80,9 +80,10 @@ def _price(value: Any) -> Decimal | None:
 
 
 def _cloud(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
+    # A per-second tier without a price is one the source does not sell ("—"), not one
+    # with an unpublished price: it yields no offer and no "unpriced" entry.
     spec = gpus()
     offers: list[Offer] = []
-    unpriced: list[UnpricedTier] = []
     provider = raw["provider"]
     for tier in raw["tiers"]:
         gpu = spec[tier["gpu"]]
@@ -90,7 +91,7 @@ def _cloud(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
             for interruptible, key in ((False, "on_demand"), (True, "spot")):
                 per_gpu = _price(tier[key])
                 if per_gpu is None:
-                    continue  # the source does not sell this tier; nothing to plan
+                    continue
                 kind = "spot" if interruptible else "on-demand"
                 offers.append(
                     Offer(
@@ -106,7 +107,7 @@ def _cloud(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
                         pull_gbps=float(raw["pull_gbps"]),
                     )
                 )
-    return offers, unpriced
+    return offers, []
 
 
 def _dedicated(raw: dict[str, Any]) -> tuple[list[Offer], list[UnpricedTier]]:
