@@ -140,33 +140,38 @@ def lookup(repo: str) -> KnownModel:
     )
 
 
-def from_fields(fields: dict[str, Any], where: str) -> Architecture:
-    """Build an Architecture from config.json-style fields, naming missing ones."""
+def from_fields(fields: dict[str, Any], where: str = "") -> Architecture:
+    """Build an Architecture from config.json-style fields, naming missing ones.
+
+    `where` (a file) prefixes the messages; inline fields in a job file leave it empty
+    because the caller already names the file, line and field.
+    """
+    where = f"{where}: " if where else ""
     if fields.get("num_local_experts") or fields.get("num_experts"):
         raise ArchitectureError(
-            f"{where}: mixture-of-experts models are not supported by the sizing yet"
+            f"{where}mixture-of-experts models are not supported by the sizing yet"
         )
     missing = [f for f in REQUIRED_FIELDS if fields.get(f) is None]
     if missing:
-        raise ArchitectureError(f"{where}: cannot size this model, missing {', '.join(missing)}")
+        raise ArchitectureError(f"{where}cannot size this model, missing {', '.join(missing)}")
     ints: dict[str, int] = {}
     for name in (*REQUIRED_FIELDS, "num_key_value_heads", "head_dim"):
         value = fields.get(name)
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ArchitectureError(f"{where}: {name} must be a positive integer (got {value!r})")
+            raise ArchitectureError(f"{where}{name} must be a positive integer (got {value!r})")
         ints[name] = value
     heads = ints["num_attention_heads"]
     kv = ints.get("num_key_value_heads", heads)
     if heads % kv:
         raise ArchitectureError(
-            f"{where}: num_attention_heads ({heads}) must be a multiple of "
+            f"{where}num_attention_heads ({heads}) must be a multiple of "
             f"num_key_value_heads ({kv})"
         )
     if "head_dim" not in ints and ints["hidden_size"] % heads:
         raise ArchitectureError(
-            f"{where}: hidden_size must be divisible by num_attention_heads, or give head_dim"
+            f"{where}hidden_size must be divisible by num_attention_heads, or give head_dim"
         )
     # Qwen2 configs do not carry attention_bias, but the architecture has q/k/v biases.
     qkv_bias = bool(

@@ -33,6 +33,9 @@ EXIT_INVALID = 2  # a job file or argument is wrong
 EXIT_NO_FIT = 3  # nothing can run the job under its constraints
 EXIT_NOT_FOUND = 4
 
+# No server rents for a billion dollars a month; beyond this a typo is likelier.
+MAX_MONTHLY = Decimal(10) ** 9
+
 GIB = 1024**3
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
@@ -281,8 +284,10 @@ def servers_add(
         price = Decimal(monthly.replace(",", "").lstrip("$"))
     except ArithmeticError:
         _fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
-    if not price.is_finite() or price <= 0:
-        _fail(f"--monthly must be > 0 (got {monthly})", EXIT_INVALID)
+    if not price.is_finite() or price <= 0 or price >= MAX_MONTHLY:
+        _fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
+    if price != price.quantize(Decimal("0.000001")):
+        _fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
     from orchestrator.store import StoreError
 
     try:

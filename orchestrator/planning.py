@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from orchestrator import scheduler, sizing
+from orchestrator import scheduler
 from orchestrator.pricing import usd
 from orchestrator.scheduler import Constraints, Placement, Ranking
 from orchestrator.sizing import MemoryEstimate, Workload
@@ -183,8 +183,3 @@ def _kind(o: Offer) -> str:
     if o.billing is Billing.MONTHLY:
         return "monthly rental"
     return "spot" if o.interruptible else "on-demand"
-
-
-def single_gpu_breakdown(job: LoadedJob) -> MemoryEstimate:
-    """The one-GPU estimate, shown even when the job needs several GPUs."""
-    return sizing.estimate(workload_from(job), 1)

@@ -149,6 +149,12 @@ def rank(
         if constraints.max_cost is not None and cost > constraints.max_cost:
             rejected["above resources.max_cost"] += 1
             continue
+        if (constraints.max_price_per_hour is not None and offer.price_per_hour is None
+                and cost / Decimal(repr(dur.total)) > constraints.max_price_per_hour):
+            # A new monthly rental has no hourly price; what it costs this job per hour
+            # (a whole month's commitment over the job's hours) is what the limit is about.
+            rejected["above resources.max_price_per_hour"] += 1
+            continue
         amortised = None
         if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
             amortised = pricing.amortised_share(offer.monthly_price, dur.total)
@@ -187,16 +193,42 @@ def choose(
     ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured_tokens_per_s)
     if ranking.chosen is not None:
         return ranking.chosen, ranking
+    raise NoFit(no_fit_message(w, offers, ranking, constraints))
+
+
+NO_MEMORY = "does not fit in GPU memory"
+# What to change for each reason an offer was left out.
+_ADVICE = {
+    NO_MEMORY: "a shorter training.sequence_len, a smaller micro_batch_size, method qlora, "
+               "or a larger server registered with `orch servers add`",
+    "interruptible, but resources.spot is never": "resources.spot: allowed",
+    "not interruptible, but resources.spot is required": "resources.spot: allowed",
+    "GPU not in resources.gpus": "more GPU models in resources.gpus (or any)",
+    "more GPUs than resources.max_gpus": "a higher resources.max_gpus",
+    "provider not in resources.providers": "more providers in resources.providers (or any), "
+                                           "or `orch servers add` for `dedicated`",
+    "above resources.max_price_per_hour": "a higher resources.max_price_per_hour",
+    "slower than resources.deadline_hours": "a later resources.deadline_hours",
+    "above resources.max_cost": "a higher resources.max_cost",
+}
+
+
+def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
+                   constraints: Constraints) -> str:
+    """Why nothing was placed: the smallest need, the largest eligible offer, what to change."""
     need = smallest_need(w, constraints.max_gpus)
-    largest = max(offers, key=lambda o: (o.gpu_memory_bytes, o.gpu_count), default=None)
-    largest_txt = (f"{largest.gpu_memory_bytes / GIB:.1f} GiB per GPU ({largest.gpu} "
-                   f"x{largest.gpu_count}, {largest.provider})" if largest else "no offers at all")
-    reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items()))
-    raise NoFit(
-        f"no placement fits: the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
-        f"({need.strategy.value} on {need.gpu_count} GPU{'s' if need.gpu_count > 1 else ''}, "
-        f"headroom {need.headroom:.0%}); the largest offer has {largest_txt}. "
-        f"Rejected: {reasons or 'none'}. Try a shorter training.sequence_len, a smaller "
-        "micro_batch_size, method qlora, relaxed resources, or register a larger server "
-        "with `orch servers add`."
-    )
+    plural = "s" if need.gpu_count > 1 else ""
+    need_txt = (f"the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
+                f"({need.strategy.value} on {need.gpu_count} GPU{plural}, headroom "
+                f"{need.headroom:.0%})")
+    eligible = [o for o in offers if _constraint_failure(o, constraints) is None]
+    largest = max(eligible, key=lambda o: (o.gpu_memory_bytes, o.gpu_count), default=None)
+    if largest is None:
+        offer_txt = "no offer passes the job's resources constraints"
+    else:
+        offer_txt = (f"the largest eligible offer has {largest.gpu_memory_bytes / GIB:.1f} GiB "
+                     f"per GPU ({largest.gpu} x{largest.gpu_count}, {largest.provider})")
+    reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items())) or "no offers"
+    advice = [_ADVICE[r] for r in sorted(ranking.rejected) if r in _ADVICE]
+    tail = f" Try {'; or '.join(advice)}." if advice else ""
+    return f"no placement fits: {need_txt}; {offer_txt}. Left out: {reasons}.{tail}"

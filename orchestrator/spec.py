@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -49,17 +50,25 @@ def _to_decimal(value: Any) -> Any:
         return value
     if isinstance(value, (int, float, str)):
         try:
-            return Decimal(str(value))
+            d = Decimal(str(value))
         except InvalidOperation:
             raise ValueError(f"must be a number of dollars (got {value!r})") from None
+        if not d.is_finite():
+            raise ValueError(f"must be a finite number of dollars (got {value!r})")
+        return d
     return value
 
 
 def _any_or_list(value: Any) -> Any:
+    # `gpus: 4090` and `gpus: [3090, 4090]` are names too; YAML just typed them as numbers.
     if value == "any":
         return None
-    if isinstance(value, str):
-        return [value]
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return [str(value)]
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("must name at least one, or be any")
+        return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
     return value
 
 
@@ -147,11 +156,6 @@ class TrainingSpec(_Strict):
     optimizer: Optimizer = "adamw_8bit"
     gradient_checkpointing: bool = True
     packing: bool = True
-
-
-class HfDataset(_Strict):
-    hf: str = Field(min_length=1)
-    split: str = "train"
 
 
 def _dataset_path(value: Any) -> Any:
@@ -315,11 +319,26 @@ def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     return loc
 
 
+# What a field accepts, for type errors on fields that take more than one shape.
+_SHAPES = {
+    ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
+                     "config: path/to/config.json} or {repo: ..., architecture: {...}}",
+    ("dataset", "path"): "a JSONL file path (relative to the job file) or {hf: org/name}",
+    ("lora", "target"): "all-linear or a list of module names such as [q_proj, v_proj]",
+    ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
+    ("resources", "providers"): "any or a list of provider names",
+}
+
+
 def _describe(err: dict[str, Any]) -> str:
     kind = err["type"]
     ctx = err.get("ctx") or {}
     got = err.get("input")
-    loc = tuple(err["loc"])
+    loc = _user_loc(tuple(err["loc"]))
+    if kind in _TYPE_WORDS and loc in _SHAPES:
+        return f"must be {_SHAPES[loc]} (got {got!r})"
+    if kind == "finite_number":
+        return f"must be a finite number (got {got!r})"
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         choices = list(model.model_fields) if model else []
@@ -371,7 +390,7 @@ def load_job(path: str | Path) -> LoadedJob:
     path = Path(path)
     name = str(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError([f"{name}: file not found"]) from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -405,25 +424,26 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
 
     arch: Architecture | None = None
     ref = spec.base_model
+    loc: tuple[str | int, ...] = ("base_model",)
     try:
         if ref.architecture is not None:
-            arch = from_fields(ref.architecture.model_dump(exclude_none=True), where=name)
+            loc = ("base_model", "architecture")
+            arch = from_fields(ref.architecture.model_dump(exclude_none=True))
         elif ref.config is not None:
+            loc = ("base_model", "config")
             arch = from_config_json(base / ref.config)
         else:
             arch = lookup(ref.repo).architecture
     except ArchitectureError as exc:
-        loc: tuple[str | int, ...] = ("base_model",)
-        if ref.config is not None:
-            loc = ("base_model", "config")
         problem(loc, str(exc))
 
     dataset: DatasetSize | None = None
     if spec.dataset.path.local is not None:
         data_file = base / spec.dataset.path.local
         if not data_file.is_file():
-            problem(("dataset", "path"), f"file not found: {data_file}; fix the path "
-                    "(relative to the job file) or use {hf: org/name}")
+            what = "is a directory, not a file" if data_file.is_dir() else "file not found"
+            problem(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
+                    "(relative to the job file) or {hf: org/name}")
         else:
             try:
                 dataset = count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
@@ -435,8 +455,13 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     else:
         dataset = DatasetSize(spec.dataset.tokens, None, "job file")
 
-    if spec.eval.eval_set is not None and not (base / spec.eval.eval_set).is_file():
-        problem(("eval", "eval_set"), f"file not found: {base / spec.eval.eval_set}")
+    if spec.eval.eval_set is not None:
+        eval_file = base / spec.eval.eval_set
+        if not eval_file.is_file():
+            problem(("eval", "eval_set"), f"file not found: {eval_file}; give a JSONL file "
+                    "of {prompt, expected} rows (relative to the job file)")
+        else:
+            problems.extend((pos.line(("eval", "eval_set")), p) for p in check_eval_set(eval_file))
 
     for i, gpu in enumerate(spec.resources.gpus or []):
         if not catalog.resolve_gpu(gpu):
@@ -454,47 +479,64 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
                     f"{', '.join(providers)}")
 
     if problems or arch is None or dataset is None:
-        raise SpecError([m for _, m in sorted(set(problems))])
+        # By line, keeping the file's own order within a line (dataset rows, say).
+        ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])
+        raise SpecError([m for _, m in ordered])
     return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
+
+
+# Stop reading a bad file after this many problems: the first few say what is wrong.
+MAX_ROW_PROBLEMS = 5
+
+
+def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed row) for each non-blank line; bad JSON is noted and skipped."""
+    # utf-8-sig: editors on Windows write a BOM, which json.loads would refuse.
+    with path.open(encoding="utf-8-sig", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if len(problems) >= MAX_ROW_PROBLEMS:
+                problems.append(f"{path}: stopped after {MAX_ROW_PROBLEMS} problems")
+                return
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+
+
+def _row_chars(row: Any, fmt: str) -> tuple[int, int] | str:
+    """(characters, template tokens) of one training row, or what is wrong with it."""
+    if fmt == "alpaca":
+        ok = isinstance(row, dict) and all(isinstance(row.get(k), str)
+                                           for k in ("instruction", "output"))
+        if not ok or not isinstance(row.get("input", ""), str | None):
+            return ("an alpaca row needs string 'instruction' and 'output' (and optional "
+                    "'input'); or set dataset.format: chat_template")
+        chars = sum(len(row.get(k) or "") for k in ("instruction", "input", "output"))
+        return chars, ALPACA_TEMPLATE_TOKENS
+    msgs = row.get("messages", row.get("conversations")) if isinstance(row, dict) else None
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        return ("a chat_template row needs a non-empty 'messages' list of {role, content}; "
+                "or set dataset.format: alpaca")
+    chars = sum(len(str(m.get("content", m.get("value", "")))) for m in msgs)
+    return chars, CHAT_MESSAGE_TOKENS * len(msgs)
 
 
 def count_tokens(path: Path, fmt: str, given: int | None) -> DatasetSize:
     """Validate a JSONL dataset's rows and estimate its tokens (unless `given`)."""
-    chars = 0
-    rows = 0
-    overhead = 0
+    chars = rows = overhead = 0
     problems: list[str] = []
-    with path.open(encoding="utf-8", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg})")
-                continue
-            rows += 1
-            if fmt == "alpaca":
-                if not isinstance(row, dict) or "instruction" not in row or "output" not in row:
-                    problems.append(f"{path}:{lineno}: an alpaca row needs 'instruction' and "
-                                    "'output' (and optional 'input'); or set dataset.format: "
-                                    "chat_template")
-                    continue
-                chars += sum(len(str(row.get(k) or "")) for k in ("instruction", "input", "output"))
-                overhead += ALPACA_TEMPLATE_TOKENS
-            else:
-                msgs = row.get("messages", row.get("conversations")) if isinstance(row, dict) \
-                    else None
-                if not isinstance(msgs, list):
-                    problems.append(f"{path}:{lineno}: a chat_template row needs a 'messages' "
-                                    "list of {role, content}; or set dataset.format: alpaca")
-                    continue
-                for m in msgs:
-                    content = m.get("content", m.get("value", "")) if isinstance(m, dict) else m
-                    chars += len(str(content))
-                    overhead += CHAT_MESSAGE_TOKENS
-            if len(problems) >= 5 or (given is not None and rows >= _SAMPLE_ROWS):
-                break
+    for lineno, row in _jsonl_rows(path, problems):
+        got = _row_chars(row, fmt)
+        if isinstance(got, str):
+            problems.append(f"{path}:{lineno}: {got}")
+            continue
+        rows += 1
+        chars += got[0]
+        overhead += got[1]
+        if given is not None and rows >= _SAMPLE_ROWS:
+            break
     if problems:
         raise SpecError(problems)
     if rows == 0:
@@ -503,3 +545,18 @@ def count_tokens(path: Path, fmt: str, given: int | None) -> DatasetSize:
         return DatasetSize(given, rows, "job file")
     tokens = max(1, round(chars / CHARS_PER_TOKEN) + overhead)
     return DatasetSize(tokens, rows, f"estimated from {chars:,} characters in {rows:,} rows")
+
+
+def check_eval_set(path: Path) -> list[str]:
+    """Problems with an eval set: JSONL rows of {prompt, expected} strings."""
+    problems: list[str] = []
+    rows = 0
+    for lineno, row in _jsonl_rows(path, problems):
+        rows += 1
+        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)
+                and isinstance(row.get("expected"), str)):
+            problems.append(f"{path}:{lineno}: an eval row needs string 'prompt' and "
+                            "'expected'")
+    if not rows and not problems:
+        problems.append(f"{path}: eval set is empty")
+    return problems

@@ -71,10 +71,10 @@ def training_seconds(
     if w.method == "qlora":
         rate /= QLORA_DEQUANT_SLOWDOWN
     compute = tokens * flops_per_token(w) / rate
-    # Each micro-step streams the (per-GPU share of the) weights a few times.
+    # Each micro-step streams all the weights a few times on every GPU: sharded layouts
+    # gather each layer in full before using it, so sharding does not lower this floor.
     microsteps = tokens / (w.sequence_len * w.micro_batch_size * gpu_count)
-    shard = gpu_count if strategy in (Strategy.SHARDED, Strategy.SHARDED_OFFLOAD) else 1
-    memory = microsteps * WEIGHT_PASSES * weight_bytes(w) / shard / (gpu.bandwidth_tbps * 1e12)
+    memory = microsteps * WEIGHT_PASSES * weight_bytes(w) / (gpu.bandwidth_tbps * 1e12)
     return max(compute, memory)
 
 

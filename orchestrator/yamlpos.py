@@ -48,49 +48,77 @@ def load(text: str, filename: str) -> tuple[Any, Positions]:
     positions = Positions()
     if node is None:
         return None, positions
-    constructor = yaml.SafeLoader("")
+    walker = _Walker(filename, positions)
     try:
-        value = _walk(node, (), positions, filename, constructor)
+        value = walker.walk(node, ())
     finally:
-        constructor.dispose()
+        walker.ctor.dispose()
     return value, positions
 
 
-def _walk(
-    node: yaml.Node, loc: Loc, pos: Positions, filename: str, ctor: yaml.SafeLoader
-) -> Any:
-    pos.values[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        out: dict[Any, Any] = {}
-        for key_node, value_node in node.value:
-            key = _scalar(key_node, ctor)
-            if key in out:
-                raise YamlError(
-                    f"{filename}:{key_node.start_mark.line + 1} {_dotted((*loc, key))}: "
-                    "duplicate key; keep only one"
-                )
-            child = (*loc, key)
-            pos.keys[child] = key_node.start_mark.line + 1
-            out[key] = _walk(value_node, child, pos, filename, ctor)
-        return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_walk(item, (*loc, i), pos, filename, ctor) for i, item in enumerate(node.value)]
-    return _scalar(node, ctor)
+# A job file has a few dozen values; aliases that expand past this are an "alias bomb".
+MAX_NODES = 100_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _Walker:
+    """Turns a composed node tree into plain values, recording each one's line."""
+
+    def __init__(self, filename: str, pos: Positions) -> None:
+        self.filename = filename
+        self.pos = pos
+        self.ctor = yaml.SafeLoader("")
+        self.nodes = 0
+
+    def fail(self, node: yaml.Node, loc: Loc, problem: str) -> YamlError:
+        where = _dotted(loc) or "(top level)"
+        return YamlError(f"{self.filename}:{node.start_mark.line + 1} {where}: {problem}")
+
+    def walk(self, node: yaml.Node, loc: Loc) -> Any:
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise self.fail(node, loc, f"more than {MAX_NODES:,} values (do aliases expand "
+                            "recursively?); write the values out")
+        self.pos.values[loc] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag == _MERGE_TAG:
+                    raise self.fail(key_node, loc, "merge keys (<<) are not supported; write "
+                                    "the keys out")
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise self.fail(key_node, loc, "keys must be plain names, not lists or "
+                                    "mappings")
+                key = self.scalar(key_node, loc)
+                if not isinstance(key, str):
+                    raise self.fail(key_node, loc, f"keys must be names (got {key!r}); quote "
+                                    "it if it is meant as a name")
+                if key in out:
+                    raise self.fail(key_node, (*loc, key), "duplicate key; keep only one")
+                child = (*loc, key)
+                self.pos.keys[child] = key_node.start_mark.line + 1
+                out[key] = self.walk(value_node, child)
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.walk(item, (*loc, i)) for i, item in enumerate(node.value)]
+        return self.scalar(node, loc)
+
+    def scalar(self, node: yaml.Node, loc: Loc) -> Any:
+        # PyYAML's own constructor keeps `2.0e-4`, `true`, `null` typed as YAML means them.
+        try:
+            value = self.ctor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise self.fail(node, loc, f"not a plain value: {problem}") from None
+        if isinstance(value, str) and not node.style and _FLOAT_12.match(value):
+            # (plain style is None from PyYAML's parser and '' from libyaml's)
+            return float(value)
+        return value
 
 
 # PyYAML follows YAML 1.1, where `1e-4` (no dot) is a string; YAML 1.2 and every user
 # reads it as a number, so plain (unquoted) scalars of that shape become floats.
 _FLOAT_12 = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-
-
-def _scalar(node: yaml.Node, ctor: yaml.SafeLoader) -> Any:
-    # Construct scalars with PyYAML's own resolver so `2.0e-4`, `true`, `null` keep their types.
-    value = ctor.construct_object(node, deep=True)
-    if isinstance(value, str) and isinstance(node, yaml.ScalarNode) and not node.style:
-        # (plain style is None from PyYAML's parser and '' from libyaml's)
-        if _FLOAT_12.match(value):
-            return float(value)
-    return value
 
 
 def _dotted(loc: Loc) -> str:

@@ -89,7 +89,7 @@ def test_no_fit_exits_3_with_the_gap(env: dict[str, str], tmp_path: Path) -> Non
     proc = orch(env, "plan", str(job), check=False)
     assert proc.returncode == 3
     assert "no placement fits: the job needs at least" in proc.stderr
-    assert "the largest offer has" in proc.stderr
+    assert "the largest eligible offer has" in proc.stderr
 
 
 def test_servers_and_dry_run_submit(env: dict[str, str]) -> None:

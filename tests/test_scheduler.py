@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import scheduler
+from orchestrator import pricing, scheduler, sizing, throughput
 from orchestrator.architectures import lookup
 from orchestrator.planning import RegisteredServer, server_offers
 from orchestrator.scheduler import Constraints, NoFit
@@ -64,7 +64,7 @@ def test_full_32b_adamw_needs_more_than_the_catalog_offers() -> None:
         choose(w)
     msg = str(info.value)
     assert "needs at least" in msg and "fsdp on 8 GPUs" in msg
-    assert "the largest offer has 80.0 GiB per GPU" in msg
+    assert "the largest eligible offer has 80.0 GiB per GPU" in msg
     assert "does not fit in GPU memory" in msg
     # A registered 8x H200 node fits it, sharded, at zero marginal cost.
     node = server_offers([RegisteredServer("hgx", "H200", 8, Decimal("25000"))])
@@ -110,6 +110,29 @@ def test_constraints_are_respected() -> None:
     assert p.offer.price_per_hour is not None and p.offer.price_per_hour <= Decimal("0.2")
 
 
+def test_max_price_per_hour_applies_to_new_monthly_rentals() -> None:
+    w = job("meta-llama/Llama-3.1-8B")
+    with pytest.raises(NoFit, match="above resources.max_price_per_hour"):
+        choose(w, Constraints(gpus=frozenset({"H100 SXM"}), max_price_per_hour=Decimal("0.5")))
+    # A registered server costs this job nothing per hour: it passes any price limit.
+    mine = server_offers([RegisteredServer("box1", "H100 SXM", 1, Decimal("2190"))])
+    p = choose(w, Constraints(max_price_per_hour=Decimal("0.01")), extra=mine)
+    assert p.offer.offer_id == "server:box1"
+
+
+def test_no_fit_from_constraints_says_which_and_how_to_fix() -> None:
+    w = job("meta-llama/Llama-3.1-8B")
+    with pytest.raises(NoFit) as info:
+        choose(w, Constraints(providers=frozenset({"dedicated"})))
+    msg = str(info.value)
+    assert "no offer passes the job's resources constraints" in msg
+    assert "provider not in resources.providers" in msg and "orch servers add" in msg
+    with pytest.raises(NoFit) as info:
+        choose(w, Constraints(max_cost=Decimal("0.001")))
+    assert "Try a higher resources.max_cost" in str(info.value)
+    assert "shorter training.sequence_len" not in str(info.value)
+
+
 def test_no_fit_names_smallest_need_and_largest_offer() -> None:
     w = job("meta-llama/Llama-3.1-70B", "lora", sequence_len=32768, micro_batch_size=8,
             gradient_checkpointing=False)
@@ -123,14 +146,50 @@ def test_no_fit_names_smallest_need_and_largest_offer() -> None:
 # --- properties -----------------------------------------------------------------------------
 
 GPUS = catalog.gpus()
+
+
+def _offer(gpu: str, count: int, spot: bool, cents: int, i: int, kind: str,
+           ram_gb: int | None) -> Offer:
+    ram = None if ram_gb is None else ram_gb * 10**9
+    common = {"provider": f"p{i % 3}", "offer_id": f"o{i}", "gpu": gpu, "gpu_count": count,
+              "gpu_memory_bytes": GPUS[gpu].memory_bytes, "ram_bytes": ram,
+              "boot_minutes": float(i % 7)}
+    if kind == "metered":
+        return Offer(billing=Billing.PER_SECOND if i % 2 else Billing.PER_MINUTE,
+                     interruptible=spot, price_per_hour=Decimal(cents) / 100, **common)
+    return Offer(billing=Billing.MONTHLY, interruptible=False, price_per_hour=None,
+                 monthly_price=Decimal(cents), registered=kind == "registered", **common)
+
+
 offer_st = st.builds(
-    lambda gpu, count, spot, cents, i: Offer(
-        provider=f"p{i % 3}", offer_id=f"o{i}", gpu=gpu, gpu_count=count,
-        gpu_memory_bytes=GPUS[gpu].memory_bytes, billing=Billing.PER_SECOND,
-        interruptible=spot, price_per_hour=Decimal(cents) / 100, boot_minutes=float(i % 7)),
-    st.sampled_from(sorted(GPUS)), st.sampled_from([1, 2, 4, 8]), st.booleans(),
+    _offer, st.sampled_from(sorted(GPUS)), st.sampled_from([1, 2, 4, 8]), st.booleans(),
     st.integers(5, 5000), st.integers(0, 10_000),
+    st.sampled_from(["metered", "metered", "metered", "monthly", "registered"]),
+    st.none() | st.sampled_from([64, 512, 2048]),
 )
+
+
+def _oracle_cost(w: Workload, offers: list[Offer], c: Constraints) -> Decimal | None:
+    """The cheapest cost by brute force over offers x every layout, independent of rank()."""
+    best: Decimal | None = None
+    for o in offers:
+        if (c.spot == "never" and o.interruptible) or (c.spot == "required"
+                                                        and not o.interruptible):
+            continue
+        if o.gpu_count > c.max_gpus:
+            continue
+        for strategy in sizing.candidate_strategies(o.gpu_count):
+            est = sizing.estimate(w, o.gpu_count, strategy)
+            if not est.fits(o.gpu_memory_bytes, o.ram_bytes):
+                continue
+            hours = throughput.duration(w, TOKENS, o, GPUS[o.gpu], strategy).total
+            cost = pricing.job_cost(o, hours)
+            hourly = o.price_per_hour if o.price_per_hour is not None else \
+                cost / Decimal(repr(hours))
+            if c.max_price_per_hour is not None and hourly > c.max_price_per_hour:
+                continue
+            best = cost if best is None else min(best, cost)
+    return best
 workload_st = st.builds(
     job,
     st.sampled_from(["meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-14B",
@@ -162,14 +221,18 @@ def test_chosen_is_never_costlier_and_ranking_is_deterministic(
         assert p.offer.gpu_count <= c.max_gpus
         assert not (c.spot == "never" and p.offer.interruptible)
         assert not (c.spot == "required" and not p.offer.interruptible)
+    oracle = _oracle_cost(w, offers, c)
+    assert (ranking.chosen is None) == (oracle is None)
     if ranking.chosen is not None:
         best = ranking.chosen
+        assert best.est_cost == oracle  # nothing feasible, in any layout, is cheaper
         assert all(best.est_cost <= p.est_cost for p in ranking.placements)
         ties = [p for p in ranking.placements if p.est_cost == best.est_cost]
         assert all(best.est_hours <= p.est_hours + 1e-9 for p in ties)
     else:
-        with pytest.raises(NoFit, match="needs at least"):
+        with pytest.raises(NoFit, match="needs at least") as info:
             scheduler.choose(w, TOKENS, offers, GPUS, c)
+        assert "GiB per GPU" in str(info.value) and "Left out:" in str(info.value)
     # Every offer is either placed or counted as rejected for a reason.
     assert len(ranking.placements) + sum(ranking.rejected.values()) == len(offers)
 

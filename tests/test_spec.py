@@ -199,7 +199,7 @@ def test_hf_dataset_needs_a_token_count(tmp_path: Path) -> None:
 def test_dataset_rows_are_checked_with_their_line(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL, rows=[{"instruction": "a", "output": "b"}, {"prompt": "x"}])
     (msg,) = problems(path)
-    assert "train.jsonl:2: an alpaca row needs 'instruction' and 'output'" in msg
+    assert "train.jsonl:2: an alpaca row needs string 'instruction' and 'output'" in msg
     (tmp_path / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\nnot json\n')
     assert "train.jsonl:2: not valid JSON" in problems(path)[0]
 
@@ -233,3 +233,82 @@ def test_spec_hash_is_stable_and_sensitive(tmp_path: Path) -> None:
     # Spelling a default explicitly does not change the identity.
     assert a == load_job(write(tmp_path, MINIMAL + "training: {epochs: 1}\n")).spec_hash
     assert a != load_job(write(tmp_path, MINIMAL + "training: {epochs: 2}\n")).spec_hash
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("? [a, b]\n: 1\n", ":1 (top level): keys must be plain names, not lists or mappings"),
+    ("training: {{a: 1}: 2}\n", ":1 training: keys must be plain names"),
+    ("d: &d {epochs: 2}\ntraining: {<<: *d}\n", ":2 training: merge keys (<<) are not supported"),
+    ("name: !foo t\n", ":1 name: not a plain value"),
+    ("1: 2\n", ":1 (top level): keys must be names (got 1)"),
+])
+def test_yaml_shapes_we_refuse_are_errors_not_tracebacks(tmp_path: Path, text: str,
+                                                          expected: str) -> None:
+    (msg,) = problems(write(tmp_path, text))
+    assert expected in msg
+
+
+def test_alias_bomb_is_refused_quickly(tmp_path: Path) -> None:
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdef", "bcdefg", strict=True):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    (msg,) = problems(write(tmp_path, "\n".join(lines) + "\n"))
+    assert "more than 100,000 values" in msg
+
+
+def test_row_problems_stop_after_five_in_file_order(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL, rows=[{"bad": i} for i in range(30)])
+    found = problems(path)
+    assert len(found) == 6 and found[-1].endswith("stopped after 5 problems")
+    assert [p.split("train.jsonl:")[1].split(":")[0] for p in found[:5]] == \
+        ["1", "2", "3", "4", "5"]
+
+
+def test_bom_and_blank_lines_and_crlf_are_fine(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    (tmp_path / "train.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"instruction": "a", "output": "b"}\r\n\r\n{"instruction": "c", '
+        b'"output": "d"}\r\n')
+    assert load_job(path).dataset.rows == 2
+
+
+def test_non_string_alpaca_fields_are_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL, rows=[{"instruction": 1, "output": None}])
+    assert "needs string 'instruction' and 'output'" in problems(path)[0]
+
+
+def test_eval_set_rows_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "eval.jsonl").write_text('{"prompt": "2+2?", "expected": "4"}\n{"q": 1}\n')
+    path = write(tmp_path, MINIMAL + "eval: {eval_set: eval.jsonl}\n")
+    (msg,) = problems(path)
+    assert "eval.jsonl:2: an eval row needs string 'prompt' and 'expected'" in msg
+
+
+def test_dataset_path_that_is_a_directory(tmp_path: Path) -> None:
+    (tmp_path / "adir").mkdir()
+    (msg,) = problems(write(tmp_path, MINIMAL.replace("train.jsonl", "adir")))
+    assert "dataset.path: is a directory, not a file" in msg
+
+
+def test_shape_hints_for_multi_shape_fields(tmp_path: Path) -> None:
+    text = "name: t\nbase_model: 8\nmethod: qlora\ndataset: {path: 5}\n"
+    found = problems(write(tmp_path, text))
+    assert "base_model: must be a repo id such as meta-llama/Llama-3.1-8B" in found[0]
+    assert "dataset.path: must be a JSONL file path" in found[1]
+
+
+def test_gpu_lists_accept_numbers_and_refuse_empty(tmp_path: Path) -> None:
+    job = load_job(write(tmp_path, MINIMAL + "resources: {gpus: 3090}\n"))
+    assert job.spec.resources.gpus == ["3090"]
+    (msg,) = problems(write(tmp_path, MINIMAL + "resources: {gpus: []}\n"))
+    assert "resources.gpus: must name at least one, or be any" in msg
+
+
+def test_inline_architecture_error_names_the_field(tmp_path: Path) -> None:
+    text = MINIMAL.replace(
+        "base_model: meta-llama/Llama-3.1-8B",
+        "base_model: {repo: x/y, architecture: {hidden_size: 100, num_hidden_layers: 2, "
+        "num_attention_heads: 3, intermediate_size: 10, vocab_size: 10}}")
+    path = write(tmp_path, text)
+    assert problems(path) == [f"{path}:2 base_model.architecture: hidden_size must be divisible "
+                              "by num_attention_heads, or give head_dim"]
