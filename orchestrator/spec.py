@@ -437,6 +437,9 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     except ArchitectureError as exc:
         problem(loc, str(exc))
 
+    if spec.method == "full" and "lora" in spec.model_fields_set:
+        problem(("lora",), "only used by method qlora or lora; remove it for a full fine-tune")
+
     dataset: DatasetSize | None = None
     if spec.dataset.path.local is not None:
         data_file = base / spec.dataset.path.local

@@ -312,3 +312,9 @@ def test_inline_architecture_error_names_the_field(tmp_path: Path) -> None:
     path = write(tmp_path, text)
     assert problems(path) == [f"{path}:2 base_model.architecture: hidden_size must be divisible "
                               "by num_attention_heads, or give head_dim"]
+
+
+def test_lora_section_with_full_method_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("method: qlora", "method: full") + "lora: {r: 8}\n")
+    assert problems(path) == [f"{path}:6 lora: only used by method qlora or lora; remove it "
+                              "for a full fine-tune"]
