@@ -320,7 +320,7 @@ def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 
 
 # What a field accepts, for type errors on fields that take more than one shape.
-_SHAPES = {
+_SHAPES: dict[tuple[str | int, ...], str] = {
     ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
                      "config: path/to/config.json} or {repo: ..., architecture: {...}}",
     ("dataset", "path"): "a JSONL file path (relative to the job file) or {hf: org/name}",

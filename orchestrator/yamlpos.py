@@ -110,7 +110,8 @@ class _Walker:
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             raise self.fail(node, loc, f"not a plain value: {problem}") from None
-        if isinstance(value, str) and not node.style and _FLOAT_12.match(value):
+        plain = isinstance(node, yaml.ScalarNode) and not node.style
+        if isinstance(value, str) and plain and _FLOAT_12.match(value):
             # (plain style is None from PyYAML's parser and '' from libyaml's)
             return float(value)
         return value

@@ -1,0 +1,422 @@
+"""`axolotl train CONFIG` and `axolotl merge-lora CONFIG`: fast, faithful-in-shape training.
+
+Training runs `max_steps` (else SimHostOptions.train_steps) steps of `train_step_seconds`,
+prints HF-trainer style loss lines and a progress bar, and saves `checkpoint-N/` every
+`save_steps` steps (writing adapter, optimizer and scheduler files first and
+`trainer_state.json` last, so a cut save is partial as in reality). With
+`auto_resume_from_checkpoints: true` it resumes from the highest-numbered checkpoint and
+crashes, as the real trainer does, when that checkpoint is incomplete. The "model" it trains
+remembers the dataset's answers (`sim_memory.json`), which the vLLM stand-in serves.
+
+The config reader understands what the playbooks render: top-level scalars and a
+`datasets:` list of mappings (JSON configs work too).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import Host, SimError, container_to_host, say, write_atomic
+from .hf import safetensors_bytes, tokenizer_files, weight_files
+
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
+def _scalar(text: str) -> Any:
+    text = text.strip()
+    if not text:
+        return None
+    if text[0] in "'\"" and text[-1] == text[0]:
+        return text[1:-1]
+    low = text.lower()
+    if low in ("true", "yes"):
+        return True
+    if low in ("false", "no"):
+        return False
+    if low in ("null", "~"):
+        return None
+    if text.startswith("[") and text.endswith("]"):
+        return [_scalar(part) for part in text[1:-1].split(",") if part.strip()]
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_config(text: str) -> dict[str, Any]:
+    """The YAML subset the playbooks write (top-level scalars, lists of flat mappings)."""
+    if text.lstrip().startswith("{"):
+        data: dict[str, Any] = json.loads(text)
+        return data
+    result: dict[str, Any] = {}
+    block: str | None = None
+    item: dict[str, Any] | None = None
+    for raw in text.splitlines():
+        line = (
+            re.sub(r"\s+#.*$", "", raw) if "#" in raw and not raw.lstrip().startswith("#") else raw
+        )
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        stripped = line.strip()
+        top = re.match(r"^([A-Za-z0-9_.\-]+):(\s+(.*))?$", stripped)
+        if indent == 0 and top and not stripped.startswith("- "):
+            key, value = top.group(1), top.group(3) or ""
+            block, item = (key, None) if not value else (None, None)
+            result[key] = _scalar(value) if value else None
+            continue
+        if block is None:
+            continue
+        if stripped.startswith("- ") or stripped == "-":
+            body = stripped[2:].strip()
+            if not isinstance(result.get(block), list):
+                result[block] = []
+            pair = re.match(r"^([A-Za-z0-9_.\-]+):\s*(.*)$", body)
+            if pair:
+                item = {pair.group(1): _scalar(pair.group(2))}
+                result[block].append(item)
+            else:
+                item = None
+                result[block].append(_scalar(body))
+            continue
+        pair = re.match(r"^([A-Za-z0-9_.\-]+):\s*(.*)$", stripped)
+        if pair:
+            if item is not None:
+                item[pair.group(1)] = _scalar(pair.group(2))
+            else:
+                if not isinstance(result.get(block), dict):
+                    result[block] = {}
+                result[block][pair.group(1)] = _scalar(pair.group(2))
+    return result
+
+
+def _load(argv: list[str]) -> tuple[Path, dict[str, Any], list[str]]:
+    positional: list[str] = []
+    overrides: dict[str, Any] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            if not eq:
+                value = args.pop(0) if args and not args[0].startswith("--") else "true"
+            overrides[key.replace("-", "_")] = _scalar(value)
+        else:
+            positional.append(arg)
+    if not positional:
+        raise SimError("Usage: axolotl train CONFIG [--key=value ...]", 2)
+    path = Path(container_to_host(positional[0]))
+    try:
+        config = parse_config(path.read_text())
+    except FileNotFoundError:
+        raise SimError(
+            f"FileNotFoundError: [Errno 2] No such file or directory: '{positional[0]}'", 1
+        ) from None
+    config.update(overrides)
+    return path, config, positional[1:]
+
+
+def _memory(config: dict[str, Any]) -> dict[str, str]:
+    """What the fine-tuned model "learns": prompt -> answer from the training data."""
+    memory: dict[str, str] = {}
+    for dataset in config.get("datasets") or []:
+        if not isinstance(dataset, dict) or not dataset.get("path"):
+            continue
+        path = Path(container_to_host(str(dataset["path"])))
+        if not path.exists():
+            raise SimError(
+                f"FileNotFoundError: Unable to find '{dataset['path']}' (datasets[].path)", 1
+            )
+        kind = str(dataset.get("type", "alpaca"))
+        field = str(dataset.get("field_messages", "messages"))
+        for line in path.read_text().splitlines()[:100_000]:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if kind.startswith("chat_template"):
+                messages = row.get(field) or []
+                users = [m for m in messages if m.get("role") == "user"]
+                answers = [m for m in messages if m.get("role") == "assistant"]
+                if users and answers:
+                    memory[str(users[-1]["content"]).strip()] = str(answers[-1]["content"])
+            elif "instruction" in row and "output" in row:
+                prompt = str(row["instruction"]).strip()
+                if row.get("input"):
+                    memory[f"{prompt}\n{str(row['input']).strip()}"] = str(row["output"])
+                memory.setdefault(prompt, str(row["output"]))
+    return memory
+
+
+def _loss(step: int, total: int, config: dict[str, Any]) -> float:
+    lr = float(config.get("learning_rate") or 2e-4)
+    rank = float(config.get("lora_r") or 16)
+    floor = 0.35 + 0.08 * abs(math.log10(max(lr, 1e-9) / 2e-4)) + 0.4 / (rank + 8)
+    return round(floor + 2.1 * math.exp(-4.0 * step / max(total, 1)), 4)
+
+
+def _faults(host: Host) -> dict[str, Any]:
+    data: dict[str, Any] = host.read_json("faults.json", {})
+    return data
+
+
+def _fire(host: Host, fault: str) -> None:
+    with host.lock():
+        faults = _faults(host)
+        faults[fault] = faults.get(fault, 0) + 1
+        host.write_json("faults.json", faults)
+
+
+def _die(host: Host, step: int) -> None:
+    """The host dies: init SIGKILLs sshd, every session and every job, this one included."""
+    _fire(host, "host_died")
+    host.event("host-died", step=step)
+    try:
+        pid = int((host.state / "init.pid").read_text())
+        os.kill(pid, signal.SIGUSR1)
+    except (OSError, ValueError):
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    time.sleep(30)
+    os._exit(137)
+
+
+def _weights_name(adapter: bool) -> str:
+    return "adapter_model.safetensors" if adapter else "model.safetensors"
+
+
+def _write_model(
+    folder: Path, config: dict[str, Any], memory: dict[str, str], adapter: bool
+) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    if adapter:
+        write_atomic(
+            folder / "adapter_model.safetensors", safetensors_bytes(["lora_A", "lora_B"], 4096)
+        )
+        write_atomic(
+            folder / "adapter_config.json",
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "r": config.get("lora_r", 16),
+                    "lora_alpha": config.get("lora_alpha", 32),
+                    "lora_dropout": config.get("lora_dropout", 0.0),
+                    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                    "base_model_name_or_path": config.get("base_model"),
+                },
+                indent=2,
+            ),
+        )
+    else:
+        write_atomic(folder / "model.safetensors", safetensors_bytes(["model.weights"], 4096))
+        write_atomic(folder / "config.json", json.dumps({"model_type": "llama"}, indent=2))
+    write_atomic(folder / "sim_memory.json", json.dumps(memory))
+
+
+def _checkpoint_valid(folder: Path, adapter: bool) -> bool:
+    return (folder / "trainer_state.json").is_file() and (folder / _weights_name(adapter)).is_file()
+
+
+def train(host: Host, argv: list[str]) -> int:
+    """`axolotl train CONFIG`: see the module docstring."""
+    _path, config, _rest = _load(argv)
+    opts = host.options
+    if not host.gpus_visible():
+        raise SimError("RuntimeError: No CUDA GPUs are available", 1)
+    out = host.writable(container_to_host(str(config.get("output_dir") or "./outputs")))
+    adapter = str(config.get("adapter") or "").lower() in ("lora", "qlora")
+    total = int(config.get("max_steps") or opts["train_steps"])
+    save_steps = config.get("save_steps")
+    if not save_steps and config.get("saves_per_epoch"):
+        save_steps = max(1, total // int(config["saves_per_epoch"]))
+    save_every = int(save_steps) if save_steps else None
+    limit = config.get("save_total_limit")
+    base = str(config.get("base_model") or "")
+    if base.startswith(("/", "./")):
+        base_dir = Path(container_to_host(base))
+        if not (base_dir / "config.json").is_file():
+            raise SimError(f"OSError: {base} does not appear to have a file named config.json.", 1)
+    elif base:
+        host.event("axolotl-hub-download", base_model=base)
+        say(f"[simhost] base model {base} is not a local path: downloading it from the Hub")
+    memory = _memory(config)
+    out.mkdir(parents=True, exist_ok=True)
+
+    start = 0
+    history: list[dict[str, Any]] = []
+    resume = config.get("resume_from_checkpoint")
+    if not resume and config.get("auto_resume_from_checkpoints"):
+        found = sorted(
+            (p for p in out.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)),
+            key=lambda p: int(p.name.split("-")[1]),
+        )
+        resume = str(found[-1]) if found else None
+    if resume:
+        folder = Path(container_to_host(str(resume)))
+        if not _checkpoint_valid(folder, adapter):
+            raise SimError(
+                f"ValueError: Can't find a valid checkpoint at {resume} "
+                "(trainer_state.json or model weights missing)",
+                1,
+            )
+        try:
+            state = json.loads((folder / "trainer_state.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise SimError(
+                f"json.decoder.JSONDecodeError: {exc} ({folder}/trainer_state.json)", 1
+            ) from None
+        start = int(state["global_step"])
+        history = list(state.get("log_history", []))
+        say(f"[simhost] Resuming training from checkpoint {folder.name} (global step {start})")
+    say(
+        f"[simhost] axolotl train: {total} steps, save_steps={save_every}, "
+        f"adapter={config.get('adapter')}, gpus={opts['gpu_count']} x {opts['gpu_model']}"
+    )
+    step_seconds = float(opts["train_step_seconds"])
+    crash_at = opts["train_crash_at_step"]
+    die_at = opts["host_dies_at_step"]
+    lr = float(config.get("learning_rate") or 2e-4)
+    for step in range(start + 1, total + 1):
+        faults = _faults(host)
+        save_now = bool(save_every and step % save_every == 0)
+        if die_at == step and not faults.get("host_died"):
+            if save_now:  # killed while saving: the checkpoint directory is left partial
+                partial = out / f"checkpoint-{step}"
+                partial.mkdir(parents=True, exist_ok=True)
+                write_atomic(partial / _weights_name(adapter), safetensors_bytes(["lora_A"], 4096))
+            _die(host, step)
+        if crash_at == step and (opts["train_crash_repeats"] or not faults.get("train_crash")):
+            _fire(host, "train_crash")
+            host.event("train-crash", step=step)
+            raise SimError(
+                "Traceback (most recent call last):\n"
+                '  File "/workspace/axolotl/src/axolotl/train.py", line 190, in train\n'
+                "RuntimeError: CUDA error: an illegal memory access was encountered",
+                1,
+            )
+        time.sleep(step_seconds)
+        loss = _loss(step, total, config)
+        entry = {
+            "loss": loss,
+            "grad_norm": round(0.9 / math.sqrt(step), 4),
+            "learning_rate": lr,
+            "epoch": round(step / total, 4),
+            "step": step,
+        }
+        history.append(entry)
+        say(
+            "{"
+            + f"'loss': {loss}, 'grad_norm': {entry['grad_norm']}, 'learning_rate': {lr}, "
+            + f"'epoch': {entry['epoch']}"
+            + "}",
+            f"{int(100 * step / total):3d}%|{'#' * (10 * step // total):<10}| {step}/{total} "
+            f"[00:{int(step * step_seconds):02d}<00:00, {1 / max(step_seconds, 1e-3):.2f}it/s]",
+        )
+        requested = out / "axolotl_checkpoint.save"
+        if requested.exists():
+            requested.unlink()
+            save_now = True
+        if save_now and step != total:
+            _save_checkpoint(out, step, total, history, config, memory, adapter, limit)
+    _save_checkpoint(out, total, total, history, config, memory, adapter, limit)
+    _write_model(out, config, memory, adapter)
+    say(f"[simhost] Training completed! Saving trained model to {config.get('output_dir')}.")
+    host.event("train-finished", output_dir=str(out), steps=total, resumed_from=start)
+    return 0
+
+
+def _save_checkpoint(
+    out: Path,
+    step: int,
+    total: int,
+    history: list[dict[str, Any]],
+    config: dict[str, Any],
+    memory: dict[str, str],
+    adapter: bool,
+    limit: Any,
+) -> None:
+    folder = out / f"checkpoint-{step}"
+    _write_model(folder, config, memory, adapter)
+    (folder / "optimizer.pt").write_bytes(b"simhost optimizer state " + str(step).encode())
+    (folder / "scheduler.pt").write_bytes(b"simhost scheduler state")
+    (folder / "rng_state.pth").write_bytes(b"simhost rng state")
+    state = {
+        "global_step": step,
+        "max_steps": total,
+        "epoch": round(step / total, 4),
+        "log_history": history,
+        "best_model_checkpoint": None,
+        "is_world_process_zero": True,
+        "num_train_epochs": config.get("num_epochs", 1),
+        "train_batch_size": config.get("micro_batch_size", 1),
+    }
+    (folder / "trainer_state.json").write_text(json.dumps(state, indent=2))  # written last
+    say(f"[simhost] Saving model checkpoint to {folder}")
+    if limit:
+        kept = sorted(
+            (p for p in out.glob("checkpoint-*") if re.fullmatch(r"checkpoint-\d+", p.name)),
+            key=lambda p: int(p.name.split("-")[1]),
+        )
+        for old in kept[: max(0, len(kept) - int(limit))]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def merge_lora(host: Host, argv: list[str]) -> int:
+    """`axolotl merge-lora CONFIG [--lora-model-dir=DIR]`: writes `<output_dir>/merged/`."""
+    _path, config, _rest = _load(argv)
+    out = host.writable(container_to_host(str(config.get("output_dir") or "./outputs")))
+    lora_dir = Path(container_to_host(str(config.get("lora_model_dir") or out)))
+    if not str(config.get("adapter") or ""):
+        raise SimError("ValueError: merge-lora needs an adapter (adapter: lora|qlora)", 1)
+    if not (lora_dir / "adapter_model.safetensors").is_file():
+        raise SimError(f"ValueError: no adapter_model.safetensors in {lora_dir}", 1)
+    say(f"[simhost] Merging LoRA from {lora_dir} with base model {config.get('base_model')}...")
+    time.sleep(float(host.options["merge_seconds"]))
+    merged = out / "merged"
+    merged.mkdir(parents=True, exist_ok=True)
+    base = str(config.get("base_model") or "")
+    base_dir = Path(container_to_host(base)) if base.startswith(("/", "./")) else None
+    if base_dir is not None and (base_dir / "config.json").is_file():
+        shutil.copyfile(base_dir / "config.json", merged / "config.json")
+        model_config = json.loads((base_dir / "config.json").read_text())
+    else:
+        from .hf import model_config as default_config
+
+        model_config = default_config(host)
+        write_atomic(merged / "config.json", json.dumps(model_config, indent=2))
+    for name, content in tokenizer_files():
+        source = base_dir / name if base_dir is not None else None
+        if source is not None and source.is_file():
+            shutil.copyfile(source, merged / name)
+        else:
+            write_atomic(merged / name, content)
+    for name, content, _logical in weight_files(
+        model_config, 2, int(host.options["model_size_bytes"])
+    ):
+        write_atomic(merged / name, content)
+    memory_file = lora_dir / "sim_memory.json"
+    if memory_file.is_file():
+        shutil.copyfile(memory_file, merged / "sim_memory.json")
+    say(f"[simhost] Saved merged model to {merged}")
+    host.event("merge-finished", merged=str(merged))
+    return 0
+
+
+def axolotl(host: Host, argv: list[str]) -> int:
+    """Dispatch `axolotl train|merge-lora`."""
+    if argv[:1] == ["train"]:
+        return train(host, argv[1:])
+    if argv[:1] == ["merge-lora"]:
+        return merge_lora(host, argv[1:])
+    if argv[:1] in (["--version"], ["version"]):
+        say("axolotl 0.16.1 (simhost)")
+        return 0
+    raise SimError(f"simhost: `axolotl {' '.join(argv)}` is not simulated", 2)

@@ -1,0 +1,965 @@
+"""`docker`: containers are host processes; the CLI answers from state under the host dir.
+
+`docker run -d` starts a supervisor in its own session (it survives the SSH connection),
+which runs the container's command and records its exit code. Paths inside the container
+are translated through the `-v` mounts by the stand-ins that read files (axolotl, vllm, hf);
+published ports are always bound on 127.0.0.1 of this machine (hosts share it: give each
+concurrent server its own port). A `vllm/vllm-openai` image runs `vllm serve` with the
+container's arguments, like the real image's entrypoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from .common import (
+    BIN_DIR,
+    SYSTEM_PATH,
+    Host,
+    SimError,
+    alive,
+    container_to_host,
+    kill_process_group,
+    process_starttime,
+    say,
+)
+
+VERSION = "27.5.1"
+_NO_TIME = "0001-01-01T00:00:00Z"
+
+_VALUE_FLAGS = {
+    "--name", "-v", "--volume", "-p", "--publish", "-e", "--env", "--env-file", "--gpus",
+    "--runtime", "--ipc", "--shm-size", "--ulimit", "-w", "--workdir", "--entrypoint",
+    "--network", "--net", "--restart", "-u", "--user", "-m", "--memory", "--cpus", "-l",
+    "--label", "--log-driver", "--log-opt", "--device", "--cap-add", "--cap-drop",
+    "--security-opt", "-h", "--hostname", "--platform", "--pull", "--mount", "--add-host",
+    "--stop-timeout", "--memory-swap", "--cpuset-cpus", "--pid", "--uts", "--userns",
+    "--group-add", "--tmpfs", "--dns", "--stop-signal", "--pids-limit",
+}  # fmt: skip
+_BOOL_FLAGS = {
+    "-d", "--detach", "--rm", "-i", "--interactive", "-t", "--tty", "--init", "--privileged",
+    "-P", "--publish-all", "--read-only", "-q", "--quiet",
+}  # fmt: skip
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: str) -> float:
+    if text == _NO_TIME:
+        return 0.0
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC).timestamp()
+
+
+# --- the daemon --------------------------------------------------------------------------------
+
+
+def daemon_state(host: Host) -> dict[str, Any]:
+    """Whether dockerd runs, the daemon.json it loaded at its last start, pulled images."""
+    state: dict[str, Any] = host.read_json(
+        "docker/daemon.json", {"running": True, "config": {}, "images": [], "restarts": 0}
+    )
+    return state
+
+
+def _load_daemon_json(host: Host) -> dict[str, Any]:
+    path = host.path("/etc/docker/daemon.json")
+    if not path.exists() or not path.read_text().strip():
+        return {}
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict):
+        raise ValueError("daemon.json must hold an object")
+    return config
+
+
+def boot(host: Host) -> None:
+    """Called when the host boots: dockerd starts with the current daemon.json."""
+    state = daemon_state(host)
+    try:
+        state["config"] = _load_daemon_json(host)
+        state["running"] = bool(host.options["has_docker"])
+    except ValueError:
+        state["running"] = False
+    host.write_json("docker/daemon.json", state)
+
+
+def restart_daemon(host: Host, reason: str) -> int:
+    """Restart dockerd: it re-reads daemon.json and stops every running container."""
+    try:
+        config = _load_daemon_json(host)
+    except ValueError:
+        with host.lock():
+            state = daemon_state(host)
+            state["running"] = False
+            host.write_json("docker/daemon.json", state)
+        stopped = _stop_all(host)
+        host.event("docker-restart", reason=reason, ok=False, stopped=stopped)
+        raise SimError(
+            "Job for docker.service failed because the control process exited with error code.\n"
+            'See "systemctl status docker.service" and "journalctl -xeu docker.service".',
+            1,
+        ) from None
+    stopped = _stop_all(host)
+    with host.lock():
+        state = daemon_state(host)
+        state.update(running=True, config=config, restarts=state.get("restarts", 0) + 1)
+        host.write_json("docker/daemon.json", state)
+    host.event("docker-restart", reason=reason, ok=True, stopped=stopped)
+    return 0
+
+
+def stop_daemon(host: Host) -> None:
+    """Stop dockerd and its containers."""
+    stopped = _stop_all(host)
+    with host.lock():
+        state = daemon_state(host)
+        state["running"] = False
+        host.write_json("docker/daemon.json", state)
+    host.event("docker-stop", stopped=stopped)
+
+
+def _runtimes(host: Host) -> dict[str, Any]:
+    runtimes: dict[str, Any] = {"io.containerd.runc.v2": {"path": "runc"}, "runc": {"path": "runc"}}
+    configured = daemon_state(host)["config"].get("runtimes", {})
+    if isinstance(configured, dict):
+        runtimes.update(configured)
+    return dict(sorted(runtimes.items()))
+
+
+def _info(host: Host) -> dict[str, Any]:
+    config = daemon_state(host)["config"]
+    opts = " ".join(config.get("exec-opts", []))
+    containers = _all(host)
+    return {
+        "ServerVersion": VERSION,
+        "Runtimes": _runtimes(host),
+        "DefaultRuntime": config.get("default-runtime", "runc"),
+        "CgroupDriver": "cgroupfs" if "native.cgroupdriver=cgroupfs" in opts else "systemd",
+        "Containers": len(containers),
+        "ContainersRunning": sum(1 for c in containers if c["State"]["Running"]),
+        "Driver": "overlay2",
+        "OperatingSystem": "Ubuntu 24.04.1 LTS",
+        "NCPU": os.cpu_count() or 1,
+        "Name": f"simhost-{host.host_id[:8]}",
+    }
+
+
+# --- container records -------------------------------------------------------------------------
+
+
+def _dir(host: Host) -> Path:
+    return host.state / "docker" / "containers"
+
+
+def _save(host: Host, record: dict[str, Any]) -> None:
+    from .common import write_atomic
+
+    write_atomic(_dir(host) / record["Name"].lstrip("/") / "container.json", json.dumps(record))
+
+
+def _load(host: Host, name: str) -> dict[str, Any] | None:
+    try:
+        record: dict[str, Any] = json.loads((_dir(host) / name / "container.json").read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    return record
+
+
+def _refresh(host: Host, record: dict[str, Any]) -> dict[str, Any]:
+    """Notice a container whose process vanished (killed, or the host rebooted)."""
+    state = record["State"]
+    sim = record["Sim"]
+    if state["Running"] and (
+        sim["boot"] != host.boot or not alive(sim["pid"], sim.get("starttime"))
+    ):
+        with host.lock():
+            current = _load(host, record["Name"].lstrip("/"))
+            if current is None:
+                return record
+            if current["State"]["Running"]:
+                code = 255 if sim["boot"] != host.boot else 137
+                current["State"].update(
+                    Status="exited", Running=False, ExitCode=code, Pid=0, FinishedAt=_now()
+                )
+                _save(host, current)
+            record = current
+    return record
+
+
+def _all(host: Host) -> list[dict[str, Any]]:
+    base = _dir(host)
+    records = []
+    if base.is_dir():
+        for entry in sorted(base.iterdir()):
+            record = _load(host, entry.name)
+            if record is not None:
+                records.append(_refresh(host, record))
+    return sorted(records, key=lambda r: r["Created"])
+
+
+def _find(host: Host, ref: str) -> dict[str, Any] | None:
+    record = _load(host, ref.lstrip("/")) if "/" not in ref.lstrip("/") else None
+    if record is None and re.fullmatch(r"[0-9a-f]{3,64}", ref):
+        matches = [r for r in _all(host) if r["Id"].startswith(ref)]
+        record = matches[0] if len(matches) == 1 else None
+    return _refresh(host, record) if record is not None else None
+
+
+def _finish(host: Host, name: str, code: int) -> None:
+    with host.lock():
+        record = _load(host, name)
+        if record is None:
+            return
+        if record["State"]["Running"]:
+            record["State"].update(
+                Status="exited", Running=False, ExitCode=code, Pid=0, FinishedAt=_now()
+            )
+            _save(host, record)
+        if record["HostConfig"]["AutoRemove"]:
+            shutil.rmtree(_dir(host) / name, ignore_errors=True)
+
+
+def _kill(host: Host, record: dict[str, Any]) -> None:
+    if record["State"]["Running"]:
+        kill_process_group(record["Sim"]["pid"], signal.SIGKILL)
+        _finish(host, record["Name"].lstrip("/"), 137)
+
+
+def _stop(host: Host, record: dict[str, Any], timeout: float) -> None:
+    """SIGTERM the container's main process; SIGKILL the group after `timeout`."""
+    if not record["State"]["Running"]:
+        return
+    pid = record["Sim"]["pid"]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and alive(pid, record["Sim"].get("starttime")):
+        time.sleep(0.05)
+    if alive(pid, record["Sim"].get("starttime")):
+        kill_process_group(pid, signal.SIGKILL)
+        _finish(host, record["Name"].lstrip("/"), 137)
+    else:
+        # The supervisor recorded the exit code itself; wait for it to land.
+        for _ in range(40):
+            current = _load(host, record["Name"].lstrip("/"))
+            if current is None or not current["State"]["Running"]:
+                return
+            time.sleep(0.025)
+        _finish(host, record["Name"].lstrip("/"), 143)
+
+
+def _stop_all(host: Host) -> list[str]:
+    stopped = []
+    for record in _all(host):
+        if record["State"]["Running"]:
+            _stop(host, record, timeout=2.0)
+            stopped.append(record["Name"].lstrip("/"))
+    return stopped
+
+
+# --- templates ---------------------------------------------------------------------------------
+
+_TEMPLATE = re.compile(r"\{\{\s*(json\s+)?\.([A-Za-z0-9_.]*)\s*\}\}")
+
+
+def _go_str(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "<no value>"
+    if isinstance(value, dict):
+        return "map[" + " ".join(f"{k}:{_go_str(v)}" for k, v in value.items()) + "]"
+    if isinstance(value, list):
+        return "[" + " ".join(_go_str(v) for v in value) + "]"
+    return str(value)
+
+
+def render(template: str, data: dict[str, Any]) -> str:
+    """The subset of Go templates the playbooks use: `{{.A.B}}` and `{{json .A}}`."""
+    if "{{" in _TEMPLATE.sub("", template):
+        raise SimError(f"simhost: template {template!r} is not simulated", 1)
+
+    def substitute(match: re.Match[str]) -> str:
+        value: Any = data
+        for part in filter(None, match.group(2).split(".")):
+            if not isinstance(value, dict) or part not in value:
+                raise SimError(
+                    f'template parsing error: template: :1: executing "" at <.{match.group(2)}>: '
+                    f'map has no entry for key "{part}"',
+                    1,
+                )
+            value = value[part]
+        if match.group(1):
+            return json.dumps(value, separators=(",", ":"))
+        return _go_str(value)
+
+    return _TEMPLATE.sub(substitute, template.replace("\\n", "\n").replace("\\t", "\t"))
+
+
+# --- docker run --------------------------------------------------------------------------------
+
+
+def _split_flags(args: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Options (each flag -> its values) and the positional rest (IMAGE CMD...)."""
+    flags: dict[str, list[str]] = {}
+    while args:
+        arg = args[0]
+        if arg == "--":
+            args.pop(0)
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        args.pop(0)
+        name, eq, value = arg.partition("=")
+        if (
+            not arg.startswith("--")
+            and len(arg) > 2
+            and all(f"-{c}" in _BOOL_FLAGS for c in arg[1:])
+        ):
+            for c in arg[1:]:
+                flags.setdefault(f"-{c}", []).append("true")
+            continue
+        if name in _VALUE_FLAGS:
+            if not eq:
+                if not args:
+                    raise SimError(f"flag needs an argument: {name}\nSee 'docker run --help'.", 125)
+                value = args.pop(0)
+            flags.setdefault(name, []).append(value)
+        elif name in _BOOL_FLAGS:
+            flags.setdefault(name, []).append(value or "true")
+        else:
+            raise SimError(f"unknown flag: {name}\nSee 'docker run --help'.", 125)
+    return flags, args
+
+
+def _flag(flags: dict[str, list[str]], *names: str) -> list[str]:
+    values: list[str] = []
+    for name in names:
+        values.extend(flags.get(name, []))
+    return values
+
+
+def _parse_ports(specs: list[str]) -> list[tuple[str, int, int]]:
+    """`[ip:]host:container[/tcp]` -> (ip, host port, container port)."""
+    ports = []
+    for spec in specs:
+        parts = spec.split("/")[0].split(":")
+        if len(parts) == 1:
+            ip, hp, cp = "0.0.0.0", "0", parts[0]
+        elif len(parts) == 2:
+            ip, hp, cp = "0.0.0.0", parts[0], parts[1]
+        else:
+            ip, hp, cp = parts[0], parts[1], parts[2]
+        try:
+            ports.append((ip or "0.0.0.0", int(hp or 0), int(cp)))
+        except ValueError:
+            raise SimError(f"docker: invalid publish spec: {spec}", 125) from None
+    return ports
+
+
+def _is_vllm(image: str) -> bool:
+    return "vllm-openai" in image.rsplit(":", 1)[0]
+
+
+def _container_env(
+    host: Host, name: str, flags: dict[str, list[str]], mounts: list[list[str]], rootfs: Path
+) -> tuple[dict[str, str], list[str]]:
+    env = {
+        "PATH": os.environ.get("PATH", SYSTEM_PATH),
+        "HOME": str(rootfs),
+        "LANG": "C.UTF-8",
+        "SIMHOST_CONTAINER": name,
+        "SIMHOST_MOUNTS": json.dumps(mounts),
+        "SIMHOST_NETWORK": (_flag(flags, "--network", "--net") or ["bridge"])[-1],
+    }
+    for key in ("SIMHOST_DIR", "SIMHOST_ROOT", "SIMHOST_ID"):
+        env[key] = os.environ.get(key, "")
+    names: list[str] = []
+    for env_file in _flag(flags, "--env-file"):
+        try:
+            lines = Path(env_file).read_text().splitlines()
+        except OSError as exc:
+            raise SimError(f"docker: open {env_file}: {exc.strerror}", 125) from None
+        for line in lines:
+            if line.strip() and not line.lstrip().startswith("#"):
+                key, eq, value = line.partition("=")
+                if eq:
+                    env[key.strip()] = value  # docker does no quote processing here
+                elif key.strip() in os.environ:
+                    env[key.strip()] = os.environ[key.strip()]
+                names.append(key.strip())
+    for item in _flag(flags, "-e", "--env"):
+        key, eq, value = item.partition("=")
+        if eq:
+            env[key] = value
+        elif key in os.environ:
+            env[key] = os.environ[key]  # `-e NAME` passes the CLI's own value: not on argv
+        names.append(key)
+    return env, names
+
+
+def _run(host: Host, args: list[str]) -> int:
+    state = daemon_state(host)
+    if not state["running"]:
+        raise SimError(
+            "docker: Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+            "Is the docker daemon running?",
+            1,
+        )
+    flags, rest = _split_flags(list(args))
+    if not rest:
+        raise SimError("docker: 'docker run' requires at least 1 argument.", 125)
+    image, command = rest[0], rest[1:]
+    detach = bool(_flag(flags, "-d", "--detach"))
+    cid = secrets.token_hex(32)
+    name = (_flag(flags, "--name") or [f"sim_{cid[:12]}"])[-1]
+    if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
+        raise SimError(
+            f'docker: Error response from daemon: Invalid container name ("{name}").', 125
+        )
+    packages = host.packages()
+    opts = host.options
+    gpus = _flag(flags, "--gpus")
+    runtime = (_flag(flags, "--runtime") or [state["config"].get("default-runtime", "runc")])[-1]
+    if runtime not in _runtimes(host):
+        raise SimError(
+            f"docker: Error response from daemon: unknown or invalid runtime name: {runtime}.", 125
+        )
+    driver_error = (
+        "docker: Error response from daemon: failed to create task for container: "
+        "nvidia-container-cli: initialization error: load library failed: libnvidia-ml.so.1: "
+        "cannot open shared object file: no such file or directory: unknown."
+    )
+    if gpus:
+        if "nvidia-container-toolkit" not in packages:
+            raise SimError(
+                'docker: Error response from daemon: could not select device driver "" with '
+                "capabilities: [[gpu]].",
+                125,
+            )
+        if opts["driver_missing"] or opts["driver_broken"]:
+            raise SimError(driver_error, 125)
+    if runtime == "nvidia" and (opts["driver_missing"] or opts["driver_broken"]):
+        raise SimError(driver_error, 125)
+
+    mounts: list[list[str]] = []
+    for spec in _flag(flags, "-v", "--volume"):
+        parts = spec.split(":")
+        if len(parts) < 2 or not parts[0].startswith("/"):
+            raise SimError(f"docker: invalid volume spec {spec!r} (simhost: bind mounts only)", 125)
+        if not os.path.isdir(parts[0]) and not os.path.exists(parts[0]):
+            os.makedirs(parts[0], exist_ok=True)  # docker creates a missing bind source
+        mounts.append([parts[0], parts[1]])
+    ports = _parse_ports(_flag(flags, "-p", "--publish"))
+    for ip, _hp, cp in ports:
+        if ip != "127.0.0.1":
+            host.event("docker-public-port", container=name, spec=f"{ip}:{cp}")
+
+    with host.lock():
+        existing = _load(host, name)
+        if existing is not None:
+            raise SimError(
+                f'docker: Error response from daemon: Conflict. The container name "/{name}" is '
+                f'already in use by container "{existing["Id"]}". You have to remove (or rename) '
+                "that container to be able to reuse that name.",
+                125,
+            )
+        for other in _all(host):
+            if other["State"]["Running"]:
+                for binding in other["Sim"]["ports"]:
+                    if any(hp and hp == binding[1] for _ip, hp, _cp in ports):
+                        raise SimError(
+                            f"docker: Error response from daemon: Bind for 127.0.0.1:{binding[1]} "
+                            "failed: port is already allocated.",
+                            125,
+                        )
+        cdir = _dir(host) / name
+        rootfs = cdir / "rootfs"
+        rootfs.mkdir(parents=True, exist_ok=True)
+        (cdir / "log").touch()
+        if image not in state["images"]:
+            say(
+                f"Unable to find image '{image}' locally",
+                f"{image}: Pulling from simhost",
+                err=True,
+            )
+            _pull(host, image)
+        env, env_names = _container_env(host, name, flags, mounts, rootfs)
+        if gpus or "NVIDIA_VISIBLE_DEVICES" in env and runtime == "nvidia":
+            env["SIMHOST_GPUS"] = ",".join(gpus) or env["NVIDIA_VISIBLE_DEVICES"]
+        env["SIMHOST_PORTS"] = json.dumps({str(cp): hp for _ip, hp, cp in ports})
+        entrypoint = _flag(flags, "--entrypoint")
+        if entrypoint:
+            argv = [entrypoint[-1], *command]
+        elif _is_vllm(image):
+            argv = ["vllm", "serve", *command]
+        else:
+            argv = command or ["true"]
+        workdir = _flag(flags, "-w", "--workdir")
+        cwd = str(rootfs)
+        if workdir:
+            mapped = container_to_host(workdir[-1]) if mounts else workdir[-1]
+            if mapped != workdir[-1] or workdir[-1].startswith(str(host.dir)):
+                os.makedirs(mapped, exist_ok=True)
+                cwd = mapped
+        exe = argv[0]
+        if "/" in exe:
+            exe_path: str | None = container_to_host(exe) if mounts else exe
+            exe_path = exe_path if exe_path and os.access(exe_path, os.X_OK) else None
+        else:
+            exe_path = shutil.which(exe, path=env["PATH"])
+        record: dict[str, Any] = {
+            "Id": cid,
+            "Name": f"/{name}",
+            "Created": _now(),
+            "Image": image,
+            "Path": argv[0],
+            "Args": argv[1:],
+            "Config": {
+                "Image": image,
+                "Cmd": command,
+                "Entrypoint": entrypoint[-1:] or None,
+                "Env": env_names,
+                "WorkingDir": workdir[-1] if workdir else "",
+                "Labels": dict(
+                    label.partition("=")[::2] for label in _flag(flags, "-l", "--label")
+                ),
+            },
+            "State": {
+                "Status": "created",
+                "Running": False,
+                "Paused": False,
+                "Restarting": False,
+                "OOMKilled": False,
+                "Dead": False,
+                "Pid": 0,
+                "ExitCode": 0,
+                "Error": "",
+                "StartedAt": _NO_TIME,
+                "FinishedAt": _NO_TIME,
+            },
+            "HostConfig": {
+                "AutoRemove": bool(_flag(flags, "--rm")),
+                "Runtime": runtime,
+                "IpcMode": (_flag(flags, "--ipc") or ["private"])[-1],
+                "ShmSize": (_flag(flags, "--shm-size") or ["64m"])[-1],
+                "Binds": [f"{h}:{c}" for h, c in mounts],
+                "PortBindings": {
+                    f"{cp}/tcp": [{"HostIp": ip, "HostPort": str(hp)}] for ip, hp, cp in ports
+                },
+                "NetworkMode": env["SIMHOST_NETWORK"],
+                "DeviceRequests": [{"Driver": "nvidia", "Count": -1}] if gpus else None,
+            },
+            "Mounts": [
+                {"Type": "bind", "Source": h, "Destination": c, "RW": True} for h, c in mounts
+            ],
+            "Sim": {
+                "pid": 0,
+                "starttime": None,
+                "boot": host.boot,
+                "argv": argv,
+                "cwd": cwd,
+                "ports": [[ip, hp, cp] for ip, hp, cp in ports],
+                "gpus": bool(env.get("SIMHOST_GPUS")),
+            },
+        }
+        if exe_path is None:
+            record["State"].update(ExitCode=127, Error=f'exec: "{exe}": executable file not found')
+            _save(host, record)
+            raise SimError(
+                "docker: Error response from daemon: failed to create task for container: failed "
+                "to create shim task: OCI runtime create failed: runc create failed: unable to "
+                f'start container process: exec: "{exe}": executable file not found in $PATH: '
+                "unknown.",
+                127,
+            )
+        record["Sim"]["argv"] = [exe_path, *argv[1:]]
+        if detach:
+            with open(cdir / "log", "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-S", "-E", str(BIN_DIR / "docker"), "__supervise", name],
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            pid = proc.pid
+        else:
+            proc = subprocess.Popen(
+                record["Sim"]["argv"], env=env, cwd=cwd, stdin=subprocess.DEVNULL
+            )
+            pid = proc.pid
+        record["State"].update(Status="running", Running=True, Pid=pid, StartedAt=_now())
+        record["Sim"].update(pid=pid, starttime=process_starttime(pid))
+        _save(host, record)
+    host.event("docker-run", container=name, image=image, argv=argv, detach=detach, gpus=bool(gpus))
+    if detach:
+        say(cid)
+        return 0
+    return _foreground(host, name, proc)
+
+
+def _foreground(host: Host, name: str, proc: subprocess.Popen[bytes]) -> int:
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    rc = proc.wait()
+    code = rc if rc >= 0 else 128 - rc
+    _finish(host, name, code)
+    return code
+
+
+def _supervise(host: Host, name: str) -> int:
+    """Run as `docker __supervise NAME` in its own session: the container's main process."""
+    record = None
+    for _ in range(100):  # the CLI writes the record right after starting us
+        record = _load(host, name)
+        if record is not None and record["State"]["Running"]:
+            break
+        time.sleep(0.01)
+    if record is None:
+        return 1
+    proc = subprocess.Popen(
+        record["Sim"]["argv"], cwd=record["Sim"]["cwd"], stdin=subprocess.DEVNULL
+    )
+    return _foreground(host, name, proc)
+
+
+def _pull(host: Host, image: str) -> None:
+    state = daemon_state(host)
+    if image not in state["images"]:
+        state["images"].append(image)
+        host.write_json("docker/daemon.json", state)
+        host.event("docker-pull", image=image)
+    say(f"Status: Downloaded newer image for {image}", err=True)
+
+
+# --- the other subcommands ---------------------------------------------------------------------
+
+
+def _ps_row(record: dict[str, Any]) -> dict[str, Any]:
+    state = record["State"]
+    now = time.time()
+    if state["Running"]:
+        status = f"Up {_ago(now - _parse_time(state['StartedAt']))}"
+    elif state["Status"] == "created":
+        status = "Created"
+    else:
+        status = f"Exited ({state['ExitCode']}) {_ago(now - _parse_time(state['FinishedAt']))} ago"
+    ports = ", ".join(f"{ip}:{hp}->{cp}/tcp" for ip, hp, cp in record["Sim"]["ports"])
+    return {
+        "ID": record["Id"][:12],
+        "Names": record["Name"].lstrip("/"),
+        "Image": record["Image"],
+        "Command": shlex.join([record["Path"], *record["Args"]]),
+        "CreatedAt": record["Created"],
+        "Status": status,
+        "State": state["Status"],
+        "Ports": ports,
+        "Labels": ",".join(f"{k}={v}" for k, v in record["Config"]["Labels"].items()),
+        "RunningFor": _ago(now - _parse_time(record["Created"])) + " ago",
+    }
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds} seconds" if seconds != 1 else "1 second"
+    if seconds < 3600:
+        return f"{seconds // 60} minutes"
+    return f"{seconds // 3600} hours"
+
+
+def _ps(host: Host, args: list[str]) -> int:
+    show_all = quiet = False
+    fmt: str | None = None
+    filters: list[tuple[str, str]] = []
+    while args:
+        arg = args.pop(0)
+        if arg in ("-a", "--all"):
+            show_all = True
+        elif arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg in ("-aq", "-qa"):
+            show_all = quiet = True
+        elif arg in ("-f", "--filter"):
+            key, _, value = args.pop(0).partition("=")
+            filters.append((key, value))
+        elif arg == "--format":
+            fmt = args.pop(0)
+        elif arg.startswith("--format="):
+            fmt = arg.split("=", 1)[1]
+        elif arg == "--no-trunc":
+            continue
+        else:
+            raise SimError(f"unknown flag: {arg}", 125)
+    rows = []
+    for record in _all(host):
+        if not show_all and not record["State"]["Running"]:
+            continue
+        row = _ps_row(record)
+        keep = True
+        for key, value in filters:
+            if key == "name":
+                keep &= re.search(value, row["Names"]) is not None
+            elif key == "status":
+                keep &= row["State"] == value
+            elif key == "label":
+                k, _, v = value.partition("=")
+                labels = record["Config"]["Labels"]
+                keep &= k in labels and (not v or labels[k] == v)
+            elif key == "id":
+                keep &= record["Id"].startswith(value)
+        if keep:
+            rows.append(row)
+    if quiet:
+        say(*(row["ID"] for row in rows))
+    elif fmt is not None:
+        say(*(render(fmt, row) for row in rows))
+    else:
+        say("CONTAINER ID   IMAGE   COMMAND   CREATED   STATUS   PORTS   NAMES")
+        for row in rows:
+            say(
+                f'{row["ID"]}   {row["Image"]}   "{row["Command"][:20]}"   {row["RunningFor"]}   '
+                f"{row['Status']}   {row['Ports']}   {row['Names']}"
+            )
+    return 0
+
+
+def _inspect(host: Host, args: list[str]) -> int:
+    fmt: str | None = None
+    names: list[str] = []
+    while args:
+        arg = args.pop(0)
+        if arg in ("-f", "--format"):
+            fmt = args.pop(0)
+        elif arg.startswith("--format="):
+            fmt = arg.split("=", 1)[1]
+        elif arg.startswith("--type"):
+            if "=" not in arg:
+                args.pop(0)
+        else:
+            names.append(arg)
+    found = []
+    missing = False
+    for ref in names:
+        record = _find(host, ref)
+        if record is None:
+            say(f"Error: No such object: {ref}", err=True)
+            missing = True
+        else:
+            found.append(record)
+    public = [{k: v for k, v in r.items() if k != "Sim"} for r in found]
+    if fmt is not None:
+        say(*(render(fmt, r) for r in public))
+    elif found:
+        say(json.dumps(public, indent=4))
+    else:
+        say("[]")
+    return 1 if missing else 0
+
+
+def _logs(host: Host, args: list[str]) -> int:
+    tail: int | None = None
+    follow = False
+    ref: str | None = None
+    while args:
+        arg = args.pop(0)
+        if arg in ("-n", "--tail"):
+            value = args.pop(0)
+            tail = None if value == "all" else int(value)
+        elif arg.startswith("--tail="):
+            value = arg.split("=", 1)[1]
+            tail = None if value == "all" else int(value)
+        elif arg in ("-f", "--follow"):
+            follow = True
+        elif arg in ("-t", "--timestamps"):
+            continue
+        else:
+            ref = arg
+    record = _find(host, ref or "")
+    if record is None:
+        raise SimError(f"Error response from daemon: No such container: {ref}", 1)
+    path = _dir(host) / record["Name"].lstrip("/") / "log"
+    data = path.read_bytes() if path.exists() else b""
+    if tail is not None:
+        lines = data.splitlines(keepends=True)
+        data = b"".join(lines[-tail:]) if tail > 0 else b""
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    if follow:
+        offset = path.stat().st_size if path.exists() else 0
+        while True:
+            record = _find(host, ref or "")
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            offset += len(chunk)
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.flush()
+            if record is None or not record["State"]["Running"]:
+                return 0
+            time.sleep(0.1)
+    return 0
+
+
+def _wait(host: Host, names: list[str]) -> int:
+    for ref in names:
+        while True:
+            record = _find(host, ref)
+            if record is None:
+                raise SimError(f"Error response from daemon: No such container: {ref}", 1)
+            if not record["State"]["Running"]:
+                say(str(record["State"]["ExitCode"]))
+                break
+            time.sleep(0.1)
+    return 0
+
+
+def _rm(host: Host, args: list[str]) -> int:
+    force = any(a in ("-f", "--force", "-fv", "-vf") for a in args)
+    code = 0
+    for ref in (a for a in args if not a.startswith("-")):
+        record = _find(host, ref)
+        if record is None:
+            if not force:
+                say(f"Error response from daemon: No such container: {ref}", err=True)
+                code = 1
+            continue
+        if record["State"]["Running"]:
+            if not force:
+                say(
+                    f'Error response from daemon: cannot remove container "/{ref}": container is '
+                    "running: stop the container before removing or force remove",
+                    err=True,
+                )
+                code = 1
+                continue
+            _kill(host, record)
+        shutil.rmtree(_dir(host) / record["Name"].lstrip("/"), ignore_errors=True)
+        host.event("docker-rm", container=record["Name"].lstrip("/"))
+        say(ref)
+    return code
+
+
+def _stop_cmd(host: Host, args: list[str], kill: bool) -> int:
+    timeout = 10.0
+    refs: list[str] = []
+    while args:
+        arg = args.pop(0)
+        if arg in ("-t", "--time", "--timeout"):
+            timeout = float(args.pop(0))
+        elif arg in ("-s", "--signal"):
+            args.pop(0)
+        else:
+            refs.append(arg)
+    code = 0
+    for ref in refs:
+        record = _find(host, ref)
+        if record is None:
+            say(f"Error response from daemon: No such container: {ref}", err=True)
+            code = 1
+            continue
+        if kill:
+            if not record["State"]["Running"]:
+                say(f"Error response from daemon: container {ref} is not running", err=True)
+                code = 1
+                continue
+            _kill(host, record)
+        else:
+            _stop(host, record, timeout)
+        say(ref)
+    return code
+
+
+def docker(host: Host, argv: list[str]) -> int:
+    """The docker CLI subset the playbooks use (see README.md)."""
+    args = list(argv)
+    if args[:1] == ["__supervise"]:
+        return _supervise(host, args[1])
+    if args[:1] in (["--version"], ["-v"]):
+        say(f"Docker version {VERSION}, build 9f9e405")
+        return 0
+    if not args:
+        raise SimError("Usage:  docker [OPTIONS] COMMAND", 1)
+    command, rest = args[0], args[1:]
+    if command == "container" and rest:
+        command, rest = rest[0], rest[1:]
+    if command == "image" and rest[:1] == ["inspect"]:
+        images = daemon_state(host)["images"]
+        missing = [i for i in rest[1:] if not i.startswith("-") and i not in images]
+        if missing:
+            raise SimError(f"Error response from daemon: No such image: {missing[0]}", 1)
+        return 0
+    if command == "version":
+        data = {"Client": {"Version": VERSION}, "Server": {"Version": VERSION}}
+        fmt = rest[rest.index("--format") + 1] if "--format" in rest else None
+        say(render(fmt, data) if fmt else f"Client: Docker Engine\n Version: {VERSION}")
+        return 0
+    state = daemon_state(host)
+    if not state["running"]:
+        raise SimError(
+            "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+            "Is the docker daemon running?",
+            1,
+        )
+    if command == "run":
+        return _run(host, rest)
+    if command == "ps":
+        return _ps(host, rest)
+    if command == "inspect":
+        return _inspect(host, rest)
+    if command == "logs":
+        return _logs(host, rest)
+    if command == "wait":
+        return _wait(host, rest)
+    if command == "rm":
+        return _rm(host, rest)
+    if command in ("stop", "kill"):
+        return _stop_cmd(host, rest, kill=command == "kill")
+    if command == "pull":
+        for image in (r for r in rest if not r.startswith("-")):
+            with host.lock():
+                _pull(host, image)
+        return 0
+    if command == "images":
+        say("REPOSITORY   TAG", *(i.replace(":", "   ") for i in state["images"]))
+        return 0
+    if command == "info":
+        fmt = None
+        if "--format" in rest or "-f" in rest:
+            i = rest.index("--format") if "--format" in rest else rest.index("-f")
+            fmt = rest[i + 1]
+        fmt = fmt or next((r.split("=", 1)[1] for r in rest if r.startswith("--format=")), None)
+        info = _info(host)
+        if fmt:
+            say(render(fmt, info))
+        else:
+            say(
+                f"Server Version: {info['ServerVersion']}",
+                f"Runtimes: {' '.join(info['Runtimes'])}",
+                f"Default Runtime: {info['DefaultRuntime']}",
+                f"Cgroup Driver: {info['CgroupDriver']}",
+            )
+        return 0
+    raise SimError(f"docker: '{command}' is not a docker command (simhost).", 1)

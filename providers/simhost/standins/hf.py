@@ -1,0 +1,381 @@
+"""`hf` (huggingface_hub >= 1.0 CLI): `download`, `cache verify`, `auth whoami`, `version`.
+
+Every repository holds the same shape of files (config.json, tokenizer files, safetensors
+shards and their index): tiny real files whose shard headers declare the logical size, so
+disk accounting, speed and completeness checks behave as for the real model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from .common import Host, SimError, say
+from .disks import logical_size, mount_for
+
+VERSION = "1.1.4"
+
+DEFAULT_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+
+_LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "mlp.down_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.o_proj.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.v_proj.weight",
+)
+
+
+def safetensors_bytes(
+    names: list[str], logical_bytes: int, metadata: dict[str, str] | None = None
+) -> bytes:
+    """A valid safetensors file with one 1x1 bf16 tensor per name, declaring its logical size."""
+    header: dict[str, Any] = {
+        "__metadata__": {
+            "format": "pt",
+            "simhost_logical_bytes": str(logical_bytes),
+            **(metadata or {}),
+        }
+    }
+    for i, name in enumerate(names):
+        header[name] = {"dtype": "BF16", "shape": [1, 1], "data_offsets": [2 * i, 2 * i + 2]}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\x3f\x80" * len(names)
+
+
+def model_config(host: Host) -> dict[str, Any]:
+    """The base model's config.json (SimHostOptions.model_config overrides the default)."""
+    config: dict[str, Any] = dict(DEFAULT_CONFIG)
+    config.update(host.options.get("model_config") or {})
+    return config
+
+
+def tokenizer_files() -> list[tuple[str, bytes]]:
+    """Tokenizer files a model directory needs (content is a tiny stand-in)."""
+    vocab = {tok: i for i, tok in enumerate(["<s>", "</s>", "<unk>", "a", "b", "c"])}
+    return [
+        (
+            "tokenizer.json",
+            json.dumps(
+                {"version": "1.0", "model": {"type": "BPE", "vocab": vocab, "merges": []}}
+            ).encode(),
+        ),
+        (
+            "tokenizer_config.json",
+            json.dumps(
+                {
+                    "bos_token": "<s>",
+                    "eos_token": "</s>",
+                    "model_max_length": 131072,
+                    "chat_template": "{% for m in messages %}{{ m['content'] }}\n{% endfor %}",
+                }
+            ).encode(),
+        ),
+        ("special_tokens_map.json", json.dumps({"bos_token": "<s>", "eos_token": "</s>"}).encode()),
+    ]
+
+
+def weight_files(config: dict[str, Any], shards: int, total: int) -> list[tuple[str, bytes, int]]:
+    """Safetensors shards (+ index when sharded) for a model of `total` logical bytes."""
+    layers = int(config["num_hidden_layers"])
+    names = ["model.embed_tokens.weight"]
+    for layer in range(layers):
+        names.extend(f"model.layers.{layer}.{t}" for t in _LAYER_TENSORS)
+    names.append("model.norm.weight")
+    if not config.get("tie_word_embeddings", False):
+        names.append("lm_head.weight")
+    if shards <= 1:
+        return [("model.safetensors", safetensors_bytes(names, total), total)]
+    per = -(-len(names) // shards)
+    files: list[tuple[str, bytes, int]] = []
+    weight_map: dict[str, str] = {}
+    for i in range(shards):
+        chunk = names[i * per : (i + 1) * per]
+        name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        size = total // shards + (total % shards if i == shards - 1 else 0)
+        files.append((name, safetensors_bytes(chunk, size), size))
+        weight_map.update(dict.fromkeys(chunk, name))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    index_bytes = json.dumps(index, indent=2).encode()
+    return [("model.safetensors.index.json", index_bytes, len(index_bytes)), *files]
+
+
+def repo_files(host: Host, repo: str) -> list[tuple[str, bytes, int]]:
+    """(name, content, logical size) of every file of `repo`, small files first."""
+    config = dict(model_config(host), _name_or_path=repo)
+    small = [
+        ("config.json", json.dumps(config, indent=2).encode()),
+        ("generation_config.json", json.dumps({"bos_token_id": 0, "eos_token_id": 1}).encode()),
+        *tokenizer_files(),
+    ]
+    weights = weight_files(
+        config, int(host.options["model_shards"]), int(host.options["model_size_bytes"])
+    )
+    return [(n, c, len(c)) for n, c in small] + weights
+
+
+def _hf_home() -> Path:
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("HOME", "/"), ".cache", "huggingface"
+    )
+    return Path(home)
+
+
+def _token(explicit: str | None) -> tuple[str | None, str | None]:
+    if explicit:
+        return explicit, "argument"
+    if os.environ.get("HF_TOKEN"):
+        return os.environ["HF_TOKEN"], "env"
+    path = _hf_home() / "token"
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip(), "file"
+    return None, None
+
+
+def _parse(
+    argv: list[str], value_flags: set[str], multi: set[str]
+) -> tuple[list[str], dict[str, Any]]:
+    positional: list[str] = []
+    flags: dict[str, Any] = {}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        name, eq, value = arg.partition("=")
+        if name in multi:
+            values = [value] if eq else []
+            while not eq and args and not args[0].startswith("--"):
+                values.append(args.pop(0))
+            flags.setdefault(name, []).extend(values)
+        elif name in value_flags:
+            flags[name] = value if eq else args.pop(0)
+        elif arg.startswith("--"):
+            flags[name] = True
+        else:
+            positional.append(arg)
+    return positional, flags
+
+
+def _snapshot_dir(repo: str, revision: str, cache_dir: str | None) -> Path:
+    base = Path(cache_dir) if cache_dir else _hf_home() / "hub"
+    commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+    repo_dir = base / ("models--" + repo.replace("/", "--"))
+    (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
+    (repo_dir / "refs" / revision.replace("/", "_")).write_text(commit)
+    return repo_dir / "snapshots" / commit
+
+
+def _check_access(host: Host, repo: str, token: str | None) -> None:
+    opts = host.options
+    if opts["hf_token"] is not None and token is not None and token != opts["hf_token"]:
+        raise SimError(
+            "huggingface_hub.errors.HfHubHTTPError: 401 Client Error: Unauthorized for url: "
+            f"https://huggingface.co/api/models/{repo} "
+            "(Invalid credentials in Authorization header)",
+            1,
+        )
+    if repo in opts["hf_repos_not_found"]:
+        raise SimError(
+            "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not "
+            f"Found for url: https://huggingface.co/api/models/{repo}/revision/main.",
+            1,
+        )
+    if repo in opts["hf_gated_repos"] and token is None:
+        raise SimError(
+            "huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo "
+            f"for url https://huggingface.co/{repo}/resolve/main/config.json. Access to model "
+            f"{repo} is restricted. You must have access to it and be authenticated to access it.",
+            1,
+        )
+
+
+def _download(host: Host, argv: list[str]) -> int:
+    positional, flags = _parse(
+        argv,
+        {"--local-dir", "--cache-dir", "--revision", "--token", "--repo-type", "--max-workers"},
+        {"--include", "--exclude"},
+    )
+    if not positional:
+        raise SimError("usage: hf download REPO_ID [FILENAMES...] [--local-dir DIR]", 2)
+    repo, wanted = positional[0], positional[1:]
+    revision = str(flags.get("--revision", "main"))
+    token, source = _token(flags.get("--token"))
+    if os.environ.get("HF_HUB_ENABLE_HF_TRANSFER"):
+        say("Warning: HF_HUB_ENABLE_HF_TRANSFER is deprecated and has no effect.", err=True)
+    _check_access(host, repo, token)
+    files = repo_files(host, repo)
+    includes: list[str] = flags.get("--include", [])
+    excludes: list[str] = flags.get("--exclude", [])
+    files = [
+        f
+        for f in files
+        if (not wanted or f[0] in wanted)
+        and (not includes or any(fnmatch.fnmatch(f[0], p) for p in includes))
+        and not any(fnmatch.fnmatch(f[0], p) for p in excludes)
+    ]
+    if "--local-dir" in flags:
+        target = host.writable(flags["--local-dir"])
+    else:
+        target = host.writable(_snapshot_dir(repo, revision, flags.get("--cache-dir")))
+    target.mkdir(parents=True, exist_ok=True)
+    partial_dir = target / ".cache" / "huggingface" / "download"
+    opts = host.options
+    with host.lock():
+        state = host.read_json("hf.json", {"failed_runs": 0})
+        failing = state["failed_runs"] < int(opts["download_failures"])
+        if failing:
+            state["failed_runs"] += 1
+            host.write_json("hf.json", state)
+    speed = opts["download_bytes_per_second"]
+    written: list[str] = []
+    skipped = 0
+
+    def record(ok: bool, error: str | None = None) -> None:
+        host.event(
+            "hf-download",
+            repo=repo,
+            revision=revision,
+            local_dir=str(target),
+            downloaded=written,
+            skipped=skipped,
+            token=source,
+            hf_home=os.environ.get("HF_HOME"),
+            xet_high_performance=os.environ.get("HF_XET_HIGH_PERFORMANCE") == "1",
+            ok=ok,
+            error=error,
+        )
+
+    say(f"Fetching {len(files)} files", err=True)
+    for name, content, logical in files:
+        dest = target / name
+        if (
+            "--force-download" not in flags
+            and dest.exists()
+            and dest.stat().st_size == len(content)
+            and logical_size(dest) == logical
+        ):
+            skipped += 1
+            continue
+        partial_dir.mkdir(parents=True, exist_ok=True)
+        partial = partial_dir / f"{name}.incomplete"
+        if failing and len(written) >= int(opts["download_fail_after_files"]):
+            partial.write_bytes(content[: len(content) // 2])
+            record(False, "network")
+            raise SimError(
+                f"httpx.ReadTimeout: The read operation timed out (while downloading {name})", 1
+            )
+        if logical > int(mount_for(host, target)["avail"]):
+            partial.write_bytes(content[: len(content) // 2])
+            record(False, "disk-full")
+            raise SimError(f"OSError: [Errno 28] No space left on device: '{partial}'", 1)
+        if speed:
+            time.sleep(logical / float(speed))
+        partial.write_bytes(content)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, dest)  # finished files move into place atomically
+        written.append(name)
+        say(f"Downloaded {name}", err=True)
+    record(True)
+    say(str(target))
+    return 0
+
+
+def _verify(host: Host, argv: list[str]) -> int:
+    positional, flags = _parse(
+        argv, {"--local-dir", "--cache-dir", "--revision", "--repo-type", "--token"}, set()
+    )
+    if not positional:
+        raise SimError("usage: hf cache verify REPO_ID [--local-dir DIR]", 2)
+    repo = positional[0]
+    if "--local-dir" in flags:
+        folder = Path(flags["--local-dir"])
+    else:
+        revision = str(flags.get("--revision", "main"))
+        base = Path(flags["--cache-dir"]) if "--cache-dir" in flags else _hf_home() / "hub"
+        commit = hashlib.sha1(f"{repo}@{revision}".encode()).hexdigest()
+        folder = base / ("models--" + repo.replace("/", "--")) / "snapshots" / commit
+    missing: list[str] = []
+    mismatched: list[str] = []
+    expected = repo_files(host, repo)
+    for name, content, _logical in expected:
+        path = folder / name
+        if not path.exists():
+            missing.append(name)
+        elif path.read_bytes() != content:
+            mismatched.append(name)
+    extra = []
+    if folder.is_dir():
+        known = {n for n, _c, _l in expected}
+        for path in folder.rglob("*"):
+            rel = path.relative_to(folder).as_posix()
+            if path.is_file() and not rel.startswith(".cache/") and rel not in known:
+                extra.append(rel)
+    checked = len(expected) - len(missing)
+    if mismatched:
+        say(
+            f"❌ Checksum verification failed for {len(mismatched)} file(s):", *mismatched, err=True
+        )
+        return 1
+    say(f"✅ Verified {checked} file(s) for '{repo}' (model) in {folder}", "  All checksums match.")
+    code = 0
+    if missing:
+        say(f"Missing files ({len(missing)}):", *(f"  {m}" for m in missing), err=True)
+        code = 1 if "--fail-on-missing-files" in flags else 0
+    if extra and "--fail-on-extra-files" in flags:
+        say(f"Extra files ({len(extra)}):", *(f"  {e}" for e in extra), err=True)
+        code = 1
+    return code
+
+
+def hf(host: Host, argv: list[str]) -> int:
+    """Dispatch `hf download|cache verify|auth whoami|version`."""
+    if argv[:1] == ["download"]:
+        return _download(host, argv[1:])
+    if argv[:2] == ["cache", "verify"]:
+        return _verify(host, argv[2:])
+    if argv[:2] == ["auth", "whoami"]:
+        token, _source = _token(None)
+        if token is None:
+            raise SimError("Not logged in", 1)
+        if host.options["hf_token"] is not None and token != host.options["hf_token"]:
+            raise SimError("Invalid user token.", 1)
+        say("user: sim-user")
+        return 0
+    if argv[:1] in (["version"], ["--version"]):
+        say(f"huggingface_hub version: {VERSION}")
+        return 0
+    raise SimError(f"simhost: `hf {' '.join(argv)}` is not simulated", 2)
+
+
+def huggingface_cli(host: Host, argv: list[str]) -> int:
+    """The pre-1.0 CLI, gone in huggingface_hub >= 1.0."""
+    raise SimError(
+        "`huggingface-cli` is deprecated and no longer works. Use `hf` instead "
+        "(e.g. `hf download REPO --local-dir DIR`).",
+        1,
+    )

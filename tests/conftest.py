@@ -1,0 +1,85 @@
+"""SSH fixtures: key pairs, simulated GPU hosts (real sshd on loopback), a connection factory."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from providers.simhost import SimHost, SimHostOptions
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """An ed25519 key: the private key file and the public key line."""
+
+    private: Path
+    public: str
+
+
+def make_keypair(folder: Path, name: str = "id_ed25519") -> KeyPair:
+    """Generate an ed25519 key pair with ssh-keygen into `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    private = folder / name
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch-test", "-f", str(private)],
+        check=True,
+        capture_output=True,
+    )
+    return KeyPair(private, private.with_suffix(".pub").read_text().strip())
+
+
+@pytest.fixture
+def keypair_factory(tmp_path: Path) -> Callable[[str], KeyPair]:
+    """Make more key pairs: `keypair_factory("stranger")`."""
+    return lambda name: make_keypair(tmp_path / "keys" / name)
+
+
+@pytest.fixture
+def ssh_keypair(keypair_factory: Callable[[str], KeyPair]) -> KeyPair:
+    """The key the test's hosts authorize."""
+    return keypair_factory("authorized")
+
+
+SimHostFactory = Callable[..., SimHost]
+
+
+@pytest.fixture
+def simhost(tmp_path: Path, ssh_keypair: KeyPair) -> Iterator[SimHostFactory]:
+    """Start simulated hosts: `simhost(gpu_count=2)` or `simhost(SimHostOptions(...))`.
+
+    Every host started here is stopped at the end of the test, even when it fails.
+    """
+    hosts: list[SimHost] = []
+
+    def start(options: SimHostOptions | None = None, **fields: Any) -> SimHost:
+        host = SimHost(
+            tmp_path / f"host{len(hosts)}",
+            ssh_keypair.public,
+            options or SimHostOptions(**fields),
+            die_with_parent=True,
+        )
+        hosts.append(host)
+        return host.start()
+
+    try:
+        yield start
+    finally:
+        for host in hosts:
+            host.stop()
+
+
+@pytest.fixture
+def ssh_factory(ssh_keypair: KeyPair) -> Iterator[Any]:
+    """A ConnectionFactory using the test key (short deadlines), closed after the test."""
+    from orchestrator.ssh import ConnectionFactory
+
+    factory = ConnectionFactory(ssh_keypair.private, connect_timeout=5, connect_deadline=10)
+    try:
+        yield factory
+    finally:
+        factory.close_all()
