@@ -83,3 +83,42 @@ def ssh_factory(ssh_keypair: KeyPair) -> Iterator[Any]:
         yield factory
     finally:
         factory.close_all()
+
+
+@dataclass
+class Reports:
+    """Collects what playbooks emit (`emit=reports`), with helpers to assert on it."""
+
+    items: list[Any]
+
+    def __call__(self, report: Any) -> None:
+        self.items.append(report)
+
+    def outcomes(self, playbook: str | None = None) -> dict[str, str]:
+        """step name -> outcome of the last run of it."""
+        return {r.step: r.outcome for r in self.items if playbook in (None, r.playbook)}
+
+    def clear(self) -> None:
+        self.items.clear()
+
+
+@pytest.fixture
+def reports() -> Reports:
+    """An `emit` callback recording StepReports."""
+    return Reports([])
+
+
+PlaybookHostFactory = Callable[..., tuple[SimHost, Any]]
+
+
+@pytest.fixture
+def playbook_host(simhost: SimHostFactory, ssh_factory: Any) -> PlaybookHostFactory:
+    """Start a simulated host and return (SimHost, playbooks.base.Host connected to it)."""
+    from playbooks.base import Host, HostPaths
+
+    def make(options: SimHostOptions | None = None, **fields: Any) -> tuple[SimHost, Any]:
+        sim = simhost(options, **fields)
+        conn = ssh_factory.connect(sim.host, sim.port, sim.user, sim.host_key)
+        return sim, Host(conn, HostPaths(str(sim.root)), command_timeout=60)
+
+    return make
