@@ -1,0 +1,186 @@
+"""Driver and GPU inventory check: the host has a working NVIDIA driver and the GPUs promised.
+
+Two verification steps (nothing is changed on the host), following
+../shared/reference/pipeline-facts.md ("GPU and driver check"): `nvidia-smi` must answer
+(else the host is broken: `Fault.HOST`), and the GPUs it lists must be the model, count and
+memory the offer promised (else the provider delivered something else: `Fault.PROVIDER`, a
+reason to release the instance and try the next offer, not a training failure).
+
+Playbooks never import `providers`, so the catalog names (providers/catalog/gpus.yaml) are
+mapped from nvidia-smi's names by the small table `NVIDIA_SMI_NAMES` below.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from playbooks.base import Fault, Host, Step, StepFailed, last_line
+
+QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+         "--format=csv,noheader,nounits"]
+
+# Catalog name -> the product names nvidia-smi prints for it (`--query-gpu=name`), matched
+# whole, ignoring case and repeated spaces. Source: the names NVIDIA's drivers report on
+# these boards as seen in nvidia-smi output on cloud hosts (R470+ drivers prefix
+# "NVIDIA "; older ones print "GeForce RTX 3090" without it). Variants that are different
+# products (RTX 3090 Ti, RTX 4090 D, H100 NVL, H200 NVL, A100 40GB) deliberately do not
+# match: an offer for one is not fulfilled by the other. B300 names are not yet settled
+# across driver releases ("NVIDIA B300 SXM6 AC" is one), so any "NVIDIA B300 ..." matches.
+NVIDIA_SMI_NAMES: dict[str, tuple[str, ...]] = {
+    "RTX 3090": (r"(NVIDIA )?GeForce RTX 3090",),
+    "RTX 4090": (r"(NVIDIA )?GeForce RTX 4090",),
+    "RTX 5090": (r"(NVIDIA )?GeForce RTX 5090",),
+    "A100 80GB": (r"NVIDIA A100-SXM4-80GB", r"NVIDIA A100-SXM-80GB", r"NVIDIA A100 80GB PCIe"),
+    "H100 PCIe": (r"NVIDIA H100 PCIe",),
+    "H100 SXM": (r"NVIDIA H100 80GB HBM3",),
+    "H200": (r"NVIDIA H200",),
+    "B200": (r"NVIDIA B200",),
+    "B300": (r"NVIDIA B300( .*)?",),
+}
+
+_PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {
+    model: tuple(re.compile(p, re.IGNORECASE) for p in patterns)
+    for model, patterns in NVIDIA_SMI_NAMES.items()
+}
+
+
+def catalog_model(smi_name: str) -> str | None:
+    """Our catalog name for an nvidia-smi GPU name, or None when it is none of ours."""
+    name = " ".join(smi_name.split())
+    for model, patterns in _PATTERNS.items():
+        if any(p.fullmatch(name) for p in patterns):
+            return model
+    return None
+
+
+@dataclass(frozen=True)
+class GpuExpectation:
+    """What the offer promised: catalog model, GPU count, and optionally memory per GPU.
+
+    `exact_count=False` accepts a host with more GPUs than `count` (a dedicated server whose
+    job uses only some of them); by default the count must match, because the trainer
+    uses every visible GPU and the world size changes the effective batch size.
+    """
+
+    model: str
+    count: int
+    min_memory_mib: int | None = None
+    exact_count: bool = True
+
+    def __post_init__(self) -> None:
+        if self.model not in NVIDIA_SMI_NAMES:
+            known = ", ".join(NVIDIA_SMI_NAMES)
+            raise ValueError(f"unknown GPU model {self.model!r} (known: {known})")
+        if self.count < 1:
+            raise ValueError(f"GPU count must be >= 1 (got {self.count})")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as nvidia-smi reports it; `model` is our catalog name (None: not ours)."""
+
+    name: str
+    memory_mib: int
+    driver_version: str
+    model: str | None = field(default=None)
+
+
+def parse_inventory(text: str) -> list[GpuInfo]:
+    """GPUs from `nvidia-smi --query-gpu=name,memory.total,driver_version` CSV lines."""
+    gpus: list[GpuInfo] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        # The name comes first and never contains a comma in NVIDIA's product names, but
+        # split from the right so an odd one cannot shift the numeric columns.
+        parts = [p.strip() for p in line.rsplit(",", 2)]
+        if len(parts) != 3:
+            raise ValueError(f"unexpected nvidia-smi line {line!r}")
+        name, memory, driver = parts
+        memory = memory.removesuffix("MiB").strip()
+        if not memory.isdigit():
+            raise ValueError(f"unexpected memory.total {memory!r} in nvidia-smi line {line!r}")
+        gpus.append(GpuInfo(name, int(memory), driver, catalog_model(name)))
+    return gpus
+
+
+def check_gpus(host: Host) -> list[GpuInfo]:
+    """The host's GPUs; raises StepFailed (Fault.HOST) when there is no working driver."""
+    result = host.run(QUERY, timeout=60)
+    if result.exit_code == 127:
+        raise StepFailed(
+            "no working NVIDIA driver: nvidia-smi is not installed on the host. Install the "
+            "NVIDIA driver (e.g. `apt-get install nvidia-driver-570-server`, then reboot) or "
+            "choose an offer whose image ships it.",
+            fault=Fault.HOST, stderr=result.stderr)
+    if not result.ok:
+        raise StepFailed(
+            f"no working NVIDIA driver: nvidia-smi failed (exit {result.exit_code}): "
+            f"{last_line(result.stderr or result.stdout)}. The driver is installed but not "
+            "usable (module not loaded, or a driver/kernel mismatch): reboot the host or "
+            "reinstall the driver; on a rented instance, release it and take another.",
+            fault=Fault.HOST, stderr=result.stderr)
+    try:
+        gpus = parse_inventory(result.stdout)
+    except ValueError as exc:
+        raise StepFailed(f"no working NVIDIA driver: {exc}", fault=Fault.HOST,
+                         stderr=result.stderr) from None
+    if not gpus:
+        raise StepFailed("no working NVIDIA driver: nvidia-smi lists no GPU. Check that the "
+                         "GPUs are attached to this host (`nvidia-smi -L`).", fault=Fault.HOST)
+    return gpus
+
+
+def mismatch(expected: GpuExpectation, gpus: Sequence[GpuInfo]) -> str | None:
+    """Why `gpus` are not what was promised, naming promised vs found; None when they are."""
+    found = _describe(gpus)
+    promised = f"{expected.count}x {expected.model}"
+    if expected.min_memory_mib is not None:
+        promised += f" with >= {expected.min_memory_mib} MiB each"
+    problems: list[str] = []
+    wrong = sorted({g.name for g in gpus if g.model != expected.model})
+    if wrong:
+        problems.append(f"model {', '.join(wrong)} is not a {expected.model}")
+    if len(gpus) < expected.count or (expected.exact_count and len(gpus) != expected.count):
+        problems.append(f"{len(gpus)} GPU(s) instead of {expected.count}")
+    if expected.min_memory_mib is not None:
+        small = min(g.memory_mib for g in gpus)
+        if small < expected.min_memory_mib:
+            problems.append(f"{small} MiB of GPU memory instead of >= {expected.min_memory_mib}")
+    if not problems:
+        return None
+    return (f"the host is not what the offer promised: promised {promised}, found {found} "
+            f"({'; '.join(problems)}). Release it and report the offer to the provider.")
+
+
+def _describe(gpus: Sequence[GpuInfo]) -> str:
+    counts: dict[tuple[str, int], int] = {}
+    for gpu in gpus:
+        counts[(gpu.name, gpu.memory_mib)] = counts.get((gpu.name, gpu.memory_mib), 0) + 1
+    return " + ".join(f"{n}x {name} ({mib} MiB)" for (name, mib), n in counts.items())
+
+
+def steps(expected: GpuExpectation) -> list[Step]:
+    """The GPU playbook: a working driver, then the GPUs the offer promised."""
+    # Both steps need the same nvidia-smi answer: ask once per run and share it.
+    seen: list[GpuInfo] = []
+
+    def driver_works(host: Host) -> bool:
+        seen[:] = check_gpus(host)
+        return True
+
+    def inventory_matches(host: Host) -> bool:
+        gpus = list(seen) or check_gpus(host)
+        problem = mismatch(expected, gpus)
+        if problem is not None:
+            raise StepFailed(problem, fault=Fault.PROVIDER)
+        return True
+
+    return [
+        Step("driver", driver_works, timeout_s=90, fault=Fault.HOST,
+             message="no working NVIDIA driver"),
+        Step("inventory", inventory_matches, timeout_s=90, fault=Fault.PROVIDER,
+             message="the GPUs are not what the offer promised"),
+    ]

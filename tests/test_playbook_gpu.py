@@ -1,0 +1,101 @@
+"""The GPU playbook over real SSH: a matching host passes, a wrong one is the provider's fault."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import PlaybookHostFactory, Reports
+
+from playbooks import gpu
+from playbooks.base import Fault, PlaybookFailed, run_playbook
+from playbooks.gpu import GpuExpectation, GpuInfo, catalog_model, check_gpus, parse_inventory
+
+
+def test_matching_host_passes_and_reports_inventory(playbook_host: PlaybookHostFactory,
+                                                    reports: Reports) -> None:
+    sim, host = playbook_host(gpu_count=2)
+    run_playbook("gpu", gpu.steps(GpuExpectation("H100 SXM", 2, 80_000)), host, reports)
+    assert reports.outcomes() == {"driver": "ok", "inventory": "ok"}
+    # Both steps share one nvidia-smi call.
+    assert sum("nvidia-smi" in c for c in sim.ssh_commands()) == 1
+    assert check_gpus(host) == [GpuInfo("NVIDIA H100 80GB HBM3", 81559, "570.172.08",
+                                        "H100 SXM")] * 2
+
+
+@pytest.mark.parametrize(
+    ("expected", "found"),
+    [
+        (GpuExpectation("H200", 2), "model NVIDIA H100 80GB HBM3 is not a H200"),
+        (GpuExpectation("H100 SXM", 4), "2 GPU(s) instead of 4"),
+        (GpuExpectation("H100 SXM", 1), "2 GPU(s) instead of 1"),
+        (GpuExpectation("H100 SXM", 2, 143_000), "81559 MiB of GPU memory instead of >= 143000"),
+    ],
+    ids=["wrong-model", "too-few", "too-many", "too-little-memory"],
+)
+def test_mismatch_is_a_provider_fault(playbook_host: PlaybookHostFactory, reports: Reports,
+                                      expected: GpuExpectation, found: str) -> None:
+    _, host = playbook_host(gpu_count=2)
+    with pytest.raises(PlaybookFailed) as info:
+        run_playbook("gpu", gpu.steps(expected), host, reports)
+    assert info.value.fault is Fault.PROVIDER and info.value.step == "inventory"
+    assert found in info.value.reason
+    assert f"promised {expected.count}x {expected.model}" in info.value.reason
+    assert "found 2x NVIDIA H100 80GB HBM3 (81559 MiB)" in info.value.reason
+    assert reports.outcomes() == {"driver": "ok", "inventory": "failed"}
+    assert reports.items[-1].fault == "provider"
+
+
+def test_more_gpus_accepted_when_count_is_a_minimum(playbook_host: PlaybookHostFactory,
+                                                    reports: Reports) -> None:
+    _, host = playbook_host(gpu_count=2, gpu_model="NVIDIA GeForce RTX 4090",
+                            gpu_memory_mib=24564)
+    expected = GpuExpectation("RTX 4090", 1, 24_000, exact_count=False)
+    run_playbook("gpu", gpu.steps(expected), host, reports)
+    assert reports.outcomes() == {"driver": "ok", "inventory": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [("driver_missing", "nvidia-smi is not installed"),
+     ("driver_broken", "nvidia-smi failed (exit 9)")],
+)
+def test_missing_or_broken_driver_is_a_host_fault(playbook_host: PlaybookHostFactory,
+                                                  reports: Reports, option: str,
+                                                  says: str) -> None:
+    _, host = playbook_host(**{option: True})
+    with pytest.raises(PlaybookFailed) as info:
+        run_playbook("gpu", gpu.steps(GpuExpectation("H100 SXM", 1)), host, reports)
+    assert info.value.fault is Fault.HOST and info.value.step == "driver"
+    assert "no working NVIDIA driver" in info.value.reason and says in info.value.reason
+    assert reports.outcomes() == {"driver": "failed"}
+
+
+def test_catalog_names_from_nvidia_smi() -> None:
+    names = {
+        "NVIDIA H100 80GB HBM3": "H100 SXM",
+        "NVIDIA H100 PCIe": "H100 PCIe",
+        "NVIDIA A100-SXM4-80GB": "A100 80GB",
+        "NVIDIA A100 80GB PCIe": "A100 80GB",
+        "NVIDIA GeForce RTX 4090": "RTX 4090",
+        "nvidia geforce  rtx 4090": "RTX 4090",
+        "GeForce RTX 3090": "RTX 3090",
+        "NVIDIA GeForce RTX 5090": "RTX 5090",
+        "NVIDIA H200": "H200",
+        "NVIDIA B200": "B200",
+        "NVIDIA B300 SXM6 AC": "B300",
+    }
+    for smi, model in names.items():
+        assert catalog_model(smi) == model, smi
+    for other in ["NVIDIA A100-SXM4-40GB", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA H100 NVL",
+                  "NVIDIA GeForce RTX 4090 D", "NVIDIA L40S", "NVIDIA H200 NVL"]:
+        assert catalog_model(other) is None, other
+
+
+def test_parse_inventory_and_bad_expectations() -> None:
+    text = "NVIDIA H200, 143771, 570.172.08\nNVIDIA H200, 143771 MiB, 570.172.08\n\n"
+    assert [g.memory_mib for g in parse_inventory(text)] == [143771, 143771]
+    with pytest.raises(ValueError, match="memory.total"):
+        parse_inventory("NVIDIA H200, [N/A], 570.172.08")
+    with pytest.raises(ValueError, match="unknown GPU model"):
+        GpuExpectation("H100", 1)
+    with pytest.raises(ValueError, match=">= 1"):
+        GpuExpectation("H200", 0)
