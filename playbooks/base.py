@@ -239,8 +239,12 @@ class Layout:
     base: str  # e.g. /mnt/nvme/orch
 
     def model_dir(self, repo: str, revision: str = "main") -> str:
-        """Per-repo, per-revision model cache (reused by later jobs on the same server)."""
-        return f"{self.base}/models/{safe_name(repo)}/{safe_name(revision)}"
+        """Per-repo, per-revision model cache (reused by later jobs on the same server).
+
+        `org/name` becomes `org--name`, as the Hugging Face cache spells it: `--` cannot
+        occur in a repo id, so two repos never share a directory.
+        """
+        return f"{self.base}/models/{safe_name(repo.replace('/', '--'))}/{safe_name(revision)}"
 
     def job_dir(self, job_id: str) -> str:
         return f"{self.base}/jobs/{safe_name(job_id)}"

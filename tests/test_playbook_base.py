@@ -91,7 +91,8 @@ def test_paths_layout_and_names() -> None:
         HostPaths()("relative")
     lay = Layout("/mnt/nvme/orch")
     assert lay.model_dir("meta-llama/Llama-3.1-8B") == \
-        "/mnt/nvme/orch/models/meta-llama_Llama-3.1-8B/main"
+        "/mnt/nvme/orch/models/meta-llama--Llama-3.1-8B/main"
+    assert lay.model_dir("a/b_c") != lay.model_dir("a_b/c")
     assert lay.container(lay.config_file("j-1")) == "/workspace/jobs/j-1/config.yml"
     for hostile in ["../../etc", "a;rm -rf /", "$(reboot)", "x\ny", "'q'"]:
         name = safe_name(hostile)
