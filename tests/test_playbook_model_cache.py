@@ -69,7 +69,7 @@ def test_fresh_download_then_reuse_on_a_new_connection(
     assert sim.nvme_path is not None and mc.mount is not None and mc.mount.nvme
     assert mc.mount.mount_point == str(sim.nvme_path)
     model_dir = Path(mc.model_dir)
-    assert model_dir == sim.nvme_path / "orch" / "models" / "meta-llama_Llama-3.2-1B" / "main"
+    assert model_dir == sim.nvme_path / "orch" / "models" / "meta-llama--Llama-3.2-1B" / "main"
     assert (model_dir / "config.json").is_file() and (model_dir / "tokenizer.json").is_file()
     assert len(shards_of(model_dir)) == 2
     assert all((model_dir / s).is_file() for s in shards_of(model_dir))
@@ -252,7 +252,7 @@ def test_hostile_revisions_are_one_argv_word(playbook_host: PlaybookHostFactory,
         mc = cache(revision=revision)
         assert run(mc, host, reports)["download"] == "changed"
         assert sim.events("hf-download")[-1]["revision"] == revision
-        models = sim.path("/mnt/nvme/orch/models/meta-llama_Llama-3.2-1B")
+        models = sim.path("/mnt/nvme/orch/models/meta-llama--Llama-3.2-1B")
         assert Path(mc.model_dir).parent == models
     downloads = [shlex.split(c) for c in sim.ssh_commands() if "hf download" in c]
     assert len(downloads) == len(HOSTILE_REVISIONS)
