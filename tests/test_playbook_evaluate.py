@@ -1,0 +1,339 @@
+"""vLLM serve / readiness / scoring / stop over real SSH to the simulated host."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import PlaybookHostFactory, Reports
+
+from orchestrator import ssh
+from playbooks.base import Fault, Host, Layout, PlaybookFailed, StepFailed, container_name
+from playbooks.evaluate import (
+    EvalScores,
+    engine_args,
+    evaluate,
+    lm_eval_argv,
+    lora_rank_for,
+    normalise,
+    parse_lm_eval_results,
+    run_lm_eval,
+    score_eval_set,
+    start_server,
+    stop_server,
+    wait_ready,
+)
+from providers.simhost import SimHost
+
+TOOLKIT = "1.17.8-1"
+IMAGE = "vllm/vllm-openai:v0.11.0"
+ANSWERS = {
+    "Capital of France?": "Paris",
+    "Capital of Italy?": " rome.\n",
+    "What is 6 x 7?": "The answer is 42.",
+}
+ROWS = [
+    {"prompt": "Capital of France?", "expected": "Paris"},  # exact
+    {"prompt": "Capital of Italy?", "expected": "Rome"},  # exact after normalising
+    {"prompt": "What is 6 x 7?", "expected": "42"},  # contains only
+    {"prompt": "Who wrote Hamlet?", "expected": "Shakespeare"},  # default answer: wrong
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as check:
+        return check.connect_ex(("127.0.0.1", port)) != 0
+
+
+def setup(playbook_host: PlaybookHostFactory, **options: Any) -> tuple[SimHost, Host, Layout]:
+    options.setdefault("toolkit_preinstalled", TOOLKIT)
+    options.setdefault("completion_answers", ANSWERS)
+    sim, host = playbook_host(**options)
+    assert sim.nvme_path is not None
+    return sim, host, Layout(f"{sim.nvme_path}/orch")
+
+
+def merged_model(layout: Layout, job: str, config: bool = True) -> str:
+    """A merged model directory as the vLLM stand-in needs it (written on the host's disk)."""
+    folder = Path(layout.output_dir(job)) / "merged"
+    folder.mkdir(parents=True)
+    if config:
+        (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (folder / "tokenizer.json").write_text("{}")
+    return str(folder)
+
+
+def vllm_running(sim: SimHost, job: str) -> bool:
+    record = sim.containers().get(container_name("vllm", job))
+    return bool(record and record["State"]["Running"])
+
+
+def test_server_becomes_ready_through_the_tunnel_scores_and_stops(
+    playbook_host: PlaybookHostFactory,
+) -> None:
+    sim, host, layout = setup(playbook_host, vllm_startup_seconds=1.0)
+    model, port = merged_model(layout, "job-a"), free_port()
+    spec = start_server(host, "job-a", model, layout, IMAGE, port, 2048)
+    assert refuses(port)  # still "loading": the refused phase is what wait_ready polls through
+    took = wait_ready(host.conn, port, 20, container=spec.name)
+    assert 0.5 < took < 10
+    again = start_server(host, "job-a", model, layout, IMAGE, port, 2048)  # idempotent
+    assert again == spec and len(sim.events("docker-run")) == 1
+
+    argv = sim.events("docker-run")[0]["argv"]
+    assert argv[:2] == ["vllm", "serve"] and "--model" in argv
+    assert argv[argv.index("--model") + 1] == "/workspace/jobs/job-a/output/merged"
+    assert argv[argv.index("--served-model-name") + 1] == "ft"
+    assert argv[argv.index("--max-model-len") + 1] == "2048"
+    bindings = sim.containers()[spec.name]["HostConfig"]["PortBindings"]
+    assert bindings == {"8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(port)}]}
+    assert sim.events("docker-public-port") == []
+
+    with ssh.tunnel(host.conn, port) as local:
+        scores = score_eval_set(f"http://127.0.0.1:{local}", ROWS, "ft", concurrency=3,
+                                max_tokens=16)
+    assert isinstance(scores, EvalScores)
+    assert scores.metrics == {"eval.exact_match": 0.5, "eval.contains": 0.75, "eval.count": 4}
+    assert [(r.exact_match, r.contains) for r in scores.rows] == [
+        (True, True), (True, True), (False, True), (False, False),
+    ]  # fmt: skip
+    assert scores.rows[3].answer == "I do not know." and scores.rows[2].index == 2
+
+    assert stop_server(host, "job-a") is True
+    assert refuses(port) and spec.name not in sim.containers()
+    assert stop_server(host, "job-a") is False  # already gone: fine
+
+
+def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
+    playbook_host: PlaybookHostFactory,
+) -> None:
+    _sim, host, layout = setup(playbook_host, vllm_startup_seconds=60)
+    port = free_port()
+    spec = start_server(host, "job-slow", merged_model(layout, "job-slow"), layout, IMAGE,
+                        port, 1024)
+    started = time.monotonic()
+    with pytest.raises(StepFailed) as info:
+        wait_ready(host.conn, port, 1.5, container=spec.name)
+    assert time.monotonic() - started < 6
+    assert info.value.fault is Fault.HOST
+    assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(
+        info.value
+    )
+    assert "loading /workspace/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
+    stop_server(host, "job-slow")
+
+
+def test_a_crashed_server_fails_at_once_not_at_the_deadline(
+    playbook_host: PlaybookHostFactory,
+) -> None:
+    _sim, host, layout = setup(playbook_host)
+    port = free_port()
+    spec = start_server(host, "job-bad", merged_model(layout, "job-bad", config=False),
+                        layout, IMAGE, port, 1024)
+    started = time.monotonic()
+    with pytest.raises(StepFailed, match="stopped while loading") as info:
+        wait_ready(host.conn, port, 60, container=spec.name)
+    assert time.monotonic() - started < 10
+    assert "No supported config format" in info.value.stderr_tail
+    stop_server(host, "job-bad")
+
+
+def test_evaluate_runs_the_playbook_and_stops_the_server(
+    playbook_host: PlaybookHostFactory, reports: Reports
+) -> None:
+    sim, host, layout = setup(playbook_host)
+    port = free_port()
+    result = evaluate(host, "job-e", merged_model(layout, "job-e"), layout, IMAGE, port, 2048,
+                      iter(ROWS), ready_deadline_s=20, emit=reports)
+    assert result.metrics == {"eval.exact_match": 0.5, "eval.contains": 0.75, "eval.count": 4}
+    assert len(result.rows) == 4 and result.server_removed
+    assert reports.outcomes("evaluate") == {
+        "vllm-server": "changed", "vllm-ready": "changed", "score-eval-set": "changed",
+        "stop-server": "changed",
+    }  # fmt: skip
+    assert not vllm_running(sim, "job-e") and refuses(port)
+    assert container_name("vllm", "job-e") not in sim.containers()
+
+
+def test_evaluate_stops_the_server_when_scoring_raises(
+    playbook_host: PlaybookHostFactory, reports: Reports
+) -> None:
+    sim, host, layout = setup(playbook_host)
+    port = free_port()
+    rows = [*ROWS, {"prompt": "no expected answer"}]
+    with pytest.raises(PlaybookFailed) as info:
+        evaluate(host, "job-f", merged_model(layout, "job-f"), layout, IMAGE, port, 2048, rows,
+                 ready_deadline_s=20, emit=reports)
+    assert info.value.step == "score-eval-set" and info.value.fault is Fault.USER
+    assert "eval row 5" in str(info.value)
+    assert reports.outcomes() == {
+        "vllm-server": "changed", "vllm-ready": "changed", "score-eval-set": "failed",
+        "stop-server": "changed",
+    }  # fmt: skip
+    assert container_name("vllm", "job-f") not in sim.containers() and refuses(port)
+
+
+def test_unmerged_adapter_is_served_with_an_allowed_lora_rank(
+    playbook_host: PlaybookHostFactory,
+) -> None:
+    sim, host, layout = setup(playbook_host)
+    base = Path(layout.model_dir("meta-llama/Llama-3.2-1B"))
+    base.mkdir(parents=True)
+    (base / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    adapter = Path(layout.output_dir("job-l"))
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_model.safetensors").write_bytes(b"\0" * 64)
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 24, "lora_alpha": 48}))
+    (adapter / "sim_memory.json").write_text(json.dumps({"Say hi": "hi"}))
+    port = free_port()
+    spec = start_server(host, "job-l", str(base), layout, IMAGE, port, 2048, lora=str(adapter))
+    args = list(spec.args)
+    assert args[args.index("--max-lora-rank") + 1] == "32"  # 24 rounded up to an allowed rank
+    assert args[args.index("--lora-modules") + 1] == "ft=/workspace/jobs/job-l/output"
+    assert "--enable-lora" in args and "--served-model-name" not in args
+    wait_ready(host.conn, port, 20, container=spec.name)  # the stand-in checks the rank
+    with ssh.tunnel(host.conn, port) as local:
+        scores = score_eval_set(f"http://127.0.0.1:{local}",
+                                [{"prompt": "Say hi", "expected": "hi"}])
+    assert scores.metrics["eval.exact_match"] == 1.0
+    stop_server(host, "job-l")
+    assert not vllm_running(sim, "job-l")
+
+
+def test_lora_rank_rounding_and_engine_args() -> None:
+    assert [lora_rank_for(r) for r in (1, 2, 8, 16, 17, 64, 200, 300, 320, 512)] == [
+        1, 8, 8, 16, 32, 64, 256, 320, 320, 512,
+    ]  # fmt: skip
+    with pytest.raises(StepFailed) as info:
+        lora_rank_for(513)
+    assert info.value.fault is Fault.USER
+    assert engine_args("/workspace/m", 4096) == [
+        "--model", "/workspace/m", "--served-model-name", "ft", "--max-model-len", "4096",
+    ]  # fmt: skip
+    with pytest.raises(ValueError):
+        engine_args("/workspace/m", 4096, lora="/workspace/a=b", lora_rank=8)
+
+
+def test_normalise_for_exact_match() -> None:
+    assert normalise("  The  Eiffel\tTower!\n") == "the eiffel tower"
+    assert normalise("U.S.A.") == normalise("usa") == "usa"
+    assert normalise("«Ça va?»") == "ça va"
+    assert normalise("ＡＢＣ") == "abc"  # NFKC: full-width letters
+
+
+def test_lm_eval_argv() -> None:
+    argv = lm_eval_argv(["gsm8k", "hellaswag"], 8123, "/mnt/nvme/orch/jobs/j/output/merged",
+                        "/mnt/nvme/orch/jobs/j/eval/lm_eval")
+    assert argv == [
+        "lm_eval", "--model", "local-completions", "--tasks", "gsm8k,hellaswag",
+        "--model_args",
+        "model=ft,base_url=http://127.0.0.1:8123/v1/completions,"
+        "tokenizer=/mnt/nvme/orch/jobs/j/output/merged,num_concurrent=8,max_retries=3,"
+        "tokenized_requests=False",
+        "--output_path", "/mnt/nvme/orch/jobs/j/eval/lm_eval",
+    ]  # fmt: skip
+    with pytest.raises(StepFailed) as info:
+        lm_eval_argv(["gsm8k; rm -rf /"], 8000, "/t", "/o")
+    assert info.value.fault is Fault.USER
+    with pytest.raises(ValueError):
+        lm_eval_argv(["gsm8k"], 8000, "/odd,dir", "/o")
+
+
+LM_EVAL_RESULTS = {
+    "results": {
+        "gsm8k": {
+            "alias": "gsm8k",
+            "exact_match,strict-match": 0.25,
+            "exact_match_stderr,strict-match": 0.01,
+            "exact_match,flexible-extract": 0.3,
+            "exact_match_stderr,flexible-extract": 0.012,
+        },
+        "hellaswag": {
+            "alias": "hellaswag",
+            "acc,none": 0.5,
+            "acc_stderr,none": 0.005,
+            "acc_norm,none": 0.625,
+            "acc_norm_stderr,none": "N/A",
+        },
+    },
+    "versions": {"gsm8k": 3, "hellaswag": 1},
+    "n-shot": {"gsm8k": 5, "hellaswag": 0},
+}
+
+
+def test_parse_lm_eval_results() -> None:
+    expected = {
+        "lm_eval.gsm8k.exact_match.strict-match": 0.25,
+        "lm_eval.gsm8k.exact_match.flexible-extract": 0.3,
+        "lm_eval.hellaswag.acc": 0.5,
+        "lm_eval.hellaswag.acc_norm": 0.625,
+    }
+    assert parse_lm_eval_results(LM_EVAL_RESULTS) == expected
+    assert parse_lm_eval_results(json.dumps(LM_EVAL_RESULTS).encode()) == expected
+    with pytest.raises(ValueError):
+        parse_lm_eval_results({"config": {}})
+
+
+def test_lm_eval_tasks_on_a_host_without_lm_eval_fail_clearly_and_stop_the_server(
+    playbook_host: PlaybookHostFactory, reports: Reports
+) -> None:
+    sim, host, layout = setup(playbook_host)
+    port = free_port()
+    with pytest.raises(PlaybookFailed) as info:
+        evaluate(host, "job-t", merged_model(layout, "job-t"), layout, IMAGE, port, 2048, ROWS,
+                 tasks=["gsm8k"], ready_deadline_s=20, emit=reports)
+    assert info.value.step == "lm-eval" and info.value.fault is Fault.HOST
+    assert "install lm_eval[api]" in str(info.value)
+    assert reports.outcomes()["stop-server"] == "changed" and refuses(port)
+    assert container_name("vllm", "job-t") not in sim.containers()
+
+
+# An `lm_eval` for the simulated host (it has none): asks the server once at the base_url
+# from --model_args, as the harness would, then writes a results file in lm_eval's layout.
+FAKE_LM_EVAL = """\
+import json, sys, urllib.request
+args = sys.argv[1:]
+opt = {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2)}
+margs = dict(kv.split("=", 1) for kv in opt["--model_args"].split(","))
+body = json.dumps({"model": margs["model"], "prompt": "Capital of France?", "max_tokens": 4})
+req = urllib.request.Request(margs["base_url"], body.encode(), {"Content-Type": "application/json"})
+text = json.load(urllib.request.urlopen(req, timeout=10))["choices"][0]["text"]
+out = opt["--output_path"] + "/" + margs["model"]
+import os; os.makedirs(out, exist_ok=True)
+score = 1.0 if text == "Paris" else 0.0
+results = {"results": {t: {"alias": t, "acc,none": score, "acc_stderr,none": 0.0}
+                       for t in opt["--tasks"].split(",")}}
+json.dump(results, open(out + "/results_2026-01-01T00-00-00.000001.json", "w"))
+"""
+
+
+def test_lm_eval_runs_on_the_host_against_the_server(playbook_host: PlaybookHostFactory) -> None:
+    sim, host, layout = setup(playbook_host)
+    script = sim.dir / "fake_lm_eval.py"
+    script.write_text(FAKE_LM_EVAL)
+    tool = sim.dir / "bin" / "lm_eval"
+    tool.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {script} \"$@\"\n")
+    tool.chmod(0o755)
+    port = free_port()
+    model = merged_model(layout, "job-h")
+    spec = start_server(host, "job-h", model, layout, IMAGE, port, 2048)
+    try:
+        wait_ready(host.conn, port, 20, container=spec.name)
+        metrics, path = run_lm_eval(host, ["arc_easy", "piqa"], port, model,
+                                    f"{layout.job_dir('job-h')}/eval/lm_eval")
+    finally:
+        stop_server(host, "job-h")
+    assert metrics == {"lm_eval.arc_easy.acc": 1.0, "lm_eval.piqa.acc": 1.0}
+    assert path.endswith("/eval/lm_eval/ft/results_2026-01-01T00-00-00.000001.json")
