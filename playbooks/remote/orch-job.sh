@@ -1,0 +1,105 @@
+#!/bin/sh
+# orch-job: run one command of a job detached from the SSH session, on hosts without Docker.
+#
+#   orch-job.sh start  DIR CMD [ARG...]  start CMD in its own session (setsid nohup); returns
+#                                        once DIR/pid exists; refuses while DIR holds a run
+#   orch-job.sh status DIR               prints one line: running | exited CODE | lost | missing
+#   orch-job.sh poll   DIR N             the status line, then the last N lines of DIR/log
+#   orch-job.sh clear  DIR               forget the finished run in DIR (the log is kept)
+#   orch-job.sh run    DIR CMD [ARG...]  (internal) the detached part: pid, log, exit code
+#
+# DIR holds `pid` ("PID STARTTIME"), `log` (stdout and stderr, appended) and `exit_code`
+# (written when CMD ends). `lost` = the process is gone without an exit code: killed, or the
+# host rebooted. Every value arrives as a positional parameter and is only ever expanded in
+# double quotes: nothing the caller passes is evaluated by this shell.
+set -u
+set -f
+
+# The kernel's start time of pid $1 (field 22 of /proc/PID/stat): a pid reused after a reboot
+# or a wrap-around has another one, so `kill -0` alone cannot be trusted. Prints nothing for
+# a zombie (an init that does not reap keeps it, and `kill -0` still succeeds on it).
+starttime() {
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    rest=${stat##*) }
+    # shellcheck disable=SC2086  # fields are numbers and one state letter; globbing is off
+    set -- $rest
+    case $1 in Z | X) return 1 ;; esac
+    shift 19
+    printf '%s\n' "$1"
+}
+
+alive() {  # whether the run recorded in $1/pid is still running
+    [ -f "$1/pid" ] || return 1
+    read -r pid started < "$1/pid" || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    [ "$started" = 0 ] && return 0
+    [ "$(starttime "$pid")" = "$started" ]
+}
+
+status() {
+    if [ -f "$1/exit_code" ]; then
+        printf 'exited %s\n' "$(cat "$1/exit_code")"
+    elif alive "$1"; then
+        echo running
+    elif [ -f "$1/exit_code" ]; then  # it finished between the two tests
+        printf 'exited %s\n' "$(cat "$1/exit_code")"
+    elif [ -f "$1/pid" ]; then
+        echo lost
+    else
+        echo missing
+    fi
+}
+
+mode=${1:-}
+[ $# -ge 2 ] || { echo "usage: orch-job.sh start|status|poll|clear|run DIR ..." >&2; exit 2; }
+shift
+dir=$1
+shift
+
+case $mode in
+start)
+    [ $# -ge 1 ] || { echo "orch-job.sh start: no command" >&2; exit 2; }
+    mkdir -p "$dir" || exit 1
+    if [ -f "$dir/pid" ] || [ -f "$dir/exit_code" ]; then
+        echo "orch-job.sh: $dir already holds a run ($(status "$dir")); clear it first" >&2
+        exit 3
+    fi
+    setsid nohup sh "$0" run "$dir" "$@" >/dev/null 2>&1 </dev/null &
+    i=0
+    while [ ! -s "$dir/pid" ]; do
+        i=$((i + 1))
+        if [ "$i" -gt 200 ]; then
+            echo "orch-job.sh: the job did not start within 10 s" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+    ;;
+run)
+    st=$(starttime $$) || st=0
+    printf '%s %s\n' "$$" "$st" > "$dir/pid.tmp" && mv -f "$dir/pid.tmp" "$dir/pid"
+    "$@" >>"$dir/log" 2>&1 </dev/null
+    code=$?
+    # Written aside and renamed, so a reader never sees an empty exit code.
+    printf '%s\n' "$code" > "$dir/exit_code.tmp" && mv -f "$dir/exit_code.tmp" "$dir/exit_code"
+    exit "$code"
+    ;;
+status)
+    status "$dir"
+    ;;
+poll)
+    status "$dir"
+    if [ -f "$dir/log" ]; then tail -n "${1:-50}" "$dir/log"; fi
+    ;;
+clear)
+    if [ ! -f "$dir/exit_code" ] && alive "$dir"; then
+        echo "orch-job.sh: the run in $dir is still running" >&2
+        exit 3
+    fi
+    rm -f "$dir/pid" "$dir/exit_code"
+    ;;
+*)
+    echo "orch-job.sh: unknown mode $mode" >&2
+    exit 2
+    ;;
+esac
