@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
+from typing import Protocol
 
 
 class Billing(StrEnum):
@@ -93,3 +94,101 @@ class TransientError(ProviderError):
 
 class NotFound(ProviderError):
     """The instance does not exist (on terminate: already gone, which is success)."""
+
+
+class InstanceState(StrEnum):
+    """A provider's instance states, mapped to what the engine acts on."""
+
+    PROVISIONING = "provisioning"  # created, not yet running (image pull, boot)
+    RUNNING = "running"
+    INTERRUPTED = "interrupted"  # preempted, outbid, stopped by the provider: re-place the job
+    TERMINATED = "terminated"  # gone or being destroyed
+    FAILED = "failed"  # the provider reports an error state
+    UNKNOWN = "unknown"
+
+
+# Every instance orch creates carries this tag (in its name or label) with the job id, so
+# `list()` finds instances the database never recorded (a crash between create and write).
+TAG_PREFIX = "orch-"
+
+
+def tag_for(job_id: str) -> str:
+    """The name/label an instance of `job_id` is created with."""
+    return f"{TAG_PREFIX}{job_id}"
+
+
+def job_of(label: str | None) -> str | None:
+    """The job id in an instance's name/label, or None when it is not ours."""
+    if label and label.startswith(TAG_PREFIX) and len(label) > len(TAG_PREFIX):
+        return label[len(TAG_PREFIX):]
+    return None
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What a job needs from an offer, as the scheduler sized it."""
+
+    gpu_count: int
+    min_gpu_memory_bytes: int
+    gpus: frozenset[str] | None = None  # canonical GPU names; None = any
+    interruptible: bool | None = None  # True = spot only, False = on-demand only, None = both
+    max_price_per_hour: Decimal | None = None
+    min_reliability: float | None = None
+    disk_gb: int = 100
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One machine at a provider, as `get`/`list` report it."""
+
+    provider: str
+    instance_id: str
+    state: InstanceState
+    label: str | None  # the name/label orch created it with (see `tag_for`)
+    gpu: str | None = None
+    gpu_count: int = 0
+    interruptible: bool = False
+    price_per_hour: Decimal | None = None  # what the provider charges (not the catalog's)
+    ssh_host: str | None = None
+    ssh_port: int | None = None
+    ssh_user: str = "root"
+    raw_status: str = ""  # the provider's own words, for events
+    message: str = ""
+
+    @property
+    def job_id(self) -> str | None:
+        """The job this instance was created for, or None when it is not ours."""
+        return job_of(self.label)
+
+    @property
+    def reachable(self) -> bool:
+        """Running with an SSH endpoint."""
+        return self.state is InstanceState.RUNNING and bool(self.ssh_host and self.ssh_port)
+
+
+class Provider(Protocol):
+    """What every provider adapter offers the engine (DESIGN.md, "Contracts")."""
+
+    name: str
+    billing: Billing
+
+    def offers(self, req: Requirements) -> list[Offer]:
+        """Offers that can run a job with `req`, with live prices."""
+        ...
+
+    def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
+               disk_gb: int = 100) -> Instance:
+        """Rent `offer` for `job_id` (tagged with `tag_for(job_id)`); CapacityError if gone."""
+        ...
+
+    def get(self, instance_id: str) -> Instance:
+        """The instance's current state; NotFound when it no longer exists."""
+        ...
+
+    def list(self, job_id: str | None = None) -> list[Instance]:
+        """Instances tagged as orch's (for `job_id`, or all of them)."""
+        ...
+
+    def terminate(self, instance_id: str) -> None:
+        """Destroy the instance; one that is already gone counts as success."""
+        ...

@@ -1,0 +1,81 @@
+"""One retry policy for every provider API call: back off on TransientError only.
+
+Adapters turn each HTTP response into a typed error (`providers.base`); this module retries
+the transient ones (429, 5xx, network errors) with exponential backoff and jitter, honouring
+`Retry-After` when the provider sends it, and gives up after a deadline. Auth, balance,
+quota, capacity and not-found errors are never retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TypeVar
+
+import httpx
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    stop_any,
+    wait_exponential_jitter,
+)
+
+from providers.base import TransientError
+
+T = TypeVar("T")
+
+MAX_ATTEMPTS = 6
+DEADLINE_S = 120.0
+MAX_RETRY_AFTER_S = 60.0
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds from a `Retry-After` header (delta-seconds or an HTTP date), if any."""
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _wait(fallback: Callable[[RetryCallState], float]) -> Callable[[RetryCallState], float]:
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        hinted = getattr(exc, "retry_after", None)
+        if hinted is not None:
+            return min(float(hinted), MAX_RETRY_AFTER_S)
+        return fallback(state)
+    return wait
+
+
+def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
+                 deadline_s: float = DEADLINE_S, initial_s: float = 0.5,
+                 max_wait_s: float = 20.0) -> T:
+    """Run `call`, retrying it while it raises TransientError (or a network error)."""
+
+    def guarded() -> T:
+        try:
+            return call()
+        except httpx.TransportError as exc:  # connect/read errors, timeouts
+            raise TransientError(f"network error: {type(exc).__name__}") from exc
+
+    retrying = Retrying(
+        retry=retry_if_exception_type(TransientError),
+        wait=_wait(wait_exponential_jitter(initial=initial_s, max=max_wait_s)),
+        stop=stop_any(stop_after_attempt(attempts), stop_after_delay(deadline_s)),
+        reraise=True,
+    )
+    return retrying(guarded)
