@@ -74,7 +74,7 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
 
     retrying = Retrying(
         retry=retry_if_exception_type(TransientError),
-        wait=_wait(wait_exponential_jitter(initial=initial_s, max=max_wait_s)),
+        wait=_wait(wait_exponential_jitter(multiplier=initial_s, max=max_wait_s, jitter=initial_s)),
         stop=stop_any(stop_after_attempt(attempts), stop_after_delay(deadline_s)),
         reraise=True,
     )
