@@ -1,0 +1,405 @@
+"""RunPod adapter: REST v2 (`https://api.runpod.io/v2`), on-demand pods billed per second.
+
+Shapes follow ../shared/reference/provider-apis.md ("RunPod REST v2"):
+
+* offers    `GET /catalog/gpus?include=AVAILABILITY&product=POD`
+* create    `POST /pods` (201, a Pod in `PROVISIONING`)
+* get/list  `GET /pods/{id}` / `GET /pods` -> `{pods: [...]}`
+* terminate `DELETE /pods/{id}` (204; 404 = already gone = success)
+
+RunPod withdrew spot pods in 2026, so every offer is on-demand (`interruptible=False`).
+
+SSH key delivery: the public key goes into the pod's `env` as `PUBLIC_KEY` and the pod is
+created with `startSsh: true` and `22/tcp` exposed; RunPod's images append `$PUBLIC_KEY` to
+root's `authorized_keys` when sshd starts. We deliberately do NOT use
+`PUT /account/ssh-keys`: it *replaces* the account's whole key set, so calling it would
+silently remove the keys the user (or another orch job) relies on.
+
+Errors are RFC 9457 problem documents `{title, status, detail, errors?}`, mapped by status
+(see `_raise_for`). Every call goes through `providers.http.with_retries`, which retries only
+`TransientError` (429 honouring `Retry-After`, 5xx, network errors).
+
+The API key travels only in the `Authorization` header: it is never put in URLs, bodies,
+messages or `repr`, and any echo of it in a provider message is scrubbed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypeVar
+
+import httpx
+
+from providers import catalog
+from providers.base import (
+    AuthError,
+    BalanceError,
+    Billing,
+    CapacityError,
+    Instance,
+    InstanceState,
+    NotFound,
+    Offer,
+    ProviderError,
+    Requirements,
+    TransientError,
+    job_of,
+    tag_for,
+)
+from providers.http import DEADLINE_S, MAX_ATTEMPTS, retry_after, with_retries
+
+T = TypeVar("T")
+
+DEFAULT_BASE_URL = "https://api.runpod.io/v2"
+DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+CLOUDS = ("SECURE", "COMMUNITY")
+_GIB = 1024**3
+
+# RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
+# RunPod ids are NVIDIA's marketing names; "H100 80GB HBM3" is the SXM5 part, and we have a
+# single "A100 80GB" model for both the PCIe and SXM4 variants (same memory, close enough for
+# sizing). Names not listed here fall back to `catalog.resolve_gpu` on the name with the
+# vendor prefix stripped; a GPU that still maps to zero or several models is left out.
+GPU_NAMES: dict[str, str] = {
+    "NVIDIA GeForce RTX 3090": "RTX 3090",
+    "NVIDIA GeForce RTX 4090": "RTX 4090",
+    "NVIDIA GeForce RTX 5090": "RTX 5090",
+    "NVIDIA A100 80GB PCIe": "A100 80GB",
+    "NVIDIA A100-SXM4-80GB": "A100 80GB",
+    "NVIDIA H100 PCIe": "H100 PCIe",
+    "NVIDIA H100 80GB HBM3": "H100 SXM",
+    "NVIDIA H100 NVL": "H100 PCIe",
+    "NVIDIA H200": "H200",
+    "NVIDIA B200": "B200",
+}
+
+# Pod `status` -> the engine's states.
+# EXITED: orch never stops a pod (it only deletes them), so an EXITED pod stopped without us:
+# host maintenance, a crashed container, the account running dry. It no longer runs the job
+# although it still exists (and bills for its disk), so the engine must re-place the job and
+# terminate this pod: that is exactly INTERRUPTED.
+STATES: dict[str, InstanceState] = {
+    "PROVISIONING": InstanceState.PROVISIONING,
+    "STARTING": InstanceState.PROVISIONING,
+    "RUNNING": InstanceState.RUNNING,
+    "EXITED": InstanceState.INTERRUPTED,
+    "ERROR": InstanceState.FAILED,
+    "TERMINATED": InstanceState.TERMINATED,
+}
+
+
+class RateLimited(TransientError):
+    """A 429: the request was refused before doing anything (safe to re-send as is)."""
+
+
+def canonical_gpu(gpu_id: str | None, name: str | None = None) -> str | None:
+    """Our canonical GPU name for a RunPod GPU id/display name, or None when unknown."""
+    for raw in (gpu_id, name):
+        if not raw:
+            continue
+        if raw in GPU_NAMES:
+            return GPU_NAMES[raw]
+        short = re.sub(r"^(NVIDIA\s+)?(GeForce\s+)?", "", raw.strip(), flags=re.I)
+        hits = catalog.resolve_gpu(short)
+        if len(hits) == 1:
+            return hits[0]
+    return None
+
+
+def _decimal(value: Any) -> Decimal | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def _ratelimit_reset(response: httpx.Response) -> float | None:
+    """Seconds until the window resets, from an IETF `RateLimit` header (`t=` or `reset=`)."""
+    value = response.headers.get("RateLimit", "")
+    match = re.search(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)", value)
+    return float(match.group(1)) if match else None
+
+
+class RunPod:
+    """The RunPod provider (on-demand pods, per-second billing); see the module docstring."""
+
+    name = "runpod"
+    billing = Billing.PER_SECOND
+
+    def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
+                 client: httpx.Client | None = None, *, timeout_s: float = 30.0,
+                 attempts: int = MAX_ATTEMPTS, deadline_s: float = DEADLINE_S,
+                 initial_backoff_s: float = 0.5, max_backoff_s: float = 20.0,
+                 default_image: str = DEFAULT_IMAGE, boot_minutes: float = 5.0) -> None:
+        """`client` may be shared; the key is sent per request, never set on the client."""
+        if not api_key:
+            raise AuthError("no RunPod API key: set RUNPOD_API_KEY")
+        self._key = api_key
+        self._base = base_url.rstrip("/")
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self._owns_client = client is None
+        self._attempts, self._deadline_s = attempts, deadline_s
+        self._backoff = (initial_backoff_s, max_backoff_s)
+        self.default_image = default_image
+        self.boot_minutes = boot_minutes
+
+    def __repr__(self) -> str:
+        return f"RunPod(base_url={self._base!r})"
+
+    def close(self) -> None:
+        """Close the HTTP client if this adapter created it."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> RunPod:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def _send(self, method: str, path: str, *, what: str, json: Any = None,
+              params: dict[str, str] | None = None) -> httpx.Response:
+        """One request, mapped to a typed error when it fails (no retry here)."""
+        try:
+            response = self._client.request(
+                method, self._base + path, json=json, params=params,
+                headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"},
+            )
+        except httpx.TransportError as exc:
+            raise TransientError(f"RunPod {what}: network error: {type(exc).__name__}") from None
+        self._raise_for(response, what)
+        return response
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        return with_retries(fn, attempts=self._attempts, deadline_s=self._deadline_s,
+                            initial_s=self._backoff[0], max_wait_s=self._backoff[1])
+
+    def _request(self, method: str, path: str, *, what: str, json: Any = None,
+                 params: dict[str, str] | None = None) -> httpx.Response:
+        return self._call(lambda: self._send(method, path, what=what, json=json, params=params))
+
+    def _raise_for(self, response: httpx.Response, what: str) -> None:
+        """Map a non-2xx RFC 9457 response to the typed error the engine acts on.
+
+        400 (rule violation / no capacity) and 403 (no access to that pool) on `create` are
+        CapacityError: the engine moves on to the next offer. Elsewhere 400 is a plain
+        ProviderError and 403 an AuthError (the key lacks a permission). 401 AuthError,
+        402 BalanceError, 404 NotFound, 422 ProviderError (never retried), 429 and 5xx
+        TransientError with the server's `Retry-After` (or the `RateLimit` reset).
+        """
+        status = response.status_code
+        if status < 400:
+            return
+        message = self._problem(response, what)
+        if status == 401:
+            raise AuthError(f"{message}; set RUNPOD_API_KEY (or `runpod = KEY` in the "
+                            "orch credentials file) to a valid RunPod API key")
+        if status == 402:
+            raise BalanceError(f"{message}; RunPod requires at least one hour of credit for "
+                               "the pod's hourly price before it deploys: add credit")
+        if status == 404:
+            raise NotFound(message)
+        if status == 429 or status >= 500:
+            hint = retry_after(response)
+            if hint is None and status == 429:
+                hint = _ratelimit_reset(response)
+            if status == 429:
+                raise RateLimited(message, retry_after=hint)
+            raise TransientError(message, retry_after=hint)
+        if what.startswith("create"):
+            if status == 400:
+                raise CapacityError(message)
+            if status == 403:
+                raise CapacityError(f"{message} (no access to this pool: skipped)")
+        if status == 403:
+            raise AuthError(f"{message}; the RunPod API key lacks this permission")
+        raise ProviderError(message)  # 400 outside create, 409, 422 validation, ...
+
+    def _problem(self, response: httpx.Response, what: str) -> str:
+        """`RunPod <what>: <status> <title>: <detail> [errors]`, scrubbed of the key."""
+        title = detail = ""
+        errors: Any = None
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            title = str(body.get("title") or "")
+            detail = str(body.get("detail") or "")
+            errors = body.get("errors")
+        else:
+            detail = response.text[:200].strip()
+        text = f"RunPod {what}: HTTP {response.status_code}"
+        if title:
+            text += f" {title}"
+        if detail:
+            text += f": {detail}"
+        if errors:
+            text += f" {errors}"
+        return self._scrub(text)
+
+    @staticmethod
+    def _json(response: httpx.Response, what: str) -> Any:
+        try:
+            return response.json()
+        except ValueError:
+            raise ProviderError(f"RunPod {what}: response is not JSON") from None
+
+    # -- Provider protocol --------------------------------------------------------------
+
+    def offers(self, req: Requirements) -> builtins.list[Offer]:
+        """Secure and community offers with capacity for `req.gpu_count` GPUs, live prices.
+
+        Price = the per-GPU price of that cloud × count (whole machine, per hour). GPUs whose
+        name we cannot map to a canonical model are left out (the scheduler cannot size them).
+        RunPod publishes no reliability figure; `req.min_reliability` is not applied here.
+        """
+        if req.interruptible is True:
+            return []  # spot withdrawn: RunPod has no interruptible pods
+        response = self._request("GET", "/catalog/gpus", what="offers",
+                                 params={"include": "AVAILABILITY", "product": "POD"})
+        body = self._json(response, "offers")
+        rows = body.get("gpus", []) if isinstance(body, dict) else []
+        specs = catalog.gpus()
+        found: list[Offer] = []
+        for row in rows:
+            if not isinstance(row, dict) or row.get("availability", "NONE") == "NONE":
+                continue
+            gpu = canonical_gpu(row.get("id"), row.get("name"))
+            if gpu is None or (req.gpus is not None and gpu not in req.gpus):
+                continue
+            spec = specs.get(gpu)
+            memory = spec.memory_bytes if spec else int(row.get("memory") or 0) * _GIB
+            if memory < req.min_gpu_memory_bytes:
+                continue
+            prices = row.get("price") or {}
+            counts = row.get("maxCount") or {}
+            for cloud in CLOUDS:
+                key = cloud.lower()
+                per_gpu = _decimal(prices.get(key))
+                if row.get(key) is False or per_gpu is None:
+                    continue
+                if int(counts.get(key) or 0) < req.gpu_count:
+                    continue
+                price = per_gpu * req.gpu_count
+                if req.max_price_per_hour is not None and price > req.max_price_per_hour:
+                    continue
+                found.append(Offer(
+                    provider=self.name, offer_id=f"{cloud}|{row['id']}", gpu=gpu,
+                    gpu_count=req.gpu_count, gpu_memory_bytes=memory, billing=self.billing,
+                    interruptible=False, price_per_hour=price,
+                    disk_bytes=req.disk_gb * 1000**3, region=cloud.lower(),
+                    boot_minutes=self.boot_minutes,
+                ))
+        return sorted(found, key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
+
+    def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
+               disk_gb: int = 100) -> Instance:
+        """Deploy a pod for `job_id` named `tag_for(job_id)`; the key goes in `PUBLIC_KEY`.
+
+        A create whose response was lost (5xx or network error after the pod was made) is not
+        blindly re-sent: before each retry we look for a pod with our name and return it.
+        """
+        cloud, sep, gpu_id = offer.offer_id.partition("|")
+        if not sep or cloud not in CLOUDS:
+            raise ProviderError(f"not a RunPod offer id: {offer.offer_id!r}")
+        name = tag_for(job_id)
+        body = {
+            "name": name, "image": image or self.default_image,
+            "gpu": {"id": gpu_id, "count": offer.gpu_count}, "cloud": cloud,
+            "disk": disk_gb, "ports": ["22/tcp"], "env": {"PUBLIC_KEY": ssh_public_key},
+            "startSsh": True,
+        }
+        sent = [False]  # a POST went out whose outcome we did not see
+
+        def attempt() -> Instance:
+            if sent[0]:
+                existing = [i for i in self._list_once() if i.label == name
+                            and i.state not in (InstanceState.TERMINATED, InstanceState.FAILED)]
+                if existing:
+                    return existing[0]
+            sent[0] = True
+            try:
+                response = self._send("POST", "/pods", what=f"create {name}", json=body)
+            except TransientError as exc:
+                # A 429 was rejected before anything was made; 5xx/network may have made it.
+                sent[0] = not isinstance(exc, RateLimited)
+                raise
+            except ProviderError:
+                sent[0] = False
+                raise
+            pod = self._json(response, "create")
+            if not isinstance(pod, dict) or not pod.get("id"):
+                raise ProviderError("RunPod create: response has no pod id")
+            return self._instance(pod)
+
+        return self._call(attempt)
+
+    def get(self, instance_id: str) -> Instance:
+        """The pod's state; NotFound when RunPod no longer knows it."""
+        response = self._request("GET", f"/pods/{_segment(instance_id)}",
+                                 what=f"get {instance_id}")
+        pod = self._json(response, "get")
+        if not isinstance(pod, dict):
+            raise ProviderError("RunPod get: response is not a pod")
+        return self._instance(pod)
+
+    def list(self, job_id: str | None = None) -> builtins.list[Instance]:
+        """Pods whose name carries orch's tag (for `job_id`, or all of orch's)."""
+        return self._call(lambda: [i for i in self._list_once()
+                                   if job_id is None or i.job_id == job_id])
+
+    def terminate(self, instance_id: str) -> None:
+        """Delete the pod (204); 404 means already gone, which is success."""
+        try:
+            self._request("DELETE", f"/pods/{_segment(instance_id)}",
+                          what=f"terminate {instance_id}")
+        except NotFound:
+            return
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _list_once(self) -> builtins.list[Instance]:
+        response = self._send("GET", "/pods", what="list")
+        body = self._json(response, "list")
+        pods = body.get("pods", []) if isinstance(body, dict) else []
+        return [self._instance(p) for p in pods
+                if isinstance(p, dict) and job_of(p.get("name")) is not None]
+
+    def _instance(self, pod: dict[str, Any]) -> Instance:
+        raw = str(pod.get("status") or "")
+        gpu = pod.get("gpu") or {}
+        ssh = (pod.get("ssh") or {}).get("direct") or {}
+        port = ssh.get("port")
+        return Instance(
+            provider=self.name,
+            instance_id=str(pod["id"]),
+            state=STATES.get(raw.upper(), InstanceState.UNKNOWN),
+            label=pod.get("name"),
+            gpu=canonical_gpu(gpu.get("id"), gpu.get("displayName")),
+            gpu_count=int(gpu.get("count") or 0),
+            interruptible=False,
+            price_per_hour=_decimal(pod.get("cost")),
+            ssh_host=ssh.get("host") or None,
+            ssh_port=int(port) if port else None,
+            ssh_user=ssh.get("username") or "root",
+            raw_status=raw,
+            message=self._scrub(str(pod.get("message") or "")),
+        )
+
+
+def _segment(instance_id: str) -> str:
+    """A pod id as one URL path segment (ids are alphanumeric; refuse anything else)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", instance_id):
+        raise NotFound(f"not a RunPod pod id: {instance_id!r}")
+    return instance_id

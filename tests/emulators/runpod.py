@@ -1,0 +1,361 @@
+"""A RunPod REST v2 emulator on real HTTP (127.0.0.1, ephemeral port), for adapter tests.
+
+Follows the shapes in ../shared/reference/provider-apis.md ("RunPod REST v2"): the GPU
+catalog, pods with a status progression, `ssh.direct`, RFC 9457 error bodies, `RateLimit`
+headers, and injectable faults. Every request is recorded without its Authorization header.
+
+    with RunPodEmulator(api_key="k", gpus=[...]) as emu:
+        RunPod("k", base_url=emu.url)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass
+class Recorded:
+    """One request as the emulator saw it (the Authorization header is left out)."""
+
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    body: Any
+    headers: dict[str, str]
+    authorized: bool
+    status: int = 0
+
+
+@dataclass
+class Fault:
+    """Answer the next `count` matching requests with `status` (RFC 9457 body)."""
+
+    status: int
+    count: int = 1
+    method: str | None = None
+    path: str | None = None  # exact path, or a prefix ending in "/"
+    retry_after: str | None = None
+    title: str = ""
+    detail: str = ""
+    # Only for POST /pods: make the pod anyway, then answer with the fault (a lost response).
+    create_anyway: bool = False
+    reset_s: float = 1.0  # on 429: the `RateLimit` header's t= (seconds to the window reset)
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.method and self.method != method:
+            return False
+        if self.path is None:
+            return True
+        return path == self.path or (self.path.endswith("/") and path.startswith(self.path))
+
+
+TITLES = {400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
+          404: "Not Found", 422: "Unprocessable Entity", 429: "Too Many Requests",
+          500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+@dataclass
+class _Pod:
+    doc: dict[str, Any]
+    created: float
+    gets: int = 0
+    ssh: dict[str, Any] | None = None
+    frozen: bool = False  # status set by the test (exit/error): no more progression
+
+
+@dataclass
+class RunPodEmulator:
+    """The emulator. `running_after_gets` GETs of a pod (or `running_after_s` seconds) take it
+    PROVISIONING → STARTING → RUNNING; `ssh.direct` appears when RUNNING with 22/tcp."""
+
+    api_key: str = "test-runpod-key"
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    running_after_gets: int = 2
+    running_after_s: float | None = None
+    ssh_host: str = "127.0.0.1"
+    rate_limit: int = 1000  # requests per window, reported in RateLimit headers
+    requests: list[Recorded] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._pods: dict[str, _Pod] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> RunPodEmulator:
+        """Serve on 127.0.0.1 on an ephemeral port in a background thread."""
+        emulator = self
+
+        class Handler(_Handler):
+            emu = emulator
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.02}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving."""
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> RunPodEmulator:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """Base URL, the equivalent of https://api.runpod.io/v2."""
+        assert self._server, "emulator not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v2"
+
+    # -- test controls ------------------------------------------------------------------
+
+    def fail_next(self, status: int, count: int = 1, *, method: str | None = None,
+                  path: str | None = None, retry_after: float | str | None = None,
+                  title: str = "", detail: str = "", create_anyway: bool = False,
+                  reset_s: float = 1.0) -> None:
+        """Answer the next `count` requests (matching method/path) with `status`."""
+        with self._lock:
+            self.faults.append(Fault(status, count, method, path,
+                                     None if retry_after is None else str(retry_after),
+                                     title, detail, create_anyway, reset_s))
+
+    def no_capacity_on_create(self, count: int = 1) -> None:
+        """The next `count` POST /pods answer 400 "no capacity"."""
+        self.fail_next(400, count, method="POST", path="/v2/pods", title="No capacity",
+                       detail="There are no longer any instances available with the "
+                              "requested specifications. Please refresh and try again.")
+
+    def lose_next_create(self, status: int = 500) -> None:
+        """The next POST /pods makes the pod but answers `status` (the response is lost)."""
+        self.fail_next(status, 1, method="POST", path="/v2/pods", create_anyway=True)
+
+    def add_pod(self, name: str, status: str = "RUNNING", **extra: Any) -> str:
+        """Seed a pod (e.g. one that is not orch's); returns its id."""
+        with self._lock:
+            pod = self._make_pod({"name": name, "gpu": {"id": "NVIDIA GeForce RTX 4090",
+                                                         "count": 1}, **extra})
+            pod.doc["status"] = status
+            pod.frozen = status != "PROVISIONING"
+            return str(pod.doc["id"])
+
+    def set_status(self, pod_id: str, status: str) -> None:
+        """Force a pod's status (no more automatic progression)."""
+        with self._lock:
+            pod = self._pods[pod_id]
+            pod.doc["status"] = status
+            pod.frozen = True
+            if status in ("EXITED", "TERMINATED"):
+                pod.doc["cost"] = 0
+
+    def exit_pod(self, pod_id: str) -> None:
+        """Simulate an unexpected stop: the pod is EXITED, costs 0, loses its SSH endpoint."""
+        self.set_status(pod_id, "EXITED")
+
+    def set_ssh(self, pod_id: str, host: str, port: int, username: str = "root") -> None:
+        """The `ssh.direct` endpoint the pod reports once RUNNING."""
+        with self._lock:
+            self._pods[pod_id].ssh = {"host": host, "port": port, "username": username}
+
+    def pod(self, pod_id: str) -> dict[str, Any]:
+        """A copy of the pod's document as the API would show it (without progressing it)."""
+        with self._lock:
+            return json.loads(json.dumps(self._view(self._pods[pod_id])))
+
+    @property
+    def pod_ids(self) -> list[str]:
+        """Ids of the pods that exist."""
+        with self._lock:
+            return list(self._pods)
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[Recorded]:
+        """Recorded requests, optionally filtered by method and exact path."""
+        with self._lock:
+            return [r for r in self.requests if (method is None or r.method == method)
+                    and (path is None or r.path == path)]
+
+    # -- behaviour ----------------------------------------------------------------------
+
+    def _make_pod(self, body: dict[str, Any]) -> _Pod:
+        pod_id = f"pod{next(self._ids):04d}x"
+        gpu = dict(body.get("gpu") or {})
+        price = self._price(gpu.get("id"), body.get("cloud", "SECURE"))
+        count = int(gpu.get("count") or 1)
+        doc = {
+            "id": pod_id, "name": body.get("name"), "image": body.get("image"),
+            "status": "PROVISIONING", "cloud": body.get("cloud", "SECURE"),
+            "gpu": {"id": gpu.get("id"), "count": count},
+            "cost": float(price * count) if price is not None else 0.0,
+            "disk": body.get("disk"), "ports": list(body.get("ports") or []),
+            "env": dict(body.get("env") or {}), "createdAt": time.time(),
+        }
+        pod = _Pod(doc, time.monotonic(), ssh={"host": self.ssh_host,
+                                                 "port": 20000 + len(self._pods),
+                                                 "username": "root"})
+        self._pods[pod_id] = pod
+        return pod
+
+    def _price(self, gpu_id: Any, cloud: str) -> float | None:
+        for row in self.gpus:
+            if row.get("id") == gpu_id:
+                value = (row.get("price") or {}).get(str(cloud).lower())
+                return None if value is None else float(value)
+        return None
+
+    def _progress(self, pod: _Pod) -> None:
+        if pod.frozen:
+            return
+        pod.gets += 1
+        if self.running_after_s is not None:
+            elapsed = time.monotonic() - pod.created
+            done, half = elapsed >= self.running_after_s, elapsed >= self.running_after_s / 2
+        else:
+            done = pod.gets >= self.running_after_gets
+            half = pod.gets >= max(1, self.running_after_gets // 2)
+        pod.doc["status"] = "RUNNING" if done else "STARTING" if half else "PROVISIONING"
+
+    def _view(self, pod: _Pod) -> dict[str, Any]:
+        doc = dict(pod.doc)
+        running = doc["status"] == "RUNNING" and "22/tcp" in doc.get("ports", [])
+        doc["ssh"] = {"direct": dict(pod.ssh) if running and pod.ssh else None}
+        return doc
+
+    def handle(self, method: str, path: str, query: dict[str, list[str]],
+               body: Any) -> tuple[int, Any, dict[str, str]]:
+        """Route one authorized request: (status, JSON body or None, extra headers)."""
+        with self._lock:
+            for fault in self.faults:
+                if fault.count > 0 and fault.matches(method, path):
+                    fault.count -= 1
+                    if fault.create_anyway and method == "POST" and path == "/v2/pods":
+                        self._make_pod(body if isinstance(body, dict) else {})
+                    headers = {"Retry-After": fault.retry_after} if fault.retry_after else {}
+                    if fault.status == 429:
+                        headers["RateLimit"] = f'"default";r=0;t={fault.reset_s:g}'
+                    return fault.status, problem(fault.status, fault.title,
+                                                 fault.detail or "injected fault"), headers
+            if method == "GET" and path == "/v2/catalog/gpus":
+                return 200, {"gpus": self._catalog(query)}, {}
+            if method == "POST" and path == "/v2/pods":
+                return self._create(body)
+            if method == "GET" and path == "/v2/pods":
+                return 200, {"pods": [self._view(p) for p in self._pods.values()]}, {}
+            if path.startswith("/v2/pods/"):
+                pod_id = path.removeprefix("/v2/pods/")
+                pod = self._pods.get(pod_id)
+                if pod is None:
+                    return 404, problem(404, "Not Found", f"pod {pod_id} not found"), {}
+                if method == "GET":
+                    self._progress(pod)
+                    return 200, self._view(pod), {}
+                if method == "DELETE":
+                    del self._pods[pod_id]
+                    return 204, None, {}
+            return 404, problem(404, "Not Found", f"no route {method} {path}"), {}
+
+    def _catalog(self, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        with_availability = "AVAILABILITY" in query.get("include", [])
+        rows = []
+        for row in self.gpus:
+            row = json.loads(json.dumps(row))
+            if not with_availability:
+                row.pop("availability", None)
+                row.pop("maxCount", None)
+                row.pop("dataCenters", None)
+            rows.append(row)
+        return rows
+
+    def _create(self, body: Any) -> tuple[int, Any, dict[str, str]]:
+        if not isinstance(body, dict):
+            return 422, problem(422, "Unprocessable Entity", "body must be a JSON object"), {}
+        errors = [{"field": f, "message": "required"} for f in ("name", "image", "gpu")
+                  if not body.get(f)]
+        if body.get("cloud", "SECURE") not in ("SECURE", "COMMUNITY"):
+            errors.append({"field": "cloud", "message": "must be SECURE or COMMUNITY"})
+        if errors:
+            return 422, problem(422, "Unprocessable Entity", "validation failed", errors), {}
+        gpu_id = (body.get("gpu") or {}).get("id")
+        if not any(row.get("id") == gpu_id for row in self.gpus):
+            return 400, problem(400, "Bad Request", f"unknown GPU type {gpu_id}"), {}
+        pod = self._make_pod(body)
+        return 201, self._view(pod), {}
+
+
+def problem(status: int, title: str = "", detail: str = "",
+            errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An RFC 9457 problem document."""
+    doc: dict[str, Any] = {"title": title or TITLES.get(status, "Error"), "status": status,
+                           "detail": detail}
+    if errors:
+        doc["errors"] = errors
+    return doc
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    emu: RunPodEmulator
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+        pass
+
+    def _serve(self) -> None:
+        emu = self.emu
+        parts = urlsplit(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        authorized = self.headers.get("Authorization") == f"Bearer {emu.api_key}"
+        record = Recorded(
+            method=self.command, path=parts.path, query=parse_qs(parts.query), body=body,
+            headers={k.lower(): v for k, v in self.headers.items()
+                     if k.lower() != "authorization"},
+            authorized=authorized,
+        )
+        with emu._lock:
+            emu.requests.append(record)
+            used = len(emu.requests)
+        extra: dict[str, str]
+        if not authorized:
+            status, doc, extra = 401, problem(401, "Unauthorized",
+                                              "missing or invalid bearer token"), {}
+        else:
+            status, doc, extra = emu.handle(self.command, parts.path, record.query, body)
+        record.status = status
+        payload = b"" if doc is None else json.dumps(doc).encode()
+        self.send_response(status)
+        if doc is not None:
+            ctype = "application/problem+json" if status >= 400 else "application/json"
+            self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(payload)))
+        remaining = max(0, emu.rate_limit - used % max(1, emu.rate_limit))
+        self.send_header("RateLimit-Policy", f'"default";q={emu.rate_limit};w=60')
+        extra.setdefault("RateLimit", f'"default";r={remaining};t=60')
+        for name, value in extra.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if payload:
+            self.wfile.write(payload)
+
+    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve

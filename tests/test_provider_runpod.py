@@ -1,0 +1,287 @@
+"""The RunPod adapter against the RunPod REST v2 emulator, over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+from emulators.runpod import RunPodEmulator
+
+from providers.base import (
+    AuthError,
+    BalanceError,
+    CapacityError,
+    InstanceState,
+    NotFound,
+    Offer,
+    ProviderError,
+    Requirements,
+    TransientError,
+    tag_for,
+)
+from providers.runpod import RunPod, canonical_gpu
+
+KEY = "rp-secret-KEY-0123456789abcdef"
+PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOrchTestKey orch-test"
+GiB = 1024**3
+
+CATALOG = [
+    {"id": "NVIDIA GeForce RTX 4090", "name": "RTX 4090", "memory": 24, "secure": True,
+     "community": True, "price": {"secure": "0.69", "community": "0.34"},
+     "maxCount": {"secure": 8, "community": 2}, "availability": "HIGH",
+     "dataCenters": [{"id": "EU-RO-1", "availability": "HIGH"}]},
+    {"id": "NVIDIA A100 80GB PCIe", "name": "A100 PCIe", "memory": 80, "secure": True,
+     "community": True, "price": {"secure": "1.64", "community": "1.19"},
+     "maxCount": {"secure": 8, "community": 8}, "availability": "LOW", "dataCenters": []},
+    {"id": "NVIDIA H100 80GB HBM3", "name": "H100 SXM", "memory": 80, "secure": True,
+     "community": False, "price": {"secure": "2.99", "community": None},
+     "maxCount": {"secure": 8, "community": 0}, "availability": "MEDIUM", "dataCenters": []},
+    {"id": "NVIDIA H100 PCIe", "name": "H100 PCIe", "memory": 80, "secure": True,
+     "community": True, "price": {"secure": "2.39", "community": "1.99"},
+     "maxCount": {"secure": 4, "community": 4}, "availability": "NONE", "dataCenters": []},
+    {"id": "AMD Instinct MI300X OAM", "name": "MI300X", "memory": 192, "secure": True,
+     "community": False, "price": {"secure": "2.49", "community": None},
+     "maxCount": {"secure": 8, "community": 0}, "availability": "HIGH", "dataCenters": []},
+]
+
+
+@pytest.fixture
+def emu() -> Iterator[RunPodEmulator]:
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(CATALOG))) as emulator:
+        yield emulator
+
+
+def adapter(emu: RunPodEmulator, key: str = KEY, attempts: int = 4) -> RunPod:
+    return RunPod(key, base_url=emu.url, attempts=attempts, deadline_s=10,
+                  initial_backoff_s=0.01, max_backoff_s=0.05)
+
+
+@pytest.fixture
+def rp(emu: RunPodEmulator) -> Iterator[RunPod]:
+    with adapter(emu) as provider:
+        yield provider
+
+
+def req(count: int = 1, memory_gib: int = 20, **kw: object) -> Requirements:
+    return Requirements(gpu_count=count, min_gpu_memory_bytes=memory_gib * GiB, **kw)  # type: ignore[arg-type]
+
+
+def first_offer(rp: RunPod, gpu: str = "RTX 4090", cloud: str = "secure") -> Offer:
+    return next(o for o in rp.offers(req()) if o.gpu == gpu and o.region == cloud)
+
+
+def assert_no_key(emu: RunPodEmulator) -> None:
+    for r in emu.requests:
+        assert KEY not in r.path and KEY not in json.dumps(r.query)
+        assert KEY not in json.dumps(r.body) and KEY not in json.dumps(r.headers)
+
+
+# -- offers -------------------------------------------------------------------------------
+
+def test_gpu_name_mapping() -> None:
+    assert canonical_gpu("NVIDIA GeForce RTX 4090") == "RTX 4090"
+    assert canonical_gpu("NVIDIA A100 80GB PCIe") == "A100 80GB"
+    assert canonical_gpu("NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert canonical_gpu("NVIDIA H100 PCIe") == "H100 PCIe"
+    assert canonical_gpu("NVIDIA GeForce RTX 5090") == "RTX 5090"
+    assert canonical_gpu("AMD Instinct MI300X OAM") is None
+
+
+def test_offers_mapping_filtering_and_price(rp: RunPod, emu: RunPodEmulator) -> None:
+    offers = rp.offers(req(2))
+    got = {(o.gpu, o.region): o for o in offers}
+    # H100 PCIe availability NONE, MI300X unmapped, H100 SXM has no community cloud.
+    assert set(got) == {("RTX 4090", "secure"), ("RTX 4090", "community"),
+                        ("A100 80GB", "secure"), ("A100 80GB", "community"),
+                        ("H100 SXM", "secure")}
+    o = got[("RTX 4090", "community")]
+    assert o.price_per_hour == Decimal("0.68") and isinstance(o.price_per_hour, Decimal)
+    assert got[("H100 SXM", "secure")].price_per_hour == Decimal("5.98")
+    assert o.provider == "runpod" and o.gpu_count == 2 and not o.interruptible
+    assert o.billing.value == "per_second" and o.offer_id == "COMMUNITY|NVIDIA GeForce RTX 4090"
+    assert [x.price_per_hour for x in offers] == sorted(x.price_per_hour for x in offers)  # type: ignore[type-var]
+    (call,) = emu.calls("GET", "/v2/catalog/gpus")
+    assert call.query == {"include": ["AVAILABILITY"], "product": ["POD"]}
+
+
+def test_offers_respect_max_count_memory_gpus_price_and_spot(rp: RunPod) -> None:
+    four = {(o.gpu, o.region) for o in rp.offers(req(4))}
+    assert ("RTX 4090", "community") not in four and ("RTX 4090", "secure") in four
+    assert {o.gpu for o in rp.offers(req(1, memory_gib=40))} == {"A100 80GB", "H100 SXM"}
+    only = rp.offers(req(1, gpus=frozenset({"A100 80GB"}), max_price_per_hour=Decimal("1.5")))
+    assert [(o.gpu, o.price_per_hour) for o in only] == [("A100 80GB", Decimal("1.19"))]
+    assert rp.offers(req(1, interruptible=True)) == []
+
+
+# -- lifecycle ----------------------------------------------------------------------------
+
+def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    inst = rp.create(offer, PUBKEY, "job42", image="img:1", disk_gb=50)
+    assert inst.state is InstanceState.PROVISIONING and inst.label == tag_for("job42")
+    assert inst.job_id == "job42" and inst.price_per_hour == Decimal("0.69")
+    (post,) = emu.calls("POST", "/v2/pods")
+    assert post.body == {"name": "orch-job42", "image": "img:1",
+                         "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1},
+                         "cloud": "SECURE", "disk": 50, "ports": ["22/tcp"],
+                         "env": {"PUBLIC_KEY": PUBKEY}, "startSsh": True}
+    assert not emu.calls("PUT", "/v2/account/ssh-keys")
+    emu.set_ssh(inst.instance_id, "203.0.113.7", 40022)
+    first = rp.get(inst.instance_id)
+    assert first.state is InstanceState.PROVISIONING and first.raw_status == "STARTING"
+    assert first.ssh_host is None and not first.reachable
+    running = rp.get(inst.instance_id)
+    assert running.state is InstanceState.RUNNING and running.reachable
+    assert (running.ssh_host, running.ssh_port, running.ssh_user) == ("203.0.113.7", 40022,
+                                                                     "root")
+    assert running.gpu == "RTX 4090" and running.gpu_count == 1
+    assert_no_key(emu)
+
+
+def test_states_exited_error_and_missing(rp: RunPod, emu: RunPodEmulator) -> None:
+    inst = rp.create(first_offer(rp), PUBKEY, "j1")
+    emu.exit_pod(inst.instance_id)
+    exited = rp.get(inst.instance_id)
+    assert exited.state is InstanceState.INTERRUPTED and exited.raw_status == "EXITED"
+    assert exited.price_per_hour == Decimal("0") and exited.ssh_host is None
+    emu.set_status(inst.instance_id, "ERROR")
+    assert rp.get(inst.instance_id).state is InstanceState.FAILED
+    emu.set_status(inst.instance_id, "TERMINATED")
+    assert rp.get(inst.instance_id).state is InstanceState.TERMINATED
+    with pytest.raises(NotFound):
+        rp.get("pod9999x")
+
+
+def test_list_only_orch_pods_and_a_lost_create(rp: RunPod, emu: RunPodEmulator) -> None:
+    emu.add_pod("my-notebook")
+    emu.add_pod("orch-")  # the prefix alone is no job
+    mine = rp.create(first_offer(rp), PUBKEY, "a")
+    emu.lose_next_create(500)
+    with pytest.raises(TransientError):  # only one attempt: the response is "lost"
+        adapter(emu, attempts=1).create(first_offer(rp), PUBKEY, "b")
+    assert {i.job_id for i in rp.list()} == {"a", "b"}
+    (lost,) = rp.list("b")
+    assert lost.label == "orch-b" and lost.instance_id != mine.instance_id
+    assert rp.list("nobody") == []
+
+
+def test_create_retry_after_lost_response_does_not_duplicate(rp: RunPod,
+                                                             emu: RunPodEmulator) -> None:
+    emu.lose_next_create(503)
+    inst = rp.create(first_offer(rp), PUBKEY, "once")
+    assert len(emu.calls("POST", "/v2/pods")) == 1
+    assert [i.instance_id for i in rp.list("once")] == [inst.instance_id]
+
+
+def test_terminate_and_terminate_missing(rp: RunPod, emu: RunPodEmulator) -> None:
+    inst = rp.create(first_offer(rp), PUBKEY, "t")
+    rp.terminate(inst.instance_id)
+    assert inst.instance_id not in emu.pod_ids
+    rp.terminate(inst.instance_id)  # 404: already gone = success
+    assert [r.status for r in emu.calls("DELETE")] == [204, 404]
+
+
+# -- errors -------------------------------------------------------------------------------
+
+def test_capacity_400_and_403_on_create(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    emu.no_capacity_on_create()
+    with pytest.raises(CapacityError, match="no longer any instances"):
+        rp.create(offer, PUBKEY, "c")
+    emu.fail_next(403, method="POST", path="/v2/pods", detail="no access to this pool")
+    with pytest.raises(CapacityError, match="no access"):
+        rp.create(offer, PUBKEY, "c")
+    assert len(emu.calls("POST", "/v2/pods")) == 2 and emu.pod_ids == []
+
+
+def test_401_is_auth_error_without_the_key(emu: RunPodEmulator) -> None:
+    wrong = "rp-WRONG-key-should-not-leak"
+    with adapter(emu, key=wrong) as rp, pytest.raises(AuthError) as err:
+        rp.offers(req())
+    text = str(err.value) + repr(err.value) + repr(rp)
+    assert "RUNPOD_API_KEY" in text and wrong not in text and "401" in text
+    assert len(emu.requests) == 1  # never retried
+    assert all(wrong not in json.dumps(r.headers) for r in emu.requests)
+
+
+def test_402_is_balance_error_with_one_hour_note(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    emu.fail_next(402, method="POST", detail="insufficient balance")
+    with pytest.raises(BalanceError, match="at least one hour of credit"):
+        rp.create(offer, PUBKEY, "p")
+    assert len(emu.calls("POST")) == 1
+
+
+def test_422_not_retried(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    emu.fail_next(422, 5, method="POST", detail="disk must be >= 10")
+    with pytest.raises(ProviderError, match="disk must be") as err:
+        rp.create(offer, PUBKEY, "v")
+    assert not isinstance(err.value, (TransientError, CapacityError))
+    assert len(emu.calls("POST")) == 1
+
+
+def test_429_honours_retry_after(rp: RunPod, emu: RunPodEmulator) -> None:
+    emu.fail_next(429, 2, path="/v2/catalog/gpus", retry_after=0.3)
+    started = time.monotonic()
+    assert rp.offers(req())
+    elapsed = time.monotonic() - started
+    assert [r.status for r in emu.calls("GET", "/v2/catalog/gpus")] == [429, 429, 200]
+    assert elapsed >= 0.55  # two 0.3 s waits, not the 0.01 s backoff
+
+
+def test_429_without_retry_after_uses_ratelimit_reset(rp: RunPod, emu: RunPodEmulator) -> None:
+    emu.fail_next(429, path="/v2/pods", reset_s=0.2)
+    started = time.monotonic()
+    assert rp.list() == []
+    assert time.monotonic() - started >= 0.18
+    assert len(emu.calls("GET", "/v2/pods")) == 2
+
+
+def test_429_on_create_is_resent(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    emu.fail_next(429, method="POST", retry_after=0)
+    inst = rp.create(offer, PUBKEY, "r")
+    assert len(emu.calls("POST")) == 2 and not emu.calls("GET", "/v2/pods")
+    assert emu.pod_ids == [inst.instance_id]
+
+
+def test_5xx_retried_then_success(rp: RunPod, emu: RunPodEmulator) -> None:
+    inst = rp.create(first_offer(rp), PUBKEY, "s")
+    emu.fail_next(500, path="/v2/pods/")
+    emu.fail_next(503, path="/v2/pods/")
+    assert rp.get(inst.instance_id).instance_id == inst.instance_id
+    assert [r.status for r in emu.calls("GET", f"/v2/pods/{inst.instance_id}")] == [500, 503,
+                                                                                    200]
+
+
+def test_persistent_5xx_is_transient_error(rp: RunPod, emu: RunPodEmulator) -> None:
+    emu.fail_next(503, 100, path="/v2/pods/")
+    with pytest.raises(TransientError, match="503"):
+        rp.terminate("pod0001x")
+    assert len(emu.calls("DELETE")) == 4  # attempts=4
+
+
+def test_network_error_is_transient(emu: RunPodEmulator) -> None:
+    url = emu.url
+    emu.stop()
+    rp = RunPod(KEY, base_url=url, attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02)
+    with pytest.raises(TransientError) as err:
+        rp.list()
+    assert KEY not in str(err.value)
+
+
+def test_key_never_leaks_into_requests_or_errors(rp: RunPod, emu: RunPodEmulator) -> None:
+    offer = first_offer(rp)
+    emu.fail_next(400, method="POST", detail=f"bad token {KEY} echoed")
+    with pytest.raises(CapacityError) as err:
+        rp.create(offer, PUBKEY, "k")
+    assert KEY not in str(err.value) and "***" in str(err.value)
+    rp.create(offer, PUBKEY, "k")
+    rp.list()
+    assert KEY not in repr(rp)
+    assert all(r.authorized for r in emu.requests)
+    assert_no_key(emu)
