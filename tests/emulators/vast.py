@@ -1,0 +1,412 @@
+"""An emulator of the Vast.ai REST API (provider-apis.md, "Vast.ai") on 127.0.0.1.
+
+A real HTTP server (stdlib `ThreadingHTTPServer` in a background thread) serving the
+documented shapes: `POST /bundles/` (operator filters), `PUT /asks/{id}/`,
+`GET /instances/` and `GET /instances/{id}/` (`{"instances": {one object}}`),
+`DELETE /instances/{id}/`, `POST /ssh/`. Use it as a context manager::
+
+    with VastEmulator(api_key="k") as vast:
+        vast.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.30, min_bid=0.18)
+        adapter = VastAI("k", base_url=vast.url)
+
+Faults are injected with `fail_next`, `fail_contract`, `remove_offer`, `drop_next_create`;
+`preempt(id)` outbids an instance. Instances boot null → loading → running after
+`loading_after`/`running_after` reads of them (or `boot_seconds`). Every request is recorded
+in `requests` (method, path, query, body text, JSON, headers without Authorization).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+AUTH_ERROR = {"success": False, "error": "auth_error", "msg": "Invalid user key"}
+RATE_LIMIT_TEXT = "API requests too frequent"
+
+
+@dataclass
+class Recorded:
+    """One request as the emulator saw it (the Authorization header is left out)."""
+
+    method: str
+    path: str
+    query: str
+    body: str
+    json: Any
+    headers: dict[str, str]
+    authorized: bool
+
+
+@dataclass
+class Fault:
+    """Answer the next `count` matching requests with this response instead."""
+
+    count: int
+    status: int
+    body: str
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+    method: str | None = None
+    path: str | None = None  # prefix
+
+    def matches(self, method: str, path: str) -> bool:
+        return ((self.method is None or self.method == method)
+                and (self.path is None or path.startswith(self.path)))
+
+
+_DEFAULT_BODIES: dict[int, tuple[str, str]] = {
+    429: (RATE_LIMIT_TEXT, "text/plain"),
+    500: (json.dumps({"error": "server_error", "msg": "Internal Server Error"}),
+          "application/json"),
+    502: ("Bad Gateway", "text/html"),
+    503: ("Service Unavailable", "text/plain"),
+    402: (json.dumps({"success": False, "error": "insufficient_credit",
+                      "msg": "Your account balance is too low"}), "application/json"),
+}
+
+_OFFER_DEFAULTS: dict[str, Any] = {
+    "dph_base": 0.30, "min_bid": 0.15, "storage_cost": 0.10, "num_gpus": 1,
+    "gpu_name": "RTX 4090", "gpu_ram": 24564, "cpu_cores_effective": 16.0, "cpu_ram": 64000,
+    "disk_space": 500.0, "geolocation": "US", "reliability2": 0.99, "verified": True,
+    "rentable": True, "rented": False, "cuda_max_good": 12.4, "machine_id": 0,
+}
+
+_OPS = {
+    "eq": lambda a, b: a == b, "neq": lambda a, b: a != b,
+    "gt": lambda a, b: a is not None and a > b, "gte": lambda a, b: a is not None and a >= b,
+    "lt": lambda a, b: a is not None and a < b, "lte": lambda a, b: a is not None and a <= b,
+    "in": lambda a, b: a in b, "notin": lambda a, b: a not in b,
+    "nin": lambda a, b: a not in b,
+}
+
+
+def _sort_key(fld: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: row.get(fld) or 0
+
+
+def _storage_per_hour(offer: dict[str, Any], disk_gb: float) -> Decimal:
+    return Decimal(str(disk_gb)) * Decimal(str(offer["storage_cost"])) / Decimal(720)
+
+
+class VastEmulator:
+    """A Vast.ai API on a real loopback HTTP server, with seeded offers and fault injection."""
+
+    def __init__(self, api_key: str = "vast-test-key", *, loading_after: int = 1,
+                 running_after: int = 2, boot_seconds: float | None = None) -> None:
+        self.api_key = api_key
+        self.loading_after = loading_after
+        self.running_after = running_after
+        self.boot_seconds = boot_seconds
+        self.offers: list[dict[str, Any]] = []
+        self.instances: dict[int, dict[str, Any]] = {}
+        self.requests: list[Recorded] = []
+        self.ssh_keys: list[str] = []
+        self.faults: list[Fault] = []
+        self.failing_contracts: set[int] = set()
+        self.drop_creates = 0
+        self.lock = threading.RLock()
+        self._next_id = 9001
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> VastEmulator:
+        """Bind 127.0.0.1:0 and serve in a background thread."""
+        emulator = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+            def _any(self) -> None:
+                emulator._handle(self)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _any  # noqa: N815
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> VastEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """The base URL to give the adapter (the `/api/v0` root)."""
+        assert self._server is not None, "emulator not started"
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/api/v0"
+
+    # -- test controls ------------------------------------------------------------------
+
+    def add_offer(self, **fields: Any) -> dict[str, Any]:
+        """Seed an offer (defaults: a verified 1× RTX 4090); returns the stored dict."""
+        with self.lock:
+            offer = {**_OFFER_DEFAULTS, **fields}
+            offer.setdefault("id", 100 + len(self.offers))
+            if not offer["machine_id"]:
+                offer["machine_id"] = 5000 + int(offer["id"])
+            if "dph_total" not in fields:
+                offer["dph_total"] = float(Decimal(str(offer["dph_base"]))
+                                           + _storage_per_hour(offer, 16))
+            self.offers.append(offer)
+            return offer
+
+    def fail_next(self, count: int, status: int, body: str | dict[str, Any] | None = None, *,
+                  content_type: str | None = None, headers: dict[str, str] | None = None,
+                  method: str | None = None, path: str | None = None) -> None:
+        """The next `count` requests (matching method/path prefix) get `status`.
+
+        Defaults: 429 plain-text "API requests too frequent" without Retry-After; 500 JSON;
+        503 plain text; 402 insufficient credit.
+        """
+        default_body, default_type = _DEFAULT_BODIES.get(
+            status, (json.dumps({"error": "error", "msg": f"HTTP {status}"}), "application/json"))
+        if isinstance(body, dict):
+            text, ctype = json.dumps(body), "application/json"
+        else:
+            text, ctype = (body if body is not None else default_body), default_type
+        with self.lock:
+            self.faults.append(Fault(count, status, text, content_type or ctype,
+                                     dict(headers or {}), method, path))
+
+    def fail_contract(self, offer_id: int) -> None:
+        """The next create on `offer_id` answers `success:false` with a stopped new_contract."""
+        with self.lock:
+            self.failing_contracts.add(int(offer_id))
+
+    def remove_offer(self, offer_id: int) -> None:
+        """Take the offer off the market: creates on it get 404 `no_such_ask`."""
+        with self.lock:
+            self.offers = [o for o in self.offers if int(o["id"]) != int(offer_id)]
+
+    def drop_next_create(self, count: int = 1) -> None:
+        """The next `count` creates rent the instance, then close the connection unanswered."""
+        with self.lock:
+            self.drop_creates += count
+
+    def preempt(self, instance_id: int | str) -> None:
+        """Outbid the instance: cur_state == intended_status == next_state == "stopped"."""
+        with self.lock:
+            inst = self.instances[int(instance_id)]
+            inst.update(actual_status="stopped", cur_state="stopped",
+                        intended_status="stopped", next_state="stopped",
+                        status_msg="outbid: instance stopped", _pinned=True)
+
+    def set_status(self, instance_id: int | str, **fields: Any) -> None:
+        """Overwrite status fields (e.g. actual_status="exited"); stops the boot progression."""
+        with self.lock:
+            self.instances[int(instance_id)].update(fields, _pinned=True)
+
+    def set_ssh(self, instance_id: int | str, host: str, port: int, *,
+                direct: bool = False) -> None:
+        """Where the instance's SSH listens (ssh_host/ssh_port, or public_ipaddr + ports)."""
+        with self.lock:
+            inst = self.instances[int(instance_id)]
+            if direct:
+                inst.update(public_ipaddr=host, ports={"22/tcp": [{"HostPort": str(port)}]})
+            else:
+                inst.update(ssh_host=host, ssh_port=port)
+
+    def add_instance(self, **fields: Any) -> dict[str, Any]:
+        """Put an instance on the account directly (e.g. one not made by orch)."""
+        with self.lock:
+            inst = self._new_instance(fields.pop("offer", None) or {**_OFFER_DEFAULTS},
+                                      fields.pop("label", None), None)
+            inst.update(fields)
+            return inst
+
+    def requests_to(self, method: str, prefix: str) -> list[Recorded]:
+        """The recorded requests with this method whose path starts with `prefix`."""
+        return [r for r in self.requests if r.method == method and r.path.startswith(prefix)]
+
+    # -- server side --------------------------------------------------------------------
+
+    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+        parts = urlsplit(h.path)
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length).decode("utf-8", "replace") if length else ""
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = None
+        auth = h.headers.get("Authorization", "")
+        headers = {k: v for k, v in h.headers.items() if k.lower() != "authorization"}
+        path = parts.path
+        with self.lock:
+            self.requests.append(Recorded(h.command, path, parts.query, raw, parsed, headers,
+                                          auth == f"Bearer {self.api_key}"))
+            fault = next((f for f in self.faults if f.matches(h.command, path)), None)
+            if fault is not None:
+                fault.count -= 1
+                if fault.count <= 0:
+                    self.faults.remove(fault)
+        if fault is not None:
+            self._send(h, fault.status, fault.body, fault.content_type, fault.headers)
+            return
+        if auth != f"Bearer {self.api_key}":
+            self._json(h, 401, AUTH_ERROR)
+            return
+        root = "/api/v0"
+        if not path.startswith(root + "/"):
+            self._json(h, 404, {"error": "not_found", "msg": path})
+            return
+        route = [p for p in path[len(root):].split("/") if p]
+        with self.lock:
+            result = self._route(h.command, route, parsed)
+        if result is None:  # drop the connection
+            h.close_connection = True
+            h.wfile.flush()
+            h.connection.shutdown(2)
+            return
+        status, doc = result
+        self._json(h, status, doc)
+
+    def _route(self, method: str, route: list[str], body: Any) -> tuple[int, Any] | None:
+        if method == "POST" and route == ["bundles"]:
+            return 200, {"offers": self._search(body if isinstance(body, dict) else {})}
+        if method == "PUT" and len(route) == 2 and route[0] == "asks":
+            return self._create(route[1], body if isinstance(body, dict) else {})
+        if method == "GET" and route == ["instances"]:
+            return 200, {"instances": [self._view(i) for i in self.instances.values()]}
+        if len(route) == 2 and route[0] == "instances":
+            try:
+                iid = int(route[1])
+            except ValueError:
+                return 400, {"error": "invalid_args", "msg": "bad instance id"}
+            if method == "GET":
+                inst = self.instances.get(iid)
+                return 200, {"instances": self._view(inst) if inst else None}
+            if method == "DELETE":
+                if self.instances.pop(iid, None) is None:
+                    return 404, {"success": False, "error": "no_such_instance",
+                                 "msg": "Instance not found"}
+                return 200, {"success": True}
+        if method == "POST" and route == ["ssh"]:
+            self.ssh_keys.append(str((body or {}).get("ssh_key", "")))
+            return 200, {"success": True}
+        return 404, {"error": "not_found", "msg": "/".join(route)}
+
+    def _search(self, q: dict[str, Any]) -> list[dict[str, Any]]:
+        rows = []
+        for offer in self.offers:
+            if self._rented(offer):
+                continue
+            ok = True
+            for key, cond in q.items():
+                if key in ("order", "limit", "type") or not isinstance(cond, dict):
+                    continue
+                for op, want in cond.items():
+                    if op in _OPS and not _OPS[op](offer.get(key), want):
+                        ok = False
+            if ok:
+                rows.append(dict(offer))
+        for fld, direction in reversed(q.get("order") or []):
+            rows.sort(key=_sort_key(str(fld)), reverse=(direction == "desc"))
+        return rows[: int(q.get("limit") or 64)]
+
+    def _rented(self, offer: dict[str, Any]) -> bool:
+        return any(i["_ask"] == offer["id"] for i in self.instances.values())
+
+    def _create(self, ask: str, body: dict[str, Any]) -> tuple[int, Any] | None:
+        offer = next((o for o in self.offers if str(o["id"]) == ask), None)
+        if offer is None or self._rented(offer):
+            return 404, {"success": False, "error": "no_such_ask",
+                         "msg": f"Instance type {ask} is no longer available"}
+        disk = body.get("disk")
+        if not isinstance(disk, int | float) or disk < 8 or not body.get("image"):
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "disk must be >= 8 and image is required"}
+        price = body.get("price")
+        if price is not None and Decimal(str(price)) < Decimal(str(offer["min_bid"])):
+            return 400, {"success": False, "error": "invalid_price",
+                         "msg": f"bid {price} is below the minimum {offer['min_bid']}"}
+        inst = self._new_instance(offer, body.get("label"), price, body)
+        if int(offer["id"]) in self.failing_contracts:
+            self.failing_contracts.discard(int(offer["id"]))
+            inst.update(actual_status=None, intended_status="stopped", cur_state="stopped",
+                        next_state="stopped", _pinned=True)
+            return 200, {"success": False, "new_contract": inst["id"],
+                         "error": "instance_stopped", "msg": "Instance could not be started"}
+        if self.drop_creates > 0:
+            self.drop_creates -= 1
+            return None
+        return 200, {"success": True, "new_contract": inst["id"]}
+
+    def _new_instance(self, offer: dict[str, Any], label: str | None, price: Any,
+                      body: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = body or {}
+        disk = body.get("disk", 16)
+        base = Decimal(str(price)) if price is not None else Decimal(str(offer["dph_base"]))
+        iid = self._next_id
+        self._next_id += 1
+        inst = {
+            "id": iid, "machine_id": offer.get("machine_id"), "label": label,
+            "gpu_name": offer["gpu_name"], "num_gpus": offer["num_gpus"],
+            "gpu_ram": offer["gpu_ram"], "is_bid": price is not None,
+            "dph_total": float(base + _storage_per_hour(offer, disk)),
+            "actual_status": None, "intended_status": "running", "cur_state": "stopped",
+            "next_state": "running", "status_msg": "", "public_ipaddr": None, "ports": {},
+            "ssh_host": None, "ssh_port": None, "image_uuid": body.get("image"),
+            "disk_space": disk, "onstart": body.get("onstart"), "runtype": body.get("runtype"),
+            "start_date": time.time(), "_ask": offer.get("id"), "_reads": 0,
+            "_created": time.monotonic(), "_pinned": False,
+        }
+        self.instances[iid] = inst
+        return inst
+
+    def _view(self, inst: dict[str, Any]) -> dict[str, Any]:
+        """Advance the boot progression one read, and return the public fields."""
+        if not inst["_pinned"]:
+            inst["_reads"] += 1
+            if self.boot_seconds is not None:
+                elapsed = time.monotonic() - inst["_created"]
+                stage = 2 if elapsed >= self.boot_seconds else (
+                    1 if elapsed >= self.boot_seconds / 2 else 0)
+            else:
+                reads = inst["_reads"]
+                stage = 2 if reads > self.running_after else (1 if reads > self.loading_after
+                                                              else 0)
+            inst["actual_status"] = [None, "loading", "running"][stage]
+            inst["cur_state"] = "running" if stage else "stopped"
+        return {k: v for k, v in inst.items() if not k.startswith("_")}
+
+    # -- responses ----------------------------------------------------------------------
+
+    def _json(self, h: BaseHTTPRequestHandler, status: int, doc: Any) -> None:
+        self._send(h, status, json.dumps(doc), "application/json", {})
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, body: str, content_type: str,
+              headers: dict[str, str]) -> None:
+        data = body.encode()
+        h.send_response(status)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            h.send_header(key, value)
+        h.end_headers()
+        h.wfile.write(data)
