@@ -481,8 +481,16 @@ def run(
             f"{conn.host}:{conn.port}: connection lost running {argv[0]}: {exc}"
         ) from exc
     exit_code = int(result.exited)
-    if exit_code == -1 and not conn.is_connected:
-        raise ConnectionLost(f"{conn.host}:{conn.port}: connection lost while {argv[0]} ran")
+    if exit_code == -1:
+        # No exit status came back. invoke sometimes reports a timeout this way instead of
+        # raising CommandTimedOut (a race between its timer and the channel closing, seen on
+        # a loaded machine), so a status-less end at or past the timeout is a timeout.
+        if timeout is not None and time.monotonic() - started >= timeout:
+            raise CommandTimeout(
+                f"{argv[0]} on {conn.host}:{conn.port} did not finish within {timeout}s"
+            )
+        if not conn.is_connected:
+            raise ConnectionLost(f"{conn.host}:{conn.port}: connection lost while {argv[0]} ran")
     return Result(
         argv=tuple(str(a) for a in argv),
         command=command,
