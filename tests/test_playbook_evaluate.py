@@ -126,7 +126,7 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
     started = time.monotonic()
     with pytest.raises(StepFailed) as info:
         wait_ready(host.conn, port, 1.5, container=spec.name)
-    assert time.monotonic() - started < 6
+    assert time.monotonic() - started < 30  # gave up at its 1.5 s deadline, not the 60 s load
     assert info.value.fault is Fault.HOST
     assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(
         info.value
@@ -145,7 +145,7 @@ def test_a_crashed_server_fails_at_once_not_at_the_deadline(
     started = time.monotonic()
     with pytest.raises(StepFailed, match="stopped while loading") as info:
         wait_ready(host.conn, port, 60, container=spec.name)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 30  # far below the 60 s deadline
     assert "No supported config format" in info.value.stderr_tail
     stop_server(host, "job-bad")
 
