@@ -176,7 +176,7 @@ def submit(
         _fail("running jobs needs the engine, which is not built yet; use `orch submit "
               f"{file} --dry-run` to record the plan", 1)
     store = _store()
-    servers = _registered(store)
+    servers = store.registered()
     result = _plan(job, servers)
     placement = result.to_dict(alternatives=10_000)
     p = result.chosen
@@ -204,14 +204,6 @@ def submit(
     else:
         typer.echo(f"{row.id}  planned  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"
                    f"  est. {p.est_hours:.2f} h  {_money(p.est_cost)}  (dry run: nothing started)")
-
-
-def _registered(store: Any) -> list[Any]:
-    from orchestrator.planning import RegisteredServer
-    from orchestrator.store import from_micros
-
-    return [RegisteredServer(s.name, s.gpu, s.gpu_count, from_micros(s.monthly_price_micros),
-                             s.host, s.status) for s in store.list_servers()]
 
 
 def _job_dict(j: Any) -> dict[str, Any]:

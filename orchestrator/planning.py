@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from orchestrator import scheduler
@@ -13,23 +12,9 @@ from orchestrator.sizing import MemoryEstimate, Workload
 from orchestrator.spec import LoadedJob
 from providers import catalog
 from providers.base import Billing, Offer
+from providers.dedicated import RegisteredServer, server_offers
 
-# The provider name registered monthly servers plan under.
-REGISTERED = "dedicated"
-# A registered server is already running: no boot, and (without a cache probe) one pull.
-REGISTERED_PULL_GBPS = 2.0
-
-
-@dataclass(frozen=True)
-class RegisteredServer:
-    """A monthly server the user rents (a row of the `server` table), as plain values."""
-
-    name: str
-    gpu: str
-    gpu_count: int
-    monthly_price: Decimal
-    host: str = ""
-    status: str = "idle"
+__all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
 
 
 @dataclass(frozen=True)
@@ -123,31 +108,6 @@ def constraints_from(job: LoadedJob) -> Constraints:
         max_cost=r.max_cost,
         deadline_hours=r.deadline_hours,
     )
-
-
-def server_offers(servers: list[RegisteredServer]) -> list[Offer]:
-    """Idle registered servers as offers with zero marginal cost."""
-    spec = catalog.gpus()
-    out = []
-    for s in servers:
-        if s.status != "idle" or s.gpu not in spec:
-            continue
-        out.append(Offer(
-            provider=REGISTERED,
-            offer_id=f"server:{s.name}",
-            gpu=s.gpu,
-            gpu_count=s.gpu_count,
-            gpu_memory_bytes=spec[s.gpu].memory_bytes,
-            billing=Billing.MONTHLY,
-            interruptible=False,
-            price_per_hour=None,
-            monthly_price=s.monthly_price,
-            registered=True,
-            region=s.host or None,
-            boot_minutes=0.0,
-            pull_gbps=REGISTERED_PULL_GBPS,
-        ))
-    return out
 
 
 def make_plan(job: LoadedJob, servers: list[RegisteredServer] | None = None) -> Plan:

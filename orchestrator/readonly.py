@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from urllib.parse import unquote
 
-from orchestrator.planning import RegisteredServer
+from providers.dedicated import RegisteredServer
 
 
 def sqlite_path(url: str) -> Path | None:
@@ -31,26 +31,23 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
-        from orchestrator.store import from_micros, open_store  # non-SQLite: use the store
+        from orchestrator.store import open_store  # non-SQLite: use the store
 
-        return [
-            RegisteredServer(s.name, s.gpu, s.gpu_count, from_micros(s.monthly_price_micros),
-                             s.host, s.status)
-            for s in open_store(url).list_servers()
-        ]
+        return open_store(url).registered()
     if not path.exists():
         return []
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
         rows = con.execute(
-            "SELECT name, gpu, gpu_count, monthly_price_micros, host, status FROM server "
-            "ORDER BY name"
+            "SELECT name, gpu, gpu_count, monthly_price_micros, host, status, port, user, "
+            "claimed_by_job FROM server ORDER BY name"
         ).fetchall()
     except sqlite3.OperationalError:
         return []  # database not migrated yet: no servers registered
     finally:
         con.close()
     return [
-        RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status)
-        for name, gpu, count, micros, host, status in rows
+        RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status,
+                         int(port), user, claimed)
+        for name, gpu, count, micros, host, status, port, user, claimed in rows
     ]

@@ -37,6 +37,7 @@ from sqlalchemy import (
     create_engine,
     event,
     text,
+    update,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -44,6 +45,7 @@ from sqlmodel import Field, Session, SQLModel, col, select
 
 # Re-exported: callers of the store find the default URL here too.
 from orchestrator.paths import default_db_url as default_db_url
+from providers.dedicated import RegisteredServer
 
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
@@ -526,6 +528,36 @@ class Store:
                 .order_by(col(Server.name))
             )
             return list(session.exec(query))
+
+    def registered(self) -> list[RegisteredServer]:
+        """Every server as plain values (the dedicated provider's registry view)."""
+        return [RegisteredServer(s.name, s.gpu, s.gpu_count, from_micros(s.monthly_price_micros),
+                                 s.host, s.status, s.port, s.user, s.claimed_by_job)
+                for s in self.list_servers()]
+
+    def claim_server(self, name: str, job_id: str) -> bool:
+        """Atomically mark an idle server as running `job_id`; False if it was not free.
+
+        One conditional UPDATE, so two jobs (or two workers) can never share a server.
+        """
+        with self.transaction() as session:
+            result = session.execute(
+                update(Server)
+                .where(col(Server.name) == name, col(Server.status) == "idle",
+                       col(Server.claimed_by_job).is_(None))
+                .values(status="busy", claimed_by_job=job_id)
+            )
+            return bool(getattr(result, "rowcount", 0))
+
+    def release_server(self, name: str, job_id: str | None = None) -> bool:
+        """Mark a busy server idle again (only if `job_id` holds it, when given)."""
+        with self.transaction() as session:
+            query = update(Server).where(col(Server.name) == name,
+                                         col(Server.status) == "busy")
+            if job_id is not None:
+                query = query.where(col(Server.claimed_by_job) == job_id)
+            result = session.execute(query.values(status="idle", claimed_by_job=None))
+            return bool(getattr(result, "rowcount", 0))
 
     def remove_server(self, name: str) -> None:
         """Forget a server; NotFoundError if unknown, ServerBusyError while it runs a job."""
