@@ -243,6 +243,44 @@ def jobs(
         right=[5, 6]))
 
 
+@app.command()
+def reconcile(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be done; change "
+                                          "nothing.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Terminate instances tagged as orch's whose job is finished or unknown; requeue jobs
+    whose worker died; close stale instance rows."""
+    from orchestrator.reconcile import reconcile as run_reconcile
+    from orchestrator.wiring import configured_providers
+
+    store = _store()
+    providers, notes = configured_providers(store)
+    report = run_reconcile(store, providers, dry_run=dry_run)
+    if json_out:
+        _print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
+                     "actions": [a.__dict__ for a in report.actions]})
+        return
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    acted = [a for a in report.actions if a.kind != "keep"]
+    if not acted:
+        kept = len(report.actions)
+        typer.echo(f"nothing to do ({kept} instance{'s' if kept != 1 else ''} in use; "
+                   f"checked {', '.join(sorted(providers))})")
+        return
+    from orchestrator.render import table
+
+    verb = {"terminate": "would terminate" if dry_run else "terminated",
+            "mark-terminated": "would close" if dry_run else "closed",
+            "requeue": "would requeue" if dry_run else "requeued", "error": "error"}
+    typer.echo(table(["action", "provider", "instance", "job", "why"],
+                     [[verb.get(a.kind, a.kind), a.provider, a.instance_id or "-",
+                       a.job_id or "-", a.reason] for a in acted]))
+    if any(a.kind == "error" for a in acted):
+        raise typer.Exit(1)
+
+
 @servers_app.command("add")
 def servers_add(
     name: Annotated[str, typer.Argument(help="A short name for the server.")],

@@ -67,6 +67,12 @@ JOB_STATUSES: tuple[str, ...] = (
     "cancelled",
     "interrupted",
 )
+# States in which a worker is driving the job (and may hold a paid instance).
+ACTIVE_STATUSES: tuple[str, ...] = (
+    "provisioning", "connecting", "preparing", "training", "merging", "evaluating", "releasing",
+)
+# States after which nothing more happens to the job.
+FINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
 SERVER_STATUSES: tuple[str, ...] = ("idle", "busy", "disabled")
 BILLINGS: tuple[str, ...] = ("per_second", "per_minute", "monthly")
 
@@ -648,6 +654,60 @@ class Store:
                 )
             )
         return job
+
+    def find_job(self, job_id: str) -> Job | None:
+        """The job, or None when there is no such job."""
+        with self.session() as session:
+            return session.get(Job, job_id)
+
+    def add_event(self, job_id: str, kind: str, message: str,
+                  data: dict[str, Any] | None = None) -> None:
+        """Append one event to a job's history."""
+        payload = None if data is None else json.dumps(data, sort_keys=True,
+                                                       separators=(",", ":"))
+        with self.transaction() as session:
+            session.add(Event(job_id=job_id, at=utcnow(), kind=kind, message=message,
+                              data_json=payload))
+
+    def expired_leases(self, now: datetime | None = None) -> list[Job]:
+        """Jobs in a running state whose worker's lease ran out (the worker died)."""
+        now = now or utcnow()
+        with self.session() as session:
+            query = select(Job).where(col(Job.status).in_(ACTIVE_STATUSES),
+                                      col(Job.lease_expires_at).is_not(None),
+                                      col(Job.lease_expires_at) < now)
+            return list(session.exec(query))
+
+    def requeue(self, job_id: str, reason: str) -> bool:
+        """Put a job whose worker died back in the queue (to resume); False if it moved on."""
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None or job.status not in ACTIVE_STATUSES:
+                return False
+            job.status = "queued"
+            job.attempt += 1
+            job.lease_owner = None
+            job.lease_expires_at = None
+            job.updated_at = utcnow()
+            session.add(Event(job_id=job_id, at=job.updated_at, kind="requeued", message=reason))
+            return True
+
+    def open_instances(self) -> list[Instance]:
+        """Instance rows not yet marked terminated (they may still be billing)."""
+        with self.session() as session:
+            query = select(Instance).where(col(Instance.terminated_at).is_(None))
+            return list(session.exec(query))
+
+    def mark_terminated(self, provider: str, provider_instance_id: str) -> int:
+        """Record that an instance is gone; returns how many rows changed."""
+        with self.transaction() as session:
+            result = session.execute(
+                update(Instance)
+                .where(col(Instance.provider) == provider,
+                       col(Instance.provider_instance_id) == provider_instance_id,
+                       col(Instance.terminated_at).is_(None))
+                .values(terminated_at=utcnow(), state="terminated"))
+            return int(getattr(result, "rowcount", 0) or 0)
 
     def get_job(self, job_id: str) -> Job:
         """The job with this id; NotFoundError if there is none."""

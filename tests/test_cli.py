@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,3 +155,25 @@ def test_submit_without_dry_run_says_what_to_do(env: dict[str, str]) -> None:
     proc = orch(env, "submit", "examples/qlora-8b.yml", check=False)
     assert proc.returncode == 1 and "--dry-run" in proc.stderr
     assert not db(env).exists()
+
+
+def test_reconcile_terminates_a_sim_orphan(env: dict[str, str], ssh_keypair: Any) -> None:
+    from providers.base import Requirements
+    from providers.sim import SimCloud
+
+    cloud = SimCloud(Path(env["XDG_DATA_HOME"]) / "orch" / "sim")
+    try:
+        [offer] = cloud.offers(Requirements(1, 0, gpus=frozenset({"RTX 3090"}),
+                                            interruptible=True))
+        inst = cloud.create(offer, ssh_keypair.public, "j-orphan")
+        dry = json.loads(orch(env, "reconcile", "--dry-run", "--json").stdout)
+        assert "sim" in dry["providers"] and dry["dry_run"] is True
+        assert [(a["kind"], a["instance_id"]) for a in dry["actions"]] == \
+            [("terminate", inst.instance_id)]
+        assert len(cloud.list()) == 1
+        out = orch(env, "reconcile").stdout
+        assert "terminated" in out and inst.instance_id in out
+        assert cloud.list() == []
+        assert "nothing to do" in orch(env, "reconcile", "--dry-run").stdout
+    finally:
+        cloud.terminate_all()

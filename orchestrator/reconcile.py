@@ -1,0 +1,108 @@
+"""`orch reconcile`: make the providers and the database agree, and stop paying for orphans.
+
+For every provider, list the instances tagged as orch's (`orch-<job id>` in their name or
+label, set at create time, so even an instance the database never recorded is found):
+- its job is unknown, or finished (succeeded / failed / cancelled): terminate it;
+- its job is still being driven by a live worker: leave it alone.
+Then repair the database: instance rows still open whose instance the provider no longer has
+are marked terminated, and jobs whose worker's lease expired are queued again to resume.
+With `dry_run`, nothing is changed and the report says what would be done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.store import FINAL_STATUSES, Store
+from providers.base import Instance, NotFound, Provider, ProviderError
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing reconcile did (or, in a dry run, would do)."""
+
+    kind: str  # terminate | keep | mark-terminated | requeue | error
+    provider: str
+    instance_id: str | None
+    job_id: str | None
+    reason: str
+
+
+@dataclass
+class Report:
+    """Everything reconcile decided, in order."""
+
+    dry_run: bool
+    actions: list[Action] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Action]:
+        """Actions of one kind."""
+        return [a for a in self.actions if a.kind == kind]
+
+
+def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
+    job_id = inst.job_id
+    if job_id is None:
+        return "keep", "not tagged as orch's"
+    job = store.find_job(job_id)
+    if job is None:
+        return "terminate", f"job {job_id} is not in the database (crash before it was recorded?)"
+    if job.status in FINAL_STATUSES:
+        return "terminate", f"job {job_id} is {job.status}"
+    return "keep", f"job {job_id} is {job.status}"
+
+
+def reconcile(store: Store, providers: Mapping[str, Provider], *,
+              dry_run: bool = False) -> Report:
+    """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs."""
+    report = Report(dry_run)
+    live: dict[str, set[str]] = {}
+    for name, provider in providers.items():
+        try:
+            instances = provider.list()
+        except ProviderError as exc:
+            report.actions.append(Action("error", name, None, None, f"cannot list: {exc}"))
+            continue
+        live[name] = {i.instance_id for i in instances}
+        for inst in instances:
+            verdict, reason = _verdict(store, inst)
+            if verdict == "terminate" and not dry_run:
+                try:
+                    provider.terminate(inst.instance_id)
+                except ProviderError as exc:
+                    report.actions.append(Action("error", name, inst.instance_id, inst.job_id,
+                                                 f"terminate failed: {exc}"))
+                    continue
+                store.mark_terminated(name, inst.instance_id)
+                if inst.job_id and store.find_job(inst.job_id) is not None:
+                    store.add_event(inst.job_id, "reconcile.terminated",
+                                    f"{name} instance {inst.instance_id} terminated: {reason}")
+            report.actions.append(Action(verdict, name, inst.instance_id, inst.job_id, reason))
+
+    for row in store.open_instances():
+        if row.provider not in live or row.provider_instance_id is None:
+            continue  # provider not configured here, or create never returned an id
+        if row.provider_instance_id in live[row.provider]:
+            continue
+        provider = providers[row.provider]
+        try:
+            provider.get(row.provider_instance_id)
+            continue  # listed under another tag but still there: leave it
+        except NotFound:
+            pass
+        except ProviderError as exc:
+            report.actions.append(Action("error", row.provider, row.provider_instance_id,
+                                         row.job_id, f"cannot check: {exc}"))
+            continue
+        if not dry_run:
+            store.mark_terminated(row.provider, row.provider_instance_id)
+        report.actions.append(Action("mark-terminated", row.provider, row.provider_instance_id,
+                                     row.job_id, "the provider no longer has it"))
+
+    for job in store.expired_leases():
+        reason = f"worker {job.lease_owner or '?'} lost its lease while the job was {job.status}"
+        if not dry_run:
+            store.requeue(job.id, reason)
+        report.actions.append(Action("requeue", job.provider or "", None, job.id, reason))
+    return report
