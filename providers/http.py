@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 from tenacity import (
@@ -31,6 +31,24 @@ T = TypeVar("T")
 MAX_ATTEMPTS = 6
 DEADLINE_S = 120.0
 MAX_RETRY_AFTER_S = 60.0
+
+
+def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
+         **kwargs: Any) -> httpx.Response:
+    """One request with the Bearer key in its header only; network errors are transient.
+
+    No retry here (see `with_retries`); the caller maps non-2xx statuses to typed errors.
+    """
+    headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+    try:
+        return client.request(method, url, headers=headers, **kwargs)
+    except httpx.TransportError as exc:
+        raise TransientError(f"{what}: network error ({type(exc).__name__})") from None
+
+
+def redact(text: str, secret: str) -> str:
+    """`text` with every occurrence of `secret` (an API key a server echoed) replaced."""
+    return text.replace(secret, "***") if secret else text
 
 
 def retry_after(response: httpx.Response) -> float | None:

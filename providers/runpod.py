@@ -49,7 +49,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
-from providers.http import DEADLINE_S, MAX_ATTEMPTS, retry_after, with_retries
+from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, with_retries
 
 T = TypeVar("T")
 
@@ -165,18 +165,13 @@ class RunPod:
     # -- HTTP ---------------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
+        return redact(text, self._key)
 
     def _send(self, method: str, path: str, *, what: str, json: Any = None,
               params: dict[str, str] | None = None) -> httpx.Response:
         """One request, mapped to a typed error when it fails (no retry here)."""
-        try:
-            response = self._client.request(
-                method, self._base + path, json=json, params=params,
-                headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"},
-            )
-        except httpx.TransportError as exc:
-            raise TransientError(f"RunPod {what}: network error: {type(exc).__name__}") from None
+        response = send(self._client, method, self._base + path, self._key, f"RunPod {what}",
+                        json=json, params=params)
         self._raise_for(response, what)
         return response
 

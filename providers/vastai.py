@@ -54,7 +54,7 @@ from providers.base import (
     tag_for,
 )
 from providers.credentials import api_key as credential
-from providers.http import DEADLINE_S, MAX_ATTEMPTS, retry_after, with_retries
+from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, with_retries
 
 T = TypeVar("T")
 
@@ -217,17 +217,12 @@ class VastAI:
     # -- HTTP ---------------------------------------------------------------------------
 
     def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
+        return redact(text, self._key)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """One HTTP call; returns the parsed JSON or raises the typed error for its status."""
-        try:
-            resp = self._client.request(
-                method, f"{self._base}{path}", json=body,
-                headers={"Authorization": f"Bearer {self._key}", "Accept": "application/json"})
-        except httpx.TransportError as exc:
-            raise TransientError(f"Vast.ai {method} {path}: network error "
-                                 f"({type(exc).__name__})") from None
+        resp = send(self._client, method, f"{self._base}{path}", self._key,
+                    f"Vast.ai {method} {path}", json=body)
         if resp.is_success:
             try:
                 return resp.json()
