@@ -50,7 +50,7 @@ from providers.dedicated import RegisteredServer
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0001"
+SCHEMA_HEAD = "0002"
 
 JOB_STATUSES: tuple[str, ...] = (
     "queued",
@@ -229,6 +229,7 @@ class Job(SQLModel, table=True):
         Index("ix_job_created_at", "created_at"),
         Index("ix_job_sweep_id", "sweep_id"),
         Index("ix_job_spec_hash", "spec_hash"),
+        Index("uq_job_sweep_key", "sweep_key", unique=True),
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
@@ -259,6 +260,24 @@ class Job(SQLModel, table=True):
     updated_at: datetime = _time()
     started_at: datetime | None = _time(nullable=True, default_now=False)
     finished_at: datetime | None = _time(nullable=True, default_now=False)
+    # 0002: the engine's columns.
+    # sha256 of (sweep name, resolved spec): a sweep submits each grid point at most once.
+    sweep_key: str | None = None
+    # Set by `orch cancel` from any process; the worker driving the job sees it and stops.
+    cancel_requested_at: datetime | None = _time(nullable=True, default_now=False)
+    artifacts_dir: str | None = Field(default=None, sa_type=Text)
+    # Share of monthly rents the job used (already paid: not part of cost_micros).
+    amortised_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    # Volume storage, included in cost_micros.
+    storage_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    interruptions: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    lost_steps: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    tokens: int | None = Field(default=None, sa_type=BigInteger)  # trained, all epochs
+    train_seconds: float | None = Field(default=None, sa_type=Float)
 
 
 class Event(SQLModel, table=True):
@@ -306,6 +325,18 @@ class Instance(SQLModel, table=True):
     host_key: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = _time()
     terminated_at: datetime | None = _time(nullable=True, default_now=False)
+    # 0002
+    offer_id: str | None = None
+    attempt: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    # What this instance cost (charged price × billed time), set when it is terminated.
+    cost_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    amortised_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    end_reason: str | None = None  # released | interrupted | failed | cancelled | unreachable
+    lost_steps: int | None = None  # training steps redone because this instance was lost
 
 
 class Server(SQLModel, table=True):
@@ -356,6 +387,24 @@ class PriceObservation(SQLModel, table=True):
     gpu_count: int
     interruptible: bool
     price_per_hour_micros: int = Field(sa_type=BigInteger)
+    observed_at: datetime = _time()
+
+
+class ThroughputObservation(SQLModel, table=True):
+    """Tokens per second a finished job measured, to replace the formula next time."""
+
+    __tablename__ = "throughput_observation"
+    __table_args__ = (
+        Index("ix_throughput_observation_key", "gpu", "gpu_count", "method", "size_class"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id")
+    gpu: str
+    gpu_count: int
+    method: str
+    size_class: str  # e.g. "8B": parameters rounded, see orchestrator.throughput
+    tokens_per_s: float = Field(sa_type=Float)
     observed_at: datetime = _time()
 
 

@@ -162,6 +162,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         "sweep",
         "metric",
         "price_observation",
+        "throughput_observation",
     }
     indexes = {
         (r[0], r[1])
@@ -175,11 +176,13 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("job", "ix_job_created_at"),
         ("job", "ix_job_sweep_id"),
         ("job", "ix_job_spec_hash"),
+        ("job", "uq_job_sweep_key"),
         ("event", "ix_event_job_id_at"),
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),
         ("metric", "ix_metric_job_id_name"),
         ("price_observation", "ix_price_observation_provider_gpu_observed_at"),
+        ("throughput_observation", "ix_throughput_observation_key"),
     }
 
 
