@@ -108,12 +108,13 @@ def rank(
     gpus: Mapping[str, GpuSpec],
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
-    measured_tokens_per_s: Mapping[tuple[str, int], float] | None = None,
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
 ) -> Ranking:
     """All placements that fit and satisfy the constraints, cheapest (then fastest) first.
 
     `cached_on` holds offer ids whose host already has the base model (no pull);
-    `measured_tokens_per_s` maps (GPU, count) to a figure learned from finished jobs.
+    `measured` maps (GPU, count, method, size class) to throughput learned from finished
+    jobs; where a key has a figure it replaces the formula.
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
@@ -133,15 +134,16 @@ def rank(
         if est is None:
             rejected["does not fit in GPU memory"] += 1
             continue
-        measured = (measured_tokens_per_s or {}).get((offer.gpu, offer.gpu_count))
+        learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
+            if measured else None
         cached = offer.offer_id in cached_on
         tkey = (offer.gpu, offer.gpu_count, est.strategy, offer.boot_minutes, offer.pull_gbps,
-                cached, measured)
+                cached, learned)
         dur = time_cache.get(tkey)
         if dur is None:
             dur = time_cache[tkey] = throughput.duration(
                 w, tokens, offer, gpus[offer.gpu], est.strategy, model_cached=cached,
-                measured_tokens_per_s=measured)
+                measured=learned)
         if constraints.deadline_hours is not None and dur.total > constraints.deadline_hours:
             rejected["slower than resources.deadline_hours"] += 1
             continue
@@ -186,11 +188,11 @@ def choose(
     gpus: Mapping[str, GpuSpec],
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
-    measured_tokens_per_s: Mapping[tuple[str, int], float] | None = None,
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
 ) -> tuple[Placement, Ranking]:
     """The cheapest feasible placement (arguments as `rank`), or NoFit explaining the gap."""
     offers = list(offers)
-    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured_tokens_per_s)
+    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured)
     if ranking.chosen is not None:
         return ranking.chosen, ranking
     raise NoFit(no_fit_message(w, offers, ranking, constraints))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from orchestrator.sizing import Strategy, Workload, weight_bytes
@@ -31,6 +32,44 @@ WEIGHT_PASSES = 3
 MERGE_EVAL_GBPS = 1.0
 MERGE_EVAL_FIXED_MIN = 5.0
 
+# Published model sizes that measured throughput is grouped by (label, parameters). A model
+# takes the label nearest in log space, so 7.6B (Qwen2.5-7B) and 8.0B (Llama-3.1-8B) share
+# "8B": within a class, tokens/s differs by the size ratio (tens of percent at most), far
+# less than between classes or between the formula and reality.
+SIZE_CLASSES: tuple[tuple[str, float], ...] = (
+    ("0.5B", 0.5e9), ("1B", 1e9), ("3B", 3e9), ("8B", 8e9), ("14B", 14e9),
+    ("32B", 32e9), ("70B", 70e9), ("405B", 405e9),
+)
+
+# What learned throughput is keyed by: (GPU model, GPU count, method, size class).
+MeasuredKey = tuple[str, int, str, str]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Tokens per second learned from finished jobs: the median, and how many it is over."""
+
+    tokens_per_s: float  # the whole job's rate, over all its GPUs
+    count: int  # observations (one per finished job)
+
+    def describe(self) -> str:
+        """How `orch plan` names the figure it used."""
+        jobs = "job" if self.count == 1 else "jobs"
+        return f"measured {self.tokens_per_s:,.0f} tokens/s ({self.count} {jobs})"
+
+
+def size_class(params: int) -> str:
+    """The label of SIZE_CLASSES nearest to `params` in log space (e.g. 8_030_261_248 -> 8B)."""
+    if params <= 0:
+        raise ValueError(f"parameter count must be > 0 (got {params})")
+    target = math.log(params)
+    return min(SIZE_CLASSES, key=lambda c: abs(math.log(c[1]) - target))[0]
+
+
+def measured_key(w: Workload, gpu: str, gpu_count: int) -> MeasuredKey:
+    """The history key a job of `w` on `gpu_count` x `gpu` is measured and looked up by."""
+    return (gpu, gpu_count, w.method, size_class(w.arch.params))
+
 
 @dataclass(frozen=True)
 class Duration:
@@ -40,7 +79,7 @@ class Duration:
     model_pull: float
     training: float
     merge_eval: float
-    source: str  # "formula" or "measured ... tokens/s"
+    source: str  # "formula" or Measured.describe()
 
     @property
     def total(self) -> float:
@@ -85,15 +124,17 @@ def model_download_bytes(w: Workload) -> int:
 
 def duration(
     w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, strategy: Strategy,
-    model_cached: bool = False, measured_tokens_per_s: float | None = None,
+    model_cached: bool = False, measured: Measured | None = None,
 ) -> Duration:
     """Wall time of the whole job on `offer`: boot, model pull, training, merge + eval."""
     bf16 = model_download_bytes(w)
     pull = 0.0 if model_cached else bf16 * 8 / (offer.pull_gbps * 1e9)
     merge = 0.0 if w.method == "full" else bf16 * 2 / (MERGE_EVAL_GBPS * 1e9)
-    train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy, measured_tokens_per_s)
-    source = f"measured {measured_tokens_per_s:,.0f} tokens/s" if measured_tokens_per_s \
-        else "formula"
+    # A non-positive figure is a bad observation, not a GPU that never finishes.
+    use = measured if measured is not None and measured.tokens_per_s > 0 else None
+    train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy,
+                             use.tokens_per_s if use else None)
+    source = use.describe() if use else "formula"
     return Duration(
         boot=offer.boot_minutes / 60,
         model_pull=pull / 3600,

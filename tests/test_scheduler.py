@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import sqlite3
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import pricing, scheduler, sizing, throughput
+from orchestrator import pricing, readonly, scheduler, sizing, throughput
 from orchestrator.architectures import lookup
-from orchestrator.planning import RegisteredServer, server_offers
+from orchestrator.planning import RegisteredServer, make_plan, server_offers, total_tokens
 from orchestrator.scheduler import Constraints, NoFit
 from orchestrator.sizing import GIB, Strategy, Workload
+from orchestrator.spec import load_job
+from orchestrator.throughput import Measured
 from providers import catalog
 from providers.base import Billing, Offer
 
@@ -245,3 +249,94 @@ def test_no_offer_fits_below_the_smallest_need(w: Workload) -> None:
                   False, Decimal("1"))
     assert scheduler.rank(w, TOKENS, [small], GPUS).chosen is None
     assert need.required_bytes > 0 and need.required_bytes / GIB < 10_000
+
+
+# --- throughput learned from history --------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# The table as migration 0002 creates it (without the job foreign key: no job rows here).
+THROUGHPUT_DDL = """CREATE TABLE throughput_observation (id INTEGER PRIMARY KEY, job_id TEXT,
+    gpu TEXT, gpu_count INTEGER, method TEXT, size_class TEXT, tokens_per_s REAL,
+    observed_at TEXT)"""
+
+
+def _observations(path: Path, rows: list[tuple[str, int, str, str, float]]) -> str:
+    """A SQLite file holding `rows` as throughput observations, oldest first; its URL."""
+    con = sqlite3.connect(path)
+    con.execute(THROUGHPUT_DDL)
+    for i, (gpu, count, method, size, rate) in enumerate(rows):
+        at = f"2025-01-01T00:{i // 60:02d}:{i % 60:02d}.000000Z"
+        con.execute("INSERT INTO throughput_observation (job_id, gpu, gpu_count, method, "
+                    "size_class, tokens_per_s, observed_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (f"job{i}", gpu, count, method, size, rate, at))
+    con.commit()
+    con.close()
+    return f"sqlite:///{path}"
+
+
+def test_size_class_is_the_nearest_common_size() -> None:
+    assert throughput.size_class(lookup("meta-llama/Llama-3.1-8B").architecture.params) == "8B"
+    assert throughput.size_class(7_615_616_512) == "8B"  # Qwen2.5-7B shares the class
+    assert throughput.size_class(494_032_768) == "0.5B"
+    assert throughput.size_class(70_553_706_496) == "70B"
+    assert throughput.size_class(10**15) == "405B"
+    with pytest.raises(ValueError):
+        throughput.size_class(0)
+
+
+def test_rank_uses_the_measured_figure_for_the_matching_key_only() -> None:
+    w = job("meta-llama/Llama-3.1-8B")
+    offers = catalog.load().offers
+    seen = Measured(10_000.0, 3)
+    key = ("RTX 4090", 1, "qlora", "8B")
+    ranking = scheduler.rank(w, TOKENS, offers, GPUS, measured={key: seen})
+    by_key = {(p.offer.gpu, p.offer.gpu_count): p for p in ranking.placements}
+    p4090 = by_key[("RTX 4090", 1)]
+    assert p4090.duration.source == "measured 10,000 tokens/s (3 jobs)"
+    assert p4090.duration.training == pytest.approx(TOKENS / 10_000 / 3600)
+    assert p4090.to_dict()["throughput_source"] == p4090.duration.source
+    assert {p.duration.source for p in ranking.placements if p is not p4090} == {"formula"}
+    # Another method or model size has its own history.
+    for other in [("RTX 4090", 1, "lora", "8B"), ("RTX 4090", 1, "qlora", "14B")]:
+        again = scheduler.rank(w, TOKENS, offers, GPUS, measured={other: seen})
+        assert {p.duration.source for p in again.placements} == {"formula"}
+
+
+def test_measured_throughput_takes_the_median_of_the_newest_20(tmp_path: Path) -> None:
+    # 5 old slow runs, then 20 recent ones: 10 at 900, 10 at 1100 tokens/s.
+    rows = [("RTX 4090", 1, "qlora", "8B", 10.0)] * 5
+    rows += [("RTX 4090", 1, "qlora", "8B", 900.0 if i % 2 else 1100.0) for i in range(20)]
+    rows += [("A100 80GB", 2, "lora", "14B", 5000.0), ("A100 80GB", 2, "lora", "14B", -1.0)]
+    got = readonly.measured_throughput(_observations(tmp_path / "orch.db", rows))
+    assert got == {("RTX 4090", 1, "qlora", "8B"): Measured(1000.0, 20),
+                   ("A100 80GB", 2, "lora", "14B"): Measured(5000.0, 1)}
+    assert got[("A100 80GB", 2, "lora", "14B")].describe() == \
+        "measured 5,000 tokens/s (1 job)"
+
+
+def test_plan_uses_measured_history_and_shows_its_source(tmp_path: Path) -> None:
+    job_file = load_job(EXAMPLES / "qlora-8b.yml")
+    chosen = make_plan(job_file).chosen.offer
+    rows = [(chosen.gpu, chosen.gpu_count, "qlora", "8B", rate) for rate in (40.0, 50.0, 9e9)]
+    url = _observations(tmp_path / "orch.db", rows)
+    plan = make_plan(job_file, measured=readonly.measured_throughput(url))
+    mine = [p for p in plan.ranking.placements
+            if (p.offer.gpu, p.offer.gpu_count) == (chosen.gpu, chosen.gpu_count)]
+    assert mine and all(p.duration.source == "measured 50 tokens/s (3 jobs)" for p in mine)
+    assert mine[0].duration.training == pytest.approx(
+        total_tokens(job_file) / 50 / 3600)
+    # 50 tokens/s is far slower than the formula: another GPU wins now.
+    assert plan.chosen.offer.gpu != chosen.gpu or plan.chosen.offer.gpu_count != \
+        chosen.gpu_count
+    assert plan.to_dict()["alternatives"]
+
+
+def test_no_table_or_no_file_means_the_formula(tmp_path: Path) -> None:
+    old = tmp_path / "old.db"
+    sqlite3.connect(old).close()
+    for url in [f"sqlite:///{old}", f"sqlite:///{tmp_path / 'absent.db'}", "sqlite://"]:
+        assert readonly.measured_throughput(url) == {}
+    assert not (tmp_path / "absent.db").exists()  # read-only: nothing created
+    plan = make_plan(load_job(EXAMPLES / "qlora-8b.yml"),
+                     measured=readonly.measured_throughput(f"sqlite:///{old}"))
+    assert plan.chosen.duration.source == "formula"

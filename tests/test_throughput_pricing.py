@@ -93,3 +93,15 @@ def test_job_cost_for_monthly_servers() -> None:
 def test_money_stays_decimal() -> None:
     cost = pricing.metered_cost(Decimal("0.074"), 0.5, Billing.PER_SECOND)
     assert isinstance(cost, Decimal) and cost == Decimal("0.037")
+
+
+def test_duration_names_the_measured_figure_and_ignores_a_bad_one() -> None:
+    offer = next(o for o in catalog.load().offers if o.gpu == "RTX 4090" and o.gpu_count == 1)
+    gpu = catalog.gpus()["RTX 4090"]
+    d = throughput.duration(w8b(), 3_600_000, offer, gpu, Strategy.SINGLE,
+                            measured=throughput.Measured(1000.0, 2))
+    assert d.training == pytest.approx(1.0)
+    assert d.source == "measured 1,000 tokens/s (2 jobs)"
+    bad = throughput.duration(w8b(), 3_600_000, offer, gpu, Strategy.SINGLE,
+                              measured=throughput.Measured(0.0, 1))
+    assert bad.source == "formula"
