@@ -122,3 +122,19 @@ def playbook_host(simhost: SimHostFactory, ssh_factory: Any) -> PlaybookHostFact
         return sim, Host(conn, HostPaths(str(sim.root)), command_timeout=60)
 
     return make
+
+
+@pytest.fixture
+def sim_hosts(tmp_path: Path) -> Iterator[Any]:
+    """Simulated GPU hosts for emulated cloud instances: `VastEmulator(hosts=sim_hosts)`.
+
+    A `tests/emulators/hosts.SimHostBackend` under tmp_path/"emu-hosts" (set `.options` to
+    SimHostOptions fields before creating instances); every host is stopped at teardown.
+    """
+    from emulators.hosts import SimHostBackend
+
+    backend = SimHostBackend(tmp_path / "emu-hosts")
+    try:
+        yield backend
+    finally:
+        backend.stop_all()

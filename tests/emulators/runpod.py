@@ -6,6 +6,12 @@ headers, and injectable faults. Every request is recorded without its Authorizat
 
     with RunPodEmulator(api_key="k", gpus=[...]) as emu:
         RunPod("k", base_url=emu.url)
+
+With `hosts=` (a `tests.emulators.hosts.HostBackend`, e.g. `SimHostBackend`) a pod created
+with `env.PUBLIC_KEY` also boots a real host authorising that key, and `ssh.direct` reports
+that host (with the backend's user) once the pod is RUNNING. `preempt`/`exit_pod` power the
+host off; `DELETE` powers it off and forgets the pod. A host that fails to boot leaves the
+pod in `ERROR` (the adapter's FAILED).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from .hosts import HostBackend
 
 
 @dataclass
@@ -68,6 +77,7 @@ class _Pod:
     gets: int = 0
     ssh: dict[str, Any] | None = None
     frozen: bool = False  # status set by the test (exit/error): no more progression
+    host: bool = False  # a machine was booted for it through `hosts`
 
 
 @dataclass
@@ -83,6 +93,7 @@ class RunPodEmulator:
     rate_limit: int = 1000  # requests per window, reported in RateLimit headers
     requests: list[Recorded] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    hosts: HostBackend | None = None  # real machines for the pods (see the module doc)
 
     def __post_init__(self) -> None:
         self._pods: dict[str, _Pod] = {}
@@ -168,8 +179,18 @@ class RunPodEmulator:
                 pod.doc["cost"] = 0
 
     def exit_pod(self, pod_id: str) -> None:
-        """Simulate an unexpected stop: the pod is EXITED, costs 0, loses its SSH endpoint."""
-        self.set_status(pod_id, "EXITED")
+        """Simulate an unexpected stop: the pod is EXITED, costs 0, loses its SSH endpoint.
+
+        With `hosts`, the pod's host powers off too.
+        """
+        with self._lock:
+            self.set_status(pod_id, "EXITED")
+            self._stop_host(self._pods[pod_id])
+
+    def preempt(self, pod_id: str) -> None:
+        """Interrupt the pod (host maintenance, reclaimed capacity): RunPod shows it EXITED,
+        cost 0, no `ssh.direct`, which the adapter maps to INTERRUPTED; its host powers off."""
+        self.exit_pod(pod_id)
 
     def set_ssh(self, pod_id: str, host: str, port: int, username: str = "root") -> None:
         """The `ssh.direct` endpoint the pod reports once RUNNING."""
@@ -212,7 +233,28 @@ class RunPodEmulator:
                                                  "port": 20000 + len(self._pods),
                                                  "username": "root"})
         self._pods[pod_id] = pod
+        self._boot_host(pod)
         return pod
+
+    def _boot_host(self, pod: _Pod) -> None:
+        """With `hosts` and a `PUBLIC_KEY`: boot the pod's machine now (SSH shows when RUNNING)."""
+        key = str(pod.doc["env"].get("PUBLIC_KEY") or "").strip()
+        if self.hosts is None or not key:
+            return
+        try:
+            host, port, user = self.hosts.start(str(pod.doc["id"]), key,
+                                                str(pod.doc["gpu"]["id"]),
+                                                int(pod.doc["gpu"]["count"]))
+        except Exception:  # noqa: BLE001 - the machine failed: the pod errors
+            pod.doc["status"] = "ERROR"
+            pod.frozen = True
+            return
+        pod.host = True
+        pod.ssh = {"host": host, "port": port, "username": user}
+
+    def _stop_host(self, pod: _Pod) -> None:
+        if self.hosts is not None and pod.host:
+            self.hosts.stop(str(pod.doc["id"]))
 
     def _price(self, gpu_id: Any, cloud: str) -> float | None:
         for row in self.gpus:
@@ -269,6 +311,7 @@ class RunPodEmulator:
                     return 200, self._view(pod), {}
                 if method == "DELETE":
                     del self._pods[pod_id]
+                    self._stop_host(pod)
                     return 204, None, {}
             return 404, problem(404, "Not Found", f"no route {method} {path}"), {}
 

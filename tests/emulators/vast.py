@@ -13,6 +13,12 @@ Faults are injected with `fail_next`, `fail_contract`, `remove_offer`, `drop_nex
 `preempt(id)` outbids an instance. Instances boot null → loading → running after
 `loading_after`/`running_after` reads of them (or `boot_seconds`). Every request is recorded
 in `requests` (method, path, query, body text, JSON, headers without Authorization).
+
+With `hosts=` (a `tests.emulators.hosts.HostBackend`, e.g. `SimHostBackend`) every successful
+create also boots a real host authorising the public key found in the `onstart` script (else
+the account's latest `POST /ssh/` key); the instance reports that host as `ssh_host`/`ssh_port`
+once it is running. `preempt` powers the host off; `DELETE` powers it off and forgets it. A
+host that fails to boot leaves the instance `exited` (the adapter's FAILED).
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from .hosts import HostBackend
 
 AUTH_ERROR = {"success": False, "error": "auth_error", "msg": "Invalid user key"}
 RATE_LIMIT_TEXT = "API requests too frequent"
@@ -99,8 +108,10 @@ class VastEmulator:
     """A Vast.ai API on a real loopback HTTP server, with seeded offers and fault injection."""
 
     def __init__(self, api_key: str = "vast-test-key", *, loading_after: int = 1,
-                 running_after: int = 2, boot_seconds: float | None = None) -> None:
+                 running_after: int = 2, boot_seconds: float | None = None,
+                 hosts: HostBackend | None = None) -> None:
         self.api_key = api_key
+        self.hosts = hosts
         self.loading_after = loading_after
         self.running_after = running_after
         self.boot_seconds = boot_seconds
@@ -209,12 +220,17 @@ class VastEmulator:
             self.drop_creates += count
 
     def preempt(self, instance_id: int | str) -> None:
-        """Outbid the instance: cur_state == intended_status == next_state == "stopped"."""
+        """Outbid the instance: cur_state == intended_status == next_state == "stopped".
+
+        With `hosts`, its host powers off too (disks kept, as Vast pauses an outbid instance).
+        """
         with self.lock:
             inst = self.instances[int(instance_id)]
             inst.update(actual_status="stopped", cur_state="stopped",
                         intended_status="stopped", next_state="stopped",
                         status_msg="outbid: instance stopped", _pinned=True)
+            if self.hosts is not None and inst.get("_endpoint"):
+                self.hosts.stop(str(inst["id"]))
 
     def set_status(self, instance_id: int | str, **fields: Any) -> None:
         """Overwrite status fields (e.g. actual_status="exited"); stops the boot progression."""
@@ -301,9 +317,12 @@ class VastEmulator:
                 inst = self.instances.get(iid)
                 return 200, {"instances": self._view(inst) if inst else None}
             if method == "DELETE":
-                if self.instances.pop(iid, None) is None:
+                gone = self.instances.pop(iid, None)
+                if gone is None:
                     return 404, {"success": False, "error": "no_such_instance",
                                  "msg": "Instance not found"}
+                if self.hosts is not None and gone.get("_endpoint"):
+                    self.hosts.stop(str(iid))
                 return 200, {"success": True}
         if method == "POST" and route == ["ssh"]:
             self.ssh_keys.append(str((body or {}).get("ssh_key", "")))
@@ -351,10 +370,37 @@ class VastEmulator:
                         next_state="stopped", _pinned=True)
             return 200, {"success": False, "new_contract": inst["id"],
                          "error": "instance_stopped", "msg": "Instance could not be started"}
+        self._boot_host(inst)
         if self.drop_creates > 0:
             self.drop_creates -= 1
             return None
         return 200, {"success": True, "new_contract": inst["id"]}
+
+    def _public_key(self, inst: dict[str, Any]) -> str | None:
+        """The key the instance authorises: onstart's, else the account's latest valid one."""
+        from .hosts import public_keys_in
+
+        keys = public_keys_in(inst.get("onstart"))
+        if not keys:
+            keys = [k for text in self.ssh_keys for k in public_keys_in(text)]
+            keys = keys[-1:]
+        return keys[0] if keys else None
+
+    def _boot_host(self, inst: dict[str, Any]) -> None:
+        """With `hosts`: boot the instance's machine now; its SSH shows once it is running."""
+        if self.hosts is None:
+            return
+        key = self._public_key(inst)
+        if key is None:  # nothing to authorise: the instance has no reachable SSH
+            return
+        try:
+            host, port, _user = self.hosts.start(str(inst["id"]), key, str(inst["gpu_name"]),
+                                                 int(inst["num_gpus"]))
+        except Exception as exc:  # noqa: BLE001 - the machine failed: the container exits
+            inst.update(actual_status="exited", cur_state="stopped", next_state="stopped",
+                        status_msg=f"host failed to boot: {exc}"[:300], _pinned=True)
+            return
+        inst["_endpoint"] = (host, port)
 
     def _new_instance(self, offer: dict[str, Any], label: str | None, price: Any,
                       body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -392,6 +438,9 @@ class VastEmulator:
                                                               else 0)
             inst["actual_status"] = [None, "loading", "running"][stage]
             inst["cur_state"] = "running" if stage else "stopped"
+        endpoint = inst.get("_endpoint")
+        if endpoint and inst["actual_status"] == "running" and inst["ssh_host"] is None:
+            inst["ssh_host"], inst["ssh_port"] = endpoint  # kept once shown, like Vast
         return {k: v for k, v in inst.items() if not k.startswith("_")}
 
     # -- responses ----------------------------------------------------------------------
