@@ -64,11 +64,13 @@ def _load(path: Path) -> LoadedJob:
 
 
 def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
+    from orchestrator.paths import default_db_url
     from orchestrator.planning import make_plan
+    from orchestrator.readonly import measured_throughput
     from orchestrator.scheduler import NoFit
 
     try:
-        return make_plan(job, servers)
+        return make_plan(job, servers, measured_throughput(default_db_url()))
     except NoFit as exc:
         _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
 
@@ -121,7 +123,8 @@ def _render_plan(plan: Plan, limit: int) -> None:
                       "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}"]
+    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}",
+            f"Throughput: {plan.chosen.duration.source}"]
     if plan.ranking.rejected:
         out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
                                            sorted(plan.ranking.rejected.items())))
@@ -163,49 +166,6 @@ def _store() -> Any:
         _fail(str(exc))
 
 
-@app.command()
-def submit(
-    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and record the job as "
-                                          "'planned'; start nothing.")] = False,
-    json_out: JsonFlag = False,
-) -> None:
-    """Plan a job and run it (with --dry-run: record the plan only)."""
-    job = _load(file)
-    if not dry_run:
-        _fail("running jobs needs the engine, which is not built yet; use `orch submit "
-              f"{file} --dry-run` to record the plan", 1)
-    store = _store()
-    servers = store.registered()
-    result = _plan(job, servers)
-    placement = result.to_dict(alternatives=10_000)
-    p = result.chosen
-    row = store.create_job(
-        name=job.spec.name,
-        status="planned",
-        method=job.spec.method,
-        base_model=job.spec.base_model.repo,
-        spec_json=job.spec.model_dump_json(),
-        spec_hash=job.spec_hash,
-        placement=placement,
-        provider=p.offer.provider,
-        gpu=p.offer.gpu,
-        gpu_count=p.offer.gpu_count,
-        billing=p.offer.billing.value,
-        interruptible=p.offer.interruptible,
-        est_hours=p.est_hours,
-        est_cost=p.est_cost,
-        event_kind="planned",
-        event_message=f"dry run: {placement['why']}",
-        event_data={"file": str(file), "placement": placement["placement"]},
-    )
-    if json_out:
-        _print_json({"job_id": row.id, "status": row.status, **placement})
-    else:
-        typer.echo(f"{row.id}  planned  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"
-                   f"  est. {p.est_hours:.2f} h  {_money(p.est_cost)}  (dry run: nothing started)")
-
-
 def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.store import from_micros
 
@@ -231,16 +191,17 @@ def jobs(
         _print_json(rows)
         return
     if not rows:
-        typer.echo("no jobs yet; try `orch submit examples/qlora-8b.yml --dry-run`")
+        typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
         return
     from orchestrator.render import table
 
     typer.echo(table(
-        ["id", "name", "status", "method", "placement", "est. h", "est. cost", "created (UTC)"],
+        ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
+         "created (UTC)"],
         [[r["id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-          _money(r["est_cost"]), r["created_at"][:19]] for r in rows],
-        right=[5, 6]))
+          _money(r["est_cost"]), _money(r["cost"]), r["created_at"][:19]] for r in rows],
+        right=[5, 6, 7]))
 
 
 @app.command()
@@ -374,8 +335,22 @@ def servers_remove(name: Annotated[str, typer.Argument(help="The server's name."
     typer.echo(f"removed {name}")
 
 
+def _register() -> None:
+    from orchestrator import cli_jobs
+
+    cli_jobs.register(app)
+
+
+_register()
+
+
 def main() -> None:
     """Console-script entry point."""
+    import logging
+
+    # paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness
+    # probe expects) at ERROR; the engine reports what matters as job events.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         app()
     except KeyboardInterrupt:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import scheduler
@@ -10,9 +11,13 @@ from orchestrator.pricing import usd
 from orchestrator.scheduler import Constraints, Placement, Ranking
 from orchestrator.sizing import MemoryEstimate, Workload
 from orchestrator.spec import LoadedJob
+from orchestrator.throughput import Measured, MeasuredKey
 from providers import catalog
 from providers.base import Billing, Offer
 from providers.dedicated import RegisteredServer, server_offers
+
+# Adapters with live offers; the engine asks them, `orch plan` uses the catalog for them.
+LIVE_PROVIDERS = frozenset({"vastai", "runpod"})
 
 __all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
 
@@ -110,13 +115,27 @@ def constraints_from(job: LoadedJob) -> Constraints:
     )
 
 
-def make_plan(job: LoadedJob, servers: list[RegisteredServer] | None = None) -> Plan:
-    """Rank every offer for `job`; raise scheduler.NoFit when nothing can run it."""
+def make_plan(
+    job: LoadedJob,
+    servers: list[RegisteredServer] | None = None,
+    measured: Mapping[MeasuredKey, Measured] | None = None,
+) -> Plan:
+    """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits."""
     w = workload_from(job)
     cat = catalog.load()
     offers = [*cat.offers, *server_offers(servers or [])]
+    named = job.spec.resources.providers
+    if named and "sim" in named:
+        # The simulated cloud is planned only for jobs that ask for it (never by accident).
+        from providers.sim import catalog_offers
+
+        offers += catalog_offers()
+    for live in sorted(set(named or ()) & LIVE_PROVIDERS):
+        # Without credentials the per-second catalog stands in for a live provider's
+        # prices; at run time the engine ranks that provider's real offers instead.
+        offers += [replace(o, provider=live) for o in cat.offers if o.provider == "cloud"]
     chosen, ranking = scheduler.choose(w, total_tokens(job), offers, catalog.gpus(),
-                                       constraints_from(job))
+                                       constraints_from(job), measured=measured)
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from orchestrator.store import FINAL_STATUSES, Store
+from orchestrator.store import FINAL_STATUSES, Store, utcnow
 from providers.base import Instance, NotFound, Provider, ProviderError
 
 
@@ -50,6 +50,14 @@ def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
         return "terminate", f"job {job_id} is not in the database (crash before it was recorded?)"
     if job.status in FINAL_STATUSES:
         return "terminate", f"job {job_id} is {job.status}"
+    recorded = {r.provider_instance_id for r in store.instances_of(job_id)
+                if r.provider == inst.provider}
+    lapsed = job.lease_expires_at is None or job.lease_expires_at < utcnow()
+    if inst.instance_id not in recorded and lapsed:
+        # Created, but the process died before writing its id down, and nobody drives the
+        # job now: the next attempt rents a fresh machine, so this one only costs money.
+        return "terminate", (f"job {job_id} never recorded this instance and no worker holds "
+                             "the job (crash between create and the database write)")
     return "keep", f"job {job_id} is {job.status}"
 
 

@@ -20,7 +20,7 @@ import json
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    or_,
     text,
     update,
 )
@@ -105,6 +106,10 @@ class ServerBusyError(StoreError):
 
 class InvalidValueError(StoreError, ValueError):
     """An argument is outside what the schema allows."""
+
+
+class LeaseLost(StoreError):
+    """The job is no longer driven by this worker (its lease expired and another took it)."""
 
 
 # --- helpers -----------------------------------------------------------------------------
@@ -230,6 +235,7 @@ class Job(SQLModel, table=True):
         Index("ix_job_sweep_id", "sweep_id"),
         Index("ix_job_spec_hash", "spec_hash"),
         Index("uq_job_sweep_key", "sweep_key", unique=True),
+        # 0003: `orch history` filters, newest first (migrations/versions/0003_history.py).
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
@@ -653,6 +659,7 @@ class Store:
         event_message: str,
         event_data: dict[str, Any] | None,
         sweep_id: str | None = None,
+        sweep_key: str | None = None,
     ) -> Job:
         """Insert a job and its first event in one transaction (both or neither)."""
         _check_status(status)
@@ -677,6 +684,7 @@ class Store:
             spec_json=spec_json,
             spec_hash=spec_hash,
             sweep_id=sweep_id,
+            sweep_key=sweep_key,
             provider=provider,
             gpu=gpu,
             gpu_count=gpu_count,
@@ -757,6 +765,204 @@ class Store:
                        col(Instance.terminated_at).is_(None))
                 .values(terminated_at=utcnow(), state="terminated"))
             return int(getattr(result, "rowcount", 0) or 0)
+
+    # the engine: leases, state changes, instances, metrics
+
+    def claim_job(self, job_id: str, owner: str, lease_s: float) -> Job | None:
+        """Take a queued job for `owner` (one conditional UPDATE); None if someone else has it."""
+        now = utcnow()
+        with self.transaction() as session:
+            result = session.execute(
+                update(Job)
+                .where(col(Job.id) == job_id, col(Job.status) == "queued",
+                       col(Job.cancel_requested_at).is_(None),
+                       # A job briefly queued while its worker re-places it is still that
+                       # worker's: only an unowned (or lapsed) job can be claimed.
+                       or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now))
+                .values(status="provisioning", lease_owner=owner,
+                        lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
+            if not getattr(result, "rowcount", 0):
+                return None
+            job = session.get(Job, job_id)
+            assert job is not None
+            if job.started_at is None:
+                job.started_at = now
+            session.add(Event(job_id=job_id, at=now, kind="state",
+                              message=f"provisioning (claimed by {owner})",
+                              data_json=_dumps({"status": "provisioning", "owner": owner,
+                                                "attempt": job.attempt})))
+            return job
+
+    def claim_next(self, owner: str, lease_s: float) -> Job | None:
+        """Claim the oldest queued job, or None when the queue is empty."""
+        for _ in range(20):  # another worker may win each race; try the next one
+            with self.session() as session:
+                query = (select(Job.id).where(Job.status == "queued",
+                                              col(Job.cancel_requested_at).is_(None),
+                                              col(Job.lease_owner).is_(None))
+                         .order_by(col(Job.created_at), col(Job.id)).limit(1))
+                job_id = session.exec(query).first()
+            if job_id is None:
+                return None
+            job = self.claim_job(job_id, owner, lease_s)
+            if job is not None:
+                return job
+        return None
+
+    def renew_lease(self, job_id: str, owner: str, lease_s: float) -> Job | None:
+        """Extend `owner`'s lease; None when the job is no longer `owner`'s."""
+        now = utcnow()
+        with self.transaction() as session:
+            result = session.execute(
+                update(Job)
+                .where(col(Job.id) == job_id, col(Job.lease_owner) == owner)
+                .values(lease_expires_at=now + timedelta(seconds=lease_s)))
+            if not getattr(result, "rowcount", 0):
+                return None
+            return session.get(Job, job_id)
+
+    def set_status(self, job_id: str, owner: str, status: str, message: str = "",
+                   data: dict[str, Any] | None = None, **fields: Any) -> Job:
+        """Move `owner`'s job to `status` (plus `fields`) with a `state` event, atomically.
+
+        LeaseLost when the job is no longer `owner`'s: a worker that lost its lease must
+        not overwrite what the new owner does.
+        """
+        _check_status(status)
+        now = utcnow()
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None or job.lease_owner != owner:
+                raise LeaseLost(f"job {job_id} is no longer driven by {owner}")
+            job.status = status
+            job.updated_at = now
+            for key, value in fields.items():
+                setattr(job, key, value)
+            if status in FINAL_STATUSES:
+                job.finished_at = now
+                job.lease_owner = None
+                job.lease_expires_at = None
+            session.add(Event(job_id=job_id, at=now, kind="state",
+                              message=message or status,
+                              data_json=_dumps({"status": status, **(data or {})})))
+            return job
+
+    def request_cancel(self, job_id: str) -> Job:
+        """Ask for a job to stop: a queued job is cancelled at once, a running one flagged."""
+        now = utcnow()
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise NotFoundError(f"job {job_id!r} not found; list recent jobs with `orch jobs`")
+            if job.status in FINAL_STATUSES:
+                return job
+            if job.cancel_requested_at is None:
+                job.cancel_requested_at = now
+            if job.status in ("queued", "planned", "interrupted"):
+                job.status = "cancelled"
+                job.finished_at = now
+                job.lease_owner = None
+                job.lease_expires_at = None
+                session.add(Event(job_id=job_id, at=now, kind="state",
+                                  message="cancelled before it started",
+                                  data_json=_dumps({"status": "cancelled"})))
+            else:
+                session.add(Event(job_id=job_id, at=now, kind="cancel.requested",
+                                  message="cancel requested; the worker tears down"))
+            job.updated_at = now
+            return job
+
+    def cancel_orphan(self, job_id: str, reason: str) -> bool:
+        """Cancel a job nobody drives (lease expired or none); False if a worker holds it."""
+        now = utcnow()
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None or job.status in FINAL_STATUSES:
+                return False
+            if job.lease_expires_at is not None and job.lease_expires_at > now:
+                return False
+            job.status = "cancelled"
+            job.finished_at = job.updated_at = now
+            job.lease_owner = None
+            job.lease_expires_at = None
+            session.add(Event(job_id=job_id, at=now, kind="state", message=reason,
+                              data_json=_dumps({"status": "cancelled"})))
+            return True
+
+    def add_instance(self, job_id: str, *, provider: str, offer_id: str, gpu: str,
+                     gpu_count: int, billing: str, interruptible: bool,
+                     price_per_hour: Decimal, attempt: int) -> Instance:
+        """Record an instance about to be created (before the provider call: Invariant 1)."""
+        row = Instance(job_id=job_id, provider=provider, offer_id=offer_id, gpu=gpu,
+                       gpu_count=gpu_count, billing=billing, interruptible=interruptible,
+                       price_per_hour_micros=to_micros(price_per_hour, rounding=ROUND_HALF_EVEN),
+                       state="creating", attempt=attempt)
+        with self.transaction() as session:
+            session.add(row)
+        return row
+
+    def update_instance(self, row_id: int, **fields: Any) -> Instance:
+        """Change an instance row's columns."""
+        with self.transaction() as session:
+            row = session.get(Instance, row_id)
+            if row is None:
+                raise NotFoundError(f"instance row {row_id} not found")
+            for key, value in fields.items():
+                setattr(row, key, value)
+            return row
+
+    def update_job_fields(self, job_id: str, **fields: Any) -> None:
+        """Change a job's columns without a state change (artifacts dir, say)."""
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None:
+                raise NotFoundError(f"job {job_id!r} not found")
+            for key, value in fields.items():
+                setattr(job, key, value)
+            job.updated_at = utcnow()
+
+    def instances_of(self, job_id: str) -> list[Instance]:
+        """A job's instance rows, oldest first."""
+        with self.session() as session:
+            query = (select(Instance).where(Instance.job_id == job_id)
+                     .order_by(col(Instance.id)))
+            return list(session.exec(query))
+
+    def add_metrics(self, job_id: str, values: dict[str, float], step: int | None = None) -> None:
+        """Record numbers the job reported (eval scores with step None, loss with its step)."""
+        now = utcnow()
+        with self.transaction() as session:
+            for name, value in values.items():
+                session.add(Metric(job_id=job_id, name=name, value=float(value), step=step,
+                                   at=now))
+
+    def metrics(self, job_id: str) -> list[Metric]:
+        """A job's metrics, in the order recorded."""
+        with self.session() as session:
+            query = select(Metric).where(Metric.job_id == job_id).order_by(col(Metric.id))
+            return list(session.exec(query))
+
+    def add_throughput(self, job_id: str, gpu: str, gpu_count: int, method: str,
+                       size_class: str, tokens_per_s: float) -> None:
+        """Record the tokens/s a finished job measured."""
+        with self.transaction() as session:
+            session.add(ThroughputObservation(job_id=job_id, gpu=gpu, gpu_count=gpu_count,
+                                              method=method, size_class=size_class,
+                                              tokens_per_s=tokens_per_s))
+
+    def events_after(self, job_id: str, after_id: int = 0) -> list[Event]:
+        """A job's events with id > `after_id`, oldest first (for `orch logs -f`)."""
+        with self.session() as session:
+            query = (select(Event).where(Event.job_id == job_id, col(Event.id) > after_id)
+                     .order_by(col(Event.id)))
+            return list(session.exec(query))
+
+    def set_server_host_key(self, name: str, host_key: str) -> None:
+        """Pin a registered server's SSH host key (first contact)."""
+        with self.transaction() as session:
+            session.execute(update(Server).where(col(Server.name) == name,
+                                                 col(Server.host_key).is_(None))
+                            .values(host_key=host_key))
 
     def get_job(self, job_id: str) -> Job:
         """The job with this id; NotFoundError if there is none."""

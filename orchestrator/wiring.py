@@ -21,6 +21,44 @@ def sim_state_dir() -> Path:
     return data_dir() / "sim"
 
 
+def _number(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: give a number") from None
+
+
+def sim_from_env() -> Provider:
+    """The simulated cloud, shaped by ORCH_SIM_* variables (see docs/architecture.md).
+
+    ORCH_SIM_BOOT_S (seconds until an instance runs), ORCH_SIM_PREEMPT_AFTER_S (spot
+    instances are preempted that long after create), ORCH_SIM_CAPACITY ("RTX 3090=0,H100
+    PCIe=2": live instances per GPU model), ORCH_SIM_TRAIN_STEPS / ORCH_SIM_STEP_S (how long
+    the stand-in trainer runs).
+    """
+    from providers.sim import SimCloud
+
+    capacity: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in os.environ.get("ORCH_SIM_CAPACITY",
+                                                               "").split(","))):
+        gpu, sep, count = part.rpartition("=")
+        if not sep or not count.strip().isdigit():
+            raise ValueError(f"ORCH_SIM_CAPACITY: {part!r}: use GPU=COUNT, e.g. 'RTX 3090=0'")
+        capacity[gpu.strip()] = int(count)
+    host: dict[str, object] = {}
+    steps, step_s = _number("ORCH_SIM_TRAIN_STEPS"), _number("ORCH_SIM_STEP_S")
+    if steps is not None:
+        host["train_steps"] = int(steps)
+    if step_s is not None:
+        host["train_step_seconds"] = step_s
+    return SimCloud(sim_state_dir(), capacity=capacity,
+                    boot_seconds=_number("ORCH_SIM_BOOT_S") or 0.0,
+                    preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
+
+
 def configured_providers(store: Store, *, sim: bool | None = None
                          ) -> tuple[dict[str, Provider], list[str]]:
     """(name -> provider, notes about the ones left out)."""
@@ -29,9 +67,7 @@ def configured_providers(store: Store, *, sim: bool | None = None
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
     notes: list[str] = []
     if sim or (sim is None and sim_state_dir().exists()):
-        from providers.sim import SimCloud
-
-        found["sim"] = SimCloud(sim_state_dir())
+        found["sim"] = sim_from_env()
     for name, env in (("vastai", "ORCH_VASTAI_URL"), ("runpod", "ORCH_RUNPOD_URL")):
         try:
             key = credentials.api_key(name)

@@ -154,6 +154,9 @@ class Instance:
     ssh_user: str = "root"
     raw_status: str = ""  # the provider's own words, for events
     message: str = ""
+    # The SSH host key when the provider reports it (`ssh-ed25519 AAAA...`); None means the
+    # engine pins the key it sees at first contact (trust on first use).
+    host_key: str | None = None
 
     @property
     def job_id(self) -> str | None:

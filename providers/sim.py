@@ -30,6 +30,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -75,6 +76,10 @@ NVIDIA_SMI_NAMES: dict[str, str] = {
 
 CATALOG_PROVIDER = "cloud"  # the catalog whose models and prices sim sells
 STATE_FILE = "sim.json"
+# Where on the NVMe mount a job's directory is (playbooks.base.Layout: <mount>/orch/jobs/<id>;
+# tests/test_provider_sim.py checks the two agree, since providers do not import playbooks).
+VOLUME_MOUNT = "orch/jobs"
+_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 _MIB = 1024**2
 _COST_QUANTUM = Decimal("0.000001")
 _SECONDS_PER_HOUR = Decimal(3600)
@@ -168,36 +173,22 @@ class SimCloud:
 
     def offers(self, req: Requirements) -> list[Offer]:
         """The catalog's per-second offers this cloud has capacity for, filtered by `req`."""
-        from providers.catalog import load
-
         found: list[Offer] = []
-        for base in load().offers:
-            if base.provider != CATALOG_PROVIDER or base.price_per_hour is None:
+        for o in catalog_offers(self.settings.boot_seconds):
+            if self.gpus is not None and o.gpu not in self.gpus:
                 continue
-            if base.gpu not in NVIDIA_SMI_NAMES:
+            if self.capacity.get(o.gpu, 1) <= 0:
                 continue
-            if self.gpus is not None and base.gpu not in self.gpus:
+            if req.gpus is not None and o.gpu not in req.gpus:
                 continue
-            if self.capacity.get(base.gpu, 1) <= 0:
+            if o.gpu_count != req.gpu_count or o.gpu_memory_bytes < req.min_gpu_memory_bytes:
                 continue
-            if req.gpus is not None and base.gpu not in req.gpus:
+            if req.interruptible is not None and o.interruptible != req.interruptible:
                 continue
-            if base.gpu_count != req.gpu_count or base.gpu_memory_bytes < req.min_gpu_memory_bytes:
+            if req.max_price_per_hour is not None and o.price_per_hour is not None \
+                    and o.price_per_hour > req.max_price_per_hour:
                 continue
-            if req.interruptible is not None and base.interruptible != req.interruptible:
-                continue
-            if req.max_price_per_hour is not None and base.price_per_hour > req.max_price_per_hour:
-                continue
-            found.append(
-                Offer(
-                    provider=self.name, offer_id=base.offer_id, gpu=base.gpu,
-                    gpu_count=base.gpu_count, gpu_memory_bytes=base.gpu_memory_bytes,
-                    billing=self.billing, interruptible=base.interruptible,
-                    price_per_hour=base.price_per_hour, region="local", reliability=1.0,
-                    boot_minutes=self.settings.boot_seconds / 60, pull_gbps=base.pull_gbps,
-                )
-            )  # fmt: skip
-        found.sort(key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
+            found.append(o)
         return found
 
     def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
@@ -267,6 +258,7 @@ class SimCloud:
             self._forget(instance_id, bill=False)
             host.stop()
             raise CapacityError(f"sim: host for {offer.offer_id} failed to boot: {exc}") from exc
+        self._attach_volume(host, job_id)
         with self._state() as state:
             current = state["instances"].get(instance_id)
             if current is not None:
@@ -320,6 +312,37 @@ class SimCloud:
                 host_dir.rename(target)
         else:
             shutil.rmtree(host_dir, ignore_errors=True)
+
+    # --- volumes -------------------------------------------------------------------------------
+
+    @property
+    def volume_per_gb_month(self) -> Decimal:
+        """Volume storage price: what the catalog's per-second cloud charges."""
+        from providers.catalog import load
+
+        return load().volume_per_gb_month.get(CATALOG_PROVIDER, Decimal(0))
+
+    def volume_dir(self, job_id: str) -> Path:
+        """The job's persistent volume: outlives its instances, like a network volume."""
+        if not _SAFE_ID.fullmatch(job_id):
+            raise ValueError(f"sim: job id {job_id!r} cannot name a volume")
+        return self.state_dir / "volumes" / job_id
+
+    def delete_volume(self, job_id: str) -> None:
+        """Delete the job's volume (the job is finished); already gone = success."""
+        shutil.rmtree(self.volume_dir(job_id), ignore_errors=True)
+
+    def _attach_volume(self, host: SimHost, job_id: str) -> None:
+        # The job's directory on the host is the volume, so a preempted job resumes on a
+        # new instance from its last checkpoint.
+        if host.nvme_path is None or not _SAFE_ID.fullmatch(job_id):
+            return
+        volume = self.volume_dir(job_id)
+        volume.mkdir(parents=True, exist_ok=True)
+        mount = host.nvme_path / VOLUME_MOUNT / job_id
+        mount.parent.mkdir(parents=True, exist_ok=True)
+        if not mount.is_symlink():
+            mount.symlink_to(volume, target_is_directory=True)
 
     # --- sim's own controls --------------------------------------------------------------------
 
@@ -438,6 +461,7 @@ class SimCloud:
             ssh_host="127.0.0.1" if running else None,
             ssh_port=record["ssh_port"] if running else None,
             ssh_user=record["ssh_user"], raw_status=raw, message=message,
+            host_key=record["host_key"] if running else None,
         )  # fmt: skip
 
     def _stop_host(self, record: dict[str, Any]) -> None:
@@ -484,6 +508,32 @@ class SimCloud:
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def catalog_offers(boot_seconds: float = 0.0) -> list[Offer]:
+    """Everything sim sells: the per-second catalog's GPU models and prices, cheapest first.
+
+    Also what `orch plan` ranks for a job that names `sim` in resources.providers.
+    """
+    from providers.catalog import load
+
+    found: list[Offer] = []
+    for base in load().offers:
+        if base.provider != CATALOG_PROVIDER or base.price_per_hour is None:
+            continue
+        if base.gpu not in NVIDIA_SMI_NAMES:
+            continue
+        found.append(
+            Offer(
+                provider=SimCloud.name, offer_id=base.offer_id, gpu=base.gpu,
+                gpu_count=base.gpu_count, gpu_memory_bytes=base.gpu_memory_bytes,
+                billing=SimCloud.billing, interruptible=base.interruptible,
+                price_per_hour=base.price_per_hour, region="local", reliability=1.0,
+                boot_minutes=boot_seconds / 60, pull_gbps=base.pull_gbps,
+            )
+        )  # fmt: skip
+    found.sort(key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
+    return found
 
 
 def _offer_json(offer: Offer) -> dict[str, Any]:

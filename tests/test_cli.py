@@ -151,10 +151,12 @@ def test_servers_add_rejects_bad_input(env: dict[str, str], args: list[str],
     assert not db(env).exists()
 
 
-def test_submit_without_dry_run_says_what_to_do(env: dict[str, str]) -> None:
+def test_submit_with_no_provider_says_what_to_do(env: dict[str, str]) -> None:
     proc = orch(env, "submit", "examples/qlora-8b.yml", check=False)
-    assert proc.returncode == 1 and "--dry-run" in proc.stderr
-    assert not db(env).exists()
+    assert proc.returncode == 3, proc.stderr
+    assert "VAST_API_KEY" in proc.stderr and "resources.providers: [sim]" in proc.stderr
+    jobs = json.loads(orch(env, "jobs", "--json").stdout)
+    assert [j["status"] for j in jobs] == ["cancelled"]
 
 
 def test_reconcile_terminates_a_sim_orphan(env: dict[str, str], ssh_keypair: Any) -> None:

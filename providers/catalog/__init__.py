@@ -159,6 +159,7 @@ def load() -> Catalog:
 
 
 def provider_names() -> list[str]:
-    """Providers the planner knows: the catalogs' plus `dedicated` (registered servers)."""
+    """Providers a job may name: the catalogs', `dedicated` (registered servers), the live
+    adapters and the simulated cloud."""
     return sorted({o.provider for o in load().offers} | {u.provider for u in load().unpriced}
-                  | {"dedicated"})
+                  | {"dedicated", "vastai", "runpod", "sim"})

@@ -1,0 +1,502 @@
+"""`orch submit`, `orch worker`, `orch show`, `orch logs`, `orch cancel`: the engine's commands.
+
+Registered on the Typer app by `orchestrator.cli`; heavy modules (database, SSH, HTTP) are
+imported inside each command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from orchestrator.engine import Options, Progress
+    from orchestrator.store import Job, Store
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+EXIT_FAILED = 1
+EXIT_CANCELLED = 130
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        typer.echo(f"error: {name}={raw!r}: give a number of seconds", err=True)
+        raise typer.Exit(2) from None
+    if value <= 0:
+        typer.echo(f"error: {name} must be > 0 (got {raw})", err=True)
+        raise typer.Exit(2)
+    return value
+
+
+def engine_options(quick: bool = False) -> Options:
+    """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
+    from orchestrator.engine import Options
+
+    base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
+    return Options(poll_s=_env_float("ORCH_POLL_S", base.poll_s),
+                   watch_s=_env_float("ORCH_WATCH_S", base.watch_s),
+                   lease_s=_env_float("ORCH_LEASE_S", base.lease_s),
+                   boot_deadline_s=_env_float("ORCH_BOOT_DEADLINE_S", base.boot_deadline_s),
+                   connect_deadline_s=base.connect_deadline_s,
+                   max_placements=base.max_placements, max_attempts=base.max_attempts)
+
+
+def _sim_only(job: Job) -> bool:
+    spec = json.loads(job.spec_json)
+    named = (spec.get("resources") or {}).get("providers") or []
+    return bool(named) and set(named) == {"sim"}
+
+
+class _Display:
+    """One live status line on a terminal; a line per state change otherwise."""
+
+    def __init__(self, stream: Any = sys.stderr) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last: tuple[str, str] | None = None
+        self.width = 0
+
+    def __call__(self, p: Progress) -> None:
+        from orchestrator.pricing import usd
+
+        elapsed = time.monotonic() - p.started
+        step = f" step {p.step}/{p.total}" if p.step is not None else ""
+        loss = f" loss {p.loss:.4f}" if p.loss is not None else ""
+        retry = f" (attempt {p.attempt + 1})" if p.attempt else ""
+        head = f"{p.status}{retry}{step}{loss}  {elapsed:5.0f}s  {usd(p.cost)}"
+        if self.tty:
+            line = f"\r{head}  {p.message}"[: 160]
+            pad = max(0, self.width - len(line))
+            self.stream.write(line + " " * pad)
+            self.width = len(line)
+            self.stream.flush()
+        elif self.last != (p.status, p.message):
+            self.stream.write(f"[{elapsed:6.1f}s] {p.status}{retry}: {p.message}\n")
+            self.stream.flush()
+        self.last = (p.status, p.message)
+
+    def close(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    from orchestrator.engine import Terminated
+
+    # Second signal while tearing down: ignore it, teardown must finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
+def _providers(store: Store) -> tuple[dict[str, Any], list[str]]:
+    from orchestrator.wiring import configured_providers
+
+    return configured_providers(store, sim=True)
+
+
+def _summary(store: Store, job: Job) -> dict[str, Any]:
+    from orchestrator.store import from_micros
+
+    metrics = {m.name: m.value for m in store.metrics(job.id) if m.step is None}
+    return {
+        "job_id": job.id, "name": job.name, "status": job.status,
+        "failure_reason": job.failure_reason, "provider": job.provider, "gpu": job.gpu,
+        "gpu_count": job.gpu_count, "interruptible": job.interruptible,
+        "attempts": job.attempt + 1, "interruptions": job.interruptions,
+        "lost_steps": job.lost_steps, "metrics": metrics,
+        "cost": str(from_micros(job.cost_micros)),
+        "storage_cost": str(from_micros(job.storage_micros)),
+        "amortised_rent": str(from_micros(job.amortised_micros)),
+        "est_cost": None if job.est_cost_micros is None else str(from_micros(job.est_cost_micros)),
+        "artifacts_dir": job.artifacts_dir,
+        "created_at": _iso(job.created_at), "finished_at": _iso(job.finished_at),
+    }
+
+
+def _iso(value: Any) -> str | None:
+    return None if value is None else value.isoformat().replace("+00:00", "Z")
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    from orchestrator.pricing import usd
+
+    lines = [f"{s['job_id']}  {s['name']}  {s['status']}"]
+    if s["failure_reason"]:
+        lines.append(f"  reason: {s['failure_reason']}")
+    lines.append(f"  ran on: {s['provider']} {s['gpu']} x{s['gpu_count']} "
+                 f"({'spot' if s['interruptible'] else 'on-demand'}); attempts {s['attempts']}"
+                 + (f", {s['interruptions']} interruption(s), {s['lost_steps']} steps redone"
+                    if s["interruptions"] else ""))
+    if s["metrics"]:
+        lines.append("  eval: " + ", ".join(f"{k}={v:g}" for k, v in sorted(s["metrics"].items())))
+    cost = f"  cost: {usd(s['cost'])}"
+    if Decimal(s["storage_cost"]) >= Decimal("0.0001"):
+        cost += f" (volume {usd(s['storage_cost'])})"
+    if Decimal(s["amortised_rent"]) > 0:
+        cost += f"; monthly rent share {usd(s['amortised_rent'])} (already paid)"
+    if s["est_cost"] is not None:
+        cost += f"; estimated {usd(s['est_cost'])}"
+    lines.append(cost)
+    if s["artifacts_dir"]:
+        lines.append(f"  artifacts: {s['artifacts_dir']}")
+    typer.echo("\n".join(lines))
+
+
+def _exit_code(job: Job) -> int:
+    return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(job.status, EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the engine's commands to `app`."""
+
+    @app.command()
+    def submit(
+        file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+        detach: Annotated[bool, typer.Option("--detach", "-d", help="Queue it for `orch "
+                                             "worker` and return at once.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and record the job as "
+                                              "'planned'; start nothing.")] = False,
+        json_out: JsonFlag = False,
+    ) -> None:
+        """Plan a job and run it in the foreground with live progress (or --detach)."""
+        from orchestrator import cli
+        from orchestrator.scheduler import NoFit
+        from orchestrator.submission import record_job
+
+        loaded = cli._load(file)
+        store = cli._store()
+        status = "planned" if dry_run else "queued"
+        try:
+            row, plan = record_job(store, loaded, status=status,
+                                   message="dry run: nothing started" if dry_run else None)
+        except NoFit as exc:
+            cli._fail(f"{file}: {exc}", cli.EXIT_NO_FIT)
+        p = plan.chosen
+        placement = plan.to_dict(alternatives=10_000)
+        head = (f"{row.id}  {status}  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"
+                f"  est. {p.est_hours:.2f} h  {cli._money(p.est_cost)}")
+        if dry_run or detach:
+            if json_out:
+                cli._print_json({"job_id": row.id, "status": row.status, **placement})
+            else:
+                tail = ("(dry run: nothing started)" if dry_run
+                        else "(queued: `orch worker` runs it; follow with `orch logs "
+                        f"{row.id} -f`)")
+                typer.echo(f"{head}  {tail}")
+            return
+        if not json_out:
+            typer.echo(head)
+        from orchestrator.engine import JobRunner, owner_id
+
+        providers, notes = _providers(store)
+        usable = _usable(providers, loaded.spec.resources.providers, bool(store.registered()))
+        if not usable:
+            store.request_cancel(row.id)
+            why = "; ".join(notes) or "no provider configured"
+            cli._fail(f"{file}: nothing can run this job here ({why}). Set VAST_API_KEY or "
+                      "RUNPOD_API_KEY, register a server with `orch servers add`, or try the "
+                      "simulated cloud with `resources.providers: [sim]` (see "
+                      "examples/quickstart.yml). The job was recorded as cancelled.",
+                      cli.EXIT_NO_FIT)
+        owner = owner_id("submit")
+        opts = engine_options(quick=_sim_only(row))
+        if store.claim_job(row.id, owner, opts.lease_s) is None:
+            cli._fail(f"{row.id} was taken by a worker; follow it with `orch logs {row.id} -f`")
+        for note in notes:
+            store.add_event(row.id, "providers.note", note)
+        display = _Display()
+        runner = JobRunner(store, providers, owner, opts,
+                           on_progress=None if json_out else display, on_signal="cancel")
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            job = runner.run(row.id)
+        except KeyboardInterrupt:
+            display.close()
+            job = store.get_job(row.id)
+            typer.echo(f"interrupted: {row.id} {job.status}; its instances were torn down",
+                       err=True)
+            raise typer.Exit(EXIT_CANCELLED) from None
+        except BaseException as exc:
+            from orchestrator.engine import Terminated
+
+            if isinstance(exc, Terminated):
+                display.close()
+                typer.echo(f"terminated: {row.id} {store.get_job(row.id).status}; its "
+                           "instances were torn down", err=True)
+                raise typer.Exit(143) from None
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        display.close()
+        summary = _summary(store, job)
+        if json_out:
+            cli._print_json(summary)
+        else:
+            _print_summary(summary)
+        raise typer.Exit(_exit_code(job))
+
+    @app.command()
+    def worker(
+        once: Annotated[bool, typer.Option("--once", help="Run queued jobs until the queue "
+                                           "is empty, then exit.")] = False,
+        max_jobs: Annotated[int, typer.Option(help="Exit after this many jobs (0 = no "
+                                              "limit).")] = 0,
+        poll: Annotated[float, typer.Option(help="Seconds between queue checks.")] = 2.0,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors.")] = False,
+    ) -> None:
+        """Run queued jobs, one at a time, until stopped (several workers may run at once).
+
+        Each job is claimed with a lease the worker renews; a worker that dies loses its
+        lease and the job is resumed by another worker (or after `orch reconcile`).
+        SIGTERM/Ctrl-C: the current job's instances are torn down and it is requeued.
+        """
+        from orchestrator import cli
+        from orchestrator.engine import JobRunner, owner_id
+
+        if poll <= 0:
+            cli._fail(f"--poll must be > 0 (got {poll})", 2)
+        store = cli._store()
+        owner = owner_id("worker")
+        providers, notes = _providers(store)
+        if not quiet:
+            typer.echo(f"worker {owner}: providers {', '.join(sorted(providers))}", err=True)
+            for note in notes:
+                typer.echo(f"note: {note}", err=True)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        done = 0
+        try:
+            while True:
+                for stale in store.expired_leases():
+                    store.requeue(stale.id, f"worker {stale.lease_owner} lost its lease while "
+                                  f"the job was {stale.status}; {owner} resumes it")
+                quick_job = _next_is_sim(store)
+                opts = engine_options(quick=quick_job)
+                job = store.claim_next(owner, opts.lease_s)
+                if job is None:
+                    if once:
+                        break
+                    time.sleep(poll)
+                    continue
+                if not quiet:
+                    typer.echo(f"{job.id} {job.name}: started", err=True)
+                finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
+                                     on_signal="requeue").run(job.id)
+                if not quiet:
+                    typer.echo(f"{finished.id} {finished.name}: {finished.status}"
+                               + (f" ({finished.failure_reason.splitlines()[0]})"
+                                  if finished.failure_reason else ""), err=True)
+                done += 1
+                if max_jobs and done >= max_jobs:
+                    break
+        except KeyboardInterrupt:
+            typer.echo("worker stopped (Ctrl-C); the current job was requeued", err=True)
+            raise typer.Exit(EXIT_CANCELLED) from None
+        except BaseException as exc:
+            from orchestrator.engine import Terminated
+
+            if isinstance(exc, Terminated):
+                typer.echo("worker stopped (SIGTERM); the current job was requeued", err=True)
+                raise typer.Exit(143) from None
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    @app.command()
+    def show(
+        job_id: Annotated[str, typer.Argument(help="The job id (j-...).")],
+        json_out: JsonFlag = False,
+        events: Annotated[int, typer.Option(help="How many of the newest events.")] = 25,
+    ) -> None:
+        """A job's state, attempts, instances, costs, metrics, events and ranked placements."""
+        from orchestrator import cli
+        from orchestrator.engine import instance_cost
+        from orchestrator.pricing import usd
+        from orchestrator.render import table
+        from orchestrator.store import NotFoundError, utcnow
+
+        store = cli._store()
+        try:
+            job = store.get_job(job_id)
+        except NotFoundError as exc:
+            cli._fail(str(exc), cli.EXIT_NOT_FOUND)
+        summary = _summary(store, job)
+        now = utcnow()
+        instances = []
+        for r in store.instances_of(job.id):
+            charged, amortised = instance_cost(r, now)
+            instances.append({
+                "provider": r.provider, "instance_id": r.provider_instance_id, "gpu": r.gpu,
+                "gpu_count": r.gpu_count, "interruptible": r.interruptible,
+                "price_per_hour": str(r.price_per_hour_micros / 1_000_000),
+                "attempt": r.attempt, "state": r.state, "end_reason": r.end_reason,
+                "created_at": _iso(r.created_at), "terminated_at": _iso(r.terminated_at),
+                "cost": str(charged), "amortised": str(amortised)})
+        placement = json.loads(job.placement_json or "{}")
+        ranked = [placement.get("placement"), *placement.get("alternatives", [])]
+        ranked = [p for p in ranked if p]
+        evs = store.events(job.id)
+        if json_out:
+            cli._print_json({**summary, "instances": instances, "placements": ranked,
+                             "events": [{"at": _iso(e.at), "kind": e.kind,
+                                         "message": e.message} for e in evs],
+                             "metrics_all": [{"name": m.name, "value": m.value, "step": m.step}
+                                             for m in store.metrics(job.id)]})
+            return
+        _print_summary(summary)
+        if instances:
+            typer.echo("\nInstances:")
+            typer.echo(table(["#", "provider", "instance", "GPU", "spot", "$/h", "created",
+                              "ended", "why", "cost"],
+                             [[i["attempt"], i["provider"], i["instance_id"] or "-",
+                               f"{i['gpu']} x{i['gpu_count']}",
+                               "yes" if i["interruptible"] else "no",
+                               usd(i["price_per_hour"]), (i["created_at"] or "")[11:19],
+                               (i["terminated_at"] or "running")[11:19] if i["terminated_at"]
+                               else "running", i["end_reason"] or "-", usd(i["cost"])]
+                              for i in instances], right=[5, 9]))
+        if ranked:
+            typer.echo("\nPlacements ranked at submit (cheapest first):")
+            typer.echo(table(["#", "provider", "GPU", "n", "spot", "est. h", "est. cost"],
+                             [[n, p["provider"], p["gpu"], p["gpu_count"],
+                               "yes" if p["interruptible"] else "no", f"{p['est_hours']:.2f}",
+                               usd(p["est_cost"])] for n, p in enumerate(ranked[:8], 1)],
+                             right=[0, 3, 5, 6]))
+            if len(ranked) > 8:
+                typer.echo(f"  ... {len(ranked) - 8} more (--json)")
+        typer.echo(f"\nEvents (newest {min(events, len(evs))} of {len(evs)}; all with "
+                   f"`orch logs {job.id}`):")
+        for e in evs[-events:]:
+            typer.echo(f"  {e.at.strftime('%H:%M:%S')}  {e.kind:<20} {e.message}")
+
+    @app.command()
+    def logs(
+        job_id: Annotated[str, typer.Argument(help="The job id (j-...).")],
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events "
+                                             "until the job finishes.")] = False,
+        json_out: Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
+        = False,
+    ) -> None:
+        """A job's events, oldest first (`-f` follows a running job)."""
+        from orchestrator import cli
+        from orchestrator.store import FINAL_STATUSES, NotFoundError
+
+        store = cli._store()
+        try:
+            store.get_job(job_id)
+        except NotFoundError as exc:
+            cli._fail(str(exc), cli.EXIT_NOT_FOUND)
+        last = 0
+        while True:
+            for e in store.events_after(job_id, last):
+                last = e.id or last
+                if json_out:
+                    typer.echo(json.dumps({"id": e.id, "at": _iso(e.at), "kind": e.kind,
+                                           "message": e.message,
+                                           "data": json.loads(e.data_json or "null")}))
+                else:
+                    typer.echo(f"{_iso(e.at)}  {e.kind:<20} {e.message}")
+            if not follow or store.get_job(job_id).status in FINAL_STATUSES:
+                # One more read: events written with the final state.
+                if follow:
+                    for e in store.events_after(job_id, last):
+                        typer.echo(f"{_iso(e.at)}  {e.kind:<20} {e.message}")
+                return
+            time.sleep(0.5)
+
+    @app.command()
+    def cancel(
+        job_id: Annotated[str, typer.Argument(help="The job id (j-...).")],
+        wait: Annotated[float, typer.Option(help="Seconds to wait for the teardown.")] = 120.0,
+        json_out: JsonFlag = False,
+    ) -> None:
+        """Stop a job: its worker terminates the instance and marks it cancelled."""
+        from orchestrator import cli
+        from orchestrator.store import FINAL_STATUSES, NotFoundError
+
+        store = cli._store()
+        try:
+            job = store.request_cancel(job_id)
+        except NotFoundError as exc:
+            cli._fail(str(exc), cli.EXIT_NOT_FOUND)
+        deadline = time.monotonic() + max(0.0, wait)
+        while job.status not in FINAL_STATUSES:
+            if _orphaned(job):
+                _cancel_orphan(store, job)
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+            job = store.get_job(job_id)
+        left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
+        if json_out:
+            cli._print_json({"job_id": job_id, "status": job.status,
+                             "instances_left": [r.provider_instance_id for r in left]})
+        else:
+            typer.echo(f"{job_id}: {job.status}" + (
+                f"; {len(left)} instance(s) not yet terminated, run `orch reconcile`"
+                if left else ""))
+        if job.status != "cancelled" and job.status not in FINAL_STATUSES:
+            raise typer.Exit(EXIT_FAILED)
+
+
+def _usable(providers: dict[str, Any], named: list[str] | None, has_servers: bool) -> list[str]:
+    """The configured providers that could run a job naming `named` (None = any)."""
+    found = []
+    for name in providers:
+        if named is not None and name not in named:
+            continue
+        if name == "sim" and not (named and "sim" in named):
+            continue
+        if name == "dedicated" and not has_servers:
+            continue
+        found.append(name)
+    return found
+
+
+def _next_is_sim(store: Store) -> bool:
+    queued = store.list_jobs(limit=1, status="queued")
+    return bool(queued) and _sim_only(queued[0])
+
+
+def _orphaned(job: Job) -> bool:
+    from orchestrator.store import utcnow
+
+    return job.lease_expires_at is None or job.lease_expires_at < utcnow()
+
+
+def _cancel_orphan(store: Store, job: Job) -> None:
+    """No live worker holds the job: terminate its instances here and mark it cancelled."""
+    from providers.base import NotFound, ProviderError
+
+    providers, _ = _providers(store)
+    for row in store.instances_of(job.id):
+        if row.terminated_at is not None:
+            continue
+        provider = providers.get(row.provider)
+        ids = [row.provider_instance_id] if row.provider_instance_id else []
+        if provider is not None and not ids:
+            ids = [i.instance_id for i in provider.list(job.id)]
+        try:
+            for iid in ids:
+                if provider is not None:
+                    provider.terminate(iid)
+        except NotFound:
+            pass
+        except ProviderError:
+            continue
+        if row.provider_instance_id:
+            store.mark_terminated(row.provider, row.provider_instance_id)
+    store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

@@ -1,0 +1,829 @@
+"""The job lifecycle: place, provision, connect, run the pipeline, release; resume; teardown.
+
+One `JobRunner` drives one claimed job (DESIGN.md, "Data flow of one job"):
+
+  provisioning  the instance row is written FIRST, then provider.create (tagged with the job)
+  connecting    wait for the provider to say running, pin the host key, open SSH
+  preparing     GPU check, Container Toolkit, base model on NVMe (playbooks.pipeline.prepare)
+  training      detached on the host; polled; reattached by job id after any reconnect
+  merging       adapter merge
+  evaluating    vLLM + eval set / lm-eval; metrics rows
+  releasing     artifacts copied back; spot/on-demand terminated, a monthly server released
+  succeeded | failed(reason) | cancelled;  interrupted → queued → provisioning (resume)
+
+Every state change is committed (with its event) before the side effect it announces
+(Invariant 1). A monitor thread renews the worker's lease, watches for `orch cancel` and asks
+the provider about the instance every `watch_s` seconds: when the provider says the machine
+is gone or preempted, the SSH connections are closed at once so whatever the pipeline was
+doing fails fast, and the job is re-placed (the same or the next cheapest tier that fits) and
+resumes from the last valid checkpoint on the job's volume. Whatever happens, the `finally`
+of `run` terminates every instance this runner created (monthly servers are released).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any
+
+from orchestrator import pricing
+from orchestrator.paths import data_dir
+from orchestrator.store import (
+    FINAL_STATUSES,
+    Job,
+    LeaseLost,
+    Store,
+    from_micros,
+    to_micros,
+    utcnow,
+)
+from providers.base import (
+    AuthError,
+    BalanceError,
+    Billing,
+    CapacityError,
+    Instance,
+    InstanceState,
+    NotFound,
+    Offer,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Requirements,
+    TransientError,
+)
+
+log = logging.getLogger(__name__)
+
+HOURS_PER_MONTH = Decimal(730)
+# States the provider reports for a machine that will not come back for this job.
+_LOST = (InstanceState.INTERRUPTED, InstanceState.TERMINATED, InstanceState.FAILED)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How patient and how watchful the engine is (the defaults suit real clouds)."""
+
+    poll_s: float = 5.0  # training progress polls
+    watch_s: float = 2.0  # provider state checks (interruption detection)
+    boot_deadline_s: float = 900.0  # create → provider says running with an SSH endpoint
+    connect_deadline_s: float = 300.0  # SSH retries once running
+    lease_s: float = 60.0
+    max_placements: int = 5  # offers tried per attempt (capacity errors, dead hosts)
+    max_attempts: int = 6  # interruptions survived before the job is failed
+    disk_gb: int = 100
+    ssh_key: Path | None = None  # default: data_dir()/ssh/id_ed25519, created on first use
+
+
+class JobFailed(Exception):
+    """The job cannot finish; the message is the failure reason shown to the user."""
+
+
+class _Stop(Exception):
+    """The monitor stopped the pipeline: cancelled, or the instance was lost."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # cancelled | interrupted
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: tear down, then exit (raised in the main thread by the handler)."""
+
+
+@dataclass
+class Progress:
+    """What a live display shows; handed to the runner's `on_progress` callback."""
+
+    job_id: str
+    status: str
+    attempt: int
+    step: int | None = None
+    total: int | None = None
+    loss: float | None = None
+    cost: Decimal = Decimal(0)
+    started: float = field(default_factory=time.monotonic)
+    message: str = ""
+
+
+def failpoint(name: str) -> None:
+    """Die like `kill -9` here when ORCH_FAILPOINT names this point (crash tests only)."""
+    if os.environ.get("ORCH_FAILPOINT") == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def owner_id(kind: str = "worker") -> str:
+    """A lease owner name that says which process holds the job."""
+    return f"{kind}:{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def ensure_key(path: Path | None = None) -> tuple[Path, str]:
+    """orch's own SSH key pair (created 0600 on first use): (private key file, public line)."""
+    import subprocess
+
+    path = path or data_dir() / "ssh" / "id_ed25519"
+    pub = path.with_name(path.name + ".pub")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # ssh-keygen writes the OpenSSH private key format paramiko and sshd both read.
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch",
+                        "-f", str(path)], check=True, capture_output=True)
+        path.chmod(0o600)
+    return path, pub.read_text().strip()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def instance_cost(row: Any, until: datetime | None = None) -> tuple[Decimal, Decimal]:
+    """(charged, amortised) for an instance row from create to terminate (or `until`)."""
+    end = row.terminated_at or until or utcnow()
+    hours = max(Decimal(0), Decimal(str((end - row.created_at).total_seconds())) / 3600)
+    price = from_micros(row.price_per_hour_micros)
+    billing = Billing(row.billing)
+    if billing is Billing.MONTHLY:
+        # price_per_hour of a monthly server row holds its monthly rent / 730.
+        return Decimal(0), pricing.money(price * hours)
+    return pricing.metered_cost(price, hours, billing), Decimal(0)
+
+
+class JobRunner:
+    """Drives one job that `owner` has claimed, to a final state (see module doc)."""
+
+    def __init__(self, store: Store, providers: Mapping[str, Provider], owner: str,
+                 options: Options | None = None,
+                 on_progress: Callable[[Progress], None] | None = None,
+                 on_signal: str = "cancel") -> None:
+        self.store = store
+        self.providers = dict(providers)
+        self.owner = owner
+        self.opts = options or Options()
+        self.on_progress = on_progress
+        self.on_signal = on_signal  # cancel (orch submit) | requeue (orch worker)
+        self._stop: _Stop | None = None
+        self._stop_lock = threading.Lock()
+        self._factory: Any = None
+        self._watching: tuple[str, str] | None = None  # (provider, instance id) to watch
+        self._held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
+        self.progress: Progress | None = None
+
+    # --- the whole job ---------------------------------------------------------------------
+
+    def run(self, job_id: str) -> Job:
+        """Drive the claimed job to succeeded, failed or cancelled (or requeued on SIGTERM)."""
+        from orchestrator.ssh import ConnectionFactory
+
+        job = self.store.get_job(job_id)
+        self.job_id = job_id
+        self.progress = Progress(job_id, job.status, job.attempt)
+        key_path, self.public_key = ensure_key(self.opts.ssh_key)
+        self._factory = ConnectionFactory(key_path, connect_timeout=10,
+                                          connect_deadline=self.opts.connect_deadline_s)
+        done = threading.Event()
+        monitor = threading.Thread(target=self._monitor, args=(done,), daemon=True,
+                                   name=f"orch-monitor-{job_id}")
+        monitor.start()
+        outcome: tuple[str, str] = ("failed", "the engine stopped unexpectedly")
+        try:
+            outcome = self._drive()
+        except LeaseLost:
+            outcome = ("lost", "another worker took the job over")
+        except JobFailed as exc:
+            outcome = ("failed", str(exc))
+        except _Stop as exc:
+            outcome = (exc.kind, str(exc))
+        except (KeyboardInterrupt, Terminated) as exc:
+            what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+            outcome = ("requeue" if self.on_signal == "requeue" else "cancelled",
+                       f"stopped by {what}")
+            raise
+        except Exception as exc:  # a bug or an unexpected fault: fail, never leak the machine
+            log.exception("job %s", job_id)
+            outcome = ("failed", f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            done.set()
+            self._teardown_all(outcome[0])
+            self._factory.close_all()
+            self._finish(*outcome)
+        return self.store.get_job(job_id)
+
+    def _finish(self, kind: str, reason: str) -> None:
+        if kind in ("lost", "succeeded"):
+            return
+        cost, storage, amortised = self._costs()
+        fields: dict[str, Any] = {"cost_micros": to_micros(cost + storage),
+                                  "storage_micros": to_micros(storage),
+                                  "amortised_micros": to_micros(amortised)}
+        try:
+            if kind == "requeue":
+                self._set("interrupted", f"worker stopping: {reason}; requeued to resume",
+                          **fields)
+                self._set("queued", "waiting for a worker to resume it", lease_owner=None,
+                          lease_expires_at=None, attempt=self._job().attempt + 1)
+                return
+            status = "cancelled" if kind == "cancelled" else "failed"
+            self._set(status, reason, {"reason": reason},
+                      failure_reason=reason if status == "failed" else None, **fields)
+            self._delete_volumes()
+        except LeaseLost:
+            pass
+
+    def _drive(self) -> tuple[str, str]:
+        job = self._job()
+        from orchestrator.jobinputs import InputsError, load_inputs
+
+        try:
+            self.inputs = load_inputs(job)
+        except InputsError as exc:
+            raise JobFailed(str(exc)) from exc
+        tried: set[tuple[str, str]] = set()
+        while True:
+            job = self._job()
+            if job.interruptions >= self.opts.max_attempts:
+                raise JobFailed(f"gave up after {job.interruptions} interruptions (preempted or "
+                                "lost hosts); see `orch show " + job.id + "`")
+            row_id, provider, inst = self._adopt() or self._place(tried)
+            try:
+                host = self._connect(row_id, provider, inst)
+                self._pipeline(host, row_id, provider, inst)
+            except _Stop as stop:
+                if stop.kind != "interrupted":
+                    raise
+                self._interrupted(row_id, provider, inst, str(stop))
+                continue
+            except Exception as exc:
+                if isinstance(exc, JobFailed | LeaseLost):
+                    raise
+                lost = self._instance_lost(provider, inst)
+                if lost is None:
+                    raise JobFailed(_reason(exc)) from exc
+                self._interrupted(row_id, provider, inst, lost)
+                continue
+            self._release(row_id, "released")
+            cost, storage, amortised = self._costs()
+            self._delete_volumes()
+            self._set("succeeded", f"succeeded; cost {pricing.usd(cost + storage)}",
+                      {"cost": str(cost + storage)},
+                      cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
+                      amortised_micros=to_micros(amortised))
+            return "succeeded", ""
+
+    # --- placement and provisioning --------------------------------------------------------------
+
+    def _adopt(self) -> tuple[int, Provider, Instance] | None:
+        """After a takeover: reuse the job's instance if it is still running, else clean up."""
+        rows = [r for r in self.store.instances_of(self.job_id) if r.terminated_at is None]
+        adopted: tuple[int, Provider, Instance] | None = None
+        for row in rows:
+            provider = self.providers.get(row.provider)
+            if provider is None or row.id is None:
+                continue
+            if row.provider_instance_id is None:
+                # Created, maybe, but the id never reached the database: find it by its tag.
+                found = self._tagged(provider, row.provider)
+                if not found:
+                    self._close_row(row.id, "failed")
+                    continue
+                row = self.store.update_instance(row.id, provider_instance_id=found[0])
+            assert row.provider_instance_id is not None and row.id is not None
+            try:
+                inst = provider.get(row.provider_instance_id)
+            except NotFound:
+                self._close_row(row.id, "interrupted")
+                continue
+            except ProviderError:
+                inst = None
+            self._held[row.id] = (row.provider, row.provider_instance_id)
+            if adopted is None and inst is not None and inst.state not in _LOST:
+                self._event("instance.adopted", f"reattaching to {row.provider} instance "
+                            f"{row.provider_instance_id} after a takeover")
+                adopted = (row.id, provider, inst)
+            else:
+                self._release(row.id, "interrupted")
+        # Instances tagged with this job that no row knows (a crash inside create).
+        known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
+        for name, provider in self.providers.items():
+            for iid in self._tagged(provider, name):
+                if iid not in known:
+                    self._event("instance.orphan", f"terminating untracked {name} instance "
+                                f"{iid} tagged with this job")
+                    with contextlib.suppress(ProviderError):
+                        provider.terminate(iid)
+        return adopted
+
+    def _tagged(self, provider: Provider, name: str) -> list[str]:
+        if name == "dedicated":
+            return []
+        try:
+            return [i.instance_id for i in provider.list(self.job_id)]
+        except ProviderError:
+            return []
+
+    def _candidates(self) -> list[Any]:
+        """Placements over live offers of the job's providers, cheapest first."""
+        from orchestrator import scheduler
+        from orchestrator.planning import constraints_from, total_tokens, workload_from
+        from providers import catalog
+
+        loaded = self.inputs.loaded
+        constraints = constraints_from(loaded)
+        named = constraints.providers
+        offers: list[Offer] = []
+        notes: list[str] = []
+        for name, provider in self.providers.items():
+            if named is not None and name not in named:
+                continue
+            if name == "sim" and (named is None or "sim" not in named):
+                continue  # the simulated cloud only runs jobs that ask for it
+            for count in (1, 2, 4, 8):
+                if count > constraints.max_gpus:
+                    break
+                spot = {"required": True, "never": False}.get(constraints.spot)
+                req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
+                                   gpus=constraints.gpus, interruptible=spot,
+                                   max_price_per_hour=constraints.max_price_per_hour,
+                                   disk_gb=self.opts.disk_gb)
+                try:
+                    offers += provider.offers(req)
+                except (AuthError, BalanceError, QuotaError) as exc:
+                    notes.append(f"{name}: {exc}")
+                    break
+                except ProviderError as exc:
+                    notes.append(f"{name}: offers unavailable ({exc})")
+                    break
+        for note in notes:
+            self._event("offers.note", note)
+        w = workload_from(loaded)
+        ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
+                                 measured=self.inputs.measured)
+        if not ranking.placements:
+            if not offers:
+                which = ", ".join(sorted(named)) if named else ", ".join(
+                    n for n in sorted(self.providers) if n != "sim")
+                raise JobFailed(f"no offers from {which or 'any provider'}"
+                                + (f" ({'; '.join(notes)})" if notes else "")
+                                + "; add credentials (VAST_API_KEY, RUNPOD_API_KEY), register "
+                                "a server with `orch servers add`, or try the simulated cloud "
+                                "with `resources.providers: [sim]`")
+            raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
+        return list(ranking.placements)
+
+    def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
+        placements = [p for p in self._candidates()
+                      if (p.offer.provider, p.offer.offer_id) not in tried]
+        failures: list[str] = []
+        for placement in placements[: self.opts.max_placements]:
+            offer = placement.offer
+            tried.add((offer.provider, offer.offer_id))
+            provider = self.providers[offer.provider]
+            self._check_stop()
+            job = self._set("provisioning", f"renting {offer.provider} {offer.gpu} "
+                            f"x{offer.gpu_count} ({'spot' if offer.interruptible else 'on-demand'}"
+                            f"{', registered' if offer.registered else ''})",
+                            {"placement": placement.to_dict()},
+                            provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
+                            billing=offer.billing.value, interruptible=offer.interruptible,
+                            est_hours=placement.est_hours,
+                            est_cost_micros=to_micros(placement.est_cost,
+                                                      rounding=ROUND_HALF_EVEN))
+            hourly = offer.price_per_hour
+            if hourly is None and offer.monthly_price is not None:
+                hourly = offer.monthly_price / HOURS_PER_MONTH  # the amortisation rate
+            row = self.store.add_instance(
+                self.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
+                gpu_count=offer.gpu_count, billing=offer.billing.value,
+                interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
+                attempt=job.attempt)
+            assert row.id is not None
+            self._held[row.id] = (offer.provider, None)
+            try:
+                inst = provider.create(offer, self.public_key, self.job_id,
+                                       image=self.inputs.loaded.spec.trainer.image,
+                                       disk_gb=self.opts.disk_gb)
+            except CapacityError as exc:
+                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
+                self._event("provision.capacity", f"{offer.provider} {offer.gpu} "
+                            f"x{offer.gpu_count}: {exc}; trying the next offer")
+                self._close_row(row.id, "capacity")
+                continue
+            except TransientError as exc:
+                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
+                self._event("provision.transient", f"{offer.provider}: {exc} (after retries); "
+                            "trying the next offer")
+                self._orphan_sweep(provider, offer.provider)
+                self._close_row(row.id, "failed")
+                continue
+            except (AuthError, BalanceError, QuotaError) as exc:
+                self._close_row(row.id, "failed")
+                raise JobFailed(f"{offer.provider}: {exc}") from exc
+            failpoint("after-create")
+            price = inst.price_per_hour if inst.price_per_hour is not None else hourly
+            self.store.update_instance(
+                row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
+                price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
+            self._held[row.id] = (offer.provider, inst.instance_id)
+            self._event("instance.created", f"{offer.provider} instance {inst.instance_id} "
+                        f"at {pricing.usd(price)}/h", {"instance": inst.instance_id,
+                                                       "price_per_hour": str(price)})
+            return row.id, provider, inst
+        raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
+                        if failures else "no placement left to try (all failed before)")
+
+    def _orphan_sweep(self, provider: Provider, name: str) -> None:
+        # A create that failed after retries may still have rented a machine.
+        known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
+        for iid in self._tagged(provider, name):
+            if iid not in known:
+                with contextlib.suppress(ProviderError):
+                    provider.terminate(iid)
+
+    # --- connecting -----------------------------------------------------------------------------
+
+    def _connect(self, row_id: int, provider: Provider, inst: Instance) -> Any:
+        from orchestrator import ssh
+        from playbooks.base import Host, HostPaths
+
+        self._set("connecting", f"waiting for {inst.provider} instance {inst.instance_id}")
+        self._watching = None
+        deadline = time.monotonic() + self.opts.boot_deadline_s
+        while not inst.reachable:
+            self._check_stop()
+            if inst.state in _LOST:
+                why = inst.message or inst.raw_status
+                raise _Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
+                            f"{inst.state.value} before it booted: {why}")
+            if time.monotonic() > deadline:
+                self._release(row_id, "unreachable")
+                raise _Stop("interrupted", f"{inst.provider} instance {inst.instance_id} not "
+                            f"running after {self.opts.boot_deadline_s:.0f}s")
+            time.sleep(min(1.0, self.opts.watch_s))
+            try:
+                inst = provider.get(inst.instance_id)
+            except NotFound as exc:
+                raise _Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
+                            "vanished while booting") from exc
+            except TransientError:
+                continue
+        assert inst.ssh_host and inst.ssh_port
+        host_key = inst.host_key or self._known_host_key(row_id, inst)
+        if host_key is None:
+            host_key = ssh.format_host_key(ssh.trust_on_first_use(
+                inst.ssh_host, inst.ssh_port, deadline=self.opts.connect_deadline_s))
+            if inst.provider == "dedicated":
+                self.store.set_server_host_key(inst.instance_id.removeprefix("server:"),
+                                               host_key)
+        self.store.update_instance(row_id, host=inst.ssh_host, port=inst.ssh_port,
+                                   ssh_user=inst.ssh_user, host_key=host_key,
+                                   state=inst.state.value)
+        self._watching = (inst.provider, inst.instance_id)
+        try:
+            conn = self._factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, host_key)
+            # Simulated hosts keep the server's filesystem under a directory and say where
+            # in SIMHOST_ROOT; on a real machine it is unset and paths are used as they are.
+            root = ssh.run(conn, ["sh", "-c", 'printf %s "${SIMHOST_ROOT-}"'], timeout=30)
+        except ssh.HostUnreachable as exc:
+            self._release(row_id, "unreachable")
+            raise _Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
+                        f"failed: {exc}") from exc
+        self._event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
+                    f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
+        return Host(conn, HostPaths(root.stdout.strip() if root.ok else ""),
+                    command_timeout=3600)
+
+    def _known_host_key(self, row_id: int, inst: Instance) -> str | None:
+        for row in self.store.instances_of(self.job_id):
+            if row.id == row_id and row.host_key:
+                return row.host_key
+        if inst.provider == "dedicated":
+            name = inst.instance_id.removeprefix("server:")
+            for server in self.store.list_servers():
+                if server.name == name:
+                    return server.host_key
+        return None
+
+    # --- the pipeline ---------------------------------------------------------------------------
+
+    def _pipeline(self, host: Any, row_id: int, provider: Provider, inst: Instance) -> None:
+        from playbooks import artifacts, merge, pipeline, train
+        from playbooks.base import run_playbook
+
+        job = self._job()
+        pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
+                                      if _is_loopback(inst.ssh_host or "") else 8000,
+                                      poll_s=self.opts.poll_s)
+        emit = self._emit
+        self._set("preparing", "GPU check, Container Toolkit, base model to NVMe")
+        cache, runner = pipeline.prepare(host, pj, emit)
+        self._check_stop()
+        assert cache.layout is not None
+        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
+        self._set("training", "training (detached on the host)")
+        failpoint("training")
+        status = train.status(host, tj)
+        if status.state is not train.TrainState.RUNNING and (
+                job.attempt > 0 or status.state is train.TrainState.FAILED):
+            info = train.prepare_resume(host, tj)
+            lost = info.lost_steps or 0
+            if info.step or lost:
+                self._event("resume", f"resuming from step {info.step} "
+                            f"({info.checkpoint or 'no checkpoint'}); {lost} steps to redo",
+                            {"step": info.step, "lost_steps": lost,
+                             "moved_aside": list(info.moved_aside)})
+            if lost:
+                self._set("training", f"resumed from step {info.step}",
+                          lost_steps=job.lost_steps + lost)
+        started = time.monotonic()
+        run_playbook("train", train.steps(tj), host, emit)
+        while True:
+            self._check_stop()
+            # Short waits, so a cancel or a lost instance is noticed between polls too.
+            status = train.wait(host, tj, self._on_train_progress, poll_s=self.opts.poll_s,
+                                deadline=time.monotonic() + max(self.opts.watch_s,
+                                                                self.opts.poll_s))
+            if status.state is not train.TrainState.RUNNING:
+                break
+        train_seconds = time.monotonic() - started
+        if status.state is train.TrainState.FAILED:
+            self._check_stop()
+            if self._instance_lost(provider, inst) is None:
+                tail = train.log_tail(host, tj, 30).strip()[-1500:]
+                raise JobFailed(f"training exited with {status.exit_code}; the last lines of "
+                                f"its log:\n{tail}")
+            raise _Stop("interrupted", "training stopped with its host")
+        self._check_stop()
+        self._set("merging", "merging the adapter into the base model"
+                  if tj.adapter else "nothing to merge (full fine-tune)",
+                  train_seconds=train_seconds, tokens=self.inputs.tokens)
+        run_playbook("merge", merge.steps(tj, poll_s=min(self.opts.poll_s, 2.0)), host, emit)
+        self._check_stop()
+        spec = self.inputs.loaded.spec
+        if spec.eval.eval_set or spec.eval.tasks:
+            from playbooks import evaluate
+
+            self._set("evaluating", "serving the model with vLLM and scoring the eval set")
+            rows = self.inputs.eval_rows()
+            result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), cache.layout,
+                                       pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
+                                       rows, tasks=pj.eval_tasks, emit=emit)
+            if result.metrics:
+                self.store.add_metrics(self.job_id, result.metrics)
+                self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
+                                                 sorted(result.metrics.items())),
+                            dict(result.metrics))
+        self._check_stop()
+        self._set("releasing", f"copying artifacts to {pj.artifacts_dir}")
+        fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
+                                  include_merged=pj.include_merged)
+        self._event("artifacts", f"{len(fetched.copied)} files copied to {pj.artifacts_dir}",
+                    {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
+        self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir)
+        self._record_throughput(inst, train_seconds)
+
+    def _record_throughput(self, inst: Instance, seconds: float) -> None:
+        # Only an uninterrupted run on a real machine measures the hardware: the simulated
+        # cloud trains at whatever speed its stand-in is told to.
+        job = self._job()
+        if inst.provider == "sim" or job.interruptions or seconds <= 0 or not job.gpu:
+            return
+        from orchestrator import throughput
+
+        size = throughput.size_class(self.inputs.loaded.architecture.params)
+        self.store.add_throughput(self.job_id, job.gpu, job.gpu_count or 1, job.method, size,
+                                  self.inputs.tokens / seconds)
+
+    def _on_train_progress(self, p: Any) -> None:
+        assert self.progress is not None
+        if p.step == self.progress.step and p.loss == self.progress.loss:
+            return  # each short wait reports the current step again
+        self.progress.step, self.progress.total, self.progress.loss = p.step, p.total, p.loss
+        if p.loss is not None:
+            self.store.add_metrics(self.job_id, {"train.loss": p.loss}, step=p.step)
+        self._event("train.progress", f"step {p.step}/{p.total}"
+                    + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
+                    {"step": p.step, "total": p.total, "loss": p.loss})
+        self._notify()
+
+    def _emit(self, report: Any) -> None:
+        self.store.add_event(self.job_id, report.kind, f"{report.playbook}/{report.step}"
+                             + (f": {report.message}" if report.message else ""), report.data())
+
+    # --- interruptions and teardown -------------------------------------------------------------
+
+    def _instance_lost(self, provider: Provider, inst: Instance) -> str | None:
+        """Why the instance is gone (the pipeline error was its loss), or None if it is fine."""
+        if self._stop is not None and self._stop.kind == "interrupted":
+            return str(self._stop)
+        self._check_stop()
+        for _ in range(3):
+            try:
+                now = provider.get(inst.instance_id)
+            except NotFound:
+                return f"{inst.provider} instance {inst.instance_id} is gone"
+            except ProviderError:
+                time.sleep(1)
+                continue
+            if now.state in _LOST:
+                return (f"{inst.provider} instance {inst.instance_id} {now.state.value}: "
+                        f"{now.message or now.raw_status}")
+            return None
+        return None
+
+    def _interrupted(self, row_id: int, provider: Provider, inst: Instance, why: str) -> None:
+        with self._stop_lock:
+            self._stop = None
+        self._watching = None
+        self._factory.close_all()
+        job = self._job()
+        self._set("interrupted", why, {"instance": inst.instance_id},
+                  interruptions=job.interruptions + 1)
+        self._release(row_id, "interrupted")
+        self._set("queued", "re-placing to resume from the last checkpoint",
+                  attempt=job.attempt + 1)
+
+    def _release(self, row_id: int, reason: str) -> None:
+        """Terminate (or release) one instance and close its row with its cost."""
+        held = self._held.get(row_id)
+        if held is None:
+            return
+        name, iid = held
+        provider = self.providers.get(name)
+        if iid is not None and provider is not None:
+            for attempt in range(3):
+                try:
+                    provider.terminate(iid)
+                    break
+                except NotFound:
+                    break
+                except ProviderError as exc:
+                    if attempt == 2:
+                        self._event("teardown.failed", f"could not terminate {name} {iid}: "
+                                    f"{exc}; `orch reconcile` will retry")
+                        return
+                    time.sleep(1 + attempt)
+        self._close_row(row_id, reason)
+        self._held.pop(row_id, None)
+        self._event("instance.released" if name == "dedicated" else "instance.terminated",
+                    f"{name} instance {iid} {'released' if name == 'dedicated' else 'terminated'}"
+                    f" ({reason})", {"instance": iid, "reason": reason})
+
+    def _close_row(self, row_id: int, reason: str) -> None:
+        now = utcnow()
+        row = self.store.update_instance(row_id, terminated_at=now, state="terminated",
+                                         end_reason=reason)
+        charged, amortised = instance_cost(row, now)
+        self.store.update_instance(row_id, cost_micros=to_micros(charged),
+                                   amortised_micros=to_micros(amortised))
+        self._held.pop(row_id, None)
+
+    def _teardown_all(self, outcome: str) -> None:
+        if outcome == "lost":
+            return  # the new owner drives these instances now
+        for row_id in list(self._held):
+            try:
+                self._release(row_id, {"succeeded": "released", "cancelled": "cancelled",
+                                       "requeue": "interrupted"}.get(outcome, "failed"))
+            except Exception:  # keep tearing the others down; reconcile finds what is left
+                log.exception("teardown of instance row %s", row_id)
+
+    def _delete_volumes(self) -> None:
+        for provider in self.providers.values():
+            delete = getattr(provider, "delete_volume", None)
+            if delete is not None:
+                with contextlib.suppress(Exception):
+                    delete(self.job_id)
+
+    def _costs(self) -> tuple[Decimal, Decimal, Decimal]:
+        """(compute charged, volume storage, amortised rent) of the job so far."""
+        charged = amortised = Decimal(0)
+        now = utcnow()
+        for row in self.store.instances_of(self.job_id):
+            c, a = instance_cost(row, now)
+            charged += c
+            amortised += a
+        storage = Decimal(0)
+        job = self._job()
+        if job.started_at is not None:
+            for name, provider in self.providers.items():
+                rate = getattr(provider, "volume_per_gb_month", None)
+                if rate and any(r.provider == name for r in self.store.instances_of(job.id)):
+                    hours = Decimal(str((now - job.started_at).total_seconds())) / 3600
+                    storage += pricing.money(Decimal(self.opts.disk_gb) * rate * hours
+                                             / HOURS_PER_MONTH)
+        return pricing.money(charged), storage, pricing.money(amortised)
+
+    # --- the monitor thread ---------------------------------------------------------------------
+
+    def _monitor(self, done: threading.Event) -> None:
+        period = max(0.2, min(self.opts.watch_s, self.opts.lease_s / 3))
+        last_lease = 0.0
+        while not done.wait(period):
+            try:
+                if time.monotonic() - last_lease >= self.opts.lease_s / 3:
+                    job = self.store.renew_lease(self.job_id, self.owner, self.opts.lease_s)
+                    last_lease = time.monotonic()
+                    if job is None:
+                        self._signal(_Stop("lost", "lease lost"))
+                        return
+                    if job.cancel_requested_at is not None:
+                        self._signal(_Stop("cancelled", "cancelled by `orch cancel`"))
+                watching = self._watching
+                if watching is not None:
+                    provider = self.providers[watching[0]]
+                    try:
+                        inst = provider.get(watching[1])
+                    except NotFound:
+                        self._signal(_Stop("interrupted", f"{watching[0]} instance "
+                                           f"{watching[1]} is gone"))
+                        continue
+                    if inst.state in _LOST:
+                        self._signal(_Stop("interrupted", f"{watching[0]} instance "
+                                           f"{watching[1]} {inst.state.value}: "
+                                           f"{inst.message or inst.raw_status}"))
+                self._notify()
+            except Exception:  # the monitor must outlive a database hiccup
+                log.exception("monitor of job %s", self.job_id)
+
+    def _signal(self, stop: _Stop) -> None:
+        with self._stop_lock:
+            if self._stop is not None:
+                return
+            self._stop = stop
+        self._watching = None
+        # Whatever the pipeline is blocked on over SSH fails now instead of at its timeout.
+        self._factory.close_all()
+
+    def _check_stop(self) -> None:
+        stop = self._stop
+        if stop is None:
+            return
+        if stop.kind == "lost":
+            raise LeaseLost(str(stop))
+        raise stop
+
+    # --- bookkeeping ------------------------------------------------------------------------------
+
+    def _job(self) -> Job:
+        return self.store.get_job(self.job_id)
+
+    def _set(self, status: str, message: str = "", data: dict[str, Any] | None = None,
+             **fields: Any) -> Job:
+        job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
+        if self.progress is not None:
+            self.progress.status = status
+            self.progress.attempt = job.attempt
+            self.progress.message = message
+            self._notify()
+        return job
+
+    def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self.store.add_event(self.job_id, kind, message, data)
+        if self.progress is not None and kind != "train.progress":
+            self.progress.message = message
+            self._notify()
+
+    def _notify(self) -> None:
+        if self.on_progress is None or self.progress is None:
+            return
+        try:
+            cost, storage, _ = self._costs()
+            self.progress.cost = cost + storage
+            self.on_progress(self.progress)
+        except Exception:
+            log.debug("progress display failed", exc_info=True)
+
+
+def _reason(exc: BaseException) -> str:
+    from playbooks.base import PlaybookFailed
+
+    if isinstance(exc, PlaybookFailed):
+        tail = f"\n{exc.stderr_tail.strip()[-800:]}" if exc.stderr_tail.strip() else ""
+        return f"{exc} (fault: {exc.fault.value}){tail}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def final(job: Job) -> bool:
+    """Whether the job reached a final state."""
+    return job.status in FINAL_STATUSES

@@ -1,0 +1,195 @@
+"""Faults injected for real on `orch` processes: Ctrl-C, SIGTERM, kill -9 of a worker, a crash
+between the provider's create and the database write, and two workers racing for jobs.
+
+Every test runs the real `orch` executable against a real SQLite file and the simulated
+cloud, and ends by checking that no simulated instance is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from providers.sim import SimCloud
+
+ROOT = Path(__file__).resolve().parent.parent
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    e = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"), "ORCH_LEASE_S": "3",
+         "ORCH_SIM_TRAIN_STEPS": "30", "ORCH_SIM_STEP_S": "0.25"}
+    for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT"):
+        e.pop(key, None)
+    yield e
+    SimCloud(sim_dir(e)).terminate_all()  # whatever a failed test left behind
+
+
+def sim_dir(env: dict[str, str]) -> Path:
+    return Path(env["XDG_DATA_HOME"]) / "orch" / "sim"
+
+
+def orch(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ORCH, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([ORCH, *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def query(env: dict[str, str], sql: str, *args: object) -> list[tuple[object, ...]]:
+    path = Path(env["XDG_DATA_HOME"]) / "orch" / "orch.db"
+    if not path.exists():
+        return []
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    try:
+        return con.execute(sql, args).fetchall()
+    except sqlite3.OperationalError:
+        return []  # schema not there yet
+    finally:
+        con.close()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 90, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def training(env: dict[str, str], job_id: str | None = None) -> bool:
+    rows = query(env, "SELECT count(*) FROM event WHERE kind = 'train.progress'"
+                 + (" AND job_id = ?" if job_id else ""), *([job_id] if job_id else []))
+    return bool(rows and rows[0][0] >= 2)
+
+
+def one_job(env: dict[str, str]) -> str:
+    rows = query(env, "SELECT id FROM job")
+    assert len(rows) == 1, rows
+    return str(rows[0][0])
+
+
+def status(env: dict[str, str], job_id: str) -> str:
+    return str(query(env, "SELECT status FROM job WHERE id = ?", job_id)[0][0])
+
+
+def lease_lapsed(env: dict[str, str]) -> None:
+    wait_for(lambda: query(env, "SELECT lease_expires_at < strftime('%Y-%m-%dT%H:%M:%fZ', "
+                                "'now') FROM job")[0][0], timeout=15, what="lease expiry")
+
+
+def live_instances(env: dict[str, str]) -> list[object]:
+    return list(SimCloud(sim_dir(env)).list())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_during_training_tears_the_instance_down(env: dict[str, str],
+                                                        sig: signal.Signals) -> None:
+    proc = spawn(env, "submit", "examples/quickstart.yml")
+    try:
+        wait_for(lambda: training(env), what="training")
+        assert live_instances(env)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
+    job_id = one_job(env)
+    assert status(env, job_id) == "cancelled"
+    assert live_instances(env) == []
+    assert query(env, "SELECT count(*) FROM instance WHERE terminated_at IS NULL") == [(0,)]
+
+
+def test_cancel_from_another_process(env: dict[str, str]) -> None:
+    proc = spawn(env, "submit", "examples/quickstart.yml")
+    try:
+        wait_for(lambda: training(env), what="training")
+        job_id = one_job(env)
+        out = orch(env, "cancel", job_id, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == {"job_id": job_id, "status": "cancelled",
+                                          "instances_left": []}
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert live_instances(env) == []
+
+
+def test_killed_worker_is_taken_over_after_its_lease_expires(env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "16"}
+    out = orch(env, "submit", "examples/quickstart.yml", "--detach", "--json")
+    job_id = json.loads(out.stdout)["job_id"]
+    first = spawn(env, "worker")
+    try:
+        wait_for(lambda: training(env, job_id), what="training")
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=10)
+    finally:
+        first.kill()
+    assert live_instances(env), "the instance should outlive the killed worker"
+    lease_lapsed(env)
+    second = orch(env, "worker", "--once", timeout=180)
+    assert second.returncode == 0, second.stderr
+    assert status(env, job_id) == "succeeded"
+    kinds = [r[0] for r in query(env, "SELECT kind FROM event WHERE job_id = ?", job_id)]
+    assert "requeued" in kinds and "instance.adopted" in kinds
+    # Reattached to the same instance: training was not started from scratch.
+    assert query(env, "SELECT count(*) FROM instance WHERE job_id = ?", job_id) == [(1,)]
+    assert live_instances(env) == []
+
+
+def test_instance_created_but_never_recorded_is_terminated_by_reconcile(
+        env: dict[str, str]) -> None:
+    crashed = orch({**env, "ORCH_FAILPOINT": "after-create"}, "submit",
+                   "examples/quickstart.yml")
+    assert crashed.returncode == -signal.SIGKILL
+    job_id = one_job(env)
+    assert query(env, "SELECT provider_instance_id FROM instance") == [(None,)]
+    (orphan,) = live_instances(env)
+    lease_lapsed(env)
+    dry = json.loads(orch(env, "reconcile", "--dry-run", "--json").stdout)
+    assert {a["kind"] for a in dry["actions"]} == {"terminate", "requeue"}
+    assert live_instances(env)  # a dry run changes nothing
+    done = orch(env, "reconcile", "--json")
+    actions = json.loads(done.stdout)["actions"]
+    assert [a["instance_id"] for a in actions if a["kind"] == "terminate"] == \
+        [orphan.instance_id]  # type: ignore[attr-defined]
+    assert live_instances(env) == []
+    assert status(env, job_id) == "queued"
+    # The requeued job then runs to the end on a fresh instance.
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "3"}
+    assert orch(env, "worker", "--once", timeout=180).returncode == 0
+    assert status(env, job_id) == "succeeded"
+    assert live_instances(env) == []
+
+
+def test_two_workers_never_run_the_same_job(env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "3", "ORCH_SIM_STEP_S": "0.1"}
+    ids = [json.loads(orch(env, "submit", "examples/quickstart.yml", "--detach",
+                           "--json").stdout)["job_id"] for _ in range(3)]
+    workers = [spawn(env, "worker", "--once") for _ in range(2)]
+    for w in workers:
+        w.communicate(timeout=300)
+        assert w.returncode == 0
+    claims = query(env, "SELECT job_id, json_extract(data_json, '$.owner') FROM event "
+                        "WHERE kind = 'state' AND message LIKE 'provisioning (claimed by %'")
+    assert sorted(j for j, _ in claims) == sorted(ids)  # each job claimed exactly once
+    assert len({o for _, o in claims}) >= 1
+    assert {status(env, j) for j in ids} == {"succeeded"}
+    assert live_instances(env) == []

@@ -1,0 +1,170 @@
+"""The engine through the Vast.ai and RunPod adapters, against their HTTP emulators whose
+instances are simulated GPU hosts: success, capacity fall-through, retried 429/5xx, a 402
+that stops with a clear message, and a Vast.ai outbid resumed elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import KeyPair
+from emulators.hosts import SimHostBackend
+from emulators.runpod import RunPodEmulator
+from emulators.vast import VastEmulator
+from test_engine import HOST, Rig, training_step, when
+
+from orchestrator.engine import JobRunner, Options, owner_id
+from orchestrator.store import open_store
+from providers.runpod import RunPod
+from providers.vastai import VastAI
+
+KEY = "engine-emulator-key-0123456789"
+RUNPOD_GPUS = [
+    {"id": "NVIDIA GeForce RTX 4090", "name": "RTX 4090", "memory": 24, "secure": True,
+     "community": True, "price": {"secure": "0.69", "community": "0.34"},
+     "maxCount": {"secure": 8, "community": 2}, "availability": "HIGH", "dataCenters": []},
+    {"id": "NVIDIA A100 80GB PCIe", "name": "A100 PCIe", "memory": 80, "secure": True,
+     "community": True, "price": {"secure": "1.64", "community": "1.19"},
+     "maxCount": {"secure": 8, "community": 8}, "availability": "LOW", "dataCenters": []},
+]
+
+
+@pytest.fixture
+def rig(tmp_path: Path, ssh_keypair: KeyPair, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    url = f"sqlite:///{tmp_path / 'orch.db'}"
+    monkeypatch.setenv("ORCH_DB_URL", url)
+    r = Rig(tmp_path, open_store(url), ssh_keypair, [])
+    yield r
+    r.store.close()
+
+
+@pytest.fixture
+def hosts(tmp_path: Path) -> Iterator[SimHostBackend]:
+    backend = SimHostBackend(tmp_path / "emu-hosts", dict(HOST))
+    yield backend
+    backend.stop_all()
+
+
+def job_for(rig: Rig, provider: str, method: str = "qlora") -> str:
+    path = rig.job_file(method)
+    path.write_text(path.read_text().replace("providers: [sim]", f"providers: [{provider}]"))
+    return rig.queue(path)
+
+
+def drive(rig: Rig, providers: dict[str, Any], job_id: str) -> Any:
+    owner = owner_id("test")
+    opts = Options(poll_s=0.2, watch_s=0.2, lease_s=5, boot_deadline_s=30,
+                   connect_deadline_s=20, ssh_key=rig.key.private)
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    return JobRunner(rig.store, providers, owner, opts).run(job_id)
+
+
+def vast(emu: VastEmulator) -> VastAI:
+    return VastAI(KEY, base_url=emu.url, attempts=4, initial_s=0.01, max_wait_s=0.05)
+
+
+def runpod(emu: RunPodEmulator) -> RunPod:
+    return RunPod(KEY, base_url=emu.url, attempts=4, deadline_s=10, initial_backoff_s=0.01,
+                  max_backoff_s=0.05)
+
+
+def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.add_offer(id=2, gpu_name="A100 SXM4", gpu_ram=81920, dph_base=1.20, min_bid=0.70)
+        job_id = job_for(rig, "vastai")
+        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        (row,) = rig.store.instances_of(job_id)
+        assert (row.gpu, row.interruptible, row.end_reason) == ("RTX 4090", True, "released")
+        # The price charged is what Vast.ai reported (bid + storage), not the catalog's.
+        assert row.price_per_hour_micros > 200_000
+        assert emu.instances == {}
+    assert hosts.instance_ids == [] or all(not hosts.host(i).running for i in hosts.instance_ids)
+
+
+def test_vast_capacity_error_and_rate_limits_fall_through(rig: Rig,
+                                                         hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
+        emu.fail_next(2, 429, method="PUT")  # retried by the adapter
+        emu.fail_next(1, 500, method="GET")  # a 5xx while polling, retried too
+        emu.remove_offer(1)  # gone between search and create: a capacity error
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_contract(1)  # success:false + new_contract: destroyed, next offer
+        job_id = job_for(rig, "vastai")
+        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        rows = rig.store.instances_of(job_id)
+        assert [r.end_reason for r in rows] == ["capacity", "released"]
+        assert rows[-1].gpu == "RTX 5090"
+        assert emu.instances == {}
+
+
+def test_vast_outbid_mid_training_resumes_on_another_offer(rig: Rig,
+                                                           hosts: SimHostBackend) -> None:
+    backend = SimHostBackend(rig.tmp / "slow-hosts", {**HOST, "train_steps": 10,
+                                                      "train_step_seconds": 0.3})
+    try:
+        with VastEmulator(api_key=KEY, hosts=backend) as emu:
+            emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+            emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60,
+                          min_bid=0.30)
+            job_id = job_for(rig, "vastai")
+
+            def outbid() -> None:
+                (row,) = rig.store.instances_of(job_id)
+                emu.preempt(row.provider_instance_id or "")
+
+            when(lambda: training_step(rig.store, job_id) >= 3, outbid)
+            job = drive(rig, {"vastai": vast(emu)}, job_id)
+            assert job.status == "succeeded", job.failure_reason
+            first, second = rig.store.instances_of(job_id)
+            assert first.end_reason == "interrupted" and second.end_reason == "released"
+            assert job.interruptions == 1
+            assert emu.instances == {}
+    finally:
+        backend.stop_all()
+
+
+def test_vast_402_stops_with_a_clear_message(rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(1, 402, method="PUT")
+        job_id = job_for(rig, "vastai")
+        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "failed"
+        assert "vastai" in (job.failure_reason or "")
+        assert "credit" in (job.failure_reason or "").lower()
+        (row,) = rig.store.instances_of(job_id)
+        assert row.terminated_at is not None and row.provider_instance_id is None
+        assert emu.instances == {}
+
+
+@pytest.mark.parametrize("method", ["qlora", "full"])
+def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: str) -> None:
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                        hosts=hosts) as emu:
+        emu.fail_next(503, 1, method="POST", path="/v2/pods")  # retried
+        job_id = job_for(rig, "runpod", method)
+        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        (row,) = rig.store.instances_of(job_id)
+        assert row.interruptible is False and row.end_reason == "released"
+        assert emu.pods() == [] if hasattr(emu, "pods") else True
+
+
+def test_runpod_402_stops(rig: Rig, hosts: SimHostBackend) -> None:
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                        hosts=hosts) as emu:
+        emu.fail_next(402, 1, method="POST", path="/v2/pods", detail="insufficient balance")
+        job_id = job_for(rig, "runpod")
+        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        assert job.status == "failed"
+        assert "runpod" in (job.failure_reason or "") and "balance" in (job.failure_reason or "")
