@@ -339,6 +339,10 @@ def _register() -> None:
     from orchestrator import cli_jobs
 
     cli_jobs.register(app)
+    from orchestrator import cli_history, cli_sweeps
+
+    cli_history.register(app)
+    cli_sweeps.register(app)
 
 
 _register()

@@ -51,7 +51,7 @@ from providers.dedicated import RegisteredServer
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0002"
+SCHEMA_HEAD = "0003"
 
 JOB_STATUSES: tuple[str, ...] = (
     "queued",
@@ -236,6 +236,11 @@ class Job(SQLModel, table=True):
         Index("ix_job_spec_hash", "spec_hash"),
         Index("uq_job_sweep_key", "sweep_key", unique=True),
         # 0003: `orch history` filters, newest first (migrations/versions/0003_history.py).
+        Index("ix_job_provider_created_at", "provider", "created_at"),
+        Index("ix_job_gpu_created_at", "gpu", "created_at"),
+        Index("ix_job_method_created_at", "method", "created_at"),
+        Index("ix_job_base_model_created_at", "base_model", "created_at"),
+        Index("ix_job_finished_at", "finished_at"),
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
@@ -794,20 +799,14 @@ class Store:
             return job
 
     def claim_next(self, owner: str, lease_s: float) -> Job | None:
-        """Claim the oldest queued job, or None when the queue is empty."""
-        for _ in range(20):  # another worker may win each race; try the next one
-            with self.session() as session:
-                query = (select(Job.id).where(Job.status == "queued",
-                                              col(Job.cancel_requested_at).is_(None),
-                                              col(Job.lease_owner).is_(None))
-                         .order_by(col(Job.created_at), col(Job.id)).limit(1))
-                job_id = session.exec(query).first()
-            if job_id is None:
-                return None
-            job = self.claim_job(job_id, owner, lease_s)
-            if job is not None:
-                return job
-        return None
+        """Claim the oldest queued job that may start now, or None.
+
+        Sweep jobs wait while their sweep runs `max_parallel` jobs or the next one would
+        exceed its budget (orchestrator.sweepstore); those are skipped, not blocking others.
+        """
+        from orchestrator.sweepstore import claim_next_gated  # sweepstore imports the store
+
+        return claim_next_gated(self, owner, lease_s)
 
     def renew_lease(self, job_id: str, owner: str, lease_s: float) -> Job | None:
         """Extend `owner`'s lease; None when the job is no longer `owner`'s."""

@@ -1,0 +1,720 @@
+"""History queries, cost rollups, read-only SQL and advise inputs over the orch database.
+
+Read-only and light: on SQLite everything here goes through the standard library's sqlite3
+on a `mode=ro` URI (no SQLModel/SQLAlchemy import, ~0.5 s saved, and no file or schema is
+ever created); other databases (`ORCH_DB_URL` = PostgreSQL) go through the store's engine
+with the same SQL. Aggregation happens in SQL so 100,000 jobs cost the same Python work as
+ten; only the few grouped rows come back. Money stays integer micro-dollars until display
+(Invariant 7): durations are summed as integer seconds and priced with Decimal.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import quote
+
+from orchestrator.readonly import sqlite_path
+
+# Kept in step with orchestrator.store.JOB_STATUSES (tests/test_history.py checks): importing
+# the store here would cost every history command the SQLModel import.
+JOB_STATUSES: tuple[str, ...] = (
+    "queued", "planned", "provisioning", "connecting", "preparing", "training", "merging",
+    "evaluating", "releasing", "succeeded", "failed", "cancelled", "interrupted",
+)
+SORT_KEYS: tuple[str, ...] = ("created", "cost", "duration", "status")
+TIME_BUCKETS: tuple[str, ...] = ("day", "week", "month")
+DIMENSIONS: tuple[str, ...] = ("provider", "gpu", "sweep", "method")
+METERED: tuple[str, ...] = ("per_second", "per_minute")
+
+_MICROS = Decimal(1_000_000)
+_SPAN = re.compile(r"(\d+)\s*([mhdw])")
+_SPAN_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class HistoryError(Exception):
+    """A bad argument or an unreadable database; the message names the flag and the fix."""
+
+
+class ReadOnlyError(HistoryError):
+    """`orch sql` was given something other than one read-only query."""
+
+
+# --- times -------------------------------------------------------------------------------
+
+
+def to_text(when: datetime) -> str:
+    """The stored form of an aware time: `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC."""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_when(value: str, flag: str, now: datetime) -> datetime:
+    """An ISO date/time (UTC unless it says otherwise) or a span back from `now` (`30d`)."""
+    text = value.strip()
+    span = _SPAN.fullmatch(text.lower())
+    if span:
+        return now - timedelta(**{_SPAN_UNITS[span.group(2)]: int(span.group(1))})
+    try:
+        # fromisoformat takes dates, `T` or space separated times, offsets and (3.11) `Z`.
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise HistoryError(
+            f"{flag} {value}: use an ISO date like 2026-11-01, a UTC time like "
+            "2026-11-01T12:00, or a span like 30d, 12h, 2w, 90m"
+        ) from None
+    # A time without an offset is UTC: every time orch stores and prints is.
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def parse_stored(text: str | None) -> datetime | None:
+    """Parse a stored time column (tolerating hand-written rows without the `Z`)."""
+    if text is None:
+        return None
+    parsed = datetime.fromisoformat(text)
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+# --- database access ---------------------------------------------------------------------
+
+
+class Reader(Protocol):
+    """Run one read query with `:name` parameters and return every row."""
+
+    dialect: str
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """All rows of `sql`."""
+        ...
+
+    def close(self) -> None:
+        """Release the connection."""
+        ...
+
+
+def _ro_connect(path: Path) -> sqlite3.Connection:
+    # mode=ro: a typo'd path is an error, not a new empty database; timeout only matters
+    # while a WAL checkpoint or recovery holds the file.
+    con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10)
+    con.execute("PRAGMA query_only=ON")
+    return con
+
+
+class SqliteReader:
+    """A read-only sqlite3 connection (stdlib only)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.con = _ro_connect(path)
+        except sqlite3.Error as exc:
+            raise HistoryError(f"cannot read the database {path}: {exc}") from exc
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """All rows of `sql`; a missing table means a database orch never migrated."""
+        try:
+            return self.con.execute(sql, dict(params or {})).fetchall()
+        except sqlite3.OperationalError as exc:
+            raise HistoryError(
+                f"cannot read the history in {self.path}: {exc}; run any orch command that "
+                "opens the database (e.g. `orch jobs`) to create or upgrade its schema"
+            ) from exc
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.con.close()
+
+
+class EngineReader:
+    """Reads through the store's SQLAlchemy engine (PostgreSQL and other non-SQLite URLs)."""
+
+    def __init__(self, url: str) -> None:
+        from orchestrator.store import StoreError, open_store
+
+        try:
+            self.store = open_store(url)
+        except StoreError as exc:
+            raise HistoryError(str(exc)) from exc
+        self.dialect = self.store.engine.dialect.name
+
+    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """All rows of `sql` in a read-only transaction."""
+        from sqlalchemy import text
+
+        with self.store.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            result = conn.execute(text(sql), dict(params or {}))
+            out = [tuple(r) for r in result]
+            conn.rollback()
+            return out
+
+    def close(self) -> None:
+        """Dispose of the engine."""
+        self.store.close()
+
+
+def open_reader(url: str) -> Reader | None:
+    """A reader for `url`, or None when the SQLite file does not exist (no history yet)."""
+    path = sqlite_path(url)
+    if path is None:
+        if url.startswith("sqlite"):
+            return None  # in-memory: a fresh process has no history
+        return EngineReader(url)
+    if not path.exists():
+        return None
+    return SqliteReader(path)
+
+
+def _seconds(dialect: str, start: str, end: str) -> str:
+    """SQL for the whole seconds from `start` to `end` (stored-format time expressions)."""
+    if dialect == "sqlite":
+        return f"CAST(round((julianday({end}) - julianday({start})) * 86400) AS INTEGER)"
+    return (f"CAST(round(EXTRACT(EPOCH FROM (CAST({end} AS timestamptz) - "
+            f"CAST({start} AS timestamptz)))) AS BIGINT)")
+
+
+def _greatest(dialect: str, *args: str) -> str:
+    # SQLite's multi-argument max()/min() are its GREATEST/LEAST.
+    return f"{'max' if dialect == 'sqlite' else 'GREATEST'}({', '.join(args)})"
+
+
+def _least(dialect: str, *args: str) -> str:
+    return f"{'min' if dialect == 'sqlite' else 'LEAST'}({', '.join(args)})"
+
+
+def _in(column: str, name: str, values: Sequence[str], params: dict[str, Any]) -> str:
+    """`column IN (:name0, :name1, ...)`, binding each value (never formatted into SQL)."""
+    keys = []
+    for i, v in enumerate(values):
+        params[f"{name}{i}"] = v
+        keys.append(f":{name}{i}")
+    return f"{column} IN ({', '.join(keys)})"
+
+
+def _like_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+# --- history -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which jobs: each tuple is "any of these"; empty means no restriction."""
+
+    statuses: tuple[str, ...] = ()
+    methods: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    providers: tuple[str, ...] = ()
+    gpus: tuple[str, ...] = ()
+    sweep: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    """One job as `orch history` shows it."""
+
+    id: str
+    name: str
+    status: str
+    method: str
+    model: str
+    provider: str | None
+    gpu: str | None
+    gpu_count: int | None
+    spot: bool | None
+    cost_micros: int
+    amortised_micros: int
+    duration_s: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values: money as exact decimal strings, times as UTC ISO text."""
+        def iso(t: datetime | None) -> str | None:
+            return None if t is None else to_text(t)
+
+        return {
+            "id": self.id, "name": self.name, "status": self.status, "method": self.method,
+            "model": self.model, "provider": self.provider, "gpu": self.gpu,
+            "gpu_count": self.gpu_count, "spot": self.spot, "cost": str(dollars(self.cost_micros)),
+            "amortised": str(dollars(self.amortised_micros)), "duration_s": self.duration_s,
+            "created_at": iso(self.created_at), "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+        }
+
+
+def dollars(micros: int) -> Decimal:
+    """Integer micro-dollars as exact Decimal dollars."""
+    return Decimal(int(micros)).scaleb(-6)
+
+
+def gpu_names(value: str) -> list[str]:
+    """The stored GPU names a user's spelling may mean (`H100` → both H100 variants)."""
+    from providers import catalog
+
+    return sorted({value, *catalog.resolve_gpu(value)})
+
+
+def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
+    """WHERE terms on `job j` for the filters (binding every value into `params`)."""
+    terms: list[str] = []
+    if f.statuses:
+        bad = [s for s in f.statuses if s not in JOB_STATUSES]
+        if bad:
+            raise HistoryError(f"--status {bad[0]}: use one of {', '.join(JOB_STATUSES)}")
+        terms.append(_in("j.status", "st", f.statuses, params))
+    if f.methods:
+        terms.append(_in("j.method", "me", f.methods, params))
+    if f.providers:
+        terms.append(_in("j.provider", "pr", f.providers, params))
+    if f.gpus:
+        names = sorted({n for g in f.gpus for n in gpu_names(g)})
+        terms.append(_in("j.gpu", "gp", names, params))
+    if f.models:
+        # The full repo id, or just its name after the org (`Qwen2.5-7B`).
+        ors = []
+        for i, m in enumerate(f.models):
+            params[f"mo{i}"], params[f"ms{i}"] = m, "%/" + _like_escape(m)
+            ors.append(f"j.base_model = :mo{i} OR j.base_model LIKE :ms{i} ESCAPE '\\'")
+        terms.append("(" + " OR ".join(ors) + ")")
+    if f.sweep is not None:
+        params["sw"] = f.sweep
+        found = reader.rows("SELECT id FROM sweep WHERE id = :sw OR name = :sw", params)
+        if not found:
+            raise HistoryError(f"--sweep {f.sweep}: no sweep has that name or id; see the "
+                               "names with `orch sql \"SELECT id, name FROM sweep\"`")
+        terms.append(_in("j.sweep_id", "si", [r[0] for r in found], params))
+    if f.since is not None and f.until is not None and f.since >= f.until:
+        raise HistoryError(f"--since {to_text(f.since)} is not before --until "
+                           f"{to_text(f.until)}: swap them or widen the range")
+    if f.since is not None:
+        params["since"] = to_text(f.since)
+        terms.append("j.created_at >= :since")
+    if f.until is not None:
+        params["until"] = to_text(f.until)
+        terms.append("j.created_at < :until")
+    return terms
+
+
+def history(reader: Reader | None, filters: Filters, *, sort: str = "created",
+            descending: bool = True, limit: int | None = 50,
+            now: datetime | None = None) -> list[HistoryRow]:
+    """The jobs matching `filters`, sorted by `sort`, at most `limit` (None: all)."""
+    if sort not in SORT_KEYS:
+        raise HistoryError(f"--sort {sort}: use one of {', '.join(SORT_KEYS)}")
+    if limit is not None and limit < 0:
+        raise HistoryError(f"--limit {limit}: give a number >= 0 (0 = no limit)")
+    if reader is None:
+        return []
+    now = now or datetime.now(UTC)
+    params: dict[str, Any] = {"now": to_text(now)}
+    terms = _where(reader, filters, params)
+    d = reader.dialect
+    duration = (f"CASE WHEN j.started_at IS NULL THEN NULL ELSE "
+                f"{_seconds(d, 'j.started_at', 'coalesce(j.finished_at, :now)')} END")
+    key = {"created": "j.created_at", "cost": "j.cost_micros", "duration": "duration_s",
+           "status": "j.status"}[sort]
+    direction = "DESC" if descending else "ASC"
+    # Jobs that never started have no duration: last either way, the same on both dialects.
+    nulls = "CASE WHEN duration_s IS NULL THEN 1 ELSE 0 END, " if sort == "duration" else ""
+    sql = (f"SELECT j.id, j.name, j.status, j.method, j.base_model, j.provider, j.gpu, "
+           f"j.gpu_count, j.interruptible, j.cost_micros, j.amortised_micros, {duration} AS "
+           f"duration_s, j.created_at, j.started_at, j.finished_at FROM job j"
+           + (" WHERE " + " AND ".join(terms) if terms else "")
+           + f" ORDER BY {nulls}{key} {direction}, j.id {direction}")
+    if limit:
+        params["limit"] = limit
+        sql += " LIMIT :limit"
+    out = []
+    for r in reader.rows(sql, params):
+        created = parse_stored(r[12])
+        assert created is not None  # NOT NULL column
+        out.append(HistoryRow(
+            id=r[0], name=r[1], status=r[2], method=r[3], model=r[4], provider=r[5], gpu=r[6],
+            gpu_count=r[7], spot=None if r[8] is None else bool(r[8]),
+            cost_micros=int(r[9] or 0), amortised_micros=int(r[10] or 0),
+            duration_s=None if r[11] is None else max(0, int(r[11])), created_at=created,
+            started_at=parse_stored(r[13]), finished_at=parse_stored(r[14])))
+    return out
+
+
+# --- cost rollups ------------------------------------------------------------------------
+
+
+@dataclass
+class CostRow:
+    """One group of `orch cost`: a time bucket and/or a dimension value."""
+
+    bucket: str | None
+    key: str | None
+    jobs: int = 0
+    gpu_seconds: int = 0
+    cost_micros: int = 0
+    amortised_micros: int = 0
+    # Spot savings vs the on-demand catalog price; None when no spot hour could be priced.
+    savings_micros: int | None = None
+    spot_gpu_seconds: int = 0
+    unpriced_gpus: set[str] = field(default_factory=set)
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        """GPU-hours, to 0.01 h."""
+        return (Decimal(self.gpu_seconds) / 3600).quantize(Decimal("0.01"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (money as exact decimal strings)."""
+        return {
+            "bucket": self.bucket, "key": self.key, "jobs": self.jobs,
+            "gpu_hours": str(self.gpu_hours), "cost": str(dollars(self.cost_micros)),
+            "amortised": str(dollars(self.amortised_micros)),
+            "spot_savings": None if self.savings_micros is None
+            else str(dollars(self.savings_micros)),
+            "spot_gpu_hours": str((Decimal(self.spot_gpu_seconds) / 3600).quantize(
+                Decimal("0.01"))),
+            "spot_unpriced_gpus": sorted(self.unpriced_gpus),
+        }
+
+
+def on_demand_prices() -> dict[str, Decimal]:
+    """Cheapest on-demand metered catalog price per GPU-hour, by canonical GPU name."""
+    from providers import catalog
+
+    best: dict[str, Decimal] = {}
+    for o in catalog.load().offers:
+        if o.interruptible or o.price_per_hour is None or o.billing.value not in METERED:
+            continue
+        per_gpu = o.price_per_hour / o.gpu_count
+        if o.gpu not in best or per_gpu < best[o.gpu]:
+            best[o.gpu] = per_gpu
+    return best
+
+
+def _price_for(gpu: str, prices: Mapping[str, Decimal]) -> Decimal | None:
+    """The on-demand price of a stored GPU name (canonical, or an unambiguous alias)."""
+    if gpu in prices:
+        return prices[gpu]
+    from providers import catalog
+
+    names = catalog.resolve_gpu(gpu)
+    return prices.get(names[0]) if len(names) == 1 else None
+
+
+def _bucket(day: str, by: str | None) -> str | None:
+    if by is None:
+        return None
+    if by == "day":
+        return day
+    if by == "month":
+        return day[:7]
+    year, week, _ = date.fromisoformat(day).isocalendar()
+    return f"{year}-W{week:02d}"
+
+
+def split_by(values: Iterable[str]) -> tuple[str | None, str | None]:
+    """`--by` values → (time bucket, dimension): at most one of each."""
+    when: str | None = None
+    dim: str | None = None
+    for raw in values:
+        v = raw.strip().lower()
+        if v in TIME_BUCKETS:
+            if when is not None:
+                raise HistoryError(f"--by {when} --by {v}: give at most one of "
+                                   f"{', '.join(TIME_BUCKETS)}")
+            when = v
+        elif v in DIMENSIONS:
+            if dim is not None:
+                raise HistoryError(f"--by {dim} --by {v}: give at most one of "
+                                   f"{', '.join(DIMENSIONS)}")
+            dim = v
+        else:
+            raise HistoryError(f"--by {raw}: use {', '.join(TIME_BUCKETS)} and/or "
+                               f"{', '.join(DIMENSIONS)} (e.g. --by month --by provider)")
+    return when, dim
+
+
+def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
+                since: datetime | None = None, until: datetime | None = None,
+                now: datetime | None = None,
+                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+    """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
+
+    Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
+    provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
+    still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
+    catalog price of that GPU minus what it was charged (its billed cost once terminated,
+    price × elapsed time while open).
+    """
+    if when is not None and when not in TIME_BUCKETS:
+        raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
+    if dim is not None and dim not in DIMENSIONS:
+        raise HistoryError(f"--by {dim}: use one of {', '.join(DIMENSIONS)}")
+    if reader is None:
+        return []
+    now = now or datetime.now(UTC)
+    prices = on_demand_prices() if prices is None else prices
+    params: dict[str, Any] = {"now": to_text(now)}
+    terms = _where(reader, Filters(since=since, until=until), params)
+    where = " WHERE " + " AND ".join(terms) if terms else ""
+    dim_sql = {None: "NULL", "provider": "j.provider", "gpu": "j.gpu", "method": "j.method",
+               "sweep": "s.name"}[dim]
+    join = " LEFT JOIN sweep s ON s.id = j.sweep_id" if dim == "sweep" else ""
+    # Grouped by day in SQL (portable substr on the fixed-width text); weeks and months are
+    # rolled up here from at most a few hundred rows per year.
+    job_sql = (f"SELECT substr(j.created_at, 1, 10) AS day, {dim_sql} AS k, count(*), "
+               f"sum(j.cost_micros), sum(j.amortised_micros) FROM job j{join}{where} "
+               f"GROUP BY substr(j.created_at, 1, 10), {dim_sql}")
+    d = reader.dialect
+    secs = _greatest(d, "0", _seconds(d, "i.created_at", "coalesce(i.terminated_at, :now)"))
+    inst_sql = (
+        f"SELECT substr(j.created_at, 1, 10) AS day, {dim_sql} AS k, i.gpu, i.interruptible, "
+        f"sum({secs} * i.gpu_count), "
+        "sum(CASE WHEN i.terminated_at IS NULL THEN 0 ELSE i.cost_micros END), "
+        f"sum(CASE WHEN i.terminated_at IS NULL THEN i.price_per_hour_micros * {secs} "
+        f"ELSE 0 END) FROM instance i JOIN job j ON j.id = i.job_id{join}{where} "
+        f"GROUP BY substr(j.created_at, 1, 10), {dim_sql}, i.gpu, i.interruptible")
+    groups: dict[tuple[str | None, str | None], CostRow] = {}
+
+    def row(day: str, key: Any) -> CostRow:
+        b = _bucket(day, when)
+        k = None if key is None else str(key)
+        if (b, k) not in groups:
+            groups[b, k] = CostRow(b, k)
+        return groups[b, k]
+
+    for day, key, jobs, cost, amortised in reader.rows(job_sql, params):
+        r = row(day, key)
+        r.jobs += int(jobs)
+        r.cost_micros += int(cost or 0)
+        r.amortised_micros += int(amortised or 0)
+    for day, key, gpu, spot, gpu_secs, billed, open_micro_secs in reader.rows(inst_sql, params):
+        r = row(day, key)
+        gpu_secs = int(gpu_secs or 0)
+        r.gpu_seconds += gpu_secs
+        if not spot:
+            continue
+        r.spot_gpu_seconds += gpu_secs
+        price = _price_for(gpu, prices)
+        if price is None:
+            r.unpriced_gpus.add(gpu)
+            continue
+        # price × GPU-seconds / 3600 and the open instances' accrued price × seconds / 3600,
+        # each rounded once to a micro-dollar.
+        would = (price * _MICROS * gpu_secs / 3600).to_integral_value(ROUND_HALF_EVEN)
+        charged = int(billed or 0) + int((Decimal(int(open_micro_secs or 0)) / 3600)
+                                         .to_integral_value(ROUND_HALF_EVEN))
+        r.savings_micros = (r.savings_micros or 0) + int(would) - charged
+    return sorted(groups.values(), key=lambda r: (r.bucket or "", -r.cost_micros, r.key or ""))
+
+
+def total(rows: Sequence[CostRow]) -> CostRow:
+    """The sum of `rows` (savings None only when no row had any)."""
+    t = CostRow("total", None)
+    for r in rows:
+        t.jobs += r.jobs
+        t.gpu_seconds += r.gpu_seconds
+        t.cost_micros += r.cost_micros
+        t.amortised_micros += r.amortised_micros
+        t.spot_gpu_seconds += r.spot_gpu_seconds
+        t.unpriced_gpus |= r.unpriced_gpus
+        if r.savings_micros is not None:
+            t.savings_micros = (t.savings_micros or 0) + r.savings_micros
+    return t
+
+
+# --- read-only SQL -----------------------------------------------------------------------
+
+# Statement kinds an ad-hoc query may use: reading tables and views, calling functions and
+# recursive CTEs. Everything else (writes, DDL, PRAGMA, ATTACH, transactions) is denied.
+_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ,
+                              sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE})
+
+
+def _authorize(action: int, _a: str | None, _b: str | None, _db: str | None,
+               _trigger: str | None) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def single_statement(sql: str) -> str:
+    """`sql` without trailing semicolons; ReadOnlyError if it holds more than one statement.
+
+    A small scanner that skips quoted text and comments. Conservative: a `;` inside a
+    PostgreSQL dollar-quoted string is taken as a separator (refused, never run).
+    """
+    i, n, end = 0, len(sql), None
+    while i < n:
+        c = sql[i]
+        if c in "'\"`":
+            close = sql.find(c, i + 1)
+            while close != -1 and sql[close + 1:close + 2] == c:  # doubled quote = escape
+                close = sql.find(c, close + 2)
+            i = n if close == -1 else close + 1
+        elif sql.startswith("--", i):
+            nl = sql.find("\n", i)
+            i = n if nl == -1 else nl + 1
+        elif sql.startswith("/*", i):
+            close = sql.find("*/", i + 2)
+            i = n if close == -1 else close + 2
+        elif c == ";":
+            end = i if end is None else end
+            i += 1
+        else:
+            if end is not None and not c.isspace():
+                raise ReadOnlyError("orch sql runs one statement at a time; remove everything "
+                                    "after the first `;` (or run each query separately)")
+            i += 1
+    stripped = (sql if end is None else sql[:end]).strip()
+    if not stripped:
+        raise ReadOnlyError('orch sql needs a query, e.g. orch sql "SELECT count(*) FROM job"')
+    return stripped
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """Column names and rows of an ad-hoc query."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+def _refusal(sql: str, detail: str) -> ReadOnlyError:
+    verb = sql.split(None, 1)[0].upper() if sql.split() else "?"
+    return ReadOnlyError(
+        f"orch sql is read-only: only SELECT queries (and WITH ... SELECT) run here; "
+        f"this {verb} statement was refused ({detail}). Change data with orch commands "
+        "(`orch cancel`, `orch servers remove`, ...)"
+    )
+
+
+def run_sql(url: str, sql: str) -> SqlResult:
+    """Run one read-only query against the database at `url`.
+
+    SQLite: a `mode=ro` connection with `PRAGMA query_only=ON` and an authorizer that allows
+    only reads — three locks, any one of which refuses a write. In WAL mode the query reads
+    one consistent snapshot and never blocks a worker's writes.
+    """
+    query = single_statement(sql)
+    path = sqlite_path(url)
+    if path is None and not url.startswith("sqlite"):
+        return _run_sql_engine(url, query)
+    if path is None or not path.exists():
+        raise HistoryError(f"no orch database at {path or url} yet; it is created by the first "
+                           "`orch submit` (or set ORCH_DB_URL to the database you mean)")
+    try:
+        con = _ro_connect(path)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"cannot open {path} read-only: {exc}") from exc
+    try:
+        con.set_authorizer(_authorize)
+        try:
+            cur = con.execute(query)
+            rows = cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            msg = str(exc)
+            if any(s in msg for s in ("not authorized", "authorization denied", "readonly",
+                                        "read-only")):
+                raise _refusal(query, msg) from None
+            if "no such table: v_" in msg:
+                msg += ("; orch's views arrive with schema 0003: run any orch command that "
+                        "opens the database (e.g. `orch jobs`) to upgrade it")
+            raise HistoryError(f"query failed: {msg}") from None
+        except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
+            raise ReadOnlyError(f"orch sql runs one statement at a time ({exc})") from None
+        columns = tuple(c[0] for c in cur.description or ())
+        if not columns:
+            raise _refusal(query, "it returns no rows")
+        return SqlResult(columns, rows)
+    finally:
+        con.close()
+
+
+def _run_sql_engine(url: str, query: str) -> SqlResult:
+    """PostgreSQL and others: one statement in a READ ONLY transaction, always rolled back."""
+    from sqlalchemy.exc import DBAPIError
+
+    from orchestrator.store import StoreError, open_store
+
+    try:
+        store = open_store(url)
+    except StoreError as exc:
+        raise HistoryError(str(exc)) from exc
+    try:
+        with store.engine.connect() as conn:
+            if store.engine.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            try:
+                result = conn.exec_driver_sql(query.replace("%", "%%"))
+            except DBAPIError as exc:
+                if "read-only" in str(exc.orig):
+                    raise _refusal(query, str(exc.orig).strip()) from None
+                raise HistoryError(f"query failed: {exc.orig}") from None
+            if not result.returns_rows:
+                raise _refusal(query, "it returns no rows")
+            out = SqlResult(tuple(result.keys()), [tuple(r) for r in result])
+            conn.rollback()
+            return out
+    finally:
+        store.close()
+
+
+# --- advise inputs -----------------------------------------------------------------------
+
+
+def metered_usage(reader: Reader, since: datetime, now: datetime) -> list[tuple[str, int, int]]:
+    """Per GPU: (gpu, GPU-seconds, charged micro-dollars) of metered instances in the window.
+
+    Only the part of each instance's life inside [since, now] counts, at the price per hour
+    it was rented at.
+    """
+    d = reader.dialect
+    start = _greatest(d, "i.created_at", ":since")
+    end = _least(d, "coalesce(i.terminated_at, :now)", ":now")
+    secs = _greatest(d, "0", _seconds(d, start, end))
+    params: dict[str, Any] = {"since": to_text(since), "now": to_text(now)}
+    billing = _in("i.billing", "bi", METERED, params)
+    sql = (f"SELECT i.gpu, sum({secs} * i.gpu_count), sum({secs} * i.price_per_hour_micros) "
+           f"FROM instance i WHERE {billing} AND i.created_at < :now AND "
+           "(i.terminated_at IS NULL OR i.terminated_at > :since) GROUP BY i.gpu")
+    out = []
+    for gpu, gpu_secs, micro_secs in reader.rows(sql, params):
+        charged = (Decimal(int(micro_secs or 0)) / 3600).to_integral_value(ROUND_HALF_EVEN)
+        out.append((str(gpu), int(gpu_secs or 0), int(charged)))
+    return out
+
+
+def server_usage(reader: Reader, since: datetime,
+                 now: datetime) -> list[tuple[str, str, int, int, int, int]]:
+    """Per registered server: (name, gpu, gpu_count, monthly micros, used s, available s).
+
+    Used = seconds jobs held it inside the window (its `dedicated` instance rows); available
+    = the window, or less when the server was registered during it.
+    """
+    d = reader.dialect
+    start = _greatest(d, "i.created_at", ":since")
+    end = _least(d, "coalesce(i.terminated_at, :now)", ":now")
+    secs = _greatest(d, "0", _seconds(d, start, end))
+    params = {"since": to_text(since), "now": to_text(now)}
+    used = dict(reader.rows(
+        f"SELECT i.provider_instance_id, sum({secs}) FROM instance i WHERE "
+        "i.provider = 'dedicated' AND i.created_at < :now AND "
+        "(i.terminated_at IS NULL OR i.terminated_at > :since) "
+        "GROUP BY i.provider_instance_id", params))
+    avail = _greatest(d, "0", _seconds(d, _greatest(d, "created_at", ":since"), ":now"))
+    out = []
+    for name, gpu, count, monthly, available in reader.rows(
+            f"SELECT name, gpu, gpu_count, monthly_price_micros, {avail} FROM server "
+            "ORDER BY name", params):
+        used_s = min(int(used.get(name) or 0), int(available))
+        out.append((name, gpu, int(count), int(monthly), used_s, int(available)))
+    return out
