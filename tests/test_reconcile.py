@@ -51,6 +51,10 @@ def spot_offer(cloud: SimCloud):  # type: ignore[no-untyped-def]
 def test_orphans_are_terminated_and_live_jobs_kept(store: Store, cloud: SimCloud,
                                                    ssh_keypair: KeyPair) -> None:
     done, running = new_job(store, "succeeded"), new_job(store, "training")
+    # A live worker drives `running` (its lease is current), so its instance is kept even
+    # before the worker wrote the instance's id down.
+    store.update_job_fields(running, lease_owner="worker-1",
+                            lease_expires_at=utcnow() + timedelta(minutes=5))
     offer = spot_offer(cloud)
     finished = cloud.create(offer, ssh_keypair.public, done)
     active = cloud.create(offer, ssh_keypair.public, running)

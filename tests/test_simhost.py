@@ -363,7 +363,9 @@ def test_host_dies_mid_run_and_boots_again(
     host.stop()
     host.start()
     with ConnectionFactory(ssh_keypair.private) as again:
-        assert wait_exited(connect(again, host), "job3") == ("exited", 255)
+        # Found dead at boot (255) or recorded as killed by the power-off (137) when the
+        # stand-in got to write its exit first (seen under load): either way, not running.
+        assert wait_exited(connect(again, host), "job3") in {("exited", 255), ("exited", 137)}
 
 
 def test_merge_then_vllm_serves_completions_through_a_tunnel(
