@@ -145,6 +145,11 @@ def ensure_key(path: Path | None = None) -> tuple[Path, str]:
     return path, pub.read_text().strip()
 
 
+def checkpoint_dir(job_id: str) -> Path:
+    """Local copies of a job's newest checkpoint (providers without a volume)."""
+    return data_dir() / "checkpoints" / job_id
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -543,10 +548,23 @@ class JobRunner:
         self._set("training", "training (detached on the host)")
         failpoint("training")
         status = train.status(host, tj)
+        mirrored = not hasattr(provider, "volume_dir")  # no volume: keep checkpoints here
+        local = checkpoint_dir(self.job_id)
         if status.state is not train.TrainState.RUNNING and (
                 job.attempt > 0 or status.state is train.TrainState.FAILED):
+            if mirrored:
+                from playbooks import checkpoints
+
+                restored = checkpoints.restore(host, tj, local)
+                if restored is not None:
+                    self._event("checkpoint.restored", f"uploaded checkpoint-{restored} "
+                                "from the local copy to the new instance", {"step": restored})
+            reached = self.progress.step if self.progress else None  # on the lost instance
             info = train.prepare_resume(host, tj)
             lost = info.lost_steps or 0
+            if reached is not None:
+                # A fresh machine has no log of the earlier run: count from what we saw.
+                lost = max(lost, reached - info.step)
             if info.step or lost:
                 self._event("resume", f"resuming from step {info.step} "
                             f"({info.checkpoint or 'no checkpoint'}); {lost} steps to redo",
@@ -557,8 +575,13 @@ class JobRunner:
                           lost_steps=job.lost_steps + lost)
         started = time.monotonic()
         run_playbook("train", train.steps(tj), host, emit)
+        next_mirror = 0
         while True:
             self._check_stop()
+            step = self.progress.step if self.progress else None
+            if mirrored and step is not None and step >= next_mirror:
+                next_mirror = step + max(1, pj.config.save_steps)
+                self._mirror(host, tj, local)
             # Short waits, so a cancel or a lost instance is noticed between polls too.
             status = train.wait(host, tj, self._on_train_progress, poll_s=self.opts.poll_s,
                                 deadline=time.monotonic() + max(self.opts.watch_s,
@@ -601,6 +624,15 @@ class JobRunner:
                     {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
         self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir)
         self._record_throughput(inst, train_seconds)
+
+    def _mirror(self, host: Any, tj: Any, local: Path) -> None:
+        from playbooks import checkpoints
+
+        copied = checkpoints.mirror(host, tj, local)
+        if copied is not None and copied.copied:
+            self._event("checkpoint.mirrored", f"checkpoint-{copied.step} copied off the host "
+                        f"({copied.bytes / 1e6:.1f} MB)", {"step": copied.step,
+                                                           "bytes": copied.bytes})
 
     def _record_throughput(self, inst: Instance, seconds: float) -> None:
         # Only an uninterrupted run on a real machine measures the hardware: the simulated
@@ -709,6 +741,9 @@ class JobRunner:
                 log.exception("teardown of instance row %s", row_id)
 
     def _delete_volumes(self) -> None:
+        import shutil
+
+        shutil.rmtree(checkpoint_dir(self.job_id), ignore_errors=True)
         for provider in self.providers.values():
             delete = getattr(provider, "delete_volume", None)
             if delete is not None:

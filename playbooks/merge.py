@@ -76,6 +76,9 @@ def steps(job: TrainJob, poll_s: float = 2.0, timeout_s: float = MERGE_TIMEOUT_S
                        f"--lora-model-dir={job.inside(job.output_dir)}"]
             handle.start(h, docker_options(job), job.image, command, job.secrets_file)
         # else: a merge from an earlier attempt is still running: wait for it.
+        # Polls start fast and slow down to poll_s: a small adapter merges in seconds,
+        # and the machine is billed for every second spent not noticing.
+        wait = min(0.1, poll_s)
         while True:
             current = handle.status(h)
             if current.state is not TrainState.RUNNING:
@@ -83,7 +86,8 @@ def steps(job: TrainJob, poll_s: float = 2.0, timeout_s: float = MERGE_TIMEOUT_S
             if time.monotonic() - started > timeout_s:
                 raise StepFailed(f"axolotl merge-lora still running after {timeout_s:.0f}s",
                                  fault=Fault.HOST)
-            time.sleep(poll_s)
+            time.sleep(wait)
+            wait = min(wait * 1.5, poll_s)
         _finish(h, current)
 
     def _finish(h: Host, current: TrainStatus) -> None:

@@ -107,7 +107,7 @@ def test_vast_capacity_error_and_rate_limits_fall_through(rig: Rig,
         assert emu.instances == {}
 
 
-def test_vast_outbid_mid_training_resumes_on_another_offer(rig: Rig,
+def test_vast_outbid_mid_training_resumes_from_the_mirrored_checkpoint(rig: Rig,
                                                            hosts: SimHostBackend) -> None:
     backend = SimHostBackend(rig.tmp / "slow-hosts", {**HOST, "train_steps": 10,
                                                       "train_step_seconds": 0.3})
@@ -128,7 +128,16 @@ def test_vast_outbid_mid_training_resumes_on_another_offer(rig: Rig,
             first, second = rig.store.instances_of(job_id)
             assert first.end_reason == "interrupted" and second.end_reason == "released"
             assert job.interruptions == 1
+            # Vast.ai has no volume: the checkpoint copied off the first instance was put on
+            # the second one, and training resumed from it.
+            kinds = rig.kinds(job_id)
+            assert "checkpoint.mirrored" in kinds and "checkpoint.restored" in kinds
+            resume = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+                      if e.kind == "resume"]
+            assert resume and resume[0]["step"] >= 1  # not from scratch
+            assert job.lost_steps == resume[0]["lost_steps"]
             assert emu.instances == {}
+            assert not (rig.tmp / "xdg" / "orch" / "checkpoints" / job_id).exists()
     finally:
         backend.stop_all()
 
