@@ -32,6 +32,7 @@ COMMANDS: list[list[str]] = [
     ["history", "--since", "30d"],
     ["cost", "--by", "month"],
     ["sql", "SELECT count(*) FROM job"],
+    ["sweep", "show", "{sweep}"],
 ]
 
 PROVIDERS = [("vastai", True), ("runpod", False), ("cloud", True), ("cloud", False),
@@ -52,13 +53,20 @@ def build(db: Path, jobs: int, seed: int = 7) -> None:
     from orchestrator.store import open_store
 
     open_store(f"sqlite:///{db}").close()
-    if jobs == 0:
-        return
     rnd = random.Random(seed)
     now = datetime.now(UTC)
     span = timedelta(days=365)
     sweeps = [(f"s-{i:012x}", f"sweep-{i}", '{"objective":{"goal":"max",'
-               '"metric":"eval.exact_match"}}', None, _t(now - span)) for i in range(jobs // 500)]
+               '"metric":"eval.exact_match"}}', None, _t(now - span))
+              for i in range(max(1, jobs // 500))]
+    if jobs == 0:
+        # The empty history still knows the sweep `sweep show` asks for, with no runs yet.
+        con = sqlite3.connect(db)
+        with con:
+            con.executemany("INSERT INTO sweep (id, name, spec_json, budget_micros, "
+                            "created_at) VALUES (?, ?, ?, ?, ?)", sweeps)
+        con.close()
+        return
     job_rows, event_rows, inst_rows, metric_rows = [], [], [], []
     for n in range(jobs):
         jid = f"j-{n:012x}"

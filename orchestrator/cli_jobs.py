@@ -380,7 +380,7 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"\nEvents (newest {min(events, len(evs))} of {len(evs)}; all with "
                    f"`orch logs {job.id}`):")
         for e in evs[-events:]:
-            typer.echo(f"  {e.at.strftime('%H:%M:%S')}  {e.kind:<20} {e.message}")
+            typer.echo(f"  {e.at.strftime('%H:%M:%S')}  {e.kind:<20} {_line(e)}")
 
     @app.command()
     def logs(
@@ -408,12 +408,12 @@ def register(app: typer.Typer) -> None:
                                            "message": e.message,
                                            "data": json.loads(e.data_json or "null")}))
                 else:
-                    typer.echo(f"{_iso(e.at)}  {e.kind:<20} {e.message}")
+                    typer.echo(f"{_iso(e.at)}  {e.kind:<20} {_line(e)}")
             if not follow or store.get_job(job_id).status in FINAL_STATUSES:
                 # One more read: events written with the final state.
                 if follow:
                     for e in store.events_after(job_id, last):
-                        typer.echo(f"{_iso(e.at)}  {e.kind:<20} {e.message}")
+                        typer.echo(f"{_iso(e.at)}  {e.kind:<20} {_line(e)}")
                 return
             time.sleep(0.5)
 
@@ -429,9 +429,16 @@ def register(app: typer.Typer) -> None:
 
         store = cli._store()
         try:
+            before = store.get_job(job_id).status
             job = store.request_cancel(job_id)
         except NotFoundError as exc:
             cli._fail(str(exc), cli.EXIT_NOT_FOUND)
+        if before in FINAL_STATUSES:
+            if json_out:
+                cli._print_json({"job_id": job_id, "status": before, "instances_left": []})
+            else:
+                typer.echo(f"{job_id}: already {before}; nothing to cancel")
+            return
         deadline = time.monotonic() + max(0.0, wait)
         while job.status not in FINAL_STATUSES:
             if _orphaned(job):
@@ -464,6 +471,15 @@ def _usable(providers: dict[str, Any], named: list[str] | None, has_servers: boo
             continue
         found.append(name)
     return found
+
+
+def _line(event: Any) -> str:
+    """An event's message; a state change says which state it entered."""
+    if event.kind != "state":
+        return str(event.message)
+    status = json.loads(event.data_json or "{}").get("status", "")
+    message = str(event.message)
+    return message if not status or message.startswith(status) else f"{status}: {message}"
 
 
 def _next_is_sim(store: Store) -> bool:

@@ -193,3 +193,25 @@ def test_two_workers_never_run_the_same_job(env: dict[str, str]) -> None:
     assert len({o for _, o in claims}) >= 1
     assert {status(env, j) for j in ids} == {"succeeded"}
     assert live_instances(env) == []
+
+
+def test_readme_first_command_flow(env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "3", "ORCH_SIM_STEP_S": "0.1"}
+    run = orch(env, "submit", "examples/quickstart.yml")
+    assert run.returncode == 0, run.stderr
+    assert "succeeded" in run.stdout
+    for line in ("eval: eval.contains=", "cost: $", "artifacts: "):
+        assert line in run.stdout, run.stdout
+    job_id = one_job(env)
+    jobs = json.loads(orch(env, "jobs", "--json").stdout)
+    assert [(j["id"], j["status"]) for j in jobs] == [(job_id, "succeeded")]
+    assert float(jobs[0]["cost"]) > 0
+    reconcile = orch(env, "reconcile", "--dry-run")
+    assert reconcile.returncode == 0 and reconcile.stdout.startswith("nothing to do")
+    shown = json.loads(orch(env, "show", job_id, "--json").stdout)
+    assert [i["end_reason"] for i in shown["instances"]] == ["released"]
+    assert shown["placements"] and shown["metrics"]["eval.count"] == 3
+    logs = orch(env, "logs", job_id).stdout.splitlines()
+    assert "succeeded" in logs[-1] and any("state                training" in ln for ln in logs)
+    again = orch(env, "cancel", job_id)
+    assert again.returncode == 0 and "already succeeded" in again.stdout
