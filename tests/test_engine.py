@@ -141,6 +141,10 @@ def test_job_succeeds_end_to_end(rig: Rig, method: str) -> None:
     assert row.end_reason == "released" and row.interruptible  # the cheapest is spot
     assert row.cost_micros > 0 and job.cost_micros >= row.cost_micros
     assert job.cost_micros == row.cost_micros + job.storage_micros
+    # The simulated cloud trains as fast as it is told: it must not teach the planner.
+    from orchestrator.readonly import measured_throughput
+
+    assert measured_throughput(str(rig.store.engine.url)) == {}
     assert_nothing_left(rig, cloud, job_id)
 
 

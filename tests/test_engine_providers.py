@@ -85,6 +85,11 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         # The price charged is what Vast.ai reported (bid + storage), not the catalog's.
         assert row.price_per_hour_micros > 200_000
         assert emu.instances == {}
+        # A finished run on a real provider teaches the planner its throughput.
+        from orchestrator.readonly import measured_throughput
+
+        learned = measured_throughput(str(rig.store.engine.url))
+        assert [k for k in learned if k[0] == "RTX 4090" and k[2] == "qlora"], learned
     assert hosts.instance_ids == [] or all(not hosts.host(i).running for i in hosts.instance_ids)
 
 
