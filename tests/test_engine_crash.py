@@ -215,3 +215,27 @@ def test_readme_first_command_flow(env: dict[str, str]) -> None:
     assert "succeeded" in logs[-1] and any("state                training" in ln for ln in logs)
     again = orch(env, "cancel", job_id)
     assert again.returncode == 0 and "already succeeded" in again.stdout
+
+
+def test_sigterm_to_a_worker_requeues_its_job_to_resume(env: dict[str, str]) -> None:
+    out = orch(env, "submit", "examples/quickstart.yml", "--detach", "--json")
+    job_id = json.loads(out.stdout)["job_id"]
+    worker = spawn(env, "worker")
+    try:
+        wait_for(lambda: training(env, job_id) and query(
+            env, "SELECT count(*) FROM event WHERE kind = 'train.progress' AND job_id = ?",
+            job_id)[0][0] >= 4, what="training past a checkpoint")
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+    finally:
+        worker.kill()
+    assert worker.returncode == 143, err
+    assert status(env, job_id) == "queued"
+    assert live_instances(env) == []  # torn down; the checkpoint is on the job's volume
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "30", "ORCH_SIM_STEP_S": "0.05"}
+    assert orch(env, "worker", "--once", timeout=180).returncode == 0
+    assert status(env, job_id) == "succeeded"
+    resumed = query(env, "SELECT json_extract(data_json, '$.step') FROM event "
+                         "WHERE kind = 'resume' AND job_id = ?", job_id)
+    assert resumed and int(resumed[0][0]) >= 1
+    assert live_instances(env) == []
