@@ -91,20 +91,80 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     raise typer.Exit(code)
 
 
-def _show(name: str, json_out: bool) -> None:
+def _read_sqlite() -> bool:
+    """Whether the database is SQLite: then status reads use sqlite3, not the store."""
+    from orchestrator.paths import default_db_url
+
+    return default_db_url().startswith("sqlite")
+
+
+def _reader() -> Any:
+    from orchestrator.history import HistoryError, open_reader
+    from orchestrator.paths import default_db_url
+
+    try:
+        return open_reader(default_db_url())
+    except HistoryError as exc:
+        _fail(str(exc))
+
+
+def _status(name: str) -> dict[str, Any]:
+    if _read_sqlite():
+        from orchestrator.history import HistoryError
+        from orchestrator.sweepview import SweepNotFound, sweep_status
+
+        reader = _reader()
+        try:
+            return sweep_status(reader, name)
+        except SweepNotFound as exc:
+            _fail(str(exc), EXIT_NOT_FOUND)
+        except HistoryError as exc:
+            _fail(str(exc))
+        finally:
+            if reader is not None:
+                reader.close()
     from orchestrator import cli
-    from orchestrator.pricing import usd
-    from orchestrator.render import table
     from orchestrator.store import NotFoundError
-    from orchestrator.sweepstore import sweep_status
+    from orchestrator.sweepstore import sweep_status as store_status
 
     store = cli._store()
     try:
-        status = sweep_status(store, name)
+        return store_status(store, name)
     except NotFoundError as exc:
         _fail(str(exc), EXIT_NOT_FOUND)
     finally:
         store.close()
+
+
+def _all() -> list[dict[str, Any]]:
+    if _read_sqlite():
+        from orchestrator.history import HistoryError
+        from orchestrator.sweepview import list_sweeps
+
+        reader = _reader()
+        try:
+            return list_sweeps(reader)
+        except HistoryError as exc:
+            _fail(str(exc))
+        finally:
+            if reader is not None:
+                reader.close()
+    from orchestrator import cli
+    from orchestrator.sweepstore import list_sweeps as store_list
+
+    store = cli._store()
+    try:
+        return store_list(store)
+    finally:
+        store.close()
+
+
+def _show(name: str, json_out: bool) -> None:
+    from orchestrator import cli
+    from orchestrator.pricing import usd
+    from orchestrator.render import table
+
+    status = _status(name)
     if json_out:
         cli._print_json(status)
         return
@@ -189,13 +249,8 @@ def register(app: typer.Typer) -> None:
         from orchestrator import cli
         from orchestrator.pricing import usd
         from orchestrator.render import table
-        from orchestrator.sweepstore import list_sweeps
 
-        store = cli._store()
-        try:
-            rows = list_sweeps(store)
-        finally:
-            store.close()
+        rows = _all()
         if json_out:
             cli._print_json(rows)
             return

@@ -498,6 +498,9 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
         r.jobs += int(jobs)
         r.cost_micros += int(cost or 0)
         r.amortised_micros += int(amortised or 0)
+    # One catalog look-up per GPU name, not per row: thousands of (day, GPU) rows share a
+    # handful of names, and resolving an alias walks the catalog.
+    gpu_prices: dict[str, Decimal | None] = {}
     for day, key, gpu, spot, gpu_secs, billed, open_micro_secs in reader.rows(inst_sql, params):
         r = row(day, key)
         gpu_secs = int(gpu_secs or 0)
@@ -505,7 +508,9 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
         if not spot:
             continue
         r.spot_gpu_seconds += gpu_secs
-        price = _price_for(gpu, prices)
+        if gpu not in gpu_prices:
+            gpu_prices[gpu] = _price_for(gpu, prices)
+        price = gpu_prices[gpu]
         if price is None:
             r.unpriced_gpus.add(gpu)
             continue

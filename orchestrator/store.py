@@ -51,7 +51,7 @@ from providers.dedicated import RegisteredServer
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0003"
+SCHEMA_HEAD = "0004"
 
 JOB_STATUSES: tuple[str, ...] = (
     "queued",
@@ -241,6 +241,11 @@ class Job(SQLModel, table=True):
         Index("ix_job_method_created_at", "method", "created_at"),
         Index("ix_job_base_model_created_at", "base_model", "created_at"),
         Index("ix_job_finished_at", "finished_at"),
+        # 0004: covering indexes for `orch cost` (migrations/versions/0004_cost_indexes.py).
+        Index("ix_job_created_at_cost", "created_at", "cost_micros", "amortised_micros",
+              "provider", "gpu", "method", "sweep_id"),
+        Index("ix_job_id_created_at", "id", "created_at", "provider", "gpu", "method",
+              "sweep_id"),
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)

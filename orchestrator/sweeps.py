@@ -160,13 +160,9 @@ def sweep_key(sweep_name: str, spec_hash: str) -> str:
 
 def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> str | None:
     """The run id with the best metric for `objective` (ties: the earliest); None if none."""
-    best: tuple[str, float] | None = None
-    for run_id, value in rows:
-        if value is None or math.isnan(value):
-            continue  # not finished, or the eval did not produce the metric
-        if best is None or (value > best[1] if objective.goal == "max" else value < best[1]):
-            best = (run_id, value)
-    return None if best is None else best[0]
+    from orchestrator.sweepview import best_of
+
+    return best_of(rows, objective.goal)
 
 
 # --- error translation -------------------------------------------------------------------

@@ -26,7 +26,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from orchestrator.store import (
-    ACTIVE_STATUSES,
     Event,
     Job,
     Metric,
@@ -37,16 +36,25 @@ from orchestrator.store import (
     from_micros,
     utcnow,
 )
-from orchestrator.sweeps import LoadedSweep, Objective, SweepRun, best_run
+from orchestrator.sweeps import LoadedSweep, SweepRun
+from orchestrator.sweepview import (
+    RUNNING_STATUSES,
+    Usage,
+    build_status,
+    first_event_data,
+    is_running,
+    not_found,
+    objective_of,
+    run_state,
+    usage_of,
+)
+from orchestrator.sweepview import gate as _gate
+from orchestrator.sweepview import live_lease as _live_lease
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
 STATES: tuple[str, ...] = ("new", "requeued", "done", "running", "queued", "failed",
                            "cancelled", "nofit")
-# States in which a job counts against max_parallel: a worker drives it (an interrupted job is
-# being re-placed by its worker).
-RUNNING_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "interrupted")
-DEFAULT_MAX_PARALLEL = 4  # SweepSpec's default, for rows whose spec_json lacks it
 # How many queued jobs one claim looks at past gated ones.
 CLAIM_SCAN = 500
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
@@ -58,27 +66,6 @@ def _dumps(value: Any) -> str:
 
 
 # --- states ----------------------------------------------------------------------------------
-
-
-def _live_lease(job: Job, now: datetime) -> bool:
-    return job.lease_owner is not None and (job.lease_expires_at is None
-                                            or job.lease_expires_at > now)
-
-
-def is_running(job: Job, now: datetime | None = None) -> bool:
-    """Whether a worker drives the job now (a queued job still leased is being re-placed)."""
-    if job.status in RUNNING_STATUSES:
-        return True
-    return job.status == "queued" and _live_lease(job, now or utcnow())
-
-
-def run_state(job: Job, now: datetime | None = None) -> str:
-    """The sweep view of a job's status: done, running, queued, failed, cancelled."""
-    if job.status == "succeeded":
-        return "done"
-    if is_running(job, now):
-        return "running"
-    return job.status  # queued, failed, cancelled (planned: never written by sweeps)
 
 
 # --- submit ----------------------------------------------------------------------------------
@@ -416,50 +403,12 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
 # --- the gate --------------------------------------------------------------------------------
 
 
-@dataclass
-class _Usage:
-    """One sweep's limits and what its jobs use of them."""
-
-    max_parallel: int
-    budget_micros: int | None
-    running: set[str]  # ids of the jobs a worker drives
-    spent_micros: int  # sum of cost_micros over all its jobs
-    running_est_micros: dict[str, int]  # est_cost_micros of the running jobs
-
-
-def _usage(session: Session, sweep_id: str, now: datetime) -> _Usage | None:
+def _usage(session: Session, sweep_id: str, now: datetime) -> Usage | None:
     sweep = session.get(Sweep, sweep_id)
     if sweep is None:
         return None
-    try:
-        spec = json.loads(sweep.spec_json)
-        max_parallel = int(spec.get("max_parallel") or DEFAULT_MAX_PARALLEL)
-    except (ValueError, TypeError, AttributeError):
-        max_parallel = DEFAULT_MAX_PARALLEL
-    running: set[str] = set()
-    est: dict[str, int] = {}
-    spent = 0
-    for job in session.exec(select(Job).where(Job.sweep_id == sweep_id)):
-        spent += job.cost_micros or 0
-        if is_running(job, now):
-            running.add(job.id)
-            est[job.id] = job.est_cost_micros or 0
-    return _Usage(max(1, max_parallel), sweep.budget_micros, running, spent, est)
-
-
-def _gate(usage: _Usage | None, job: Job) -> str | None:
-    if usage is None:
-        return None
-    others = usage.running - {job.id}
-    if len(others) >= usage.max_parallel:
-        return "max_parallel"
-    if usage.budget_micros is not None:
-        committed = (usage.spent_micros
-                     + sum(v for k, v in usage.running_est_micros.items() if k != job.id)
-                     + (job.est_cost_micros or 0))
-        if committed > usage.budget_micros:
-            return "budget"
-    return None
+    jobs = session.exec(select(Job).where(Job.sweep_id == sweep_id))
+    return usage_of(sweep.spec_json, sweep.budget_micros, jobs, now)
 
 
 def sweep_gate(source: Session | Store, job: Job) -> str | None:
@@ -492,7 +441,7 @@ def claim_next_gated(store: Store, owner: str, lease_s: float) -> Job | None:
         query = (select(Job).where(Job.status == "queued",
                                    col(Job.cancel_requested_at).is_(None))
                  .order_by(col(Job.created_at), col(Job.id)).limit(CLAIM_SCAN))
-        usage: dict[str, _Usage | None] = {}
+        usage: dict[str, Usage | None] = {}
         for job in list(session.exec(query)):
             if _live_lease(job, now):
                 continue
@@ -526,34 +475,6 @@ def claim_next_gated(store: Store, owner: str, lease_s: float) -> Job | None:
 # --- status ----------------------------------------------------------------------------------
 
 
-def _objective(spec: dict[str, Any]) -> Objective | None:
-    raw = spec.get("objective")
-    if not raw:
-        return None
-    try:
-        return Objective.model_validate(raw)
-    except ValueError:
-        return None
-
-
-def _first_events(session: Session, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
-    for i in range(0, len(job_ids), _IN_CHUNK):
-        chunk = job_ids[i:i + _IN_CHUNK]
-        query = (select(Event).where(col(Event.job_id).in_(chunk))
-                 .where(Event.kind == "queued").order_by(col(Event.id)))
-        for ev in session.exec(query):
-            if ev.job_id in out or not ev.data_json:
-                continue
-            try:
-                data = json.loads(ev.data_json)
-            except ValueError:
-                continue
-            if isinstance(data, dict):
-                out[ev.job_id] = data
-    return out
-
-
 def _final_metrics(session: Session, job_ids: list[str], name: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for i in range(0, len(job_ids), _IN_CHUNK):
@@ -565,13 +486,11 @@ def _final_metrics(session: Session, job_ids: list[str], name: str) -> dict[str,
     return out
 
 
-def _money(micros: int | None) -> str | None:
-    return None if micros is None else str(from_micros(micros))
-
-
 def sweep_status(store: Store, name: str) -> dict[str, Any]:
     """A sweep's runs (params, state, metric, cost) and its best run by the objective.
 
+    Through the store (any database); on SQLite the CLI reads `sweepview.sweep_status`
+    with sqlite3 instead, and both build the same dict (`sweepview.build_status`).
     NotFoundError when no sweep has that name.
     """
     now = utcnow()
@@ -579,55 +498,22 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
         sweep = _find_sweep(session, name)
         if sweep is None:
             known = [s for s in session.exec(select(Sweep.name).order_by(col(Sweep.name)))]
-            hint = f"known: {', '.join(known[:10])}" if known else "none recorded yet"
-            raise NotFoundError(f"sweep {name!r} not found ({hint}); list them with "
-                                "`orch sweeps`")
+            raise NotFoundError(str(not_found(name, known)))
         jobs = list(session.exec(select(Job).where(Job.sweep_id == sweep.id)
                                  .order_by(col(Job.created_at), col(Job.id))))
         ids = [j.id for j in jobs]
-        first = _first_events(session, ids)
-        spec = json.loads(sweep.spec_json)
-        objective = _objective(spec)
-        metrics = _final_metrics(session, ids, objective.metric) if objective else {}
-        usage = _usage(session, sweep.id, now)
-    runs: list[dict[str, Any]] = []
-    for job in jobs:
-        data = first.get(job.id, {})
-        params = data.get("params") or {}
-        order = [k for k in data.get("param_order") or [] if k in params]
-        params = {**{k: params[k] for k in order}, **params}  # the sweep file's key order
-        state = run_state(job, now)
-        runs.append({
-            "index": data.get("index"), "job_id": job.id, "name": job.name,
-            "params": params, "state": state, "status": job.status,
-            "waiting": _gate(usage, job) if state == "queued" else None,
-            "metric": metrics.get(job.id), "cost": _money(job.cost_micros),
-            "est_cost": _money(job.est_cost_micros), "failure_reason": job.failure_reason,
-            "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
-        })
-    runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
-    best: dict[str, Any] | None = None
-    if objective is not None:
-        done = [(r["job_id"], r["metric"]) for r in runs if r["state"] == "done"]
-        best_id = best_run(done, objective)
-        if best_id is not None:
-            b = next(r for r in runs if r["job_id"] == best_id)
-            best = {"job_id": b["job_id"], "name": b["name"], "index": b["index"],
-                    "params": b["params"], "metric": b["metric"]}
-    counts = dict.fromkeys(("done", "running", "queued", "failed", "cancelled"), 0)
-    for r in runs:
-        counts[r["state"]] = counts.get(r["state"], 0) + 1
-    spent = sum(j.cost_micros or 0 for j in jobs)
-    estimated = sum(j.est_cost_micros or 0 for j in jobs)
-    return {
-        "sweep": sweep.name, "sweep_id": sweep.id,
-        "created_at": sweep.created_at.isoformat().replace("+00:00", "Z"),
-        "base": spec.get("base"), "max_parallel": usage.max_parallel if usage else None,
-        "budget": _money(sweep.budget_micros), "spent": _money(spent),
-        "estimated": _money(estimated),
-        "objective": None if objective is None else objective.model_dump(),
-        "counts": counts, "runs": runs, "best": best,
-    }
+        first: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(ids), _IN_CHUNK):
+            query = (select(Event.job_id, Event.data_json)
+                     .where(col(Event.job_id).in_(ids[i:i + _IN_CHUNK]))
+                     .where(Event.kind == "queued").order_by(col(Event.id)))
+            first.update(first_event_data(session.exec(query)))
+        objective = objective_of(json.loads(sweep.spec_json))
+        metrics = _final_metrics(session, ids, objective["metric"]) if objective else {}
+        return build_status(sweep_id=sweep.id, sweep_name=sweep.name,
+                            created_at=sweep.created_at, spec_json=sweep.spec_json,
+                            budget_micros=sweep.budget_micros, jobs=jobs, first=first,
+                            metrics=metrics, now=now)
 
 
 def list_sweeps(store: Store) -> list[dict[str, Any]]:

@@ -182,6 +182,8 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("job", "ix_job_method_created_at"),
         ("job", "ix_job_base_model_created_at"),
         ("job", "ix_job_finished_at"),
+        ("job", "ix_job_created_at_cost"),
+        ("job", "ix_job_id_created_at"),
         ("event", "ix_event_job_id_at"),
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),

@@ -394,3 +394,90 @@ def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
     assert [r.state for r in report.runs] == ["done", "queued", "queued", "queued"]
     assert [r.job_id for r in report.runs] == [j.id for j in jobs]
     assert len(jobs_of(store)) == 4
+
+
+# --- the stdlib read path ----------------------------------------------------------------------
+
+
+def _both(store: Store, env: dict[str, str], name: str) -> tuple[Any, Any]:
+    from orchestrator.history import open_reader
+    from orchestrator.sweepview import sweep_status as sqlite_status
+
+    reader = open_reader(env["ORCH_DB_URL"])
+    assert reader is not None
+    try:
+        return sweep_status(store, name), sqlite_status(reader, name)
+    finally:
+        reader.close()
+
+
+def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
+                                           store: Store) -> None:
+    jobs = submit(store, sweep_file(folder, max_parallel=2, budget="25"))
+    claimed = claim_next_gated(store, "w1", 600)  # running, leased
+    assert claimed is not None and claimed.id == jobs[0].id
+    finish(store, jobs[1].id, cost_micros=2_500_000)
+    store.add_metrics(jobs[1].id, {"eval_loss": 0.5})
+    store.add_metrics(jobs[1].id, {"eval_loss": 0.4})  # the newest final value wins
+    finish(store, jobs[2].id, "failed", failure_reason="boom")
+    set_fields(store, jobs[3].id, est_cost_micros=30_000_000)  # held back by the budget
+    by_store, by_sqlite = _both(store, env, "qs")
+    assert by_sqlite == by_store
+    assert json.dumps(by_sqlite, default=str) == json.dumps(by_store, default=str)
+    assert [r["state"] for r in by_sqlite["runs"]] == ["running", "done", "failed", "queued"]
+    assert by_sqlite["runs"][3]["waiting"] == "budget"
+    assert by_sqlite["best"]["job_id"] == jobs[1].id and by_sqlite["best"]["metric"] == 0.4
+
+    from orchestrator.history import open_reader
+    from orchestrator.sweepstore import list_sweeps
+    from orchestrator.sweepview import list_sweeps as sqlite_list
+
+    reader = open_reader(env["ORCH_DB_URL"])
+    try:
+        assert sqlite_list(reader) == list_sweeps(store)
+    finally:
+        assert reader is not None
+        reader.close()
+
+
+def test_sqlite_status_objective_matches_pydantic(env: dict[str, str], folder: Path,
+                                                  store: Store) -> None:
+    from orchestrator.sweeps import Objective
+    from orchestrator.sweepview import objective_of
+
+    for raw in ({"metric": "m"}, {"metric": "m", "goal": "min"}, {"metric": ""},
+                {"metric": "m", "goal": "up"}, {"metric": 1}, {"metric": "m", "x": 1},
+                {"goal": "max"}, ["m"], "m", None, {}):
+        try:
+            expected: Any = Objective.model_validate(raw).model_dump() if raw else None
+        except ValueError:
+            expected = None
+        assert objective_of({"objective": raw}) == expected, raw
+
+
+def test_active_statuses_copy_matches_the_store() -> None:
+    from orchestrator.store import ACTIVE_STATUSES
+    from orchestrator.sweepview import ACTIVE_STATUSES as copy
+
+    assert copy == ACTIVE_STATUSES
+
+
+def test_sweep_show_and_sweeps_do_not_import_sqlalchemy(env: dict[str, str], folder: Path,
+                                                        store: Store) -> None:
+    submit(store, sweep_file(folder))
+    code = textwrap.dedent(f"""
+        import os, sys
+        os.environ["ORCH_DB_URL"] = {env["ORCH_DB_URL"]!r}
+        from orchestrator.cli import app
+        for args in (["sweep", "show", "qs"], ["sweep", "show", "qs", "--json"],
+                     ["sweep-show", "qs"], ["sweeps"], ["sweeps", "--json"]):
+            try:
+                app(args)
+            except SystemExit as exc:
+                assert not exc.code, (args, exc.code)
+        print("sqlalchemy" in sys.modules, "sqlmodel" in sys.modules, file=sys.stderr)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True, env=env)
+    assert done.stderr.strip().splitlines()[-1] == "False False"
+    assert "qs-000" in done.stdout

@@ -1,0 +1,310 @@
+"""Where a sweep stands (`orch sweep show`, `orch sweeps`), with the standard library only.
+
+The status of a sweep is built here from plain job rows, whatever read them: on SQLite the
+commands read through `orchestrator.history`'s read-only sqlite3 reader (no SQLModel or
+SQLAlchemy import, ~0.5 s saved per call, and no file or schema is ever created); other
+databases go through the store (`sweepstore.sweep_status`), which hands its ORM rows to the
+same `build_status`. The run states and the budget/max_parallel gate live here too, so the
+claim path (`sweepstore.claim_next_gated`) and the status agree by construction.
+
+Money is integer micro-dollars until display.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from orchestrator.history import Reader, parse_stored
+
+# Kept in step with orchestrator.store.ACTIVE_STATUSES (tests/test_sweep_cli.py checks):
+# importing the store here would cost every status command the SQLModel import.
+ACTIVE_STATUSES: tuple[str, ...] = (
+    "provisioning", "connecting", "preparing", "training", "merging", "evaluating", "releasing",
+)
+# States in which a job counts against max_parallel: a worker drives it (an interrupted job is
+# being re-placed by its worker).
+RUNNING_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "interrupted")
+DEFAULT_MAX_PARALLEL = 4  # SweepSpec's default, for rows whose spec_json lacks it
+GOALS: tuple[str, ...] = ("max", "min")
+
+
+class SweepNotFound(LookupError):
+    """No sweep has that name; the message lists some that exist."""
+
+
+class JobLike(Protocol):
+    """The job columns a sweep status reads (a `store.Job` or a `JobRow`)."""
+
+    id: str
+    name: str
+    status: str
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cost_micros: int
+    est_cost_micros: int | None
+    failure_reason: str | None
+    provider: str | None
+    gpu: str | None
+    gpu_count: int | None
+
+
+@dataclass
+class JobRow:
+    """A job row read with sqlite3 (the columns of JobLike)."""
+
+    id: str
+    name: str
+    status: str
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cost_micros: int
+    est_cost_micros: int | None
+    failure_reason: str | None
+    provider: str | None
+    gpu: str | None
+    gpu_count: int | None
+
+
+# --- states and the gate -----------------------------------------------------------------
+
+
+def live_lease(job: JobLike, now: datetime) -> bool:
+    """Whether a worker holds the job's lease now."""
+    return job.lease_owner is not None and (job.lease_expires_at is None
+                                            or job.lease_expires_at > now)
+
+
+def is_running(job: JobLike, now: datetime | None = None) -> bool:
+    """Whether a worker drives the job now (a queued job still leased is being re-placed)."""
+    if job.status in RUNNING_STATUSES:
+        return True
+    return job.status == "queued" and live_lease(job, now or datetime.now(UTC))
+
+
+def run_state(job: JobLike, now: datetime | None = None) -> str:
+    """The sweep view of a job's status: done, running, queued, failed, cancelled."""
+    if job.status == "succeeded":
+        return "done"
+    if is_running(job, now):
+        return "running"
+    return job.status  # queued, failed, cancelled (planned: never written by sweeps)
+
+
+@dataclass
+class Usage:
+    """One sweep's limits and what its jobs use of them."""
+
+    max_parallel: int
+    budget_micros: int | None
+    running: set[str]  # ids of the jobs a worker drives
+    spent_micros: int  # sum of cost_micros over all its jobs
+    running_est_micros: dict[str, int]  # est_cost_micros of the running jobs
+
+
+def max_parallel_of(spec_json: str) -> int:
+    """The sweep's max_parallel (the default when the stored spec lacks or garbles it)."""
+    try:
+        spec = json.loads(spec_json)
+        max_parallel = int(spec.get("max_parallel") or DEFAULT_MAX_PARALLEL)
+    except (ValueError, TypeError, AttributeError):
+        max_parallel = DEFAULT_MAX_PARALLEL
+    return max(1, max_parallel)
+
+
+def usage_of(spec_json: str, budget_micros: int | None, jobs: Iterable[JobLike],
+             now: datetime) -> Usage:
+    """What the sweep's `jobs` use of its limits at `now`."""
+    running: set[str] = set()
+    est: dict[str, int] = {}
+    spent = 0
+    for job in jobs:
+        spent += job.cost_micros or 0
+        if is_running(job, now):
+            running.add(job.id)
+            est[job.id] = job.est_cost_micros or 0
+    return Usage(max_parallel_of(spec_json), budget_micros, running, spent, est)
+
+
+def gate(usage: Usage | None, job: JobLike) -> str | None:
+    """Why `job` must wait: "max_parallel", "budget", or None (see sweepstore.sweep_gate)."""
+    if usage is None:
+        return None
+    others = usage.running - {job.id}
+    if len(others) >= usage.max_parallel:
+        return "max_parallel"
+    if usage.budget_micros is not None:
+        committed = (usage.spent_micros
+                     + sum(v for k, v in usage.running_est_micros.items() if k != job.id)
+                     + (job.est_cost_micros or 0))
+        if committed > usage.budget_micros:
+            return "budget"
+    return None
+
+
+# --- objective and best run ------------------------------------------------------------------
+
+
+def objective_of(spec: Mapping[str, Any]) -> dict[str, str] | None:
+    """The stored spec's objective as `{"metric", "goal"}`, or None (absent or invalid).
+
+    The same acceptance as `sweeps.Objective` (strict, no other keys, a non-empty metric,
+    goal max or min, max by default) without importing pydantic.
+    """
+    raw = spec.get("objective")
+    if not raw:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"metric", "goal"}:
+        return None
+    metric, goal = raw.get("metric"), raw.get("goal", "max")
+    if type(metric) is not str or not metric or type(goal) is not str or goal not in GOALS:
+        return None
+    return {"metric": metric, "goal": goal}
+
+
+def best_of(rows: Iterable[tuple[str, float | None]], goal: str) -> str | None:
+    """The run id with the best metric for `goal` (ties: the earliest); None if none."""
+    best: tuple[str, float] | None = None
+    for run_id, value in rows:
+        if value is None or math.isnan(value):
+            continue  # not finished, or the eval did not produce the metric
+        if best is None or (value > best[1] if goal == "max" else value < best[1]):
+            best = (run_id, value)
+    return None if best is None else best[0]
+
+
+# --- the status --------------------------------------------------------------------------------
+
+
+def _money(micros: int | None) -> str | None:
+    return None if micros is None else str(Decimal(int(micros)).scaleb(-6))
+
+
+def first_event_data(rows: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, Any]]:
+    """Per job, the data of its first `queued` event that holds a JSON object.
+
+    `rows` are (job_id, data_json) of `queued` events in id order.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for job_id, data_json in rows:
+        if job_id in out or not data_json:
+            continue
+        try:
+            data = json.loads(data_json)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            out[job_id] = data
+    return out
+
+
+def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_json: str,
+                 budget_micros: int | None, jobs: Sequence[JobLike],
+                 first: Mapping[str, dict[str, Any]], metrics: Mapping[str, float],
+                 now: datetime) -> dict[str, Any]:
+    """The status dict of `orch sweep show --json` (and each item of `orch sweeps --json`).
+
+    `jobs` in (created_at, id) order; `first`: `first_event_data`; `metrics`: each job's
+    newest final (step NULL) value of the objective's metric.
+    """
+    spec = json.loads(spec_json)
+    objective = objective_of(spec)
+    usage = usage_of(spec_json, budget_micros, jobs, now)
+    runs: list[dict[str, Any]] = []
+    for job in jobs:
+        data = first.get(job.id, {})
+        params = data.get("params") or {}
+        order = [k for k in data.get("param_order") or [] if k in params]
+        params = {**{k: params[k] for k in order}, **params}  # the sweep file's key order
+        state = run_state(job, now)
+        runs.append({
+            "index": data.get("index"), "job_id": job.id, "name": job.name,
+            "params": params, "state": state, "status": job.status,
+            "waiting": gate(usage, job) if state == "queued" else None,
+            "metric": metrics.get(job.id), "cost": _money(job.cost_micros),
+            "est_cost": _money(job.est_cost_micros), "failure_reason": job.failure_reason,
+            "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
+        })
+    runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
+    best: dict[str, Any] | None = None
+    if objective is not None:
+        done = [(r["job_id"], r["metric"]) for r in runs if r["state"] == "done"]
+        best_id = best_of(done, objective["goal"])
+        if best_id is not None:
+            b = next(r for r in runs if r["job_id"] == best_id)
+            best = {"job_id": b["job_id"], "name": b["name"], "index": b["index"],
+                    "params": b["params"], "metric": b["metric"]}
+    counts = dict.fromkeys(("done", "running", "queued", "failed", "cancelled"), 0)
+    for r in runs:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    spent = sum(j.cost_micros or 0 for j in jobs)
+    estimated = sum(j.est_cost_micros or 0 for j in jobs)
+    return {
+        "sweep": sweep_name, "sweep_id": sweep_id,
+        "created_at": created_at.isoformat().replace("+00:00", "Z"),
+        "base": spec.get("base"), "max_parallel": usage.max_parallel,
+        "budget": _money(budget_micros), "spent": _money(spent),
+        "estimated": _money(estimated), "objective": objective,
+        "counts": counts, "runs": runs, "best": best,
+    }
+
+
+def not_found(name: str, known: Sequence[str]) -> SweepNotFound:
+    """The error for an unknown sweep name (`known`: every name, sorted)."""
+    hint = f"known: {', '.join(known[:10])}" if known else "none recorded yet"
+    return SweepNotFound(f"sweep {name!r} not found ({hint}); list them with `orch sweeps`")
+
+
+# --- reading with sqlite3 ----------------------------------------------------------------------
+
+_JOB_COLUMNS = ("id, name, status, lease_owner, lease_expires_at, cost_micros, "
+                "est_cost_micros, failure_reason, provider, gpu, gpu_count")
+
+
+def sweep_status(reader: Reader | None, name: str,
+                 now: datetime | None = None) -> dict[str, Any]:
+    """A sweep's status read through `reader`; SweepNotFound when no sweep has that name."""
+    now = now or datetime.now(UTC)
+    if reader is None:
+        raise not_found(name, [])
+    found = reader.rows("SELECT id, name, spec_json, budget_micros, created_at FROM sweep "
+                        "WHERE name = :name LIMIT 1", {"name": name})
+    if not found:
+        known = [r[0] for r in reader.rows("SELECT name FROM sweep ORDER BY name")]
+        raise not_found(name, known)
+    sweep_id, sweep_name, spec_json, budget, created = found[0]
+    params = {"sid": sweep_id}
+    jobs = [JobRow(r[0], r[1], r[2], r[3], parse_stored(r[4]), int(r[5] or 0),
+                   None if r[6] is None else int(r[6]), r[7], r[8], r[9],
+                   None if r[10] is None else int(r[10]))
+            for r in reader.rows(f"SELECT {_JOB_COLUMNS} FROM job WHERE sweep_id = :sid "
+                                 "ORDER BY created_at, id", params)]
+    first = first_event_data(reader.rows(
+        "SELECT e.job_id, e.data_json FROM event e JOIN job j ON j.id = e.job_id "
+        "WHERE j.sweep_id = :sid AND e.kind = 'queued' ORDER BY e.id", params))
+    metrics: dict[str, float] = {}
+    objective = objective_of(json.loads(spec_json))
+    if objective is not None:
+        for job_id, value in reader.rows(
+                "SELECT m.job_id, m.value FROM metric m JOIN job j ON j.id = m.job_id "
+                "WHERE j.sweep_id = :sid AND m.name = :metric AND m.step IS NULL "
+                "ORDER BY m.id", {**params, "metric": objective["metric"]}):
+            metrics[job_id] = value  # the newest one recorded wins
+    created_at = parse_stored(created)
+    assert created_at is not None  # NOT NULL column
+    return build_status(sweep_id=sweep_id, sweep_name=sweep_name, created_at=created_at,
+                        spec_json=spec_json, budget_micros=None if budget is None
+                        else int(budget), jobs=jobs, first=first, metrics=metrics, now=now)
+
+
+def list_sweeps(reader: Reader | None) -> list[dict[str, Any]]:
+    """Every sweep's status (as `sweep_status`), by name."""
+    if reader is None:
+        return []
+    names = [r[0] for r in reader.rows("SELECT name FROM sweep ORDER BY name")]
+    return [sweep_status(reader, n) for n in names]
