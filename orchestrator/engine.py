@@ -381,6 +381,8 @@ class JobRunner:
                     break
         for note in notes:
             self._event("offers.note", note)
+        # Dedicated servers answer every GPU count they can serve: keep each offer once.
+        offers = list({(o.provider, o.offer_id, o.gpu_count): o for o in offers}.values())
         w = workload_from(loaded)
         ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
                                  measured=self.inputs.measured)
@@ -446,6 +448,8 @@ class JobRunner:
                 raise JobFailed(f"{offer.provider}: {exc}") from exc
             failpoint("after-create")
             price = inst.price_per_hour if inst.price_per_hour is not None else hourly
+            if offer.billing is Billing.MONTHLY:
+                price = hourly  # the rent is paid: the row keeps the amortisation rate
             self.store.update_instance(
                 row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
                 price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))

@@ -247,3 +247,28 @@ def _req(count: int) -> Any:
     from providers.base import Requirements
 
     return Requirements(gpu_count=count, min_gpu_memory_bytes=0)
+
+
+def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost: Any) -> None:
+    from decimal import Decimal
+
+    from providers.dedicated import Dedicated
+
+    host = simhost(**HOST)  # H100 SXM, authorizes rig.key
+    rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
+                         gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("providers: [sim]", "providers: [dedicated]"))
+    job_id = rig.queue(path)
+    owner = owner_id("test")
+    options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, ssh_key=rig.key.private)
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    job = JobRunner(rig.store, {"dedicated": Dedicated(rig.store)}, owner, options).run(job_id)
+
+    assert job.status == "succeeded", job.failure_reason
+    assert job.cost_micros == 0 and job.amortised_micros > 0  # rent share, already paid
+    (row,) = rig.store.instances_of(job_id)
+    assert (row.provider, row.end_reason, row.cost_micros) == ("dedicated", "released", 0)
+    (server,) = rig.store.list_servers()
+    assert server.status == "idle" and server.claimed_by_job is None  # released, not destroyed
+    assert server.host_key and host.running  # key pinned at first contact; the box lives on
