@@ -138,7 +138,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     if s["failure_reason"]:
         lines.append(f"  reason: {s['failure_reason']}")
     lines.append(f"  ran on: {s['provider']} {s['gpu']} x{s['gpu_count']} "
-                 f"({'spot' if s['interruptible'] else 'on-demand'}); attempts {s['attempts']}"
+                 f"({_kind(s)}); attempts {s['attempts']}"
                  + (f", {s['interruptions']} interruption(s), {s['lost_steps']} steps redone"
                     if s["interruptions"] else ""))
     if s["metrics"]:
@@ -154,6 +154,12 @@ def _print_summary(s: dict[str, Any]) -> None:
     if s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
     typer.echo("\n".join(lines))
+
+
+def _kind(s: dict[str, Any]) -> str:
+    if s["provider"] == "dedicated":
+        return "registered server"
+    return "spot" if s["interruptible"] else "on-demand"
 
 
 def _exit_code(job: Job) -> int:
