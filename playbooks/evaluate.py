@@ -329,7 +329,7 @@ def wait_ready(
     *,
     served_name: str = SERVED_NAME,
     container: str | None = None,
-    poll_s: float = 0.2,
+    poll_s: float = 0.1,
 ) -> float:
     """Poll the server through an SSH tunnel until ready; returns the seconds it took.
 

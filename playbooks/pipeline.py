@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from playbooks import artifacts, container_toolkit, evaluate, gpu, merge, train
@@ -57,14 +58,30 @@ class PipelineResult:
 
 
 def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train.Runner]:
-    """GPU check, Container Toolkit (when the host has Docker), base model on NVMe."""
+    """GPU check, then Container Toolkit (when the host has Docker) and the base model on NVMe.
+
+    The toolkit install (apt, a Docker restart) and the model download (the Hub to NVMe,
+    often tens of GB) do not touch each other, and both only wait on the network: they run
+    side by side over the one SSH connection, so the machine is not billed for them in turn.
+    """
     run_playbook("gpu", gpu.steps(job.gpu), host, emit)
     runner = train.detect_runner(host)
-    if runner == "docker":
-        run_playbook("container_toolkit", container_toolkit.steps(job.toolkit_version), host,
-                     emit)
     cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
-    run_playbook("model_cache", cache.steps(), host, emit)
+    if runner != "docker":
+        run_playbook("model_cache", cache.steps(), host, emit)
+        return cache, runner
+    # A Host of its own for the second thread: each playbook sets its step deadline on it.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-cache") as pool:
+        download = pool.submit(run_playbook, "model_cache", cache.steps(), replace(host), emit)
+        try:
+            run_playbook("container_toolkit", container_toolkit.steps(job.toolkit_version),
+                         host, emit)
+        finally:
+            # Wait for the download either way, so no step outlives this call; a toolkit
+            # failure is raised in preference to the download's.
+            download_error = download.exception()
+        if download_error is not None:
+            raise download_error
     return cache, runner
 
 
