@@ -614,7 +614,10 @@ class JobRunner:
             rows = self.inputs.eval_rows()
             result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), cache.layout,
                                        pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
-                                       rows, tasks=pj.eval_tasks, emit=emit)
+                                       rows, tasks=pj.eval_tasks, emit=emit,
+                                       # A rented machine is destroyed next; a registered
+                                       # server is kept, so its GPU must be freed.
+                                       stop_after=inst.provider == "dedicated")
             if result.metrics:
                 self.store.add_metrics(self.job_id, result.metrics)
                 self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in

@@ -666,12 +666,15 @@ def evaluate(
     max_tokens: int = 64,
     lm_eval_timeout_s: float = 4 * 3600,
     emit: Emit = _ignore,
+    stop_after: bool = True,
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
     Steps (reported to `emit` like any playbook): vllm-server, vllm-ready, score-eval-set
     (with `eval_rows`), lm-eval (with `tasks`), stop-server. A failing step raises
     PlaybookFailed after the server was stopped. `tokenizer_dir` defaults to the model.
+    `stop_after=False` leaves a successful server running, for a machine that is destroyed
+    next (stopping a large model's server gracefully is billed time for nothing).
     """
     result = EvalResult()
     specs: list[ServerSpec] = []
@@ -729,8 +732,9 @@ def evaluate(
             log.error("stopping vLLM for job %s failed: %s", job_id, stop_exc)
             exc.add_note(f"stopping the vLLM server also failed: {stop_exc}")
         raise
-    result.reports += run_playbook(PLAYBOOK, [Step("stop-server", stopped, stop,
-                                                   timeout_s=120)], host, emit)
+    if stop_after:
+        result.reports += run_playbook(PLAYBOOK, [Step("stop-server", stopped, stop,
+                                                       timeout_s=120)], host, emit)
     if scores:
         result.metrics.update(scores[0].metrics)
         result.rows = scores[0].rows

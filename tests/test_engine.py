@@ -272,3 +272,6 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     (server,) = rig.store.list_servers()
     assert server.status == "idle" and server.claimed_by_job is None  # released, not destroyed
     assert server.host_key and host.running  # key pinned at first contact; the box lives on
+    # The server is kept, so the eval's vLLM server was stopped (its GPU is free again).
+    removed = [e["container"] for e in host.events("docker-rm")]
+    assert any(c.startswith("orch-vllm") or "vllm" in c for c in removed), removed
