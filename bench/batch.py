@@ -87,6 +87,9 @@ def batch(jobs: int, workers: int, steps: int, step_s: float) -> None:
     print(f"  outside training (overhead)  {billed - train:10.1f}  = {share:6.1%} of billed "
           f"(target < 10%)  {'OK' if share < 0.10 else 'OVER'}; "
           f"{(billed - train) / max(1, jobs):.1f} s per job")
+    per_job = (billed - train) / max(1, jobs)
+    print("  at this per-job overhead, the share for other training lengths (extrapolated): "
+          + ", ".join(f"{t:.0f} s {per_job / (per_job + t):.1%}" for t in (20, 60, 120, 600)))
     spent: dict[str, float] = {}
     for (status, at), (_, nxt) in zip(phases, phases[1:], strict=False):
         if status in ("succeeded", "failed", "cancelled"):

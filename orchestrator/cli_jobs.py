@@ -105,7 +105,11 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
 def _providers(store: Store) -> tuple[dict[str, Any], list[str]]:
     from orchestrator.wiring import configured_providers
 
-    return configured_providers(store, sim=True)
+    try:
+        return configured_providers(store, sim=True)
+    except ValueError as exc:  # a malformed ORCH_SIM_* variable
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _summary(store: Store, job: Job) -> dict[str, Any]:
@@ -186,6 +190,17 @@ def register(app: typer.Typer) -> None:
         loaded = cli._load(file)
         store = cli._store()
         status = "planned" if dry_run else "queued"
+        if not (dry_run or detach):
+            # Checked before anything is recorded: a job nothing here can run is not queued.
+            providers, notes = _providers(store)
+            usable = _usable(providers, loaded.spec.resources.providers,
+                             bool(store.registered()))
+            if not usable:
+                why = "; ".join(notes) or "no provider configured"
+                cli._fail(f"{file}: nothing can run this job here ({why}). Set VAST_API_KEY "
+                          "or RUNPOD_API_KEY, register a server with `orch servers add`, or "
+                          "try the simulated cloud with `resources.providers: [sim]` (see "
+                          "examples/quickstart.yml). Nothing was recorded.", cli.EXIT_NO_FIT)
         try:
             row, plan = record_job(store, loaded, status=status,
                                    message="dry run: nothing started" if dry_run else None)
@@ -208,16 +223,6 @@ def register(app: typer.Typer) -> None:
             typer.echo(head)
         from orchestrator.engine import JobRunner, owner_id
 
-        providers, notes = _providers(store)
-        usable = _usable(providers, loaded.spec.resources.providers, bool(store.registered()))
-        if not usable:
-            store.request_cancel(row.id)
-            why = "; ".join(notes) or "no provider configured"
-            cli._fail(f"{file}: nothing can run this job here ({why}). Set VAST_API_KEY or "
-                      "RUNPOD_API_KEY, register a server with `orch servers add`, or try the "
-                      "simulated cloud with `resources.providers: [sim]` (see "
-                      "examples/quickstart.yml). The job was recorded as cancelled.",
-                      cli.EXIT_NO_FIT)
         owner = owner_id("submit")
         opts = engine_options(quick=_sim_only(row))
         if store.claim_job(row.id, owner, opts.lease_s) is None:
