@@ -381,8 +381,10 @@ class JobRunner:
                     break
         for note in notes:
             self._event("offers.note", note)
-        # Dedicated servers answer every GPU count they can serve: keep each offer once.
-        offers = list({(o.provider, o.offer_id, o.gpu_count): o for o in offers}.values())
+        # Dedicated servers answer every GPU count they can serve: keep each offer once
+        # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
+        offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
+                       for o in offers}.values())
         w = workload_from(loaded)
         ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
                                  measured=self.inputs.measured)
