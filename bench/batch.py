@@ -69,9 +69,13 @@ def batch(jobs: int, workers: int, steps: int, step_s: float) -> None:
             p.wait()
         wall = time.monotonic() - started
         con = sqlite3.connect(tmp / "orch" / "orch.db")
-        rows = con.execute("SELECT created_at, terminated_at FROM instance "
-                           "WHERE terminated_at IS NOT NULL").fetchall()
-        billed = sum(math.ceil(_t(b) - _t(a)) for a, b in rows)
+        rows = con.execute("SELECT provider_instance_id, created_at, terminated_at FROM "
+                           "instance WHERE terminated_at IS NOT NULL").fetchall()
+        # What the cloud billed (its own per-second meter, create to terminate), not orch's
+        # timestamps around the calls.
+        cloud = SimCloud(tmp / "orch" / "sim")
+        billed = sum(cloud.charged_seconds(iid) if iid else math.ceil(_t(b) - _t(a))
+                     for iid, a, b in rows)
         train = sum(r[0] or 0 for r in con.execute("SELECT train_seconds FROM job"))
         done = dict(con.execute("SELECT status, count(*) FROM job GROUP BY status").fetchall())
         phases = con.execute(
