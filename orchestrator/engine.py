@@ -40,7 +40,6 @@ from typing import Any
 from orchestrator import pricing
 from orchestrator.paths import data_dir
 from orchestrator.store import (
-    FINAL_STATUSES,
     Job,
     LeaseLost,
     Store,
@@ -867,7 +866,3 @@ def _reason(exc: BaseException) -> str:
         return f"{exc} (fault: {exc.fault.value}){tail}"
     return f"{type(exc).__name__}: {exc}"
 
-
-def final(job: Job) -> bool:
-    """Whether the job reached a final state."""
-    return job.status in FINAL_STATUSES
