@@ -130,17 +130,31 @@ def owner_id(kind: str = "worker") -> str:
 
 
 def ensure_key(path: Path | None = None) -> tuple[Path, str]:
-    """orch's own SSH key pair (created 0600 on first use): (private key file, public line)."""
+    """orch's own SSH key pair (created 0600 on first use): (private key file, public line).
+
+    Several workers may start at once on a fresh machine: the pair is generated under a lock
+    into a temporary name and renamed into place, so each sees either no key or a whole one.
+    """
+    import fcntl
     import subprocess
+    import tempfile
 
     path = path or data_dir() / "ssh" / "id_ed25519"
     pub = path.with_name(path.name + ".pub")
-    if not path.exists():
+    if not (path.exists() and pub.exists()):
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # ssh-keygen writes the OpenSSH private key format paramiko and sshd both read.
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "orch",
-                        "-f", str(path)], check=True, capture_output=True)
-        path.chmod(0o600)
+        with open(path.parent / ".keygen.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (path.exists() and pub.exists()):
+                with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+                    fresh = Path(tmp) / "key"
+                    # ssh-keygen writes the OpenSSH key format paramiko and sshd both read.
+                    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C",
+                                    "orch", "-f", str(fresh)], check=True,
+                                   capture_output=True, stdin=subprocess.DEVNULL)
+                    fresh.chmod(0o600)
+                    fresh.with_name("key.pub").replace(pub)
+                    fresh.replace(path)
     return path, pub.read_text().strip()
 
 
@@ -203,7 +217,10 @@ class JobRunner:
         job = self.store.get_job(job_id)
         self.job_id = job_id
         self.progress = Progress(job_id, job.status, job.attempt)
-        key_path, self.public_key = ensure_key(self.opts.ssh_key)
+        try:
+            key_path, self.public_key = ensure_key(self.opts.ssh_key)
+        except Exception as exc:  # OSError, CalledProcessError: fail the job, do not strand it
+            return self._fail_early(f"cannot create orch's SSH key: {exc}")
         self._factory = ConnectionFactory(key_path, connect_timeout=10,
                                           connect_deadline=self.opts.connect_deadline_s)
         done = threading.Event()
@@ -233,6 +250,12 @@ class JobRunner:
             self._factory.close_all()
             self._finish(*outcome)
         return self.store.get_job(job_id)
+
+    def _fail_early(self, reason: str) -> Job:
+        """Fail a claimed job before anything was rented (nothing to tear down)."""
+        with contextlib.suppress(LeaseLost):
+            self._set("failed", reason, {"reason": reason}, failure_reason=reason)
+        return self.store.get_job(self.job_id)
 
     def _finish(self, kind: str, reason: str) -> None:
         if kind in ("lost", "succeeded"):

@@ -275,3 +275,19 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     # The server is kept, so the eval's vLLM server was stopped (its GPU is free again).
     removed = [e["container"] for e in host.events("docker-rm")]
     assert any(c.startswith("orch-vllm") or "vllm" in c for c in removed), removed
+
+
+def test_workers_starting_together_share_one_new_ssh_key(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    code = "from orchestrator.engine import ensure_key; print(ensure_key()[1])"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    keys = {p.communicate(timeout=60)[0].strip() for p in procs}
+    assert all(p.returncode == 0 for p in procs)
+    assert len(keys) == 1 and next(iter(keys)).startswith("ssh-ed25519 ")
+    key = tmp_path / "xdg" / "orch" / "ssh" / "id_ed25519"
+    assert key.stat().st_mode & 0o777 == 0o600
