@@ -385,9 +385,11 @@ def _translate(exc: ValidationError, filename: str, pos: yamlpos.Positions) -> l
 # --- loading --------------------------------------------------------------------------------
 
 
-def load_job(path: str | Path) -> LoadedJob:
-    """Read, validate and resolve a job file; raise SpecError listing every problem."""
-    path = Path(path)
+def read_mapping(path: Path, keys_hint: str) -> tuple[dict[str, Any], yamlpos.Positions]:
+    """A YAML file's top-level mapping and its line positions; SpecError when it is not one.
+
+    `keys_hint` completes "must be a mapping of keys such as ..." for the file's kind.
+    """
     name = str(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -400,8 +402,16 @@ def load_job(path: str | Path) -> LoadedJob:
     except yamlpos.YamlError as exc:
         raise SpecError([str(exc)]) from None
     if not isinstance(raw, dict):
-        raise SpecError([f"{name}:1 (top level): must be a mapping of keys such as name, "
-                         "base_model, method, dataset"])
+        raise SpecError([f"{name}:1 (top level): must be a mapping of keys such as "
+                         f"{keys_hint}"])
+    return raw, pos
+
+
+def load_job(path: str | Path) -> LoadedJob:
+    """Read, validate and resolve a job file; raise SpecError listing every problem."""
+    path = Path(path)
+    name = str(path)
+    raw, pos = read_mapping(path, "name, base_model, method, dataset")
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:

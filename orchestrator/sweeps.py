@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from orchestrator import spec as jobspec
 from orchestrator import yamlpos
-from orchestrator.spec import JobSpec, LoadedJob, Money, SpecError, _Strict
+from orchestrator.spec import JobSpec, LoadedJob, Money, SpecError, _Strict, read_mapping
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
 MAX_RUNS = 1000
@@ -289,19 +289,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     """Read, validate and expand a sweep file; raise SpecError listing every problem."""
     path = Path(path)
     name = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([f"{name}: file not found"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{name}: cannot read ({exc})"]) from None
-    try:
-        raw, pos = yamlpos.load(text, name)
-    except yamlpos.YamlError as exc:
-        raise SpecError([str(exc)]) from None
-    if not isinstance(raw, dict):
-        raise SpecError([f"{name}:1 (top level): must be a mapping of keys such as name, base, "
-                         f"grid (see {EXAMPLE})"])
+    raw, pos = read_mapping(path, f"name, base, grid (see {EXAMPLE})")
 
     problems: list[tuple[int, str]] = []
     # Keys are checked on the raw data so that a schema error elsewhere does not hide them.
