@@ -50,17 +50,22 @@ def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
+def problems_exit(path: Path, problems: list[str]) -> NoReturn:
+    """Print a job or sweep file's problems, one per line, and exit EXIT_INVALID."""
+    for problem in problems:
+        typer.echo(problem, err=True)
+    n = len(problems)
+    typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
+    raise typer.Exit(EXIT_INVALID)
+
+
 def _load(path: Path) -> LoadedJob:
     from orchestrator.spec import SpecError, load_job
 
     try:
         return load_job(path)
     except SpecError as exc:
-        for problem in exc.problems:
-            typer.echo(problem, err=True)
-        n = len(exc.problems)
-        typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
-        raise typer.Exit(EXIT_INVALID) from None
+        problems_exit(path, exc.problems)
 
 
 def _plan(job: LoadedJob, servers: list[Any]) -> Plan:

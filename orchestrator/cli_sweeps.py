@@ -46,11 +46,9 @@ def _load(path: Path) -> LoadedSweep:
     try:
         return load_sweep(path)
     except SpecError as exc:
-        for problem in exc.problems:
-            typer.echo(problem, err=True)
-        n = len(exc.problems)
-        typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
-        raise typer.Exit(EXIT_INVALID) from None
+        from orchestrator.cli import problems_exit
+
+        problems_exit(path, exc.problems)
 
 
 def _params(params: dict[str, Any]) -> str:
