@@ -351,14 +351,8 @@ class JobRunner:
             else:
                 self._release(row.id, "interrupted")
         # Instances tagged with this job that no row knows (a crash inside create).
-        known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
         for name, provider in self.providers.items():
-            for iid in self._tagged(provider, name):
-                if iid not in known:
-                    self._event("instance.orphan", f"terminating untracked {name} instance "
-                                f"{iid} tagged with this job")
-                    with contextlib.suppress(ProviderError):
-                        provider.terminate(iid)
+            self._orphan_sweep(provider, name)
         return adopted
 
     def _tagged(self, provider: Provider, name: str) -> list[str]:
@@ -486,10 +480,13 @@ class JobRunner:
                         if failures else "no placement left to try (all failed before)")
 
     def _orphan_sweep(self, provider: Provider, name: str) -> None:
-        # A create that failed after retries may still have rented a machine.
+        """Terminate instances tagged with this job that no instance row knows: a create
+        that failed after retries, or a crash inside create, may still have rented one."""
         known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
         for iid in self._tagged(provider, name):
             if iid not in known:
+                self._event("instance.orphan", f"terminating untracked {name} instance "
+                            f"{iid} tagged with this job")
                 with contextlib.suppress(ProviderError):
                     provider.terminate(iid)
 
@@ -785,16 +782,18 @@ class JobRunner:
         """(compute charged, volume storage, amortised rent) of the job so far."""
         charged = amortised = Decimal(0)
         now = utcnow()
-        for row in self.store.instances_of(self.job_id):
+        rows = self.store.instances_of(self.job_id)
+        for row in rows:
             c, a = instance_cost(row, now)
             charged += c
             amortised += a
         storage = Decimal(0)
         job = self._job()
         if job.started_at is not None:
+            used = {r.provider for r in rows}
             for name, provider in self.providers.items():
                 rate = getattr(provider, "volume_per_gb_month", None)
-                if rate and any(r.provider == name for r in self.store.instances_of(job.id)):
+                if rate and name in used:
                     hours = Decimal(str((now - job.started_at).total_seconds())) / 3600
                     storage += pricing.money(Decimal(self.opts.disk_gb) * rate * hours
                                              / HOURS_PER_MONTH)

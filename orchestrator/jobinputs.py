@@ -141,11 +141,10 @@ def load_inputs(job: Job) -> Inputs:
 
 def measured_throughput() -> dict[Any, Any]:
     """Throughput learned from finished jobs (empty until the history has some)."""
-    try:
-        from orchestrator import readonly
-        from orchestrator.paths import default_db_url
+    from orchestrator.paths import default_db_url
+    from orchestrator.readonly import measured_throughput
 
-        fn = getattr(readonly, "measured_throughput", None)
-        return dict(fn(default_db_url())) if fn is not None else {}
+    try:
+        return dict(measured_throughput(default_db_url()))
     except Exception:  # an estimate aid only: never a reason not to run
         return {}
