@@ -780,28 +780,8 @@ class Store:
 
     def claim_job(self, job_id: str, owner: str, lease_s: float) -> Job | None:
         """Take a queued job for `owner` (one conditional UPDATE); None if someone else has it."""
-        now = utcnow()
         with self.transaction() as session:
-            result = session.execute(
-                update(Job)
-                .where(col(Job.id) == job_id, col(Job.status) == "queued",
-                       col(Job.cancel_requested_at).is_(None),
-                       # A job briefly queued while its worker re-places it is still that
-                       # worker's: only an unowned (or lapsed) job can be claimed.
-                       or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now))
-                .values(status="provisioning", lease_owner=owner,
-                        lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
-            if not getattr(result, "rowcount", 0):
-                return None
-            job = session.get(Job, job_id)
-            assert job is not None
-            if job.started_at is None:
-                job.started_at = now
-            session.add(Event(job_id=job_id, at=now, kind="state",
-                              message=f"provisioning (claimed by {owner})",
-                              data_json=_dumps({"status": "provisioning", "owner": owner,
-                                                "attempt": job.attempt})))
-            return job
+            return claim_in(session, job_id, owner, lease_s, utcnow())
 
     def claim_next(self, owner: str, lease_s: float) -> Job | None:
         """Claim the oldest queued job that may start now, or None.
@@ -995,6 +975,33 @@ class Store:
                 select(Event).where(Event.job_id == job_id).order_by(col(Event.at), col(Event.id))
             )
             return list(session.exec(query))
+
+
+def claim_in(session: Session, job_id: str, owner: str, lease_s: float,
+             now: datetime) -> Job | None:
+    """Within the caller's write transaction: queued → provisioning for `owner`, with its
+    `state` event; None when the job is not claimable (taken, cancelled, or still leased)."""
+    result = session.execute(
+        update(Job)
+        .where(col(Job.id) == job_id, col(Job.status) == "queued",
+               col(Job.cancel_requested_at).is_(None),
+               # A job briefly queued while its worker re-places it is still that
+               # worker's: only an unowned (or lapsed) job can be claimed.
+               or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now))
+        .values(status="provisioning", lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
+    if not getattr(result, "rowcount", 0):
+        return None
+    job = session.get(Job, job_id)
+    assert job is not None
+    session.refresh(job)  # the UPDATE bypassed the session's copy
+    if job.started_at is None:
+        job.started_at = now
+    session.add(Event(job_id=job_id, at=now, kind="state",
+                      message=f"provisioning (claimed by {owner})",
+                      data_json=_dumps({"status": "provisioning", "owner": owner,
+                                        "attempt": job.attempt})))
+    return job
 
 
 def _check_status(status: str) -> None:

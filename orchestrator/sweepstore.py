@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN
 from typing import Any
 
@@ -33,6 +33,7 @@ from orchestrator.store import (
     Store,
     StoreError,
     Sweep,
+    claim_in,
     from_micros,
     utcnow,
 )
@@ -453,22 +454,9 @@ def claim_next_gated(store: Store, owner: str, lease_s: float) -> Job | None:
                     usage[job.sweep_id] = _usage(session, job.sweep_id, now)
                 if _gate(usage[job.sweep_id], job) is not None:
                     continue
-            result = session.execute(
-                update(Job)
-                .where(col(Job.id) == job.id, col(Job.status) == "queued",
-                       col(Job.cancel_requested_at).is_(None))
-                .values(status="provisioning", lease_owner=owner,
-                        lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
-            if not getattr(result, "rowcount", 0):
-                continue
-            session.refresh(job)
-            if job.started_at is None:
-                job.started_at = now
-            session.add(Event(job_id=job.id, at=now, kind="state",
-                              message=f"provisioning (claimed by {owner})",
-                              data_json=_dumps({"status": "provisioning", "owner": owner,
-                                                "attempt": job.attempt})))
-            return job
+            claimed = claim_in(session, job.id, owner, lease_s, now)
+            if claimed is not None:
+                return claimed
     return None
 
 
