@@ -15,6 +15,7 @@ from conftest import KeyPair
 from emulators.hosts import SimHostBackend
 from emulators.runpod import RunPodEmulator
 from emulators.vast import VastEmulator
+from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
 from test_engine import HOST, Rig, training_step, when
 
 from orchestrator.engine import JobRunner, Options, owner_id
@@ -23,14 +24,6 @@ from providers.runpod import RunPod
 from providers.vastai import VastAI
 
 KEY = "engine-emulator-key-0123456789"
-RUNPOD_GPUS = [
-    {"id": "NVIDIA GeForce RTX 4090", "name": "RTX 4090", "memory": 24, "secure": True,
-     "community": True, "price": {"secure": "0.69", "community": "0.34"},
-     "maxCount": {"secure": 8, "community": 2}, "availability": "HIGH", "dataCenters": []},
-    {"id": "NVIDIA A100 80GB PCIe", "name": "A100 PCIe", "memory": 80, "secure": True,
-     "community": True, "price": {"secure": "1.64", "community": "1.19"},
-     "maxCount": {"secure": 8, "community": 8}, "availability": "LOW", "dataCenters": []},
-]
 
 
 @pytest.fixture
