@@ -15,6 +15,7 @@ import contextlib
 import errno
 import hashlib
 import logging
+import os
 import re
 import select
 import shlex
@@ -464,7 +465,12 @@ def run(
     timeout: float | None,
     env_file: str | None = None,
 ) -> Result:
-    """Run `argv` on the host (no pty, no stdin); non-zero exits are returned, not raised."""
+    """Run `argv` on the host (no pty, no stdin); non-zero exits are returned, not raised.
+
+    `timeout=None` means `COMMAND_TIMEOUT_S`: no command waits forever.
+    """
+    if timeout is None:
+        timeout = COMMAND_TIMEOUT_S
     command = build_command(argv, env_file)
     log.debug("ssh %s:%s $ %s", conn.host, conn.port, command)
     started = time.monotonic()
@@ -503,13 +509,130 @@ def run(
 
 # --- files -----------------------------------------------------------------------------------
 
+# paramiko's SFTP client pairs each reply with its request by reading the one channel: two
+# threads on one client read each other's replies and both wait forever (issue 10 §1). So
+# every thread gets an SFTP channel of its own on the shared connection, and every read on it
+# has a deadline: a host that stops answering fails the call instead of hanging the job.
+IO_TIMEOUT_S = float(os.environ.get("ORCH_SSH_IO_TIMEOUT_S", "120"))
+"""Seconds an SFTP call may wait for a reply (or the next chunk of a transfer)."""
+COMMAND_TIMEOUT_S = float(os.environ.get("ORCH_SSH_COMMAND_TIMEOUT_S", "3600"))
+"""Seconds a remote command may run when its caller gives no timeout of its own."""
 
-def _sftp(conn: Connection) -> paramiko.SFTPClient:
+_threads = threading.local()
+
+
+def _thread_clients() -> dict[int, tuple[paramiko.Transport, paramiko.SFTPClient]]:
+    clients: dict[int, tuple[paramiko.Transport, paramiko.SFTPClient]] | None = getattr(
+        _threads, "sftp", None)
+    if clients is None:
+        clients = _threads.sftp = {}
+    return clients
+
+
+def _open_sftp(conn: Connection, timeout: float) -> paramiko.SFTPClient:
+    """This thread's SFTP client on `conn` (opened on first use), reads bounded by `timeout`."""
+    transport = conn.transport if conn.is_connected else None
+    if transport is None:
+        raise ConnectionLost(f"{conn.host}:{conn.port}: not connected (SFTP unavailable)")
+    clients = _thread_clients()
+    for key, (other, client) in list(clients.items()):
+        if not other.is_active():  # the connection was closed: forget its channel
+            del clients[key]
+            with contextlib.suppress(Exception):
+                client.close()
+    entry = clients.get(id(conn))
+    if entry is None or entry[0] is not transport or entry[1].sock.closed:
+        try:
+            channel = transport.open_session(timeout=timeout)
+            channel.settimeout(timeout)
+            channel.invoke_subsystem("sftp")
+            client = paramiko.SFTPClient(channel)
+        except TimeoutError:
+            raise CommandTimeout(f"{conn.host}:{conn.port}: the SFTP subsystem did not answer "
+                                 f"within {timeout:.0f}s") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise ConnectionLost(f"{conn.host}:{conn.port}: SFTP unavailable: {exc}") from exc
+        entry = clients[id(conn)] = (transport, client)
+    entry[1].get_channel().settimeout(timeout)
+    return entry[1]
+
+
+def _drop_sftp(conn: Connection) -> None:
+    """Close this thread's SFTP channel on `conn`: after a timeout its replies are out of step."""
+    entry = _thread_clients().pop(id(conn), None)
+    if entry is not None:
+        with contextlib.suppress(Exception):
+            entry[1].close()
+
+
+@contextlib.contextmanager
+def _sftp(conn: Connection, what: str, timeout: float | None = None
+          ) -> Iterator[paramiko.SFTPClient]:
+    """This thread's SFTP client for one call; a stall or a dropped channel raises SSHError.
+
+    Callers catch OSError for missing files: a timeout (also an OSError) never reaches them,
+    it is turned into CommandTimeout here, on the way out of the call's `try`.
+    """
+    limit = IO_TIMEOUT_S if timeout is None else timeout
+    client = _open_sftp(conn, limit)
     try:
-        sftp: paramiko.SFTPClient = conn.sftp()
-    except (paramiko.SSHException, EOFError, OSError) as exc:
-        raise ConnectionLost(f"{conn.host}:{conn.port}: SFTP unavailable: {exc}") from exc
-    return sftp
+        yield client
+    except _Stalled as exc:
+        _drop_sftp(conn)
+        raise CommandTimeout(f"{what} on {conn.host}:{conn.port}: no reply over SFTP within "
+                             f"{limit:.0f}s") from exc.__cause__
+    except TimeoutError as exc:
+        _drop_sftp(conn)
+        raise CommandTimeout(f"{what} on {conn.host}:{conn.port}: no reply over SFTP within "
+                             f"{limit:.0f}s") from exc
+    except (EOFError, paramiko.SSHException) as exc:
+        _drop_sftp(conn)
+        raise ConnectionLost(f"{what} on {conn.host}:{conn.port}: connection lost: "
+                             f"{exc}") from exc
+
+
+class _Stalled(Exception):
+    """Internal: an SFTP reply timed out inside a helper's own `except OSError`."""
+
+
+def _reraise_stall(exc: BaseException) -> None:
+    """Inside `except OSError`: a timeout is not a file error, let `_sftp` report it."""
+    if isinstance(exc, TimeoutError):
+        raise _Stalled() from exc
+
+
+def stat(conn: Connection, remote: str, timeout: float | None = None
+         ) -> paramiko.SFTPAttributes | None:
+    """A remote path's attributes, or None when it does not exist."""
+    with _sftp(conn, f"stat {remote}", timeout) as sftp:
+        try:
+            return sftp.stat(remote)
+        except FileNotFoundError:
+            return None
+
+
+def list_dir(conn: Connection, remote: str, timeout: float | None = None
+             ) -> list[paramiko.SFTPAttributes] | None:
+    """A remote directory's entries with their attributes, or None when it is missing."""
+    with _sftp(conn, f"listing {remote}", timeout) as sftp:
+        try:
+            return list(sftp.listdir_attr(remote))
+        except FileNotFoundError:
+            return None
+
+
+def remove_files(conn: Connection, paths: Sequence[str], timeout: float | None = None
+                 ) -> list[str]:
+    """Delete remote files (missing ones are fine); returns the paths that were there."""
+    removed = []
+    with _sftp(conn, "removing files", timeout) as sftp:
+        for path in paths:
+            try:
+                sftp.remove(path)
+            except FileNotFoundError:
+                continue
+            removed.append(path)
+    return removed
 
 
 def _replace(sftp: paramiko.SFTPClient, source: str, target: str) -> None:
@@ -537,47 +660,64 @@ def _makedirs(sftp: paramiko.SFTPClient, folder: PurePosixPath, mode: int) -> No
         sftp.chmod(str(path), mode)
 
 
-def put_file(conn: Connection, local: str | Path, remote: str, mode: int | None = None) -> None:
+def put_file(conn: Connection, local: str | Path, remote: str, mode: int | None = None,
+             timeout: float | None = None) -> None:
     """Upload a file; it appears at `remote` complete (written aside, then renamed)."""
-    sftp = _sftp(conn)
     target = PurePosixPath(remote)
     tmp = str(target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part"))
     try:
-        _makedirs(sftp, target.parent, 0o755)
-        sftp.put(str(local), tmp)
-        if mode is not None:
-            sftp.chmod(tmp, mode)
-        _replace(sftp, tmp, remote)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            sftp.remove(tmp)
-        raise SSHError(f"upload to {conn.host}:{remote} failed: {exc}") from exc
+        with _sftp(conn, f"upload to {remote}", timeout) as sftp:
+            try:
+                _makedirs(sftp, target.parent, 0o755)
+                sftp.put(str(local), tmp)
+                if mode is not None:
+                    sftp.chmod(tmp, mode)
+                _replace(sftp, tmp, remote)
+            except OSError as exc:
+                _reraise_stall(exc)
+                with contextlib.suppress(OSError):
+                    sftp.remove(tmp)
+                raise SSHError(f"upload to {conn.host}:{remote} failed: {exc}") from exc
+    except (CommandTimeout, ConnectionLost):
+        _remove_quietly(conn, tmp)
+        raise
 
 
-def get_file(conn: Connection, remote: str, local: str | Path) -> None:
+def get_file(conn: Connection, remote: str, local: str | Path,
+             timeout: float | None = None) -> None:
     """Download a file; `local` is replaced only once the whole file arrived."""
-    sftp = _sftp(conn)
     target = Path(local)
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.part")
     try:
-        sftp.get(remote, str(tmp))
-        tmp.replace(target)
-    except OSError as exc:
+        with _sftp(conn, f"download of {remote}", timeout) as sftp:
+            try:
+                sftp.get(remote, str(tmp))
+                tmp.replace(target)
+            except OSError as exc:
+                _reraise_stall(exc)
+                raise SSHError(f"download of {conn.host}:{remote} failed: {exc}") from exc
+    finally:
         tmp.unlink(missing_ok=True)
-        raise SSHError(f"download of {conn.host}:{remote} failed: {exc}") from exc
 
 
-def read_file(conn: Connection, remote: str) -> bytes | None:
+def read_file(conn: Connection, remote: str, timeout: float | None = None) -> bytes | None:
     """A remote file's content, or None when it does not exist."""
-    sftp = _sftp(conn)
-    try:
-        with sftp.open(remote, "rb") as handle:
-            data: bytes = handle.read()
-            return data
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise SSHError(f"reading {conn.host}:{remote} failed: {exc}") from exc
+    with _sftp(conn, f"reading {remote}", timeout) as sftp:
+        try:
+            with sftp.open(remote, "rb") as handle:
+                data: bytes = handle.read()
+                return data
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            _reraise_stall(exc)
+            raise SSHError(f"reading {conn.host}:{remote} failed: {exc}") from exc
+
+
+def _remove_quietly(conn: Connection, remote: str) -> None:
+    """Best effort, on a fresh channel: a failed transfer leaves no temporary file behind."""
+    with contextlib.suppress(SSHError, OSError):
+        remove_files(conn, [remote], timeout=min(IO_TIMEOUT_S, 30.0))
 
 
 def _open_new(sftp: paramiko.SFTPClient, path: str, mode: int) -> paramiko.SFTPFile:
@@ -600,7 +740,8 @@ def _open_new(sftp: paramiko.SFTPClient, path: str, mode: int) -> paramiko.SFTPF
     return paramiko.SFTPFile(sftp, msg.get_binary(), "wb")
 
 
-def write_secret_env(conn: Connection, path: str, mapping: Mapping[str, str]) -> None:
+def write_secret_env(conn: Connection, path: str, mapping: Mapping[str, str],
+                     timeout: float | None = None) -> None:
     """Write `KEY='value'` lines to a 0600 file on the host, for `run(..., env_file=path)`.
 
     The file is created with mode 0600 (and checked) before any content is written, under a
@@ -616,20 +757,26 @@ def write_secret_env(conn: Connection, path: str, mapping: Mapping[str, str]) ->
     if not target.is_absolute():
         raise ValueError(f"secret env file path must be absolute (got {path!r})")
     content = "".join(f"{name}={shlex.quote(value)}\n" for name, value in mapping.items())
-    sftp = _sftp(conn)
     tmp = str(target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"))
     try:
-        _makedirs(sftp, target.parent, 0o700)
-        with _open_new(sftp, tmp, 0o600) as handle:
-            handle.chmod(0o600)  # also covers servers that ignore open-time attributes
-            if handle.stat().st_mode & 0o077:
-                raise OSError("the file could not be made private (mode is not 0600)")
-            handle.write(content.encode())
-        _replace(sftp, tmp, str(target))
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            sftp.remove(tmp)
-        raise SSHError(f"writing secret env file {conn.host}:{path} failed: {exc}") from None
+        with _sftp(conn, f"writing secret env file {path}", timeout) as sftp:
+            try:
+                _makedirs(sftp, target.parent, 0o700)
+                with _open_new(sftp, tmp, 0o600) as handle:
+                    handle.chmod(0o600)  # also covers servers that ignore open-time attributes
+                    if handle.stat().st_mode & 0o077:
+                        raise OSError("the file could not be made private (mode is not 0600)")
+                    handle.write(content.encode())
+                _replace(sftp, tmp, str(target))
+            except OSError as exc:
+                _reraise_stall(exc)
+                with contextlib.suppress(OSError):
+                    sftp.remove(tmp)
+                raise SSHError(f"writing secret env file {conn.host}:{path} failed: "
+                               f"{exc}") from None
+    except (CommandTimeout, ConnectionLost):
+        _remove_quietly(conn, tmp)  # never leave a copy of the secret under another name
+        raise
     log.info("wrote secret env file %s:%s (%s)", conn.host, path, ", ".join(sorted(mapping)))
 
 

@@ -103,11 +103,27 @@ class Host:
 
     def read(self, path: str) -> bytes | None:
         """Contents of a host file, or None when it does not exist."""
-        return ssh.read_file(self.conn, path)
+        return ssh.read_file(self.conn, path, timeout=self._io_timeout())
 
     def put(self, local: str, remote: str, mode: int | None = None) -> None:
         """Upload a file (atomically: temporary name, then rename)."""
-        ssh.put_file(self.conn, local, remote, mode=mode)
+        ssh.put_file(self.conn, local, remote, mode=mode, timeout=self._io_timeout())
+
+    def stat(self, path: str) -> Any:
+        """A host path's SFTP attributes, or None when it does not exist."""
+        return ssh.stat(self.conn, path, timeout=self._io_timeout())
+
+    def list_dir(self, path: str) -> list[Any] | None:
+        """A host directory's entries (SFTP attributes), or None when it is missing."""
+        return ssh.list_dir(self.conn, path, timeout=self._io_timeout())
+
+    def remove(self, *paths: str) -> list[str]:
+        """Delete host files (missing ones are fine); the paths that existed."""
+        return ssh.remove_files(self.conn, list(paths), timeout=self._io_timeout())
+
+    def _io_timeout(self) -> float:
+        # Every SFTP reply waits at most this long (each thread has its own channel).
+        return min(ssh.IO_TIMEOUT_S, self._timeout(None))
 
     def _timeout(self, timeout: float | None) -> float:
         limit = timeout if timeout is not None else self.command_timeout

@@ -424,12 +424,10 @@ def list_dir(host: Host, path: str) -> dict[str, paramiko.SFTPAttributes] | None
     Over SFTP: no `ls` output to parse, whatever the file names contain.
     """
     try:
-        sftp = host.conn.sftp()
-        return {a.filename: a for a in sftp.listdir_attr(path)}
-    except FileNotFoundError:
-        return None
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+        entries = host.list_dir(path)
+    except OSError as exc:
         raise ssh.ConnectionLost(f"listing {path} on {host.conn.host} failed: {exc}") from exc
+    return None if entries is None else {a.filename: a for a in entries}
 
 
 def _checkpoint_problem(host: Host, path: str, number: int, adapter: bool) -> str | None:
@@ -547,11 +545,12 @@ def _secrets_current(host: Host, job: TrainJob) -> bool:
     path = job.secrets_file
     assert path is not None
     try:
-        mode = host.conn.sftp().stat(path).st_mode or 0
-    except FileNotFoundError:
-        return False
-    except (OSError, EOFError, paramiko.SSHException) as exc:
+        attrs = host.stat(path)
+    except OSError as exc:
         raise ssh.ConnectionLost(f"stat {path} failed: {exc}") from exc
+    if attrs is None:
+        return False
+    mode = attrs.st_mode or 0
     return not mode & 0o077 and host.read(path) == _secrets_text(job.env).encode()
 
 
