@@ -44,9 +44,15 @@ def _env_float(name: str, default: float) -> float:
 def engine_options(quick: bool = False) -> Options:
     """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
     from orchestrator.engine import Options
+    from orchestrator.watchdog import deadlines_from_env
 
     base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
-    return Options(poll_s=_env_float("ORCH_POLL_S", base.poll_s),
+    try:
+        stall_s = deadlines_from_env()  # ORCH_STALL_<PHASE>_S
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return Options(stall_s=stall_s, poll_s=_env_float("ORCH_POLL_S", base.poll_s),
                    watch_s=_env_float("ORCH_WATCH_S", base.watch_s),
                    lease_s=_env_float("ORCH_LEASE_S", base.lease_s),
                    boot_deadline_s=_env_float("ORCH_BOOT_DEADLINE_S", base.boot_deadline_s),

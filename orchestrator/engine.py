@@ -83,6 +83,9 @@ class Options:
     max_attempts: int = 6  # interruptions survived before the job is failed
     disk_gb: int = 100
     ssh_key: Path | None = None  # default: data_dir()/ssh/id_ed25519, created on first use
+    # Per-phase no-progress deadlines (orchestrator/watchdog.py); None: defaults + ORCH_STALL_*.
+    stall_s: Mapping[str, float] | None = None
+    stall_retries: int = 1  # a stalled attempt is re-placed this often, then the job fails
 
 
 class JobFailed(Exception):
@@ -94,7 +97,7 @@ class _Stop(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # cancelled | interrupted
+        self.kind = kind  # cancelled | interrupted | stalled | lost
 
 
 class Terminated(BaseException):
@@ -207,6 +210,11 @@ class JobRunner:
         self._watching: tuple[str, str] | None = None  # (provider, instance id) to watch
         self._held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
         self.progress: Progress | None = None
+        from orchestrator.watchdog import Watchdog, deadlines_from_env
+
+        self._watchdog = Watchdog(self.opts.stall_s if self.opts.stall_s is not None
+                                  else deadlines_from_env())
+        self._stalls = 0
 
     # --- the whole job ---------------------------------------------------------------------
 
@@ -297,6 +305,9 @@ class JobRunner:
                 host = self._connect(row_id, provider, inst)
                 self._pipeline(host, row_id, provider, inst)
             except _Stop as stop:
+                if stop.kind == "stalled":
+                    self._stalled(row_id, provider, inst, stop)
+                    continue
                 if stop.kind != "interrupted":
                     raise
                 self._interrupted(row_id, provider, inst, str(stop))
@@ -304,6 +315,11 @@ class JobRunner:
             except Exception as exc:
                 if isinstance(exc, JobFailed | LeaseLost):
                     raise
+                stalled = self._stop
+                if stalled is not None and stalled.kind == "stalled":
+                    # The watchdog closed the connections: this error is the stall's.
+                    self._stalled(row_id, provider, inst, stalled)
+                    continue
                 lost = self._instance_lost(provider, inst)
                 if lost is None:
                     raise JobFailed(_reason(exc)) from exc
@@ -687,6 +703,7 @@ class JobRunner:
         self._notify()
 
     def _emit(self, report: Any) -> None:
+        self._watchdog.progress()  # a playbook step completed
         self.store.add_event(self.job_id, report.kind, f"{report.playbook}/{report.step}"
                              + (f": {report.message}" if report.message else ""), report.data())
 
@@ -710,6 +727,17 @@ class JobRunner:
                         f"{now.message or now.raw_status}")
             return None
         return None
+
+    def _stalled(self, row_id: int, provider: Provider, inst: Instance, stop: _Stop) -> None:
+        """The watchdog stopped a silent attempt: re-place it, or fail after stall_retries."""
+        self._stalls += 1
+        self._event("watchdog.stalled", str(stop), {"instance": inst.instance_id,
+                                                    "stalls": self._stalls})
+        if self._stalls > self.opts.stall_retries:
+            with self._stop_lock:
+                self._stop = None
+            raise JobFailed(f"stopped by the watchdog: {stop}")
+        self._interrupted(row_id, provider, inst, f"stopped by the watchdog: {stop}")
 
     def _interrupted(self, row_id: int, provider: Provider, inst: Instance, why: str) -> None:
         with self._stop_lock:
@@ -814,6 +842,9 @@ class JobRunner:
                         return
                     if job.cancel_requested_at is not None:
                         self._signal(_Stop("cancelled", "cancelled by `orch cancel`"))
+                stalled = self._watchdog.overdue()
+                if stalled is not None:
+                    self._signal(_Stop("stalled", stalled))
                 watching = self._watching
                 if watching is not None:
                     provider = self.providers[watching[0]]
@@ -856,6 +887,7 @@ class JobRunner:
     def _set(self, status: str, message: str = "", data: dict[str, Any] | None = None,
              **fields: Any) -> Job:
         job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
+        self._watchdog.phase(status)
         if self.progress is not None:
             self.progress.status = status
             self.progress.attempt = job.attempt
@@ -865,6 +897,7 @@ class JobRunner:
 
     def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         self.store.add_event(self.job_id, kind, message, data)
+        self._watchdog.progress()
         if self.progress is not None and kind != "train.progress":
             self.progress.message = message
             self._notify()

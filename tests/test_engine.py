@@ -291,3 +291,22 @@ def test_workers_starting_together_share_one_new_ssh_key(tmp_path: Path) -> None
     assert len(keys) == 1 and next(iter(keys)).startswith("ssh-ed25519 ")
     key = tmp_path / "xdg" / "orch" / "ssh" / "id_ed25519"
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_training_that_makes_no_progress_is_stopped_by_the_watchdog_and_torn_down(
+        rig: Rig) -> None:
+    # The training hangs: its first step never ends. The lease stays renewed all along (the
+    # worker is alive); only the watchdog can see that the job is not.
+    cloud = rig.cloud(host_options={"train_steps": 4, "train_step_seconds": 3600})
+    job_id = rig.queue(rig.job_file())
+    job = rig.run(cloud, job_id, stall_s={"training": 3.0}, stall_retries=1)
+
+    assert job.status == "failed"
+    assert "watchdog" in (job.failure_reason or "")
+    assert "ORCH_STALL_TRAINING_S" in (job.failure_reason or "")
+    # One re-placement on a fresh instance, then the job fails; both machines are gone.
+    first, second = rig.store.instances_of(job_id)
+    assert first.provider_instance_id != second.provider_instance_id
+    assert first.end_reason == "interrupted" and second.end_reason == "failed"
+    assert rig.kinds(job_id).count("watchdog.stalled") == 2
+    assert_nothing_left(rig, cloud, job_id)
