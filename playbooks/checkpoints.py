@@ -59,9 +59,13 @@ def local_steps(local_root: Path) -> list[int]:
                    if p.is_dir() and (m := _LOCAL.fullmatch(p.name))), reverse=True)
 
 
-def _files(host: Host, path: str) -> list[tuple[str, int]]:
-    result = host.must(["find", path, "-type", "f", "-printf", "%P\\t%s\\n"],
-                       f"listing {path}")
+def _files(host: Host, path: str) -> list[tuple[str, int]] | None:
+    """Files under a checkpoint with their sizes; None when the checkpoint is gone."""
+    result = host.run(["find", path, "-type", "f", "-printf", "%P\\t%s\\n"])
+    if not result.ok:
+        if host.stat(path) is None:
+            return None
+        raise ssh.CommandFailed(result)
     files = []
     for line in result.stdout.splitlines():
         rel, _, size = line.rpartition("\t")
@@ -83,6 +87,8 @@ def mirror(host: Host, job: TrainJob, local_root: Path,
     if target.is_dir():
         return Mirrored(step, target, 0, copied=False)
     files = _files(host, path)
+    if files is None:
+        return None  # rotated away since it was listed: the next poll mirrors a newer one
     total = sum(size for _, size in files)
     if total > max_bytes:
         return None
@@ -91,7 +97,15 @@ def mirror(host: Host, job: TrainJob, local_root: Path,
     for rel, _ in files:
         local = part.joinpath(*PurePosixPath(rel).parts)
         local.parent.mkdir(parents=True, exist_ok=True)
-        ssh.get_file(host.conn, f"{path}/{rel}", local)
+        try:
+            ssh.get_file(host.conn, f"{path}/{rel}", local)
+        except ssh.SSHError as exc:
+            # The trainer keeps `save_total_limit` checkpoints and deletes older ones while
+            # it runs: on a busy host that can happen mid-copy. Not an error of the job.
+            if not isinstance(exc.__cause__, FileNotFoundError):
+                raise
+            shutil.rmtree(part, ignore_errors=True)
+            return None
     part.rename(target)
     for older in local_steps(local_root)[1:]:
         shutil.rmtree(local_root / f"checkpoint-{older}", ignore_errors=True)

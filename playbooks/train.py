@@ -584,6 +584,11 @@ def steps(job: TrainJob) -> list[Step]:
     """Upload data, secrets and config, get the image or wrapper, start training detached."""
     config_text = render_config(job)
 
+    # Set once this step started the run: a run that then fails fast (a crash at step 2 on a
+    # busy host) was started all the same, and its failure is for the wait to report with the
+    # log, not a "start-training did not take effect" from the step's re-check.
+    launched: list[bool] = []
+
     def start(h: Host) -> None:
         handle = job.handle("train")
         if handle.status(h).state is TrainState.FAILED:
@@ -592,6 +597,7 @@ def steps(job: TrainJob) -> list[Step]:
             prepare_resume(h, job)
         handle.start(h, docker_options(job), job.image,
                      ["axolotl", "train", job.inside(job.config_file)], job.secrets_file)
+        launched.append(True)
         current = handle.status(h)
         if current.state is TrainState.FAILED:
             tail = handle.tail(h, 40)
@@ -599,7 +605,9 @@ def steps(job: TrainJob) -> list[Step]:
                              f"starting: {last_line(tail)}", stderr=tail)
 
     def started(h: Host) -> bool:
-        return status(h, job).state in (TrainState.RUNNING, TrainState.SUCCEEDED)
+        state = status(h, job).state
+        return state in (TrainState.RUNNING, TrainState.SUCCEEDED) or bool(
+            launched and state is TrainState.FAILED)
 
     result = [
         Step("upload-dataset",

@@ -17,6 +17,7 @@ from playbooks.base import (
     HostPaths,
     Layout,
     PlaybookFailed,
+    StepFailed,
     container_name,
     run_playbook,
 )
@@ -271,3 +272,27 @@ def test_parse_progress() -> None:
     assert parse_progress(log) == Progress(2, 10, 2.5)
     assert parse_progress("no progress yet") == Progress(None, None, None)
     assert parse_progress("{'loss': 1e-3}").loss == 0.001
+
+
+def test_a_run_that_crashes_right_after_starting_counts_as_started(
+        playbook_host: PlaybookHostFactory, tmp_path: Path) -> None:
+    # Issue 10 §8: on a busy machine the crash at step 1 lands between the start step's own
+    # status read and its re-check. The step did start the run; the failure belongs to the
+    # wait (with the log), not to "start-training did not take effect".
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=6,
+                              train_step_seconds=0.05, train_crash_at_step=1,
+                              train_crash_repeats=True)
+    job = make_job(sim, host, tmp_path)
+    *before, start = steps(job)
+    run_playbook("train", before, host, lambda report: None)
+    assert start.name == "start-training" and not start.check(host)
+    assert start.apply is not None
+    try:
+        start.apply(host)
+    except StepFailed as exc:  # the crash may already show in the step's own status read
+        assert "training exited with code" in str(exc)
+    deadline = time.monotonic() + 30
+    while status(host, job).state is not TrainState.FAILED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status(host, job).state is TrainState.FAILED
+    assert start.check(host), "a started run that failed must not read as never started"
