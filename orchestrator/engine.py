@@ -215,6 +215,7 @@ class JobRunner:
         self._watchdog = Watchdog(self.opts.stall_s if self.opts.stall_s is not None
                                   else deadlines_from_env())
         self._stalls = 0
+        self._secrets_base: dict[int, str] = {}  # instance row -> orch's directory on the host
 
     # --- the whole job ---------------------------------------------------------------------
 
@@ -585,6 +586,8 @@ class JobRunner:
         cache, runner = pipeline.prepare(host, pj, emit)
         self._check_stop()
         assert cache.layout is not None
+        if inst.provider == "dedicated":  # a server we keep: its secrets go when the job ends
+            self._secrets_base[row_id] = cache.layout.base
         tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
         self._set("training", "training (detached on the host)")
         failpoint("training")
@@ -740,9 +743,9 @@ class JobRunner:
         self._interrupted(row_id, provider, inst, f"stopped by the watchdog: {stop}")
 
     def _interrupted(self, row_id: int, provider: Provider, inst: Instance, why: str) -> None:
-        with self._stop_lock:
+        with self._stop_lock:  # together: a late report about this instance is then ignored
             self._stop = None
-        self._watching = None
+            self._watching = None
         self._factory.close_all()
         job = self._job()
         self._set("interrupted", why, {"instance": inst.instance_id},
@@ -758,6 +761,8 @@ class JobRunner:
             return
         name, iid = held
         provider = self.providers.get(name)
+        if name == "dedicated":
+            self._scrub_secrets(row_id)
         if iid is not None and provider is not None:
             for attempt in range(3):
                 try:
@@ -776,6 +781,34 @@ class JobRunner:
         self._event("instance.released" if name == "dedicated" else "instance.terminated",
                     f"{name} instance {iid} {'released' if name == 'dedicated' else 'terminated'}"
                     f" ({reason})", {"instance": iid, "reason": reason})
+
+    def _scrub_secrets(self, row_id: int) -> None:
+        """Remove HF_TOKEN's files from a server we keep, before it is released (issue 10 §6).
+
+        Rented machines are destroyed with their disks; a monthly server is not. The pipeline's
+        connection may have been closed (cancel, watchdog): connect again with the pinned key.
+        """
+        base = self._secrets_base.pop(row_id, None)
+        if not base:
+            return
+        from orchestrator import ssh
+        from playbooks import secrets
+        from playbooks.base import Host, StepFailed
+
+        row = next((r for r in self.store.instances_of(self.job_id) if r.id == row_id), None)
+        if row is None or not (row.host and row.port and row.host_key):
+            return
+        try:
+            conn = self._factory.connect(row.host, row.port, row.ssh_user or "root",
+                                         row.host_key)
+            removed = secrets.scrub(Host(conn), base)
+        except (ssh.SSHError, StepFailed) as exc:
+            self._event("secrets.left", f"could not remove secret files from {row.host}: "
+                        f"{exc}; `orch reconcile` retries")
+            return
+        if removed:
+            self._event("secrets.removed", f"removed {len(removed)} secret file(s) from the "
+                        "server", {"files": len(removed)})
 
     def _close_row(self, row_id: int, reason: str) -> None:
         now = utcnow()
@@ -852,19 +885,24 @@ class JobRunner:
                         inst = provider.get(watching[1])
                     except NotFound:
                         self._signal(_Stop("interrupted", f"{watching[0]} instance "
-                                           f"{watching[1]} is gone"))
+                                           f"{watching[1]} is gone"), watching)
                         continue
                     if inst.state in _LOST:
                         self._signal(_Stop("interrupted", f"{watching[0]} instance "
                                            f"{watching[1]} {inst.state.value}: "
-                                           f"{inst.message or inst.raw_status}"))
+                                           f"{inst.message or inst.raw_status}"), watching)
                 self._notify()
             except Exception:  # the monitor must outlive a database hiccup
                 log.exception("monitor of job %s", self.job_id)
 
-    def _signal(self, stop: _Stop) -> None:
+    def _signal(self, stop: _Stop, about: tuple[str, str] | None = None) -> None:
         with self._stop_lock:
             if self._stop is not None:
+                return
+            if about is not None and self._watching != about:
+                # The engine already handled this instance's loss and moved on (a slow
+                # provider.get raced `_interrupted`): a stale report must not stop the next
+                # placement, which failed the job on a busy machine (issue 10 §8).
                 return
             self._stop = stop
         self._watching = None

@@ -22,6 +22,7 @@ revision) reach the host only as argv words (quoted by `ssh.run`) or via `safe_n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -454,6 +455,17 @@ class ModelCache:
             env_file = self.env_file
             # Rewritten on every download (atomically), so a rotated token takes effect.
             ssh.write_secret_env(host.conn, env_file, {"HF_TOKEN": self.hf_token})
+        try:
+            self._download_with(host, env_file)
+        finally:
+            if env_file is not None:
+                # The token is needed by the download only: it does not stay on the disk.
+                # (A host that stopped answering is scrubbed when the job ends.)
+                with contextlib.suppress(ssh.SSHError):
+                    ssh.remove_files(host.conn, [env_file],
+                                     timeout=min(ssh.IO_TIMEOUT_S, 60.0))
+
+    def _download_with(self, host: Host, env_file: str | None) -> None:
         argv = self.download_argv()
         last: ssh.Result | None = None
         for attempt in range(1, self.attempts + 1):

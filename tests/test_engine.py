@@ -95,8 +95,12 @@ def rig(tmp_path: Path, ssh_keypair: KeyPair, monkeypatch: pytest.MonkeyPatch) -
         r.store.close()
 
 
-def when(predicate: Callable[[], bool], then: Callable[[], None], timeout: float = 60) -> None:
-    """Run `then` in a thread as soon as `predicate` holds (polled)."""
+def when(predicate: Callable[[], bool], then: Callable[[], None], timeout: float = 600) -> None:
+    """Run `then` in a thread as soon as `predicate` holds (polled).
+
+    `timeout` only keeps the thread from outliving a test whose job ended first; it starts
+    before the job is even placed, so it is long: a loaded machine takes its time.
+    """
     def watch() -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -106,6 +110,13 @@ def when(predicate: Callable[[], bool], then: Callable[[], None], timeout: float
             time.sleep(0.05)
 
     threading.Thread(target=watch, daemon=True).start()
+
+
+def mirrored_step(store: Store, job_id: str) -> int:
+    """The newest checkpoint step copied off the host so far (0: none yet)."""
+    steps = [json.loads(e.data_json or "{}").get("step") or 0 for e in store.events(job_id)
+             if e.kind == "checkpoint.mirrored"]
+    return max(steps, default=0)
 
 
 def training_step(store: Store, job_id: str) -> int:
@@ -310,3 +321,36 @@ def test_a_training_that_makes_no_progress_is_stopped_by_the_watchdog_and_torn_d
     assert first.end_reason == "interrupted" and second.end_reason == "failed"
     assert rig.kinds(job_id).count("watchdog.stalled") == 2
     assert_nothing_left(rig, cloud, job_id)
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_a_kept_server_has_no_secret_left_after_the_job(
+        rig: Rig, simhost: Any, monkeypatch: pytest.MonkeyPatch, outcome: str) -> None:
+    # Issue 10 §6: a monthly server is never destroyed, so HF_TOKEN's files (hf.env for the
+    # download, secrets.env for training) and any temporary copy must go when the job ends.
+    from decimal import Decimal
+
+    from providers.dedicated import Dedicated
+
+    token = "hf_" + "s3cr3t" * 6
+    monkeypatch.setenv("HF_TOKEN", token)
+    crash = {"train_crash_at_step": 2, "train_crash_repeats": True} if outcome == "failed" else {}
+    host = simhost(**HOST, **crash)
+    rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
+                         gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("providers: [sim]", "providers: [dedicated]"))
+    job_id = rig.queue(path)
+    owner = owner_id("test")
+    options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, ssh_key=rig.key.private)
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    job = JobRunner(rig.store, {"dedicated": Dedicated(rig.store)}, owner, options).run(job_id)
+
+    assert job.status == outcome, job.failure_reason
+    assert "secrets-env" in {json.loads(e.data_json or "{}").get("step")
+                             for e in rig.store.events(job_id)}, "the job had no secret file"
+    small = [p for p in host.root.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20]
+    left = [p for p in small if token.encode() in p.read_bytes()
+            or p.name.endswith(("hf.env", "secrets.env")) or ".env." in p.name]
+    assert left == [], left
+    assert host.running  # the box lives on
