@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -25,16 +24,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-servers_app = typer.Typer(help="The monthly dedicated servers you rent.", no_args_is_help=True)
-app.add_typer(servers_app, name="servers")
 
 # Exit codes scripts can rely on.
 EXIT_INVALID = 2  # a job file or argument is wrong
 EXIT_NO_FIT = 3  # nothing can run the job under its constraints
 EXIT_NOT_FOUND = 4
-
-# No server rents for a billion dollars a month; beyond this a typo is likelier.
-MAX_MONTHLY = Decimal(10) ** 9
 
 GIB = 1024**3
 
@@ -247,99 +241,6 @@ def reconcile(
         raise typer.Exit(1)
 
 
-@servers_app.command("add")
-def servers_add(
-    name: Annotated[str, typer.Argument(help="A short name for the server.")],
-    host: Annotated[str, typer.Option(help="IP address or DNS name for SSH.")],
-    gpu: Annotated[str, typer.Option(help="GPU model, e.g. H100 SXM, H200, B200.")],
-    monthly: Annotated[str, typer.Option(help="Monthly rent in USD, e.g. 2190.")],
-    port: Annotated[int, typer.Option(help="SSH port.")] = 22,
-    user: Annotated[str, typer.Option(help="SSH login.")] = "root",
-    gpus: Annotated[int, typer.Option(help="Number of GPUs.")] = 1,
-    json_out: JsonFlag = False,
-) -> None:
-    """Register a monthly server you rent (its idle time then costs jobs nothing)."""
-    import re
-
-    from providers import catalog
-
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
-        _fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
-    matches = catalog.resolve_gpu(gpu)
-    if len(matches) != 1:
-        known = ", ".join(catalog.gpus())
-        what = "is ambiguous" if matches else "is not a known GPU"
-        _fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
-    if not 1 <= gpus <= 8:
-        _fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
-    if not 1 <= port <= 65535:
-        _fail(f"--port must be 1..65535 (got {port})", EXIT_INVALID)
-    if not host or any(c.isspace() for c in host):
-        _fail(f"--host {host!r}: give an IP address or DNS name", EXIT_INVALID)
-    try:
-        price = Decimal(monthly.replace(",", "").lstrip("$"))
-    except ArithmeticError:
-        _fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
-    if not price.is_finite() or price <= 0 or price >= MAX_MONTHLY:
-        _fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
-    if price != price.quantize(Decimal("0.000001")):
-        _fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
-    from orchestrator.store import StoreError
-
-    try:
-        s = _store().add_server(name=name, host=host, port=port, user=user, gpu=matches[0],
-                                gpu_count=gpus, monthly_price=price)
-    except StoreError as exc:
-        _fail(str(exc), EXIT_INVALID)
-    if json_out:
-        _print_json(_server_dict(s))
-    else:
-        typer.echo(f"added {s.name}: {s.gpu} x{s.gpu_count} at {s.user}@{s.host}:{s.port}, "
-                   f"{_money(price)}/month")
-
-
-def _server_dict(s: Any) -> dict[str, Any]:
-    from orchestrator.store import from_micros
-
-    return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
-            "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
-            "status": s.status}
-
-
-@servers_app.command("list")
-def servers_list(json_out: JsonFlag = False) -> None:
-    """List registered servers."""
-    rows = [_server_dict(s) for s in _store().list_servers()]
-    if json_out:
-        _print_json(rows)
-        return
-    if not rows:
-        typer.echo("no servers registered; add one with `orch servers add NAME --host H "
-                   "--gpu H100 SXM --monthly 2190`")
-        return
-    from orchestrator.render import table
-
-    typer.echo(table(
-        ["name", "GPU", "n", "ssh", "monthly", "status"],
-        [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
-          _money(r["monthly_price"]), r["status"]] for r in rows],
-        right=[2, 4]))
-
-
-@servers_app.command("remove")
-def servers_remove(name: Annotated[str, typer.Argument(help="The server's name.")]) -> None:
-    """Forget a registered server (nothing on the server is touched)."""
-    from orchestrator.store import NotFoundError, StoreError
-
-    try:
-        _store().remove_server(name)
-    except NotFoundError as exc:
-        _fail(str(exc), EXIT_NOT_FOUND)
-    except StoreError as exc:
-        _fail(str(exc), EXIT_INVALID)
-    typer.echo(f"removed {name}")
-
-
 def _register() -> None:
     from orchestrator import cli_jobs
 
@@ -348,6 +249,9 @@ def _register() -> None:
 
     cli_history.register(app)
     cli_sweeps.register(app)
+    from orchestrator import cli_servers
+
+    cli_servers.register(app)
 
 
 _register()

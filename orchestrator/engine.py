@@ -442,9 +442,7 @@ class JobRunner:
             tried.add((offer.provider, offer.offer_id))
             provider = self.providers[offer.provider]
             self._check_stop()
-            job = self._set("provisioning", f"renting {offer.provider} {offer.gpu} "
-                            f"x{offer.gpu_count} ({'spot' if offer.interruptible else 'on-demand'}"
-                            f"{', registered' if offer.registered else ''})",
+            job = self._set("provisioning", _placing(offer),
                             {"placement": placement.to_dict()},
                             provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
                             billing=offer.billing.value, interruptible=offer.interruptible,
@@ -489,9 +487,12 @@ class JobRunner:
                 row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
                 price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
             self._held[row.id] = (offer.provider, inst.instance_id)
-            self._event("instance.created", f"{offer.provider} instance {inst.instance_id} "
-                        f"at {pricing.usd(price)}/h", {"instance": inst.instance_id,
-                                                       "price_per_hour": str(price)})
+            self._event("instance.created",
+                        f"registered server {inst.instance_id} claimed (rent already paid: no "
+                        f"marginal cost; {pricing.usd(price)}/h amortised)"
+                        if offer.registered else f"{offer.provider} instance "
+                        f"{inst.instance_id} at {pricing.usd(price)}/h",
+                        {"instance": inst.instance_id, "price_per_hour": str(price)})
             return row.id, provider, inst
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
@@ -575,7 +576,7 @@ class JobRunner:
 
     def _pipeline(self, host: Any, row_id: int, provider: Provider, inst: Instance) -> None:
         from playbooks import artifacts, merge, pipeline, train
-        from playbooks.base import run_playbook
+        from playbooks.base import PlaybookFailed, run_playbook
 
         job = self._job()
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
@@ -583,7 +584,16 @@ class JobRunner:
                                       poll_s=self.opts.poll_s)
         emit = self._emit
         self._set("preparing", "GPU check, Container Toolkit, base model to NVMe")
-        cache, runner = pipeline.prepare(host, pj, emit)
+        try:
+            cache, runner = pipeline.prepare(host, pj, emit)
+        except PlaybookFailed as exc:
+            if exc.playbook == "gpu" and inst.provider == "dedicated":
+                # Not chosen again until fixed: `orch servers check NAME` clears it.
+                self.store.record_server_check(inst.instance_id, error=exc.reason)
+                self._event("server.failed_check", f"server {inst.instance_id} failed its GPU "
+                            f"check and will not be used until `orch servers check "
+                            f"{inst.instance_id}` passes: {exc.reason}")
+            raise
         self._check_stop()
         assert cache.layout is not None
         if inst.provider == "dedicated":  # a server we keep: its secrets go when the job ends
@@ -949,6 +959,15 @@ class JobRunner:
             self.on_progress(self.progress)
         except Exception:
             log.debug("progress display failed", exc_info=True)
+
+
+def _placing(offer: Offer) -> str:
+    """The provisioning message: a registered server is claimed, not rented (issue 12 §4)."""
+    if offer.registered:
+        return (f"claiming registered server {offer.offer_id.removeprefix('server:')} "
+                f"({offer.gpu} x{offer.gpu_count}, no marginal cost)")
+    return (f"renting {offer.provider} {offer.gpu} x{offer.gpu_count} "
+            f"({'spot' if offer.interruptible else 'on-demand'})")
 
 
 def _reason(exc: BaseException) -> str:

@@ -109,6 +109,7 @@ def constraints_from(job: LoadedJob) -> Constraints:
         gpus=gpus,
         max_gpus=r.max_gpus,
         providers=None if r.providers is None else frozenset(r.providers),
+        servers=None if r.servers is None else frozenset(r.servers),
         max_price_per_hour=r.max_price_per_hour,
         max_cost=r.max_cost,
         deadline_hours=r.deadline_hours,

@@ -20,6 +20,7 @@ class Constraints:
     gpus: frozenset[str] | None = None  # canonical GPU names; None = any
     max_gpus: int = 8
     providers: frozenset[str] | None = None
+    servers: frozenset[str] | None = None  # registered servers by name; None = any
     max_price_per_hour: Decimal | None = None
     max_cost: Decimal | None = None
     deadline_hours: float | None = None
@@ -95,6 +96,9 @@ def _constraint_failure(o: Offer, c: Constraints) -> str | None:
         return "more GPUs than resources.max_gpus"
     if c.providers is not None and o.provider not in c.providers:
         return "provider not in resources.providers"
+    if c.servers is not None and not (o.registered and o.offer_id.removeprefix("server:")
+                                      in c.servers):
+        return "not a server in resources.servers"
     if (c.max_price_per_hour is not None and o.price_per_hour is not None
             and o.price_per_hour > c.max_price_per_hour):
         return "above resources.max_price_per_hour"
@@ -210,6 +214,8 @@ _ADVICE = {
     "provider not in resources.providers": "more providers in resources.providers (or any), "
                                            "or `orch servers add` for `dedicated`",
     "above resources.max_price_per_hour": "a higher resources.max_price_per_hour",
+    "not a server in resources.servers": "more servers in resources.servers (see `orch "
+                                         "servers list`), or remove it to use any provider",
     "slower than resources.deadline_hours": "a later resources.deadline_hours",
     "above resources.max_cost": "a higher resources.max_cost",
 }

@@ -194,6 +194,10 @@ class ResourcesSpec(_Strict):
     gpus: AnyOrList = None
     max_gpus: int = Field(default=8, ge=1, le=8)
     providers: AnyOrList = None
+    # Registered monthly servers (`orch servers add`) the job may run on; naming any limits
+    # the job to those servers.
+    servers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]] | None = (
+        Field(default=None, min_length=1))
     max_price_per_hour: Money | None = None
     max_cost: Money | None = None
     deadline_hours: float | None = Field(default=None, gt=0)

@@ -51,7 +51,7 @@ from providers.dedicated import RegisteredServer
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0004"
+SCHEMA_HEAD = "0005"
 
 JOB_STATUSES: tuple[str, ...] = (
     "queued",
@@ -373,6 +373,10 @@ class Server(SQLModel, table=True):
     claimed_by_job: str | None = Field(default=None, foreign_key="job.id")
     host_key: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = _time()
+    # Why the server failed its GPU check (not offered to jobs until a check passes).
+    check_error: str | None = Field(default=None, sa_type=Text)
+    checked_at: datetime | None = _time(nullable=True, default_now=False)
+    facts_json: str | None = Field(default=None, sa_type=Text)  # the last check's findings
 
 
 class Metric(SQLModel, table=True):
@@ -603,8 +607,29 @@ class Store:
     def registered(self) -> list[RegisteredServer]:
         """Every server as plain values (the dedicated provider's registry view)."""
         return [RegisteredServer(s.name, s.gpu, s.gpu_count, from_micros(s.monthly_price_micros),
-                                 s.host, s.status, s.port, s.user, s.claimed_by_job)
+                                 s.host, s.status, s.port, s.user, s.claimed_by_job,
+                                 s.check_error)
                 for s in self.list_servers()]
+
+    def record_server_check(self, name: str, *, error: str | None,
+                            facts_json: str | None = None) -> None:
+        """Store a check's outcome: `error` None clears a failed check (offered again)."""
+        values: dict[str, Any] = {"check_error": error, "checked_at": utcnow()}
+        if facts_json is not None:
+            values["facts_json"] = facts_json
+        with self.transaction() as session:
+            result = session.execute(update(Server).where(col(Server.name) == name)
+                                     .values(**values))
+            if not getattr(result, "rowcount", 0):
+                raise NotFoundError(f"server {name!r} not found; see `orch servers list`")
+
+    def repin_server_host_key(self, name: str, host_key: str) -> None:
+        """Replace a server's pinned host key (after the user confirmed the new one)."""
+        with self.transaction() as session:
+            result = session.execute(update(Server).where(col(Server.name) == name)
+                                     .values(host_key=host_key))
+            if not getattr(result, "rowcount", 0):
+                raise NotFoundError(f"server {name!r} not found; see `orch servers list`")
 
     def claim_server(self, name: str, job_id: str) -> bool:
         """Atomically mark an idle server as running `job_id`; False if it was not free.

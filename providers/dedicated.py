@@ -45,6 +45,7 @@ class RegisteredServer:
     port: int = 22
     user: str = "root"
     claimed_by_job: str | None = None
+    check_error: str | None = None  # failed its GPU check: not offered until fixed
 
 
 class ServerRegistry(Protocol):
@@ -73,7 +74,7 @@ def server_offers(servers: Sequence[RegisteredServer]) -> list[Offer]:
     spec = catalog.gpus()
     out = []
     for s in servers:
-        if s.status != "idle" or s.claimed_by_job or s.gpu not in spec:
+        if s.status != "idle" or s.claimed_by_job or s.gpu not in spec or s.check_error:
             continue
         out.append(Offer(
             provider=NAME,

@@ -93,17 +93,24 @@ def test_no_fit_exits_3_with_the_gap(env: dict[str, str], tmp_path: Path) -> Non
     assert "the largest eligible offer has" in proc.stderr
 
 
-def test_servers_and_dry_run_submit(env: dict[str, str]) -> None:
+def test_servers_and_dry_run_submit(env: dict[str, str], simhost: Any,
+                                    ssh_keypair: Any) -> None:
+    from test_cli_servers import give_orch_key
+
     assert "no servers registered" in orch(env, "servers", "list").stdout
-    orch(env, "servers", "add", "box1", "--host", "203.0.113.7", "--gpu", "H100 SXM",
-         "--monthly", "2190")
+    give_orch_key(env, ssh_keypair)  # `servers add` logs in to the server with orch's key
+    sim = simhost()
+    orch(env, "servers", "add", "box1", "--host", sim.host, "--port", str(sim.port), "--user",
+         sim.user, "--gpu", "H100 SXM", "--monthly", "2190")
     dup = orch(env, "servers", "add", "box1", "--host", "h", "--gpu", "H100 SXM",
                "--monthly", "1", check=False)
     assert dup.returncode == 2 and "already exists" in dup.stderr
     listed = json.loads(orch(env, "servers", "list", "--json").stdout)
-    assert listed == [{"name": "box1", "host": "203.0.113.7", "port": 22, "user": "root",
+    checked_at = listed[0].pop("checked_at")
+    assert checked_at.endswith("Z")
+    assert listed == [{"name": "box1", "host": sim.host, "port": sim.port, "user": sim.user,
                        "gpu": "H100 SXM", "gpu_count": 1, "monthly_price": "2190.000000",
-                       "status": "idle"}]
+                       "status": "idle", "check_error": None, "host_key": sim.host_key}]
 
     # The idle registered H100 now wins QLoRA 8B at zero marginal cost, in plan and submit.
     plan = json.loads(orch(env, "plan", "examples/qlora-8b.yml", "--json").stdout)
@@ -179,3 +186,18 @@ def test_reconcile_terminates_a_sim_orphan(env: dict[str, str], ssh_keypair: Any
         assert "nothing to do" in orch(env, "reconcile", "--dry-run").stdout
     finally:
         cloud.terminate_all()
+
+
+def test_plan_limited_to_named_servers_says_which_to_register(env: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
+    job = tmp_path / "job.yml"
+    job.write_text("name: s\nbase_model: meta-llama/Llama-3.1-8B\nmethod: qlora\n"
+                   "dataset: {path: train.jsonl}\nresources: {servers: [box1]}\n")
+    proc = orch(env, "plan", str(job), check=False)
+    assert proc.returncode == 3, proc.stderr
+    assert "resources.servers" in proc.stderr and "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.yml"
+    bad.write_text(job.read_text().replace("[box1]", "['a b']"))
+    proc = orch(env, "plan", str(bad), check=False)
+    assert proc.returncode == 2 and "servers" in proc.stderr, proc.stderr

@@ -278,6 +278,11 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
 
     assert job.status == "succeeded", job.failure_reason
     assert job.cost_micros == 0 and job.amortised_micros > 0  # rent share, already paid
+    # Issue 12 §4: a registered server is claimed at no marginal cost, never "rented".
+    messages = [e.message for e in rig.store.events(job_id)]
+    assert not [m for m in messages if m.startswith("renting")], messages
+    assert any(m.startswith("claiming registered server box1") and "no marginal cost" in m
+               for m in messages), messages
     (row,) = rig.store.instances_of(job_id)
     assert (row.provider, row.end_reason, row.cost_micros) == ("dedicated", "released", 0)
     (server,) = rig.store.list_servers()
