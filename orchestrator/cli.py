@@ -216,7 +216,9 @@ def reconcile(
 
     store = _store()
     providers, notes = configured_providers(store)
-    report = run_reconcile(store, providers, dry_run=dry_run)
+    from orchestrator.cli_servers import scrubber
+
+    report = run_reconcile(store, providers, dry_run=dry_run, scrub=scrubber())
     if json_out:
         _print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
                      "actions": [a.__dict__ for a in report.actions]})
@@ -233,7 +235,8 @@ def reconcile(
 
     verb = {"terminate": "would terminate" if dry_run else "terminated",
             "mark-terminated": "would close" if dry_run else "closed",
-            "requeue": "would requeue" if dry_run else "requeued", "error": "error"}
+            "requeue": "would requeue" if dry_run else "requeued", "error": "error",
+            "scrub-secrets": "would scrub" if dry_run else "scrubbed"}
     typer.echo(table(["action", "provider", "instance", "job", "why"],
                      [[verb.get(a.kind, a.kind), a.provider, a.instance_id or "-",
                        a.job_id or "-", a.reason] for a in acted]))

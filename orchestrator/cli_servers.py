@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -205,6 +206,19 @@ def servers_remove(name: NameArg) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+def scrubber() -> Callable[[Any], list[str]]:
+    """For `orch reconcile`: remove the secret files a crashed job left on a kept server."""
+
+    def scrub(server: Any) -> list[str]:
+        from orchestrator.engine import ensure_key
+        from orchestrator.serverprobe import scrub_secrets
+
+        key_path, _ = ensure_key()
+        return scrub_secrets(server.host, server.port, server.user, key_path, server.host_key)
+
+    return scrub
 
 
 def _get(name: str) -> Any:

@@ -11,8 +11,9 @@ With `dry_run`, nothing is changed and the report says what would be done.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator.store import FINAL_STATUSES, Store, utcnow
 from providers.base import Instance, NotFound, Provider, ProviderError
@@ -22,7 +23,7 @@ from providers.base import Instance, NotFound, Provider, ProviderError
 class Action:
     """One thing reconcile did (or, in a dry run, would do)."""
 
-    kind: str  # terminate | keep | mark-terminated | requeue | error
+    kind: str  # terminate | keep | mark-terminated | requeue | scrub-secrets | error
     provider: str
     instance_id: str | None
     job_id: str | None
@@ -62,8 +63,13 @@ def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
 
 
 def reconcile(store: Store, providers: Mapping[str, Provider], *,
-              dry_run: bool = False) -> Report:
-    """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs."""
+              dry_run: bool = False,
+              scrub: Callable[[Any], list[str]] | None = None) -> Report:
+    """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs.
+
+    With `scrub` (a server row -> secret files it removed), every idle registered server
+    with a pinned host key is also cleaned of secrets a crashed job left (issue 10 §6).
+    """
     report = Report(dry_run)
     live: dict[str, set[str]] = {}
     for name, provider in providers.items():
@@ -113,4 +119,25 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
         if not dry_run:
             store.requeue(job.id, reason)
         report.actions.append(Action("requeue", job.provider or "", None, job.id, reason))
+    if scrub is not None and "dedicated" in providers:
+        _scrub_servers(store, scrub, report)
     return report
+
+
+def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report) -> None:
+    for server in store.list_servers():
+        if server.claimed_by_job or server.status != "idle" or not server.host_key:
+            continue  # a running job still needs its secrets; an unpinned server is unknown
+        if report.dry_run:
+            report.actions.append(Action("scrub-secrets", "dedicated", server.name, None,
+                                         "would remove secret files a job left"))
+            continue
+        try:
+            removed = scrub(server)
+        except Exception as exc:  # one unreachable server must not stop the others
+            report.actions.append(Action("error", "dedicated", server.name, None,
+                                         f"cannot remove secret files: {exc}"))
+            continue
+        if removed:
+            report.actions.append(Action("scrub-secrets", "dedicated", server.name, None,
+                                         f"removed {len(removed)} secret file(s) a job left"))

@@ -10,12 +10,15 @@ the server is changed.
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import ssh
+from playbooks import secrets
 from playbooks.base import Host, HostPaths, StepFailed
 from playbooks.gpu import GpuExpectation, check_gpus, mismatch
 from playbooks.model_cache import find_nvme
@@ -68,6 +71,39 @@ def probe(host: str, port: int, user: str, key_path: Path, *, gpu: str, gpu_coun
         raise ProbeError("unreachable", str(exc)) from exc
     host_key = ssh.format_host_key(key)
     facts = ServerFacts(host_key=host_key, fingerprint=ssh.fingerprint(key))
+    with _session(host, port, user, key_path, host_key, timeout) as target:
+        try:
+            expected = GpuExpectation(gpu, gpu_count, exact_count=False)
+        except ValueError as exc:  # a catalog GPU the nvidia-smi name table lacks
+            facts.gpu_error = str(exc)
+        else:
+            _gpus(target, facts, expected)
+        _software(target, facts)
+        _disk(target, facts)
+    return facts
+
+
+def scrub_secrets(host: str, port: int, user: str, key_path: Path, host_key: str,
+                  timeout: float = 15.0) -> list[str]:
+    """Remove orch's secret files from a server we keep (issue 10 §6); the paths removed.
+
+    orch's directory is `<model cache mount>/orch`, found the way the model cache finds it.
+    """
+    with _session(host, port, user, key_path, host_key, timeout) as target:
+        try:
+            mount = find_nvme(target)
+        except StepFailed:
+            return []  # no cache disk: no job ever wrote there
+        try:
+            return secrets.scrub(target, f"{mount.mount_point.rstrip('/')}/orch")
+        except StepFailed as exc:
+            raise ProbeError("error", str(exc)) from exc
+
+
+@contextlib.contextmanager
+def _session(host: str, port: int, user: str, key_path: Path, host_key: str,
+             timeout: float) -> Iterator[Host]:
+    """A playbook Host on the server, host key pinned; SSH failures become ProbeError."""
     factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout)
     try:
         try:
@@ -84,21 +120,11 @@ def probe(host: str, port: int, user: str, key_path: Path, *, gpu: str, gpu_coun
         # The simulated host keeps its filesystem under SIMHOST_ROOT (as the engine reads it);
         # on a real server it is unset and paths are used as they are.
         root = ssh.run(conn, ["sh", "-c", 'printf %s "${SIMHOST_ROOT-}"'], timeout=30)
-        target = Host(conn, HostPaths(root.stdout.strip() if root.ok else ""),
-                      command_timeout=60)
-        try:
-            expected = GpuExpectation(gpu, gpu_count, exact_count=False)
-        except ValueError as exc:  # a catalog GPU the nvidia-smi name table lacks
-            facts.gpu_error = str(exc)
-        else:
-            _gpus(target, facts, expected)
-        _software(target, facts)
-        _disk(target, facts)
+        yield Host(conn, HostPaths(root.stdout.strip() if root.ok else ""), command_timeout=60)
     except ssh.SSHError as exc:
         raise ProbeError("error", f"{host}:{port}: {exc}") from exc
     finally:
         factory.close_all()
-    return facts
 
 
 def _gpus(host: Host, facts: ServerFacts, expected: GpuExpectation) -> None:

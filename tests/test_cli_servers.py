@@ -207,3 +207,31 @@ def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked
     assert listed(env)[0]["status"] == "idle"
     store.close()
     assert Decimal(listed(env)[0]["monthly_price"]) == Decimal(2190)
+
+
+def test_reconcile_removes_secrets_a_crashed_job_left_on_a_kept_server(
+        env: dict[str, str], simhost: SimHostFactory, ssh_keypair: KeyPair) -> None:
+    give_orch_key(env, ssh_keypair)
+    sim = simhost()
+    assert orch(env, *add_args(sim)).returncode == 0
+    assert sim.nvme_path is not None
+    base = sim.nvme_path / "orch"
+    left = [base / "secrets" / "hf.env", base / "secrets" / ".hf.env.0badc0de.tmp",
+            base / "jobs" / "j-dead" / "secrets.env",
+            base / "jobs" / "j-dead" / ".secrets.env.12345678.tmp"]
+    kept = base / "jobs" / "j-dead" / "config.yml"
+    for path in [*left, kept]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("HF_TOKEN=hf_leftover\n")
+        path.chmod(0o600)
+
+    dry = orch(env, "reconcile", "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert [a["kind"] for a in json.loads(dry.stdout)["actions"]] == ["scrub-secrets"]
+    assert all(p.exists() for p in left)
+
+    proc = orch(env, "reconcile", "--json")
+    assert proc.returncode == 0, proc.stderr
+    (action,) = json.loads(proc.stdout)["actions"]
+    assert action["kind"] == "scrub-secrets" and "removed 4 secret file(s)" in action["reason"]
+    assert not any(p.exists() for p in left) and kept.exists()
