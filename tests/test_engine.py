@@ -82,8 +82,8 @@ class Rig:
 
 
 # These also run against a real PostgreSQL server (a team's shared database).
-ON_POSTGRES = {"test_claim_is_exclusive_under_a_race",
-               "test_job_succeeds_end_to_end", "test_preemption_mid_training_resumes_on_a_new_instance"}
+ON_POSTGRES = {"test_claim_is_exclusive_under_a_race", "test_job_succeeds_end_to_end",
+               "test_preemption_mid_training_resumes_on_a_new_instance"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKENDS, database_url
 import typer
+from conftest import BACKENDS, database_url
 from typer.testing import CliRunner
 
 from orchestrator import history as h
