@@ -495,7 +495,7 @@ def run(
             raise CommandTimeout(
                 f"{argv[0]} on {conn.host}:{conn.port} did not finish within {timeout}s"
             )
-        if not conn.is_connected:
+        if _dropping(conn):
             raise ConnectionLost(f"{conn.host}:{conn.port}: connection lost while {argv[0]} ran")
     return Result(
         argv=tuple(str(a) for a in argv),
@@ -505,6 +505,21 @@ def run(
         stderr=result.stderr,
         duration_s=time.monotonic() - started,
     )
+
+
+def _dropping(conn: Connection, within: float = 2.0) -> bool:
+    """Whether the connection is gone, after a command ended with no exit status.
+
+    The channel's end can arrive before the transport notices that the server went away
+    (seen on a loaded machine), so give it a moment; a command killed by a signal also ends
+    without a status, on a connection that stays up.
+    """
+    deadline = time.monotonic() + within
+    while conn.is_connected:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # --- files -----------------------------------------------------------------------------------

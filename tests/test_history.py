@@ -473,7 +473,9 @@ def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
         assert writer.stdout.readline().strip() == "ready"
         writer.stdin.write("go\n")
         writer.stdin.flush()
-        time.sleep(0.2)  # some writes land before the read's snapshot
+        # Some writes land before the read's snapshot: wait for the first commit, not a time.
+        first = writer.stdout.readline().split()
+        assert first[0] == "commit", first
         # Count jobs, then spin through a long recursive CTE, then count events: one
         # snapshot means events == 2 x jobs however many commits happen meanwhile.
         sql = ("SELECT (SELECT count(*) FROM job), (SELECT sum(x) FROM (WITH RECURSIVE "
@@ -494,7 +496,7 @@ def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
     finally:
         if writer.poll() is None:
             writer.kill()
-    lines = out.split()
+    lines = [*first, *out.split()]
     commits = [float(lines[i + 1]) for i, w in enumerate(lines) if w == "commit"]
     worst = float(lines[lines.index("worst") + 1])
     [(njobs, _, nevents)] = result["rows"]
