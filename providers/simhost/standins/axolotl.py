@@ -179,6 +179,9 @@ def _fire(host: Host, fault: str) -> None:
 def _die(host: Host, step: int) -> None:
     """The host dies: init SIGKILLs sshd, every session and every job, this one included."""
     _fire(host, "host_died")
+    # A dead host records nothing: container supervisors that see their child die in the
+    # kill below must not write an exit code (after the reboot `docker ps` says 255).
+    (host.state / "died-in-boot").write_text(f"{host.boot}\n")
     host.event("host-died", step=step)
     try:
         pid = int((host.state / "init.pid").read_text())

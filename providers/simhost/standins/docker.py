@@ -625,8 +625,17 @@ def _foreground(host: Host, name: str, proc: subprocess.Popen[bytes]) -> int:
     signal.signal(signal.SIGINT, forward)
     rc = proc.wait()
     code = rc if rc >= 0 else 128 - rc
-    _finish(host, name, code)
+    if not _host_died(host):
+        _finish(host, name, code)
     return code
+
+
+def _host_died(host: Host) -> bool:
+    """Whether this boot of the host is dying (the host-dies fault): nothing is recorded."""
+    try:
+        return int((host.state / "died-in-boot").read_text()) == host.boot
+    except (OSError, ValueError):
+        return False
 
 
 def _supervise(host: Host, name: str) -> int:
