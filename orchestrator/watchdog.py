@@ -33,7 +33,9 @@ DEFAULT_DEADLINES_S: dict[str, float] = {
     "training": 2 * 3600,
     "merging": 4 * 3600 + 900,  # merge.MERGE_TIMEOUT_S + margin
     "evaluating": 4 * 3600 + 900,  # the lm-eval step's 4 h + margin
-    "releasing": 2 * 3600,  # artifacts copied back
+    # Artifacts copied back: a merged 70B model is ~140 GB, hours on a slow link, and the
+    # copy reports no progress of its own.
+    "releasing": 6 * 3600,
 }
 
 
