@@ -86,6 +86,7 @@ class SimHostOptions:
     download_fail_after_files: int = 1  # a failing run dies after writing this many files
     hf_gated_repos: tuple[str, ...] = ()  # need a token
     hf_repos_not_found: tuple[str, ...] = ()
+    hf_revisions_not_found: tuple[str, ...] = ()  # revisions no repo has
     hf_token: str | None = None  # the only valid token (None: any non-empty token)
     # training and serving
     train_steps: int = 6
