@@ -654,7 +654,8 @@ class JobRunner:
         from playbooks import evaluate, merge
         from playbooks.base import PlaybookFailed
 
-        self._set("evaluating", "serving the model and scoring the evaluation")
+        self._set("evaluating", "serving the model with vLLM and scoring the evaluation"
+                  if tj.runner == "docker" else "scoring the model with lm-eval (hf backend)")
         try:
             result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), layout,
                                        pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
@@ -662,7 +663,8 @@ class JobRunner:
                                        emit=self._emit,
                                        # A rented machine is destroyed next; a registered
                                        # server is kept, so its GPU must be freed.
-                                       stop_after=inst.provider == "dedicated")
+                                       stop_after=inst.provider == "dedicated",
+                                       runner=tj.runner)
         except PlaybookFailed as exc:
             if self._instance_lost(provider, inst) is not None:
                 raise  # the host went away: handled as an interruption

@@ -136,7 +136,7 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
         result = evaluate.evaluate(
             host, job.job_id, merge.merged_dir(tj), cache.layout, job.vllm_image,
             job.vllm_port, job.config.sequence_len, rows, tasks=job.eval_tasks,
-            emit=record)
+            emit=record, runner=runner)
         metrics = result.metrics
     return PipelineResult(metrics, fetched, status, resumed, reports)
 

@@ -39,3 +39,20 @@ def test_evaluation_failure_keeps_the_artifacts(rig: Rig) -> None:  # noqa: F811
     assert json.loads(failed.data_json or "{}")["artifacts_dir"] == str(artifacts)
     assert rig.states(job_id)[-3:] == ["merging", "evaluating", "failed"]
     assert_nothing_left(rig, cloud, job_id)
+
+
+def test_container_rental_evaluates_without_docker(rig: Rig) -> None:  # noqa: F811
+    # A host without Docker (Vast.ai, RunPod): the engine must not call `docker run vllm`;
+    # lm-eval's hf backend in the trainer image scores the eval set (issue 9 §1.4).
+    cloud = rig.cloud(host_options={"has_docker": False})
+    job_id = rig.queue(rig.job_file())
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "succeeded", job.failure_reason
+    metrics = {m.name: m.value for m in rig.store.metrics(job_id) if m.step is None}
+    assert metrics["eval.count"] == 3
+    steps = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+             if e.kind.startswith("step.")]
+    assert {s["step"] for s in steps if s["playbook"] == "evaluate"} == {
+        "lm-eval-present", "upload-eval-set", "lm-eval"}
+    assert_nothing_left(rig, cloud, job_id)

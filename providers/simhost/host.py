@@ -69,6 +69,7 @@ class SimHostOptions:
     driver_broken: bool = False  # nvidia-smi exists but fails (exit 9)
     # system
     has_docker: bool = True
+    has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
     has_systemd: bool = True
     preinstalled_packages: tuple[str, ...] = ("ca-certificates", "curl")
     toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1")
