@@ -49,8 +49,10 @@ def task_config(data_file: str, max_tokens: int) -> dict[str, Any]:
         "dataset_kwargs": {"data_files": {"test": data_file}},
         "test_split": "test",
         "output_type": "generate_until",
-        "doc_to_text": "{{prompt}}",
-        "doc_to_target": "{{expected}}",
+        # Field names, not Jinja templates: lm-eval then passes the row's text unchanged
+        # (a template would drop a prompt's trailing newline).
+        "doc_to_text": "prompt",
+        "doc_to_target": "expected",
         # Greedy like the vLLM path's temperature 0; no stop string (vLLM uses none).
         "generation_kwargs": {"until": [], "max_gen_toks": max_tokens, "do_sample": False},
         "metric_list": [{"metric": "exact_match"}],

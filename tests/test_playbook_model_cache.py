@@ -175,6 +175,16 @@ def test_hf_refusals_are_user_faults(playbook_host: PlaybookHostFactory, reports
     assert sum("hf download" in c for c in sim.ssh_commands()) == 1
 
 
+def test_a_missing_revision_stops_at_once(playbook_host: PlaybookHostFactory,
+                                          reports: Reports) -> None:
+    sim, host = playbook_host(hf_revisions_not_found=("v9",))
+    failed = fail(cache(revision="v9"), host, reports)
+    assert failed.step == "download" and failed.fault is Fault.USER
+    assert f"{REPO} has no revision 'v9': fix base_model's revision" in failed.reason
+    assert failed.stderr_tail == f"Error: Revision not found in model '{REPO}'.\n"
+    assert sum("hf download" in c for c in sim.ssh_commands()) == 1
+
+
 def test_gated_repo_with_token_keeps_the_token_secret(playbook_host: PlaybookHostFactory,
                                                       reports: Reports) -> None:
     # Slow enough (~1 s) that the process list can be sampled while hf runs.

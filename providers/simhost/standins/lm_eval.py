@@ -9,8 +9,8 @@ than `hf` (not simulated), a `pretrained` that is not a local model folder (the 
 run with HF_HUB_OFFLINE), an unknown task. Tasks are the few built-in ones below (fixed
 scores) and `generate_until` tasks read from `--include_path` (`*.yaml`; orch writes them as
 JSON, which YAML reads too) over a local JSON-lines `data_files` set: each row's
-`doc_to_text` (`{{field}}` templates) is answered like the vLLM stand-in answers (what
-training learned), and scored by exact match with `doc_to_target`.
+`doc_to_text` (a field name, or `{{field}}` templates) is answered like the vLLM stand-in
+answers (what training learned), and scored by exact match with `doc_to_target`.
 
 Output as lm_eval lays it out (`loggers/evaluation_tracker.py`):
 `OUT/<model name sanitized>/results_<ISO time>.json` and, with `--log_samples`,
@@ -90,6 +90,9 @@ def _include_tasks(include: str | None) -> dict[str, dict[str, Any]]:
 
 
 def _render(template: str, doc: dict[str, Any]) -> str:
+    # As lm-eval: a feature name is that field's value, anything else a Jinja template.
+    if template in doc:
+        return str(doc[template])
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: str(doc.get(m.group(1), "")), template)
 
 
