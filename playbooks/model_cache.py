@@ -466,6 +466,8 @@ class ModelCache:
             "HF_XET_HIGH_PERFORMANCE=1",
             # Progress bars would bury the error in the stderr tail of a failed download.
             "HF_HUB_DISABLE_PROGRESS_BARS=1",
+            # hf >= 1.x asks PyPI for a newer version on each run and prints a hint.
+            "HF_HUB_DISABLE_UPDATE_CHECK=1",
             "hf", "download", self.repo,
             f"--local-dir={self.model_dir}",
             # `--revision=R` as one word: a value starting with '-' can never become a flag.

@@ -222,3 +222,24 @@ def test_the_stand_in_success_output_is_the_real_one(
                          "org/model", f"--local-dir={out}"])
     assert (stand_in.exit_code, stand_in.stderr) == (real.returncode, real.stderr) == (0, "")
     assert stand_in.stdout == real.stdout.replace(str(tmp_path / "out"), out)
+
+
+def test_orchs_own_download_command_runs_on_the_real_client(
+        hub: HubEmulator, tmp_path: Path) -> None:
+    # The exact argv model_cache runs on a host (env, flags, --exclude patterns), given to
+    # the real hf: it must be accepted, honour the excludes, and print nothing on stderr.
+    from playbooks.base import Layout
+    from playbooks.model_cache import ModelCache
+
+    files = {**FILES, "original/consolidated.00.pth": b"pth", "pytorch_model.bin": b"bin"}
+    hub.add_repo("org/full", files, revisions=("main", "v1"))
+    mc = ModelCache("org/full", "v1", 1_000, Layout(str(tmp_path / "orch")))
+    argv = mc.download_argv()
+    argv[argv.index("hf")] = str(HF)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    done = subprocess.run(argv, env={**environ, "HF_ENDPOINT": hub.url},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    got = {p.relative_to(mc.model_dir).as_posix() for p in Path(mc.model_dir).rglob("*")
+           if p.is_file() and ".cache" not in p.parts}
+    assert got == set(FILES)
