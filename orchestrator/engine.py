@@ -6,9 +6,10 @@ One `JobRunner` drives one claimed job (DESIGN.md, "Data flow of one job"):
   connecting    wait for the provider to say running, pin the host key, open SSH
   preparing     GPU check, Container Toolkit, base model on NVMe (playbooks.pipeline.prepare)
   training      detached on the host; polled; reattached by job id after any reconnect
-  merging       adapter merge
-  evaluating    vLLM + eval set / lm-eval; metrics rows
-  releasing     artifacts copied back; spot/on-demand terminated, a monthly server released
+  merging       adapter merge, then the artifacts are copied back (before any evaluation)
+  evaluating    vLLM (Docker hosts) or lm-eval's hf backend (containers); metrics rows; a
+                failure ends the job "evaluation failed: ..." with its artifacts kept
+  releasing     spot/on-demand terminated, a monthly server released
   succeeded | failed(reason) | cancelled;  interrupted → queued → provisioning (resume)
 
 Every state change is committed (with its event) before the side effect it announces
