@@ -653,7 +653,6 @@ class JobRunner:
                   provider: Provider) -> None:
         """Evaluate the copied-back model; a failure fails the job, keeping its artifacts."""
         from playbooks import evaluate, merge
-        from playbooks.base import PlaybookFailed
 
         self._set("evaluating", "serving the model with vLLM and scoring the evaluation"
                   if tj.runner == "docker" else "scoring the model with lm-eval (hf backend)")
@@ -666,9 +665,10 @@ class JobRunner:
                                        # server is kept, so its GPU must be freed.
                                        stop_after=inst.provider == "dedicated",
                                        runner=tj.runner)
-        except PlaybookFailed as exc:
-            if self._instance_lost(provider, inst) is not None:
-                raise  # the host went away: handled as an interruption
+        except Exception as exc:
+            if isinstance(exc, JobFailed | LeaseLost | _Stop) or \
+                    self._instance_lost(provider, inst) is not None:
+                raise  # not the evaluation's fault: a lost host is an interruption
             reason = (f"evaluation failed: {_reason(exc)}\nThe trained model is kept in "
                       f"{pj.artifacts_dir}. {EVAL_AGAIN}")
             self._event("evaluation.failed", reason, {"artifacts_dir": pj.artifacts_dir})
