@@ -62,8 +62,13 @@ def test_the_pinned_client_is_what_axolotl_ships() -> None:
 
 
 def test_a_download_works_and_sends_the_token(hub: HubEmulator, tmp_path: Path) -> None:
+    before = len(hub.requests)
     done = hf_download(hub, tmp_path, "org/gated", token=GOOD)
     assert done.returncode == 0, done.stderr
+    # The info call, then a HEAD and a GET per file, each with HF_TOKEN as a Bearer token.
+    seen = hub.requests[before:]
+    assert [r.method for r in seen].count("GET") == 1 + len(FILES)
+    assert all(r.authorized and r.status == 200 for r in seen)
     assert {p.name for p in (tmp_path / "out").iterdir()} >= set(FILES)
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == FILES["model.safetensors"]
 

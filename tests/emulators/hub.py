@@ -117,9 +117,6 @@ class HubEmulator:
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
-    def file_requests(self) -> list[Recorded]:
-        return [r for r in self.requests if "/resolve/" in r.path and r.method == "GET"]
-
     # -- serving
 
     def _handle(self, h: BaseHTTPRequestHandler, body: bool) -> None:
