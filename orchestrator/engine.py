@@ -569,7 +569,7 @@ class JobRunner:
         cache, runner = pipeline.prepare(host, pj, emit)
         self._check_stop()
         assert cache.layout is not None
-        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
+        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner, host.paths)
         self._set("training", "training (detached on the host)")
         failpoint("training")
         status = train.status(host, tj)

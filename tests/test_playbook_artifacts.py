@@ -14,7 +14,7 @@ from playbooks.base import Fault, Host, Layout, StepFailed
 from providers.simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
-IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
 
 
 def sha(path: Path) -> str:

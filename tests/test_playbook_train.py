@@ -96,12 +96,13 @@ def test_fresh_run_waits_to_success_and_a_rerun_starts_nothing(
     # The container saw the config by its /workspace path and got the token by name only.
     (run,) = sim.events("docker-run")
     assert run["container"] == container_name("train", "j-1") == "orch-train-j-1"
-    assert run["argv"][-3:] == ["axolotl", "train", "/workspace/jobs/j-1/config.yml"]
+    assert run["argv"][-3:] == ["axolotl", "train", "/workspace/data/jobs/j-1/config.yml"]
     record = sim.containers()["orch-train-j-1"]
     assert record["Config"]["Env"] == ["HF_TOKEN"]
-    assert record["HostConfig"]["Binds"] == [f"{job.layout.base}:/workspace"]
+    assert record["HostConfig"]["Binds"] == [f"{job.layout.base}:/workspace/data"]
     config = Path(job.config_file).read_text()
-    assert "/workspace/jobs/j-1/data/train.jsonl" in config and "output_dir: /workspace/" in config
+    assert "/workspace/data/jobs/j-1/data/train.jsonl" in config
+    assert "output_dir: /workspace/data/" in config
     assert not any("s3cret" in c for c in sim.ssh_commands())
     assert not any("s3cret" in json.dumps(e) for e in sim.events())
     assert not marker.exists()

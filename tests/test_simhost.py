@@ -29,7 +29,7 @@ from orchestrator.ssh import (
 from providers.simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
-IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
 TOOLKIT = "1.17.8-1"
 GPGKEY = "https://nvidia.github.io/libnvidia-container/gpgkey"
 LIST = "https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list"
