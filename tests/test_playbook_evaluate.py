@@ -131,7 +131,7 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
     assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(
         info.value
     )
-    assert "loading /workspace/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
+    assert "loading /workspace/data/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
     stop_server(host, "job-slow")
 
 
