@@ -47,6 +47,7 @@ from orchestrator.store import (
     to_micros,
     utcnow,
 )
+from playbooks import images
 from providers.base import (
     AuthError,
     BalanceError,
@@ -445,8 +446,11 @@ class JobRunner:
             assert row.id is not None
             self._held[row.id] = (offer.provider, None)
             try:
+                # A rental is created from the image it runs: the cloud variant (sshd on
+                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
                 inst = provider.create(offer, self.public_key, self.job_id,
-                                       image=self.inputs.loaded.spec.trainer.image,
+                                       image=images.for_host(
+                                           self.inputs.loaded.spec.trainer.image, "container"),
                                        disk_gb=self.opts.disk_gb)
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from playbooks import artifacts, container_toolkit, evaluate, gpu, merge, train
+from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
 from playbooks.axolotl import TrainConfigInput
 from playbooks.base import (
     Emit,
@@ -98,8 +98,10 @@ def train_job(job: PipelineJob, layout: Layout, model_dir: str,
               runner: train.Runner, paths: HostPaths | None = None) -> train.TrainJob:
     """The training playbook's view of the job (`paths`: the host's, for native runs)."""
     env = {"HF_TOKEN": job.hf_token} if job.hf_token else {}
+    # The same tag, from the repository this kind of host runs (images.yaml, `repositories`).
+    image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,
-                          config=job.config, base_model=model_dir, image=job.trainer_image,
+                          config=job.config, base_model=model_dir, image=image,
                           env=env, runner=runner,
                           native=train.NativeEnv.mapped(paths or HostPaths()))
 
