@@ -387,7 +387,9 @@ class JobRunner:
                 req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
                                    gpus=constraints.gpus, interruptible=spot,
                                    max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self.opts.disk_gb)
+                                   disk_gb=self.opts.disk_gb,
+                                   min_cuda=images.min_cuda(
+                                       self.inputs.loaded.spec.trainer.image))
                 try:
                     offers += provider.offers(req)
                 except (AuthError, BalanceError, QuotaError) as exc:

@@ -60,6 +60,7 @@ class Inputs:
         """The host pipeline's view of this job on `inst`."""
         from orchestrator import sizing
         from orchestrator.planning import workload_from
+        from playbooks import images
         from playbooks.gpu import GpuExpectation
         from playbooks.pipeline import PipelineJob
         from providers import catalog
@@ -82,7 +83,9 @@ class Inputs:
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
-            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated"),
+            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated",
+                               min_cuda=images.min_cuda(spec.trainer.image),
+                               image=spec.trainer.image),
             config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),
             artifacts_dir=str(artifacts_dir(job.id)),
             eval_set=None if spec.eval.eval_set is None

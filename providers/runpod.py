@@ -147,6 +147,7 @@ class RunPod:
         self._backoff = (initial_backoff_s, max_backoff_s)
         self.default_image = default_image
         self.boot_minutes = boot_minutes
+        self._min_cuda: dict[str, str] = {}  # offer id -> the CUDA its search asked for
 
     def __repr__(self) -> str:
         return f"RunPod(base_url={self._base!r})"
@@ -289,6 +290,11 @@ class RunPod:
                 price = per_gpu * req.gpu_count
                 if req.max_price_per_hour is not None and price > req.max_price_per_hour:
                     continue
+                if req.min_cuda is not None:
+                    # The catalog does not say which CUDA its machines' drivers support:
+                    # the create asks for it (gpu.minCudaVersion) and only such a machine
+                    # is given, or the create fails as "no capacity" (next offer).
+                    self._min_cuda[f"{cloud}|{row['id']}"] = req.min_cuda
                 found.append(Offer(
                     provider=self.name, offer_id=f"{cloud}|{row['id']}", gpu=gpu,
                     gpu_count=req.gpu_count, gpu_memory_bytes=memory, billing=self.billing,
@@ -309,9 +315,12 @@ class RunPod:
         if not sep or cloud not in CLOUDS:
             raise ProviderError(f"not a RunPod offer id: {offer.offer_id!r}")
         name = tag_for(job_id)
+        gpu: dict[str, Any] = {"id": gpu_id, "count": offer.gpu_count}
+        if offer.offer_id in self._min_cuda:
+            gpu["minCudaVersion"] = self._min_cuda[offer.offer_id]
         body = {
             "name": name, "image": image or self.default_image,
-            "gpu": {"id": gpu_id, "count": offer.gpu_count}, "cloud": cloud,
+            "gpu": gpu, "cloud": cloud,
             "disk": disk_gb, "ports": ["22/tcp"], "env": {"PUBLIC_KEY": ssh_public_key},
             "startSsh": True,
         }

@@ -141,6 +141,24 @@ def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmul
     assert_no_key(emu)
 
 
+def test_create_asks_for_a_driver_with_the_images_cuda(rp: RunPod,
+                                                        emu: RunPodEmulator) -> None:
+    # The catalog does not publish CUDA versions: the create names the minimum
+    # (gpu.minCudaVersion) and a type without such machines answers "no capacity".
+    emu.gpus[0]["_maxCuda"] = "12.8"  # RTX 4090 hosts here run CUDA 12 drivers
+    offers = rp.offers(req(min_cuda="13.0"))
+    rtx = next(o for o in offers if o.gpu == "RTX 4090")
+    with pytest.raises(CapacityError):
+        rp.create(rtx, PUBKEY, "job-old-driver")
+    a100 = next(o for o in offers if o.gpu == "A100 80GB")
+    inst = rp.create(a100, PUBKEY, "job-new-driver")
+    assert inst.state is InstanceState.PROVISIONING
+    bodies = [c.body for c in emu.calls("POST", "/v2/pods")]
+    assert all(b["gpu"]["minCudaVersion"] == "13.0" for b in bodies)
+    assert "_maxCuda" not in json.dumps(rp._request("GET", "/catalog/gpus",
+                                                    what="offers").json())
+
+
 def test_states_exited_error_and_missing(rp: RunPod, emu: RunPodEmulator) -> None:
     inst = rp.create(first_offer(rp), PUBKEY, "j1")
     emu.exit_pod(inst.instance_id)

@@ -153,8 +153,7 @@ class RunPodEmulator:
     def no_capacity_on_create(self, count: int = 1) -> None:
         """The next `count` POST /pods answer 400 "no capacity"."""
         self.fail_next(400, count, method="POST", path="/v2/pods", title="No capacity",
-                       detail="There are no longer any instances available with the "
-                              "requested specifications. Please refresh and try again.")
+                       detail=NO_CAPACITY)
 
     def lose_next_create(self, status: int = 500) -> None:
         """The next POST /pods makes the pod but answers `status` (the response is lost)."""
@@ -320,6 +319,7 @@ class RunPodEmulator:
         rows = []
         for row in self.gpus:
             row = json.loads(json.dumps(row))
+            row.pop(CUDA_KEY, None)  # not part of RunPod's answer
             if not with_availability:
                 row.pop("availability", None)
                 row.pop("maxCount", None)
@@ -337,10 +337,29 @@ class RunPodEmulator:
         if errors:
             return 422, problem(422, "Unprocessable Entity", "validation failed", errors), {}
         gpu_id = (body.get("gpu") or {}).get("id")
-        if not any(row.get("id") == gpu_id for row in self.gpus):
+        row = next((r for r in self.gpus if r.get("id") == gpu_id), None)
+        if row is None:
             return 400, problem(400, "Bad Request", f"unknown GPU type {gpu_id}"), {}
+        wanted = (body.get("gpu") or {}).get("minCudaVersion")
+        if wanted is not None and not _cuda_ok(row.get(CUDA_KEY, DEFAULT_CUDA), str(wanted)):
+            # No machine of this type has a driver that new: RunPod's "no capacity" answer.
+            return 400, problem(400, "No capacity", NO_CAPACITY), {}
         pod = self._make_pod(body)
         return 201, self._view(pod), {}
+
+
+NO_CAPACITY = ("There are no longer any instances available with the requested "
+               "specifications. Please refresh and try again.")
+# Emulator-only key of a GPU row: the highest CUDA its machines' drivers support. The real
+# catalog does not publish it; a create with `gpu.minCudaVersion` above it finds no machine.
+CUDA_KEY = "_maxCuda"
+DEFAULT_CUDA = "13.0"
+
+
+def _cuda_ok(have: str, want: str) -> bool:
+    def parse(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split("."))
+    return parse(have) >= parse(want)
 
 
 def problem(status: int, title: str = "", detail: str = "",
