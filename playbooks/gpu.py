@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from playbooks import images
 from playbooks.base import Fault, Host, Step, StepFailed, last_line
 
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
@@ -183,9 +184,7 @@ def cuda_problem(expected: GpuExpectation, have: str, driver: str) -> str | None
     """Why a driver supporting CUDA `have` cannot run the trainer image; None when it can."""
     if expected.min_cuda is None:
         return None
-    def parse(v: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in v.split("."))
-    if parse(have) >= parse(expected.min_cuda):
+    if images.cuda_tuple(have) >= images.cuda_tuple(expected.min_cuda):
         return None
     return (f"the host's NVIDIA driver {driver} supports CUDA {have}, but the trainer image "
             f"{expected.image or '(the job`s)'} needs CUDA >= {expected.min_cuda}: upgrade the "
