@@ -113,7 +113,6 @@ class NativeEnv:
                 self.cuda_env, *command]
 
 
-
 @dataclass(frozen=True)
 class TrainJob:
     """What training one job on one host needs, as plain values.
@@ -133,7 +132,7 @@ class TrainJob:
     gpus: str = "all"
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     runner: Runner = "docker"
-    native: NativeEnv = field(default_factory=lambda: NativeEnv())
+    native: NativeEnv = field(default_factory=NativeEnv)
 
     def __post_init__(self) -> None:
         if not _IMAGE.fullmatch(self.image):

@@ -262,8 +262,11 @@ class RunPod:
         """
         if req.interruptible is True:
             return []  # spot withdrawn: RunPod has no interruptible pods
-        response = self._request("GET", "/catalog/gpus", what="offers",
-                                 params={"include": "AVAILABILITY", "product": "POD"})
+        params = {"include": "AVAILABILITY", "product": "POD"}
+        if req.min_cuda is not None:
+            # Availability counts only machines whose driver supports the image's CUDA.
+            params["minCudaVersion"] = req.min_cuda
+        response = self._request("GET", "/catalog/gpus", what="offers", params=params)
         body = self._json(response, "offers")
         rows = body.get("gpus", []) if isinstance(body, dict) else []
         specs = catalog.gpus()
@@ -290,11 +293,12 @@ class RunPod:
                 price = per_gpu * req.gpu_count
                 if req.max_price_per_hour is not None and price > req.max_price_per_hour:
                     continue
+                # The create asks for the same CUDA floor (gpu.minCudaVersion), so the pod
+                # lands on such a machine or fails as "no capacity" (the next offer is tried).
                 if req.min_cuda is not None:
-                    # The catalog does not say which CUDA its machines' drivers support:
-                    # the create asks for it (gpu.minCudaVersion) and only such a machine
-                    # is given, or the create fails as "no capacity" (next offer).
                     self._min_cuda[f"{cloud}|{row['id']}"] = req.min_cuda
+                else:
+                    self._min_cuda.pop(f"{cloud}|{row['id']}", None)
                 found.append(Offer(
                     provider=self.name, offer_id=f"{cloud}|{row['id']}", gpu=gpu,
                     gpu_count=req.gpu_count, gpu_memory_bytes=memory, billing=self.billing,

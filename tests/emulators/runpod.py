@@ -319,7 +319,15 @@ class RunPodEmulator:
         rows = []
         for row in self.gpus:
             row = json.loads(json.dumps(row))
-            row.pop(CUDA_KEY, None)  # not part of RunPod's answer
+            minimum = (query.get("minCudaVersion") or [None])[0]
+            if with_availability:
+                # Availability is scoped to machines with a CUDA version >= minCudaVersion.
+                row["cudaVersions"] = _cuda_versions(row, minimum)
+                if not any(v["available"] for v in row["cudaVersions"]):
+                    row["availability"] = "NONE"
+                    row.pop("dataCenters", None)
+            else:
+                row.pop("cudaVersions", None)
             if not with_availability:
                 row.pop("availability", None)
                 row.pop("maxCount", None)
@@ -341,8 +349,8 @@ class RunPodEmulator:
         if row is None:
             return 400, problem(400, "Bad Request", f"unknown GPU type {gpu_id}"), {}
         wanted = (body.get("gpu") or {}).get("minCudaVersion")
-        if wanted is not None and not _cuda_ok(row.get(CUDA_KEY, DEFAULT_CUDA), str(wanted)):
-            # No machine of this type has a driver that new: RunPod's "no capacity" answer.
+        if wanted is not None and not _cuda_versions(row, str(wanted), available_only=True):
+            # No free machine of this type has a driver that new: RunPod's "no capacity".
             return 400, problem(400, "No capacity", NO_CAPACITY), {}
         pod = self._make_pod(body)
         return 201, self._view(pod), {}
@@ -350,16 +358,22 @@ class RunPodEmulator:
 
 NO_CAPACITY = ("There are no longer any instances available with the requested "
                "specifications. Please refresh and try again.")
-# Emulator-only key of a GPU row: the highest CUDA its machines' drivers support. The real
-# catalog does not publish it; a create with `gpu.minCudaVersion` above it finds no machine.
-CUDA_KEY = "_maxCuda"
-DEFAULT_CUDA = "13.0"
+# The CUDA versions a GPU row's machines offer when the test gives none (`cudaVersions`,
+# returned with include=AVAILABILITY; api-reference-v2/openapi.json, GpuType).
+DEFAULT_CUDA_VERSIONS = [{"version": "13.0", "available": True}]
 
 
-def _cuda_ok(have: str, want: str) -> bool:
-    def parse(v: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in v.split("."))
-    return parse(have) >= parse(want)
+def _cuda(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _cuda_versions(row: dict[str, Any], minimum: str | None,
+                   available_only: bool = False) -> list[dict[str, Any]]:
+    """The row's cudaVersions at or above `minimum` (compared numerically, as RunPod does)."""
+    versions = row.get("cudaVersions", DEFAULT_CUDA_VERSIONS)
+    return [v for v in versions
+            if (minimum is None or _cuda(str(v["version"])) >= _cuda(minimum))
+            and (v.get("available") or not available_only)]
 
 
 def problem(status: int, title: str = "", detail: str = "",
