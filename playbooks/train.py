@@ -655,6 +655,8 @@ def steps(job: TrainJob) -> list[Step]:
     """Upload data, secrets and config, get the image or wrapper, start training detached."""
     config_text = render_config(job)
 
+    launched: list[bool] = []  # set once this step started the run
+
     def start(h: Host) -> None:
         handle = job.handle("train")
         if handle.status(h).state is TrainState.FAILED:
@@ -662,6 +664,7 @@ def steps(job: TrainJob) -> list[Step]:
             # (the engine usually did this already, to record the ResumeInfo).
             prepare_resume(h, job)
         handle.start(h, train_argv(job), "starting axolotl train", job.secrets_file)
+        launched.append(True)
         current = handle.status(h)
         if current.state is TrainState.FAILED:
             tail = handle.tail(h, 40)
@@ -669,7 +672,11 @@ def steps(job: TrainJob) -> list[Step]:
                              f"starting: {last_line(tail)}", stderr=tail)
 
     def started(h: Host) -> bool:
-        return status(h, job).state in (TrainState.RUNNING, TrainState.SUCCEEDED)
+        state = status(h, job).state
+        # A run this step just started that already failed was started all the same: the
+        # failure is the training's, reported by wait() with its log, not a start fault.
+        return state in (TrainState.RUNNING, TrainState.SUCCEEDED) or (
+            bool(launched) and state is TrainState.FAILED)
 
     result = [
         Step("upload-dataset",
