@@ -35,6 +35,7 @@ from fabric import Connection
 from orchestrator import ssh
 
 from .base import (
+    CONTAINER_ROOT,
     Emit,
     Fault,
     Host,
@@ -125,7 +126,7 @@ class ServerSpec:
     job_id: str
     image: str
     port: int  # on the host's 127.0.0.1
-    volume: str  # host directory mounted at /workspace
+    volume: str  # host directory mounted at CONTAINER_ROOT (/workspace/data)
     args: tuple[str, ...]  # engine arguments
 
     def docker_argv(self) -> list[str]:
@@ -135,7 +136,7 @@ class ServerSpec:
             "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
             # 127.0.0.1 only: the OpenAI API has no auth; it is reached through SSH.
             "-p", f"127.0.0.1:{self.port}:{CONTAINER_PORT}",
-            "-v", f"{self.volume}:/workspace",
+            "-v", f"{self.volume}:{CONTAINER_ROOT}",
             # Local model directories only: never wait on (or leak a request to) the Hub.
             "-e", "HF_HUB_OFFLINE=1",
             "--label", f"orch_job={self.job_id}", "--label", "orch_role=vllm",
@@ -248,7 +249,7 @@ def start_server(
     """Start (or reuse) the job's vLLM container on 127.0.0.1:`port`; returns its spec.
 
     `model_dir_host` is the merged model, or the base model when `lora` names an unmerged
-    adapter directory; both must lie under `layout.base` (mounted at /workspace).
+    adapter directory; both must lie under `layout.base` (mounted at CONTAINER_ROOT).
     """
     spec = server_spec(host, job_id, model_dir_host, layout, image, port, max_model_len,
                        served_name, lora)
