@@ -52,7 +52,9 @@ def render_job(file: Path, host: str) -> Any:
                   image=images.for_host(spec.trainer.image, kind), env=env,
                   runner="docker" if kind == "docker" else "process")
     rendered = rendering.render(tj, evaluates=bool(spec.eval.eval_set or spec.eval.tasks),
-                                vllm_image=DEFAULT_VLLM_IMAGE, kind=kind)
+                                vllm_image=DEFAULT_VLLM_IMAGE, kind=kind,
+                                eval_tasks=tuple(spec.eval.tasks),
+                                eval_set=spec.eval.eval_set is not None)
     rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
                           f"x{est.gpu_count}, strategy {est.strategy.value}")
     return rendered

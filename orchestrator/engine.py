@@ -670,7 +670,7 @@ class JobRunner:
                                        # A rented machine is destroyed next; a registered
                                        # server is kept, so its GPU must be freed.
                                        stop_after=inst.provider == "dedicated",
-                                       runner=tj.runner)
+                                       runner=tj.runner, native_wrap=tj.native.wrap)
         except Exception as exc:
             if isinstance(exc, JobFailed | LeaseLost | _Stop) or \
                     self._instance_lost(provider, inst) is not None:

@@ -24,7 +24,7 @@ import re
 import string
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -669,6 +669,7 @@ def evaluate(
     emit: Emit = _ignore,
     stop_after: bool = True,
     runner: str = "docker",
+    native_wrap: Callable[[Sequence[str]], list[str]] = list,
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -685,7 +686,7 @@ def evaluate(
 
         return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, eval_rows,
                                tasks=tasks, lora=lora, max_tokens=max_tokens,
-                               timeout_s=lm_eval_timeout_s, emit=emit)
+                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=native_wrap)
     result = EvalResult()
     specs: list[ServerSpec] = []
     scores: list[EvalScores] = []

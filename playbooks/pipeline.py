@@ -148,7 +148,7 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
         result = evaluate.evaluate(
             host, job.job_id, merge.merged_dir(tj), cache.layout, job.vllm_image,
             job.vllm_port, job.config.sequence_len, rows, tasks=job.eval_tasks,
-            emit=record, runner=runner)
+            emit=record, runner=runner, native_wrap=tj.native.wrap)
         metrics = result.metrics
     return PipelineResult(metrics, fetched, status, resumed, reports)
 

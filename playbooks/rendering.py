@@ -9,6 +9,7 @@ the pipeline does on that kind of host.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +46,22 @@ class Rendered:
 
 
 def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
-                  max_model_len: int) -> list[str]:
+                  max_model_len: int, tasks: Sequence[str] = (),
+                  eval_set: bool = True) -> list[str]:
     """The evaluation server's command line, as `evaluate.evaluate` starts it.
 
-    One call, so a redesigned evaluation (e.g. natively on a container rental) slots in here.
+    On a container rental (no Docker) it is `lm_eval --model hf` in the trainer image, run
+    natively with the image's environment restored, as `evaluate_native` runs it.
     """
+    if tj.runner == "process":
+        from playbooks import evaluate_native as native
+
+        eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
+        names = [*tasks, *([native.EVAL_SET_TASK] if eval_set else [])]
+        argv = native.native_argv(merge.merged_dir(tj), names,
+                                  f"{eval_dir}/tasks" if eval_set else None,
+                                  f"{eval_dir}/lm_eval_hf", max_model_len)
+        return tj.native.wrap(argv)
     model = tj.layout.container(merge.merged_dir(tj))
     args = evaluate.engine_args(model, max_model_len)
     spec = evaluate.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
@@ -58,7 +70,8 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
 
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
-           kind: images.HostKind | None = None) -> Rendered:
+           kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
+           eval_set: bool = True) -> Rendered:
     """`tj` as it runs: config files, image and the train/merge/evaluate command lines."""
     kind = kind or ("docker" if tj.runner == "docker" else "container")
     config_text = train.render_config(tj)
@@ -73,8 +86,8 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
     commands = {
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
-        "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len)
-        if evaluates else [],
+        "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
+                                  eval_tasks, eval_set) if evaluates else [],
     }
     return Rendered(kind, tj.image, yaml.safe_load(config_text), files, commands,
                     tj.layout.base, notes)

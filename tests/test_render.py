@@ -88,6 +88,15 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     ran = sim.ssh_commands()
     assert shlex.join(rendered.commands["train"]) in ran
     assert shlex.join(rendered.commands["merge"]) in ran
-    spec = evaluate.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
-                                "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
-    assert rendered.commands["evaluate"] == spec.docker_argv()
+    if runner == "docker":
+        spec = evaluate.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
+                                    "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
+        assert rendered.commands["evaluate"] == spec.docker_argv()
+        return
+    # A container rental: lm-eval's hf backend runs natively, as rendered.
+    result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,
+                               "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len,
+                               [{"prompt": "say hi", "expected": "hi"}], emit=reports,
+                               runner=runner, native_wrap=job.native.wrap)
+    assert "eval.exact_match" in result.metrics
+    assert shlex.join(rendered.commands["evaluate"]) in sim.ssh_commands()
