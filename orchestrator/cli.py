@@ -255,6 +255,9 @@ def _register() -> None:
     from orchestrator import cli_servers
 
     cli_servers.register(app)
+    from orchestrator import cli_render
+
+    cli_render.register(app)
 
 
 _register()
