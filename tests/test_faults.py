@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KeyPair
+import test_engine
+import test_engine_providers
 from emulators.blackhole import BlackHole
 from emulators.hosts import SimHostBackend
 from emulators.runpod import RunPodEmulator
 from emulators.vast import VastEmulator
 from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
-from test_engine import HOST, Rig
+from test_engine import Rig
 from test_engine_crash import (
     lease_lapsed,
     live_instances,
@@ -47,26 +48,10 @@ from providers.vastai import VastAI
 
 BUNDLES = "/api/v0/bundles"
 
-
-@pytest.fixture
-def rig(tmp_path: Path, ssh_keypair: KeyPair, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    url = f"sqlite:///{tmp_path / 'orch.db'}"
-    monkeypatch.setenv("ORCH_DB_URL", url)
-    r = Rig(tmp_path, open_store(url), ssh_keypair, [])
-    try:
-        yield r
-    finally:
-        for cloud in r.clouds:
-            cloud.terminate_all()
-        r.store.close()
-
-
-@pytest.fixture
-def hosts(tmp_path: Path) -> Iterator[SimHostBackend]:
-    backend = SimHostBackend(tmp_path / "emu-hosts", dict(HOST))
-    yield backend
-    backend.stop_all()
+# The engine tests' fixtures: a database, sim clouds and orch's key under tmp_path; and the
+# simulated hosts the emulators' instances boot.
+rig = test_engine.rig
+hosts = test_engine_providers.hosts
 
 
 def options(rig: Rig, **over: Any) -> Options:
@@ -366,9 +351,8 @@ def test_kill_9_at_each_point_is_recovered_without_waste(env: dict[str, str],
     db_invariants(env)
 
 
-def test_killed_foreground_submit_instance_is_torn_down_after_the_grace(
-        env: dict[str, str]) -> None:
-    env = {**env, "ORCH_SIM_TRAIN_STEPS": "400"}
+def kill_foreground_submit_while_training(env: dict[str, str]) -> str:
+    """`orch submit` killed -9 mid-training; returns its job id once its lease lapsed."""
     proc = spawn(env, "submit", "examples/quickstart.yml")
     try:
         wait_for(lambda: training(env), what="training")
@@ -378,6 +362,13 @@ def test_killed_foreground_submit_instance_is_torn_down_after_the_grace(
         proc.kill()
     job_id = one_job(env)
     lease_lapsed(env)
+    return job_id
+
+
+def test_killed_foreground_submit_instance_is_torn_down_after_the_grace(
+        env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "400"}
+    job_id = kill_foreground_submit_while_training(env)
     first = json.loads(orch(env, "reconcile", "--json").stdout)
     assert [a["kind"] for a in first["actions"]] == ["keep", "requeue"]
     assert live_instances(env)  # kept for a worker to adopt within the grace period
@@ -392,15 +383,7 @@ def test_killed_foreground_submit_instance_is_torn_down_after_the_grace(
 
 def test_cancel_of_a_requeued_job_terminates_its_instance(env: dict[str, str]) -> None:
     env = {**env, "ORCH_SIM_TRAIN_STEPS": "400"}
-    proc = spawn(env, "submit", "examples/quickstart.yml")
-    try:
-        wait_for(lambda: training(env), what="training")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        proc.kill()
-    job_id = one_job(env)
-    lease_lapsed(env)
+    job_id = kill_foreground_submit_while_training(env)
     assert orch(env, "reconcile").returncode == 0
     assert status(env, job_id) == "queued" and live_instances(env)
     out = orch(env, "cancel", job_id, "--json")
