@@ -29,7 +29,7 @@ from orchestrator.store import Job, Store, to_micros, utcnow
 from providers.base import NotFound, Provider, ProviderError
 
 OUTAGE_LIMIT_S = 6 * 3600.0  # continuous provider outage a queued job waits out, at most
-BACKOFF_S = 30.0  # first wait after an outage; then the outage's age, capped:
+BACKOFF_S = 15.0  # first wait after an outage; then the outage's age, capped:
 BACKOFF_MAX_S = 600.0
 IDLE_GRACE_S = 600.0  # an unowned job's instance is kept this long for a worker to adopt
 
