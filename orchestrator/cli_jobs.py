@@ -274,6 +274,8 @@ def register(app: typer.Typer) -> None:
         Each job is claimed with a lease the worker renews; a worker that dies loses its
         lease and the job is resumed by another worker (or after `orch reconcile`).
         SIGTERM/Ctrl-C: the current job's instances are torn down and it is requeued.
+        A job requeued because its providers were unavailable waits out its backoff
+        (`not_before`); --once does not wait for it.
         """
         from orchestrator import cli
         from orchestrator.engine import JobRunner, owner_id
