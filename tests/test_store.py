@@ -617,3 +617,12 @@ def test_upgrade_to_0005_drops_duplicate_metrics_keeping_the_newest(store: Store
         command.upgrade(cfg, "head")
     assert _raw(db_path, "SELECT step, value FROM metric ORDER BY id") == [
         (None, 2.0), (7, 4.0), (8, 5.0)]
+
+
+def test_metric_upsert_on_every_backend(store: Store) -> None:
+    job = store.create_job(**_job_kwargs())
+    for value in (1.0, 2.0):
+        store.add_metrics(job.id, {"train.loss": value}, step=5)
+        store.add_metrics(job.id, {"eval.score": value})
+    got = sorted((m.name, m.step, m.value) for m in store.metrics(job.id))
+    assert got == [("eval.score", None, 2.0), ("train.loss", 5, 2.0)]
