@@ -331,6 +331,7 @@ class JobRunner:
                 row_id, provider, inst = adopted or self._place(tried)
             except recovery.ProvidersUnavailable as exc:
                 self._outage(str(exc), exc.retry_after)
+                tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
             try:
                 host = self._connect(row_id, provider, inst)
@@ -442,10 +443,13 @@ class JobRunner:
                 and not (name == "sim" and (named is None or "sim" not in named))]
 
     def _tagged(self, provider: Provider, name: str) -> list[str]:
-        if name == "dedicated":
-            return []
+        if name == "dedicated" or recovery.OUTAGES.down(provider):
+            return []  # a provider in an outage is swept by `orch reconcile` later
         try:
             return [i.instance_id for i in provider.list(self.job_id)]
+        except TransientError:
+            recovery.OUTAGES.mark(provider, self.opts.backoff_s)
+            return []
         except ProviderError:
             return []
 

@@ -237,6 +237,23 @@ def test_persistent_5xx_on_create_rents_nothing_and_requeues(rig: Rig,
         assert_invariants(rig.store, list(emu.instances))
 
 
+def test_foreground_submit_retries_the_offers_after_a_create_outage(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
+        # Every create of the first round (2 machines, spot and on-demand), all retries.
+        emu.fail_next(16, 500, method="PUT")
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id, worker=False)
+        assert job.status == "succeeded", job.failure_reason
+        assert [r.end_reason for r in rig.store.instances_of(job_id)] == ["failed"] * 4 + [
+            "released"]
+        assert "providers are unavailable" in " ".join(
+            e.message for e in rig.store.events(job_id) if e.kind == "state")
+        assert_invariants(rig.store, list(emu.instances))
+
+
 @pytest.mark.parametrize("fault", ["dropped", "stalled"])
 def test_lost_create_answers_never_rent_twice(rig: Rig, hosts: SimHostBackend,
                                               fault: str) -> None:
