@@ -6,9 +6,10 @@ One `JobRunner` drives one claimed job (DESIGN.md, "Data flow of one job"):
   connecting    wait for the provider to say running, pin the host key, open SSH
   preparing     GPU check, Container Toolkit, base model on NVMe (playbooks.pipeline.prepare)
   training      detached on the host; polled; reattached by job id after any reconnect
-  merging       adapter merge
-  evaluating    vLLM + eval set / lm-eval; metrics rows
-  releasing     artifacts copied back; spot/on-demand terminated, a monthly server released
+  merging       adapter merge, then the artifacts are copied back (before any evaluation)
+  evaluating    vLLM (Docker hosts) or lm-eval's hf backend (containers); metrics rows; a
+                failure ends the job "evaluation failed: ..." with its artifacts kept
+  releasing     spot/on-demand terminated, a monthly server released
   succeeded | failed(reason) | cancelled;  interrupted → queued → provisioning (resume)
 
 Every state change is committed (with its event) before the side effect it announces
@@ -47,6 +48,7 @@ from orchestrator.store import (
     to_micros,
     utcnow,
 )
+from playbooks import images
 from providers.base import (
     AuthError,
     BalanceError,
@@ -90,6 +92,11 @@ class Options:
     outage_limit_s: float = recovery.OUTAGE_LIMIT_S
 
 
+# How to evaluate a job's model again without training it again (docs/playbooks.md).
+EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
+              "the evaluation\" in docs/playbooks.md (the training is not repeated).")
+
+
 class JobFailed(Exception):
     """The job cannot finish; the message is the failure reason shown to the user."""
 
@@ -103,9 +110,9 @@ class _Deferred(Exception):
 
 
 # The pipeline phases whose completion is recorded in job.phase_done, in order: a takeover
-# skips those done (merge and evaluation on the same instance; everything once the
-# artifacts are copied back).
-PHASES = ("training", "merging", "evaluating", "releasing")
+# on the same instance skips those done; once the last is done (artifacts copied back and
+# the evaluation, if any, recorded) a takeover finishes the job without renting.
+PHASES = ("training", "merging", "artifacts", "evaluating")
 
 
 class _Stop(Exception):
@@ -321,8 +328,8 @@ class JobRunner:
                 raise JobFailed(f"gave up after {job.interruptions} interruptions (preempted or "
                                 "lost hosts); see `orch show " + job.id + "`")
             adopted = self._adopt()
-            if job.phase_done == "releasing":
-                # The artifacts were copied back before a crash: finish without renting.
+            if job.phase_done == PHASES[-1]:
+                # Everything was done before a crash: finish without renting.
                 if adopted is not None:
                     self._release(adopted[0], "released")
                 self._event("resume", "artifacts were already copied back; finishing")
@@ -481,7 +488,9 @@ class JobRunner:
                 req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
                                    gpus=constraints.gpus, interruptible=spot,
                                    max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self.opts.disk_gb)
+                                   disk_gb=self.opts.disk_gb,
+                                   min_cuda=images.min_cuda(
+                                       self.inputs.loaded.spec.trainer.image))
                 try:
                     offers += provider.offers(req)
                 except (AuthError, BalanceError, QuotaError) as exc:
@@ -555,8 +564,11 @@ class JobRunner:
             assert row.id is not None
             self._held[row.id] = (offer.provider, None)
             try:
+                # A rental is created from the image it runs: the cloud variant (sshd on
+                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
                 inst = provider.create(offer, self.public_key, self.job_id,
-                                       image=self.inputs.loaded.spec.trainer.image,
+                                       image=images.for_host(
+                                           self.inputs.loaded.spec.trainer.image, "container"),
                                        disk_gb=self.opts.disk_gb)
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
@@ -688,7 +700,7 @@ class JobRunner:
         cache, runner = pipeline.prepare(host, pj, emit)
         self._check_stop()
         assert cache.layout is not None
-        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
+        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner, host.paths)
         done = PHASES[:PHASES.index(job.phase_done) + 1] if job.phase_done in PHASES else ()
         if "training" in done:  # a takeover on the same instance after training ended
             train_seconds = job.train_seconds or 0.0
@@ -706,36 +718,27 @@ class JobRunner:
                          emit)
             self.store.update_job_fields(self.job_id, phase_done="merging")
         self._check_stop()
+        if "artifacts" not in done:
+            # The trained model comes back before evaluation starts: nothing that fails after
+            # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
+            fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
+                                      include_merged=pj.include_merged)
+            self._event("artifacts", f"{len(fetched.copied)} files copied to "
+                        f"{pj.artifacts_dir}", {"copied": len(fetched.copied),
+                                                "skipped": len(fetched.skipped)})
+            self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir,
+                                         phase_done="artifacts")
+            self._record_throughput(inst, train_seconds)
         spec = self.inputs.loaded.spec
-        if (spec.eval.eval_set or spec.eval.tasks) and "evaluating" not in done:
-            from playbooks import evaluate
-
-            self._set("evaluating", "serving the model with vLLM and scoring the eval set")
-            failpoint("evaluating")
-            rows = self.inputs.eval_rows()
-            result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), cache.layout,
-                                       pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
-                                       rows, tasks=pj.eval_tasks, emit=emit,
-                                       # A rented machine is destroyed next; a registered
-                                       # server is kept, so its GPU must be freed.
-                                       stop_after=inst.provider == "dedicated")
-            if result.metrics:
-                self.store.add_metrics(self.job_id, result.metrics)
-                self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
-                                                 sorted(result.metrics.items())),
-                            dict(result.metrics))
-            self.store.update_job_fields(self.job_id, phase_done="evaluating")
-        self._check_stop()
-        self._set("releasing", f"copying artifacts to {pj.artifacts_dir}")
-        failpoint("releasing")
-        fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
-                                  include_merged=pj.include_merged)
-        self._event("artifacts", f"{len(fetched.copied)} files copied to {pj.artifacts_dir}",
-                    {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
+        if spec.eval.eval_set or spec.eval.tasks:
+            self._check_stop()
+            self._evaluate(host, pj, tj, cache.layout, inst, provider)
         # Durable: a crash from here on finishes the job without renting again.
-        self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir,
-                                     phase_done="releasing")
-        self._record_throughput(inst, train_seconds)
+        self.store.update_job_fields(self.job_id, phase_done=PHASES[-1])
+        self._check_stop()
+        self._set("releasing", "artifacts copied to " + pj.artifacts_dir
+                  + "; releasing the instance")
+        failpoint("releasing")
 
     def _train(self, host: Any, job: Job, pj: Any, tj: Any, provider: Provider,
                inst: Instance) -> float:
@@ -797,6 +800,37 @@ class JobRunner:
             raise _Stop("interrupted", "training stopped with its host")
         self._check_stop()
         return train_seconds
+
+    def _evaluate(self, host: Any, pj: Any, tj: Any, layout: Any, inst: Instance,
+                  provider: Provider) -> None:
+        """Evaluate the copied-back model; a failure fails the job, keeping its artifacts."""
+        from playbooks import evaluate, merge
+
+        self._set("evaluating", "serving the model with vLLM and scoring the evaluation"
+                  if tj.runner == "docker" else "scoring the model with lm-eval (hf backend)")
+        failpoint("evaluating")
+        try:
+            result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), layout,
+                                       pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
+                                       self.inputs.eval_rows(), tasks=pj.eval_tasks,
+                                       emit=self._emit,
+                                       # A rented machine is destroyed next; a registered
+                                       # server is kept, so its GPU must be freed.
+                                       stop_after=inst.provider == "dedicated",
+                                       runner=tj.runner, native_wrap=tj.native.wrap)
+        except Exception as exc:
+            if isinstance(exc, JobFailed | LeaseLost | _Stop) or \
+                    self._instance_lost(provider, inst) is not None:
+                raise  # not the evaluation's fault: a lost host is an interruption
+            reason = (f"evaluation failed: {_reason(exc)}\nThe trained model is kept in "
+                      f"{pj.artifacts_dir}. {EVAL_AGAIN}")
+            self._event("evaluation.failed", reason, {"artifacts_dir": pj.artifacts_dir})
+            raise JobFailed(reason) from exc
+        if result.metrics:
+            self.store.add_metrics(self.job_id, result.metrics)
+            self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
+                                             sorted(result.metrics.items())),
+                        dict(result.metrics))
 
     def _mirror(self, host: Any, tj: Any, local: Path) -> None:
         from playbooks import checkpoints
