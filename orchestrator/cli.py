@@ -212,13 +212,19 @@ def reconcile(
     """Terminate instances tagged as orch's whose job is finished or unknown; requeue jobs
     whose worker died; close stale instance rows."""
     from orchestrator.reconcile import reconcile as run_reconcile
+    from orchestrator.recovery import idle_grace_s
     from orchestrator.wiring import configured_providers
 
     store = _store()
-    providers, notes = configured_providers(store)
+    try:
+        grace = idle_grace_s()
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    providers, notes = configured_providers(store, quick=True)
     from orchestrator.cli_servers import scrubber
 
-    report = run_reconcile(store, providers, dry_run=dry_run, scrub=scrubber())
+    report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
+                           scrub=scrubber())
     if json_out:
         _print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
                      "actions": [a.__dict__ for a in report.actions]})

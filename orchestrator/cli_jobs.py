@@ -280,6 +280,8 @@ def register(app: typer.Typer) -> None:
         Each job is claimed with a lease the worker renews; a worker that dies loses its
         lease and the job is resumed by another worker (or after `orch reconcile`).
         SIGTERM/Ctrl-C: the current job's instances are torn down and it is requeued.
+        A job requeued because its providers were unavailable waits out its backoff
+        (`not_before`); --once does not wait for it.
         """
         from orchestrator import cli
         from orchestrator.engine import JobRunner, owner_id
@@ -465,6 +467,13 @@ def register(app: typer.Typer) -> None:
             time.sleep(0.3)
             job = store.get_job(job_id)
         left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
+        if left and job.status == "cancelled" and _orphaned(job):
+            # A requeued job no worker has adopted yet still holds its instance: nobody
+            # else will tear it down.
+            from orchestrator.recovery import teardown_open
+
+            teardown_open(store, _providers(store)[0], job_id, "cancelled")
+            left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
         if json_out:
             cli._print_json({"job_id": job_id, "status": job.status,
                              "instances_left": [r.provider_instance_id for r in left]})
@@ -512,24 +521,7 @@ def _orphaned(job: Job) -> bool:
 
 def _cancel_orphan(store: Store, job: Job) -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
-    from providers.base import NotFound, ProviderError
+    from orchestrator.recovery import teardown_open
 
-    providers, _ = _providers(store)
-    for row in store.instances_of(job.id):
-        if row.terminated_at is not None:
-            continue
-        provider = providers.get(row.provider)
-        ids = [row.provider_instance_id] if row.provider_instance_id else []
-        if provider is not None and not ids:
-            ids = [i.instance_id for i in provider.list(job.id)]
-        try:
-            for iid in ids:
-                if provider is not None:
-                    provider.terminate(iid)
-        except NotFound:
-            pass
-        except ProviderError:
-            continue
-        if row.provider_instance_id:
-            store.mark_terminated(row.provider, row.provider_instance_id)
+    teardown_open(store, _providers(store)[0], job.id, "cancelled")
     store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

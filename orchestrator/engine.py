@@ -38,7 +38,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
-from orchestrator import pricing
+from orchestrator import pricing, recovery
 from orchestrator.paths import data_dir
 from orchestrator.store import (
     Job,
@@ -88,6 +88,11 @@ class Options:
     # Per-phase no-progress deadlines (orchestrator/watchdog.py); None: defaults + ORCH_STALL_*.
     stall_s: Mapping[str, float] | None = None
     stall_retries: int = 1  # a stalled attempt is re-placed this often, then the job fails
+    # Provider outages (orchestrator.recovery): first wait, longest wait, and how long a job
+    # waits out a continuous outage before it fails.
+    backoff_s: float = recovery.BACKOFF_S
+    backoff_max_s: float = recovery.BACKOFF_MAX_S
+    outage_limit_s: float = recovery.OUTAGE_LIMIT_S
 
 
 # How to evaluate a job's model again without training it again (docs/playbooks.md).
@@ -97,6 +102,20 @@ EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-r
 
 class JobFailed(Exception):
     """The job cannot finish; the message is the failure reason shown to the user."""
+
+
+class _Deferred(Exception):
+    """Requeue the job to try again at `not_before` (its providers are unavailable)."""
+
+    def __init__(self, message: str, not_before: datetime) -> None:
+        super().__init__(message)
+        self.not_before = not_before
+
+
+# The pipeline phases whose completion is recorded in job.phase_done, in order: a takeover
+# on the same instance skips those done; once the last is done (artifacts copied back and
+# the evaluation, if any, recorded) a takeover finishes the job without renting.
+PHASES = ("training", "merging", "artifacts", "evaluating")
 
 
 class _Stop(Exception):
@@ -216,6 +235,7 @@ class JobRunner:
         self._factory: Any = None
         self._watching: tuple[str, str] | None = None  # (provider, instance id) to watch
         self._held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
+        self._not_before = utcnow()  # when a deferred job may be claimed again
         self.progress: Progress | None = None
         from orchestrator.watchdog import Watchdog, deadlines_from_env
 
@@ -250,6 +270,9 @@ class JobRunner:
             outcome = ("lost", "another worker took the job over")
         except JobFailed as exc:
             outcome = ("failed", str(exc))
+        except _Deferred as exc:
+            outcome = ("deferred", str(exc))
+            self._not_before = exc.not_before
         except _Stop as exc:
             outcome = (exc.kind, str(exc))
         except (KeyboardInterrupt, Terminated) as exc:
@@ -281,6 +304,11 @@ class JobRunner:
                                   "storage_micros": to_micros(storage),
                                   "amortised_micros": to_micros(amortised)}
         try:
+            if kind == "deferred":
+                self._set("queued", reason, {"not_before": self._not_before.isoformat()},
+                          lease_owner=None, lease_expires_at=None, not_before=self._not_before,
+                          **fields)
+                return
             if kind == "requeue":
                 self._set("interrupted", f"worker stopping: {reason}; requeued to resume",
                           **fields)
@@ -308,7 +336,19 @@ class JobRunner:
             if job.interruptions >= self.opts.max_attempts:
                 raise JobFailed(f"gave up after {job.interruptions} interruptions (preempted or "
                                 "lost hosts); see `orch show " + job.id + "`")
-            row_id, provider, inst = self._adopt() or self._place(tried)
+            adopted = self._adopt()
+            if job.phase_done == PHASES[-1]:
+                # Everything was done before a crash: finish without renting.
+                if adopted is not None:
+                    self._release(adopted[0], "released")
+                self._event("resume", "artifacts were already copied back; finishing")
+                return self._succeed()
+            try:
+                row_id, provider, inst = adopted or self._place(tried)
+            except recovery.ProvidersUnavailable as exc:
+                self._outage(str(exc), exc.retry_after)
+                tried.clear()  # after the wait, the offers that failed are worth a try again
+                continue
             try:
                 host = self._connect(row_id, provider, inst)
                 self._pipeline(host, row_id, provider, inst)
@@ -334,13 +374,46 @@ class JobRunner:
                 self._interrupted(row_id, provider, inst, lost)
                 continue
             self._release(row_id, "released")
-            cost, storage, amortised = self._costs()
-            self._delete_volumes()
-            self._set("succeeded", f"succeeded; cost {pricing.usd(cost + storage)}",
-                      {"cost": str(cost + storage)},
-                      cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
-                      amortised_micros=to_micros(amortised))
-            return "succeeded", ""
+            failpoint("after-terminate")
+            return self._succeed()
+
+    def _succeed(self) -> tuple[str, str]:
+        cost, storage, amortised = self._costs()
+        self._delete_volumes()
+        self._set("succeeded", f"succeeded; cost {pricing.usd(cost + storage)}",
+                  {"cost": str(cost + storage)},
+                  cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
+                  amortised_micros=to_micros(amortised))
+        return "succeeded", ""
+
+    def _outage(self, why: str, asked_s: float | None = None) -> None:
+        """No placement because providers are unavailable: wait (foreground) or requeue
+        with a backoff (worker); fail once the outage outlasts the job's limit."""
+        from datetime import timedelta
+
+        job = self._job()
+        now = utcnow()
+        since = job.outage_since or now
+        age = (now - since).total_seconds()
+        limit = recovery.outage_limit_s(job, self.opts.outage_limit_s)
+        if age >= limit:
+            raise JobFailed(f"{why}; gave up after {age:.0f}s of provider outage (limit "
+                            f"{limit:.0f}s)")
+        wait = recovery.backoff_s(age, self.opts.backoff_s, self.opts.backoff_max_s)
+        if asked_s is not None:  # never sooner than the provider asked (429 Retry-After)
+            wait = max(wait, min(asked_s, limit - age))
+        if job.outage_since is None:
+            self.store.update_job_fields(self.job_id, outage_since=now)
+        message = (f"{why}; the job stays queued and is retried in {wait:.0f}s (fails after "
+                   f"{limit:.0f}s of outage)")
+        if self.on_signal == "requeue":  # a worker: let it run other jobs meanwhile
+            raise _Deferred(message, now + timedelta(seconds=wait))
+        # `orch submit` in the foreground: wait here, holding the lease.
+        self._set("queued", message, {"retry_in_s": wait})
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            self._check_stop()
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
     # --- placement and provisioning --------------------------------------------------------------
 
@@ -374,16 +447,33 @@ class JobRunner:
                 adopted = (row.id, provider, inst)
             else:
                 self._release(row.id, "interrupted")
-        # Instances tagged with this job that no row knows (a crash inside create).
+        # Instances tagged with this job that no row knows (a crash inside create). Only
+        # the providers this job can use or has used are asked: another provider being down
+        # must not stall this job (sweeping those is `orch reconcile`'s work).
+        mine = set(self._usable()) | {r.provider for r in rows}
         for name, provider in self.providers.items():
-            self._orphan_sweep(provider, name)
+            if name in mine:
+                self._orphan_sweep(provider, name)
         return adopted
 
+    def _usable(self) -> list[str]:
+        """The configured providers this job may be placed on."""
+        from orchestrator.planning import constraints_from
+
+        named = constraints_from(self.inputs.loaded).providers
+        return [name for name in self.providers
+                if (named is None or name in named)
+                # the simulated cloud only runs jobs that ask for it
+                and not (name == "sim" and (named is None or "sim" not in named))]
+
     def _tagged(self, provider: Provider, name: str) -> list[str]:
-        if name == "dedicated":
-            return []
+        if name == "dedicated" or recovery.OUTAGES.down(provider):
+            return []  # a provider in an outage is swept by `orch reconcile` later
         try:
             return [i.instance_id for i in provider.list(self.job_id)]
+        except TransientError:
+            recovery.OUTAGES.mark(provider, self.opts.backoff_s)
+            return []
         except ProviderError:
             return []
 
@@ -398,11 +488,16 @@ class JobRunner:
         named = constraints.providers
         offers: list[Offer] = []
         notes: list[str] = []
-        for name, provider in self.providers.items():
-            if named is not None and name not in named:
+        unavailable: list[str] = []
+        asked_wait: float | None = None  # the longest Retry-After a provider sent
+        for name in self._usable():
+            provider = self.providers[name]
+            down = recovery.OUTAGES.down(provider)
+            if down:
+                unavailable.append(f"{name}: unavailable (an outage seen moments ago; asked "
+                                   f"again in {down:.0f}s)")
                 continue
-            if name == "sim" and (named is None or "sim" not in named):
-                continue  # the simulated cloud only runs jobs that ask for it
+            answered = True
             for count in (1, 2, 4, 8):
                 if count > constraints.max_gpus:
                     break
@@ -418,10 +513,20 @@ class JobRunner:
                 except (AuthError, BalanceError, QuotaError) as exc:
                     notes.append(f"{name}: {exc}")
                     break
+                except TransientError as exc:  # after the adapter's retries: an outage
+                    unavailable.append(f"{name}: provider unavailable ({exc})")
+                    if exc.retry_after is not None:
+                        asked_wait = max(asked_wait or 0.0, exc.retry_after)
+                    recovery.OUTAGES.mark(provider, max(self.opts.backoff_s,
+                                                        exc.retry_after or 0.0))
+                    answered = False
+                    break
                 except ProviderError as exc:
                     notes.append(f"{name}: offers unavailable ({exc})")
                     break
-        for note in notes:
+            if answered:
+                recovery.OUTAGES.clear(provider)
+        for note in notes + unavailable:
             self._event("offers.note", note)
         # Dedicated servers answer every GPU count they can serve: keep each offer once
         # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
@@ -431,6 +536,10 @@ class JobRunner:
         ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
                                  measured=self.inputs.measured)
         if not ranking.placements:
+            if unavailable:
+                # Not a verdict on the job: what the unavailable providers offer is unknown.
+                raise recovery.ProvidersUnavailable("; ".join(unavailable + notes),
+                                                    retry_after=asked_wait)
             if not offers:
                 which = ", ".join(sorted(named)) if named else ", ".join(
                     n for n in sorted(self.providers) if n != "sim")
@@ -446,6 +555,7 @@ class JobRunner:
         placements = [p for p in self._candidates()
                       if (p.offer.provider, p.offer.offer_id) not in tried]
         failures: list[str] = []
+        transient = 0
         for placement in placements[: self.opts.max_placements]:
             offer = placement.offer
             tried.add((offer.provider, offer.offer_id))
@@ -483,6 +593,7 @@ class JobRunner:
                 continue
             except TransientError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
+                transient += 1
                 self._event("provision.transient", f"{offer.provider}: {exc} (after retries); "
                             "trying the next offer")
                 self._orphan_sweep(provider, offer.provider)
@@ -505,7 +616,15 @@ class JobRunner:
                         if offer.registered else f"{offer.provider} instance "
                         f"{inst.instance_id} at {pricing.usd(price)}/h",
                         {"instance": inst.instance_id, "price_per_hour": str(price)})
+            # Placed: the outage (if any) is over, and phases done on an earlier instance
+            # are not on this one.
+            self.store.update_job_fields(self.job_id, outage_since=None, not_before=None,
+                                         phase_done=None)
             return row.id, provider, inst
+        if failures and transient == len(failures):
+            raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
+                                                "providers are unavailable: "
+                                                + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
 
@@ -587,7 +706,7 @@ class JobRunner:
     # --- the pipeline ---------------------------------------------------------------------------
 
     def _pipeline(self, host: Any, row_id: int, provider: Provider, inst: Instance) -> None:
-        from playbooks import artifacts, merge, pipeline, train
+        from playbooks import artifacts, merge, pipeline
         from playbooks.base import PlaybookFailed, run_playbook
 
         job = self._job()
@@ -611,6 +730,52 @@ class JobRunner:
         if inst.provider == "dedicated":  # a server we keep: its secrets go when the job ends
             self._secrets_base[row_id] = cache.layout.base
         tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner, host.paths)
+        done = PHASES[:PHASES.index(job.phase_done) + 1] if job.phase_done in PHASES else ()
+        if "training" in done:  # a takeover on the same instance after training ended
+            train_seconds = job.train_seconds or 0.0
+            self._event("resume", f"{job.phase_done} already done on this instance; "
+                        "resuming after it")
+        else:
+            train_seconds = self._train(host, job, pj, tj, provider, inst)
+        if "merging" not in done:
+            self._set("merging", "merging the adapter into the base model"
+                      if tj.adapter else "nothing to merge (full fine-tune)",
+                      train_seconds=train_seconds, tokens=self.inputs.tokens,
+                      phase_done="training")
+            failpoint("merging")
+            run_playbook("merge", merge.steps(tj, poll_s=min(self.opts.poll_s, 2.0)), host,
+                         emit)
+            self.store.update_job_fields(self.job_id, phase_done="merging")
+        self._check_stop()
+        if "artifacts" not in done:
+            # The trained model comes back before evaluation starts: nothing that fails after
+            # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
+            fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
+                                      include_merged=pj.include_merged)
+            self._event("artifacts", f"{len(fetched.copied)} files copied to "
+                        f"{pj.artifacts_dir}", {"copied": len(fetched.copied),
+                                                "skipped": len(fetched.skipped)})
+            self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir,
+                                         phase_done="artifacts")
+            self._record_throughput(inst, train_seconds)
+        spec = self.inputs.loaded.spec
+        if spec.eval.eval_set or spec.eval.tasks:
+            self._check_stop()
+            self._evaluate(host, pj, tj, cache.layout, inst, provider)
+        # Durable: a crash from here on finishes the job without renting again.
+        self.store.update_job_fields(self.job_id, phase_done=PHASES[-1])
+        self._check_stop()
+        self._set("releasing", "artifacts copied to " + pj.artifacts_dir
+                  + "; releasing the instance")
+        failpoint("releasing")
+
+    def _train(self, host: Any, job: Job, pj: Any, tj: Any, provider: Provider,
+               inst: Instance) -> float:
+        """Start (or resume, or reattach to) training and wait for it; its seconds."""
+        from playbooks import train
+        from playbooks.base import run_playbook
+
+        emit = self._emit
         self._set("training", "training (detached on the host)")
         failpoint("training")
         status = train.status(host, tj)
@@ -663,26 +828,7 @@ class JobRunner:
                                 f"its log:\n{tail}")
             raise _Stop("interrupted", "training stopped with its host")
         self._check_stop()
-        self._set("merging", "merging the adapter into the base model"
-                  if tj.adapter else "nothing to merge (full fine-tune)",
-                  train_seconds=train_seconds, tokens=self.inputs.tokens)
-        run_playbook("merge", merge.steps(tj, poll_s=min(self.opts.poll_s, 2.0)), host, emit)
-        self._check_stop()
-        # The trained model comes back before evaluation starts: nothing that fails after
-        # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
-        fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
-                                  include_merged=pj.include_merged)
-        self._event("artifacts", f"{len(fetched.copied)} files copied to {pj.artifacts_dir}",
-                    {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
-        self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir)
-        self._record_throughput(inst, train_seconds)
-        spec = self.inputs.loaded.spec
-        if spec.eval.eval_set or spec.eval.tasks:
-            self._check_stop()
-            self._evaluate(host, pj, tj, cache.layout, inst, provider)
-        self._check_stop()
-        self._set("releasing", "artifacts copied to " + pj.artifacts_dir
-                  + "; releasing the instance")
+        return train_seconds
 
     def _evaluate(self, host: Any, pj: Any, tj: Any, layout: Any, inst: Instance,
                   provider: Provider) -> None:
@@ -691,6 +837,7 @@ class JobRunner:
 
         self._set("evaluating", "serving the model with vLLM and scoring the evaluation"
                   if tj.runner == "docker" else "scoring the model with lm-eval (hf backend)")
+        failpoint("evaluating")
         try:
             result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), layout,
                                        pj.vllm_image, pj.vllm_port, pj.config.sequence_len,

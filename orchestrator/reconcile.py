@@ -4,6 +4,9 @@ For every provider, list the instances tagged as orch's (`orch-<job id>` in thei
 label, set at create time, so even an instance the database never recorded is found):
 - its job is unknown, or finished (succeeded / failed / cancelled): terminate it;
 - its job is still being driven by a live worker: leave it alone.
+- its job was requeued (its worker or foreground `orch submit` died) and no worker adopted it
+  within the idle grace period (`orchestrator.recovery.IDLE_GRACE_S`, ORCH_IDLE_GRACE_S):
+  terminate it; the job resumes from the checkpoints on its volume when a worker claims it.
 Then repair the database: instance rows still open whose instance the provider no longer has
 are marked terminated, and jobs whose worker's lease expired are queued again to resume.
 With `dry_run`, nothing is changed and the report says what would be done.
@@ -42,7 +45,7 @@ class Report:
         return [a for a in self.actions if a.kind == kind]
 
 
-def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
+def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str, str]:
     job_id = inst.job_id
     if job_id is None:
         return "keep", "not tagged as orch's"
@@ -51,6 +54,9 @@ def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
         return "terminate", f"job {job_id} is not in the database (crash before it was recorded?)"
     if job.status in FINAL_STATUSES:
         return "terminate", f"job {job_id} is {job.status}"
+    if job_id in idle:
+        return "terminate", (f"job {job_id} has waited over {idle[job_id]:.0f}s for a worker "
+                             "since it was requeued; its checkpoints stay on its volume")
     recorded = {r.provider_instance_id for r in store.instances_of(job_id)
                 if r.provider == inst.provider}
     lapsed = job.lease_expires_at is None or job.lease_expires_at < utcnow()
@@ -63,15 +69,21 @@ def _verdict(store: Store, inst: Instance) -> tuple[str, str]:
 
 
 def reconcile(store: Store, providers: Mapping[str, Provider], *,
-              dry_run: bool = False,
+              dry_run: bool = False, idle_grace_s: float | None = None,
               scrub: Callable[[Any], list[str]] | None = None) -> Report:
     """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs.
 
+    `idle_grace_s` (default `recovery.IDLE_GRACE_S`): how long an instance of a requeued
+    job nobody drives is kept for a worker to adopt before it is terminated.
     With `scrub` (a server row -> secret files it removed), every idle registered server
     with a pinned host key is also cleaned of secrets a crashed job left (issue 10 §6).
     """
+    from orchestrator import recovery
+
     report = Report(dry_run)
     live: dict[str, set[str]] = {}
+    grace = recovery.IDLE_GRACE_S if idle_grace_s is None else idle_grace_s
+    idle = {job.id: grace for job in recovery.unowned_idle(store, grace)}
     for name, provider in providers.items():
         try:
             instances = provider.list()
@@ -80,7 +92,7 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
             continue
         live[name] = {i.instance_id for i in instances}
         for inst in instances:
-            verdict, reason = _verdict(store, inst)
+            verdict, reason = _verdict(store, inst, idle)
             if verdict == "terminate" and not dry_run:
                 try:
                     provider.terminate(inst.instance_id)
@@ -88,6 +100,11 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
                     report.actions.append(Action("error", name, inst.instance_id, inst.job_id,
                                                  f"terminate failed: {exc}"))
                     continue
+                if inst.job_id in idle:  # its row gets the idle time it billed
+                    for row in store.instances_of(inst.job_id):
+                        if (row.provider, row.provider_instance_id) == (name, inst.instance_id) \
+                                and row.terminated_at is None:
+                            recovery.close_row(store, row, "idle")
                 store.mark_terminated(name, inst.instance_id)
                 if inst.job_id and store.find_job(inst.job_id) is not None:
                     store.add_event(inst.job_id, "reconcile.terminated",

@@ -35,6 +35,7 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     create_engine,
+    delete,
     event,
     or_,
     text,
@@ -51,7 +52,7 @@ from providers.dedicated import RegisteredServer
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0005"
+SCHEMA_HEAD = "0006"
 
 JOB_STATUSES: tuple[str, ...] = (
     "queued",
@@ -294,6 +295,12 @@ class Job(SQLModel, table=True):
     lost_steps: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
     tokens: int | None = Field(default=None, sa_type=BigInteger)  # trained, all epochs
     train_seconds: float | None = Field(default=None, sa_type=Float)
+    # 0006: recovery (orchestrator/recovery.py). Not claimed before `not_before` (outage
+    # backoff); `outage_since` starts the outage limit; `phase_done` is the last pipeline
+    # phase whose result is durable, so a takeover resumes after it.
+    not_before: datetime | None = _time(nullable=True, default_now=False)
+    outage_since: datetime | None = _time(nullable=True, default_now=False)
+    phase_done: str | None = None
 
 
 class Event(SQLModel, table=True):
@@ -383,7 +390,13 @@ class Metric(SQLModel, table=True):
     """A number a job reported: training loss at a step, an eval score at the end."""
 
     __tablename__ = "metric"
-    __table_args__ = (Index("ix_metric_job_id_name", "job_id", "name"),)
+    __table_args__ = (
+        Index("ix_metric_job_id_name", "job_id", "name"),
+        # 0006: one row per (job, name, step), eval scores (step NULL) included: a takeover
+        # that re-reports a step or re-runs the evaluation replaces, never duplicates.
+        Index("uq_metric_job_name_step", "job_id", "name", text("coalesce(step, -1)"),
+              unique=True),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id")
@@ -942,6 +955,12 @@ class Store:
         now = utcnow()
         with self.transaction() as session:
             for name, value in values.items():
+                # An upsert by hand (the unique index is on an expression, which ON CONFLICT
+                # cannot name portably): the newest value of a (job, name, step) wins.
+                same_step = (col(Metric.step).is_(None) if step is None
+                             else col(Metric.step) == step)
+                session.execute(delete(Metric).where(col(Metric.job_id) == job_id,
+                                                     col(Metric.name) == name, same_step))
                 session.add(Metric(job_id=job_id, name=name, value=float(value), step=step,
                                    at=now))
 
@@ -1012,7 +1031,9 @@ def claim_in(session: Session, job_id: str, owner: str, lease_s: float,
                col(Job.cancel_requested_at).is_(None),
                # A job briefly queued while its worker re-places it is still that
                # worker's: only an unowned (or lapsed) job can be claimed.
-               or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now))
+               or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now),
+               # Requeued with a backoff after a provider outage: not yet.
+               or_(col(Job.not_before).is_(None), col(Job.not_before) <= now))
         .values(status="provisioning", lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
     if not getattr(result, "rowcount", 0):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from orchestrator.paths import data_dir
 from orchestrator.store import Store
@@ -59,9 +60,15 @@ def sim_from_env() -> Provider:
                     preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
 
 
-def configured_providers(store: Store, *, sim: bool | None = None
+# `orch reconcile` sweeps every provider: one that does not answer must not hold it up for
+# the adapters' full retry budget (minutes), so it gets short timeouts and few retries and
+# reports the provider as an error instead; the next run tries again.
+QUICK_HTTP = {"timeout_s": 5.0, "attempts": 2, "deadline_s": 10.0}
+
+
+def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False
                          ) -> tuple[dict[str, Provider], list[str]]:
-    """(name -> provider, notes about the ones left out)."""
+    """(name -> provider, notes about the ones left out); `quick`: short HTTP timeouts."""
     from providers.dedicated import Dedicated
 
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
@@ -79,12 +86,15 @@ def configured_providers(store: Store, *, sim: bool | None = None
                          f"{credentials.credentials_file()}); left out")
             continue
         url = os.environ.get(env)
+        kwargs: dict[str, Any] = {"base_url": url} if url else {}
+        if quick:
+            kwargs.update(QUICK_HTTP)
         if name == "vastai":
             from providers.vastai import VastAI
 
-            found[name] = VastAI(key, base_url=url) if url else VastAI(key)
+            found[name] = VastAI(key, **kwargs)
         else:
             from providers.runpod import RunPod
 
-            found[name] = RunPod(key, base_url=url) if url else RunPod(key)
+            found[name] = RunPod(key, **kwargs)
     return found, notes

@@ -3,11 +3,15 @@
 Adapters turn each HTTP response into a typed error (`providers.base`); this module retries
 the transient ones (429, 5xx, network errors) with exponential backoff and jitter, honouring
 `Retry-After` when the provider sends it, and gives up after a deadline. Auth, balance,
-quota, capacity and not-found errors are never retried.
+quota, capacity and not-found errors are never retried. A `Retry-After` longer than
+`MAX_RETRY_AFTER_S` or than what is left of the deadline is not slept through: the error is
+raised at once (carrying `retry_after`), so the caller can requeue the work instead of
+blocking for up to an hour.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -17,7 +21,7 @@ import httpx
 from tenacity import (
     RetryCallState,
     Retrying,
-    retry_if_exception_type,
+    retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
     stop_any,
@@ -90,8 +94,17 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
         except httpx.TransportError as exc:  # connect/read errors, timeouts
             raise TransientError(f"network error: {type(exc).__name__}") from exc
 
+    started = time.monotonic()
+
+    def worth_waiting(exc: BaseException) -> bool:
+        if not isinstance(exc, TransientError):
+            return False
+        hinted = exc.retry_after
+        left = deadline_s - (time.monotonic() - started)
+        return hinted is None or hinted <= min(MAX_RETRY_AFTER_S, left)
+
     retrying = Retrying(
-        retry=retry_if_exception_type(TransientError),
+        retry=retry_if_exception(worth_waiting),
         wait=_wait(wait_exponential_jitter(multiplier=initial_s, max=max_wait_s, jitter=initial_s)),
         stop=stop_any(stop_after_attempt(attempts), stop_after_delay(deadline_s)),
         reraise=True,

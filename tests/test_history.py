@@ -350,8 +350,10 @@ def test_best_run_per_sweep_view(db: tuple[Store, str]) -> None:
     for n, (sweep, status) in enumerate([(hi, "succeeded"), (hi, "succeeded"), (hi, "failed"),
                                          (lo, "succeeded"), (lo, "succeeded")]):
         rows.append(_job(f"j-{n}", NOW, sweep_id=sweep.id, status=status))
-    metric = [("j-0", "eval.exact_match", 0.7, None), ("j-1", "eval.exact_match", 0.9, None),
-              ("j-1", "eval.exact_match", 0.6, None),  # re-evaluated later: the latest counts
+    # j-1 was evaluated twice (0.9, then 0.6): one row per (job, name, step) since 0006, and
+    # Store.add_metrics keeps the latest.
+    metric = [("j-0", "eval.exact_match", 0.7, None),
+              ("j-1", "eval.exact_match", 0.6, None),
               ("j-0", "eval.exact_match", 0.99, 100),  # a step metric is not final
               ("j-2", "eval.exact_match", 1.0, None),  # failed jobs never win
               ("j-3", "eval.loss", 0.5, None), ("j-4", "eval.loss", 0.3, None)]

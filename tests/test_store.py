@@ -197,6 +197,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),
         ("metric", "ix_metric_job_id_name"),
+        ("metric", "uq_metric_job_name_step"),
         ("price_observation", "ix_price_observation_provider_gpu_observed_at"),
         ("throughput_observation", "ix_throughput_observation_key"),
     }
@@ -566,3 +567,62 @@ def test_two_processes_write_concurrently(store: Store) -> None:
 def test_utcnow_is_aware_utc() -> None:
     now = utcnow()
     assert now.tzinfo is UTC
+
+
+# --- metrics are idempotent (issue 10 §4) ---------------------------------------------------
+
+
+def _write(db_path: Path, sql: str, *params: Any) -> None:
+    conn = sqlite3.connect(db_path)
+    try:
+        with conn:  # commits
+            conn.execute(sql, params)
+    finally:
+        conn.close()
+
+
+def test_metrics_are_one_row_per_job_name_and_step(store: Store, db_path: Path) -> None:
+    job = store.create_job(**_job_kwargs())
+    # A takeover re-reports training steps and re-runs the evaluation.
+    for _ in range(2):
+        store.add_metrics(job.id, {"train.loss": 1.5}, step=3)
+        store.add_metrics(job.id, {"eval.contains": 0.5, "eval.count": 3.0})
+    store.add_metrics(job.id, {"eval.contains": 0.75})
+    rows = _raw(db_path, "SELECT name, step, value FROM metric ORDER BY name")
+    assert rows == [("eval.contains", None, 0.75), ("eval.count", None, 3.0),
+                    ("train.loss", 3, 1.5)]
+    # The database itself refuses a duplicate, whoever writes it.
+    with pytest.raises(sqlite3.IntegrityError):
+        _write(db_path, "INSERT INTO metric (job_id, name, value, step, at) VALUES "
+                      "(?, 'eval.count', 1.0, NULL, '2026-01-01T00:00:00.000000Z')", job.id)
+
+
+def test_upgrade_to_0006_drops_duplicate_metrics_keeping_the_newest(store: Store,
+                                                                    db_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    job = store.create_job(**_job_kwargs())
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store_mod.migrations_dir()))
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0005")
+    at = "2026-01-01T00:00:00.000000Z"
+    for value, step in ((1.0, None), (2.0, None), (3.0, 7), (4.0, 7), (5.0, 8)):
+        _write(db_path, "INSERT INTO metric (job_id, name, value, step, at) VALUES "
+                      "(?, 'm', ?, ?, ?)", job.id, value, step, at)
+    with store.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+    assert _raw(db_path, "SELECT step, value FROM metric ORDER BY id") == [
+        (None, 2.0), (7, 4.0), (8, 5.0)]
+
+
+def test_metric_upsert_on_every_backend(store: Store) -> None:
+    job = store.create_job(**_job_kwargs())
+    for value in (1.0, 2.0):
+        store.add_metrics(job.id, {"train.loss": value}, step=5)
+        store.add_metrics(job.id, {"eval.score": value})
+    got = sorted((m.name, m.step, m.value) for m in store.metrics(job.id))
+    assert got == [("eval.score", None, 2.0), ("train.loss", 5, 2.0)]

@@ -9,7 +9,8 @@ documented shapes: `POST /bundles/` (operator filters), `PUT /asks/{id}/`,
         vast.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.30, min_bid=0.18)
         adapter = VastAI("k", base_url=vast.url)
 
-Faults are injected with `fail_next`, `fail_contract`, `remove_offer`, `drop_next_create`;
+Faults are injected with `fail_next`, `fail_contract`, `remove_offer`, `drop_next_create`,
+`stall_next_create` (rent, then answer only after a delay: the client times out first);
 `preempt(id)` outbids an instance. Instances boot null → loading → running after
 `loading_after`/`running_after` reads of them (or `boot_seconds`). Every request is recorded
 in `requests` (method, path, query, body text, JSON, headers without Authorization).
@@ -122,6 +123,7 @@ class VastEmulator:
         self.faults: list[Fault] = []
         self.failing_contracts: set[int] = set()
         self.drop_creates = 0
+        self.stall_creates: list[float] = []  # seconds to hold each next create's answer
         self.lock = threading.RLock()
         self._next_id = 9001
         self._server: ThreadingHTTPServer | None = None
@@ -219,6 +221,11 @@ class VastEmulator:
         with self.lock:
             self.drop_creates += count
 
+    def stall_next_create(self, seconds: float, count: int = 1) -> None:
+        """The next `count` creates rent the instance, then answer only after `seconds`."""
+        with self.lock:
+            self.stall_creates += [seconds] * count
+
     def preempt(self, instance_id: int | str) -> None:
         """Outbid the instance: cur_state == intended_status == next_state == "stopped".
 
@@ -293,6 +300,10 @@ class VastEmulator:
         route = [p for p in path[len(root):].split("/") if p]
         with self.lock:
             result = self._route(h.command, route, parsed)
+            stall = (self.stall_creates.pop(0) if self.stall_creates and h.command == "PUT"
+                     and result is not None and result[0] == 200 else 0.0)
+        if stall:
+            time.sleep(stall)  # a create that hangs: the rental happened, the answer is late
         if result is None:  # drop the connection
             h.close_connection = True
             h.wfile.flush()

@@ -1,0 +1,411 @@
+"""The fault-injection suite (issue 10 §2, §3, §4, §7): provider faults through the HTTP
+emulators and a black-holed API, and kill -9 of `orch` at each point of a job's life.
+
+Every scenario ends with the same checks (`assert_invariants`): no instance left running at
+the provider or open in the database, each job exactly once and either finished or queued
+with a reason, no duplicate metric rows. Real parts only: the emulators are real HTTP
+servers, the hosts real sshd, the crash tests the real `orch` executable killed for real.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_engine
+import test_engine_providers
+from emulators.blackhole import BlackHole
+from emulators.hosts import SimHostBackend
+from emulators.runpod import RunPodEmulator
+from emulators.vast import VastEmulator
+from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
+from test_engine import Rig
+from test_engine_crash import (
+    lease_lapsed,
+    live_instances,
+    one_job,
+    orch,
+    query,
+    sim_dir,
+    spawn,
+    status,
+    training,
+    wait_for,
+)
+from test_engine_providers import KEY, job_for, runpod, vast
+
+from orchestrator.engine import JobRunner, Options, owner_id
+from orchestrator.reconcile import reconcile
+from orchestrator.store import Store, open_store, utcnow
+from providers.base import Requirements
+from providers.sim import SimCloud
+from providers.vastai import VastAI
+
+BUNDLES = "/api/v0/bundles"
+
+# The engine tests' fixtures: a database, sim clouds and orch's key under tmp_path; and the
+# simulated hosts the emulators' instances boot.
+rig = test_engine.rig
+hosts = test_engine_providers.hosts
+
+
+def options(rig: Rig, **over: Any) -> Options:
+    base: dict[str, Any] = {"poll_s": 0.2, "watch_s": 0.2, "lease_s": 5,
+                            "boot_deadline_s": 30, "connect_deadline_s": 20,
+                            "ssh_key": rig.key.private, "backoff_s": 0.3}
+    return Options(**{**base, **over})
+
+
+def run(rig: Rig, providers: dict[str, Any], job_id: str, *, worker: bool = True,
+        **over: Any) -> Any:
+    """Claim and drive one job as `orch worker` (requeue) or `orch submit` (cancel) does."""
+    owner = owner_id("test")
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    return JobRunner(rig.store, providers, owner, options(rig, **over),
+                     on_signal="requeue" if worker else "cancel").run(job_id)
+
+
+def work_queue(rig: Rig, providers: dict[str, Any], **over: Any) -> list[str]:
+    """`orch worker --once`'s loop: claim whatever may start now, run it, until none."""
+    ran = []
+    owner = owner_id("worker")
+    for _ in range(20):
+        job = rig.store.claim_next(owner, 5)
+        if job is None:
+            break  # the real worker sleeps `--poll` seconds here
+        ran.append(job.id)
+        JobRunner(rig.store, providers, owner, options(rig, **over),
+                  on_signal="requeue").run(job.id)
+    return ran
+
+
+def duplicate_metrics(store: Store) -> list[Any]:
+    with store.engine.connect() as conn:
+        return list(conn.exec_driver_sql(
+            "SELECT job_id, name, step, count(*) FROM metric "
+            "GROUP BY job_id, name, coalesce(step, -1) HAVING count(*) > 1").all())
+
+
+def assert_invariants(store: Store, live: list[Any]) -> None:
+    """0 leaked instances, every job finished or queued with a reason, 0 duplicate metrics."""
+    assert live == [], f"instances left running: {live}"
+    assert store.open_instances() == []
+    for job in store.list_jobs(limit=1000):
+        assert job.status in ("succeeded", "failed", "cancelled", "queued"), job.status
+        if job.status == "queued":
+            last = [e for e in store.events(job.id) if e.kind == "state"][-1]
+            assert last.message, f"{job.id} queued without a reason"
+    assert duplicate_metrics(store) == []
+
+
+def last_state(store: Store, job_id: str) -> str:
+    return [e.message for e in store.events(job_id) if e.kind == "state"][-1]
+
+
+# --- §2: provider outages are transient ------------------------------------------------------
+
+
+def test_offer_search_outage_requeues_with_a_backoff_then_recovers(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(10_000, 503, method="POST", path=BUNDLES)
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "queued", job.failure_reason
+        message = last_state(rig.store, job_id)
+        assert "vastai: provider unavailable" in message and "credentials" not in message
+        assert job.not_before is not None and job.not_before > job.updated_at
+        assert job.lease_owner is None and rig.store.instances_of(job_id) == []
+        assert_invariants(rig.store, list(emu.instances))
+        # The outage ends; once the backoff has passed a worker claims it and it succeeds.
+        emu.faults.clear()
+        owner = owner_id("worker")
+        wait_for(lambda: rig.store.claim_job(job_id, owner, 5), timeout=30,
+                 what="the backoff to pass")
+        done = JobRunner(rig.store, {"vastai": vast(emu)}, owner, options(rig),
+                         on_signal="requeue").run(job_id)
+        assert done.status == "succeeded", done.failure_reason
+        assert done.outage_since is None and done.not_before is None
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_outage_gives_up_after_the_limit_with_a_clear_reason(rig: Rig,
+                                                             hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(10_000, 502, method="POST", path=BUNDLES)
+        job_id = job_for(rig, "vastai")
+        assert run(rig, {"vastai": vast(emu)}, job_id).status == "queued"
+        # The outage began long ago (as if the job had been retried for hours).
+        rig.store.update_job_fields(job_id, not_before=None,
+                                    outage_since=utcnow() - timedelta(hours=7))
+        job = run(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "failed"
+        assert "provider unavailable" in (job.failure_reason or "")
+        assert "gave up after" in (job.failure_reason or "")
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_worker_does_not_drain_the_queue_during_an_outage(rig: Rig,
+                                                          hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(10_000, 503, method="POST", path=BUNDLES)
+        ids = [job_for(rig, "vastai") for _ in range(3)]
+        ran = work_queue(rig, {"vastai": vast(emu)}, backoff_s=60)
+        assert sorted(ran) == sorted(ids)  # each claimed once, then left to its backoff
+        assert {rig.store.get_job(j).status for j in ids} == {"queued"}
+        # Only the first job waited out the adapter's retries; the worker remembered the
+        # outage for the others instead of asking again.
+        assert len(emu.requests_to("POST", BUNDLES)) == 4
+        assert rig.store.claim_next(owner_id("worker"), 5) is None  # nothing to spin on
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_foreground_submit_waits_out_a_short_outage(rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(8, 502, method="POST", path=BUNDLES)  # two searches' worth of retries
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id, worker=False)
+        assert job.status == "succeeded", job.failure_reason
+        notes = [e.message for e in rig.store.events(job_id) if e.kind == "offers.note"]
+        assert notes and all("unavailable" in n for n in notes)
+        assert "queued" in rig.states(job_id)
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_other_providers_offers_are_used_during_an_outage(rig: Rig,
+                                                          hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as vemu, \
+            RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                           hosts=hosts) as remu:
+        vemu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.01, min_bid=0.01)
+        vemu.fail_next(10_000, 503, method="POST", path=BUNDLES)
+        job_id = job_for(rig, "vastai, runpod")
+        job = run(rig, {"vastai": vast(vemu), "runpod": runpod(remu)}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        assert [r.provider for r in rig.store.instances_of(job_id)] == ["runpod"]
+        assert_invariants(rig.store, list(vemu.instances) + remu.pod_ids)
+
+
+def test_429_with_a_long_retry_after_requeues_instead_of_blocking(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(10_000, 429, method="POST", path=BUNDLES,
+                      headers={"Retry-After": "3600"})
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "queued"
+        assert len(emu.requests_to("POST", BUNDLES)) == 1  # not slept through, not hammered
+        # Not claimed again before the hour the provider asked for.
+        assert job.not_before is not None
+        assert job.not_before - job.updated_at >= timedelta(minutes=59)
+        assert_invariants(rig.store, list(emu.instances))
+
+
+@pytest.mark.parametrize(("code", "says"), [(401, "API key was refused"), (402, "credit")])
+def test_auth_and_balance_errors_fail_at_once(rig: Rig, hosts: SimHostBackend, code: int,
+                                              says: str) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.fail_next(10_000, code, method="POST", path=BUNDLES)
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "failed"  # not an outage: waiting would not fix it
+        assert says in (job.failure_reason or "")
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_persistent_5xx_on_create_rents_nothing_and_requeues(rig: Rig,
+                                                             hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
+        emu.fail_next(10_000, 500, method="PUT")
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id)
+        assert job.status == "queued"
+        assert "providers are unavailable" in last_state(rig.store, job_id)
+        assert_invariants(rig.store, list(emu.instances))
+
+
+def test_foreground_submit_retries_the_offers_after_a_create_outage(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
+        # Every create of the first round (2 machines, spot and on-demand), all retries.
+        emu.fail_next(16, 500, method="PUT")
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": vast(emu)}, job_id, worker=False)
+        assert job.status == "succeeded", job.failure_reason
+        assert [r.end_reason for r in rig.store.instances_of(job_id)] == ["failed"] * 4 + [
+            "released"]
+        assert "providers are unavailable" in " ".join(
+            e.message for e in rig.store.events(job_id) if e.kind == "state")
+        assert_invariants(rig.store, list(emu.instances))
+
+
+@pytest.mark.parametrize("fault", ["dropped", "stalled"])
+def test_lost_create_answers_never_rent_twice(rig: Rig, hosts: SimHostBackend,
+                                              fault: str) -> None:
+    with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+        emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+        if fault == "dropped":
+            emu.drop_next_create()
+        else:
+            emu.stall_next_create(3.0)  # the adapter's read timeout is 1 s
+        adapter = VastAI(KEY, base_url=emu.url, attempts=4, initial_s=0.01, max_wait_s=0.05,
+                         timeout_s=1.0)
+        job_id = job_for(rig, "vastai")
+        job = run(rig, {"vastai": adapter}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        assert len(emu.requests_to("PUT", "/api/v0/asks")) == 1
+        assert len(rig.store.instances_of(job_id)) == 1
+        assert_invariants(rig.store, list(emu.instances))
+
+
+# --- §3: an unreachable provider stalls nobody else -----------------------------------------
+
+
+def test_a_black_holed_provider_is_not_asked_on_a_sim_jobs_path(rig: Rig) -> None:
+    cloud = rig.cloud()
+    with BlackHole() as hole:
+        dead = VastAI(KEY, base_url=hole.url, timeout_s=2.0, attempts=2, initial_s=0.01)
+        job_id = rig.queue(rig.job_file())
+        job = run(rig, {"sim": cloud, "vastai": dead}, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        assert hole.connections == 0
+    assert_invariants(rig.store, cloud.list())
+
+
+def test_reconcile_reports_a_black_holed_provider_and_sweeps_the_others(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.wiring import QUICK_HTTP, configured_providers
+
+    cloud = rig.cloud()
+    [offer] = cloud.offers(Requirements(1, 0, gpus=frozenset({"RTX 3090"}),
+                                        interruptible=True))
+    orphan = cloud.create(offer, rig.key.public, "j-neverrecorded")
+    with BlackHole() as hole:
+        monkeypatch.setenv("VAST_API_KEY", KEY)
+        monkeypatch.setenv("ORCH_VASTAI_URL", hole.url)
+        monkeypatch.delenv("RUNPOD_API_KEY", raising=False)
+        providers, _ = configured_providers(rig.store, sim=False, quick=True)
+        report = reconcile(rig.store, {**providers, "sim": cloud})
+        assert [a.provider for a in report.of("error")] == ["vastai"]
+        assert [a.instance_id for a in report.of("terminate")] == [orphan.instance_id]
+        assert hole.connections <= QUICK_HTTP["attempts"]
+    assert_invariants(rig.store, cloud.list())
+
+
+# --- §4 + §7: kill -9 at each point of a job's life ------------------------------------------
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    import os
+
+    e = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"), "ORCH_LEASE_S": "2",
+         "ORCH_SIM_TRAIN_STEPS": "4", "ORCH_SIM_STEP_S": "0.1"}
+    for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT",
+                "ORCH_IDLE_GRACE_S"):
+        e.pop(key, None)
+    yield e
+    SimCloud(sim_dir(e)).terminate_all()
+
+
+def db_invariants(env: dict[str, str]) -> None:
+    path = Path(env["XDG_DATA_HOME"]) / "orch" / "orch.db"
+    store = open_store(f"sqlite:///{path}")
+    try:
+        assert_invariants(store, live_instances(env))
+    finally:
+        store.close()
+
+
+def count(env: dict[str, str], sql: str, *args: object) -> int:
+    return int(query(env, sql, *args)[0][0])
+
+
+# Where `orch submit` dies, and how many instances the whole job may have rented: a crash
+# before the instance's id is written, or during training, merge, evaluation or the copy
+# back, is resumed on the same instance; after the terminate, nothing new is rented.
+CRASH_POINTS = ["after-create", "training", "merging", "evaluating", "releasing",
+                "after-terminate"]
+
+
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_kill_9_at_each_point_is_recovered_without_waste(env: dict[str, str],
+                                                         point: str) -> None:
+    crashed = orch({**env, "ORCH_FAILPOINT": point}, "submit", "examples/quickstart.yml")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    job_id = one_job(env)
+    lease_lapsed(env)
+    taken = orch(env, "worker", "--once", timeout=180)
+    assert taken.returncode == 0, taken.stderr
+    assert status(env, job_id) == "succeeded"
+    assert count(env, "SELECT count(*) FROM job") == 1
+    assert count(env, "SELECT count(*) FROM instance WHERE job_id = ?", job_id) == 1
+    events = query(env, "SELECT message, data_json FROM event WHERE job_id = ? AND "
+                        "kind = 'state' ORDER BY id", job_id)
+    takeover = next(i for i, (m, _) in enumerate(events) if "claimed by worker" in str(m))
+    resumed = [json.loads(str(d or "{}")).get("status") for _, d in events[takeover:]]
+    # Phases finished before the crash are not done again.
+    for phase in ("training", "merging", "evaluating"):
+        if CRASH_POINTS.index(point) > CRASH_POINTS.index(phase):
+            assert phase not in resumed, (point, resumed)
+    assert count(env, "SELECT count(*) FROM metric WHERE job_id = ? AND name = 'eval.count'",
+                 job_id) == 1
+    db_invariants(env)
+
+
+def kill_foreground_submit_while_training(env: dict[str, str]) -> str:
+    """`orch submit` killed -9 mid-training; returns its job id once its lease lapsed."""
+    proc = spawn(env, "submit", "examples/quickstart.yml")
+    try:
+        wait_for(lambda: training(env), what="training")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    job_id = one_job(env)
+    lease_lapsed(env)
+    return job_id
+
+
+def test_killed_foreground_submit_instance_is_torn_down_after_the_grace(
+        env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "400"}
+    job_id = kill_foreground_submit_while_training(env)
+    first = json.loads(orch(env, "reconcile", "--json").stdout)
+    assert [a["kind"] for a in first["actions"]] == ["keep", "requeue"]
+    assert live_instances(env)  # kept for a worker to adopt within the grace period
+    second = json.loads(orch({**env, "ORCH_IDLE_GRACE_S": "0"}, "reconcile", "--json").stdout)
+    assert [a["kind"] for a in second["actions"]] == ["terminate"]
+    assert "waited" in second["actions"][0]["reason"]
+    assert live_instances(env) == []
+    assert query(env, "SELECT end_reason FROM instance") == [("idle",)]
+    assert status(env, job_id) == "queued"  # it resumes when a worker claims it
+    db_invariants(env)
+
+
+def test_cancel_of_a_requeued_job_terminates_its_instance(env: dict[str, str]) -> None:
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "400"}
+    job_id = kill_foreground_submit_while_training(env)
+    assert orch(env, "reconcile").returncode == 0
+    assert status(env, job_id) == "queued" and live_instances(env)
+    out = orch(env, "cancel", job_id, "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"job_id": job_id, "status": "cancelled",
+                                      "instances_left": []}
+    assert live_instances(env) == []
+    db_invariants(env)
