@@ -59,10 +59,13 @@ CLOUDS = ("SECURE", "COMMUNITY")
 _GIB = 1024**3
 
 # RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
-# RunPod ids are NVIDIA's marketing names; "H100 80GB HBM3" is the SXM5 part, and we have a
-# single "A100 80GB" model for both the PCIe and SXM4 variants (same memory, close enough for
-# sizing). Names not listed here fall back to `catalog.resolve_gpu` on the name with the
-# vendor prefix stripped; a GPU that still maps to zero or several models is left out.
+# RunPod ids are the names nvidia-smi prints on the pod; "H100 80GB HBM3" is the SXM5 part,
+# and we have a single "A100 80GB" model for both the PCIe and SXM4 variants (same memory,
+# close enough for sizing). Every id here must pass the GPU playbook's inventory check as its
+# model (`playbooks.gpu.catalog_model`). "NVIDIA H100 NVL" (94 GB, bridged pairs) is another
+# product, not an H100 PCIe: it is not in the catalog, so it is left out. Names not listed
+# here fall back to `catalog.resolve_gpu` on the name with the vendor prefix stripped; a GPU
+# that still maps to zero or several models is left out.
 GPU_NAMES: dict[str, str] = {
     "NVIDIA GeForce RTX 3090": "RTX 3090",
     "NVIDIA GeForce RTX 4090": "RTX 4090",
@@ -71,7 +74,6 @@ GPU_NAMES: dict[str, str] = {
     "NVIDIA A100-SXM4-80GB": "A100 80GB",
     "NVIDIA H100 PCIe": "H100 PCIe",
     "NVIDIA H100 80GB HBM3": "H100 SXM",
-    "NVIDIA H100 NVL": "H100 PCIe",
     "NVIDIA H200": "H200",
     "NVIDIA B200": "B200",
 }

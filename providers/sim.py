@@ -313,6 +313,13 @@ class SimCloud:
         else:
             shutil.rmtree(host_dir, ignore_errors=True)
 
+    def host_root(self, instance: Instance) -> str:
+        """Where `/` of the instance's simulated server is (`providers.base.HostPathMapping`)."""
+        record = self._load()["instances"].get(instance.instance_id)
+        if record is None:
+            raise NotFound(f"sim: no instance {instance.instance_id}")
+        return str(Path(record["host_dir"]).resolve() / "root")
+
     # --- volumes -------------------------------------------------------------------------------
 
     @property

@@ -44,9 +44,11 @@ class FakeHosts:
         self.fail = fail
         self.started: list[tuple[str, str, str, int]] = []
         self.stopped: list[str] = []
+        self.containers: list[dict[str, Any] | None] = []
 
-    def start(self, instance_id: str, public_key: str, gpu_name: str,
-              gpu_count: int) -> tuple[str, int, str]:
+    def start(self, instance_id: str, public_key: str, gpu_name: str, gpu_count: int,
+              container: dict[str, Any] | None = None) -> tuple[str, int, str]:
+        self.containers.append(container)
         if self.fail:
             raise RuntimeError("sshd did not start")
         self.started.append((instance_id, public_key, gpu_name, gpu_count))

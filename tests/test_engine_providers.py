@@ -71,7 +71,7 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.add_offer(id=2, gpu_name="A100 SXM4", gpu_ram=81920, dph_base=1.20, min_bid=0.70)
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         (row,) = rig.store.instances_of(job_id)
         assert (row.gpu, row.interruptible, row.end_reason) == ("RTX 4090", True, "released")
@@ -97,7 +97,7 @@ def test_vast_capacity_error_and_rate_limits_fall_through(rig: Rig,
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_contract(1)  # success:false + new_contract: destroyed, next offer
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         rows = rig.store.instances_of(job_id)
         assert [r.end_reason for r in rows] == ["capacity", "released"]
@@ -121,7 +121,7 @@ def test_vast_outbid_mid_training_resumes_from_the_mirrored_checkpoint(rig: Rig,
                 emu.preempt(row.provider_instance_id or "")
 
             when(lambda: training_step(rig.store, job_id) >= 3, outbid)
-            job = drive(rig, {"vastai": vast(emu)}, job_id)
+            job = drive(rig, {"vastai": backend.serving(vast(emu))}, job_id)
             assert job.status == "succeeded", job.failure_reason
             first, second = rig.store.instances_of(job_id)
             assert first.end_reason == "interrupted" and second.end_reason == "released"
@@ -145,7 +145,7 @@ def test_vast_402_stops_with_a_clear_message(rig: Rig, hosts: SimHostBackend) ->
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(1, 402, method="PUT")
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "failed"
         assert "vastai" in (job.failure_reason or "")
         assert "credit" in (job.failure_reason or "").lower()
@@ -160,7 +160,7 @@ def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: 
                         hosts=hosts) as emu:
         emu.fail_next(503, 1, method="POST", path="/v2/pods")  # retried
         job_id = job_for(rig, "runpod", method)
-        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         (row,) = rig.store.instances_of(job_id)
         assert row.interruptible is False and row.end_reason == "released"
@@ -172,6 +172,6 @@ def test_runpod_402_stops(rig: Rig, hosts: SimHostBackend) -> None:
                         hosts=hosts) as emu:
         emu.fail_next(402, 1, method="POST", path="/v2/pods", detail="insufficient balance")
         job_id = job_for(rig, "runpod")
-        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
         assert job.status == "failed"
         assert "runpod" in (job.failure_reason or "") and "balance" in (job.failure_reason or "")

@@ -90,6 +90,21 @@ def test_gpu_name_mapping() -> None:
     assert canonical_gpu("AMD Instinct MI300X OAM") is None
 
 
+def test_every_mapped_gpu_passes_the_hosts_inventory_check() -> None:
+    """RunPod GPU ids are the names nvidia-smi prints on the pod: each id orch maps to a
+    catalog model must be accepted as that model by the GPU playbook, or orch rents a pod
+    that it then refuses (H100 NVL used to be mapped to H100 PCIe)."""
+    from playbooks.gpu import catalog_model
+    from providers.runpod import GPU_NAMES
+
+    for runpod_id, model in GPU_NAMES.items():
+        assert catalog_model(runpod_id) == model, runpod_id
+    # H100 NVL (94 GB, NVLink-bridged pairs) is a product of its own, not in the catalog:
+    # it is left out of the offers rather than sold as an H100 PCIe.
+    assert canonical_gpu("NVIDIA H100 NVL") is None
+    assert canonical_gpu("NVIDIA H200 NVL") is None
+
+
 def test_offers_mapping_filtering_and_price(rp: RunPod, emu: RunPodEmulator) -> None:
     offers = rp.offers(req(2))
     got = {(o.gpu, o.region): o for o in offers}
