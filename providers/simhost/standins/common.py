@@ -222,8 +222,10 @@ def say(*lines: str, err: bool = False) -> None:
 
 def refresh_bin(host: Host) -> None:
     """Make the host's bin directory match what the host has installed right now."""
+    from .container import base_path_excludes
+
     opts = host.options
-    wanted = set(ALWAYS)
+    wanted = set(ALWAYS) - set(base_path_excludes(host))
     if not opts["driver_missing"]:
         wanted.add("nvidia-smi")
     if opts["has_docker"]:
