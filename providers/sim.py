@@ -315,10 +315,9 @@ class SimCloud:
 
     def host_root(self, instance: Instance) -> str:
         """Where `/` of the instance's simulated server is (`providers.base.HostPathMapping`)."""
-        record = self._load()["instances"].get(instance.instance_id)
-        if record is None:
-            raise NotFound(f"sim: no instance {instance.instance_id}")
-        return str(Path(record["host_dir"]).resolve() / "root")
+        # Where `create` put the host; known without reading the state (an instance that was
+        # terminated meanwhile fails at its first command, not here).
+        return str((self.state_dir / "instances" / instance.instance_id).resolve() / "root")
 
     # --- volumes -------------------------------------------------------------------------------
 
