@@ -485,7 +485,8 @@ class VastAI:
 
     def get(self, instance_id: str) -> Instance:
         """GET /instances/{id}/ (`{"instances": {one object}}`); NotFound when gone."""
-        doc = self._call("GET", f"/instances/{instance_id}/")
+        path = f"/instances/{instance_id}/"
+        doc = self._retrying(lambda: self._request("GET", path, params={"owner": "me"}))
         inst = doc.get("instances") if isinstance(doc, dict) else None
         if isinstance(inst, list):  # tolerate the list shape
             inst = next((i for i in inst if str(i.get("id")) == str(instance_id)), None)

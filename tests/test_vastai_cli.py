@@ -139,8 +139,8 @@ def test_orch_sends_what_the_cli_sends(emu: VastEmulator, tmp_path: Path,
     assert int(ours_q["limit"][0]) <= 25
     api.get(inst.instance_id)
     cli(emu, tmp_path, "show", "instance", inst.instance_id)
-    gets = [r.path for r in emu.requests_to("GET", "/api/v0/instances/")][-2:]
-    assert gets[0] == gets[1] == f"/api/v0/instances/{inst.instance_id}/"
+    gets = [(r.path, r.query) for r in emu.requests_to("GET", "/api/v0/instances/")][-2:]
+    assert gets[0] == gets[1] == (f"/api/v0/instances/{inst.instance_id}/", "owner=me")
     api.terminate(inst.instance_id)
     cli(emu, tmp_path, "destroy", "instance", "9001", "-y")
     deletes = [r.path for r in emu.requests_to("DELETE", "/api/v0/instances/")]
