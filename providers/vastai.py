@@ -460,7 +460,7 @@ class VastAI:
     def _adoptable(self, job_id: str, offer_id: str) -> Instance | None:
         """A live instance labelled for `job_id` (on `offer_id`'s machine when known)."""
         machine = self._machines.get(offer_id)
-        for row in self._rows({"label": {"eq": tag_for(job_id)}}):
+        for row in self._rows({"label": {"in": [tag_for(job_id)]}}):
             if job_of(row.get("label")) != job_id:
                 continue
             if machine is not None and str(row.get("machine_id")) != machine:
@@ -518,7 +518,8 @@ class VastAI:
     def list(self, job_id: str | None = None) -> list[Instance]:
         """The instances labelled as orch's (for `job_id`, or all), from every page of the
         paginated listing."""
-        select = {"label": {"eq": tag_for(job_id)}} if job_id is not None else {}
+        # the filter `vastai show instances --label L` sends
+        select = {"label": {"in": [tag_for(job_id)]}} if job_id is not None else {}
         out = []
         for row in self._rows(select):
             owner = job_of(row.get("label"))

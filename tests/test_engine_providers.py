@@ -64,11 +64,13 @@ NO_DOCKER = "docker: not found"
 NO_SSHD = "Connection refused"
 
 
-def succeeded(job: Any, gap: str) -> None:
-    """Assert the job succeeded; a failure for the known `gap` raises KnownGap instead."""
-    if job.status != "succeeded" and gap in (job.failure_reason or ""):
+def succeeded(rig: Rig, job: Any, gap: str) -> None:
+    """Assert the job succeeded; a failure for the known `gap` (in its failure reason or in
+    one of its events) raises KnownGap instead."""
+    said = [job.failure_reason or ""] + [e.message for e in rig.store.events(job.id)]
+    if job.status != "succeeded" and any(gap in text for text in said):
         raise KnownGap(job.failure_reason)
-    assert job.status == "succeeded", job.failure_reason
+    assert job.status == "succeeded", (job.failure_reason, said)
 
 
 def job_for(rig: Rig, provider: str, method: str = "qlora") -> str:
@@ -101,7 +103,7 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         emu.add_offer(id=2, gpu_name="A100 SXM4", gpu_ram=81920, dph_base=1.20, min_bid=0.70)
         job_id = job_for(rig, "vastai")
         job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
-        succeeded(job, NO_DOCKER)
+        succeeded(rig, job, NO_DOCKER)
         (row,) = rig.store.instances_of(job_id)
         assert (row.gpu, row.interruptible, row.end_reason) == ("RTX 4090", True, "released")
         # The price charged is what Vast.ai reported (bid + storage), not the catalog's.
@@ -128,7 +130,7 @@ def test_vast_capacity_error_and_rate_limits_fall_through(rig: Rig,
         emu.fail_contract(1)  # success:false + new_contract: destroyed, next offer
         job_id = job_for(rig, "vastai")
         job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
-        succeeded(job, NO_DOCKER)
+        succeeded(rig, job, NO_DOCKER)
         rows = rig.store.instances_of(job_id)
         assert [r.end_reason for r in rows] == ["capacity", "released"]
         assert rows[-1].gpu == "RTX 5090"
@@ -153,7 +155,7 @@ def test_vast_outbid_mid_training_resumes_from_the_mirrored_checkpoint(rig: Rig,
 
             when(lambda: training_step(rig.store, job_id) >= 3, outbid)
             job = drive(rig, {"vastai": backend.serving(vast(emu))}, job_id)
-            succeeded(job, NO_DOCKER)
+            succeeded(rig, job, NO_DOCKER)
             first, second = rig.store.instances_of(job_id)
             assert first.end_reason == "interrupted" and second.end_reason == "released"
             assert job.interruptions == 1
@@ -193,7 +195,7 @@ def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: 
         emu.fail_next(503, 1, method="POST", path="/v2/pods")  # retried
         job_id = job_for(rig, "runpod", method)
         job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
-        succeeded(job, NO_SSHD)
+        succeeded(rig, job, NO_SSHD)
         (row,) = rig.store.instances_of(job_id)
         assert row.interruptible is False and row.end_reason == "released"
         assert emu.pods() == [] if hasattr(emu, "pods") else True

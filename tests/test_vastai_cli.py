@@ -137,6 +137,11 @@ def test_orch_sends_what_the_cli_sends(emu: VastEmulator, tmp_path: Path,
     assert set(ours_q) <= set(theirs_q) | {"after_token"}
     assert json.loads(ours_q["order_by"][0]) == json.loads(theirs_q["order_by"][0])
     assert int(ours_q["limit"][0]) <= 25
+    cli(emu, tmp_path, "show", "instances", "--label", "orch-j1")
+    theirs_q = parse_qs(last(emu, "GET", "/api/v1/instances/").query)
+    assert [i.instance_id for i in api.list("j1")] == [inst.instance_id]
+    ours_q = parse_qs(last(emu, "GET", "/api/v1/instances/").query)
+    assert json.loads(ours_q["select_filters"][0]) == json.loads(theirs_q["select_filters"][0])
     api.get(inst.instance_id)
     cli(emu, tmp_path, "show", "instance", inst.instance_id)
     gets = [(r.path, r.query) for r in emu.requests_to("GET", "/api/v0/instances/")][-2:]

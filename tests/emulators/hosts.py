@@ -235,7 +235,7 @@ class SimHostBackend:
     def serving(self, provider: Any) -> WithHostPaths:
         """`provider` (an adapter talking to an emulator with these hosts) as the engine
         must see it: the adapter itself, plus the hosts' path mapping."""
-        return WithHostPaths(provider, self)
+        return WithHostPaths(provider, self.host_root)
 
     def stop_all(self) -> None:
         """Power every host off and end the launcher thread (a later `start` makes a new one)."""
@@ -256,18 +256,18 @@ class SimHostBackend:
 
 
 class WithHostPaths:
-    """An adapter whose instances are a `SimHostBackend`'s hosts: every attribute is the
-    adapter's own (its real HTTP calls to the emulator), plus `host_root`
-    (`providers.base.HostPathMapping`), which a real provider does not have. The engine asks
-    it where the simulated server's `/` is, as it asks `sim`."""
+    """A real provider whose machines are simulated hosts (the emulators' instances, a
+    registered server that is a `SimHost`): every attribute is the provider's own, plus
+    `host_root` (`providers.base.HostPathMapping`), which a real provider does not have. The
+    engine asks it where the simulated server's `/` is, as it asks `sim`."""
 
-    def __init__(self, provider: Any, backend: SimHostBackend) -> None:
+    def __init__(self, provider: Any, root_of: Callable[[str], str]) -> None:
         self._provider = provider
-        self._backend = backend
+        self._root_of = root_of  # instance id -> the simulated server's root
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._provider, name)
 
     def host_root(self, instance: Any) -> str:
-        """The simulated server's root for `instance` (an `Instance` of the adapter)."""
-        return self._backend.host_root(instance.instance_id)
+        """The simulated server's root for `instance` (an `Instance` of the provider)."""
+        return self._root_of(instance.instance_id)
