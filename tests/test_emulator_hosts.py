@@ -412,3 +412,20 @@ def test_runpod_image_without_public_key_support_never_answers_ssh(
     assert made.instance_id not in sim_hosts.instance_ids  # ... but no sshd ever starts
     with pytest.raises(HostUnreachable):
         trust_on_first_use(inst.ssh_host, inst.ssh_port, timeout=1, deadline=1)
+
+
+def test_which_images_ship_the_axolotl_venv_and_what_a_volume_hides() -> None:
+    from providers.simhost.standins.container import hidden, is_axolotl_image
+
+    for image in ("axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0",
+                  "axolotlai/axolotl:0.18.0-latest", "docker.io/axolotlai/axolotl-cloud-uv:x",
+                  "axolotlai/axolotl-cloud@sha256:abc"):
+        assert is_axolotl_image(image), image
+    for image in ("runpod/pytorch:2.4.0", "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
+                  "someone/axolotl:1", "axolotlai/other:1"):
+        assert not is_axolotl_image(image), image
+    assert hidden("/workspace/axolotl-venv", "/workspace")
+    assert hidden("/workspace/axolotl-venv", "/workspace/")
+    assert hidden("/workspace/axolotl-venv", "/")
+    assert not hidden("/workspace/axolotl-venv", "/workspace/data")
+    assert not hidden("/workspace/axolotl-venv", None)
