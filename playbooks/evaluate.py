@@ -667,6 +667,7 @@ def evaluate(
     lm_eval_timeout_s: float = 4 * 3600,
     emit: Emit = _ignore,
     stop_after: bool = True,
+    runner: str = "docker",
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -675,7 +676,15 @@ def evaluate(
     PlaybookFailed after the server was stopped. `tokenizer_dir` defaults to the model.
     `stop_after=False` leaves a successful server running, for a machine that is destroyed
     next (stopping a large model's server gracefully is billed time for nothing).
+    On a host without Docker (`runner` "process": a container rental) nothing is served:
+    `evaluate_native` runs lm-eval's `hf` backend in the trainer image instead.
     """
+    if runner != "docker":
+        from .evaluate_native import evaluate_native
+
+        return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, eval_rows,
+                               tasks=tasks, lora=lora, max_tokens=max_tokens,
+                               timeout_s=lm_eval_timeout_s, emit=emit)
     result = EvalResult()
     specs: list[ServerSpec] = []
     scores: list[EvalScores] = []

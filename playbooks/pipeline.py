@@ -1,4 +1,4 @@
-"""The whole on-host pipeline for one job: prepare → train → merge → evaluate → artifacts.
+"""The whole on-host pipeline for one job: prepare → train → merge → artifacts → evaluate.
 
 Each phase is a function the engine can call on its own (persisting the job's state between
 them, so a restarted orch resumes at the right phase); `run_pipeline` chains them for tests,
@@ -126,16 +126,18 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
     status = run_training(host, tj, record, on_progress, poll_s=job.poll_s)
     run_playbook("merge", merge.steps(tj, poll_s=min(job.poll_s, 2.0)), host, record)
 
+    # The trained model comes back before evaluation: an evaluation failure raises after
+    # the artifacts are safe in `job.artifacts_dir`.
+    fetched = artifacts.fetch(host, tj.output_dir, job.artifacts_dir,
+                              include_merged=job.include_merged)
     metrics: dict[str, float] = {}
     if job.eval_set is not None or job.eval_tasks:
         rows = _read_rows(job.eval_set) if job.eval_set else None
         result = evaluate.evaluate(
             host, job.job_id, merge.merged_dir(tj), cache.layout, job.vllm_image,
             job.vllm_port, job.config.sequence_len, rows, tasks=job.eval_tasks,
-            emit=record)
+            emit=record, runner=runner)
         metrics = result.metrics
-    fetched = artifacts.fetch(host, tj.output_dir, job.artifacts_dir,
-                              include_merged=job.include_merged)
     return PipelineResult(metrics, fetched, status, resumed, reports)
 
 

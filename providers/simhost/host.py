@@ -70,6 +70,7 @@ class SimHostOptions:
     driver_broken: bool = False  # nvidia-smi exists but fails (exit 9)
     # system
     has_docker: bool = True
+    has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
     has_systemd: bool = True
     preinstalled_packages: tuple[str, ...] = ("ca-certificates", "curl")
     toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1")
@@ -87,6 +88,7 @@ class SimHostOptions:
     download_fail_after_files: int = 1  # a failing run dies after writing this many files
     hf_gated_repos: tuple[str, ...] = ()  # need a token
     hf_repos_not_found: tuple[str, ...] = ()
+    hf_revisions_not_found: tuple[str, ...] = ()  # revisions no repo has
     hf_token: str | None = None  # the only valid token (None: any non-empty token)
     # training and serving
     train_steps: int = 6
