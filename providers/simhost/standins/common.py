@@ -225,7 +225,7 @@ def refresh_bin(host: Host) -> None:
     from .container import base_path_excludes
 
     opts = host.options
-    wanted = set(ALWAYS) - set(base_path_excludes(host))
+    wanted = set(ALWAYS)
     if not opts["driver_missing"]:
         wanted.add("nvidia-smi")
     if opts["has_docker"]:
@@ -237,6 +237,8 @@ def refresh_bin(host: Host) -> None:
     lm_eval = opts.get("has_lm_eval")
     if lm_eval or (lm_eval is None and not opts["has_docker"]):
         wanted.add("lm_eval")
+    # A container rental has the image's commands only inside the image (standins/container).
+    wanted -= set(base_path_excludes(host))
     host.bin.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(sys.executable)
     for name in ALWAYS + CONDITIONAL:

@@ -4,7 +4,7 @@ Facts modelled (../shared/reference/real-hosts.md §1, §4, §5):
 
 * no Docker inside and no systemd (`SimHost` turns both off);
 * the image's commands live where the image puts them: in the axolotl uv images the venv
-  `/workspace/axolotl-venv/bin` (axolotl, hf, ...), reached through the image's `ENV PATH`;
+  `/workspace/axolotl-venv/bin` (axolotl, hf, lm_eval), reached through the image's `ENV PATH`;
   other images have no axolotl at all, and vLLM is in none of them;
 * SSH sessions do NOT get the image's environment: they start from sshd's defaults plus what
   login reads from `/etc/environment` (pam_env). Something at boot must persist it there
@@ -31,9 +31,9 @@ AXOLOTL_SOURCE = "/workspace/axolotl"
 AXOLOTL_VENV = "/workspace/axolotl-venv"
 #: Stand-ins that a container rental has only inside the image (its venv), never on the
 #: base PATH; vLLM is in no trainer image.
-IMAGE_ONLY = ("axolotl", "hf", "huggingface-cli", "vllm")
-#: What the axolotl image's venv provides of them.
-AXOLOTL_VENV_COMMANDS = ("axolotl", "hf")
+IMAGE_ONLY = ("axolotl", "hf", "huggingface-cli", "vllm", "lm_eval")
+#: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency).
+AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval")
 #: The variables cloud-entrypoint.sh dumps to /etc/rp_environment (prefixes, and PATH).
 RP_ENVIRONMENT_PREFIXES = ("HF_", "BNB_", "CUDA_", "NCCL_", "NV", "RUNPOD_")
 
@@ -99,6 +99,8 @@ def install(host: Host) -> None:
     if venv is not None:
         python = shlex.quote(sys.executable)
         for name in AXOLOTL_VENV_COMMANDS:
+            if name == "lm_eval" and opts.get("has_lm_eval") is False:
+                continue  # the fault: an image without lm-eval
             script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
             target = venv / name
             if not target.exists() or target.read_text() != script:
