@@ -48,6 +48,7 @@ from orchestrator.store import (
     to_micros,
     utcnow,
 )
+from playbooks import images
 from providers.base import (
     AuthError,
     BalanceError,
@@ -393,7 +394,9 @@ class JobRunner:
                 req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
                                    gpus=constraints.gpus, interruptible=spot,
                                    max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self.opts.disk_gb)
+                                   disk_gb=self.opts.disk_gb,
+                                   min_cuda=images.min_cuda(
+                                       self.inputs.loaded.spec.trainer.image))
                 try:
                     offers += provider.offers(req)
                 except (AuthError, BalanceError, QuotaError) as exc:
@@ -452,8 +455,11 @@ class JobRunner:
             assert row.id is not None
             self._held[row.id] = (offer.provider, None)
             try:
+                # A rental is created from the image it runs: the cloud variant (sshd on
+                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
                 inst = provider.create(offer, self.public_key, self.job_id,
-                                       image=self.inputs.loaded.spec.trainer.image,
+                                       image=images.for_host(
+                                           self.inputs.loaded.spec.trainer.image, "container"),
                                        disk_gb=self.opts.disk_gb)
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
@@ -574,7 +580,7 @@ class JobRunner:
         cache, runner = pipeline.prepare(host, pj, emit)
         self._check_stop()
         assert cache.layout is not None
-        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
+        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner, host.paths)
         self._set("training", "training (detached on the host)")
         failpoint("training")
         status = train.status(host, tj)
@@ -663,7 +669,7 @@ class JobRunner:
                                        # A rented machine is destroyed next; a registered
                                        # server is kept, so its GPU must be freed.
                                        stop_after=inst.provider == "dedicated",
-                                       runner=tj.runner)
+                                       runner=tj.runner, native_wrap=tj.native.wrap)
         except Exception as exc:
             if isinstance(exc, JobFailed | LeaseLost | _Stop) or \
                     self._instance_lost(provider, inst) is not None:

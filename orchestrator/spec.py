@@ -31,9 +31,11 @@ from orchestrator.architectures import (
     lookup,
 )
 from orchestrator.hfrepo import repo_id_problem
+from playbooks import images
 
-# Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training").
-DEFAULT_TRAINER_IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+# Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training"); only tags
+# that were published (playbooks/data/images.yaml, with its source).
+DEFAULT_TRAINER_IMAGE = images.default_image("docker")
 
 # Rough characters per token for English text with 128K–152K vocabularies; used only when
 # the dataset gives no `tokens:` count. docs/sizing.md explains the estimate.
@@ -117,7 +119,7 @@ class BaseModelRef(_Strict):
 
 class LoraSpec(_Strict):
     r: int = Field(default=16, gt=0, le=1024)
-    alpha: float = Field(default=32, gt=0)
+    alpha: int = Field(default=32, gt=0)  # axolotl types lora_alpha as int
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target: Annotated[list[str] | None, BeforeValidator(
         lambda v: None if v == "all-linear" else v)] = None
@@ -213,6 +215,11 @@ class TrainerSpec(_Strict):
             raise ValueError(
                 f"pin an image tag (got {value!r}); e.g. {DEFAULT_TRAINER_IMAGE!r}"
             )
+        # A tag that was never published fails only on the rented machine, at `docker pull`
+        # or at create: refuse it here, before anything is paid for.
+        problem = images.problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

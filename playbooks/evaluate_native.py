@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,13 @@ from .evaluate import (
     EvalResult,
     RowScore,
     _row,
-    lm_eval_available,
     parse_lm_eval_results,
     score_answer,
 )
 
 EVAL_SET_TASK = "orch_eval_set"
+
+Wrap = Callable[[Sequence[str]], list[str]]
 
 
 def task_config(data_file: str, max_tokens: int) -> dict[str, Any]:
@@ -113,8 +114,12 @@ def evaluate_native(host: Host, job_id: str, model_dir_host: str, layout: Layout
                     max_model_len: int, eval_rows: Iterable[Mapping[str, Any]] | None,
                     *, tasks: Sequence[str] = (), lora: str | None = None,
                     max_tokens: int = 64, timeout_s: float = 4 * 3600,
-                    emit: Emit) -> EvalResult:
-    """Steps `lm-eval-present`, `upload-eval-set` (with rows), `lm-eval`: see the docstring."""
+                    emit: Emit, wrap: Wrap = list) -> EvalResult:
+    """Steps `lm-eval-present`, `upload-eval-set` (with rows), `lm-eval`: see the docstring.
+
+    `wrap` restores the trainer image's environment around a native command
+    (`train.NativeEnv.wrap`): SSH sessions on a rental do not see the image's PATH.
+    """
     result = EvalResult()
     rows = [_row(i, row) for i, row in enumerate(eval_rows)] if eval_rows is not None else None
     eval_dir = f"{layout.job_dir(job_id)}/eval"
@@ -124,7 +129,7 @@ def evaluate_native(host: Host, job_id: str, model_dir_host: str, layout: Layout
     done: set[str] = set()  # steps applied in this call (each check reads it)
 
     def present(h: Host) -> bool:
-        if not lm_eval_available(h):
+        if not h.run(wrap(["sh", "-c", "command -v lm_eval"])).ok:
             raise StepFailed("lm_eval is not installed on the host (the axolotl images ship "
                              f"it: is the job's image one of them?): {LM_EVAL_INSTALL_HINT}",
                              fault=Fault.HOST)
@@ -147,7 +152,7 @@ def evaluate_native(host: Host, job_id: str, model_dir_host: str, layout: Layout
         h.must(["rm", "-rf", output], "clearing earlier lm_eval output")
         argv = native_argv(model_dir_host, names, task_dir if rows else None, output,
                            max_model_len, lora)
-        proc = h.run(argv, timeout=timeout_s)
+        proc = h.run(wrap(argv), timeout=timeout_s)
         if not proc.ok:
             raise StepFailed(f"lm_eval --model hf failed (exit {proc.exit_code}): "
                              f"{last_line(proc.stderr or proc.stdout)}", fault=Fault.HOST,

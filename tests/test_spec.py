@@ -255,6 +255,34 @@ def test_unpinned_trainer_image_is_refused(tmp_path: Path) -> None:
     assert "pin an image tag" in msg
 
 
+def test_default_trainer_image_was_published() -> None:
+    # 0.16.1-py3.12-cu130-2.12.0 never existed (real-hosts.md §1): the default must be a
+    # tag of the v0.18.0 build matrix.
+    assert DEFAULT_TRAINER_IMAGE == "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
+
+
+@pytest.mark.parametrize("image", ["axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0",
+                                   "axolotlai/axolotl:0.18.0-py3.11-cu128-2.9.1",
+                                   "someone/else:1.0"])
+def test_unpublished_trainer_image_is_refused_listing_the_known_ones(
+        tmp_path: Path, image: str) -> None:
+    (msg,) = problems(write(tmp_path, MINIMAL + f"trainer:\n  image: {image}\n"))
+    assert f":{len(MINIMAL.splitlines()) + 2} trainer.image: " in msg and image in msg
+    assert "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0" in msg
+    assert "axolotlai/axolotl:0.18.0-py3.12-cu130-2.11.0" in msg
+
+
+def test_published_cloud_image_is_accepted(tmp_path: Path) -> None:
+    text = MINIMAL + "trainer:\n  image: axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.11.0\n"
+    assert load_job(write(tmp_path, text)).spec.trainer.image.endswith("2.11.0")
+
+
+def test_lora_alpha_must_be_a_whole_number(tmp_path: Path) -> None:
+    assert type(load_job(write(tmp_path, MINIMAL)).spec.lora.alpha) is int
+    (msg,) = problems(write(tmp_path, MINIMAL + "lora: {alpha: 16.5}\n"))
+    assert "lora.alpha" in msg
+
+
 def test_spec_hash_is_stable_and_sensitive(tmp_path: Path) -> None:
     a = load_job(write(tmp_path, MINIMAL)).spec_hash
     assert a == load_job(write(tmp_path, MINIMAL)).spec_hash

@@ -64,8 +64,9 @@ class SimHostOptions:
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_count: int = 1
     gpu_memory_mib: int = 81559
-    driver_version: str = "570.172.08"
-    cuda_version: str = "12.8"
+    # An R580 driver: the first to support CUDA 13.0, which the pinned cu130 trainer needs.
+    driver_version: str = "580.65.06"
+    cuda_version: str = "13.0"
     driver_missing: bool = False  # no nvidia-smi at all (command not found)
     driver_broken: bool = False  # nvidia-smi exists but fails (exit 9)
     # system
