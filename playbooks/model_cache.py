@@ -26,7 +26,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import ssh
@@ -362,6 +362,9 @@ class ModelCache:
     retry_wait_s: float = DEFAULT_RETRY_WAIT_S
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
     mount: Mount | None = None
+    # On a container rental `hf` is in the trainer image's venv, which `ssh host cmd` does
+    # not see: the pipeline passes `train.NativeEnv.wrap` to restore the image's environment.
+    wrap: Callable[[Sequence[str]], list[str]] | None = field(default=None, repr=False)
     # The result of the last completeness test, used once by the next check that needs it:
     # `free-space` and the runner's re-check after `apply` would otherwise repeat the
     # listing a moment later, one SSH round trip each.
@@ -482,6 +485,8 @@ class ModelCache:
             # Rewritten on every download (atomically), so a rotated token takes effect.
             ssh.write_secret_env(host.conn, env_file, {"HF_TOKEN": self.hf_token})
         argv = self.download_argv()
+        if self.wrap is not None:
+            argv = self.wrap(argv)
         last: ssh.Result | None = None
         for attempt in range(1, self.attempts + 1):
             result = host.run(argv, timeout=self.download_timeout_s, env_file=env_file)

@@ -1,6 +1,9 @@
 """The engine through the Vast.ai and RunPod adapters, against their HTTP emulators whose
 instances are simulated GPU hosts: success, capacity fall-through, retried 429/5xx, a 402
-that stops with a clear message, and a Vast.ai outbid resumed elsewhere.
+that stops with a clear message, and a Vast.ai outbid resumed elsewhere. The hosts are
+container rentals as strict as the real ones (no Docker; the image's environment only where
+the provider persists it; sshd only for images that honour PUBLIC_KEY), so these jobs prove
+the native pipeline on them.
 """
 
 from __future__ import annotations
@@ -41,31 +44,6 @@ def hosts(tmp_path: Path) -> Iterator[SimHostBackend]:
     backend = SimHostBackend(tmp_path / "emu-hosts", dict(HOST))
     yield backend
     backend.stop_all()
-
-
-# The emulators' machines are container rentals as strict as the real ones (no Docker; the
-# image's environment only where the provider persists it; sshd only for images that honour
-# PUBLIC_KEY). Until a RunPod job is created with the trainer's cloud image (issue 9
-# §1.1/§1.5: the spec's default `axolotlai/axolotl:...` never starts sshd), a RunPod job
-# cannot succeed on them. strict=True: it XPASSes, and must lose the marker, once that lands.
-# Only that known cause is expected (`KnownGap`): a job failing for any other reason fails.
-class KnownGap(Exception):
-    """The job failed for the known, not yet fixed, reason named in the marker."""
-
-
-NEEDS_CLOUD_IMAGE = pytest.mark.xfail(
-    strict=True, raises=KnownGap,
-    reason="issue 9 §1.1/§1.5: the pod runs the spec's image, which starts no sshd")
-NO_SSHD = "Connection refused"
-
-
-def succeeded(rig: Rig, job: Any, gap: str) -> None:
-    """Assert the job succeeded; a failure for the known `gap` (in its failure reason or in
-    one of its events) raises KnownGap instead."""
-    said = [job.failure_reason or ""] + [e.message for e in rig.store.events(job.id)]
-    if job.status != "succeeded" and any(gap in text for text in said):
-        raise KnownGap(job.failure_reason)
-    assert job.status == "succeeded", (job.failure_reason, said)
 
 
 def job_for(rig: Rig, provider: str, method: str = "qlora") -> str:
@@ -179,7 +157,6 @@ def test_vast_402_stops_with_a_clear_message(rig: Rig, hosts: SimHostBackend) ->
         assert emu.instances == {}
 
 
-@NEEDS_CLOUD_IMAGE
 @pytest.mark.parametrize("method", ["qlora", "full"])
 def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: str) -> None:
     with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
@@ -187,7 +164,7 @@ def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: 
         emu.fail_next(503, 1, method="POST", path="/v2/pods")  # retried
         job_id = job_for(rig, "runpod", method)
         job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
-        succeeded(rig, job, NO_SSHD)
+        assert job.status == "succeeded", job.failure_reason
         (row,) = rig.store.instances_of(job_id)
         assert row.interruptible is False and row.end_reason == "released"
         assert emu.pods() == [] if hasattr(emu, "pods") else True
