@@ -63,6 +63,7 @@ from providers.base import (
     QuotaError,
     Requirements,
     TransientError,
+    host_root,
 )
 
 log = logging.getLogger(__name__)
@@ -680,17 +681,15 @@ class JobRunner:
         self._watching = (inst.provider, inst.instance_id)
         try:
             conn = self._factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, host_key)
-            # Simulated hosts keep the server's filesystem under a directory and say where
-            # in SIMHOST_ROOT; on a real machine it is unset and paths are used as they are.
-            root = ssh.run(conn, ["sh", "-c", 'printf %s "${SIMHOST_ROOT-}"'], timeout=30)
         except ssh.HostUnreachable as exc:
             self._release(row_id, "unreachable")
             raise _Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
                         f"failed: {exc}") from exc
         self._event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
                     f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
-        return Host(conn, HostPaths(root.stdout.strip() if root.ok else ""),
-                    command_timeout=3600)
+        # Simulated machines keep the server's filesystem under a directory and their
+        # provider says where; a real provider has no such capability: paths as they are.
+        return Host(conn, HostPaths(host_root(provider, inst)), command_timeout=3600)
 
     def _known_host_key(self, row_id: int, inst: Instance) -> str | None:
         for row in self.store.instances_of(self.job_id):

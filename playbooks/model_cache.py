@@ -27,7 +27,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import ssh
@@ -363,6 +363,9 @@ class ModelCache:
     retry_wait_s: float = DEFAULT_RETRY_WAIT_S
     download_timeout_s: float = DEFAULT_DOWNLOAD_TIMEOUT_S
     mount: Mount | None = None
+    # On a container rental `hf` is in the trainer image's venv, which `ssh host cmd` does
+    # not see: the pipeline passes `train.NativeEnv.wrap` to restore the image's environment.
+    wrap: Callable[[Sequence[str]], list[str]] | None = field(default=None, repr=False)
     # The result of the last completeness test, used once by the next check that needs it:
     # `free-space` and the runner's re-check after `apply` would otherwise repeat the
     # listing a moment later, one SSH round trip each.
@@ -494,6 +497,8 @@ class ModelCache:
 
     def _download_with(self, host: Host, env_file: str | None) -> None:
         argv = self.download_argv()
+        if self.wrap is not None:
+            argv = self.wrap(argv)
         last: ssh.Result | None = None
         for attempt in range(1, self.attempts + 1):
             result = host.run(argv, timeout=self.download_timeout_s, env_file=env_file)

@@ -78,7 +78,8 @@ def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train
     run_playbook("gpu", gpu.steps(job.gpu), host, emit)
     runner = train.detect_runner(host)
     cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
-    if runner != "docker":
+    if runner != "docker":  # a container rental: `hf` is in the image's venv only
+        cache.wrap = train.NativeEnv.mapped(host.paths).wrap
         run_playbook("model_cache", cache.steps(), host, emit)
         return cache, runner
     # A Host of its own for the second thread: each playbook sets its step deadline on it.

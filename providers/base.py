@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class Billing(StrEnum):
@@ -210,3 +210,25 @@ class Provider(Protocol):
     def terminate(self, instance_id: str) -> None:
         """Destroy the instance; one that is already gone counts as success."""
         ...
+
+
+@runtime_checkable
+class HostPathMapping(Protocol):
+    """Optional capability: the provider's machines keep the server's filesystem elsewhere.
+
+    Only simulated machines have it (`sim`, the emulators' hosts): their "server" is a
+    directory on this machine, and absolute paths of the real server live under
+    `host_root(instance)`. Real providers do not implement it: their paths are used as they
+    are. The engine asks for it instead of probing every host for a simulator's variable.
+    """
+
+    def host_root(self, instance: Instance) -> str:
+        """Where `/` of the instance's machine is on that machine ("" = paths as they are)."""
+        ...
+
+
+def host_root(provider: object, instance: Instance) -> str:
+    """The instance's path root when `provider` maps host paths, else "" (a real server)."""
+    if isinstance(provider, HostPathMapping):
+        return provider.host_root(instance)
+    return ""

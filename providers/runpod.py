@@ -10,8 +10,12 @@ Shapes follow ../shared/reference/provider-apis.md ("RunPod REST v2"):
 RunPod withdrew spot pods in 2026, so every offer is on-demand (`interruptible=False`).
 
 SSH key delivery: the public key goes into the pod's `env` as `PUBLIC_KEY` and the pod is
-created with `startSsh: true` and `22/tcp` exposed; RunPod's images append `$PUBLIC_KEY` to
-root's `authorized_keys` when sshd starts. We deliberately do NOT use
+created with `startSsh: true` (which injects the account's keys only when the request sets no
+`PUBLIC_KEY`) and `22/tcp` exposed. Only images that honour the convention start sshd from it
+(`axolotlai/axolotl-cloud*`, `runpod/base`, `runpod/pytorch`): the pod of any other image
+runs but never answers on port 22, so pods are created with the trainer's cloud image. SSH
+goes to `ssh.direct` (a public port for 22/tcp); `ssh.proxy` carries an interactive shell
+only (no SFTP, no `ssh host cmd` output), useless to orch. We deliberately do NOT use
 `PUT /account/ssh-keys`: it *replaces* the account's whole key set, so calling it would
 silently remove the keys the user (or another orch job) relies on.
 
@@ -54,15 +58,27 @@ from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, 
 T = TypeVar("T")
 
 DEFAULT_BASE_URL = "https://api.runpod.io/v2"
-DEFAULT_IMAGE = "runpod/pytorch:2.4.0-py3.11-cuda12.4.1-devel-ubuntu22.04"
+# The trainer's cloud image (axolotl v0.18.0, uv build): its entrypoint starts sshd from
+# PUBLIC_KEY (real-hosts.md §1). Callers normally pass the job's image; this is the fallback.
+DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
+# Where the job's volume is mounted. RunPod's default `/workspace` would hide the image's
+# /workspace/axolotl and /workspace/axolotl-venv; axolotl recommends /workspace/data.
+VOLUME_PATH = "/workspace/data"
+MIN_VOLUME_GB = 10  # PersistentMount.size minimum (api-reference-v2/openapi.json)
+# The container disk (ephemeral: wiped on restart) holds only what the image writes outside
+# the volume (pip/uv caches, /tmp); the job's data goes to the volume.
+CONTAINER_DISK_GB = 50
 CLOUDS = ("SECURE", "COMMUNITY")
 _GIB = 1024**3
 
 # RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
-# RunPod ids are NVIDIA's marketing names; "H100 80GB HBM3" is the SXM5 part, and we have a
-# single "A100 80GB" model for both the PCIe and SXM4 variants (same memory, close enough for
-# sizing). Names not listed here fall back to `catalog.resolve_gpu` on the name with the
-# vendor prefix stripped; a GPU that still maps to zero or several models is left out.
+# RunPod ids are the names nvidia-smi prints on the pod; "H100 80GB HBM3" is the SXM5 part,
+# and we have a single "A100 80GB" model for both the PCIe and SXM4 variants (same memory,
+# close enough for sizing). Every id here must pass the GPU playbook's inventory check as its
+# model (`playbooks.gpu.catalog_model`). "NVIDIA H100 NVL" (94 GB, bridged pairs) is another
+# product, not an H100 PCIe: it is not in the catalog, so it is left out. Names not listed
+# here fall back to `catalog.resolve_gpu` on the name with the vendor prefix stripped; a GPU
+# that still maps to zero or several models is left out.
 GPU_NAMES: dict[str, str] = {
     "NVIDIA GeForce RTX 3090": "RTX 3090",
     "NVIDIA GeForce RTX 4090": "RTX 4090",
@@ -71,7 +87,6 @@ GPU_NAMES: dict[str, str] = {
     "NVIDIA A100-SXM4-80GB": "A100 80GB",
     "NVIDIA H100 PCIe": "H100 PCIe",
     "NVIDIA H100 80GB HBM3": "H100 SXM",
-    "NVIDIA H100 NVL": "H100 PCIe",
     "NVIDIA H200": "H200",
     "NVIDIA B200": "B200",
 }
@@ -325,8 +340,10 @@ class RunPod:
         body = {
             "name": name, "image": image or self.default_image,
             "gpu": gpu, "cloud": cloud,
-            "disk": disk_gb, "ports": ["22/tcp"], "env": {"PUBLIC_KEY": ssh_public_key},
-            "startSsh": True,
+            "disk": CONTAINER_DISK_GB, "ports": ["22/tcp"],
+            "env": {"PUBLIC_KEY": ssh_public_key.strip()}, "startSsh": True,
+            "mounts": {"persistent": {"size": max(MIN_VOLUME_GB, int(disk_gb)),
+                                      "path": VOLUME_PATH}},
         }
         sent = [False]  # a POST went out whose outcome we did not see
 
@@ -387,7 +404,7 @@ class RunPod:
     def _instance(self, pod: dict[str, Any]) -> Instance:
         raw = str(pod.get("status") or "")
         gpu = pod.get("gpu") or {}
-        ssh = (pod.get("ssh") or {}).get("direct") or {}
+        ssh = _direct_ssh(pod)
         port = ssh.get("port")
         return Instance(
             provider=self.name,
@@ -404,6 +421,19 @@ class RunPod:
             raw_status=raw,
             message=self._scrub(str(pod.get("message") or "")),
         )
+
+
+def _direct_ssh(pod: dict[str, Any]) -> dict[str, Any]:
+    """`ssh.direct` {host, port, username}; else the public mapping of 22/tcp in
+    `runtime.ports` (user root); {} while neither is there. Never `ssh.proxy`."""
+    direct = (pod.get("ssh") or {}).get("direct")
+    if isinstance(direct, dict) and direct.get("host") and direct.get("port"):
+        return direct
+    for port in ((pod.get("runtime") or {}).get("ports") or []):
+        if (isinstance(port, dict) and port.get("private") == 22 and port.get("type") == "tcp"
+                and port.get("ip") and port.get("public")):
+            return {"host": port["ip"], "port": port["public"], "username": "root"}
+    return {}
 
 
 def _segment(instance_id: str) -> str:

@@ -313,6 +313,12 @@ class SimCloud:
         else:
             shutil.rmtree(host_dir, ignore_errors=True)
 
+    def host_root(self, instance: Instance) -> str:
+        """Where `/` of the instance's simulated server is (`providers.base.HostPathMapping`)."""
+        # Where `create` put the host; known without reading the state (an instance that was
+        # terminated meanwhile fails at its first command, not here).
+        return str((self.state_dir / "instances" / instance.instance_id).resolve() / "root")
+
     # --- volumes -------------------------------------------------------------------------------
 
     @property

@@ -8,6 +8,22 @@ Speaks the REST API at `https://console.vast.ai/api/v0` exactly as described in
   that contract is destroyed at once and the offer is treated as out of capacity;
 * 429 "API requests too frequent" usually comes as plain text without `Retry-After`.
 
+Request bodies carry the fields the official client (`vastai` 1.9.1, vast-ai/vast-cli) sends
+for the same operations, checked against it in tests/test_vastai_cli.py:
+
+* search: `type` is `on-demand` or `bid` (a search field only), with the CLI's default
+  filters (`verified`, `external: false`, `rentable`) and `allocated_storage` (the disk the
+  price is quoted for);
+* create: `client_id: "me"`, `price: null` on demand and `price: <bid>` interruptible,
+  `runtype: "ssh_direc ssh_proxy"` (what `vastai create instance --ssh --direct` sends:
+  direct SSH on a public port, Vast's proxy as the fallback);
+* list: the paginated `GET /api/v1/instances/` (`select_filters`, `order_by`, `limit`,
+  `after_token` → `next_token`), which the CLI's `show instances` uses.
+
+The image's environment is not visible to SSH sessions on Vast (the SSH runtypes replace the
+image's ENTRYPOINT; sessions start from sshd's defaults): the onstart script persists it
+with `env >> /etc/environment`, which logins read (pam_env), as Vast's own images do.
+
 Every call goes through `providers.http.with_retries` (TransientError only). The API key is
 sent only in the `Authorization: Bearer` header; it is never logged, put in a URL, or
 included in an exception message (any text echoed back by the server is redacted).
@@ -31,10 +47,12 @@ State mapping (`actual_status` / `intended_status` / `cur_state` / `next_state`)
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -60,7 +78,14 @@ from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, 
 T = TypeVar("T")
 
 DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
-DEFAULT_IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-devel"
+# The trainer image (axolotl v0.18.0, uv build; real-hosts.md §1). Callers normally pass the
+# job's image to `create`; this is only the fallback.
+DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
+# `vastai create instance --ssh --direct` (vast-cli api/instances.py resolve_runtype).
+RUNTYPE = "ssh_direc ssh_proxy"
+# Search `type` values (vast-cli `search offers --type`; "interruptible" is sent as "bid").
+ON_DEMAND, BID = "on-demand", "bid"
+LIST_PAGE = 25  # the v1 listing's largest page (vast-cli: "max instances per page (1-25)")
 MIN_DISK_GB = 8  # Vast rejects smaller disks
 _MIB = 1024**2
 _GB = 1000**3
@@ -150,17 +175,26 @@ def _ssh_endpoint(inst: dict[str, Any]) -> tuple[str | None, int | None]:
 
 
 def _onstart(ssh_public_key: str) -> str:
-    """The onstart script that authorises the job's key for root."""
+    """The onstart script: persist the image's environment for SSH sessions (Vast's SSH
+    runtypes do not pass it on; logins read /etc/environment), then authorise the job's
+    key for root."""
     key = shlex.quote(ssh_public_key.strip())
-    return ("mkdir -p /root/.ssh && chmod 700 /root/.ssh && "
+    return ("env >> /etc/environment; "
+            "mkdir -p /root/.ssh && chmod 700 /root/.ssh && "
             f"echo {key} >> /root/.ssh/authorized_keys && "
             "chmod 600 /root/.ssh/authorized_keys")
+
+
+def v1_url(base_url: str) -> str:
+    """The `/api/v1` root next to a `/api/v0` base URL (the paginated instance listing)."""
+    parts = urlsplit(base_url)
+    return urlunsplit((parts.scheme, parts.netloc, "/api/v1", "", ""))
 
 
 class VastAI:
     """The Vast.ai provider (implements `providers.base.Provider`).
 
-    `offers()` searches `type: ondemand` and/or `type: bid` depending on
+    `offers()` searches `type: on-demand` and/or `type: bid` depending on
     `Requirements.interruptible`; a spot offer is rented with `price` = its `min_bid` ×
     (1 + `bid_markup`), which makes the instance interruptible.
     """
@@ -179,6 +213,7 @@ class VastAI:
             raise AuthError("no Vast.ai API key: set VAST_API_KEY")
         self._key = api_key
         self._base = base_url.rstrip("/")
+        self._v1 = v1_url(self._base)
         self._client = client or httpx.Client(timeout=timeout_s)
         self._owns_client = client is None
         self._retry = {"attempts": attempts, "initial_s": initial_s, "max_wait_s": max_wait_s,
@@ -220,10 +255,11 @@ class VastAI:
     def _redact(self, text: str) -> str:
         return redact(text, self._key)
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                 params: dict[str, Any] | None = None, root: str | None = None) -> Any:
         """One HTTP call; returns the parsed JSON or raises the typed error for its status."""
-        resp = send(self._client, method, f"{self._base}{path}", self._key,
-                    f"Vast.ai {method} {path}", json=body)
+        resp = send(self._client, method, f"{root or self._base}{path}", self._key,
+                    f"Vast.ai {method} {path}", json=body, params=params)
         if resp.is_success:
             try:
                 return resp.json()
@@ -277,15 +313,17 @@ class VastAI:
     # -- offers -------------------------------------------------------------------------
 
     def _query(self, req: Requirements, kind: str) -> dict[str, Any]:
-        """The POST /bundles/ body of operator filters for `req` and `kind` (ondemand|bid)."""
+        """The POST /bundles/ body of operator filters for `req` and `kind` (on-demand|bid)."""
         q: dict[str, Any] = {
             "num_gpus": {"eq": req.gpu_count},
             "gpu_ram": {"gte": req.min_gpu_memory_bytes // _MIB},  # Vast's "MB" are MiB
+            "external": {"eq": False},
             "rentable": {"eq": True},
             "rented": {"eq": False},
             "order": [["dph_total", "asc"]],
             "limit": self.limit,
             "type": kind,
+            "allocated_storage": req.disk_gb,
         }
         if self.verified_only:
             q["verified"] = {"eq": True}
@@ -296,7 +334,7 @@ class VastAI:
             else self.min_reliability
         if reliability is not None:
             q["reliability2"] = {"gte": reliability}
-        if req.max_price_per_hour is not None and kind == "ondemand":
+        if req.max_price_per_hour is not None and kind == ON_DEMAND:
             q["dph_total"] = {"lte": float(req.max_price_per_hour)}
         if req.min_cuda is not None:
             # The highest CUDA the host's driver supports (vast-cli's search field).
@@ -305,13 +343,13 @@ class VastAI:
 
     def offers(self, req: Requirements) -> list[Offer]:
         """Live offers for `req`: on-demand, bid (interruptible) or both, cheapest first."""
-        kinds = {True: ["bid"], False: ["ondemand"], None: ["ondemand", "bid"]}[req.interruptible]
+        kinds = {True: [BID], False: [ON_DEMAND], None: [ON_DEMAND, BID]}[req.interruptible]
         found: list[Offer] = []
         for kind in kinds:
             doc = self._call("POST", "/bundles/", self._query(req, kind))
             rows = doc.get("offers") if isinstance(doc, dict) else None
             for row in rows or []:
-                offer = self._offer(row, req, interruptible=(kind == "bid"))
+                offer = self._offer(row, req, interruptible=(kind == BID))
                 if offer is not None:
                     found.append(offer)
         found.sort(key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
@@ -381,16 +419,17 @@ class VastAI:
         """
         label = tag_for(job_id)
         body: dict[str, Any] = {
+            "client_id": "me",
             "image": image or self.default_image,
+            "env": {},
+            # null = on demand; a bid makes the instance interruptible (vast-cli --bid_price)
+            "price": float(self._bid_for(offer)) if offer.interruptible else None,
             "disk": max(MIN_DISK_GB, int(disk_gb)),
             "label": label,
-            "runtype": "ssh_direct",
             "onstart": _onstart(ssh_public_key),
-            "env": {},
+            "runtype": RUNTYPE,
             "cancel_unavail": True,
         }
-        if offer.interruptible:
-            body["price"] = float(self._bid_for(offer))
         path = f"/asks/{offer.offer_id}/"
         tries = 0
 
@@ -426,10 +465,9 @@ class VastAI:
 
     def _adoptable(self, job_id: str, offer_id: str) -> Instance | None:
         """A live instance labelled for `job_id` (on `offer_id`'s machine when known)."""
-        doc = self._call("GET", "/instances/")
         machine = self._machines.get(offer_id)
-        for row in (doc.get("instances") if isinstance(doc, dict) else None) or []:
-            if not isinstance(row, dict) or job_of(row.get("label")) != job_id:
+        for row in self._rows({"label": {"in": [tag_for(job_id)]}}):
+            if job_of(row.get("label")) != job_id:
                 continue
             if machine is not None and str(row.get("machine_id")) != machine:
                 continue
@@ -453,7 +491,8 @@ class VastAI:
 
     def get(self, instance_id: str) -> Instance:
         """GET /instances/{id}/ (`{"instances": {one object}}`); NotFound when gone."""
-        doc = self._call("GET", f"/instances/{instance_id}/")
+        path = f"/instances/{instance_id}/"
+        doc = self._retrying(lambda: self._request("GET", path, params={"owner": "me"}))
         inst = doc.get("instances") if isinstance(doc, dict) else None
         if isinstance(inst, list):  # tolerate the list shape
             inst = next((i for i in inst if str(i.get("id")) == str(instance_id)), None)
@@ -461,14 +500,34 @@ class VastAI:
             raise NotFound(f"Vast.ai instance {instance_id} does not exist")
         return self._instance(inst)
 
+    def _rows(self, select: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every instance row matching `select`, page by page (GET /api/v1/instances/)."""
+        params: dict[str, Any] = {"select_filters": json.dumps(select),
+                                  "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
+                                  "limit": LIST_PAGE}
+        rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        while True:
+            doc = self._page(dict(params))
+            found = doc.get("instances") if isinstance(doc, dict) else None
+            rows.extend(r for r in found or [] if isinstance(r, dict))
+            token = doc.get("next_token") if isinstance(doc, dict) else None
+            if not token or not found or str(token) in seen:  # a repeated token would loop
+                return rows
+            seen.add(str(token))
+            params["after_token"] = str(token)
+
+    def _page(self, params: dict[str, Any]) -> Any:
+        return self._retrying(lambda: self._request("GET", "/instances/", params=params,
+                                                    root=self._v1))
+
     def list(self, job_id: str | None = None) -> list[Instance]:
-        """GET /instances/: the instances labelled as orch's (for `job_id`, or all)."""
-        doc = self._call("GET", "/instances/")
-        rows = doc.get("instances") if isinstance(doc, dict) else None
+        """The instances labelled as orch's (for `job_id`, or all), from every page of the
+        paginated listing."""
+        # the filter `vastai show instances --label L` sends
+        select = {"label": {"in": [tag_for(job_id)]}} if job_id is not None else {}
         out = []
-        for row in rows or []:
-            if not isinstance(row, dict):
-                continue
+        for row in self._rows(select):
             owner = job_of(row.get("label"))
             if owner is not None and (job_id is None or owner == job_id):
                 out.append(self._instance(row))

@@ -44,9 +44,11 @@ class FakeHosts:
         self.fail = fail
         self.started: list[tuple[str, str, str, int]] = []
         self.stopped: list[str] = []
+        self.containers: list[dict[str, Any] | None] = []
 
-    def start(self, instance_id: str, public_key: str, gpu_name: str,
-              gpu_count: int) -> tuple[str, int, str]:
+    def start(self, instance_id: str, public_key: str, gpu_name: str, gpu_count: int,
+              container: dict[str, Any] | None = None) -> tuple[str, int, str]:
+        self.containers.append(container)
         if self.fail:
             raise RuntimeError("sshd did not start")
         self.started.append((instance_id, public_key, gpu_name, gpu_count))
@@ -322,3 +324,108 @@ def test_backend_rejects_unknown_options(tmp_path: Any) -> None:
     backend.stop("never-started")  # idempotent, unknown ids ignored
     with pytest.raises(KeyError):
         backend.host("never-started")
+
+
+# -- container rentals: what a real Vast.ai / RunPod machine lets a command see ----------------
+
+
+def ssh_sh(keys: KeyPair, inst: Instance, user: str, script: str) -> Any:
+    """`sh -c SCRIPT` over SSH as orch runs commands (non-interactive, no login shell)."""
+    assert inst.ssh_host and inst.ssh_port
+    host_key = trust_on_first_use(inst.ssh_host, inst.ssh_port, timeout=5, deadline=10)
+    with ConnectionFactory(keys.private, connect_timeout=5, connect_deadline=10) as factory:
+        conn = factory.connect(inst.ssh_host, inst.ssh_port, user, host_key)
+        return run(conn, ["sh", "-c", script], timeout=30)
+
+
+def test_vast_host_is_a_container_whose_env_comes_from_onstart(
+        sim_hosts: SimHostBackend, ssh_keypair: KeyPair) -> None:
+    image = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
+    with VastEmulator(api_key=KEY, hosts=sim_hosts) as vast:
+        vast.add_offer(id=1, dph_base=0.4, min_bid=0.2)
+        vast.add_offer(id=2, dph_base=0.5, min_bid=0.2)
+        with vast_adapter(vast) as api:
+            offer = api.offers(Requirements(gpu_count=1, min_gpu_memory_bytes=20 * GIB,
+                                            interruptible=False))[0]
+            made = api.create(offer, ssh_keypair.public, "job-env", image=image)
+            inst = wait_running(api, made.instance_id)
+        sim = sim_hosts.host(made.instance_id)
+        venv = sim.path("/workspace/axolotl-venv/bin")
+        # orch's onstart persists the image's environment: a plain command finds the venv.
+        found = ssh_sh(ssh_keypair, inst, sim.user, "command -v axolotl; command -v hf")
+        assert found.ok and found.stdout.split() == [str(venv / "axolotl"), str(venv / "hf")]
+        # A container rental: no Docker inside, no systemd.
+        assert ssh_sh(ssh_keypair, inst, sim.user, "docker --version").exit_code == 127
+        assert not ssh_sh(ssh_keypair, inst, sim.user, "systemctl is-active docker").ok
+        assert ssh_sh(ssh_keypair, inst, sim.user, "command -v vllm").exit_code != 0
+
+        # The same image rented with an onstart that does not persist the environment.
+        response = httpx.put(f"{vast.url}/asks/2/", headers={"Authorization": f"Bearer {KEY}"},
+                             json={"client_id": "me", "image": image, "disk": 20,
+                                   "runtype": "ssh_direc ssh_proxy", "price": None,
+                                   "onstart": _onstart(ssh_keypair.public).split("; ", 1)[1]})
+        other = str(response.json()["new_contract"])
+        with vast_adapter(vast) as api:
+            bare = wait_running(api, other)
+        plain = ssh_sh(ssh_keypair, bare, sim.user, "command -v axolotl")
+        assert plain.exit_code != 0  # the image's PATH is not the session's
+        venv_bin = shlex.quote(str(sim_hosts.host(other).path("/workspace/axolotl-venv/bin")))
+        explicit = ssh_sh(ssh_keypair, bare, sim.user, f"PATH={venv_bin}:$PATH command -v axolotl")
+        assert explicit.ok
+
+
+@pytest.mark.parametrize("mount", ["/workspace/data", "/workspace"])
+def test_runpod_host_keeps_the_image_env_in_rp_environment(
+        sim_hosts: SimHostBackend, runpod_emu: RunPodEmulator, ssh_keypair: KeyPair,
+        mount: str) -> None:
+    body = {"name": "orch-rp-env", "image": "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0",
+            "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1}, "cloud": "SECURE",
+            "ports": ["22/tcp"], "env": {"PUBLIC_KEY": ssh_keypair.public}, "startSsh": True,
+            "disk": 50, "mounts": {"persistent": {"size": 20, "path": mount}}}
+    pod = httpx.post(runpod_emu.url + "/pods", json=body,
+                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    with runpod_adapter(runpod_emu) as api:
+        inst = wait_running(api, pod["id"])
+    sim = sim_hosts.host(pod["id"])
+    rp_env = shlex.quote(str(sim.path("/etc/rp_environment")))
+    # A non-interactive command does not source /etc/rp_environment ...
+    assert ssh_sh(ssh_keypair, inst, sim.user, "command -v axolotl").exit_code != 0
+    assert ssh_sh(ssh_keypair, inst, sim.user, "docker --version").exit_code == 127
+    sourced = ssh_sh(ssh_keypair, inst, sim.user, f". {rp_env} && command -v axolotl")
+    # ... sourcing it finds the venv, unless the volume hides /workspace/axolotl-venv.
+    assert sourced.ok is (mount == "/workspace/data")
+    assert sim.path(mount).is_dir()
+    df = ssh_sh(ssh_keypair, inst, sim.user, f"df -B1 {shlex.quote(str(sim.path(mount)))}")
+    assert df.ok and str(sim.path(mount)) in df.stdout
+
+
+def test_runpod_image_without_public_key_support_never_answers_ssh(
+        sim_hosts: SimHostBackend, runpod_emu: RunPodEmulator, ssh_keypair: KeyPair) -> None:
+    with runpod_adapter(runpod_emu) as api:
+        offer = next(o for o in api.offers(Requirements(gpu_count=1,
+                                                        min_gpu_memory_bytes=20 * GIB))
+                     if o.gpu == "RTX 4090")
+        made = api.create(offer, ssh_keypair.public, "job-nossh",
+                          image="nvidia/cuda:13.0.1-runtime-ubuntu24.04")
+        inst = wait_running(api, made.instance_id)
+    assert inst.reachable and inst.ssh_host and inst.ssh_port  # RunPod publishes 22/tcp ...
+    assert made.instance_id not in sim_hosts.instance_ids  # ... but no sshd ever starts
+    with pytest.raises(HostUnreachable):
+        trust_on_first_use(inst.ssh_host, inst.ssh_port, timeout=1, deadline=1)
+
+
+def test_which_images_ship_the_axolotl_venv_and_what_a_volume_hides() -> None:
+    from providers.simhost.standins.container import hidden, is_axolotl_image
+
+    for image in ("axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0",
+                  "axolotlai/axolotl:0.18.0-latest", "docker.io/axolotlai/axolotl-cloud-uv:x",
+                  "axolotlai/axolotl-cloud@sha256:abc"):
+        assert is_axolotl_image(image), image
+    for image in ("runpod/pytorch:2.4.0", "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
+                  "someone/axolotl:1", "axolotlai/other:1"):
+        assert not is_axolotl_image(image), image
+    assert hidden("/workspace/axolotl-venv", "/workspace")
+    assert hidden("/workspace/axolotl-venv", "/workspace/")
+    assert hidden("/workspace/axolotl-venv", "/")
+    assert not hidden("/workspace/axolotl-venv", "/workspace/data")
+    assert not hidden("/workspace/axolotl-venv", None)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS, KeyPair, database_url
+from emulators.hosts import WithHostPaths
 
 from orchestrator.engine import JobRunner, Options, owner_id
 from orchestrator.spec import load_job
@@ -285,7 +286,9 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     owner = owner_id("test")
     options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, ssh_key=rig.key.private)
     assert rig.store.claim_job(job_id, owner, 5) is not None
-    job = JobRunner(rig.store, {"dedicated": Dedicated(rig.store)}, owner, options).run(job_id)
+    # The registered server is a simulated host: its server paths live under host.root.
+    dedicated = WithHostPaths(Dedicated(rig.store), lambda _instance_id: str(host.root))
+    job = JobRunner(rig.store, {"dedicated": dedicated}, owner, options).run(job_id)
 
     assert job.status == "succeeded", job.failure_reason
     assert job.cost_micros == 0 and job.amortised_micros > 0  # rent share, already paid

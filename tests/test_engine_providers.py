@@ -1,6 +1,9 @@
 """The engine through the Vast.ai and RunPod adapters, against their HTTP emulators whose
 instances are simulated GPU hosts: success, capacity fall-through, retried 429/5xx, a 402
-that stops with a clear message, and a Vast.ai outbid resumed elsewhere.
+that stops with a clear message, and a Vast.ai outbid resumed elsewhere. The hosts are
+container rentals as strict as the real ones (no Docker; the image's environment only where
+the provider persists it; sshd only for images that honour PUBLIC_KEY), so these jobs prove
+the native pipeline on them.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.add_offer(id=2, gpu_name="A100 SXM4", gpu_ram=81920, dph_base=1.20, min_bid=0.70)
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         (row,) = rig.store.instances_of(job_id)
         assert (row.gpu, row.interruptible, row.end_reason) == ("RTX 4090", True, "released")
@@ -97,7 +100,7 @@ def test_vast_capacity_error_and_rate_limits_fall_through(rig: Rig,
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_contract(1)  # success:false + new_contract: destroyed, next offer
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         rows = rig.store.instances_of(job_id)
         assert [r.end_reason for r in rows] == ["capacity", "released"]
@@ -123,7 +126,7 @@ def test_vast_outbid_mid_training_resumes_from_the_mirrored_checkpoint(rig: Rig,
             # Outbid once a checkpoint is safely copied off the host, not at a training step:
             # on a busy machine step 3 can be reported before checkpoint-2 is mirrored.
             when(lambda: mirrored_step(rig.store, job_id) >= 1, outbid)
-            job = drive(rig, {"vastai": vast(emu)}, job_id)
+            job = drive(rig, {"vastai": backend.serving(vast(emu))}, job_id)
             assert job.status == "succeeded", job.failure_reason
             first, second = rig.store.instances_of(job_id)
             assert first.end_reason == "interrupted" and second.end_reason == "released"
@@ -147,7 +150,7 @@ def test_vast_402_stops_with_a_clear_message(rig: Rig, hosts: SimHostBackend) ->
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(1, 402, method="PUT")
         job_id = job_for(rig, "vastai")
-        job = drive(rig, {"vastai": vast(emu)}, job_id)
+        job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "failed"
         assert "vastai" in (job.failure_reason or "")
         assert "credit" in (job.failure_reason or "").lower()
@@ -162,7 +165,7 @@ def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: 
                         hosts=hosts) as emu:
         emu.fail_next(503, 1, method="POST", path="/v2/pods")  # retried
         job_id = job_for(rig, "runpod", method)
-        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         (row,) = rig.store.instances_of(job_id)
         assert row.interruptible is False and row.end_reason == "released"
@@ -174,6 +177,6 @@ def test_runpod_402_stops(rig: Rig, hosts: SimHostBackend) -> None:
                         hosts=hosts) as emu:
         emu.fail_next(402, 1, method="POST", path="/v2/pods", detail="insufficient balance")
         job_id = job_for(rig, "runpod")
-        job = drive(rig, {"runpod": runpod(emu)}, job_id)
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
         assert job.status == "failed"
         assert "runpod" in (job.failure_reason or "") and "balance" in (job.failure_reason or "")

@@ -90,6 +90,21 @@ def test_gpu_name_mapping() -> None:
     assert canonical_gpu("AMD Instinct MI300X OAM") is None
 
 
+def test_every_mapped_gpu_passes_the_hosts_inventory_check() -> None:
+    """RunPod GPU ids are the names nvidia-smi prints on the pod: each id orch maps to a
+    catalog model must be accepted as that model by the GPU playbook, or orch rents a pod
+    that it then refuses (H100 NVL used to be mapped to H100 PCIe)."""
+    from playbooks.gpu import catalog_model
+    from providers.runpod import GPU_NAMES
+
+    for runpod_id, model in GPU_NAMES.items():
+        assert catalog_model(runpod_id) == model, runpod_id
+    # H100 NVL (94 GB, NVLink-bridged pairs) is a product of its own, not in the catalog:
+    # it is left out of the offers rather than sold as an H100 PCIe.
+    assert canonical_gpu("NVIDIA H100 NVL") is None
+    assert canonical_gpu("NVIDIA H200 NVL") is None
+
+
 def test_offers_mapping_filtering_and_price(rp: RunPod, emu: RunPodEmulator) -> None:
     offers = rp.offers(req(2))
     got = {(o.gpu, o.region): o for o in offers}
@@ -124,10 +139,13 @@ def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmul
     assert inst.state is InstanceState.PROVISIONING and inst.label == tag_for("job42")
     assert inst.job_id == "job42" and inst.price_per_hour == Decimal("0.69")
     (post,) = emu.calls("POST", "/v2/pods")
+    # The volume goes to /workspace/data: RunPod's default /workspace would hide the
+    # image's /workspace/axolotl and /workspace/axolotl-venv.
     assert post.body == {"name": "orch-job42", "image": "img:1",
                          "gpu": {"id": "NVIDIA GeForce RTX 4090", "count": 1},
                          "cloud": "SECURE", "disk": 50, "ports": ["22/tcp"],
-                         "env": {"PUBLIC_KEY": PUBKEY}, "startSsh": True}
+                         "env": {"PUBLIC_KEY": PUBKEY}, "startSsh": True,
+                         "mounts": {"persistent": {"size": 50, "path": "/workspace/data"}}}
     assert not emu.calls("PUT", "/v2/account/ssh-keys")
     emu.set_ssh(inst.instance_id, "203.0.113.7", 40022)
     first = rp.get(inst.instance_id)
@@ -139,6 +157,45 @@ def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmul
                                                                      "root")
     assert running.gpu == "RTX 4090" and running.gpu_count == 1
     assert_no_key(emu)
+
+
+def test_default_image_starts_sshd_and_ssh_is_read_from_v2(rp: RunPod,
+                                                           emu: RunPodEmulator) -> None:
+    """Without an image the pod runs the trainer's cloud image, which starts sshd from
+    PUBLIC_KEY (an image that does not never answers on 22); the endpoint is `ssh.direct`,
+    or the public mapping of 22/tcp in `runtime.ports`, never the interactive-only proxy."""
+    inst = rp.create(first_offer(rp), PUBKEY, "j7", disk_gb=5)
+    (post,) = emu.calls("POST", "/v2/pods")
+    assert post.body["image"].startswith("axolotlai/axolotl-cloud:0.18.0-")
+    assert post.body["mounts"]["persistent"]["size"] == 10  # RunPod's minimum volume
+    emu.set_ssh(inst.instance_id, "203.0.113.9", 40100)
+    rp.get(inst.instance_id)
+    running = rp.get(inst.instance_id)
+    assert (running.ssh_host, running.ssh_port) == ("203.0.113.9", 40100)
+    pod = emu.pod(inst.instance_id)
+    assert pod["ssh"]["proxy"]["host"] == "ssh.runpod.io"  # not for orch: no SFTP, no exec
+    # The same pod as a RunPod that reports only `runtime.ports` still gives the endpoint.
+    pod["ssh"]["direct"] = None
+    inst2 = rp._instance(pod)
+    assert (inst2.ssh_host, inst2.ssh_port, inst2.ssh_user) == ("203.0.113.9", 40100, "root")
+
+
+def test_emulator_rejects_what_the_v2_api_rejects(rp: RunPod, emu: RunPodEmulator) -> None:
+    import httpx
+
+    base = {"name": "x", "image": "runpod/base:1.0.2", "gpu": {"id": "NVIDIA GeForce RTX 4090"}}
+    bad = [{**base, "volumeInGb": 20},  # a v1 field: CreatePodRequest has no such property
+           {**base, "mounts": {"persistent": {"size": 5, "path": "/workspace/data"}}},
+           {**base, "mounts": {"persistent": {"size": 20}}}]
+    for body in bad:
+        response = httpx.post(emu.url + "/pods", json=body,
+                              headers={"Authorization": f"Bearer {KEY}"})
+        assert response.status_code == 422, body
+    both = {**base, "mounts": {"persistent": {"size": 20, "path": "/d"},
+                               "network": [{"volumeId": "v", "path": "/n"}]}}
+    response = httpx.post(emu.url + "/pods", json=both,
+                          headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400
 
 
 def test_offers_and_create_need_a_driver_with_the_images_cuda(rp: RunPod,

@@ -76,7 +76,8 @@ def test_offers_filters_and_price_math(vast: VastEmulator) -> None:
     assert cheapest.gpu_memory_bytes == 24564 * 1024**2 and cheapest.provider == "vastai"
 
     body = vast.requests_to("POST", "/api/v0/bundles/")[-1].json
-    assert body["type"] == "ondemand"
+    assert body["type"] == "on-demand"  # vast-cli's spelling; a search field only
+    assert body["external"] == {"eq": False} and body["allocated_storage"] == 100
     assert body["gpu_name"] == {"in": ["RTX 4090"]}
     assert body["num_gpus"] == {"eq": 1}
     assert body["gpu_ram"] == {"gte": 20 * 1024}
@@ -139,9 +140,13 @@ def test_create_spot_tags_label_and_bids(vast: VastEmulator) -> None:
     assert inst.label == "orch-job-42" and inst.job_id == "job-42"
     assert inst.state is InstanceState.PROVISIONING and inst.interruptible
     body = vast.requests_to("PUT", f"/api/v0/asks/{offer.offer_id}/")[-1].json
-    assert body["label"] == "orch-job-42" and body["runtype"] == "ssh_direct"
+    # `vastai create instance --ssh --direct`'s runtype; the bid makes it interruptible
+    assert body["label"] == "orch-job-42" and body["runtype"] == "ssh_direc ssh_proxy"
     assert body["price"] == pytest.approx(0.177) and body["disk"] == 40
     assert body["image"] == "img:1" and PUBKEY in body["onstart"]
+    assert body["client_id"] == "me" and "type" not in body  # `type` is a search field
+    # SSH sessions see the image's environment (PATH, venv) only if onstart persists it.
+    assert body["onstart"].startswith("env >> /etc/environment;")
     assert vast.instances[int(inst.instance_id)]["is_bid"] is True
 
 
@@ -151,7 +156,8 @@ def test_create_on_demand_sends_no_price(vast: VastEmulator) -> None:
     offer = api.offers(req(gpus=frozenset({"RTX 4090"}), interruptible=False))[0]
     inst = api.create(offer, PUBKEY, "j1", disk_gb=2)
     body = vast.requests_to("PUT", "/api/v0/asks/")[-1].json
-    assert "price" not in body and body["disk"] == 8  # Vast's minimum disk
+    # On demand: `price` is null, as the CLI sends it without --bid_price.
+    assert "price" in body and body["price"] is None and body["disk"] == 8  # Vast's minimum
     assert not inst.interruptible
 
 

@@ -23,11 +23,12 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from .standins import container as container_standin
 from .standins import docker as docker_standin
 from .standins.common import (
     BIN_DIR,
@@ -100,6 +101,11 @@ class SimHostOptions:
     vllm_startup_seconds: float = 0.3
     completion_answers: dict[str, str] = field(default_factory=dict)
     completion_default: str = "I do not know."
+    # container rentals (Vast.ai, RunPod): the machine is a container of this image, with no
+    # Docker and no systemd (see standins/container.py); None: a server or VM
+    container_image: str | None = None
+    volume_mount: str | None = None  # where the provider mounts the job's volume
+    persisted_env: tuple[str, ...] = ()  # files the boot wrote the image's environment to
 
 
 def _sshd_binary() -> str:
@@ -159,7 +165,10 @@ class SimHost:
         self.dir = Path(directory).resolve()
         if any(c in str(self.dir) for c in '"\n\\'):
             raise ValueError(f"unsupported character in host directory {self.dir}")
-        self.options = options or SimHostOptions()
+        options = options or SimHostOptions()
+        if options.container_image:  # a container rental has neither (real-hosts.md §4, §5)
+            options = replace(options, has_docker=False, has_systemd=False)
+        self.options = options
         self.authorized_key = _public_key_text(authorized_key)
         self.die_with_parent = die_with_parent
         self.user = pwd.getpwuid(os.getuid()).pw_name
@@ -332,6 +341,7 @@ class SimHost:
             self._first_boot()
         self._view = Host(self.dir)
         refresh_bin(self._view)
+        container_standin.install(self._view)
         self._write_session_wrapper()
 
     def _first_boot(self) -> None:
@@ -363,6 +373,15 @@ class SimHost:
         script = f"""#!/bin/sh
 # ForceCommand of a simulated host: start in its home, record the command, run it.
 cd "$HOME" 2>/dev/null || cd /
+# Login reads /etc/environment (pam_env: NAME=VALUE lines), and nothing else of the image's.
+if [ -r "$SIMHOST_ROOT/etc/environment" ]; then
+    while IFS= read -r line || [ -n "$line" ]; do
+        name=${{line%%=*}}
+        case "$line" in *=*) ;; *) continue ;; esac
+        case "$name" in ''|[0-9]*|*[!A-Za-z0-9_]*|SIMHOST_*|HOME) continue ;; esac
+        export "$line"
+    done < "$SIMHOST_ROOT/etc/environment"
+fi
 if [ -z "${{SSH_ORIGINAL_COMMAND+set}}" ]; then
     exec "${{SHELL:-/bin/sh}}" -l
 fi

@@ -37,9 +37,13 @@ _MIB = 1024**2
 class HostBackend(Protocol):
     """What an emulator needs to give its instances real SSH endpoints."""
 
-    def start(self, instance_id: str, public_key: str, gpu_name: str,
-              gpu_count: int) -> tuple[str, int, str]:
-        """Boot the instance's host authorising `public_key`; returns (host, port, user)."""
+    def start(self, instance_id: str, public_key: str, gpu_name: str, gpu_count: int,
+              container: dict[str, Any] | None = None) -> tuple[str, int, str]:
+        """Boot the instance's host authorising `public_key`; returns (host, port, user).
+
+        `container`: `SimHostOptions` fields of a container rental (`container_image`,
+        `volume_mount`, `persisted_env`, `nvme_mount`), set by the emulator from the create.
+        """
         ...
 
     def stop(self, instance_id: str) -> None:
@@ -182,24 +186,26 @@ class SimHostBackend:
             launcher = self._launcher
         return launcher.call(fn)
 
-    def host_options(self, gpu_name: str, gpu_count: int) -> SimHostOptions:
-        """The options a host for `gpu_count` × `gpu_name` boots with."""
+    def host_options(self, gpu_name: str, gpu_count: int,
+                     container: dict[str, Any] | None = None) -> SimHostOptions:
+        """The options a host for `gpu_count` × `gpu_name` boots with (a container rental
+        when `container` is given: what the provider made of the create request)."""
         model, memory = nvidia_smi_gpu(gpu_name)
         derived: dict[str, Any] = {"gpu_model": model, "gpu_count": int(gpu_count)}
         if memory:
             derived["gpu_memory_mib"] = memory
-        return SimHostOptions(**{**derived, **self.options})
+        return SimHostOptions(**{**derived, **self.options, **(container or {})})
 
-    def start(self, instance_id: str, public_key: str, gpu_name: str,
-              gpu_count: int) -> tuple[str, int, str]:
+    def start(self, instance_id: str, public_key: str, gpu_name: str, gpu_count: int,
+              container: dict[str, Any] | None = None) -> tuple[str, int, str]:
         """Boot (or boot again) the instance's host; returns (host, port, user)."""
         instance_id = str(instance_id)
         with self._lock:
             host = self._hosts.get(instance_id)
             if host is None:
                 folder = self.base_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", instance_id)
-                host = SimHost(folder, public_key, self.host_options(gpu_name, gpu_count),
-                               die_with_parent=True)
+                options = self.host_options(gpu_name, gpu_count, container)
+                host = SimHost(folder, public_key, options, die_with_parent=True)
                 self._hosts[instance_id] = host
         self._run(host.start)
         return host.host, host.port, host.user
@@ -222,6 +228,15 @@ class SimHostBackend:
         with self._lock:
             return list(self._hosts)
 
+    def host_root(self, instance_id: str) -> str:
+        """Where `/` of the instance's simulated server is (its `SimHost.root`)."""
+        return str(self.host(instance_id).root)
+
+    def serving(self, provider: Any) -> WithHostPaths:
+        """`provider` (an adapter talking to an emulator with these hosts) as the engine
+        must see it: the adapter itself, plus the hosts' path mapping."""
+        return WithHostPaths(provider, self.host_root)
+
     def stop_all(self) -> None:
         """Power every host off and end the launcher thread (a later `start` makes a new one)."""
         with self._lock:
@@ -238,3 +253,21 @@ class SimHostBackend:
             launcher.close()
         if errors:
             raise errors[0]
+
+
+class WithHostPaths:
+    """A real provider whose machines are simulated hosts (the emulators' instances, a
+    registered server that is a `SimHost`): every attribute is the provider's own, plus
+    `host_root` (`providers.base.HostPathMapping`), which a real provider does not have. The
+    engine asks it where the simulated server's `/` is, as it asks `sim`."""
+
+    def __init__(self, provider: Any, root_of: Callable[[str], str]) -> None:
+        self._provider = provider
+        self._root_of = root_of  # instance id -> the simulated server's root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._provider, name)
+
+    def host_root(self, instance: Any) -> str:
+        """The simulated server's root for `instance` (an `Instance` of the provider)."""
+        return self._root_of(instance.instance_id)

@@ -12,12 +12,25 @@ with `env.PUBLIC_KEY` also boots a real host authorising that key, and `ssh.dire
 that host (with the backend's user) once the pod is RUNNING. `preempt`/`exit_pod` power the
 host off; `DELETE` powers it off and forgets the pod. A host that fails to boot leaves the
 pod in `ERROR` (the adapter's FAILED).
+
+As on RunPod (real-hosts.md §4; api-reference-v2/openapi.json in runpod/docs):
+
+* the create body is validated like `CreatePodRequest` (unknown fields → 422; `mounts` holds
+  at most one of `persistent{size >= 10, path}` / `network[{volumeId, path}]`);
+* the pod is a container of its image: no Docker, no systemd; sshd runs only when the image
+  honours `PUBLIC_KEY` (`axolotlai/axolotl-cloud*`, `runpod/base`, `runpod/pytorch`); for any
+  other image the pod runs and `ssh.direct` names a port where nothing answers;
+* those images' entrypoints dump their environment to `/etc/rp_environment`, which a
+  non-interactive SSH command does not source; the volume is mounted at its `path` (over
+  `/workspace` it hides the image's `/workspace/axolotl*`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,6 +77,14 @@ class Fault:
             return True
         return path == self.path or (self.path.endswith("/") and path.startswith(self.path))
 
+
+# Images whose entrypoint starts sshd from PUBLIC_KEY and dumps the environment to
+# /etc/rp_environment (axolotl cloud-entrypoint.sh; runpod/containers start.sh).
+SSH_IMAGES = re.compile(r"(?:docker\.io/)?"
+                        r"(?:axolotlai/axolotl-cloud[a-z-]*|runpod/(?:base|pytorch))[:@].+")
+CREATE_FIELDS = {"name", "image", "gpu", "cpu", "cloud", "dataCenterIds", "disk", "ports",
+                 "env", "mounts", "startSsh", "startJupyter", "templateId", "args", "registry",
+                 "globalNetworking"}
 
 TITLES = {400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
           404: "Not Found", 422: "Unprocessable Entity", 429: "Too Many Requests",
@@ -226,7 +247,8 @@ class RunPodEmulator:
             "gpu": {"id": gpu.get("id"), "count": count},
             "cost": float(price * count) if price is not None else 0.0,
             "disk": body.get("disk"), "ports": list(body.get("ports") or []),
-            "env": dict(body.get("env") or {}), "createdAt": time.time(),
+            "env": dict(body.get("env") or {}), "mounts": dict(body.get("mounts") or {}),
+            "createdAt": time.time(),
         }
         pod = _Pod(doc, time.monotonic(), ssh={"host": self.ssh_host,
                                                  "port": 20000 + len(self._pods),
@@ -236,14 +258,26 @@ class RunPodEmulator:
         return pod
 
     def _boot_host(self, pod: _Pod) -> None:
-        """With `hosts` and a `PUBLIC_KEY`: boot the pod's machine now (SSH shows when RUNNING)."""
+        """With `hosts` and a `PUBLIC_KEY`: boot the pod's machine now (SSH shows when RUNNING).
+
+        Only images that honour `PUBLIC_KEY` start sshd: for any other image the pod runs,
+        but its published 22/tcp leads to a port where nothing listens.
+        """
         key = str(pod.doc["env"].get("PUBLIC_KEY") or "").strip()
         if self.hosts is None or not key:
             return
+        image = str(pod.doc.get("image") or "")
+        if not SSH_IMAGES.fullmatch(image):
+            pod.ssh = {"host": self.ssh_host, "port": _closed_port(), "username": "root"}
+            return
+        persistent = (pod.doc.get("mounts") or {}).get("persistent") or {}
+        mount = persistent.get("path")
+        container = {"container_image": image, "volume_mount": mount, "nvme_mount": mount,
+                     "persisted_env": ("/etc/rp_environment",)}
         try:
             host, port, user = self.hosts.start(str(pod.doc["id"]), key,
                                                 str(pod.doc["gpu"]["id"]),
-                                                int(pod.doc["gpu"]["count"]))
+                                                int(pod.doc["gpu"]["count"]), container)
         except Exception:  # noqa: BLE001 - the machine failed: the pod errors
             pod.doc["status"] = "ERROR"
             pod.frozen = True
@@ -276,8 +310,20 @@ class RunPodEmulator:
 
     def _view(self, pod: _Pod) -> dict[str, Any]:
         doc = dict(pod.doc)
-        running = doc["status"] == "RUNNING" and "22/tcp" in doc.get("ports", [])
-        doc["ssh"] = {"direct": dict(pod.ssh) if running and pod.ssh else None}
+        running = doc["status"] == "RUNNING"
+        exposed = running and "22/tcp" in doc.get("ports", []) and pod.ssh is not None
+        direct = None
+        if exposed and pod.ssh is not None:
+            direct = {**pod.ssh, "command": f"ssh {pod.ssh['username']}@{pod.ssh['host']} "
+                                            f"-p {pod.ssh['port']}"}
+        # The proxy carries an interactive shell only (no SFTP, no exec): never usable by orch.
+        token = f"{doc['id']}-64411eb2"
+        proxy = {"host": "ssh.runpod.io", "port": 22, "username": token,
+                 "command": f"ssh {token}@ssh.runpod.io"} if running else None
+        doc["ssh"] = {"direct": direct, "proxy": proxy}
+        doc["runtime"] = {"uptime": 1, "ports": [
+            {"private": 22, "public": direct["port"], "type": "tcp", "ip": direct["host"]},
+        ] if direct else []} if running else None
         return doc
 
     def handle(self, method: str, path: str, query: dict[str, list[str]],
@@ -340,6 +386,23 @@ class RunPodEmulator:
             return 422, problem(422, "Unprocessable Entity", "body must be a JSON object"), {}
         errors = [{"field": f, "message": "required"} for f in ("name", "image", "gpu")
                   if not body.get(f)]
+        errors += [{"field": f, "message": "unknown field"} for f in sorted(body)
+                   if f not in CREATE_FIELDS]
+        mounts = body.get("mounts")
+        if mounts is not None:
+            if not isinstance(mounts, dict) or set(mounts) - {"persistent", "network"}:
+                errors.append({"field": "mounts", "message": "only persistent or network"})
+            elif "persistent" in mounts and "network" in mounts:
+                return 400, problem(400, "Bad Request",
+                                    "mounts.persistent and mounts.network are exclusive"), {}
+            else:
+                persistent = mounts.get("persistent")
+                if persistent is not None and not (
+                        isinstance(persistent, dict) and set(persistent) == {"size", "path"}
+                        and isinstance(persistent["size"], int) and persistent["size"] >= 10
+                        and str(persistent["path"]).startswith("/")):
+                    errors.append({"field": "mounts.persistent",
+                                   "message": "size (integer >= 10) and path are required"})
         if body.get("cloud", "SECURE") not in ("SECURE", "COMMUNITY"):
             errors.append({"field": "cloud", "message": "must be SECURE or COMMUNITY"})
         if errors:
@@ -435,3 +498,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
+
+
+def _closed_port() -> int:
+    """A loopback port where nothing listens (connections are refused)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

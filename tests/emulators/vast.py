@@ -2,8 +2,14 @@
 
 A real HTTP server (stdlib `ThreadingHTTPServer` in a background thread) serving the
 documented shapes: `POST /bundles/` (operator filters), `PUT /asks/{id}/`,
-`GET /instances/` and `GET /instances/{id}/` (`{"instances": {one object}}`),
-`DELETE /instances/{id}/`, `POST /ssh/`. Use it as a context manager::
+`GET /instances/` and `GET /instances/{id}/` (`{"instances": {one object}}`), the paginated
+`GET /api/v1/instances/` (`select_filters`, `order_by`, `limit`, `after_token` →
+`{instances, next_token, total_instances}`), `DELETE /instances/{id}/`, `POST /ssh/`.
+It speaks what the official client sends (`vastai` 1.9.1: tests/test_vastai_cli.py runs it
+against this emulator): search `type` must be `on-demand`, `bid` or `reserved`; create
+accepts the CLI's whole body and its runtypes (`ssh`, `ssh_proxy`, `ssh_direc ssh_proxy`,
+the docs' `ssh_direct`, the jupyter ones, `args`), and an `args` instance has no SSH.
+Use it as a context manager::
 
     with VastEmulator(api_key="k") as vast:
         vast.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.30, min_bid=0.18)
@@ -18,13 +24,18 @@ in `requests` (method, path, query, body text, JSON, headers without Authorizati
 With `hosts=` (a `tests.emulators.hosts.HostBackend`, e.g. `SimHostBackend`) every successful
 create also boots a real host authorising the public key found in the `onstart` script (else
 the account's latest `POST /ssh/` key); the instance reports that host as `ssh_host`/`ssh_port`
-once it is running. `preempt` powers the host off; `DELETE` powers it off and forgets it. A
-host that fails to boot leaves the instance `exited` (the adapter's FAILED).
+once it is running (direct runtypes also as `public_ipaddr` + `ports["22/tcp"]`). The host is
+a container rental (`SimHostOptions.container_image`): no Docker, no systemd, and the image's
+environment reaches SSH sessions only if the onstart script persists it
+(`env >> /etc/environment`, read at login as pam_env does). `preempt` powers the host off;
+`DELETE` powers it off and forgets it. A host that fails to boot leaves the instance `exited`
+(the adapter's FAILED).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,13 +43,22 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
     from .hosts import HostBackend
 
 AUTH_ERROR = {"success": False, "error": "auth_error", "msg": "Invalid user key"}
 RATE_LIMIT_TEXT = "API requests too frequent"
+SEARCH_TYPES = ("on-demand", "bid", "reserved")
+# Runtypes the CLI sends (vast-cli resolve_runtype) and the docs list; "args" has no SSH.
+SSH_RUNTYPES = ("ssh", "ssh_proxy", "ssh_direc ssh_proxy", "ssh_direct",
+                "jupyter_proxy ssh_proxy", "jupyter_direc ssh_direc ssh_proxy",
+                "jupyter_direct")
+RUNTYPES = (*SSH_RUNTYPES, "args")
+# `env >> /etc/environment` (or `env | grep _ >> ...`, `printenv >> ...`) in an onstart.
+_PERSISTS_ENV = re.compile(r"(?:^|[;&|(\s])(?:env|printenv)\b[^;&]*>>\s*/etc/environment\b")
+_SEARCH_CONTROLS = ("order", "limit", "type", "allocated_storage", "disable_bundling")
 
 
 @dataclass
@@ -86,6 +106,7 @@ _OFFER_DEFAULTS: dict[str, Any] = {
     "gpu_name": "RTX 4090", "gpu_ram": 24564, "cpu_cores_effective": 16.0, "cpu_ram": 64000,
     "disk_space": 500.0, "geolocation": "US", "reliability2": 0.99, "verified": True,
     "rentable": True, "rented": False, "cuda_max_good": 13.0, "machine_id": 0,
+    "external": False,
 }
 
 _OPS = {
@@ -99,6 +120,31 @@ _OPS = {
 
 def _sort_key(fld: str) -> Callable[[dict[str, Any]], Any]:
     return lambda row: row.get(fld) or 0
+
+
+def _coerce(have: Any, want: Any) -> Any:
+    """`want` as the type of the field's value: the CLI sends numbers it parsed from a query
+    string as strings (`num_gpus=1` → {"eq": "1"}) and Vast compares them as numbers."""
+    if isinstance(want, list):
+        return [_coerce(have, w) for w in want]
+    if isinstance(have, int | float) and not isinstance(have, bool) and isinstance(want, str):
+        try:
+            return float(want)
+        except ValueError:
+            return want
+    return want
+
+
+def _matches(row: dict[str, Any], filters: dict[str, Any]) -> bool:
+    """Whether `row` passes every `{field: {op: value}}` filter (unknown ops are ignored)."""
+    for key, cond in filters.items():
+        if not isinstance(cond, dict):
+            continue
+        for op, want in cond.items():
+            have = row.get(key)
+            if op in _OPS and not _OPS[op](have, _coerce(have, want)):
+                return False
+    return True
 
 
 def _storage_per_hour(offer: dict[str, Any], disk_gb: float) -> Decimal:
@@ -293,6 +339,12 @@ class VastEmulator:
         if auth != f"Bearer {self.api_key}":
             self._json(h, 401, AUTH_ERROR)
             return
+        if path.startswith("/api/v1/"):
+            route = [p for p in path[len("/api/v1"):].split("/") if p]
+            with self.lock:
+                status, doc = self._route_v1(h.command, route, parse_qs(parts.query))
+            self._json(h, status, doc)
+            return
         root = "/api/v0"
         if not path.startswith(root + "/"):
             self._json(h, 404, {"error": "not_found", "msg": path})
@@ -312,9 +364,40 @@ class VastEmulator:
         status, doc = result
         self._json(h, status, doc)
 
+    def _route_v1(self, method: str, route: list[str],
+                  query: dict[str, list[str]]) -> tuple[int, Any]:
+        """`GET /api/v1/instances/`: the paginated listing (vast-cli `show instances`)."""
+        if method != "GET" or route != ["instances"]:
+            return 404, {"error": "not_found", "msg": "/".join(route)}
+        try:
+            select = json.loads(query.get("select_filters", ["{}"])[0])
+            order = json.loads(query.get("order_by", ['[{"col": "id", "dir": "asc"}]'])[0])
+            limit = int(query.get("limit", ["25"])[0])
+            after = int(query.get("after_token", ["0"])[0] or 0)
+        except ValueError:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "select_filters, order_by, limit or after_token is malformed"}
+        if not isinstance(select, dict) or not isinstance(order, list) or not 1 <= limit <= 25:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": "limit must be between 1 and 25"}
+        rows = [i for i in self.instances.values() if _matches(i, select)]
+        for spec in reversed(order):
+            col = str(spec.get("col", "id")) if isinstance(spec, dict) else "id"
+            desc = isinstance(spec, dict) and spec.get("dir") == "desc"
+            rows.sort(key=_sort_key(col), reverse=desc)
+        page = rows[after: after + limit]
+        more = after + limit < len(rows)
+        return 200, {"instances": [self._view(i) for i in page],
+                     "next_token": str(after + limit) if more else None,
+                     "total_instances": len(rows)}
+
     def _route(self, method: str, route: list[str], body: Any) -> tuple[int, Any] | None:
         if method == "POST" and route == ["bundles"]:
-            return 200, {"offers": self._search(body if isinstance(body, dict) else {})}
+            query = body if isinstance(body, dict) else {}
+            if query.get("type", "on-demand") not in SEARCH_TYPES:
+                return 400, {"success": False, "error": "invalid_args",
+                             "msg": f"type must be one of {', '.join(SEARCH_TYPES)}"}
+            return 200, {"offers": self._search(query)}
         if method == "PUT" and len(route) == 2 and route[0] == "asks":
             return self._create(route[1], body if isinstance(body, dict) else {})
         if method == "GET" and route == ["instances"]:
@@ -335,6 +418,9 @@ class VastEmulator:
                 if self.hosts is not None and gone.get("_endpoint"):
                     self.hosts.stop(str(iid))
                 return 200, {"success": True}
+        if method == "GET" and route == ["users", "current"]:  # the CLI asks before commands
+            return 200, {"id": 1, "username": "orch-test", "credit": 100.0,
+                         "host_agreement_accepted": False}
         if method == "POST" and route == ["ssh"]:
             self.ssh_keys.append(str((body or {}).get("ssh_key", "")))
             return 200, {"success": True}
@@ -342,17 +428,9 @@ class VastEmulator:
 
     def _search(self, q: dict[str, Any]) -> list[dict[str, Any]]:
         rows = []
+        filters = {k: v for k, v in q.items() if k not in _SEARCH_CONTROLS}
         for offer in self.offers:
-            if self._rented(offer):
-                continue
-            ok = True
-            for key, cond in q.items():
-                if key in ("order", "limit", "type") or not isinstance(cond, dict):
-                    continue
-                for op, want in cond.items():
-                    if op in _OPS and not _OPS[op](offer.get(key), want):
-                        ok = False
-            if ok:
+            if not self._rented(offer) and _matches(offer, filters):
                 rows.append(dict(offer))
         for fld, direction in reversed(q.get("order") or []):
             rows.sort(key=_sort_key(str(fld)), reverse=(direction == "desc"))
@@ -370,6 +448,12 @@ class VastEmulator:
         if not isinstance(disk, int | float) or disk < 8 or not body.get("image"):
             return 400, {"success": False, "error": "invalid_args",
                          "msg": "disk must be >= 8 and image is required"}
+        runtype = body.get("runtype", "ssh")
+        if body.get("template_hash_id") is None and runtype not in RUNTYPES:
+            return 400, {"success": False, "error": "invalid_args",
+                         "msg": f"invalid runtype {runtype!r}"}
+        if not isinstance(body.get("env", {}), dict):
+            return 400, {"success": False, "error": "invalid_args", "msg": "env must be a dict"}
         price = body.get("price")
         if price is not None and Decimal(str(price)) < Decimal(str(offer["min_bid"])):
             return 400, {"success": False, "error": "invalid_price",
@@ -398,15 +482,23 @@ class VastEmulator:
         return keys[0] if keys else None
 
     def _boot_host(self, inst: dict[str, Any]) -> None:
-        """With `hosts`: boot the instance's machine now; its SSH shows once it is running."""
-        if self.hosts is None:
-            return
+        """With `hosts`: boot the instance's machine now; its SSH shows once it is running.
+
+        The machine is a container of the instance's image. Vast's SSH runtypes start its
+        sshd themselves (any image), but the image's environment reaches SSH sessions only
+        when the onstart script wrote it to /etc/environment.
+        """
+        if self.hosts is None or inst["runtype"] not in SSH_RUNTYPES:
+            return  # the args runtype keeps the image's ENTRYPOINT and gives no SSH
         key = self._public_key(inst)
         if key is None:  # nothing to authorise: the instance has no reachable SSH
             return
+        persisted = _PERSISTS_ENV.search(str(inst.get("onstart") or ""))
+        container = {"container_image": str(inst["image_uuid"]),
+                     "persisted_env": ("/etc/environment",) if persisted else ()}
         try:
             host, port, _user = self.hosts.start(str(inst["id"]), key, str(inst["gpu_name"]),
-                                                 int(inst["num_gpus"]))
+                                                 int(inst["num_gpus"]), container)
         except Exception as exc:  # noqa: BLE001 - the machine failed: the container exits
             inst.update(actual_status="exited", cur_state="stopped", next_state="stopped",
                         status_msg=f"host failed to boot: {exc}"[:300], _pinned=True)
@@ -428,7 +520,9 @@ class VastEmulator:
             "actual_status": None, "intended_status": "running", "cur_state": "stopped",
             "next_state": "running", "status_msg": "", "public_ipaddr": None, "ports": {},
             "ssh_host": None, "ssh_port": None, "image_uuid": body.get("image"),
-            "disk_space": disk, "onstart": body.get("onstart"), "runtype": body.get("runtype"),
+            "disk_space": disk, "onstart": body.get("onstart"),
+            "runtype": body.get("runtype", "ssh"),
+            "extra_env": [[k, str(v)] for k, v in (body.get("env") or {}).items()],
             "start_date": time.time(), "_ask": offer.get("id"), "_reads": 0,
             "_created": time.monotonic(), "_pinned": False,
         }
@@ -452,6 +546,9 @@ class VastEmulator:
         endpoint = inst.get("_endpoint")
         if endpoint and inst["actual_status"] == "running" and inst["ssh_host"] is None:
             inst["ssh_host"], inst["ssh_port"] = endpoint  # kept once shown, like Vast
+            if "ssh_direc" in str(inst["runtype"]):  # direct: the public port of 22/tcp
+                inst["public_ipaddr"] = endpoint[0]
+                inst["ports"] = {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(endpoint[1])}]}
         return {k: v for k, v in inst.items() if not k.startswith("_")}
 
     # -- responses ----------------------------------------------------------------------

@@ -222,6 +222,8 @@ def say(*lines: str, err: bool = False) -> None:
 
 def refresh_bin(host: Host) -> None:
     """Make the host's bin directory match what the host has installed right now."""
+    from .container import base_path_excludes
+
     opts = host.options
     wanted = set(ALWAYS)
     if not opts["driver_missing"]:
@@ -235,6 +237,8 @@ def refresh_bin(host: Host) -> None:
     lm_eval = opts.get("has_lm_eval")
     if lm_eval or (lm_eval is None and not opts["has_docker"]):
         wanted.add("lm_eval")
+    # A container rental has the image's commands only inside the image (standins/container).
+    wanted -= set(base_path_excludes(host))
     host.bin.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(sys.executable)
     for name in ALWAYS + CONDITIONAL:
