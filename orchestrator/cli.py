@@ -69,13 +69,12 @@ def _load(path: Path) -> LoadedJob:
 
 
 def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
-    from orchestrator.paths import default_db_url
     from orchestrator.planning import make_plan
     from orchestrator.readonly import measured_throughput
     from orchestrator.scheduler import NoFit
 
     try:
-        return make_plan(job, servers, measured_throughput(default_db_url()))
+        return make_plan(job, servers, _without_db(measured_throughput, {}))
     except NoFit as exc:
         _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
 
@@ -141,10 +140,28 @@ def _render_plan(plan: Plan, limit: int) -> None:
 
 
 def _servers_for_plan() -> list[Any]:
-    from orchestrator.paths import default_db_url
     from orchestrator.readonly import registered_servers
 
-    return registered_servers(default_db_url())
+    return _without_db(registered_servers, [])
+
+
+def _without_db(read: Any, empty: Any) -> Any:
+    """`read(db_url)`, or `empty` with a note when the database cannot be read: planning
+    needs no database (it only adds registered servers and measured throughput)."""
+    from orchestrator.paths import default_db_url
+    from orchestrator.readonly import Unavailable
+
+    try:
+        return read(default_db_url())
+    except Unavailable as exc:
+        if str(exc) not in _NOTED:  # servers and throughput fail alike: say it once
+            _NOTED.add(str(exc))
+            typer.echo(f"note: {exc}; planning without registered servers and measured "
+                       "throughput", err=True)
+        return empty
+
+
+_NOTED: set[str] = set()
 
 
 @app.command()
@@ -163,12 +180,13 @@ def plan(
 
 
 def _store() -> Any:
+    from orchestrator.exits import exit_code
     from orchestrator.store import StoreError, open_store
 
     try:
         return open_store()
     except StoreError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exit_code(exc))
 
 
 def _job_dict(j: Any) -> dict[str, Any]:
@@ -191,7 +209,15 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    rows = [_job_dict(j) for j in _store().list_jobs(limit=limit, status=status)]
+    from orchestrator.store import InvalidValueError
+
+    if not 1 <= limit <= 100_000:
+        _fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+    try:
+        found = _store().list_jobs(limit=limit, status=status)
+    except InvalidValueError as exc:
+        _fail(f"--status {status}: {exc}", EXIT_INVALID)
+    rows = [_job_dict(j) for j in found]
     if json_out:
         _print_json(rows)
         return
@@ -365,6 +391,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # a defect: one line for the user, the traceback on request
+        import os
+
+        if os.environ.get("ORCH_DEBUG"):
+            raise
+        typer.echo(f"error: internal error ({type(exc).__name__}: {exc}); please report it "
+                   "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",
+                   err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

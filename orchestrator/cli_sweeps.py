@@ -97,13 +97,14 @@ def _read_sqlite() -> bool:
 
 
 def _reader() -> Any:
+    from orchestrator.exits import exit_code
     from orchestrator.history import HistoryError, open_reader
     from orchestrator.paths import default_db_url
 
     try:
         return open_reader(default_db_url())
     except HistoryError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exit_code(exc))
 
 
 def _status(name: str) -> dict[str, Any]:

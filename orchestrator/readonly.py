@@ -34,6 +34,20 @@ SELECT gpu, gpu_count, method, size_class, tokens_per_s FROM (
 """
 
 
+class Unavailable(Exception):
+    """The (non-SQLite) database cannot be opened; the message says why and what to do."""
+
+
+def _open(url: str) -> Any:
+    """The store at a non-SQLite `url`; Unavailable when it cannot be opened."""
+    from orchestrator.store import StoreError, open_store
+
+    try:
+        return open_store(url)
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from exc
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a `sqlite:///...` URL, or None for other databases / in-memory."""
     prefix = "sqlite:///"
@@ -51,9 +65,15 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
-        from orchestrator.store import open_store  # non-SQLite: use the store
+        from sqlalchemy.exc import SQLAlchemyError
 
-        return open_store(url).registered()
+        store = _open(url)  # non-SQLite: use the store
+        try:
+            return store.registered()
+        except SQLAlchemyError as exc:
+            raise Unavailable(f"cannot read registered servers: {exc}") from exc
+        finally:
+            store.close()
     if not path.exists():
         return []
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
@@ -80,13 +100,14 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
         if url.startswith("sqlite"):
             return {}
         from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
 
-        from orchestrator.store import open_store  # non-SQLite: use the store's engine
-
-        store = open_store(url)
+        store = _open(url)  # non-SQLite: use the store's engine
         try:
             with store.engine.connect() as conn:
                 return _medians(tuple(r) for r in conn.execute(text(_MEASURED_SQL)))
+        except SQLAlchemyError as exc:
+            raise Unavailable(f"cannot read measured throughput: {exc}") from exc
         finally:
             store.close()
     if not path.exists():
