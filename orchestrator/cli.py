@@ -127,7 +127,12 @@ def _render_plan(plan: Plan, limit: int) -> None:
                       "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}",
+    from orchestrator.runnable import CLOUDS
+
+    # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
+    chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
+              else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
+    out += ["", f"Chosen: {chosen}: {plan.to_dict(0)['why']}",
             f"Throughput: {plan.chosen.duration.source}"]
     if plan.ranking.rejected:
         out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
@@ -171,12 +176,32 @@ def plan(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    from orchestrator.runnable import runners
+
     job = _load(file)
-    result = _plan(job, _servers_for_plan())
+    servers = _servers_for_plan()
+    result = _plan(job, servers)
+    who = runners(job.spec.resources.providers, bool(servers))
     if json_out:
-        _print_json(result.to_dict(alternatives=10_000 if all_rows else 20))
+        _print_json({**result.to_dict(alternatives=10_000 if all_rows else 20),
+                     "runs_on": list(who.providers), "runs_on_notes": list(who.notes)})
     else:
         _render_plan(result, 10_000 if all_rows else 12)
+        typer.echo(_runs_on(result, who))
+
+
+def _runs_on(plan: Plan, who: Any) -> str:
+    """Who would run the plan here: catalog prices are estimates, not a provider."""
+    from orchestrator.runnable import HOW_TO_CONFIGURE
+
+    if not who:
+        return (f"Runs on: nothing configured here can run it ({'; '.join(who.notes)}). "
+                f"{HOW_TO_CONFIGURE}.")
+    o = plan.chosen.offer
+    if o.provider in who.providers:
+        return f"Runs on: {o.provider}"
+    return (f"Runs on: {' or '.join(who.providers)}, whose live offers `orch submit` ranks "
+            f"(the {o.provider} catalog's prices above are an estimate)")
 
 
 def _store() -> Any:

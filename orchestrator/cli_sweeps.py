@@ -64,12 +64,16 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator import cli
+    from orchestrator.cli_jobs import require_runners
     from orchestrator.store import StoreError
     from orchestrator.sweepstore import submit_sweep
 
     loaded = _load(file)
     store = cli._store()
     try:
+        # As `orch submit`: no run is queued (or reported as queueable) that nothing here
+        # can run; a worker would only fail them one by one.
+        require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
     except (StoreError, SQLAlchemyError) as exc:
         _fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")

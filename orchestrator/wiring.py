@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 
 from orchestrator.paths import data_dir
+from orchestrator.runnable import cloud_keys
 from orchestrator.store import Store
-from providers import credentials
 from providers.base import Provider
 
 
@@ -65,20 +65,11 @@ def configured_providers(store: Store, *, sim: bool | None = None
     from providers.dedicated import Dedicated
 
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
-    notes: list[str] = []
     if sim or (sim is None and sim_state_dir().exists()):
         found["sim"] = sim_from_env()
-    for name, env in (("vastai", "ORCH_VASTAI_URL"), ("runpod", "ORCH_RUNPOD_URL")):
-        try:
-            key = credentials.api_key(name)
-        except credentials.CredentialsError as exc:
-            notes.append(f"{name}: {exc}")
-            continue
-        if not key:
-            notes.append(f"{name}: no API key ({credentials.ENV[name]} or "
-                         f"{credentials.credentials_file()}); left out")
-            continue
-        url = os.environ.get(env)
+    keys, notes = cloud_keys()
+    for name, key in keys.items():
+        url = os.environ.get(f"ORCH_{name.upper()}_URL")
         if name == "vastai":
             from providers.vastai import VastAI
 
