@@ -272,8 +272,8 @@ def register(app: typer.Typer) -> None:
         from orchestrator import cli
         from orchestrator.engine import JobRunner, owner_id
 
-        if poll <= 0:
-            cli._fail(f"--poll must be > 0 (got {poll})", 2)
+        if not 0 < poll < 86_400:  # also refuses nan, which time.sleep would raise on
+            cli._fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
         store = cli._store()
         owner = owner_id("worker")
         providers, notes = _providers(store)

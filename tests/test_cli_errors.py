@@ -157,3 +157,8 @@ def test_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
                           timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ORCH_DB_URL")
+
+
+def test_worker_poll_nan_is_refused_before_the_loop(tmp_path: Path) -> None:
+    result = run(tmp_path, ["worker", "--poll", "nan", "--max-jobs", "1"])
+    assert result.exit_code == 2 and "--poll" in result.output

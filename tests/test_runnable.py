@@ -106,3 +106,12 @@ def test_plan_says_catalog_prices_are_an_estimate_and_who_runs_it(env: dict[str,
 def test_plan_for_the_simulated_cloud_runs_on_sim(env: dict[str, str]) -> None:
     proc = orch(env, "plan", "examples/quickstart.yml")
     assert proc.returncode == 0 and "Runs on: sim" in proc.stdout, proc.stderr
+
+
+def test_a_credentials_fifo_does_not_block(env: dict[str, str], tmp_path: Path) -> None:
+    folder = tmp_path / "config" / "orch"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "credentials", 0o600)
+    proc = orch(env, "plan", "examples/qlora-8b.yml")
+    assert proc.returncode == 0, proc.stderr
+    assert "is not a regular file" in proc.stdout
