@@ -7,7 +7,8 @@ twice. Output is one summary line (or `--json`); `--quiet` prints nothing on an 
 
 Exit codes: 0 done (also when the estimate exceeds the budget: the runs are queued and the
 budget gate holds back those that would exceed it, which the summary says); 2 the sweep
-file (or an argument) is invalid; 3 some runs fit no offer (the others were queued); 4 `show`
+file (or an argument) is invalid; 3 some runs fit no offer (the others were queued), or no
+configured provider could run a run (then nothing is queued or recorded); 4 `show`
 of an unknown sweep; 1 anything else (the database, say).
 
 `orch sweep show NAME`: Typer cannot have a command `sweep FILE` and a group `sweep show`, so
@@ -223,7 +224,7 @@ def register(app: typer.Typer) -> None:
         """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
 
         Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
-        3 some runs fit no offer, 1 other errors. `orch sweep show NAME` shows a sweep.
+        3 some runs fit no offer or nothing here can run them, 1 other errors. `orch sweep show NAME` shows a sweep.
         """
         if file == "show" and name is not None:
             if retry_failed or quiet or dry_run:
