@@ -231,7 +231,7 @@ def check(folder: Folder, args: list[str], text: str) -> int:
 
 # derandomize: the same examples on every run, so CI is repeatable; explore further by hand
 # with e.g. ORCH_FUZZ_EXAMPLES=2000 ORCH_FUZZ_RANDOM=1.
-FUZZ = settings(max_examples=int(os.environ.get("ORCH_FUZZ_EXAMPLES", "40")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("ORCH_FUZZ_EXAMPLES", "25")), deadline=None,
                 database=None, derandomize=not os.environ.get("ORCH_FUZZ_RANDOM"),
                 suppress_health_check=[HealthCheck.too_slow,
                                                       HealthCheck.function_scoped_fixture])
