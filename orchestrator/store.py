@@ -512,7 +512,7 @@ def open_store(url: str | None = None) -> Store:
     except ImportError as exc:  # the dialect's driver (psycopg for PostgreSQL) is missing
         raise StoreError(f"ORCH_DB_URL needs the Python driver {exc.name or 'for it'}, which is "
                          "not installed; install it in orch's environment (for PostgreSQL: "
-                         "pip install 'psycopg[binary]')") from None
+                         "pip install 'orch[postgres]')") from None
     except OSError as exc:
         raise StoreError(f"cannot create the database folder for {parsed.database}: "
                          f"{exc.strerror or exc}{fix}") from None
