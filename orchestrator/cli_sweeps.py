@@ -224,7 +224,8 @@ def register(app: typer.Typer) -> None:
         """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
 
         Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
-        3 some runs fit no offer or nothing here can run them, 1 other errors. `orch sweep show NAME` shows a sweep.
+        3 some runs fit no offer or nothing here can run them, 1 other errors.
+        `orch sweep show NAME` shows a sweep.
         """
         if file == "show" and name is not None:
             if retry_failed or quiet or dry_run:
