@@ -130,6 +130,9 @@ class SqliteReader:
                 f"cannot read the history in {self.path}: {exc}; run any orch command that "
                 "opens the database (e.g. `orch jobs`) to create or upgrade its schema"
             ) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database"
+            raise HistoryError(f"cannot read the history in {self.path}: {exc}; move it "
+                               "aside or set ORCH_DB_URL to another database") from exc
 
     def close(self) -> None:
         """Close the connection."""

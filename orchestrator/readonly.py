@@ -76,16 +76,11 @@ def registered_servers(url: str) -> list[RegisteredServer]:
             store.close()
     if not path.exists():
         return []
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        rows = con.execute(
-            "SELECT name, gpu, gpu_count, monthly_price_micros, host, status, port, user, "
-            "claimed_by_job FROM server ORDER BY name"
-        ).fetchall()
+        rows = _sqlite_rows(path, "SELECT name, gpu, gpu_count, monthly_price_micros, host, "
+                            "status, port, user, claimed_by_job FROM server ORDER BY name")
     except sqlite3.OperationalError:
         return []  # database not migrated yet: no servers registered
-    finally:
-        con.close()
     return [
         RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status,
                          int(port), user, claimed)
@@ -112,14 +107,31 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
             store.close()
     if not path.exists():
         return {}
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        rows = con.execute(_MEASURED_SQL).fetchall()
+        rows = _sqlite_rows(path, _MEASURED_SQL)
     except sqlite3.OperationalError:
         return {}  # database older than the table (or not migrated): no history yet
+    return _medians(rows)
+
+
+def _sqlite_rows(path: Path, sql: str) -> list[Any]:
+    """Rows of `sql` on a read-only connection; OperationalError (no such table) propagates,
+    Unavailable when the file cannot be opened or is not a database at all."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error as exc:
+        raise Unavailable(f"cannot open the database {path}: {exc}") from exc
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            raise
+        raise Unavailable(f"cannot read the database {path}: {exc}") from exc
+    except sqlite3.DatabaseError as exc:  # "file is not a database"
+        raise Unavailable(f"cannot read the database {path}: {exc}; move it aside or set "
+                          "ORCH_DB_URL to another database") from exc
     finally:
         con.close()
-    return _medians(rows)
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:

@@ -162,3 +162,17 @@ def test_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
 def test_worker_poll_nan_is_refused_before_the_loop(tmp_path: Path) -> None:
     result = run(tmp_path, ["worker", "--poll", "nan", "--max-jobs", "1"])
     assert result.exit_code == 2 and "--poll" in result.output
+
+
+@pytest.mark.parametrize(("path", "cmd"), COMMANDS, ids=IDS)
+def test_a_file_that_is_not_a_database(tmp_path: Path, path: list[str], cmd: Any) -> None:
+    db = tmp_path / "xdg" / "orch" / "orch.db"
+    db.parent.mkdir(parents=True)
+    db.write_text("not a database " * 100)
+    result = run(tmp_path, base_args(path, cmd))
+    if path == ["plan"]:
+        assert result.exit_code == 0 and "not a database" in result.output, result.output
+        return
+    if result.exit_code != 0:
+        lines = error_lines(result)
+        assert len(lines) == 1 and "not a database" in lines[0], result.output
