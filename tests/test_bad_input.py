@@ -99,7 +99,7 @@ def test_a_token_count_beyond_what_the_math_holds_is_refused(tmp_path: Path) -> 
     "training: {gradient_accumulation_steps: 99999999999999999999}",
     "resources: {providers: [sim], max_cost: 1e30}",
     "resources: {providers: [sim], deadline_hours: .inf}",
-    "lora: {alpha: 1e300}",
+    "lora: {alpha: 99999999999999999999}",
     "base_model: {repo: a/b, architecture: {hidden_size: 99999999999999999999, "
     "num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 8, vocab_size: 8}}",
 ])

@@ -113,9 +113,12 @@ def test_unreachable_database_server(tmp_path: Path, path: list[str], cmd: Any) 
 def _numeric_options(cmd: Any) -> list[tuple[str, type]]:
     out = []
     for p in cmd.params:
-        kind = p.type_descriptor.annotation
-        args = typing.get_args(kind)
-        kind = next((a for a in args if a in (int, float)), kind)
+        descriptor = getattr(p, "type_descriptor", None)  # typer >= 0.29 (its own click)
+        if descriptor is not None:
+            kind = descriptor.annotation
+            kind = next((a for a in typing.get_args(kind) if a in (int, float)), kind)
+        else:  # click's parameter types
+            kind = {"integer": int, "float": float}.get(getattr(p.type, "name", ""))
         if p.param_type_name == "option" and kind in (int, float):
             out.append((p.opts[0], kind))
     return out
