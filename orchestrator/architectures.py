@@ -140,6 +140,11 @@ def lookup(repo: str) -> KnownModel:
     )
 
 
+# Bound on every size field of a config.json (the largest vocabularies are ~256K, hidden
+# sizes ~16K): keeps the sizing arithmetic and the database's integers in range.
+MAX_FIELD = 1 << 24
+
+
 def from_fields(fields: dict[str, Any], where: str = "") -> Architecture:
     """Build an Architecture from config.json-style fields, naming missing ones.
 
@@ -161,6 +166,9 @@ def from_fields(fields: dict[str, Any], where: str = "") -> Architecture:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ArchitectureError(f"{where}{name} must be a positive integer (got {value!r})")
+        if value > MAX_FIELD:
+            raise ArchitectureError(f"{where}{name} must be <= {MAX_FIELD:,} (got {value:,}); "
+                                    "no model is that large")
         ints[name] = value
     heads = ints["num_attention_heads"]
     kv = ints.get("num_key_value_heads", heads)
@@ -192,10 +200,17 @@ def from_fields(fields: dict[str, Any], where: str = "") -> Architecture:
 
 def from_config_json(path: Path) -> Architecture:
     """Read a Hugging Face config.json."""
+    from orchestrator import userfiles
+
     try:
-        fields = json.loads(path.read_text())
+        fields = json.loads(userfiles.read_text(path, userfiles.MAX_CONFIG_BYTES,
+                                                "config.json"))
     except FileNotFoundError:
         raise ArchitectureError(f"{path}: file not found") from None
+    except userfiles.UserFileError as exc:
+        raise ArchitectureError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise ArchitectureError(f"{path}: JSON nested too deeply to be a config") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ArchitectureError(f"{path}: not a readable JSON config ({exc})") from None
     if not isinstance(fields, dict):

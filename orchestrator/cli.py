@@ -63,13 +63,12 @@ def _load(path: Path) -> LoadedJob:
 
 
 def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
-    from orchestrator.paths import default_db_url
     from orchestrator.planning import make_plan
     from orchestrator.readonly import measured_throughput
     from orchestrator.scheduler import NoFit
 
     try:
-        return make_plan(job, servers, measured_throughput(default_db_url()))
+        return make_plan(job, servers, _without_db(measured_throughput, {}))
     except NoFit as exc:
         _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
 
@@ -122,7 +121,12 @@ def _render_plan(plan: Plan, limit: int) -> None:
                       "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}",
+    from orchestrator.runnable import CLOUDS
+
+    # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
+    chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
+              else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
+    out += ["", f"Chosen: {chosen}: {plan.to_dict(0)['why']}",
             f"Throughput: {plan.chosen.duration.source}"]
     if plan.ranking.rejected:
         out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
@@ -135,10 +139,28 @@ def _render_plan(plan: Plan, limit: int) -> None:
 
 
 def _servers_for_plan() -> list[Any]:
-    from orchestrator.paths import default_db_url
     from orchestrator.readonly import registered_servers
 
-    return registered_servers(default_db_url())
+    return _without_db(registered_servers, [])
+
+
+def _without_db(read: Any, empty: Any) -> Any:
+    """`read(db_url)`, or `empty` with a note when the database cannot be read: planning
+    needs no database (it only adds registered servers and measured throughput)."""
+    from orchestrator.paths import default_db_url
+    from orchestrator.readonly import Unavailable
+
+    try:
+        return read(default_db_url())
+    except Unavailable as exc:
+        if str(exc) not in _NOTED:  # servers and throughput fail alike: say it once
+            _NOTED.add(str(exc))
+            typer.echo(f"note: {exc}; planning without registered servers and measured "
+                       "throughput", err=True)
+        return empty
+
+
+_NOTED: set[str] = set()
 
 
 @app.command()
@@ -148,21 +170,42 @@ def plan(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    from orchestrator.runnable import runners
+
     job = _load(file)
-    result = _plan(job, _servers_for_plan())
+    servers = _servers_for_plan()
+    result = _plan(job, servers)
+    who = runners(job.spec.resources.providers, bool(servers))
     if json_out:
-        _print_json(result.to_dict(alternatives=10_000 if all_rows else 20))
+        _print_json({**result.to_dict(alternatives=10_000 if all_rows else 20),
+                     "runs_on": list(who.providers), "runs_on_notes": list(who.notes)})
     else:
         _render_plan(result, 10_000 if all_rows else 12)
+        typer.echo(_runs_on(result, who))
+
+
+def _runs_on(plan: Plan, who: Any) -> str:
+    """Who would run the plan here: catalog prices are estimates, not a provider."""
+    from orchestrator.runnable import HOW_TO_CONFIGURE
+
+    if not who:
+        return (f"Runs on: nothing configured here can run it ({'; '.join(who.notes)}). "
+                f"{HOW_TO_CONFIGURE}.")
+    o = plan.chosen.offer
+    if o.provider in who.providers:
+        return f"Runs on: {o.provider}"
+    return (f"Runs on: {' or '.join(who.providers)}, whose live offers `orch submit` ranks "
+            f"(the {o.provider} catalog's prices above are an estimate)")
 
 
 def _store() -> Any:
+    from orchestrator.exits import exit_code
     from orchestrator.store import StoreError, open_store
 
     try:
         return open_store()
     except StoreError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exit_code(exc))
 
 
 def _job_dict(j: Any) -> dict[str, Any]:
@@ -185,7 +228,15 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    rows = [_job_dict(j) for j in _store().list_jobs(limit=limit, status=status)]
+    from orchestrator.store import InvalidValueError
+
+    if not 1 <= limit <= 100_000:
+        _fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+    try:
+        found = _store().list_jobs(limit=limit, status=status)
+    except InvalidValueError as exc:
+        _fail(f"--status {status}: {exc}", EXIT_INVALID)
+    rows = [_job_dict(j) for j in found]
     if json_out:
         _print_json(rows)
         return
@@ -281,6 +332,15 @@ def main() -> None:
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except Exception as exc:  # a defect: one line for the user, the traceback on request
+        import os
+
+        if os.environ.get("ORCH_DEBUG"):
+            raise
+        typer.echo(f"error: internal error ({type(exc).__name__}: {exc}); please report it "
+                   "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",
+                   err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

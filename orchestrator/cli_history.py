@@ -47,13 +47,14 @@ def _print_csv(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None
 
 
 def _reader() -> Reader | None:
+    from orchestrator.exits import exit_code
     from orchestrator.history import HistoryError, open_reader
     from orchestrator.paths import default_db_url
 
     try:
         return open_reader(default_db_url())
     except HistoryError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exit_code(exc))
 
 
 def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
@@ -252,17 +253,17 @@ def _sql_cmd(
     csv_out: CsvFlag = False,
 ) -> None:
     """Run one read-only SQL query on the history (writes are refused)."""
-    from orchestrator.history import HistoryError, ReadOnlyError, run_sql
+    from orchestrator.history import HistoryError, run_sql
     from orchestrator.paths import default_db_url
 
     if json_out and csv_out:
         _fail("--json and --csv: choose one output format", EXIT_INVALID)
+    from orchestrator.exits import exit_code
+
     try:
         result = run_sql(default_db_url(), query)
-    except ReadOnlyError as exc:
-        _fail(str(exc), EXIT_INVALID)
-    except HistoryError as exc:
-        _fail(str(exc))
+    except HistoryError as exc:  # a refused or wrong query is invalid input (exit 2)
+        _fail(str(exc), exit_code(exc))
 
     def plain(v: object) -> object:
         return v.hex() if isinstance(v, bytes) else v

@@ -196,17 +196,11 @@ def register(app: typer.Typer) -> None:
         loaded = cli._load(file)
         store = cli._store()
         status = "planned" if dry_run else "queued"
+        # Checked before anything is recorded, in every mode: a job nothing here can run is
+        # neither queued for a worker to fail nor planned as if it could run.
+        require_runners(store, file, [loaded.spec.resources.providers])
         if not (dry_run or detach):
-            # Checked before anything is recorded: a job nothing here can run is not queued.
             providers, notes = _providers(store)
-            usable = _usable(providers, loaded.spec.resources.providers,
-                             bool(store.registered()))
-            if not usable:
-                why = "; ".join(notes) or "no provider configured"
-                cli._fail(f"{file}: nothing can run this job here ({why}). Set VAST_API_KEY "
-                          "or RUNPOD_API_KEY, register a server with `orch servers add`, or "
-                          "try the simulated cloud with `resources.providers: [sim]` (see "
-                          "examples/quickstart.yml). Nothing was recorded.", cli.EXIT_NO_FIT)
         try:
             row, plan = record_job(store, loaded, status=status,
                                    message="dry run: nothing started" if dry_run else None)
@@ -286,8 +280,8 @@ def register(app: typer.Typer) -> None:
         from orchestrator import cli
         from orchestrator.engine import JobRunner, owner_id
 
-        if poll <= 0:
-            cli._fail(f"--poll must be > 0 (got {poll})", 2)
+        if not 0 < poll < 86_400:  # also refuses nan, which time.sleep would raise on
+            cli._fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
         store = cli._store()
         owner = owner_id("worker")
         providers, notes = _providers(store)
@@ -485,18 +479,17 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_FAILED)
 
 
-def _usable(providers: dict[str, Any], named: list[str] | None, has_servers: bool) -> list[str]:
-    """The configured providers that could run a job naming `named` (None = any)."""
-    found = []
-    for name in providers:
-        if named is not None and name not in named:
-            continue
-        if name == "sim" and not (named and "sim" in named):
-            continue
-        if name == "dedicated" and not has_servers:
-            continue
-        found.append(name)
-    return found
+def require_runners(store: Store, file: Path, named: list[list[str] | None]) -> None:
+    """Exit 3, recording nothing, unless a configured provider could run each of the jobs
+    whose `resources.providers` are `named`: the check every path that queues work makes."""
+    from orchestrator import cli
+    from orchestrator.runnable import runners
+
+    has_servers = bool(store.registered())
+    for providers in dict.fromkeys(None if n is None else tuple(n) for n in named):
+        found = runners(None if providers is None else list(providers), has_servers)
+        if not found:
+            cli._fail(found.problem(file), cli.EXIT_NO_FIT)
 
 
 def _line(event: Any) -> str:

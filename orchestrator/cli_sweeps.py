@@ -7,7 +7,8 @@ twice. Output is one summary line (or `--json`); `--quiet` prints nothing on an 
 
 Exit codes: 0 done (also when the estimate exceeds the budget: the runs are queued and the
 budget gate holds back those that would exceed it, which the summary says); 2 the sweep
-file (or an argument) is invalid; 3 some runs fit no offer (the others were queued); 4 `show`
+file (or an argument) is invalid; 3 some runs fit no offer (the others were queued), or no
+configured provider could run a run (then nothing is queued or recorded); 4 `show`
 of an unknown sweep; 1 anything else (the database, say).
 
 `orch sweep show NAME`: Typer cannot have a command `sweep FILE` and a group `sweep show`, so
@@ -64,12 +65,16 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator import cli
+    from orchestrator.cli_jobs import require_runners
     from orchestrator.store import StoreError
     from orchestrator.sweepstore import submit_sweep
 
     loaded = _load(file)
     store = cli._store()
     try:
+        # As `orch submit`: no run is queued (or reported as queueable) that nothing here
+        # can run; a worker would only fail them one by one.
+        require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
     except (StoreError, SQLAlchemyError) as exc:
         _fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
@@ -97,13 +102,14 @@ def _read_sqlite() -> bool:
 
 
 def _reader() -> Any:
+    from orchestrator.exits import exit_code
     from orchestrator.history import HistoryError, open_reader
     from orchestrator.paths import default_db_url
 
     try:
         return open_reader(default_db_url())
     except HistoryError as exc:
-        _fail(str(exc))
+        _fail(str(exc), exit_code(exc))
 
 
 def _status(name: str) -> dict[str, Any]:
@@ -218,7 +224,8 @@ def register(app: typer.Typer) -> None:
         """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
 
         Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
-        3 some runs fit no offer, 1 other errors. `orch sweep show NAME` shows a sweep.
+        3 some runs fit no offer or nothing here can run them, 1 other errors.
+        `orch sweep show NAME` shows a sweep.
         """
         if file == "show" and name is not None:
             if retry_failed or quiet or dry_run:

@@ -46,6 +46,10 @@ class ReadOnlyError(HistoryError):
     """`orch sql` was given something other than one read-only query."""
 
 
+class QueryError(HistoryError):
+    """`orch sql`'s query is wrong (syntax, unknown table or column): invalid input."""
+
+
 # --- times -------------------------------------------------------------------------------
 
 
@@ -126,6 +130,9 @@ class SqliteReader:
                 f"cannot read the history in {self.path}: {exc}; run any orch command that "
                 "opens the database (e.g. `orch jobs`) to create or upgrade its schema"
             ) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database"
+            raise HistoryError(f"cannot read the history in {self.path}: {exc}; move it "
+                               "aside or set ORCH_DB_URL to another database") from exc
 
     def close(self) -> None:
         """Close the connection."""
@@ -638,7 +645,11 @@ def run_sql(url: str, sql: str) -> SqlResult:
             if "no such table: v_" in msg:
                 msg += ("; orch's views arrive with schema 0003: run any orch command that "
                         "opens the database (e.g. `orch jobs`) to upgrade it")
-            raise HistoryError(f"query failed: {msg}") from None
+            # A locked or unreadable database is not the query's fault.
+            fault = (HistoryError if any(s in msg for s in ("locked", "busy", "disk", "malformed",
+                                                            "unable to open", "table: v_"))
+                     else QueryError)
+            raise fault(f"query failed: {msg}") from None
         except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
             raise ReadOnlyError(f"orch sql runs one statement at a time ({exc})") from None
         columns = tuple(c[0] for c in cur.description or ())
@@ -682,7 +693,11 @@ def _run_sql_engine(url: str, query: str) -> SqlResult:
             except DBAPIError as exc:
                 if "read-only" in str(exc.orig):
                     raise _refusal(query, str(exc.orig).strip()) from None
-                raise HistoryError(f"query failed: {exc.orig}") from None
+                from sqlalchemy.exc import ProgrammingError
+
+                # Syntax errors, unknown tables and columns are ProgrammingErrors in DB-API.
+                fault = QueryError if isinstance(exc, ProgrammingError) else HistoryError
+                raise fault(f"query failed: {str(exc.orig).strip()}") from None
             if not result.returns_rows:
                 raise _refusal(query, "it returns no rows")
             out = SqlResult(tuple(result.keys()), [tuple(r) for r in result])

@@ -42,9 +42,11 @@ class Inputs:
         spec = self.loaded.spec
         if spec.eval.eval_set is None:
             return None
+        from orchestrator.userfiles import lines
+
         path = self.loaded.path.parent / spec.eval.eval_set
-        return [json.loads(line) for line in path.read_text(encoding="utf-8-sig").splitlines()
-                if line.strip()]
+        # Regular files only, streamed: resolve() checked it, but it may have changed since.
+        return [json.loads(line) for line in lines(path) if line.strip()]
 
     def save_steps(self, gpu_count: int) -> int:
         """Checkpoint interval in optimizer steps: about one per CHECKPOINT_EVERY_S."""

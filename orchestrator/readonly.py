@@ -34,6 +34,20 @@ SELECT gpu, gpu_count, method, size_class, tokens_per_s FROM (
 """
 
 
+class Unavailable(Exception):
+    """The (non-SQLite) database cannot be opened; the message says why and what to do."""
+
+
+def _open(url: str) -> Any:
+    """The store at a non-SQLite `url`; Unavailable when it cannot be opened."""
+    from orchestrator.store import StoreError, open_store
+
+    try:
+        return open_store(url)
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from exc
+
+
 def sqlite_path(url: str) -> Path | None:
     """The file of a `sqlite:///...` URL, or None for other databases / in-memory."""
     prefix = "sqlite:///"
@@ -51,21 +65,22 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
-        from orchestrator.store import open_store  # non-SQLite: use the store
+        from sqlalchemy.exc import SQLAlchemyError
 
-        return open_store(url).registered()
+        store = _open(url)  # non-SQLite: use the store
+        try:
+            return store.registered()
+        except SQLAlchemyError as exc:
+            raise Unavailable(f"cannot read registered servers: {exc}") from exc
+        finally:
+            store.close()
     if not path.exists():
         return []
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        rows = con.execute(
-            "SELECT name, gpu, gpu_count, monthly_price_micros, host, status, port, user, "
-            "claimed_by_job FROM server ORDER BY name"
-        ).fetchall()
+        rows = _sqlite_rows(path, "SELECT name, gpu, gpu_count, monthly_price_micros, host, "
+                            "status, port, user, claimed_by_job FROM server ORDER BY name")
     except sqlite3.OperationalError:
         return []  # database not migrated yet: no servers registered
-    finally:
-        con.close()
     return [
         RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status,
                          int(port), user, claimed)
@@ -80,25 +95,43 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
         if url.startswith("sqlite"):
             return {}
         from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
 
-        from orchestrator.store import open_store  # non-SQLite: use the store's engine
-
-        store = open_store(url)
+        store = _open(url)  # non-SQLite: use the store's engine
         try:
             with store.engine.connect() as conn:
                 return _medians(tuple(r) for r in conn.execute(text(_MEASURED_SQL)))
+        except SQLAlchemyError as exc:
+            raise Unavailable(f"cannot read measured throughput: {exc}") from exc
         finally:
             store.close()
     if not path.exists():
         return {}
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
-        rows = con.execute(_MEASURED_SQL).fetchall()
+        rows = _sqlite_rows(path, _MEASURED_SQL)
     except sqlite3.OperationalError:
         return {}  # database older than the table (or not migrated): no history yet
+    return _medians(rows)
+
+
+def _sqlite_rows(path: Path, sql: str) -> list[Any]:
+    """Rows of `sql` on a read-only connection; OperationalError (no such table) propagates,
+    Unavailable when the file cannot be opened or is not a database at all."""
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error as exc:
+        raise Unavailable(f"cannot open the database {path}: {exc}") from exc
+    try:
+        return con.execute(sql).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            raise
+        raise Unavailable(f"cannot read the database {path}: {exc}") from exc
+    except sqlite3.DatabaseError as exc:  # "file is not a database"
+        raise Unavailable(f"cannot read the database {path}: {exc}; move it aside or set "
+                          "ORCH_DB_URL to another database") from exc
     finally:
         con.close()
-    return _medians(rows)
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:

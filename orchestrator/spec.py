@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator import yamlpos
+from orchestrator import userfiles, yamlpos
 from orchestrator.architectures import (
     LINEAR_MODULES,
     Architecture,
@@ -45,6 +45,21 @@ ALPACA_TEMPLATE_TOKENS = 24
 CHAT_MESSAGE_TOKENS = 6
 # With a given token count, only this many rows are read to check the format.
 _SAMPLE_ROWS = 1000
+
+# Upper bounds on numbers, so that whatever a job file holds fits the database's 64-bit
+# integers (micro-dollars, tokens) and the sizing arithmetic (docs/job-file.md). Each is far
+# past any real job: a quadrillion tokens is ~30x the largest pretraining runs, and no
+# model has a million-wide hidden layer.
+MAX_TOKENS = 10**15
+MAX_DOLLARS = 10**9
+MAX_HOURS = 1_000_000
+MAX_DIM = 1_048_576  # hidden, intermediate and head sizes
+MAX_LAYERS = 10_000
+MAX_HEADS = 65_536
+MAX_VOCAB = 16_777_216
+MAX_STEPS = 1_000_000  # gradient accumulation steps
+# trainer.extra is passed to axolotl as YAML; its configs nest 2-3 levels.
+MAX_EXTRA_DEPTH = 8
 
 
 def _to_decimal(value: Any) -> Any:
@@ -75,26 +90,27 @@ def _any_or_list(value: Any) -> Any:
     return value
 
 
-Money = Annotated[Decimal, BeforeValidator(_to_decimal), Field(gt=0)]
+Money = Annotated[Decimal, BeforeValidator(_to_decimal), Field(gt=0, le=MAX_DOLLARS)]
 AnyOrList = Annotated[list[str] | None, BeforeValidator(_any_or_list)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # inf and nan are never a meaningful setting; refused like any other bad number.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class ArchitectureFields(_Strict):
     """A model shape given inline, as config.json names the fields."""
 
-    hidden_size: int = Field(gt=0)
-    num_hidden_layers: int = Field(gt=0)
-    num_attention_heads: int = Field(gt=0)
-    num_key_value_heads: int | None = Field(default=None, gt=0)
-    intermediate_size: int = Field(gt=0)
-    vocab_size: int = Field(gt=0)
+    hidden_size: int = Field(gt=0, le=MAX_DIM)
+    num_hidden_layers: int = Field(gt=0, le=MAX_LAYERS)
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS)
+    num_key_value_heads: int | None = Field(default=None, gt=0, le=MAX_HEADS)
+    intermediate_size: int = Field(gt=0, le=MAX_DIM)
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB)
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
-    head_dim: int | None = Field(default=None, gt=0)
+    head_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
 
 
 class BaseModelRef(_Strict):
@@ -119,7 +135,7 @@ class BaseModelRef(_Strict):
 
 class LoraSpec(_Strict):
     r: int = Field(default=16, gt=0, le=1024)
-    alpha: int = Field(default=32, gt=0)  # axolotl types lora_alpha as int
+    alpha: int = Field(default=32, gt=0, le=1_000_000)  # axolotl types lora_alpha as int
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target: Annotated[list[str] | None, BeforeValidator(
         lambda v: None if v == "all-linear" else v)] = None
@@ -153,7 +169,7 @@ Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
 class TrainingSpec(_Strict):
     sequence_len: int = Field(default=2048, ge=16, le=1_048_576)
     micro_batch_size: int = Field(default=2, gt=0, le=4096)
-    gradient_accumulation_steps: int = Field(default=4, gt=0)
+    gradient_accumulation_steps: int = Field(default=4, gt=0, le=MAX_STEPS)
     epochs: float = Field(default=1, gt=0, le=1000)
     learning_rate: float = Field(default=2.0e-4, gt=0, lt=1)
     optimizer: Optimizer = "adamw_8bit"
@@ -184,7 +200,7 @@ class DatasetPath(_Strict):
 class DatasetSpec(_Strict):
     path: Annotated[DatasetPath, BeforeValidator(_dataset_path)]
     format: Literal["alpaca", "chat_template"] = "alpaca"
-    tokens: int | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
 class EvalSpec(_Strict):
@@ -203,7 +219,7 @@ class ResourcesSpec(_Strict):
         Field(default=None, min_length=1))
     max_price_per_hour: Money | None = None
     max_cost: Money | None = None
-    deadline_hours: float | None = Field(default=None, gt=0)
+    deadline_hours: float | None = Field(default=None, gt=0, le=MAX_HOURS)
     headroom: float = Field(default=0.2, ge=0, le=1)
 
 
@@ -225,6 +241,24 @@ class TrainerSpec(_Strict):
         if problem is not None:
             raise ValueError(problem)
         return value
+
+    @field_validator("extra")
+    @classmethod
+    def _shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # The YAML reader bounds all nesting; this bounds specs built from JSON too (a
+        # recorded spec), which the database and axolotl's YAML must serialize.
+        if _depth(value) > MAX_EXTRA_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_EXTRA_DEPTH} levels; axolotl's "
+                             "settings nest 2-3")
+        return value
+
+
+def _depth(value: Any, limit: int = MAX_EXTRA_DEPTH + 1) -> int:
+    """Nesting depth of lists and mappings, counted no further than `limit`."""
+    if limit <= 0 or not isinstance(value, dict | list):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 class JobSpec(_Strict):
@@ -404,11 +438,13 @@ def read_mapping(path: Path, keys_hint: str) -> tuple[dict[str, Any], yamlpos.Po
     """
     name = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = userfiles.read_text(path, userfiles.MAX_SPEC_BYTES, "job or sweep file")
     except FileNotFoundError:
         raise SpecError([f"{name}: file not found"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"{name}: cannot read ({exc})"]) from None
+    except userfiles.UserFileError as exc:
+        raise SpecError([f"{name}: {exc}"]) from None
+    except OSError as exc:
+        raise SpecError([f"{name}: cannot read ({exc.strerror or exc})"]) from None
     try:
         raw, pos = yamlpos.load(text, name)
     except yamlpos.YamlError as exc:
@@ -470,7 +506,7 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     dataset: DatasetSize | None = None
     if spec.dataset.path.local is not None:
         data_file = base / spec.dataset.path.local
-        if not data_file.is_file():
+        if data_file.is_dir() or not data_file.exists():
             what = "is a directory, not a file" if data_file.is_dir() else "file not found"
             problem(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
                     "(relative to the job file)")
@@ -490,13 +526,24 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
                 "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
                 "(relative to the job file)")
 
+    if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
+        problem(("training", "epochs"), f"{dataset.tokens:,} tokens x {spec.training.epochs:g} "
+                f"epochs is more than {MAX_TOKENS:,} tokens; train fewer epochs or tokens")
+
     if spec.eval.eval_set is not None:
         eval_file = base / spec.eval.eval_set
-        if not eval_file.is_file():
+        if not eval_file.exists():
             problem(("eval", "eval_set"), f"file not found: {eval_file}; give a JSONL file "
                     "of {prompt, expected} rows (relative to the job file)")
         else:
             problems.extend((pos.line(("eval", "eval_set")), p) for p in check_eval_set(eval_file))
+
+    from playbooks.axolotl import extra_clash
+
+    for key in spec.trainer.extra:
+        why = extra_clash(key)
+        if why:
+            problem(("trainer", "extra", key), why)
 
     for i, gpu in enumerate(spec.resources.gpus or []):
         if not catalog.resolve_gpu(gpu):
@@ -526,9 +573,9 @@ MAX_ROW_PROBLEMS = 5
 
 def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
     """(line number, parsed row) for each non-blank line; bad JSON is noted and skipped."""
-    # utf-8-sig: editors on Windows write a BOM, which json.loads would refuse.
-    with path.open(encoding="utf-8-sig", errors="replace") as fh:
-        for lineno, line in enumerate(fh, 1):
+    lineno = 0
+    try:
+        for lineno, line in enumerate(userfiles.lines(path), 1):
             if len(problems) >= MAX_ROW_PROBLEMS:
                 problems.append(f"{path}: stopped after {MAX_ROW_PROBLEMS} problems")
                 return
@@ -538,6 +585,12 @@ def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg})")
+            except RecursionError:
+                problems.append(f"{path}:{lineno}: JSON nested too deeply")
+    except userfiles.UserFileError as exc:
+        problems.append(f"{path}:{lineno + 1}: {exc}" if lineno else f"{path}: {exc}")
+    except OSError as exc:
+        problems.append(f"{path}: cannot read ({exc.strerror or exc})")
 
 
 def _row_chars(row: Any, fmt: str) -> tuple[int, int] | str:

@@ -42,7 +42,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlmodel import Field, Session, SQLModel, col, select
 
 # Re-exported: callers of the store find the default URL here too.
@@ -107,6 +107,10 @@ class ServerBusyError(StoreError):
 
 class InvalidValueError(StoreError, ValueError):
     """An argument is outside what the schema allows."""
+
+
+class DatabaseURLError(InvalidValueError):
+    """ORCH_DB_URL is not a database URL orch can use (malformed, or an unknown dialect)."""
 
 
 class LeaseLost(StoreError):
@@ -510,11 +514,25 @@ def _upgrade(engine: Engine) -> None:
 def open_store(url: str | None = None) -> Store:
     """Open (creating if needed) the database at `url` and upgrade its schema to head."""
     url = url or default_db_url()
-    parsed = make_url(url)
-    is_sqlite = parsed.get_backend_name() == "sqlite"
-    if is_sqlite and parsed.database and parsed.database != ":memory:":
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
+    fix = (" (unset ORCH_DB_URL for the default SQLite file, or give e.g. "
+           "sqlite:////srv/orch/orch.db or postgresql+psycopg://USER@HOST/DB)")
+    try:
+        parsed = make_url(url)
+        is_sqlite = parsed.get_backend_name() == "sqlite"
+        if is_sqlite and parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url)
+    except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
+        # The URL itself is not echoed: it may hold a password.
+        raise DatabaseURLError(f"ORCH_DB_URL is not a database URL orch can use "
+                               f"({str(exc).splitlines()[0]}){fix}") from None
+    except ImportError as exc:  # the dialect's driver (psycopg for PostgreSQL) is missing
+        raise StoreError(f"ORCH_DB_URL needs the Python driver {exc.name or 'for it'}, which is "
+                         "not installed; install it in orch's environment (for PostgreSQL: "
+                         "pip install 'orch[postgres]')") from None
+    except OSError as exc:
+        raise StoreError(f"cannot create the database folder for {parsed.database}: "
+                         f"{exc.strerror or exc}{fix}") from None
     if is_sqlite:
         _sqlite_setup(engine)
     try:
@@ -522,9 +540,13 @@ def open_store(url: str | None = None) -> Store:
             _upgrade(engine)
     except DBAPIError as exc:
         engine.dispose()
+        where = ("check that the path is a writable file" if is_sqlite else
+                 "check that the server is running and reachable from here and that the "
+                 "user, password and database in ORCH_DB_URL are right")
+        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else exc
         raise StoreError(
-            f"cannot open the database {engine.url!r}: {exc.orig}; check that the path is "
-            "a writable file (or set ORCH_DB_URL to another database)"
+            f"cannot open the database {parsed.render_as_string(hide_password=True)}: "
+            f"{reason}; {where} (or set ORCH_DB_URL to another database)"
         ) from exc
     except BaseException:
         engine.dispose()

@@ -404,7 +404,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             base_path: Path) -> LoadedSweep:
     name = str(path)
     base_name = str(base_path)
-    base_raw, base_pos = yamlpos.load(base_path.read_text(encoding="utf-8"), base_name)
+    base_raw, base_pos = read_mapping(base_path, "name, base_model, method, dataset")
     problems: list[tuple[int, str]] = []
     # Random problems are reported once per parameter: n samples would repeat them n times.
     random_seen: set[str] = set()

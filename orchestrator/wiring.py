@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paths import data_dir
+from orchestrator.runnable import cloud_keys
 from orchestrator.store import Store
-from providers import credentials
 from providers.base import Provider
 
 
@@ -72,20 +72,11 @@ def configured_providers(store: Store, *, sim: bool | None = None, quick: bool =
     from providers.dedicated import Dedicated
 
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
-    notes: list[str] = []
     if sim or (sim is None and sim_state_dir().exists()):
         found["sim"] = sim_from_env()
-    for name, env in (("vastai", "ORCH_VASTAI_URL"), ("runpod", "ORCH_RUNPOD_URL")):
-        try:
-            key = credentials.api_key(name)
-        except credentials.CredentialsError as exc:
-            notes.append(f"{name}: {exc}")
-            continue
-        if not key:
-            notes.append(f"{name}: no API key ({credentials.ENV[name]} or "
-                         f"{credentials.credentials_file()}); left out")
-            continue
-        url = os.environ.get(env)
+    keys, notes = cloud_keys()
+    for name, key in keys.items():
+        url = os.environ.get(f"ORCH_{name.upper()}_URL")
         kwargs: dict[str, Any] = {"base_url": url} if url else {}
         if quick:
             kwargs.update(QUICK_HTTP)

@@ -40,6 +40,10 @@ def load(text: str, filename: str) -> tuple[Any, Positions]:
     """Parse one YAML document into plain Python values plus their positions."""
     try:
         node = yaml.compose(text, Loader=_LOADER)
+    except RecursionError:
+        # The pure-Python composer recurses once per nesting level.
+        raise YamlError(f"{filename}: not valid YAML: nested deeper than {MAX_DEPTH} "
+                        "levels") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -58,7 +62,13 @@ def load(text: str, filename: str) -> tuple[Any, Positions]:
 
 # A job file has a few dozen values; aliases that expand past this are an "alias bomb".
 MAX_NODES = 100_000
+# A job file nests 3-4 levels (trainer.extra a few more); past this it is a generated or
+# hostile file, and deeper values could not be serialized into the database anyway.
+MAX_DEPTH = 32
+# Digits in an integer: past this no field accepts it (and Python refuses past 4,300).
+MAX_DIGITS = 30
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
 
 
 class _Walker:
@@ -69,6 +79,7 @@ class _Walker:
         self.pos = pos
         self.ctor = yaml.SafeLoader("")
         self.nodes = 0
+        self.open: list[yaml.Node] = []  # the collections being walked, outermost first
 
     def fail(self, node: yaml.Node, loc: Loc, problem: str) -> YamlError:
         where = _dotted(loc) or "(top level)"
@@ -79,7 +90,22 @@ class _Walker:
         if self.nodes > MAX_NODES:
             raise self.fail(node, loc, f"more than {MAX_NODES:,} values (do aliases expand "
                             "recursively?); write the values out")
+        if len(loc) >= MAX_DEPTH:
+            raise self.fail(node, loc[:MAX_DEPTH], f"nested deeper than {MAX_DEPTH} levels "
+                            "(a recursive alias?); flatten it")
+        if node in self.open:
+            raise self.fail(node, loc, "a recursive alias (it contains itself); write the "
+                            "values out")
         self.pos.values[loc] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+            self.open.append(node)
+            try:
+                return self.collection(node, loc)
+            finally:
+                self.open.pop()
+        return self.scalar(node, loc)
+
+    def collection(self, node: yaml.Node, loc: Loc) -> Any:
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}
             for key_node, value_node in node.value:
@@ -99,17 +125,20 @@ class _Walker:
                 self.pos.keys[child] = key_node.start_mark.line + 1
                 out[key] = self.walk(value_node, child)
             return out
-        if isinstance(node, yaml.SequenceNode):
-            return [self.walk(item, (*loc, i)) for i, item in enumerate(node.value)]
-        return self.scalar(node, loc)
+        return [self.walk(item, (*loc, i)) for i, item in enumerate(node.value)]
 
     def scalar(self, node: yaml.Node, loc: Loc) -> Any:
+        if node.tag == _INT_TAG and sum(c.isdigit() for c in str(node.value)) > MAX_DIGITS:
+            raise self.fail(node, loc, f"an integer with more than {MAX_DIGITS} digits; no "
+                            "field takes one that large")
         # PyYAML's own constructor keeps `2.0e-4`, `true`, `null` typed as YAML means them.
         try:
             value = self.ctor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             raise self.fail(node, loc, f"not a plain value: {problem}") from None
+        except ValueError as exc:  # e.g. a base-60 integer past Python's digit limit
+            raise self.fail(node, loc, f"not a plain value: {str(exc)[:80]}") from None
         plain = isinstance(node, yaml.ScalarNode) and not node.style
         if isinstance(value, str) and plain and _FLOAT_12.match(value):
             # (plain style is None from PyYAML's parser and '' from libyaml's)

@@ -25,6 +25,30 @@ SHARDED = frozenset({"fsdp", "fsdp+offload", "offload"})
 # would silently break (e.g. a different output_dir, or save_only_model).
 RESERVED = frozenset({"base_model", "output_dir", "datasets", "auto_resume_from_checkpoints",
                       "save_only_model", "dataset_prepared_path"})
+# Keys `render` writes from the job file's validated fields (axolotl key -> job-file field):
+# `trainer.extra` may add keys, never replace these, or `learning_rate: -5` would bypass the
+# checks and sizing would plan a job other than the one that runs.
+FROM_JOB_FILE = {
+    "sequence_len": "training.sequence_len", "sample_packing": "training.packing",
+    "pad_to_sequence_len": "training.packing", "micro_batch_size": "training.micro_batch_size",
+    "gradient_accumulation_steps": "training.gradient_accumulation_steps",
+    "num_epochs": "training.epochs", "learning_rate": "training.learning_rate",
+    "optimizer": "training.optimizer", "gradient_checkpointing": "training.gradient_checkpointing",
+    "adapter": "method", "load_in_4bit": "method", "load_in_8bit": "method",
+    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+    "lora_target_linear": "lora.target", "lora_target_modules": "lora.target",
+}
+
+
+def extra_clash(key: str) -> str | None:
+    """Why `trainer.extra` may not set `key` (with the fix), or None when it may."""
+    if key in RESERVED:
+        return ("set by orch and cannot be overridden (resume and artifacts depend on it); "
+                "remove it")
+    if key in FROM_JOB_FILE:
+        return (f"replaces a value the job file sets and orch validates; set "
+                f"{FROM_JOB_FILE[key]} instead")
+    return None
 
 
 @dataclass(frozen=True)
@@ -62,10 +86,9 @@ class ConfigError(ValueError):
 
 def render(c: TrainConfigInput) -> dict[str, Any]:
     """The axolotl config as a mapping (see `dump` for the YAML text)."""
-    clash = sorted(RESERVED & set(c.extra))
+    clash = [f"{key}: {why}" for key in sorted(c.extra) if (why := extra_clash(key))]
     if clash:
-        raise ConfigError(f"trainer.extra: {', '.join(clash)} are set by orch and cannot be "
-                          "overridden; remove them")
+        raise ConfigError(f"trainer.extra: {'; '.join(clash)}")
     cfg: dict[str, Any] = {
         "base_model": c.base_model_dir,
         "datasets": [_dataset(c)],

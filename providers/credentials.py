@@ -34,6 +34,9 @@ def api_key(provider: str, path: Path | None = None) -> str | None:
         info = path.stat()
     except FileNotFoundError:
         return None
+    if not stat.S_ISREG(info.st_mode):  # a FIFO would block the read forever
+        raise CredentialsError(f"{path} is not a regular file; write `PROVIDER = KEY` lines "
+                               "to a file there")
     if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise CredentialsError(f"{path} is readable by other users; run `chmod 600 {path}`")
     for line in path.read_text(encoding="utf-8").splitlines():
