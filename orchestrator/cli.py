@@ -108,6 +108,11 @@ def _render_plan(plan: Plan, limit: int) -> None:
         rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
     out.append(table(["component", "bytes"], rows, right=[1]))
     out += [f"  note: {note}" for note in est.notes]
+    if est.savers:
+        out.append(f"  memory savers on: {', '.join(est.savers)}")
+    from orchestrator.planning import saver_lines
+
+    out += [f"  chosen by auto: {line}" for line in saver_lines(plan)]
 
     n = len(plan.ranking.placements)
     out += ["", f"Placements that fit ({n}), cheapest first:"]

@@ -58,7 +58,7 @@ class Inputs:
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float) -> Any:
         """The host pipeline's view of this job on `inst`."""
-        from orchestrator import sizing
+        from orchestrator import savers
         from orchestrator.planning import workload_from
         from playbooks.axolotl import TrainConfigInput
         from playbooks.gpu import GpuExpectation
@@ -70,18 +70,24 @@ class Inputs:
         count = job.gpu_count or inst.gpu_count or 1
         spec_gpu = catalog.gpus().get(gpu)
         strategy = "single"
+        requested = workload_from(self.loaded)
+        # The planner's choice on this GPU (the same pure function as at plan time); on a
+        # GPU orch cannot size, every saver the job allows.
+        w = savers.frugal(requested)
         if spec_gpu is not None:
-            est = sizing.fit(workload_from(self.loaded), count, spec_gpu.memory_bytes)
-            if est is not None:
-                strategy = est.strategy.value
+            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+            if est is not None and est.workload is not None:
+                strategy, w = est.strategy.value, est.workload
         t, lora = spec.training, spec.lora
         config = TrainConfigInput(
             method=spec.method, base_model_dir="", dataset_path="",
             dataset_format=spec.dataset.format, output_dir="",
             sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
             gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
-            learning_rate=t.learning_rate, optimizer=t.optimizer,
-            gradient_checkpointing=t.gradient_checkpointing, packing=t.packing,
+            learning_rate=t.learning_rate, optimizer=str(w.optimizer),
+            gradient_checkpointing=w.gradient_checkpointing is True, packing=t.packing,
+            cross_entropy=w.cross_entropy,  # type: ignore[arg-type]
+            activation_offloading=w.activation_offloading is True,
             lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
             lora_target=None if lora.target is None else tuple(lora.target),
             strategy=strategy, save_steps=self.save_steps(count),
