@@ -91,8 +91,8 @@ def best(
         learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
             if measured else None
         cached = offer.offer_id in cached_on
-        tkey = (offer.gpu, offer.gpu_count, est.strategy, est.workload, offer.boot_minutes,
-                offer.pull_gbps, cached, learned)
+        tkey = (offer.gpu, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
+                offer.boot_minutes, offer.pull_gbps, cached, learned)
         dur = times.get(tkey)
         if dur is None:
             dur = times[tkey] = throughput.duration(
@@ -115,11 +115,15 @@ def best(
             winner, winner_key = placement, key
         return float(cost)
 
+    layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
+
     def fit(offer: Offer, gpu: GpuSpec) -> MemoryEstimate | None:
         key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
         if key not in fits:
-            fits[key] = savers.fit(w, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
-                                   gpu)
+            lkey = (offer.gpu_count, gpu.scaling)
+            if lkey not in layouts:
+                layouts[lkey] = savers.layouts(w, offer.gpu_count, gpu.scaling)
+            fits[key] = savers.first_fit(layouts[lkey], offer.gpu_memory_bytes, offer.ram_bytes)
         return fits[key]
 
     for offer in book.others:
@@ -132,6 +136,12 @@ def best(
     # Each group's least possible hours: training (the same for all its offers) plus the
     # smallest boot and pull any of its offers has, plus merge and eval.
     walks = []
+    trains: dict[tuple[str, int, int], float] = {}
+    # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower bound),
+    # and the merge + eval after training (throughput.duration's terms).
+    pull_bits = 0.0 if cached_on else model_bits / 1e9
+    after = (0.0 if w.method == "full" else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)) \
+        + throughput.MERGE_EVAL_FIXED_MIN * 60
     for g in book.groups:
         if g.gpu_count > c.max_gpus or (c.gpu_count is not None and g.gpu_count != c.gpu_count):
             continue
@@ -141,8 +151,12 @@ def best(
         est = fit(g.offers[0], gpu)
         if est is None:
             continue
-        fastest = _Fastest(g.gpu, g.gpu_count, g.min_boot_h, g.max_pull_gbps)
-        dur = consider_hours(fastest, est, gpu, w, tokens, measured, cached_on, model_bits)
+        tkey = (g.gpu, g.gpu_count, id(est))  # est objects outlive this call: ids are safe
+        train = trains.get(tkey)
+        if train is None:
+            train = trains[tkey] = training_hours(g.gpu, g.gpu_count, est, gpu, w, tokens,
+                                                  measured)
+        dur = g.min_boot_h + train + (pull_bits / g.max_pull_gbps + after) / 3600
         walks.append((g.prices[0] * dur, dur, g, est, gpu))
     walks.sort(key=lambda x: x[0])
 
@@ -161,24 +175,12 @@ def best(
     return winner
 
 
-@dataclass(frozen=True)
-class _Fastest:
-    """The quickest-to-start offer a group could hold (for its lower bound)."""
-
-    gpu: str
-    gpu_count: int
-    boot_h: float
-    pull_gbps: float
-
-
-def consider_hours(f: _Fastest, est: MemoryEstimate, gpu: GpuSpec, w: Workload, tokens: int,
+def training_hours(name: str, count: int, est: MemoryEstimate, gpu: GpuSpec, w: Workload,
+                   tokens: int,
                    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-                   cached_on: frozenset[str], model_bits: int) -> float:
-    """A lower bound on the whole-job hours of any offer of the group `f` describes."""
-    learned = measured.get(throughput.measured_key(w, f.gpu, f.gpu_count)) if measured else None
+                   ) -> float:
+    """Training hours on `count` x `gpu` (a learned rate where one is known), as duration."""
+    learned = measured.get(throughput.measured_key(w, name, count)) if measured else None
     use = learned if learned is not None and learned.tokens_per_s > 0 else None
-    train = throughput.training_seconds(est.workload or w, tokens, gpu, f.gpu_count,
-                                        est.strategy, use.tokens_per_s if use else None)
-    pull = 0.0 if cached_on else model_bits / (f.pull_gbps * 1e9)
-    merge = 0.0 if w.method == "full" else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)
-    return f.boot_h + (pull + train + merge + throughput.MERGE_EVAL_FIXED_MIN * 60) / 3600
+    return throughput.training_seconds(est.workload or w, tokens, gpu, count, est.strategy,
+                                       use.tokens_per_s if use else None) / 3600

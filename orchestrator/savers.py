@@ -100,15 +100,17 @@ def _strategy_slowdown(strategy: Strategy, scaling: dict[str, float]) -> float:
 
 
 @dataclass(frozen=True)
-class _Layout:
+class Layout:
+    """One strategy and set of savers: its time factor, tie-break order and estimate."""
+
     time: float
     order: int
     estimate: MemoryEstimate
 
 
 @lru_cache(maxsize=4096)
-def _layouts(w: Workload, gpu_count: int, scaling: tuple[tuple[str, float], ...],
-             ) -> tuple[_Layout, ...]:
+def layouts(w: Workload, gpu_count: int, scaling: tuple[tuple[str, float], ...],
+             ) -> tuple[Layout, ...]:
     """Every (strategy, settings) estimate on `gpu_count` GPUs, fastest first.
 
     Ties keep the strategy order of `sizing.candidate_strategies` and then the least
@@ -116,11 +118,11 @@ def _layouts(w: Workload, gpu_count: int, scaling: tuple[tuple[str, float], ...]
     """
     factors = dict(scaling)
     ordered = sorted(variants(w), key=lambda v: len(sizing.savers_on(v)))
-    out: list[_Layout] = []
+    out: list[Layout] = []
     for strategy in sizing.candidate_strategies(gpu_count):
         base = _strategy_slowdown(strategy, factors)
         for v in ordered:
-            out.append(_Layout(base * slowdown(v), len(out),
+            out.append(Layout(base * slowdown(v), len(out),
                                sizing.estimate(v, gpu_count, strategy)))
     return tuple(sorted(out, key=lambda lay: (lay.time, lay.order)))
 
@@ -132,7 +134,13 @@ def fit(w: Workload, gpu_count: int, gpu_memory_bytes: int, host_ram_bytes: int 
     The GPU's interconnect scaling decides between, say, sharding without checkpointing
     and DDP with it.
     """
-    for layout in _layouts(w, gpu_count, gpu.scaling):
+    return first_fit(layouts(w, gpu_count, gpu.scaling), gpu_memory_bytes, host_ram_bytes)
+
+
+def first_fit(candidates: tuple[Layout, ...], gpu_memory_bytes: int,
+              host_ram_bytes: int | None) -> MemoryEstimate | None:
+    """The first of `layouts(...)` that fits this GPU memory and host RAM."""
+    for layout in candidates:
         if layout.estimate.fits(gpu_memory_bytes, host_ram_bytes):
             return layout.estimate
     return None

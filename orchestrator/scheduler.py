@@ -141,8 +141,8 @@ def rank(
         learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
             if measured else None
         cached = offer.offer_id in cached_on
-        tkey = (offer.gpu, offer.gpu_count, est.strategy, est.workload, offer.boot_minutes,
-                offer.pull_gbps, cached, learned)
+        # The fit key fixes the estimate (layout and settings); hashing it is cheap.
+        tkey = (offer.gpu, key, offer.boot_minutes, offer.pull_gbps, cached, learned)
         dur = time_cache.get(tkey)
         if dur is None:
             dur = time_cache[tkey] = throughput.duration(

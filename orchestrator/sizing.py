@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Literal
 
 from orchestrator.architectures import LINEAR_MODULES, Architecture
@@ -112,12 +113,12 @@ class MemoryEstimate:
     workload: Workload | None = field(default=None, compare=False)
     savers: tuple[str, ...] = field(default=())
 
-    @property
+    @cached_property
     def peak_bytes(self) -> int:
         """Sum of the components on one GPU, before headroom."""
         return sum(self.components.values())
 
-    @property
+    @cached_property
     def required_bytes(self) -> int:
         """What a GPU must have free: peak plus headroom for fragmentation and buffers."""
         return math.ceil(self.peak_bytes * (1 + self.headroom))
