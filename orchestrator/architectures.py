@@ -47,15 +47,15 @@ class Architecture:
     qkv_bias: bool = False
     head_dim: int | None = None
 
-    @property
+    @cached_property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
-    @property
+    @cached_property
     def q_dim(self) -> int:
         return self.num_attention_heads * self.head_size
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_size
 

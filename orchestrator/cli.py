@@ -10,13 +10,17 @@ import json
 import sys
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
-if TYPE_CHECKING:
-    from orchestrator.planning import Plan
-    from orchestrator.spec import LoadedJob
+from orchestrator import cli_plan
+
+# `orch plan` runs without typer (orchestrator.entry); these live in cli_plan for that and
+# are re-exported here for the other commands (cli_jobs, cli_sweeps).
+from orchestrator.cli_plan import EXIT_INVALID, EXIT_NO_FIT, problems_exit  # noqa: F401
+from orchestrator.cli_plan import load as _load  # noqa: F401
+from orchestrator.cli_plan import money as _money
 
 app = typer.Typer(
     name="orch",
@@ -28,15 +32,10 @@ app = typer.Typer(
 servers_app = typer.Typer(help="The monthly dedicated servers you rent.", no_args_is_help=True)
 app.add_typer(servers_app, name="servers")
 
-# Exit codes scripts can rely on.
-EXIT_INVALID = 2  # a job file or argument is wrong
-EXIT_NO_FIT = 3  # nothing can run the job under its constraints
 EXIT_NOT_FOUND = 4
 
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
 MAX_MONTHLY = Decimal(10) ** 9
-
-GIB = 1024**3
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
@@ -50,108 +49,6 @@ def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
-def problems_exit(path: Path, problems: list[str]) -> NoReturn:
-    """Print a job or sweep file's problems, one per line, and exit EXIT_INVALID."""
-    for problem in problems:
-        typer.echo(problem, err=True)
-    n = len(problems)
-    typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
-    raise typer.Exit(EXIT_INVALID)
-
-
-def _load(path: Path) -> LoadedJob:
-    from orchestrator.spec import SpecError, load_job
-
-    try:
-        return load_job(path)
-    except SpecError as exc:
-        problems_exit(path, exc.problems)
-
-
-def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
-    from orchestrator.paths import default_db_url
-    from orchestrator.planning import make_plan
-    from orchestrator.readonly import measured_throughput
-    from orchestrator.scheduler import NoFit
-
-    try:
-        return make_plan(job, servers, measured_throughput(default_db_url()))
-    except NoFit as exc:
-        _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:,.2f} GiB"
-
-
-def _money(value: Any) -> str:
-    from orchestrator.pricing import usd
-
-    return usd(value)
-
-
-def _render_plan(plan: Plan, limit: int) -> None:
-    from orchestrator.render import table
-
-    job, w, est = plan.job, plan.workload, plan.estimate
-    spec = job.spec
-    epochs = spec.training.epochs
-    out = [f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
-           f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
-           f"{'s' if epochs != 1 else ''} ({job.dataset.source})", ""]
-    o = plan.chosen.offer
-    out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
-    rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
-    rows.append(["peak", _gib(est.peak_bytes)])
-    rows.append([f"required (+{est.headroom:.0%} headroom)", _gib(est.required_bytes)])
-    if est.host_ram_bytes:
-        rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
-    out.append(table(["component", "bytes"], rows, right=[1]))
-    out += [f"  note: {note}" for note in est.notes]
-    if est.savers:
-        out.append(f"  memory savers on: {', '.join(est.savers)}")
-    from orchestrator.planning import saver_lines
-
-    out += [f"  chosen by auto: {line}" for line in saver_lines(plan)]
-
-    n = len(plan.ranking.placements)
-    out += ["", f"Placements that fit ({n}), cheapest first:"]
-    rows = []
-    for i, p in enumerate(plan.ranking.placements[:limit], 1):
-        po = p.offer
-        rate = f"${po.price_per_hour:,.3f}" if po.price_per_hour is not None else (
-            f"{_money(po.monthly_price)}/mo" if po.monthly_price is not None else "-")
-        cost = _money(p.est_cost)
-        if p.amortised_cost is not None:
-            cost += f" (+{_money(p.amortised_cost)} of rent)"
-        billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
-                                                                          po.billing.value)
-        rows.append([i, po.provider, po.gpu, po.gpu_count, billing,
-                     "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
-                     f"{p.est_hours:.2f}", cost])
-    out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
-                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
-    if n > limit:
-        out.append(f"  ... {n - limit} more (--all or --json)")
-    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}",
-            f"Throughput: {plan.chosen.duration.source}"]
-    if plan.ranking.rejected:
-        out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
-                                           sorted(plan.ranking.rejected.items())))
-    if plan.unpriced:
-        names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
-        out.append(f"Not planned, price not published: {names} "
-                   "(register one you rent with `orch servers add`)")
-    typer.echo("\n".join(out))
-
-
-def _servers_for_plan() -> list[Any]:
-    from orchestrator.paths import default_db_url
-    from orchestrator.readonly import registered_servers
-
-    return registered_servers(default_db_url())
-
-
 @app.command()
 def plan(
     file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
@@ -159,12 +56,7 @@ def plan(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
-    job = _load(file)
-    result = _plan(job, _servers_for_plan())
-    if json_out:
-        _print_json(result.to_dict(alternatives=10_000 if all_rows else 20))
-    else:
-        _render_plan(result, 10_000 if all_rows else 12)
+    cli_plan.run(file, json_out, all_rows)
 
 
 def _store() -> Any:

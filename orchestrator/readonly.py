@@ -7,8 +7,6 @@ databases go through the store.
 
 from __future__ import annotations
 
-import sqlite3
-import statistics
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
@@ -56,6 +54,8 @@ def registered_servers(url: str) -> list[RegisteredServer]:
         return open_store(url).registered()
     if not path.exists():
         return []
+    import sqlite3  # only with a database: `orch plan` on a fresh machine skips it
+
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
         rows = con.execute(
@@ -91,6 +91,8 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
             store.close()
     if not path.exists():
         return {}
+    import sqlite3
+
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     try:
         rows = con.execute(_MEASURED_SQL).fetchall()
@@ -102,6 +104,8 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:
+    import statistics
+
     by_key: dict[MeasuredKey, list[float]] = {}
     for gpu, count, method, size, rate in rows:
         by_key.setdefault((str(gpu), int(count), str(method), str(size)), []).append(
