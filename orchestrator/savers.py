@@ -108,22 +108,30 @@ class Layout:
     estimate: MemoryEstimate
 
 
+@lru_cache(maxsize=1024)
+def _estimates(w: Workload, gpu_count: int) -> tuple[tuple[float, MemoryEstimate], ...]:
+    """(settings' slowdown, estimate) for every strategy x settings on `gpu_count` GPUs.
+
+    Strategy order of `sizing.candidate_strategies` first, then the least intrusive
+    settings (fewest savers): the tie-break `layouts` keeps.
+    """
+    ordered = sorted(((slowdown(v), v) for v in variants(w)),
+                     key=lambda sv: len(sizing.savers_on(sv[1])))
+    return tuple((factor, sizing.estimate(v, gpu_count, strategy))
+                 for strategy in sizing.candidate_strategies(gpu_count)
+                 for factor, v in ordered)
+
+
 @lru_cache(maxsize=4096)
 def layouts(w: Workload, gpu_count: int, scaling: tuple[tuple[str, float], ...],
-             ) -> tuple[Layout, ...]:
+            ) -> tuple[Layout, ...]:
     """Every (strategy, settings) estimate on `gpu_count` GPUs, fastest first.
 
-    Ties keep the strategy order of `sizing.candidate_strategies` and then the least
-    intrusive settings (fewest savers), so a saver is never on without a reason.
+    Ties keep the order of `_estimates`, so a saver is never on without a reason.
     """
     factors = dict(scaling)
-    ordered = sorted(variants(w), key=lambda v: len(sizing.savers_on(v)))
-    out: list[Layout] = []
-    for strategy in sizing.candidate_strategies(gpu_count):
-        base = _strategy_slowdown(strategy, factors)
-        for v in ordered:
-            out.append(Layout(base * slowdown(v), len(out),
-                               sizing.estimate(v, gpu_count, strategy)))
+    out = [Layout(_strategy_slowdown(est.strategy, factors) * factor, i, est)
+           for i, (factor, est) in enumerate(_estimates(w, gpu_count))]
     return tuple(sorted(out, key=lambda lay: (lay.time, lay.order)))
 
 

@@ -90,7 +90,7 @@ class Workload:
         return "auto" not in (self.optimizer, self.gradient_checkpointing, self.cross_entropy,
                               self.activation_offloading)
 
-    @property
+    @cached_property
     def trainable_params(self) -> int:
         """Parameters that get gradients."""
         if self.method == "full":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,13 +180,13 @@ def test_properties(w: Workload, gpus: int) -> None:
     more = estimate(w, 8, Strategy.SHARDED)
     assert more.peak_bytes <= sharded.peak_bytes
     # Longer sequences never need less memory.
-    longer = Workload(**{**w.__dict__, "sequence_len": w.sequence_len * 2})
+    longer = replace(w, sequence_len=w.sequence_len * 2)
     assert estimate(longer, 1).peak_bytes > one.peak_bytes
     # QLoRA never needs more than LoRA; LoRA at a usual rank and without dropout never more
     # than full (a huge rank on a tiny model can: its adapters outgrow the model; and PEFT's
     # per-module dropout copies can too, without checkpointing).
-    by_method = {m: estimate(Workload(**{**w.__dict__, "method": m, "lora_dropout": 0.0}),
-                             1).peak_bytes for m in ("qlora", "lora", "full")}
+    by_method = {m: estimate(replace(w, method=m, lora_dropout=0.0), 1).peak_bytes
+                 for m in ("qlora", "lora", "full")}
     assert by_method["qlora"] < by_method["lora"]
     if w.lora_r <= 64:
         assert by_method["lora"] <= by_method["full"]
