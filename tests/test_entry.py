@@ -50,12 +50,12 @@ def test_fast_path_prints_what_the_typer_command_prints(args: list[str],
         (typer.returncode, typer.stdout, typer.stderr)
 
 
-def test_plan_does_not_import_typer(tmp_path: Path) -> None:
+def test_plan_imports_neither_typer_nor_plugin_discovery(tmp_path: Path) -> None:
     code = ("import sys; sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']; "
             "from orchestrator.entry import main; main(); "
             "print('typer' in sys.modules, 'orchestrator.cli_jobs' in sys.modules, "
-            "file=sys.stderr)")
+            "'importlib.metadata' in sys.modules, file=sys.stderr)")
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 0 and out.stderr.strip() == "False False"
+    assert out.returncode == 0 and out.stderr.strip() == "False False False"
