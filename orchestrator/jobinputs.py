@@ -72,8 +72,8 @@ class Inputs:
         strategy = "single"
         requested = workload_from(self.loaded)
         # The planner's choice on this GPU (the same pure function as at plan time); on a
-        # GPU orch cannot size, every saver the job allows.
-        w = savers.frugal(requested)
+        # GPU orch has no figures for, the settings orch used before it decided them.
+        w = savers.fallback(requested)
         if spec_gpu is not None:
             est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
             if est is not None and est.workload is not None:

@@ -182,10 +182,22 @@ def _with(w: Workload, name: str, value: object) -> Workload:
     return replace(w, **{name: value})  # type: ignore[arg-type]
 
 
-def frugal(w: Workload) -> Workload:
-    """`w` with every saver it allows on: for a GPU orch has no figures for."""
-    return min(variants(w), key=lambda v: (sizing.estimate(v).peak_bytes,
-                                           -len(sizing.savers_on(v))))
+# For a GPU orch has no figures for: the settings orch used before it decided them (8-bit
+# AdamW, checkpointing on), with the loss kernel, which costs nothing.
+FALLBACK: dict[str, object] = {
+    "cross_entropy": "cut",
+    "optimizer": "adamw_8bit",
+    "gradient_checkpointing": True,
+    "activation_offloading": False,
+}
+
+
+def fallback(w: Workload) -> Workload:
+    """`w` with each "auto" setting resolved to FALLBACK (no GPU figures to decide by)."""
+    for name, value in FALLBACK.items():
+        if getattr(w, name) == "auto":
+            w = _with(w, name, value)
+    return w
 
 
 def without(w: Workload, name: str) -> Workload:

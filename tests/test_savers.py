@@ -261,3 +261,18 @@ def test_plan_json_lists_savers(tmp_path: Path) -> None:
         "training.activation_offloading"}
     assert set(data["estimate"]["savers"]) <= set(sizing.LOSS_COMPONENT.values()) | {
         "gradient_checkpointing", "activation_offloading", "adamw_8bit", "paged_adamw_8bit"}
+
+
+def test_the_engine_renders_the_planners_choice_for_the_gpu_it_got() -> None:
+    w = Workload(arch("meta-llama/Llama-3.1-8B"), "lora", optimizer="auto",
+                 gradient_checkpointing="auto", cross_entropy="auto",
+                 activation_offloading="auto")
+    p = cheapest(w)
+    again = savers.fit(w, p.offer.gpu_count, p.offer.gpu_memory_bytes, p.offer.ram_bytes,
+                       catalog.gpus()[p.offer.gpu])
+    assert again is not None and again.workload == p.estimate.workload
+    # A GPU without figures: the settings orch used before deciding them, plus CCE.
+    fb = savers.fallback(w)
+    assert (fb.cross_entropy, fb.optimizer, fb.gradient_checkpointing,
+            fb.activation_offloading) == ("cut", "adamw_8bit", True, False)
+    assert savers.fallback(replace(w, cross_entropy="plain")).cross_entropy == "plain"
