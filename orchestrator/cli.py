@@ -245,6 +245,9 @@ def _register() -> None:
 
     cli_history.register(app)
     cli_sweeps.register(app)
+    from orchestrator import cli_render
+
+    cli_render.register(app)
 
 
 _register()

@@ -47,7 +47,7 @@ def load(path: Path) -> LoadedJob:
         problems_exit(path, exc.problems)
 
 
-def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
+def plan_job(job: LoadedJob, servers: list[Any]) -> Plan:
     from orchestrator.paths import default_db_url
     from orchestrator.planning import make_plan
     from orchestrator.readonly import measured_throughput
@@ -125,7 +125,7 @@ def render_plan(plan: Plan, limit: int) -> None:
     print("\n".join(out))
 
 
-def _servers_for_plan() -> list[Any]:
+def servers_for_plan() -> list[Any]:
     from orchestrator.paths import default_db_url
     from orchestrator.readonly import registered_servers
 
@@ -135,7 +135,7 @@ def _servers_for_plan() -> list[Any]:
 def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
     job = load(file)
-    result = _plan(job, _servers_for_plan())
+    result = plan_job(job, servers_for_plan())
     if json_out:
         print(json.dumps(result.to_dict(alternatives=10_000 if all_rows else 20), indent=2,
                          default=str))

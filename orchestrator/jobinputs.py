@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paths import data_dir
+from orchestrator.sizing import Workload
 from orchestrator.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.store import Job
 from providers.base import Instance
@@ -60,7 +61,7 @@ class Inputs:
         """The host pipeline's view of this job on `inst`."""
         from orchestrator import savers
         from orchestrator.planning import workload_from
-        from playbooks.axolotl import TrainConfigInput
+        from playbooks import images
         from playbooks.gpu import GpuExpectation
         from playbooks.pipeline import PipelineJob
         from providers import catalog
@@ -78,20 +79,7 @@ class Inputs:
             est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
             if est is not None and est.workload is not None:
                 strategy, w = est.strategy.value, est.workload
-        t, lora = spec.training, spec.lora
-        config = TrainConfigInput(
-            method=spec.method, base_model_dir="", dataset_path="",
-            dataset_format=spec.dataset.format, output_dir="",
-            sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
-            gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
-            learning_rate=t.learning_rate, optimizer=str(w.optimizer),
-            gradient_checkpointing=w.gradient_checkpointing is True, packing=t.packing,
-            cross_entropy=w.cross_entropy,  # type: ignore[arg-type]
-            activation_offloading=w.activation_offloading is True,
-            lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            lora_target=None if lora.target is None else tuple(lora.target),
-            strategy=strategy, save_steps=self.save_steps(count),
-            extra=dict(spec.trainer.extra))  # fmt: skip
+        config = train_config(spec, strategy, self.save_steps(count), w)
         if spec.dataset.path.local is None:
             raise InputsError(f"job {job.id}: Hugging Face datasets ({spec.dataset.path.hf}) "
                               "are not uploaded by orch yet; download it to a JSONL file and "
@@ -100,13 +88,39 @@ class Inputs:
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
-            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated"),
+            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated",
+                               min_cuda=images.min_cuda(spec.trainer.image),
+                               image=spec.trainer.image),
             config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),
             artifacts_dir=str(artifacts_dir(job.id)),
             eval_set=None if spec.eval.eval_set is None
             else str(self.loaded.path.parent / spec.eval.eval_set),
             eval_tasks=tuple(spec.eval.tasks), trainer_image=spec.trainer.image,
             vllm_port=vllm_port, hf_token=token, poll_s=poll_s)  # fmt: skip
+
+
+def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Workload) -> Any:
+    """The job's axolotl inputs (a playbooks.axolotl.TrainConfigInput; paths left empty).
+
+    One function for the engine and `orch render`, so what is rendered is what runs.
+    `settings` is the planner's resolved workload: the memory savers it turned on.
+    """
+    from playbooks.axolotl import TrainConfigInput
+
+    t, lora = spec.training, spec.lora
+    return TrainConfigInput(
+        method=spec.method, base_model_dir="", dataset_path="",
+        dataset_format=spec.dataset.format, output_dir="",
+        sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
+        learning_rate=t.learning_rate, optimizer=str(settings.optimizer),
+        gradient_checkpointing=settings.gradient_checkpointing is True, packing=t.packing,
+        cross_entropy=settings.cross_entropy,  # type: ignore[arg-type]  # resolved: no "auto"
+        activation_offloading=settings.activation_offloading is True,
+        lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        lora_target=None if lora.target is None else tuple(lora.target),
+        strategy=strategy, save_steps=save_steps,
+        extra=dict(spec.trainer.extra))  # fmt: skip
 
 
 def artifacts_dir(job_id: str) -> Path:

@@ -276,3 +276,25 @@ def test_the_engine_renders_the_planners_choice_for_the_gpu_it_got() -> None:
     assert (fb.cross_entropy, fb.optimizer, fb.gradient_checkpointing,
             fb.activation_offloading) == ("cut", "adamw_8bit", True, False)
     assert savers.fallback(replace(w, cross_entropy="plain")).cross_entropy == "plain"
+
+
+@pytest.mark.parametrize("kw", [
+    {"cross_entropy": "cut"},
+    {"cross_entropy": "liger"},
+    {"cross_entropy": "cut", "activation_offloading": True, "optimizer": "adamw_8bit"},
+    {"cross_entropy": "liger", "gradient_checkpointing": False, "optimizer": "adamw"},
+    {"activation_offloading": True, "optimizer": "paged_adamw_8bit"},
+])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "offload"])
+def test_saver_configs_fit_axolotls_schema(kw: dict[str, Any], strategy: str) -> None:
+    from playbooks import axolotl_schema
+    from playbooks.axolotl import SHARDED
+
+    for method in ("qlora", "lora", "full"):
+        cfg = render(TrainConfigInput(
+            method=method, base_model_dir="/workspace/data/models/m/main",  # type: ignore[arg-type]
+            dataset_path="/workspace/data/jobs/j/data/train.jsonl", dataset_format="alpaca",
+            output_dir="/workspace/data/jobs/j/output", strategy=strategy,
+            deepspeed_path="/workspace/data/jobs/j/deepspeed.json" if strategy in SHARDED
+            else "", **kw))
+        assert axolotl_schema.problems(cfg) == [], (method, strategy, kw)

@@ -1,0 +1,102 @@
+"""`orch render`: what would run, for every example job on both host kinds, and that it is
+exactly what the playbooks upload and run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PlaybookHostFactory, Reports
+from test_playbook_train import TOOLKIT, make_job
+
+from playbooks import evaluate, merge, rendering, train
+from playbooks.base import run_playbook
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yml")
+                  if "grid" not in (yaml.safe_load(p.read_text()) or {}))
+
+
+def orch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    env.pop("ORCH_DB_URL", None)
+    env.pop("HF_TOKEN", None)
+    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+    return subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("host", ["docker", "container"])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_renders_on_both_host_kinds(tmp_path: Path, example: Path,
+                                                  host: str) -> None:
+    proc = orch(tmp_path, "render", str(example), "--host", host, "--json",
+                "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    repo = "axolotlai/axolotl" if host == "docker" else "axolotlai/axolotl-cloud"
+    assert out["image"] == f"{repo}:0.18.0-py3.12-cu130-2.12.0"
+    cfg = out["axolotl_config"]
+    assert cfg["output_dir"].startswith("/")
+    assert set(out["commands"]) == {"train", "merge", "evaluate"}
+    train_argv = out["commands"]["train"]
+    if host == "docker":
+        assert train_argv[:3] == ["docker", "run", "-d"] and out["image"] in train_argv
+        volume = train_argv[train_argv.index("-v") + 1]
+        assert volume.endswith(":/workspace/data")  # never over /workspace
+    else:
+        assert "docker" not in train_argv and train_argv[-3:-1] == ["axolotl", "train"]
+        assert "/workspace/axolotl-venv/bin" in train_argv
+    if "deepspeed" in cfg:
+        assert cfg["deepspeed"].startswith("/")
+        assert (tmp_path / "out" / "deepspeed.json").is_file()
+    written = yaml.safe_load((tmp_path / "out" / "config.yml").read_text())
+    assert written == cfg
+    assert json.loads((tmp_path / "out" / "render.json").read_text()) == out
+
+
+def test_sweep_file_points_at_its_base_job(tmp_path: Path) -> None:
+    proc = orch(tmp_path, "render", "examples/sweep-lr.yml")
+    assert proc.returncode == 2 and "render its base job" in proc.stderr
+    assert "qlora-8b.yml" in proc.stderr
+
+
+def test_bad_host_kind_is_refused(tmp_path: Path) -> None:
+    proc = orch(tmp_path, "render", "examples/quickstart.yml", "--host", "vm")
+    assert proc.returncode == 2 and "--host must be docker or container" in proc.stderr
+
+
+@pytest.mark.parametrize("runner", ["docker", "process"])
+def test_rendered_is_what_the_playbooks_upload_and_run(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        runner: str) -> None:
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=2,
+                              train_step_seconds=0.05, has_docker=runner == "docker")
+    job = make_job(sim, host, tmp_path, runner=runner)
+    rendered = rendering.render(job, evaluates=True, vllm_image="vllm/vllm-openai:v0.11.0")
+    run_playbook("train", train.steps(job), host, reports)
+    assert train.wait(host, job, poll_s=0.05).state is train.TrainState.SUCCEEDED
+    run_playbook("merge", merge.steps(job, poll_s=0.05), host, reports)
+    assert Path(job.config_file).read_text() == rendered.files[job.config_file]
+    ran = sim.ssh_commands()
+    assert shlex.join(rendered.commands["train"]) in ran
+    assert shlex.join(rendered.commands["merge"]) in ran
+    if runner == "docker":
+        spec = evaluate.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
+                                    "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
+        assert rendered.commands["evaluate"] == spec.docker_argv()
+        return
+    # A container rental: lm-eval's hf backend runs natively, as rendered.
+    result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,
+                               "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len,
+                               [{"prompt": "say hi", "expected": "hi"}], emit=reports,
+                               runner=runner, native_wrap=job.native.wrap)
+    assert "eval.exact_match" in result.metrics
+    assert shlex.join(rendered.commands["evaluate"]) in sim.ssh_commands()
