@@ -1,7 +1,10 @@
 """Scheduler scale: time per job decision over 100 .. 10,000 offers, for up to 1,000 jobs.
 
-Prints a table of per-decision times and the growth factor per 10x more offers; asserts
-nothing. Usage: python bench/scheduler_scale.py [--jobs 1000] [--offers 100,1000,10000]
+Times, per job, the full ranking (`scheduler.rank`, every offer priced: what `orch plan`
+shows) and the decision (`offerbook.best` over an OfferBook built once per market), side by
+side with their ratio, and counts decisions that differ (must be 0). Asserts nothing.
+Usage: python bench/scheduler_scale.py [--jobs 1000] [--offers 100,1000,10000] [--auto]
+(--auto leaves every memory saver to the planner, as a job file does by default.)
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from decimal import Decimal
 
 from orchestrator import scheduler
 from orchestrator.architectures import lookup
+from orchestrator.offerbook import OfferBook, best
 from orchestrator.sizing import Workload
 from providers import catalog
 from providers.base import Billing, Offer
@@ -40,40 +44,49 @@ def make_offers(n: int, rnd: random.Random) -> list[Offer]:
     return offers
 
 
-def make_jobs(n: int, rnd: random.Random) -> list[Workload]:
+def make_jobs(n: int, rnd: random.Random, auto: bool = False) -> list[Workload]:
+    savers = {"optimizer": "auto", "gradient_checkpointing": "auto", "cross_entropy": "auto",
+              "activation_offloading": "auto"} if auto else {}
     return [Workload(lookup(rnd.choice(MODELS)).architecture,
                      rnd.choice(["qlora", "lora", "full"]),
                      sequence_len=rnd.choice([512, 1024, 2048, 4096, 8192]),
                      micro_batch_size=rnd.choice([1, 2, 4]),
-                     lora_r=rnd.choice([8, 16, 32, 64])) for _ in range(n)]
+                     lora_r=rnd.choice([8, 16, 32, 64]), **savers)  # type: ignore[arg-type]
+            for _ in range(n)]
+
+
+def _stats(times: list[float]) -> tuple[float, float]:
+    return statistics.median(times), sorted(times)[int(0.95 * (len(times) - 1))]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--offers", default="100,1000,10000")
+    ap.add_argument("--auto", action="store_true", help="savers left to the planner")
     args = ap.parse_args()
     rnd = random.Random(7)
     gpus = catalog.gpus()
-    jobs = make_jobs(args.jobs, rnd)
-    print(f"{'offers':>7} {'jobs':>6} {'median ms/job':>14} {'p95 ms/job':>11} "
-          f"{'us/offer':>9} {'growth':>7}  fits/job")
-    prev = None
+    jobs = make_jobs(args.jobs, rnd, args.auto)
+    print(f"{'offers':>7} {'jobs':>6} {'rank ms/job':>12} {'p95':>7} {'best ms/job':>12} "
+          f"{'p95':>7} {'speed-up':>9} {'index ms':>9} {'differ':>7}")
     for n in [int(x) for x in args.offers.split(",")]:
         offers = make_offers(n, rnd)
-        times, fits = [], 0
+        t = time.perf_counter()
+        book = OfferBook.of(offers)  # once per market, shared by every job
+        index_s = time.perf_counter() - t
+        full, fast, differ = [], [], 0
         for w in jobs:
             t = time.perf_counter()
-            ranking = scheduler.rank(w, 5_000_000, offers, gpus)
-            times.append(time.perf_counter() - t)
-            fits += len(ranking.placements)
-        med = statistics.median(times)
-        p95 = sorted(times)[int(0.95 * (len(times) - 1))]
-        growth = f"{med / prev:.1f}x" if prev else "-"
-        print(f"{n:7d} {len(jobs):6d} {med * 1000:14.2f} {p95 * 1000:11.2f} "
-              f"{med / n * 1e6:9.2f} {growth:>7}  {fits // len(jobs)}")
-        prev = med
-
+            chosen = scheduler.rank(w, 5_000_000, offers, gpus).chosen
+            full.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            got = best(w, 5_000_000, book, gpus)
+            fast.append(time.perf_counter() - t)
+            differ += got != chosen
+        (fm, fp), (bm, bp) = _stats(full), _stats(fast)
+        print(f"{n:7d} {len(jobs):6d} {fm * 1000:12.2f} {fp * 1000:7.2f} {bm * 1000:12.3f} "
+              f"{bp * 1000:7.3f} {fm / bm:8.0f}x {index_s * 1000:9.1f} {differ:7d}")
 
 if __name__ == "__main__":
     main()

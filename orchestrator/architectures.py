@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,10 @@ class ArchitectureError(ValueError):
 
 @dataclass(frozen=True)
 class Architecture:
-    """The shape of a dense decoder-only transformer (Llama/Qwen/Mistral family)."""
+    """The shape of a dense decoder-only transformer (Llama/Qwen/Mistral family).
+
+    Parameter counts are cached on first use: the scheduler asks for them per offer group.
+    """
 
     hidden_size: int
     num_hidden_layers: int
@@ -44,15 +47,15 @@ class Architecture:
     qkv_bias: bool = False
     head_dim: int | None = None
 
-    @property
+    @cached_property
     def head_size(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
-    @property
+    @cached_property
     def q_dim(self) -> int:
         return self.num_attention_heads * self.head_size
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         return self.num_key_value_heads * self.head_size
 
@@ -69,28 +72,28 @@ class Architecture:
             "down_proj": (i, h),
         }
 
-    @property
+    @cached_property
     def layer_linear_params(self) -> int:
         """Weights of the linear layers of one block (what 4-bit quantization applies to)."""
         return sum(a * b for a, b in self.linear_shapes().values())
 
-    @property
+    @cached_property
     def layer_other_params(self) -> int:
         """Per-block parameters kept in bf16: two RMSNorms and the optional q/k/v biases."""
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         return 2 * self.hidden_size + bias
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         """Input embedding plus LM head (counted once when tied)."""
         one = self.vocab_size * self.hidden_size
         return one if self.tie_word_embeddings else 2 * one
 
-    @property
+    @cached_property
     def linear_params(self) -> int:
         return self.num_hidden_layers * self.layer_linear_params
 
-    @property
+    @cached_property
     def params(self) -> int:
         """Total parameters, as the model card counts them."""
         blocks = self.num_hidden_layers * (self.layer_linear_params + self.layer_other_params)

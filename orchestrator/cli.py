@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
-if TYPE_CHECKING:
-    from orchestrator.planning import Plan
-    from orchestrator.spec import LoadedJob
+from orchestrator import cli_plan
+
+# `orch plan` runs without typer (orchestrator.entry); these live in cli_plan for that and
+# are re-exported here for the other commands (cli_jobs, cli_sweeps).
+from orchestrator.cli_plan import EXIT_INVALID, EXIT_NO_FIT, problems_exit  # noqa: F401
+from orchestrator.cli_plan import load as _load  # noqa: F401
+from orchestrator.cli_plan import money as _money
 
 app = typer.Typer(
     name="orch",
@@ -25,12 +29,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Exit codes scripts can rely on.
-EXIT_INVALID = 2  # a job file or argument is wrong
-EXIT_NO_FIT = 3  # nothing can run the job under its constraints
 EXIT_NOT_FOUND = 4
 
-GIB = 1024**3
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
@@ -44,125 +44,6 @@ def _print_json(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
-def problems_exit(path: Path, problems: list[str]) -> NoReturn:
-    """Print a job or sweep file's problems, one per line, and exit EXIT_INVALID."""
-    for problem in problems:
-        typer.echo(problem, err=True)
-    n = len(problems)
-    typer.echo(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done", err=True)
-    raise typer.Exit(EXIT_INVALID)
-
-
-def _load(path: Path) -> LoadedJob:
-    from orchestrator.spec import SpecError, load_job
-
-    try:
-        return load_job(path)
-    except SpecError as exc:
-        problems_exit(path, exc.problems)
-
-
-def _plan(job: LoadedJob, servers: list[Any]) -> Plan:
-    from orchestrator.planning import make_plan
-    from orchestrator.readonly import measured_throughput
-    from orchestrator.scheduler import NoFit
-
-    try:
-        return make_plan(job, servers, _without_db(measured_throughput, {}))
-    except NoFit as exc:
-        _fail(f"{job.path}: {exc}", EXIT_NO_FIT)
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:,.2f} GiB"
-
-
-def _money(value: Any) -> str:
-    from orchestrator.pricing import usd
-
-    return usd(value)
-
-
-def _render_plan(plan: Plan, limit: int) -> None:
-    from orchestrator.render import table
-
-    job, w, est = plan.job, plan.workload, plan.estimate
-    spec = job.spec
-    epochs = spec.training.epochs
-    out = [f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
-           f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
-           f"{'s' if epochs != 1 else ''} ({job.dataset.source})", ""]
-    o = plan.chosen.offer
-    out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
-    rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
-    rows.append(["peak", _gib(est.peak_bytes)])
-    rows.append([f"required (+{est.headroom:.0%} headroom)", _gib(est.required_bytes)])
-    if est.host_ram_bytes:
-        rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
-    out.append(table(["component", "bytes"], rows, right=[1]))
-    out += [f"  note: {note}" for note in est.notes]
-
-    n = len(plan.ranking.placements)
-    out += ["", f"Placements that fit ({n}), cheapest first:"]
-    rows = []
-    for i, p in enumerate(plan.ranking.placements[:limit], 1):
-        po = p.offer
-        rate = f"${po.price_per_hour:,.3f}" if po.price_per_hour is not None else (
-            f"{_money(po.monthly_price)}/mo" if po.monthly_price is not None else "-")
-        cost = _money(p.est_cost)
-        if p.amortised_cost is not None:
-            cost += f" (+{_money(p.amortised_cost)} of rent)"
-        billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
-                                                                          po.billing.value)
-        rows.append([i, po.provider, po.gpu, po.gpu_count, billing,
-                     "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
-                     f"{p.est_hours:.2f}", cost])
-    out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
-                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
-    if n > limit:
-        out.append(f"  ... {n - limit} more (--all or --json)")
-    from orchestrator.runnable import CLOUDS
-
-    # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
-    chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
-              else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
-    out += ["", f"Chosen: {chosen}: {plan.to_dict(0)['why']}",
-            f"Throughput: {plan.chosen.duration.source}"]
-    if plan.ranking.rejected:
-        out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
-                                           sorted(plan.ranking.rejected.items())))
-    if plan.unpriced:
-        names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
-        out.append(f"Not planned, price not published: {names} "
-                   "(register one you rent with `orch servers add`)")
-    typer.echo("\n".join(out))
-
-
-def _servers_for_plan() -> list[Any]:
-    from orchestrator.readonly import registered_servers
-
-    return _without_db(registered_servers, [])
-
-
-def _without_db(read: Any, empty: Any) -> Any:
-    """`read(db_url)`, or `empty` with a note when the database cannot be read: planning
-    needs no database (it only adds registered servers and measured throughput)."""
-    from orchestrator.paths import default_db_url
-    from orchestrator.readonly import Unavailable
-
-    try:
-        return read(default_db_url())
-    except Unavailable as exc:
-        if str(exc) not in _NOTED:  # servers and throughput fail alike: say it once
-            _NOTED.add(str(exc))
-            typer.echo(f"note: {exc}; planning without registered servers and measured "
-                       "throughput", err=True)
-        return empty
-
-
-_NOTED: set[str] = set()
-
-
 @app.command()
 def plan(
     file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
@@ -170,32 +51,7 @@ def plan(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
-    from orchestrator.runnable import runners
-
-    job = _load(file)
-    servers = _servers_for_plan()
-    result = _plan(job, servers)
-    who = runners(job.spec.resources.providers, bool(servers))
-    if json_out:
-        _print_json({**result.to_dict(alternatives=10_000 if all_rows else 20),
-                     "runs_on": list(who.providers), "runs_on_notes": list(who.notes)})
-    else:
-        _render_plan(result, 10_000 if all_rows else 12)
-        typer.echo(_runs_on(result, who))
-
-
-def _runs_on(plan: Plan, who: Any) -> str:
-    """Who would run the plan here: catalog prices are estimates, not a provider."""
-    from orchestrator.runnable import HOW_TO_CONFIGURE
-
-    if not who:
-        return (f"Runs on: nothing configured here can run it ({'; '.join(who.notes)}). "
-                f"{HOW_TO_CONFIGURE}.")
-    o = plan.chosen.offer
-    if o.provider in who.providers:
-        return f"Runs on: {o.provider}"
-    return (f"Runs on: {' or '.join(who.providers)}, whose live offers `orch submit` ranks "
-            f"(the {o.provider} catalog's prices above are an estimate)")
+    cli_plan.run(file, json_out, all_rows)
 
 
 def _store() -> Any:

@@ -23,7 +23,7 @@ HostOpt = Annotated[str, typer.Option(
 
 def render_job(file: Path, host: str) -> Any:
     """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
-    from orchestrator.cli import _load, _plan, _servers_for_plan
+    from orchestrator.cli_plan import load, plan_job, servers_for_plan
     from orchestrator.jobinputs import Inputs, train_config
     from orchestrator.planning import total_tokens
     from playbooks import images, rendering
@@ -36,12 +36,13 @@ def render_job(file: Path, host: str) -> Any:
         raise typer.Exit(2)
     kind: images.HostKind = "docker" if host == "docker" else "container"
     _refuse_sweep(file)
-    job = _load(file)
-    plan = _plan(job, _servers_for_plan())
+    job = load(file)
+    plan = plan_job(job, servers_for_plan())
     est = plan.estimate
     spec = job.spec
     inputs = Inputs(job, total_tokens(job), plan.chosen.est_hours, {})
-    config = train_config(spec, est.strategy.value, inputs.save_steps(est.gpu_count))
+    config = train_config(spec, est.strategy.value, inputs.save_steps(est.gpu_count),
+                          est.workload or plan.workload)
     layout = Layout(rendering.NOMINAL_BASE[kind])
     dataset = spec.dataset.path.local or str(spec.dataset.path.hf)
     # Only the variable's name reaches the command line; the value goes to a 0600 file.

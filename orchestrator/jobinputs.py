@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paths import data_dir
+from orchestrator.sizing import Workload
 from orchestrator.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.store import Job
 from providers.base import Instance
@@ -60,7 +61,7 @@ class Inputs:
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float) -> Any:
         """The host pipeline's view of this job on `inst`."""
-        from orchestrator import sizing
+        from orchestrator import savers
         from orchestrator.planning import workload_from
         from playbooks import images
         from playbooks.gpu import GpuExpectation
@@ -72,11 +73,15 @@ class Inputs:
         count = job.gpu_count or inst.gpu_count or 1
         spec_gpu = catalog.gpus().get(gpu)
         strategy = "single"
+        requested = workload_from(self.loaded)
+        # The planner's choice on this GPU (the same pure function as at plan time); on a
+        # GPU orch has no figures for, the settings orch used before it decided them.
+        w = savers.fallback(requested)
         if spec_gpu is not None:
-            est = sizing.fit(workload_from(self.loaded), count, spec_gpu.memory_bytes)
-            if est is not None:
-                strategy = est.strategy.value
-        config = train_config(spec, strategy, self.save_steps(count))
+            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+            if est is not None and est.workload is not None:
+                strategy, w = est.strategy.value, est.workload
+        config = train_config(spec, strategy, self.save_steps(count), w)
         if spec.dataset.path.local is None:
             raise InputsError(f"job {job.id}: Hugging Face datasets ({spec.dataset.path.hf}) "
                               "are not uploaded by orch yet; download it to a JSONL file and "
@@ -96,10 +101,11 @@ class Inputs:
             vllm_port=vllm_port, hf_token=token, poll_s=poll_s)  # fmt: skip
 
 
-def train_config(spec: JobSpec, strategy: str, save_steps: int) -> Any:
+def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Workload) -> Any:
     """The job's axolotl inputs (a playbooks.axolotl.TrainConfigInput; paths left empty).
 
     One function for the engine and `orch render`, so what is rendered is what runs.
+    `settings` is the planner's resolved workload: the memory savers it turned on.
     """
     from playbooks.axolotl import TrainConfigInput
 
@@ -109,8 +115,10 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int) -> Any:
         dataset_format=spec.dataset.format, output_dir="",
         sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
-        learning_rate=t.learning_rate, optimizer=t.optimizer,
-        gradient_checkpointing=t.gradient_checkpointing, packing=t.packing,
+        learning_rate=t.learning_rate, optimizer=str(settings.optimizer),
+        gradient_checkpointing=settings.gradient_checkpointing is True, packing=t.packing,
+        cross_entropy=settings.cross_entropy,  # type: ignore[arg-type]  # resolved: no "auto"
+        activation_offloading=settings.activation_offloading is True,
         lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         lora_target=None if lora.target is None else tuple(lora.target),
         strategy=strategy, save_steps=save_steps,

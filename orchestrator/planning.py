@@ -6,8 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator import scheduler
+from orchestrator import savers, scheduler
 from orchestrator.pricing import usd
+from orchestrator.savers import Choice
+from orchestrator.savers import choices as savers_choices
 from orchestrator.scheduler import Constraints, Placement, Ranking
 from orchestrator.sizing import MemoryEstimate, Workload
 from orchestrator.spec import LoadedJob
@@ -31,10 +33,17 @@ class Plan:
     ranking: Ranking
     chosen: Placement
     unpriced: tuple[catalog.UnpricedTier, ...]
+    # Each saver "auto" turned on, and the cheapest placement without it (None: no fit).
+    without_savers: tuple[tuple[Choice, Placement | None], ...] = ()
 
     @property
     def estimate(self) -> MemoryEstimate:
         return self.chosen.estimate
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """What the planner decided for the job's "auto" settings on the chosen placement."""
+        return savers_choices(self.workload, self.estimate)
 
     def to_dict(self, alternatives: int = 20) -> dict[str, Any]:
         """The `orch plan --json` object."""
@@ -52,6 +61,10 @@ class Plan:
                        "total": total_tokens(self.job),
                        "source": self.job.dataset.source},
             "estimate": estimate_dict(est),
+            "savers": [{"setting": f"training.{c.name}", "value": c.value,
+                        "saved_bytes_per_gpu": c.saved_bytes, "why": c.describe()}
+                       for c in self.choices],
+            "savers_why": saver_lines(self),
             "placement": self.chosen.to_dict(),
             "alternatives": [p.to_dict() for p in self.ranking.placements[1:1 + alternatives]],
             "feasible": len(self.ranking.placements),
@@ -72,6 +85,7 @@ def estimate_dict(est: MemoryEstimate) -> dict[str, Any]:
         "headroom": est.headroom,
         "host_ram_bytes": est.host_ram_bytes,
         "components": dict(est.components),
+        "savers": list(est.savers),
         "notes": list(est.notes),
     }
 
@@ -90,6 +104,8 @@ def workload_from(job: LoadedJob) -> Workload:
         lora_modules=s.lora.modules,
         lora_dropout=s.lora.dropout,
         headroom=s.resources.headroom,
+        cross_entropy=s.training.cross_entropy,
+        activation_offloading=s.training.activation_offloading,
     )
 
 
@@ -108,6 +124,7 @@ def constraints_from(job: LoadedJob) -> Constraints:
         spot=r.spot,
         gpus=gpus,
         max_gpus=r.max_gpus,
+        gpu_count=r.gpu_count,
         providers=None if r.providers is None else frozenset(r.providers),
         servers=None if r.servers is None else frozenset(r.servers),
         max_price_per_hour=r.max_price_per_hour,
@@ -135,9 +152,40 @@ def make_plan(
         # Without credentials the per-second catalog stands in for a live provider's
         # prices; at run time the engine ranks that provider's real offers instead.
         offers += [replace(o, provider=live) for o in cat.offers if o.provider == "cloud"]
-    chosen, ranking = scheduler.choose(w, total_tokens(job), offers, catalog.gpus(),
-                                       constraints_from(job), measured=measured)
-    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced)
+    tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
+    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured)
+    # For each saver "auto" turned on: the cheapest placement without it, to show what it
+    # bought (a cheaper GPU, or nothing but a fit at all).
+    without: list[tuple[Choice, Placement | None]] = []
+    for choice in savers_choices(w, chosen.estimate):
+        if choice.value == savers.BASELINE[choice.name]:
+            continue
+        off = savers.without(w, choice.name)
+        without.append((choice, scheduler.rank(off, tokens, offers, gpus, constraints,
+                                               measured=measured).chosen))
+    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
+                without_savers=tuple(without))
+
+
+def saver_lines(plan: Plan) -> list[str]:
+    """One line per saver the planner turned on: what it saved and what it bought."""
+    out = []
+    for choice, alt in plan.without_savers:
+        line = choice.describe()
+        c = plan.chosen
+        here = f"{c.offer.gpu} x{c.offer.gpu_count} at {usd(c.est_cost)}"
+        if alt is None:
+            line += f"; the job fits only with it ({here})"
+        elif alt.est_cost > c.est_cost:
+            line += (f"; fits {here} instead of {alt.offer.gpu} x{alt.offer.gpu_count} at "
+                     f"{usd(alt.est_cost)}")
+        else:
+            line += f"; {here}, no dearer than without it"
+        out.append(line)
+    for choice in plan.choices:
+        if choice.value == savers.BASELINE[choice.name]:
+            out.append(f"{choice.describe()} (not needed to reach the cheapest placement)")
+    return out
 
 
 def why(plan: Plan) -> str:

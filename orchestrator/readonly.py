@@ -7,8 +7,6 @@ databases go through the store.
 
 from __future__ import annotations
 
-import sqlite3
-import statistics
 from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
@@ -76,6 +74,8 @@ def registered_servers(url: str) -> list[RegisteredServer]:
             store.close()
     if not path.exists():
         return []
+    import sqlite3  # only with a database: `orch plan` on a fresh machine skips it
+
     try:
         rows = _sqlite_rows(path, "SELECT name, gpu, gpu_count, monthly_price_micros, host, "
                             "status, port, user, claimed_by_job FROM server ORDER BY name")
@@ -107,6 +107,8 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
             store.close()
     if not path.exists():
         return {}
+    import sqlite3  # only with a database: `orch plan` on a fresh machine skips it
+
     try:
         rows = _sqlite_rows(path, _MEASURED_SQL)
     except sqlite3.OperationalError:
@@ -117,6 +119,7 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
 def _sqlite_rows(path: Path, sql: str) -> list[Any]:
     """Rows of `sql` on a read-only connection; OperationalError (no such table) propagates,
     Unavailable when the file cannot be opened or is not a database at all."""
+    import sqlite3
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     except sqlite3.Error as exc:
@@ -135,6 +138,8 @@ def _sqlite_rows(path: Path, sql: str) -> list[Any]:
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:
+    import statistics
+
     by_key: dict[MeasuredKey, list[float]] = {}
     for gpu, count, method, size, rate in rows:
         by_key.setdefault((str(gpu), int(count), str(method), str(size)), []).append(

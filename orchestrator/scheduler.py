@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from orchestrator import pricing, sizing, throughput
+from orchestrator import pricing, savers, sizing, throughput
 from orchestrator.sizing import GIB, MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
@@ -19,6 +19,7 @@ class Constraints:
     spot: str = "allowed"  # allowed | required | never
     gpus: frozenset[str] | None = None  # canonical GPU names; None = any
     max_gpus: int = 8
+    gpu_count: int | None = None  # exactly this many GPUs (resources.gpu_count)
     providers: frozenset[str] | None = None
     servers: frozenset[str] | None = None  # registered servers by name; None = any
     max_price_per_hour: Decimal | None = None
@@ -85,7 +86,7 @@ class NoFit(Exception):
     """No offer can run the job; the message states the smallest need and the largest offer."""
 
 
-def _constraint_failure(o: Offer, c: Constraints) -> str | None:
+def constraint_failure(o: Offer, c: Constraints) -> str | None:
     if c.spot == "never" and o.interruptible:
         return "interruptible, but resources.spot is never"
     if c.spot == "required" and not o.interruptible:
@@ -94,6 +95,8 @@ def _constraint_failure(o: Offer, c: Constraints) -> str | None:
         return "GPU not in resources.gpus"
     if o.gpu_count > c.max_gpus:
         return "more GPUs than resources.max_gpus"
+    if c.gpu_count is not None and o.gpu_count != c.gpu_count:
+        return "GPU count is not resources.gpu_count"
     if c.providers is not None and o.provider not in c.providers:
         return "provider not in resources.providers"
     if c.servers is not None and not (o.registered and o.offer_id.removeprefix("server:")
@@ -123,17 +126,18 @@ def rank(
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
     # Offers repeat the same few shapes; size and time each shape once, price each offer.
-    fit_cache: dict[tuple[int, int, int | None], MemoryEstimate | None] = {}
+    fit_cache: dict[tuple[object, ...], MemoryEstimate | None] = {}
     time_cache: dict[tuple[object, ...], throughput.Duration] = {}
     for offer in offers:
-        why = _constraint_failure(offer, constraints)
+        why = constraint_failure(offer, constraints)
         if why:
             rejected[why] += 1
             continue
-        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes)
+        gpu = gpus[offer.gpu]
+        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
         if key not in fit_cache:
-            fit_cache[key] = sizing.fit(w, offer.gpu_count, offer.gpu_memory_bytes,
-                                        offer.ram_bytes)
+            fit_cache[key] = savers.fit(w, offer.gpu_count, offer.gpu_memory_bytes,
+                                        offer.ram_bytes, gpu)
         est = fit_cache[key]
         if est is None:
             rejected["does not fit in GPU memory"] += 1
@@ -141,12 +145,12 @@ def rank(
         learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
             if measured else None
         cached = offer.offer_id in cached_on
-        tkey = (offer.gpu, offer.gpu_count, est.strategy, offer.boot_minutes, offer.pull_gbps,
-                cached, learned)
+        # The fit key fixes the estimate (layout and settings); hashing it is cheap.
+        tkey = (offer.gpu, key, offer.boot_minutes, offer.pull_gbps, cached, learned)
         dur = time_cache.get(tkey)
         if dur is None:
             dur = time_cache[tkey] = throughput.duration(
-                w, tokens, offer, gpus[offer.gpu], est.strategy, model_cached=cached,
+                est.workload or w, tokens, offer, gpu, est.strategy, model_cached=cached,
                 measured=learned)
         if constraints.deadline_hours is not None and dur.total > constraints.deadline_hours:
             rejected["slower than resources.deadline_hours"] += 1
@@ -169,18 +173,20 @@ def rank(
     return Ranking(tuple(placements), dict(rejected))
 
 
-def smallest_need(w: Workload, max_gpus: int = 8) -> MemoryEstimate:
+def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
+                  ) -> MemoryEstimate:
     """The least per-GPU memory any layout of `w` needs (sharded over the most GPUs)."""
     best: MemoryEstimate | None = None
-    for count in (1, 2, 4, 8):
+    for count in (1, 2, 4, 8) if gpu_count is None else (gpu_count,):
         if count > max_gpus:
             break
         for strategy in sizing.candidate_strategies(count):
             if strategy in (sizing.Strategy.OFFLOAD, sizing.Strategy.SHARDED_OFFLOAD):
                 continue  # offload needs a known host RAM; report the GPU-only need
-            est = sizing.estimate(w, count, strategy)
-            if best is None or est.required_bytes < best.required_bytes:
-                best = est
+            for v in savers.variants(w):  # with every saver the job allows
+                est = sizing.estimate(v, count, strategy)
+                if best is None or est.required_bytes < best.required_bytes:
+                    best = est
     assert best is not None
     return best
 
@@ -211,6 +217,7 @@ _ADVICE = {
     "not interruptible, but resources.spot is required": "resources.spot: allowed",
     "GPU not in resources.gpus": "more GPU models in resources.gpus (or any)",
     "more GPUs than resources.max_gpus": "a higher resources.max_gpus",
+    "GPU count is not resources.gpu_count": "another resources.gpu_count, or leave it out",
     "provider not in resources.providers": "more providers in resources.providers (or any), "
                                            "or `orch servers add` for `dedicated`",
     "above resources.max_price_per_hour": "a higher resources.max_price_per_hour",
@@ -224,12 +231,12 @@ _ADVICE = {
 def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
                    constraints: Constraints) -> str:
     """Why nothing was placed: the smallest need, the largest eligible offer, what to change."""
-    need = smallest_need(w, constraints.max_gpus)
+    need = smallest_need(w, constraints.max_gpus, constraints.gpu_count)
     plural = "s" if need.gpu_count > 1 else ""
     need_txt = (f"the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
                 f"({need.strategy.value} on {need.gpu_count} GPU{plural}, headroom "
                 f"{need.headroom:.0%})")
-    eligible = [o for o in offers if _constraint_failure(o, constraints) is None]
+    eligible = [o for o in offers if constraint_failure(o, constraints) is None]
     largest = max(eligible, key=lambda o: (o.gpu_memory_bytes, o.gpu_count), default=None)
     if largest is None:
         offer_txt = "no offer passes the job's resources constraints"

@@ -9,12 +9,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import cached_property
 from typing import Literal
 
 from orchestrator.architectures import LINEAR_MODULES, Architecture
 
 Method = Literal["qlora", "lora", "full"]
 Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
+# How the loss is computed: materialised fp32 logits, Cut Cross Entropy, Liger's fused
+# linear cross-entropy (real-hosts.md §3: one cross-entropy optimisation at a time).
+CrossEntropy = Literal["plain", "cut", "liger"]
+# A job-file setting the planner decides (orchestrator/savers.py).
+Auto = Literal["auto"]
 
 GIB = 1024**3
 
@@ -24,8 +30,14 @@ FP32 = 4
 NF4 = 0.5
 # Block scales with double quantization (bitsandbytes default in axolotl/QLoRA): 0.127 bit.
 NF4_DOUBLE_QUANT_SCALES = 0.127 / 8
-# Full fine-tune, mixed precision: fp32 master copy (4) + Adam moments (8, or 2 in 8 bit).
-FULL_OPTIMIZER = {"adamw": FP32 + 8, "adamw_8bit": FP32 + 2, "paged_adamw_8bit": FP32 + 2}
+# Full fine-tune optimizer state per parameter depends on who holds the master copy
+# (sizing-facts.md, "Bytes per parameter"):
+# - one GPU / DDP, model loaded in bf16 (axolotl's default with `bf16`): no fp32 master and
+#   torch AdamW keeps its two moments in the parameters' dtype (2 × bf16); 8-bit: 2 × 1 byte.
+FULL_OPTIMIZER_BF16 = {"adamw": 2 * BF16, "adamw_8bit": 2, "paged_adamw_8bit": 2}
+# - DeepSpeed ZeRO (what orch renders for fsdp/offload layouts, bf16): fp32 master (4) +
+#   fp32 moments (8), or 8-bit moments (2); sharded over the GPUs for ZeRO-3.
+FULL_OPTIMIZER_ZERO = {"adamw": FP32 + 8, "adamw_8bit": FP32 + 2, "paged_adamw_8bit": FP32 + 2}
 # LoRA adapters are kept in fp32 by PEFT (autocast_adapter_dtype), so they are their own
 # master copy: only the moments add to them.
 ADAPTER_OPTIMIZER = {"adamw": 8, "adamw_8bit": 2, "paged_adamw_8bit": 2}
@@ -40,6 +52,9 @@ CUDA_CONTEXT = int(0.75 * GIB)
 LOGITS_FP32_COPIES = 3
 # FSDP/ZeRO-3 gather one block's full parameters ahead of use and keep the next prefetched.
 FSDP_GATHERED_LAYERS = 2
+# Activation offloading (axolotl `activation_offloading: true`) streams each block's
+# checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
+OFFLOADED_LAYERS_IN_FLIGHT = 2
 
 
 class Strategy(StrEnum):
@@ -60,14 +75,22 @@ class Workload:
     method: Method
     sequence_len: int = 2048
     micro_batch_size: int = 2
-    optimizer: Optimizer = "adamw_8bit"
-    gradient_checkpointing: bool = True
+    optimizer: Optimizer | Auto = "adamw_8bit"
+    gradient_checkpointing: bool | Auto = True
     lora_r: int = 16
     lora_modules: tuple[str, ...] = LINEAR_MODULES
     lora_dropout: float = 0.05
     headroom: float = 0.2
+    cross_entropy: CrossEntropy | Auto = "plain"
+    activation_offloading: bool | Auto = False
 
     @property
+    def is_resolved(self) -> bool:
+        """True when no setting is left to the planner ("auto")."""
+        return "auto" not in (self.optimizer, self.gradient_checkpointing, self.cross_entropy,
+                              self.activation_offloading)
+
+    @cached_property
     def trainable_params(self) -> int:
         """Parameters that get gradients."""
         if self.method == "full":
@@ -86,13 +109,16 @@ class MemoryEstimate:
     headroom: float
     host_ram_bytes: int = 0  # state offloaded to the node's RAM (whole node)
     notes: tuple[str, ...] = field(default=())
+    # The settings this estimate was made with (no "auto" left), and the memory savers on.
+    workload: Workload | None = field(default=None, compare=False)
+    savers: tuple[str, ...] = field(default=())
 
-    @property
+    @cached_property
     def peak_bytes(self) -> int:
         """Sum of the components on one GPU, before headroom."""
         return sum(self.components.values())
 
-    @property
+    @cached_property
     def required_bytes(self) -> int:
         """What a GPU must have free: peak plus headroom for fragmentation and buffers."""
         return math.ceil(self.peak_bytes * (1 + self.headroom))
@@ -137,6 +163,10 @@ def activation_bytes(w: Workload) -> int:
         shapes = arch.linear_shapes()
         per_token += BF16 * sum(shapes[m][0] for m in w.lora_modules)
     one_block = tokens * per_token
+    if w.activation_offloading is True:
+        # The checkpointed block inputs live in host RAM; a couple are in flight on the GPU,
+        # plus one block recomputed in backward (axolotl requires checkpointing for this).
+        return OFFLOADED_LAYERS_IN_FLIGHT * tokens * h * BF16 + one_block
     if w.gradient_checkpointing:
         # Only each block's input survives (2·s·b·h), plus one block recomputed in backward.
         return arch.num_hidden_layers * tokens * h * BF16 + one_block
@@ -148,14 +178,60 @@ def logits_bytes(w: Workload) -> int:
     return FP32 * w.sequence_len * w.micro_batch_size * w.arch.vocab_size * LOGITS_FP32_COPIES
 
 
-def _state(w: Workload) -> tuple[int, int, int, int]:
-    """Whole-model (weights, adapters, gradients, optimizer) bytes."""
+# The loss component's name in `MemoryEstimate.components`, by cross-entropy kernel.
+LOSS_COMPONENT = {"plain": "logits", "cut": "cut_cross_entropy", "liger": "liger_fused_ce"}
+
+
+def loss_bytes(w: Workload) -> int:
+    """Memory of the LM head's loss for `w.cross_entropy` (docs/sizing.md, "Loss")."""
+    tokens = w.sequence_len * w.micro_batch_size
+    h, v = w.arch.hidden_size, w.arch.vocab_size
+    if w.cross_entropy == "cut":
+        # CCE never materialises logits: the backward's embedding gradient (bf16, tokens × h)
+        # and the forward's log-sum-exp per token (fp32) [apple/ml-cross-entropy cce.py,
+        # cce_backward.py: `de = zeros_like(e)`; the classifier gradient is the LM head's
+        # own gradient, counted under gradients for a full fine-tune].
+        return BF16 * tokens * h + FP32 * tokens
+    if w.cross_entropy == "liger":
+        # Liger's fused linear cross-entropy: grad_input (tokens × h, bf16), one chunk of
+        # bf16 logits of next_pow2(ceil(tokens / ceil(v / h))) rows, fp32 loss per token
+        # [Liger-Kernel ops/fused_linear_cross_entropy.py].
+        chunk = 1 << max(0, math.ceil(tokens / math.ceil(v / h)) - 1).bit_length()
+        return BF16 * tokens * h + BF16 * chunk * v + FP32 * tokens
+    if w.cross_entropy == "plain":
+        return logits_bytes(w)
+    raise ValueError(f"cross_entropy {w.cross_entropy!r} is not resolved")
+
+
+# Layouts orch renders with a DeepSpeed ZeRO config (playbooks/axolotl.py): fp32 master.
+ZERO_STRATEGIES = frozenset({"fsdp", "fsdp+offload", "offload"})
+
+
+def _state(w: Workload, strategy: Strategy) -> tuple[int, int, int, int]:
+    """Whole-model (weights, adapters, gradients, optimizer) bytes under `strategy`."""
     weights = weight_bytes(w)
+    if w.optimizer == "auto":
+        raise ValueError("optimizer 'auto' is not resolved")
     if w.method == "full":
         n = w.arch.params
-        return weights, 0, n * FULL_GRADIENT, n * FULL_OPTIMIZER[w.optimizer]
+        table = FULL_OPTIMIZER_ZERO if strategy.value in ZERO_STRATEGIES else FULL_OPTIMIZER_BF16
+        return weights, 0, n * FULL_GRADIENT, n * table[w.optimizer]
     n = w.trainable_params
     return weights, n * ADAPTER_WEIGHT, n * ADAPTER_GRADIENT, n * ADAPTER_OPTIMIZER[w.optimizer]
+
+
+def savers_on(w: Workload) -> tuple[str, ...]:
+    """The memory savers `w` turns on, in the names `orch plan` shows."""
+    on = []
+    if w.cross_entropy in ("cut", "liger"):
+        on.append(LOSS_COMPONENT[str(w.cross_entropy)])
+    if w.gradient_checkpointing is True:
+        on.append("gradient_checkpointing")
+    if w.activation_offloading is True:
+        on.append("activation_offloading")
+    if w.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        on.append(str(w.optimizer))
+    return tuple(on)
 
 
 def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) -> MemoryEstimate:
@@ -169,7 +245,9 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
     if gpu_count > 1 and strategy in (Strategy.SINGLE, Strategy.OFFLOAD):
         raise ValueError(f"strategy {strategy} is for one GPU")
 
-    weights, adapters, grads, optim = _state(w)
+    if not w.is_resolved:
+        raise ValueError("resolve the workload's 'auto' settings first (savers.fit)")
+    weights, adapters, grads, optim = _state(w, strategy)
     sharded = strategy in (Strategy.SHARDED, Strategy.SHARDED_OFFLOAD)
     offload = strategy in (Strategy.SHARDED_OFFLOAD, Strategy.OFFLOAD)
     div = gpu_count if sharded else 1
@@ -179,7 +257,7 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         "gradients": math.ceil(grads / div),
         "optimizer": 0 if offload else math.ceil(optim / div),
         "activations": activation_bytes(w),
-        "logits": logits_bytes(w),
+        LOSS_COMPONENT[str(w.cross_entropy)]: loss_bytes(w),
         "cuda_context": CUDA_CONTEXT,
     }
     notes: list[str] = []
@@ -202,6 +280,8 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         headroom=w.headroom,
         host_ram_bytes=optim if offload else 0,
         notes=tuple(notes),
+        workload=w,
+        savers=savers_on(w),
     )
 
 

@@ -163,7 +163,17 @@ class LoraSpec(_Strict):
         return LINEAR_MODULES if self.target is None else tuple(self.target)
 
 
-Optimizer = Literal["adamw", "adamw_8bit", "paged_adamw_8bit"]
+Optimizer = Literal["auto", "adamw", "adamw_8bit", "paged_adamw_8bit"]
+# "auto": the planner turns a memory saver on only when it reaches a cheaper placement
+# (orchestrator/savers.py; docs/sizing.md "Memory savers").
+def _auto_bool(value: Any) -> Any:
+    # One clear message instead of pydantic's one per union member.
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ValueError(f"must be auto, true or false (got {value!r})")
+
+
+AutoBool = Annotated[Literal["auto"] | bool, BeforeValidator(_auto_bool)]
 
 
 class TrainingSpec(_Strict):
@@ -172,9 +182,11 @@ class TrainingSpec(_Strict):
     gradient_accumulation_steps: int = Field(default=4, gt=0, le=MAX_STEPS)
     epochs: float = Field(default=1, gt=0, le=1000)
     learning_rate: float = Field(default=2.0e-4, gt=0, lt=1)
-    optimizer: Optimizer = "adamw_8bit"
-    gradient_checkpointing: bool = True
+    optimizer: Optimizer = "auto"
+    gradient_checkpointing: AutoBool = "auto"
     packing: bool = True
+    cross_entropy: Literal["auto", "plain", "cut", "liger"] = "auto"
+    activation_offloading: AutoBool = "auto"
 
 
 def _dataset_path(value: Any) -> Any:
@@ -212,6 +224,7 @@ class ResourcesSpec(_Strict):
     spot: Literal["allowed", "required", "never"] = "allowed"
     gpus: AnyOrList = None
     max_gpus: int = Field(default=8, ge=1, le=8)
+    gpu_count: int | None = Field(default=None, ge=1, le=8)  # exactly N GPUs per machine
     providers: AnyOrList = None
     # Registered monthly servers (`orch servers add`) the job may run on; naming any limits
     # the job to those servers.
@@ -221,6 +234,13 @@ class ResourcesSpec(_Strict):
     max_cost: Money | None = None
     deadline_hours: float | None = Field(default=None, gt=0, le=MAX_HOURS)
     headroom: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _count_within_max(self) -> ResourcesSpec:
+        if self.gpu_count is not None and self.gpu_count > self.max_gpus:
+            raise ValueError(f"gpu_count {self.gpu_count} is above max_gpus {self.max_gpus}; "
+                             "raise max_gpus or lower gpu_count")
+        return self
 
 
 class TrainerSpec(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from orchestrator.savers import extra_slowdown
 from orchestrator.sizing import Strategy, Workload, weight_bytes
 from providers.base import GpuSpec, Offer
 
@@ -109,7 +110,7 @@ def training_seconds(
         rate *= gpu.efficiency(kind)
     if w.method == "qlora":
         rate /= QLORA_DEQUANT_SLOWDOWN
-    compute = tokens * flops_per_token(w) / rate
+    compute = tokens * flops_per_token(w) / rate * extra_slowdown(w)
     # Each micro-step streams all the weights a few times on every GPU: sharded layouts
     # gather each layer in full before using it, so sharding does not lower this floor.
     microsteps = tokens / (w.sequence_len * w.micro_batch_size * gpu_count)

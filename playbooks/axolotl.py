@@ -21,6 +21,18 @@ OPTIMIZERS = {
 # Strategies that shard with DeepSpeed ZeRO-3 (the config is uploaded with the job).
 SHARDED = frozenset({"fsdp", "fsdp+offload", "offload"})
 
+# Memory savers' exact keys (../shared/reference/real-hosts.md §3). Only one cross-entropy
+# optimisation at a time: CCE, Liger's or chunked.
+CCE_PLUGIN = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+LIGER_PLUGIN = "axolotl.integrations.liger.LigerPlugin"
+CROSS_ENTROPY_KEYS = {
+    "cut": (CCE_PLUGIN, "cut_cross_entropy"),
+    "liger": (LIGER_PLUGIN, "liger_fused_linear_cross_entropy"),
+}
+# Keys that pick a cross-entropy kernel: `trainer.extra` may not add a second one.
+_CE_KEYS = frozenset({"cut_cross_entropy", "liger_fused_linear_cross_entropy",
+                      "liger_cross_entropy", "chunked_cross_entropy"})
+
 # Keys orch owns: `trainer.extra` may not override them, or resume and artifact copying
 # would silently break (e.g. a different output_dir, or save_only_model).
 RESERVED = frozenset({"base_model", "output_dir", "datasets", "auto_resume_from_checkpoints",
@@ -68,6 +80,8 @@ class TrainConfigInput:
     optimizer: str = "adamw_8bit"
     gradient_checkpointing: bool = True
     packing: bool = True
+    cross_entropy: Literal["plain", "cut", "liger"] = "plain"
+    activation_offloading: bool = False  # needs gradient_checkpointing
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.05
@@ -133,8 +147,31 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
             raise ConfigError(f"strategy {c.strategy} needs the uploaded DeepSpeed config's "
                               f"absolute path (got {c.deepspeed_path!r})")
         cfg["deepspeed"] = c.deepspeed_path
-    cfg.update(c.extra)
+    _savers(c, cfg)
+    extra = dict(c.extra)
+    if "plugins" in extra and "plugins" in cfg:
+        # The user's plugins join the saver's; one list, each plugin once.
+        extra["plugins"] = list(dict.fromkeys([*cfg["plugins"], *extra["plugins"]]))
+    cfg.update(extra)
     return cfg
+
+
+def _savers(c: TrainConfigInput, cfg: dict[str, Any]) -> None:
+    """The memory savers' keys: a cross-entropy kernel and activation offloading."""
+    if c.cross_entropy != "plain":
+        clash = sorted(_CE_KEYS & set(c.extra))
+        if clash:
+            raise ConfigError(f"trainer.extra: {', '.join(clash)} picks a second cross-entropy "
+                              f"kernel besides training.cross_entropy {c.cross_entropy} (axolotl "
+                              "allows one); remove it or set training.cross_entropy: plain")
+        plugin, key = CROSS_ENTROPY_KEYS[c.cross_entropy]
+        cfg["plugins"] = [plugin]
+        cfg[key] = True
+    if c.activation_offloading:
+        if not c.gradient_checkpointing:
+            raise ConfigError("activation offloading needs gradient checkpointing (axolotl); "
+                              "set training.gradient_checkpointing: true or auto")
+        cfg["activation_offloading"] = True
 
 
 def _int_alpha(alpha: float) -> int:

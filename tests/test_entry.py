@@ -1,0 +1,61 @@
+"""`orch plan` skips typer: same output, same exit codes, and typer still answers the rest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.entry import plan_args
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["plan", "job.yml"], (Path("job.yml"), False, False)),
+    (["plan", "--json", "job.yml", "--all"], (Path("job.yml"), True, True)),
+    (["plan"], None),
+    (["plan", "a.yml", "b.yml"], None),
+    (["plan", "--help"], None),
+    (["plan", "job.yml", "--jsn"], None),
+    (["jobs"], None),
+    ([], None),
+])
+def test_only_a_plain_plan_command_line_skips_typer(argv: list[str],
+                                                    expected: object) -> None:
+    assert plan_args(argv) == expected
+
+
+def _run(module: str, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    env.pop("ORCH_DB_URL", None)
+    code = f"import sys; sys.argv = ['orch', *sys.argv[1:]]; from {module} import main; main()"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "examples/qlora-8b.yml"],
+    ["plan", "--json", "examples/lora-14b.yml"],
+    ["plan", "examples/missing.yml"],
+])
+def test_fast_path_prints_what_the_typer_command_prints(args: list[str],
+                                                        tmp_path: Path) -> None:
+    fast = _run("orchestrator.entry", args, tmp_path)
+    typer = _run("orchestrator.cli", args, tmp_path)
+    assert (fast.returncode, fast.stdout, fast.stderr) == \
+        (typer.returncode, typer.stdout, typer.stderr)
+
+
+def test_plan_imports_neither_typer_nor_plugin_discovery(tmp_path: Path) -> None:
+    code = ("import sys; sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']; "
+            "from orchestrator.entry import main; main(); "
+            "print('typer' in sys.modules, 'orchestrator.cli_jobs' in sys.modules, "
+            "'importlib.metadata' in sys.modules, file=sys.stderr)")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr.strip() == "False False False"
