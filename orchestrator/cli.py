@@ -22,8 +22,11 @@ app = typer.Typer(
     name="orch",
     help="Fine-tune LLMs on rented GPUs at the lowest cost that works.",
     no_args_is_help=True,
-    add_completion=False,
+    # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
+    add_completion=True,
     pretty_exceptions_enable=False,
+    # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 servers_app = typer.Typer(help="The monthly dedicated servers you rent.", no_args_is_help=True)
 app.add_typer(servers_app, name="servers")
@@ -39,6 +42,23 @@ MAX_MONTHLY = Decimal(10) ** 9
 GIB = 1024**3
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"orch {version('orch')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print orch's version and exit.")] = False,
+) -> None:
+    """Fine-tune LLMs on rented GPUs at the lowest cost that works."""
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -92,13 +112,14 @@ def _money(value: Any) -> str:
 
 def _render_plan(plan: Plan, limit: int) -> None:
     from orchestrator.render import table
+    from orchestrator.term import prose
 
     job, w, est = plan.job, plan.workload, plan.estimate
     spec = job.spec
     epochs = spec.training.epochs
-    out = [f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
+    out = [prose(f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
            f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
-           f"{'s' if epochs != 1 else ''} ({job.dataset.source})", ""]
+           f"{'s' if epochs != 1 else ''} ({job.dataset.source})"), ""]
     o = plan.chosen.offer
     out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
     rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
@@ -107,7 +128,7 @@ def _render_plan(plan: Plan, limit: int) -> None:
     if est.host_ram_bytes:
         rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
     out.append(table(["component", "bytes"], rows, right=[1]))
-    out += [f"  note: {note}" for note in est.notes]
+    out += [prose(f"  note: {note}", "        ") for note in est.notes]
 
     n = len(plan.ranking.placements)
     out += ["", f"Placements that fit ({n}), cheapest first:"]
@@ -125,18 +146,20 @@ def _render_plan(plan: Plan, limit: int) -> None:
                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
                      f"{p.est_hours:.2f}", cost])
     out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
-                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
+                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0,
+                     drop=[4, 7, 8, 5]))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    out += ["", f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: {plan.to_dict(0)['why']}",
-            f"Throughput: {plan.chosen.duration.source}"]
+    out += ["", prose(f"Chosen: {o.provider} {o.gpu} x{o.gpu_count}: "
+                      f"{plan.to_dict(0)['why']}"),
+            prose(f"Throughput: {plan.chosen.duration.source}")]
     if plan.ranking.rejected:
-        out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
-                                           sorted(plan.ranking.rejected.items())))
+        out.append(prose("Left out: " + "; ".join(f"{k} {r}" for r, k in
+                                                 sorted(plan.ranking.rejected.items()))))
     if plan.unpriced:
         names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
-        out.append(f"Not planned, price not published: {names} "
-                   "(register one you rent with `orch servers add`)")
+        out.append(prose(f"Not planned, price not published: {names} "
+                         "(register one you rent with `orch servers add`)"))
     typer.echo("\n".join(out))
 
 
@@ -173,6 +196,7 @@ def _store() -> Any:
 
 def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.store import from_micros
+    from orchestrator.term import iso_utc
 
     return {
         "id": j.id, "name": j.name, "status": j.status, "method": j.method,
@@ -180,7 +204,7 @@ def _job_dict(j: Any) -> dict[str, Any]:
         "gpu_count": j.gpu_count, "interruptible": j.interruptible,
         "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
         "cost": str(from_micros(j.cost_micros or 0)),
-        "created_at": j.created_at.isoformat().replace("+00:00", "Z"),
+        "created_at": iso_utc(j.created_at),
     }
 
 
@@ -191,7 +215,8 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    rows = [_job_dict(j) for j in _store().list_jobs(limit=limit, status=status)]
+    found = _store().list_jobs(limit=limit, status=status)
+    rows = [_job_dict(j) for j in found]
     if json_out:
         _print_json(rows)
         return
@@ -199,14 +224,17 @@ def jobs(
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
         return
     from orchestrator.render import table
+    from orchestrator.term import human_time
 
+    # On a narrow terminal: estimates, method and the creation time go first.
     typer.echo(table(
         ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
-         "created (UTC)"],
+         "created"],
         [[r["id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-          _money(r["est_cost"]), _money(r["cost"]), r["created_at"][:19]] for r in rows],
-        right=[5, 6, 7]))
+          _money(r["est_cost"]), _money(r["cost"]), human_time(j.created_at)]
+         for r, j in zip(rows, found, strict=True)],
+        right=[5, 6, 7], drop=[5, 6, 3, 8], states=[2]))
 
 
 @app.command()
@@ -323,7 +351,7 @@ def servers_list(json_out: JsonFlag = False) -> None:
         ["name", "GPU", "n", "ssh", "monthly", "status"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
           _money(r["monthly_price"]), r["status"]] for r in rows],
-        right=[2, 4]))
+        right=[2, 4], drop=[4, 2], states=[5]))
 
 
 @servers_app.command("remove")
@@ -360,8 +388,10 @@ def main() -> None:
     # paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness
     # probe expects) at ERROR; the engine reports what matters as job events.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from orchestrator.helpstyle import gh_style
+
     try:
-        app()
+        gh_style(typer.main.get_command(app))(prog_name="orch")
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
