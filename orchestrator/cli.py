@@ -372,10 +372,11 @@ def _register() -> None:
     from orchestrator import cli_jobs
 
     cli_jobs.register(app)
-    from orchestrator import cli_history, cli_sweeps
+    from orchestrator import cli_history, cli_report, cli_sweeps
 
     cli_history.register(app)
     cli_sweeps.register(app)
+    cli_report.register(app)
 
 
 _register()
