@@ -372,11 +372,12 @@ def _register() -> None:
     from orchestrator import cli_jobs
 
     cli_jobs.register(app)
-    from orchestrator import cli_history, cli_report, cli_sweeps
+    from orchestrator import cli_history, cli_models, cli_report, cli_sweeps
 
     cli_history.register(app)
     cli_sweeps.register(app)
     cli_report.register(app)
+    cli_models.register(app)
 
 
 _register()
