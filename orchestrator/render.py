@@ -17,10 +17,10 @@ from orchestrator import term
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
           right: Sequence[int] = (), mark: int | None = None, drop: Sequence[int] = (),
           states: Sequence[int] = (), tty: bool | None = None,
-          columns: int | None = None) -> str:
+          columns: int | None = None, colour: bool | None = None) -> str:
     """Render rows under headers; columns in `right` are right-aligned, row `mark` starred.
 
-    `tty`/`columns` default to stdout's; tests and callers writing elsewhere pass them.
+    `tty`/`columns`/`colour` default to stdout's; callers writing elsewhere pass them.
     """
     cells = [[str(c) for c in headers]] + [[_cell(c) for c in row] for row in rows]
     if tty is None:
@@ -39,21 +39,22 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]],
             break
         keep.remove(i)
     while total() > limit:
-        # Cut the widest column, never below its header or 4 characters.
-        widest = max(keep, key=lambda i: widths[i] - max(4, len(cells[0][i])))
-        if widths[widest] <= max(4, len(cells[0][widest])):
+        # Cut the widest column (its header too, if need be), never below 4 characters.
+        widest = max(keep, key=lambda i: widths[i])
+        if widths[widest] <= 4:
             break
         widths[widest] -= 1
-    colour = term.colour_enabled()
+    if colour is None:
+        colour = term.colour_enabled()
     lines = []
     for n, row in enumerate(cells):
         parts = []
         for i in keep:
             text = _cut(row[i], widths[i])
-            text = text.rjust(widths[i]) if i in right else text.ljust(widths[i])
-            if n and i in states:
+            pad = " " * (widths[i] - len(text))
+            if n and i in states:  # colour the word, not the padding
                 text = term.paint(text, term.state_colour(row[i]), colour)
-            parts.append(text)
+            parts.append(pad + text if i in right else text + pad)
         prefix = "* " if mark is not None and n == mark + 1 else "  "
         lines.append((prefix + "  ".join(parts)).rstrip())
     return "\n".join(lines)

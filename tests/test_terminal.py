@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,29 @@ def test_logs_train_shows_the_trainers_output_after_the_instance_is_gone(
     assert lines and all(d["job_id"] == job_id for d in lines)
     # -f on a finished job prints what there is and returns.
     assert piped(env, "logs", job_id, "--train", "-f").stdout == out
+
+
+def test_logs_train_follows_a_running_job(tmp_path: Path) -> None:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "ORCH_SIM_TRAIN_STEPS": "12",
+           "ORCH_SIM_STEP_S": "0.4", "ORCH_POLL_S": "0.1"}
+    env.pop("ORCH_DB_URL", None)
+    submit = subprocess.Popen([orch_exe(), "submit", "examples/quickstart.yml", "--json"],
+                              env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        job: dict[str, Any] = {}
+        while time.monotonic() < deadline:  # wait for the condition, not for a time
+            found = json.loads(piped(env, "jobs", "--json").stdout)
+            if found and found[0]["status"] in ("training", "merging", "evaluating",
+                                                "releasing", "succeeded"):
+                job = found[0]
+                break
+            time.sleep(0.2)
+        assert job.get("status") == "training", job  # caught while training runs
+        follow = piped(env, "logs", job["id"], "--train", "-f").stdout
+    finally:
+        submit.wait(timeout=120)
+    assert "Training completed" in follow and follow.count("{'loss':") == 12
+    checkpoints = re.findall(r"checkpoint-(\d+)\n", follow)
+    assert checkpoints == [str(n) for n in range(1, 13)]  # each line once, in order
