@@ -324,16 +324,18 @@ def history(reader: Reader | None, filters: Filters, *, sort: str = "created",
     d = reader.dialect
     duration = (f"CASE WHEN j.started_at IS NULL THEN NULL ELSE "
                 f"{_seconds(d, 'j.started_at', 'coalesce(j.finished_at, :now)')} END")
-    key = {"created": "j.created_at", "cost": "j.cost_micros", "duration": "duration_s",
-           "status": "j.status"}[sort]
+    key = {"created": "created_at", "cost": "cost_micros", "duration": "duration_s",
+           "status": "status"}[sort]
     direction = "DESC" if descending else "ASC"
     # Jobs that never started have no duration: last either way, the same on both dialects.
     nulls = "CASE WHEN duration_s IS NULL THEN 1 ELSE 0 END, " if sort == "duration" else ""
-    sql = (f"SELECT j.id, j.name, j.status, j.method, j.base_model, j.provider, j.gpu, "
-           f"j.gpu_count, j.interruptible, j.cost_micros, j.amortised_micros, {duration} AS "
-           f"duration_s, j.created_at, j.started_at, j.finished_at FROM job j"
+    # A derived table, so ORDER BY may use duration_s in an expression: PostgreSQL (unlike
+    # SQLite) resolves output-column aliases in ORDER BY only when they stand alone.
+    sql = (f"SELECT * FROM (SELECT j.id, j.name, j.status, j.method, j.base_model, j.provider, "
+           f"j.gpu, j.gpu_count, j.interruptible, j.cost_micros, j.amortised_micros, {duration} "
+           f"AS duration_s, j.created_at, j.started_at, j.finished_at FROM job j"
            + (" WHERE " + " AND ".join(terms) if terms else "")
-           + f" ORDER BY {nulls}{key} {direction}, j.id {direction}")
+           + f") h ORDER BY {nulls}{key} {direction}, id {direction}")
     if limit:
         params["limit"] = limit
         sql += " LIMIT :limit"
@@ -472,9 +474,12 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
     join = " LEFT JOIN sweep s ON s.id = j.sweep_id" if dim == "sweep" else ""
     # Grouped by day in SQL (portable substr on the fixed-width text); weeks and months are
     # rolled up here from at most a few hundred rows per year.
+    # PostgreSQL refuses a constant in GROUP BY ("non-integer constant"): group by the
+    # dimension only when there is one.
+    group_dim = "" if dim is None else f", {dim_sql}"
     job_sql = (f"SELECT substr(j.created_at, 1, 10) AS day, {dim_sql} AS k, count(*), "
                f"sum(j.cost_micros), sum(j.amortised_micros) FROM job j{join}{where} "
-               f"GROUP BY substr(j.created_at, 1, 10), {dim_sql}")
+               f"GROUP BY substr(j.created_at, 1, 10){group_dim}")
     d = reader.dialect
     secs = _greatest(d, "0", _seconds(d, "i.created_at", "coalesce(i.terminated_at, :now)"))
     inst_sql = (
@@ -483,7 +488,7 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
         "sum(CASE WHEN i.terminated_at IS NULL THEN 0 ELSE i.cost_micros END), "
         f"sum(CASE WHEN i.terminated_at IS NULL THEN i.price_per_hour_micros * {secs} "
         f"ELSE 0 END) FROM instance i JOIN job j ON j.id = i.job_id{join}{where} "
-        f"GROUP BY substr(j.created_at, 1, 10), {dim_sql}, i.gpu, i.interruptible")
+        f"GROUP BY substr(j.created_at, 1, 10){group_dim}, i.gpu, i.interruptible")
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:
@@ -644,12 +649,26 @@ def run_sql(url: str, sql: str) -> SqlResult:
         con.close()
 
 
+# Statements a read-only query may start with on a server database. The READ ONLY
+# transaction is the lock; this list turns utility commands that PostgreSQL would run outside
+# it or reject with a syntax error (VACUUM, SET, BEGIN, PRAGMA...) into one clear refusal.
+_QUERY_KEYWORDS = ("select", "with", "values", "table", "explain", "show")
+
+
+def _first_keyword(query: str) -> str:
+    text = re.sub(r"(--[^\n]*\n?|/\*.*?\*/|\s|\()+", " ", query, flags=re.S).strip()
+    return text.split(" ", 1)[0].lower() if text else ""
+
+
 def _run_sql_engine(url: str, query: str) -> SqlResult:
     """PostgreSQL and others: one statement in a READ ONLY transaction, always rolled back."""
     from sqlalchemy.exc import DBAPIError
 
     from orchestrator.store import StoreError, open_store
 
+    if _first_keyword(query) not in _QUERY_KEYWORDS:
+        raise _refusal(query, "only queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, SHOW) run "
+                       "on a read-only connection")
     try:
         store = open_store(url)
     except StoreError as exc:

@@ -138,3 +138,37 @@ def sim_hosts(tmp_path: Path) -> Iterator[Any]:
         yield backend
     finally:
         backend.stop_all()
+
+
+# --- databases: SQLite and a real PostgreSQL server --------------------------------------
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster on 127.0.0.1 for the whole test session."""
+    import pgserver
+
+    why = pgserver.available()
+    if why is not None:
+        pytest.fail(f"the PostgreSQL tests need a server: {why}", pytrace=False)
+    server = pgserver.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def database_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty database of `backend` for one test."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'orch.db'}"
+    server = request.getfixturevalue("pg_server")
+    return str(server.create_database())
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database on each backend in turn (SQLite file, PostgreSQL database)."""
+    return database_url(request.param, tmp_path, request)

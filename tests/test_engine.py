@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KeyPair
+from conftest import BACKENDS, KeyPair, database_url
 
 from orchestrator.engine import JobRunner, Options, owner_id
 from orchestrator.spec import load_job
@@ -81,10 +81,21 @@ class Rig:
         return [e.kind for e in self.store.events(job_id)]
 
 
+# These also run against a real PostgreSQL server (a team's shared database).
+ON_POSTGRES = {"test_claim_is_exclusive_under_a_race", "test_job_succeeds_end_to_end",
+               "test_preemption_mid_training_resumes_on_a_new_instance"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "rig" in metafunc.fixturenames and metafunc.function.__name__ in ON_POSTGRES:
+        metafunc.parametrize("rig", BACKENDS, indirect=True)
+
+
 @pytest.fixture
-def rig(tmp_path: Path, ssh_keypair: KeyPair, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+def rig(request: pytest.FixtureRequest, tmp_path: Path, ssh_keypair: KeyPair,
+        monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    url = f"sqlite:///{tmp_path / 'orch.db'}"
+    url = database_url(getattr(request, "param", "sqlite"), tmp_path, request)
     monkeypatch.setenv("ORCH_DB_URL", url)
     r = Rig(tmp_path, open_store(url), ssh_keypair, [])
     try:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import typer
+from conftest import BACKENDS, database_url
 from typer.testing import CliRunner
 
 from orchestrator import history as h
@@ -35,11 +36,24 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 HASH = "b" * 64
 
 
+# Tests about the SQLite file itself; every other test runs on SQLite and on PostgreSQL.
+SQLITE_ONLY = {"test_migration_creates_the_views_and_downgrades_cleanly",
+               "test_sql_errors_are_clear",
+               "test_long_read_does_not_block_a_writer_process_or_see_half_writes",
+               "test_history_commands_do_not_import_sqlalchemy"}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db" in metafunc.fixturenames and metafunc.function.__name__ not in SQLITE_ONLY:
+        metafunc.parametrize("db", BACKENDS, indirect=True)
+
+
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[tuple[Store, Path]]:
-    path = tmp_path / "orch.db"
-    store = open_store(f"sqlite:///{path}")
-    yield store, path
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Store, str]]:
+    """(store, URL) of an empty database (SQLite unless parametrized)."""
+    url = database_url(getattr(request, "param", "sqlite"), tmp_path, request)
+    store = open_store(url)
+    yield store, url
     store.close()
 
 
@@ -71,8 +85,10 @@ def _add(store: Store, *rows: Any) -> None:
             session.flush()
 
 
-def _reader(path: Path) -> h.SqliteReader:
-    return h.SqliteReader(path)
+def _reader(url: str) -> Any:
+    reader = h.open_reader(url)
+    assert reader is not None
+    return reader
 
 
 # --- times -------------------------------------------------------------------------------
@@ -105,7 +121,7 @@ def test_job_statuses_copy_matches_the_store() -> None:
 
 
 @pytest.fixture
-def jobs(db: tuple[Store, Path]) -> Path:
+def jobs(db: tuple[Store, str]) -> str:
     store, path = db
     sweep = Sweep(id="s-000000000001", name="lr-grid", spec_json="{}", created_at=NOW)
     _add(store, sweep,
@@ -120,7 +136,7 @@ def jobs(db: tuple[Store, Path]) -> Path:
     return path
 
 
-def _ids(path: Path, flt: h.Filters | None = None, **kw: Any) -> list[str]:
+def _ids(path: str, flt: h.Filters | None = None, **kw: Any) -> list[str]:
     r = _reader(path)
     try:
         return [row.id for row in h.history(r, flt or h.Filters(), now=NOW, **kw)]
@@ -128,13 +144,13 @@ def _ids(path: Path, flt: h.Filters | None = None, **kw: Any) -> list[str]:
         r.close()
 
 
-def test_history_newest_first_by_default(jobs: Path) -> None:
+def test_history_newest_first_by_default(jobs: str) -> None:
     assert _ids(jobs) == ["j-d", "j-c", "j-b", "j-a"]
     assert _ids(jobs, descending=False) == ["j-a", "j-b", "j-c", "j-d"]
     assert _ids(jobs, limit=2) == ["j-d", "j-c"]
 
 
-def test_history_filters(jobs: Path) -> None:
+def test_history_filters(jobs: str) -> None:
     assert _ids(jobs, h.Filters(statuses=("failed", "queued"))) == ["j-d", "j-b"]
     assert _ids(jobs, h.Filters(methods=("qlora",))) == ["j-a"]
     assert _ids(jobs, h.Filters(providers=("runpod",))) == ["j-b"]
@@ -152,7 +168,7 @@ def test_history_filters(jobs: Path) -> None:
                                 until=NOW - timedelta(days=5))) == ["j-b"]
 
 
-def test_history_filter_errors(jobs: Path) -> None:
+def test_history_filter_errors(jobs: str) -> None:
     with pytest.raises(h.HistoryError, match="--sweep nope: no sweep"):
         _ids(jobs, h.Filters(sweep="nope"))
     with pytest.raises(h.HistoryError, match="--status done: use one of queued"):
@@ -163,7 +179,7 @@ def test_history_filter_errors(jobs: Path) -> None:
         _ids(jobs, sort="size")
 
 
-def test_history_sorting(jobs: Path) -> None:
+def test_history_sorting(jobs: str) -> None:
     assert _ids(jobs, sort="cost") == ["j-c", "j-a", "j-b", "j-d"]
     assert _ids(jobs, sort="cost", descending=False) == ["j-d", "j-b", "j-a", "j-c"]
     # A job that never started has no duration: last in both directions.
@@ -172,7 +188,7 @@ def test_history_sorting(jobs: Path) -> None:
     assert _ids(jobs, sort="status", descending=False) == ["j-b", "j-d", "j-a", "j-c"]
 
 
-def test_history_row_values(jobs: Path) -> None:
+def test_history_row_values(jobs: str) -> None:
     r = _reader(jobs)
     rows = {row.id: row for row in h.history(r, h.Filters(), now=NOW)}
     r.close()
@@ -193,7 +209,7 @@ def test_missing_database_is_an_empty_history(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def costs(db: tuple[Store, Path]) -> Path:
+def costs(db: tuple[Store, str]) -> str:
     store, path = db
     t1 = datetime(2026, 10, 15, tzinfo=UTC)
     t2 = datetime(2026, 11, 20, tzinfo=UTC)
@@ -222,7 +238,7 @@ def costs(db: tuple[Store, Path]) -> Path:
 PRICES = {"A100 80GB": Decimal("0.468"), "H100 SXM": Decimal("2.5")}
 
 
-def _cost(path: Path, **kw: Any) -> list[h.CostRow]:
+def _cost(path: str, **kw: Any) -> list[h.CostRow]:
     r = _reader(path)
     try:
         return h.cost_rollup(r, now=NOW, prices=PRICES, **kw)
@@ -230,7 +246,7 @@ def _cost(path: Path, **kw: Any) -> list[h.CostRow]:
         r.close()
 
 
-def test_cost_by_month(costs: Path) -> None:
+def test_cost_by_month(costs: str) -> None:
     oct_, nov = _cost(costs, when="month", dim=None)
     assert (oct_.bucket, oct_.jobs, oct_.gpu_seconds, oct_.cost_micros) == (
         "2026-10", 1, 6 * 3600, 12_000_000)
@@ -248,7 +264,7 @@ def test_cost_by_month(costs: Path) -> None:
     assert nov.to_dict()["spot_savings"] == "0.804000"
 
 
-def test_cost_by_month_and_provider_and_iso_weeks(costs: Path) -> None:
+def test_cost_by_month_and_provider_and_iso_weeks(costs: str) -> None:
     rows = _cost(costs, when="month", dim="provider")
     assert [(r.bucket, r.key, r.jobs) for r in rows] == [
         ("2026-10", "runpod", 1), ("2026-11", "vastai", 2), ("2026-11", "dedicated", 1)]
@@ -284,15 +300,26 @@ def test_on_demand_prices_come_from_the_catalog() -> None:
 # --- views -------------------------------------------------------------------------------
 
 
-def _raw(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    con = sqlite3.connect(path)
+def _raw(url: str, sql: str) -> list[tuple[Any, ...]]:
+    """Plain SQL as a user at the shell would run it (sqlite3, or psql's driver)."""
+    path = url.removeprefix("sqlite:///")
+    if path != url:
+        con = sqlite3.connect(path)
+        try:
+            return con.execute(sql).fetchall()
+        finally:
+            con.close()
+    from sqlalchemy import create_engine
+
+    engine = create_engine(url)
     try:
-        return con.execute(sql).fetchall()
+        with engine.connect() as conn:
+            return [tuple(row) for row in conn.exec_driver_sql(sql)]
     finally:
-        con.close()
+        engine.dispose()
 
 
-def test_cost_view_agrees_with_cost_rollup(costs: Path) -> None:
+def test_cost_view_agrees_with_cost_rollup(costs: str) -> None:
     view = _raw(costs, "SELECT month, provider, jobs, cost_micros, amortised_micros "
                        "FROM v_cost_per_month_provider ORDER BY month, provider")
     rows = _cost(costs, when="month", dim="provider")
@@ -300,7 +327,7 @@ def test_cost_view_agrees_with_cost_rollup(costs: Path) -> None:
                           for r in rows)
 
 
-def test_gpu_hours_and_interruption_views(costs: Path) -> None:
+def test_gpu_hours_and_interruption_views(costs: str) -> None:
     [(model, jobs, instances, gpu_hours)] = _raw(
         costs, "SELECT base_model, jobs, instances, gpu_hours FROM v_gpu_hours_per_model")
     assert (model, jobs, instances) == ("Qwen/Qwen2.5-7B", 4, 5)
@@ -311,7 +338,7 @@ def test_gpu_hours_and_interruption_views(costs: Path) -> None:
     assert rows == [("dedicated", 1, 1, 0), ("runpod", 1, 1, 0), ("vastai", 2, 3, 1)]
 
 
-def test_best_run_per_sweep_view(db: tuple[Store, Path]) -> None:
+def test_best_run_per_sweep_view(db: tuple[Store, str]) -> None:
     store, path = db
     hi = Sweep(id="s-00000000000a", name="hi", created_at=NOW,
                spec_json=json.dumps({"objective": {"metric": "eval.exact_match",
@@ -336,7 +363,7 @@ def test_best_run_per_sweep_view(db: tuple[Store, Path]) -> None:
         ("hi", "eval.exact_match", "max", "j-0", 0.7), ("lo", "eval.loss", "min", "j-4", 0.3)]
 
 
-def test_migration_creates_the_views_and_downgrades_cleanly(db: tuple[Store, Path]) -> None:
+def test_migration_creates_the_views_and_downgrades_cleanly(db: tuple[Store, str]) -> None:
     from alembic import command
     from alembic.config import Config
 
@@ -360,8 +387,8 @@ def test_migration_creates_the_views_and_downgrades_cleanly(db: tuple[Store, Pat
 # --- read-only SQL -----------------------------------------------------------------------
 
 
-def test_sql_reads(jobs: Path) -> None:
-    url = f"sqlite:///{jobs}"
+def test_sql_reads(jobs: str) -> None:
+    url = jobs
     res = h.run_sql(url, "SELECT status, count(*) AS n FROM job GROUP BY status ORDER BY 1;")
     assert res.columns == ("status", "n")
     assert res.rows == [("failed", 1), ("queued", 1), ("succeeded", 2)]
@@ -384,16 +411,16 @@ def test_sql_reads(jobs: Path) -> None:
     "BEGIN IMMEDIATE",
     "VACUUM",
 ])
-def test_sql_refuses_writes(jobs: Path, sql: str) -> None:
+def test_sql_refuses_writes(jobs: str, sql: str) -> None:
     before = _raw(jobs, "SELECT id, cost_micros FROM job ORDER BY id")
     with pytest.raises(h.ReadOnlyError, match="read-only|one statement"):
-        h.run_sql(f"sqlite:///{jobs}", sql)
+        h.run_sql(jobs, sql)
     assert _raw(jobs, "SELECT id, cost_micros FROM job ORDER BY id") == before
 
 
-def test_sql_refuses_several_statements(jobs: Path) -> None:
+def test_sql_refuses_several_statements(jobs: str) -> None:
     with pytest.raises(h.ReadOnlyError, match="one statement at a time"):
-        h.run_sql(f"sqlite:///{jobs}", "SELECT 1; DELETE FROM job")
+        h.run_sql(jobs, "SELECT 1; DELETE FROM job")
     assert _raw(jobs, "SELECT count(*) FROM job") == [(4,)]
 
 
@@ -402,9 +429,9 @@ def test_sql_errors_are_clear(tmp_path: Path, jobs: Path) -> None:
         h.run_sql(f"sqlite:///{tmp_path / 'missing.db'}", "SELECT 1")
     assert not (tmp_path / "missing.db").exists()
     with pytest.raises(h.HistoryError, match="query failed: no such column: nope"):
-        h.run_sql(f"sqlite:///{jobs}", "SELECT nope FROM job")
+        h.run_sql(jobs, "SELECT nope FROM job")
     with pytest.raises(h.ReadOnlyError, match="needs a query"):
-        h.run_sql(f"sqlite:///{jobs}", " ; ")
+        h.run_sql(jobs, " ; ")
 
 
 WRITER = textwrap.dedent("""
@@ -436,7 +463,7 @@ WRITER = textwrap.dedent("""
 
 
 def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
-        db: tuple[Store, Path], tmp_path: Path) -> None:
+        db: tuple[Store, str], tmp_path: Path) -> None:
     _store, path = db
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, f"sqlite:///{path}", str(stop)],
@@ -481,8 +508,8 @@ def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
 
 
 @pytest.fixture
-def cli(jobs: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("ORCH_DB_URL", f"sqlite:///{jobs}")
+def cli(jobs: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("ORCH_DB_URL", jobs)
     app = typer.Typer()
     register(app)
     runner = CliRunner()
@@ -532,10 +559,10 @@ def test_cli_sql(cli: Any) -> None:
     assert res.exit_code == 2 and "read-only" in res.output
 
 
-def test_history_commands_do_not_import_sqlalchemy(jobs: Path) -> None:
+def test_history_commands_do_not_import_sqlalchemy(jobs: str) -> None:
     code = textwrap.dedent(f"""
         import os, sys, typer
-        os.environ["ORCH_DB_URL"] = "sqlite:///{jobs}"
+        os.environ["ORCH_DB_URL"] = {jobs!r}
         from orchestrator.cli_history import register
         app = typer.Typer(); register(app)
         for args in (["history"], ["cost", "--by", "month"], ["sql", "SELECT 1"]):

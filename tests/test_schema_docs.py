@@ -3,10 +3,11 @@
 The history is made by orch itself on the simulated cloud (real sshd on loopback): a job,
 a spot H100 PCIe job, a failed job, a two-run sweep run by `orch worker`, a registered
 server, and a queued job whose instance row was written before its provider call (what a
-crash mid-create leaves). The database URL is a parameter: SQLite here; set
-ORCH_TEST_POSTGRES_URL to a throwaway PostgreSQL database to run the examples written in
-portable SQL there too (the SQLite-only ones, using json_extract/printf/strftime/julianday,
-are skipped on PostgreSQL, which has its own spellings; the views are on both).
+crash mid-create leaves). It is made on each backend of conftest.BACKENDS: a SQLite file
+and a database on the throwaway PostgreSQL server. The doc's examples are written for
+SQLite (`sqlite3` is how it tells users to query); those using SQLite-only functions
+(json_extract, printf, strftime, julianday) are skipped on PostgreSQL, the others and the
+views run on both.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BACKENDS, database_url
 from termutil import ROOT, orch_exe
 
 DOC = ROOT / "docs" / "schema.md"
@@ -35,13 +37,6 @@ def examples() -> list[str]:
     for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         found += re.findall(r'sqlite3 \S+ "(.*?)"\s*$', block, re.M)
     return found
-
-
-def _urls() -> list[str]:
-    urls = ["sqlite"]
-    if os.environ.get("ORCH_TEST_POSTGRES_URL"):
-        urls.append(os.environ["ORCH_TEST_POSTGRES_URL"])
-    return urls
 
 
 def _orch(env: dict[str, str], *args: str, check: bool = True
@@ -64,11 +59,11 @@ def _variant(tmp: Path, name: str, resources: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=_urls())
+@pytest.fixture(scope="module", params=BACKENDS)
 def history(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             ) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("schema")
-    url = request.param if request.param != "sqlite" else f"sqlite:///{tmp / 'orch.db'}"
+    url = database_url(request.param, tmp, request)
     env = {**os.environ, "XDG_DATA_HOME": str(tmp / "xdg"), "ORCH_DB_URL": url,
            "ORCH_SIM_TRAIN_STEPS": "4", "ORCH_POLL_S": "0.1"}
     _orch(env, "submit", "examples/quickstart.yml")
@@ -126,9 +121,13 @@ def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str
 
 
 def test_placement_json_paths_match_the_stored_columns(history: dict[str, Any]) -> None:
-    result = sql(history, "SELECT gpu, gpu_count, json_extract(placement_json, "
-                          "'$.placement.gpu'), json_extract(placement_json, "
-                          "'$.placement.gpu_count') FROM job WHERE gpu IS NOT NULL")
+    if history["url"].startswith("sqlite"):
+        paths = ("json_extract(placement_json, '$.placement.gpu'), "
+                 "json_extract(placement_json, '$.placement.gpu_count')")
+    else:
+        paths = ("placement_json::json->'placement'->>'gpu', "
+                 "(placement_json::json->'placement'->>'gpu_count')::int")
+    result = sql(history, f"SELECT gpu, gpu_count, {paths} FROM job WHERE gpu IS NOT NULL")
     assert result["rows"] and all(r[0] == r[2] and r[1] == r[3] for r in result["rows"])
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BACKENDS, database_url
 from sqlmodel import col, select
 
 from orchestrator.store import Event, Job, Store, Sweep, open_store, utcnow
@@ -41,12 +42,22 @@ max_parallel: {max_parallel}
 """
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Every sweep test runs on SQLite and on PostgreSQL, except those about the SQLite file.
+    if "env" in metafunc.fixturenames and metafunc.function.__name__ not in SQLITE_ONLY:
+        metafunc.parametrize("env", BACKENDS, indirect=True)
+
+
+SQLITE_ONLY = {"test_sweep_show_and_sweeps_do_not_import_sqlalchemy"}  # the stdlib path
+
+
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     import os
 
+    backend = getattr(request, "param", "sqlite")
     e = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"),
-         "ORCH_DB_URL": f"sqlite:///{tmp_path / 'orch.db'}"}
+         "ORCH_DB_URL": database_url(backend, tmp_path, request)}
     return e
 
 

@@ -1,0 +1,175 @@
+"""A fleet of workers against one PostgreSQL: claim throughput, duplicates and queue latency.
+
+A team runs `orch worker` on several machines against one database (docs/team.md). This
+starts a throwaway PostgreSQL cluster on 127.0.0.1 (Debian's postgresql, as the tests do) and
+measures, side by side for 4, 8, 16 and 32 workers:
+
+- claims: worker processes, each in its own process group (a "host"), loop on
+  `Store.claim_next` over M queued jobs and finish each job at once, so what is measured is
+  the database's queue: claims per second, duplicate claims (a job taken by two workers;
+  must be 0), and queue latency (queued -> claimed: median and worst);
+- end to end (`--e2e`): real `orch worker --once` processes run M queued `sim` jobs with a
+  short training each, over SSH to simulated hosts, and the same three numbers are read
+  from the history. On 2 cores the simulated hosts, not the database, are the limit.
+
+Asserts nothing (these machines are noisy). Usage:
+    python bench/fleet.py [--jobs 400] [--workers 4,8,16,32] [--e2e] [--e2e-jobs 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import pgserver  # noqa: E402
+
+from orchestrator.spec import load_job  # noqa: E402
+from orchestrator.store import open_store  # noqa: E402
+from orchestrator.submission import record_job  # noqa: E402
+
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+
+# One worker process of the claims benchmark: claim, finish at once, until the queue is empty.
+CLAIMER = """
+import sys
+from orchestrator.store import open_store
+url, owner = sys.argv[1], sys.argv[2]
+store = open_store(url)
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+while True:
+    job = store.claim_next(owner, 30)
+    if job is None:
+        break
+    store.set_status(job.id, owner, "succeeded", "bench", lease_owner=None)
+    n += 1
+print(n, flush=True)
+"""
+
+
+def _t(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _queue(url: str, n: int) -> None:
+    store = open_store(url)
+    loaded = load_job(ROOT / "examples" / "quickstart.yml")
+    for _ in range(n):
+        record_job(store, loaded)
+    store.close()
+
+
+def _claims_of(url: str) -> tuple[int, int, list[float]]:
+    """(jobs claimed, duplicate claims, queue latencies in s) read from the events."""
+    store = open_store(url)
+    with store.engine.connect() as conn:
+        created = {jid: _t(at) for jid, at in conn.exec_driver_sql(
+            "SELECT id, created_at FROM job")}
+        claims: dict[str, list[float]] = {}
+        for jid, at, data in conn.exec_driver_sql(
+                "SELECT job_id, at, data_json FROM event WHERE kind = 'state' ORDER BY id"):
+            if json.loads(data or "{}").get("status") == "provisioning":
+                claims.setdefault(jid, []).append(_t(at))
+    store.close()
+    # A job resumed after an interruption is claimed again legitimately; in these runs
+    # nothing is interrupted, so any second claim is a duplicate.
+    dupes = sum(len(v) - 1 for v in claims.values())
+    latency = [min(v) - created[j] for j, v in claims.items()]
+    return len(claims), dupes, latency
+
+
+def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
+    url = server.create_database("fleet")
+    _queue(url, jobs)
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"bench:host{n}:w{n}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd=ROOT, start_new_session=True)
+             for n in range(workers)]
+    for p in procs:
+        assert p.stdout is not None
+        assert p.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    done = sum(int(p.communicate(timeout=600)[0].strip() or 0) for p in procs)
+    wall = time.monotonic() - started
+    claimed, dupes, latency = _claims_of(url)
+    return (f"  {workers:3d} workers  {done:5d} claims in {wall:6.2f}s = {done / wall:7.1f}/s  "
+            f"duplicates {dupes}  unclaimed {jobs - claimed}  queue latency median "
+            f"{statistics.median(latency):6.2f}s worst {max(latency):6.2f}s")
+
+
+def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:
+    url = server.create_database("e2e")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        env = {**os.environ, "XDG_DATA_HOME": str(tmp), "ORCH_DB_URL": url,
+               "ORCH_SIM_TRAIN_STEPS": "4", "ORCH_SIM_STEP_S": "0.1", "ORCH_LEASE_S": "30"}
+        for key in ("VAST_API_KEY", "RUNPOD_API_KEY"):
+            env.pop(key, None)
+        os.environ["XDG_DATA_HOME"] = str(tmp)
+        _queue(url, jobs)
+        started = time.monotonic()
+        procs = [subprocess.Popen([ORCH, "worker", "--once", "--quiet", "--poll", "0.2"],
+                                  env=env, cwd=ROOT, start_new_session=True)
+                 for _ in range(workers)]
+        for p in procs:
+            p.wait(timeout=1800)
+        wall = time.monotonic() - started
+        from providers.sim import SimCloud
+
+        SimCloud(tmp / "orch" / "sim").terminate_all()
+    claimed, dupes, latency = _claims_of(url)
+    store = open_store(url)
+    with store.engine.connect() as conn:
+        status = dict(conn.exec_driver_sql("SELECT status, count(*) FROM job GROUP BY status")
+                      .all())
+    store.close()
+    return (f"  {workers:3d} workers  {claimed:3d} jobs in {wall:6.1f}s = "
+            f"{claimed / wall * 60:5.1f} jobs/min  duplicates {dupes}  {status}  queue latency "
+            f"median {statistics.median(latency):6.1f}s worst {max(latency):6.1f}s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=400)
+    ap.add_argument("--workers", default="4,8,16,32")
+    ap.add_argument("--e2e", action="store_true", help="also run real sim jobs end to end")
+    ap.add_argument("--e2e-jobs", type=int, default=12)
+    ap.add_argument("--e2e-workers", default="2,4")
+    args = ap.parse_args()
+    why = pgserver.available()
+    if why is not None:
+        sys.exit(f"fleet: {why}")
+    server = pgserver.start()
+    try:
+        print(f"claims: {args.jobs} queued jobs, one PostgreSQL on 127.0.0.1:{server.port}")
+        for n in (int(x) for x in args.workers.split(",")):
+            print(claims(server, args.jobs, n), flush=True)
+        if args.e2e:
+            print(f"end to end: {args.e2e_jobs} sim jobs (4 steps x 0.1 s) per run")
+            for n in (int(x) for x in args.e2e_workers.split(",")):
+                print(e2e(server, args.e2e_jobs, n), flush=True)
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
