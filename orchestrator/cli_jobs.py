@@ -403,7 +403,7 @@ def register(app: typer.Typer) -> None:
                                human_time(r.terminated_at) if r.terminated_at else "running",
                                i["end_reason"] or "-", usd(i["cost"])]
                               for i, r in zip(instances, rows, strict=True)],
-                             right=[5, 9], drop=[2, 4, 5, 6, 8]))
+                             right=[5, 9], drop=[2, 4, 5, 7, 8, 6]))
         if ranked:
             typer.echo("\nPlacements ranked at submit (cheapest first):")
             typer.echo(table(["#", "provider", "GPU", "n", "spot", "est. h", "est. cost"],
