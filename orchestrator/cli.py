@@ -378,6 +378,9 @@ def _register() -> None:
     cli_sweeps.register(app)
     cli_report.register(app)
     cli_models.register(app)
+    from orchestrator import cli_render
+
+    cli_render.register(app)
 
 
 _register()

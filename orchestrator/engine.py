@@ -6,9 +6,10 @@ One `JobRunner` drives one claimed job (DESIGN.md, "Data flow of one job"):
   connecting    wait for the provider to say running, pin the host key, open SSH
   preparing     GPU check, Container Toolkit, base model on NVMe (playbooks.pipeline.prepare)
   training      detached on the host; polled; reattached by job id after any reconnect
-  merging       adapter merge
-  evaluating    vLLM + eval set / lm-eval; metrics rows
-  releasing     artifacts copied back; spot/on-demand terminated, a monthly server released
+  merging       adapter merge, then the artifacts are copied back (before any evaluation)
+  evaluating    vLLM (Docker hosts) or lm-eval's hf backend (containers); metrics rows; a
+                failure ends the job "evaluation failed: ..." with its artifacts kept
+  releasing     spot/on-demand terminated, a monthly server released
   succeeded | failed(reason) | cancelled;  interrupted → queued → provisioning (resume)
 
 Every state change is committed (with its event) before the side effect it announces
@@ -47,6 +48,7 @@ from orchestrator.store import (
     to_micros,
     utcnow,
 )
+from playbooks import images
 from providers.base import (
     AuthError,
     BalanceError,
@@ -83,6 +85,11 @@ class Options:
     max_attempts: int = 6  # interruptions survived before the job is failed
     disk_gb: int = 100
     ssh_key: Path | None = None  # default: data_dir()/ssh/id_ed25519, created on first use
+
+
+# How to evaluate a job's model again without training it again (docs/playbooks.md).
+EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
+              "the evaluation\" in docs/playbooks.md (the training is not repeated).")
 
 
 class JobFailed(Exception):
@@ -386,7 +393,9 @@ class JobRunner:
                 req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
                                    gpus=constraints.gpus, interruptible=spot,
                                    max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self.opts.disk_gb)
+                                   disk_gb=self.opts.disk_gb,
+                                   min_cuda=images.min_cuda(
+                                       self.inputs.loaded.spec.trainer.image))
                 try:
                     offers += provider.offers(req)
                 except (AuthError, BalanceError, QuotaError) as exc:
@@ -445,8 +454,11 @@ class JobRunner:
             assert row.id is not None
             self._held[row.id] = (offer.provider, None)
             try:
+                # A rental is created from the image it runs: the cloud variant (sshd on
+                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
                 inst = provider.create(offer, self.public_key, self.job_id,
-                                       image=self.inputs.loaded.spec.trainer.image,
+                                       image=images.for_host(
+                                           self.inputs.loaded.spec.trainer.image, "container"),
                                        disk_gb=self.opts.disk_gb)
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
@@ -569,7 +581,7 @@ class JobRunner:
         cache, runner = pipeline.prepare(host, pj, emit)
         self._check_stop()
         assert cache.layout is not None
-        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner)
+        tj = pipeline.train_job(pj, cache.layout, cache.model_dir, runner, host.paths)
         self._set("training", "training (detached on the host)")
         failpoint("training")
         status = train.status(host, tj)
@@ -628,31 +640,51 @@ class JobRunner:
                   train_seconds=train_seconds, tokens=self.inputs.tokens)
         run_playbook("merge", merge.steps(tj, poll_s=min(self.opts.poll_s, 2.0)), host, emit)
         self._check_stop()
-        spec = self.inputs.loaded.spec
-        if spec.eval.eval_set or spec.eval.tasks:
-            from playbooks import evaluate
-
-            self._set("evaluating", "serving the model with vLLM and scoring the eval set")
-            rows = self.inputs.eval_rows()
-            result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), cache.layout,
-                                       pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
-                                       rows, tasks=pj.eval_tasks, emit=emit,
-                                       # A rented machine is destroyed next; a registered
-                                       # server is kept, so its GPU must be freed.
-                                       stop_after=inst.provider == "dedicated")
-            if result.metrics:
-                self.store.add_metrics(self.job_id, result.metrics)
-                self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
-                                                 sorted(result.metrics.items())),
-                            dict(result.metrics))
-        self._check_stop()
-        self._set("releasing", f"copying artifacts to {pj.artifacts_dir}")
+        # The trained model comes back before evaluation starts: nothing that fails after
+        # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
         fetched = artifacts.fetch(host, tj.output_dir, pj.artifacts_dir,
                                   include_merged=pj.include_merged)
         self._event("artifacts", f"{len(fetched.copied)} files copied to {pj.artifacts_dir}",
                     {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
         self.store.update_job_fields(self.job_id, artifacts_dir=pj.artifacts_dir)
         self._record_throughput(inst, train_seconds)
+        spec = self.inputs.loaded.spec
+        if spec.eval.eval_set or spec.eval.tasks:
+            self._check_stop()
+            self._evaluate(host, pj, tj, cache.layout, inst, provider)
+        self._check_stop()
+        self._set("releasing", "artifacts copied to " + pj.artifacts_dir
+                  + "; releasing the instance")
+
+    def _evaluate(self, host: Any, pj: Any, tj: Any, layout: Any, inst: Instance,
+                  provider: Provider) -> None:
+        """Evaluate the copied-back model; a failure fails the job, keeping its artifacts."""
+        from playbooks import evaluate, merge
+
+        self._set("evaluating", "serving the model with vLLM and scoring the evaluation"
+                  if tj.runner == "docker" else "scoring the model with lm-eval (hf backend)")
+        try:
+            result = evaluate.evaluate(host, pj.job_id, merge.merged_dir(tj), layout,
+                                       pj.vllm_image, pj.vllm_port, pj.config.sequence_len,
+                                       self.inputs.eval_rows(), tasks=pj.eval_tasks,
+                                       emit=self._emit,
+                                       # A rented machine is destroyed next; a registered
+                                       # server is kept, so its GPU must be freed.
+                                       stop_after=inst.provider == "dedicated",
+                                       runner=tj.runner, native_wrap=tj.native.wrap)
+        except Exception as exc:
+            if isinstance(exc, JobFailed | LeaseLost | _Stop) or \
+                    self._instance_lost(provider, inst) is not None:
+                raise  # not the evaluation's fault: a lost host is an interruption
+            reason = (f"evaluation failed: {_reason(exc)}\nThe trained model is kept in "
+                      f"{pj.artifacts_dir}. {EVAL_AGAIN}")
+            self._event("evaluation.failed", reason, {"artifacts_dir": pj.artifacts_dir})
+            raise JobFailed(reason) from exc
+        if result.metrics:
+            self.store.add_metrics(self.job_id, result.metrics)
+            self._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
+                                             sorted(result.metrics.items())),
+                        dict(result.metrics))
 
     def _mirror(self, host: Any, tj: Any, local: Path) -> None:
         from playbooks import checkpoints

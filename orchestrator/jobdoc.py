@@ -72,17 +72,19 @@ ABOUT: dict[str, tuple[str, str]] = {
                                "adamw_8bit"),
     "job.training.gradient_checkpointing": ("Recompute activations to save memory.", "true"),
     "job.training.packing": ("Pack short samples into full sequences.", "true"),
-    "job.dataset.path": ("A local JSONL file (relative to the job file; uploaded to the host) "
-                         "or a Hugging Face dataset as `{hf: org/name, split: train}`.",
-                         "data/train.jsonl"),
+    "job.dataset.path": ("A local JSONL file (relative to the job file; uploaded to the host). "
+                         "A Hugging Face dataset is not downloaded by orch: fetch it with "
+                         "`hf download --repo-type dataset ORG/NAME --local-dir data/NAME` "
+                         "and give the file.", "data/train.jsonl"),
     "job.dataset.path.local": ("The JSONL file (what a plain string path means).",
                                "data/train.jsonl"),
-    "job.dataset.path.hf": ("A Hugging Face dataset id.", "tatsu-lab/alpaca"),
-    "job.dataset.path.split": ("The dataset split to train on.", "train"),
+    "job.dataset.path.hf": ("Refused (see `path`): a Hugging Face dataset id is named in the "
+                            "error's fix.", "tatsu-lab/alpaca"),
+    "job.dataset.path.split": ("Only with `hf` (refused).", "train"),
     "job.dataset.format": ("`alpaca` rows (instruction/input/output) or `chat_template` rows "
                            "(messages).", "alpaca"),
-    "job.dataset.tokens": ("Tokens in one epoch. Optional for a local file (estimated from "
-                           "its characters), required for `hf`.", "6000000"),
+    "job.dataset.tokens": ("Tokens in one epoch. Optional: estimated from the file's "
+                           "characters when not given.", "6000000"),
     "job.eval.eval_set": ("A JSONL file of `{prompt, expected}` rows scored after training "
                           "(exact match, contains).", "data/eval.jsonl"),
     "job.eval.tasks": ("lm-eval task names to run after training.", "[hellaswag]"),

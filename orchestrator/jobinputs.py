@@ -60,7 +60,7 @@ class Inputs:
         """The host pipeline's view of this job on `inst`."""
         from orchestrator import sizing
         from orchestrator.planning import workload_from
-        from playbooks.axolotl import TrainConfigInput
+        from playbooks import images
         from playbooks.gpu import GpuExpectation
         from playbooks.pipeline import PipelineJob
         from providers import catalog
@@ -74,18 +74,7 @@ class Inputs:
             est = sizing.fit(workload_from(self.loaded), count, spec_gpu.memory_bytes)
             if est is not None:
                 strategy = est.strategy.value
-        t, lora = spec.training, spec.lora
-        config = TrainConfigInput(
-            method=spec.method, base_model_dir="", dataset_path="",
-            dataset_format=spec.dataset.format, output_dir="",
-            sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
-            gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
-            learning_rate=t.learning_rate, optimizer=t.optimizer,
-            gradient_checkpointing=t.gradient_checkpointing, packing=t.packing,
-            lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-            lora_target=None if lora.target is None else tuple(lora.target),
-            strategy=strategy, save_steps=self.save_steps(count),
-            extra=dict(spec.trainer.extra))  # fmt: skip
+        config = train_config(spec, strategy, self.save_steps(count))
         if spec.dataset.path.local is None:
             raise InputsError(f"job {job.id}: Hugging Face datasets ({spec.dataset.path.hf}) "
                               "are not uploaded by orch yet; download it to a JSONL file and "
@@ -94,13 +83,36 @@ class Inputs:
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
-            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated"),
+            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated",
+                               min_cuda=images.min_cuda(spec.trainer.image),
+                               image=spec.trainer.image),
             config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),
             artifacts_dir=str(artifacts_dir(job.id)),
             eval_set=None if spec.eval.eval_set is None
             else str(self.loaded.path.parent / spec.eval.eval_set),
             eval_tasks=tuple(spec.eval.tasks), trainer_image=spec.trainer.image,
             vllm_port=vllm_port, hf_token=token, poll_s=poll_s)  # fmt: skip
+
+
+def train_config(spec: JobSpec, strategy: str, save_steps: int) -> Any:
+    """The job's axolotl inputs (a playbooks.axolotl.TrainConfigInput; paths left empty).
+
+    One function for the engine and `orch render`, so what is rendered is what runs.
+    """
+    from playbooks.axolotl import TrainConfigInput
+
+    t, lora = spec.training, spec.lora
+    return TrainConfigInput(
+        method=spec.method, base_model_dir="", dataset_path="",
+        dataset_format=spec.dataset.format, output_dir="",
+        sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
+        learning_rate=t.learning_rate, optimizer=t.optimizer,
+        gradient_checkpointing=t.gradient_checkpointing, packing=t.packing,
+        lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        lora_target=None if lora.target is None else tuple(lora.target),
+        strategy=strategy, save_steps=save_steps,
+        extra=dict(spec.trainer.extra))  # fmt: skip
 
 
 def artifacts_dir(job_id: str) -> Path:

@@ -30,9 +30,12 @@ from orchestrator.architectures import (
     from_fields,
     lookup,
 )
+from orchestrator.hfrepo import repo_id_problem
+from playbooks import images
 
-# Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training").
-DEFAULT_TRAINER_IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+# Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training"); only tags
+# that were published (playbooks/data/images.yaml, with its source).
+DEFAULT_TRAINER_IMAGE = images.default_image("docker")
 
 # Rough characters per token for English text with 128K–152K vocabularies; used only when
 # the dataset gives no `tokens:` count. docs/sizing.md explains the estimate.
@@ -116,7 +119,7 @@ class BaseModelRef(_Strict):
 
 class LoraSpec(_Strict):
     r: int = Field(default=16, gt=0, le=1024)
-    alpha: float = Field(default=32, gt=0)
+    alpha: int = Field(default=32, gt=0)  # axolotl types lora_alpha as int
     dropout: float = Field(default=0.05, ge=0, lt=1)
     target: Annotated[list[str] | None, BeforeValidator(
         lambda v: None if v == "all-linear" else v)] = None
@@ -212,6 +215,11 @@ class TrainerSpec(_Strict):
             raise ValueError(
                 f"pin an image tag (got {value!r}); e.g. {DEFAULT_TRAINER_IMAGE!r}"
             )
+        # A tag that was never published fails only on the rented machine, at `docker pull`
+        # or at create: refuse it here, before anything is paid for.
+        problem = images.problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 
@@ -323,7 +331,7 @@ def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 _SHAPES: dict[tuple[str | int, ...], str] = {
     ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
                      "config: path/to/config.json} or {repo: ..., architecture: {...}}",
-    ("dataset", "path"): "a JSONL file path (relative to the job file) or {hf: org/name}",
+    ("dataset", "path"): "a JSONL file path (relative to the job file)",
     ("lora", "target"): "all-linear or a list of module names such as [q_proj, v_proj]",
     ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
     ("resources", "providers"): "any or a list of provider names",
@@ -435,8 +443,13 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     arch: Architecture | None = None
     ref = spec.base_model
     loc: tuple[str | int, ...] = ("base_model",)
+    # Every repo id the job names reaches `hf download` on a rented host: check it by the
+    # Hub's own rules here, before anything is paid for.
+    bad_repo = repo_id_problem(ref.repo)
     try:
-        if ref.architecture is not None:
+        if bad_repo is not None:
+            problem(("base_model", "repo"), bad_repo + " (e.g. meta-llama/Llama-3.1-8B)")
+        elif ref.architecture is not None:
             loc = ("base_model", "architecture")
             arch = from_fields(ref.architecture.model_dump(exclude_none=True))
         elif ref.config is not None:
@@ -456,17 +469,22 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
         if not data_file.is_file():
             what = "is a directory, not a file" if data_file.is_dir() else "file not found"
             problem(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
-                    "(relative to the job file) or {hf: org/name}")
+                    "(relative to the job file)")
         else:
             try:
                 dataset = count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
             except SpecError as exc:
                 problems.extend((pos.line(("dataset", "path")), p) for p in exc.problems)
-    elif spec.dataset.tokens is None:
-        problem(("dataset", "tokens"), "required for a {hf: ...} dataset (orch cannot download "
-                "it to count); give the token count of one epoch")
     else:
-        dataset = DatasetSize(spec.dataset.tokens, None, "job file")
+        # Refused before renting: the host pipeline uploads a local JSONL file only, and
+        # a dataset repo's files, gate and format cannot be checked from here.
+        hf = spec.dataset.path.hf or ""
+        bad = repo_id_problem(hf)
+        problem(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
+                "datasets are not downloaded by orch: download it with `hf download "
+                f"--repo-type dataset {'ORG/NAME' if bad else hf} "
+                "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
+                "(relative to the job file)")
 
     if spec.eval.eval_set is not None:
         eval_file = base / spec.eval.eval_set

@@ -18,9 +18,8 @@ OPTIMIZERS = {
     "adamw_8bit": "adamw_bnb_8bit",
     "paged_adamw_8bit": "paged_adamw_8bit",
 }
-# DeepSpeed config shipped inside the axolotl image.
-ZERO3 = "deepspeed_configs/zero3_bf16.json"
-ZERO3_OFFLOAD = "deepspeed_configs/zero3_bf16_cpuoffload_all.json"
+# Strategies that shard with DeepSpeed ZeRO-3 (the config is uploaded with the job).
+SHARDED = frozenset({"fsdp", "fsdp+offload", "offload"})
 
 # Keys orch owns: `trainer.extra` may not override them, or resume and artifact copying
 # would silently break (e.g. a different output_dir, or save_only_model).
@@ -46,10 +45,12 @@ class TrainConfigInput:
     gradient_checkpointing: bool = True
     packing: bool = True
     lora_r: int = 16
-    lora_alpha: float = 32
+    lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target: tuple[str, ...] | None = None  # None = all linear layers
     strategy: str = "single"  # single | ddp | fsdp | fsdp+offload | offload
+    # The uploaded ZeRO config as the trainer sees it (absolute); set for sharded strategies.
+    deepspeed_path: str = ""
     save_steps: int = 50
     save_total_limit: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
@@ -92,7 +93,8 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
         cfg.update({
             "adapter": c.method,
             "lora_r": c.lora_r,
-            "lora_alpha": c.lora_alpha,
+            # axolotl's schema types lora_alpha as int: 32.0 fails its validation.
+            "lora_alpha": _int_alpha(c.lora_alpha),
             "lora_dropout": c.lora_dropout,
         })
         if c.lora_target is None:
@@ -101,12 +103,55 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
             cfg["lora_target_modules"] = list(c.lora_target)
         if c.method == "qlora":
             cfg["load_in_4bit"] = True
-    if c.strategy in ("fsdp", "fsdp+offload"):
-        cfg["deepspeed"] = ZERO3_OFFLOAD if c.strategy == "fsdp+offload" else ZERO3
-    elif c.strategy == "offload":
-        cfg["deepspeed"] = ZERO3_OFFLOAD
+    if c.strategy in SHARDED:
+        # A relative `deepspeed:` path is looked up from the process's working directory
+        # only (real-hosts.md §2), so orch uploads the JSON and names it absolutely.
+        if not c.deepspeed_path.startswith("/"):
+            raise ConfigError(f"strategy {c.strategy} needs the uploaded DeepSpeed config's "
+                              f"absolute path (got {c.deepspeed_path!r})")
+        cfg["deepspeed"] = c.deepspeed_path
     cfg.update(c.extra)
     return cfg
+
+
+def _int_alpha(alpha: float) -> int:
+    if float(alpha) != int(alpha):
+        raise ConfigError(f"lora.alpha must be a whole number for axolotl (got {alpha})")
+    return int(alpha)
+
+
+def deepspeed_config(strategy: str) -> dict[str, Any] | None:
+    """The DeepSpeed ZeRO-3 config uploaded for a sharded strategy (None for single/ddp).
+
+    "auto" values are filled in by the HF Trainer from the axolotl config, so batch sizes
+    are stated once. Offloading strategies move optimizer state and parameters to CPU RAM.
+    """
+    if strategy not in SHARDED:
+        return None
+    zero: dict[str, Any] = {
+        "stage": 3,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        # Saves a usable (unsharded) model at the end, not only ZeRO shards.
+        "gather_16bit_weights_on_model_save": True,
+    }
+    config: dict[str, Any] = {"zero_optimization": zero}
+    if strategy in ("fsdp+offload", "offload"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        # 8-bit and paged optimizers are not on DeepSpeed's tested list with offload.
+        config["zero_allow_untested_optimizer"] = True
+    config.update({
+        "bf16": {"enabled": "auto"},
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+    })
+    return config
 
 
 def _dataset(c: TrainConfigInput) -> dict[str, Any]:

@@ -217,8 +217,10 @@ def _ssh_fault(exc: ssh.SSHError) -> Fault:
 
 # --- where orch keeps things on a host -------------------------------------------------------
 
-# Inside containers the host's orch directory is mounted here.
-CONTAINER_ROOT = "/workspace"
+# Inside containers the host's orch directory is mounted here: never over /workspace, where
+# the axolotl images keep their source, venv and entrypoint (/workspace/axolotl*); axolotl's
+# docs recommend /workspace/data (real-hosts.md §1).
+CONTAINER_ROOT = "/workspace/data"
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -233,7 +235,7 @@ class Layout:
     """orch's directories under one host directory (on the NVMe mount or the volume).
 
     `base` is a host path (already mapped for the simulated host); `container()` gives the
-    same path as the training/serving containers see it (`-v base:/workspace`).
+    same path as the training/serving containers see it (`-v base:/workspace/data`).
     """
 
     base: str  # e.g. /mnt/nvme/orch
@@ -262,7 +264,7 @@ class Layout:
         return f"{self.job_dir(job_id)}/secrets.env"
 
     def container(self, host_path: str) -> str:
-        """`host_path` as seen inside a container that mounts `base` at /workspace."""
+        """`host_path` as seen inside a container that mounts `base` at CONTAINER_ROOT."""
         rel = PurePosixPath(host_path).relative_to(self.base)
         return str(PurePosixPath(CONTAINER_ROOT) / rel)
 

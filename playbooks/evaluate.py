@@ -24,7 +24,7 @@ import re
 import string
 import time
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ from fabric import Connection
 from orchestrator import ssh
 
 from .base import (
+    CONTAINER_ROOT,
     Emit,
     Fault,
     Host,
@@ -125,7 +126,7 @@ class ServerSpec:
     job_id: str
     image: str
     port: int  # on the host's 127.0.0.1
-    volume: str  # host directory mounted at /workspace
+    volume: str  # host directory mounted at CONTAINER_ROOT (/workspace/data)
     args: tuple[str, ...]  # engine arguments
 
     def docker_argv(self) -> list[str]:
@@ -135,7 +136,7 @@ class ServerSpec:
             "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
             # 127.0.0.1 only: the OpenAI API has no auth; it is reached through SSH.
             "-p", f"127.0.0.1:{self.port}:{CONTAINER_PORT}",
-            "-v", f"{self.volume}:/workspace",
+            "-v", f"{self.volume}:{CONTAINER_ROOT}",
             # Local model directories only: never wait on (or leak a request to) the Hub.
             "-e", "HF_HUB_OFFLINE=1",
             "--label", f"orch_job={self.job_id}", "--label", "orch_role=vllm",
@@ -248,7 +249,7 @@ def start_server(
     """Start (or reuse) the job's vLLM container on 127.0.0.1:`port`; returns its spec.
 
     `model_dir_host` is the merged model, or the base model when `lora` names an unmerged
-    adapter directory; both must lie under `layout.base` (mounted at /workspace).
+    adapter directory; both must lie under `layout.base` (mounted at CONTAINER_ROOT).
     """
     spec = server_spec(host, job_id, model_dir_host, layout, image, port, max_model_len,
                        served_name, lora)
@@ -667,6 +668,8 @@ def evaluate(
     lm_eval_timeout_s: float = 4 * 3600,
     emit: Emit = _ignore,
     stop_after: bool = True,
+    runner: str = "docker",
+    native_wrap: Callable[[Sequence[str]], list[str]] = list,
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -675,7 +678,15 @@ def evaluate(
     PlaybookFailed after the server was stopped. `tokenizer_dir` defaults to the model.
     `stop_after=False` leaves a successful server running, for a machine that is destroyed
     next (stopping a large model's server gracefully is billed time for nothing).
+    On a host without Docker (`runner` "process": a container rental) nothing is served:
+    `evaluate_native` runs lm-eval's `hf` backend in the trainer image instead.
     """
+    if runner != "docker":
+        from .evaluate_native import evaluate_native
+
+        return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, eval_rows,
+                               tasks=tasks, lora=lora, max_tokens=max_tokens,
+                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=native_wrap)
     result = EvalResult()
     specs: list[ServerSpec] = []
     scores: list[EvalScores] = []

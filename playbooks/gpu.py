@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from playbooks import images
 from playbooks.base import Fault, Host, Step, StepFailed, last_line
 
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
@@ -68,6 +69,9 @@ class GpuExpectation:
     count: int
     min_memory_mib: int | None = None
     exact_count: bool = True
+    # The trainer image's CUDA ("13.0") and the image, when the driver must be checked for it.
+    min_cuda: str | None = None
+    image: str = ""
 
     def __post_init__(self) -> None:
         if self.model not in NVIDIA_SMI_NAMES:
@@ -162,8 +166,36 @@ def _describe(gpus: Sequence[GpuInfo]) -> str:
     return " + ".join(f"{n}x {name} ({mib} MiB)" for (name, mib), n in counts.items())
 
 
+_CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)*)")
+
+
+def driver_cuda(host: Host) -> str:
+    """The highest CUDA version the host's driver supports, from `nvidia-smi`'s header."""
+    result = host.run(["nvidia-smi"], timeout=60)
+    found = _CUDA_VERSION.search(result.stdout) if result.ok else None
+    if found is None:
+        raise StepFailed("nvidia-smi did not report the driver's CUDA version "
+                         f"({last_line(result.stderr or result.stdout)})", fault=Fault.HOST,
+                         stderr=result.stderr)
+    return found.group(1)
+
+
+def cuda_problem(expected: GpuExpectation, have: str, driver: str) -> str | None:
+    """Why a driver supporting CUDA `have` cannot run the trainer image; None when it can."""
+    if expected.min_cuda is None:
+        return None
+    if images.cuda_tuple(have) >= images.cuda_tuple(expected.min_cuda):
+        return None
+    return (f"the host's NVIDIA driver {driver} supports CUDA {have}, but the trainer image "
+            f"{expected.image or '(the job`s)'} needs CUDA >= {expected.min_cuda}: upgrade the "
+            f"driver to one that supports CUDA {expected.min_cuda} (R580 or newer for 13.0, "
+            "e.g. `apt-get install nvidia-driver-580-server`, then reboot) before running "
+            "jobs on this server. Nothing was pulled or started.")
+
+
 def steps(expected: GpuExpectation) -> list[Step]:
-    """The GPU playbook: a working driver, then the GPUs the offer promised."""
+    """The GPU playbook: a working driver, the GPUs the offer promised, and a driver new
+    enough for the trainer image's CUDA (checked before anything is pulled)."""
     # Both steps need the same nvidia-smi answer: ask once per run and share it.
     seen: list[GpuInfo] = []
 
@@ -178,9 +210,20 @@ def steps(expected: GpuExpectation) -> list[Step]:
             raise StepFailed(problem, fault=Fault.PROVIDER)
         return True
 
-    return [
+    def cuda_supported(host: Host) -> bool:
+        gpus = list(seen) or check_gpus(host)
+        problem = cuda_problem(expected, driver_cuda(host), gpus[0].driver_version)
+        if problem is not None:
+            raise StepFailed(problem, fault=Fault.HOST)
+        return True
+
+    result = [
         Step("driver", driver_works, timeout_s=90, fault=Fault.HOST,
              message="no working NVIDIA driver"),
         Step("inventory", inventory_matches, timeout_s=90, fault=Fault.PROVIDER,
              message="the GPUs are not what the offer promised"),
     ]
+    if expected.min_cuda is not None:
+        result.append(Step("driver-cuda", cuda_supported, timeout_s=90, fault=Fault.HOST,
+                           message="the driver does not support the trainer image's CUDA"))
+    return result

@@ -19,13 +19,18 @@ from playbooks.train import (
     TrainJob,
     TrainState,
     TrainStatus,
-    docker_options,
     list_dir,
     wrapper_step,
 )
 
 MERGE_TIMEOUT_S = 4 * 3600.0  # a 70B merge shard by shard on CPU RAM takes a while
 INDEX = "model.safetensors.index.json"
+
+
+def merge_argv(job: TrainJob) -> list[str]:
+    """The command line that starts the merge on the host (what `orch render` shows)."""
+    return job.run_argv("merge", ["axolotl", "merge-lora", job.inside(job.config_file),
+                                  f"--lora-model-dir={job.inside(job.output_dir)}"])
 
 
 def merged_dir(job: TrainJob) -> str:
@@ -72,9 +77,7 @@ def steps(job: TrainJob, poll_s: float = 2.0, timeout_s: float = MERGE_TIMEOUT_S
         if current.state is not TrainState.RUNNING:
             if current.state is not TrainState.MISSING:
                 handle.remove(h)  # an earlier merge ended without a complete merged/
-            command = ["axolotl", "merge-lora", job.inside(job.config_file),
-                       f"--lora-model-dir={job.inside(job.output_dir)}"]
-            handle.start(h, docker_options(job), job.image, command, job.secrets_file)
+            handle.start(h, merge_argv(job), "starting axolotl merge-lora", job.secrets_file)
         # else: a merge from an earlier attempt is still running: wait for it.
         # Polls start fast and slow down to poll_s: a small adapter merges in seconds,
         # and the machine is billed for every second spent not noticing.

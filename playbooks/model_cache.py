@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator import ssh
+from orchestrator.hfrepo import repo_id_problem
 from playbooks.base import Fault, Host, Layout, Step, StepFailed, last_line
 
 PLAYBOOK = "model_cache"
@@ -66,9 +67,6 @@ DEFAULT_ATTEMPTS = 3
 DEFAULT_RETRY_WAIT_S = 5.0
 DEFAULT_DOWNLOAD_TIMEOUT_S = 4 * 3600.0
 
-# Hugging Face's own rule (huggingface_hub.utils.validate_repo_id): optional namespace,
-# word characters, '-' and '.', not starting or ending with '-'/'.', no '--' or '..'.
-_REPO_PART = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Lists the model directory (files with content, hf's partial downloads left out) and prints
@@ -251,18 +249,10 @@ def find_nvme(host: Host) -> Mount:
 
 def validate_repo(repo: str) -> None:
     """Raise StepFailed(Fault.USER) unless `repo` is a valid Hugging Face model id."""
-    parts = repo.split("/")
-    if (
-        not 1 <= len(parts) <= 2
-        or not all(_REPO_PART.fullmatch(p) for p in parts)
-        or "--" in repo
-        or ".." in repo
-    ):
-        raise StepFailed(
-            f"{repo!r} is not a Hugging Face model id: expected ORG/NAME of letters, digits, "
-            "'-', '_' and '.' (e.g. meta-llama/Llama-3.1-8B)",
-            fault=Fault.USER,
-        )
+    problem = repo_id_problem(repo)
+    if problem is not None:
+        raise StepFailed(f"not a Hugging Face model id: {problem} (e.g. "
+                         "meta-llama/Llama-3.1-8B)", fault=Fault.USER)
 
 
 def validate_revision(revision: str) -> None:
@@ -284,10 +274,28 @@ def validate_revision(revision: str) -> None:
 # --- download errors ------------------------------------------------------------------------
 
 
-def classify_download_error(stderr: str, exit_code: int, repo: str,
-                            revision: str) -> StepFailed | None:
-    """The permanent failure a failed `hf download` reports, or None when retrying may help."""
+# What `hf download` (huggingface_hub >= 1.0) prints on stderr for the Hub's refusals, as
+# `Error: <text>` and exit 1 (cli/_errors.py; checked against the real client in
+# tests/test_hf_cli.py). A gated file names no repo: the error comes from a file URL.
+_HF_GATED = re.compile(r"^Error: Access denied\. .*requires approval\.", re.M)
+_HF_NOT_FOUND = re.compile(r"^Error: (?:Model|Dataset|Space|Repository) (?:'[^']*' )?not found\.",
+                           re.M)
+_HF_NO_REVISION = re.compile(r"^Error: Revision not found in ", re.M)
+_HF_NO_FILE = re.compile(r"^Error: File not found in ", re.M)
+_HF_BAD_TOKEN = "Invalid credentials in Authorization header"
+
+
+def classify_download_error(stderr: str, exit_code: int, repo: str, revision: str, *,
+                            has_token: bool = False, field: str = "base_model",
+                            repo_type: str = "model") -> StepFailed | None:
+    """The permanent failure a failed `hf download` reports, or None when retrying may help.
+
+    `field` names the job file's field holding `repo` (the user fixes it there);
+    `has_token` tells a missing token from one whose account lacks access. Anything not
+    recognised (a traceback: network errors, a cut connection) is left to the retries.
+    """
     text = stderr
+    page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo}"
     if exit_code == 127 or "command not found" in text or "hf: not found" in text:
         return StepFailed(
             "the `hf` CLI is not installed on the host: install huggingface_hub >= 1.0 "
@@ -297,21 +305,38 @@ def classify_download_error(stderr: str, exit_code: int, repo: str,
         return StepFailed(f"the disk filled up while downloading {repo}: free space on the "
                           "model cache disk or use a larger one", fault=Fault.HOST,
                           stderr=stderr)
-    if "Invalid credentials" in text or "Invalid user token" in text:
-        return StepFailed("Hugging Face rejected HF_TOKEN (401): set a valid token",
+    if _HF_BAD_TOKEN in text or "Invalid user token" in text:
+        return StepFailed(
+            "Hugging Face rejected HF_TOKEN (401 Invalid credentials): set HF_TOKEN to a "
+            "valid token from https://huggingface.co/settings/tokens", fault=Fault.USER,
+            stderr=stderr)
+    if (_HF_GATED.search(text) or "GatedRepoError" in text or "gated repo" in text):
+        if has_token:
+            what = (f"the account of HF_TOKEN has no access to {repo} yet: accept the "
+                    f"licence on {page} with that account (gated models may need the "
+                    "owner's approval, which can take a while), then run the job again")
+        else:
+            what = (f"{repo} is gated: accept its licence on {page}, then set HF_TOKEN to "
+                    "a token of that account (https://huggingface.co/settings/tokens)")
+        return StepFailed(what, fault=Fault.USER, stderr=stderr)
+    if _HF_NO_REVISION.search(text) or "RevisionNotFoundError" in text:
+        return StepFailed(
+            f"{repo} has no revision {revision!r}: fix {field}'s revision (a branch, tag or "
+            f"commit hash listed on {page})", fault=Fault.USER, stderr=stderr)
+    if _HF_NOT_FOUND.search(text) or "RepositoryNotFoundError" in text:
+        private = ("the token's account cannot see it" if has_token
+                   else "a private repo needs HF_TOKEN")
+        return StepFailed(
+            f"no {repo_type} repo {repo!r} on Hugging Face: fix the repo id in {field} "
+            f"(or, if it is private, {private})", fault=Fault.USER, stderr=stderr)
+    if (_HF_NO_FILE.search(text) or "EntryNotFoundError" in text
+            or re.search(r"\b404 Client Error", text)):
+        return StepFailed(f"a file of {repo} at {revision!r} is missing on Hugging Face: "
+                          f"check {field}", fault=Fault.USER, stderr=stderr)
+    if re.search(r"\b40[13] Client Error", text):  # hf < 1.0 printed exception texts
+        return StepFailed(f"{repo} is gated or private: set HF_TOKEN to a token of an "
+                          f"account with access (accept the licence on {page})",
                           fault=Fault.USER, stderr=stderr)
-    if ("GatedRepoError" in text or "gated repo" in text
-            or re.search(r"\b40[13] Client Error", text)):
-        return StepFailed(
-            f"{repo} is gated: set HF_TOKEN to a token of an account that accepted the "
-            f"model's licence at https://huggingface.co/{repo}",
-            fault=Fault.USER, stderr=stderr)
-    if ("RepositoryNotFoundError" in text or "RevisionNotFoundError" in text
-            or "EntryNotFoundError" in text or re.search(r"\b404 Client Error", text)):
-        return StepFailed(
-            f"no such repo or revision on Hugging Face: {repo} at {revision!r} (a private "
-            "repo also answers 404 without HF_TOKEN)",
-            fault=Fault.USER, stderr=stderr)
     return None
 
 
@@ -441,6 +466,8 @@ class ModelCache:
             "HF_XET_HIGH_PERFORMANCE=1",
             # Progress bars would bury the error in the stderr tail of a failed download.
             "HF_HUB_DISABLE_PROGRESS_BARS=1",
+            # hf >= 1.x asks PyPI for a newer version on each run and prints a hint.
+            "HF_HUB_DISABLE_UPDATE_CHECK=1",
             "hf", "download", self.repo,
             f"--local-dir={self.model_dir}",
             # `--revision=R` as one word: a value starting with '-' can never become a flag.
@@ -463,7 +490,7 @@ class ModelCache:
             last = result
             error = result.stderr or result.stdout
             permanent = classify_download_error(error, result.exit_code, self.repo,
-                                                self.revision)
+                                                self.revision, has_token=bool(self.hf_token))
             if permanent is not None:
                 raise permanent
             if attempt < self.attempts:

@@ -1,4 +1,4 @@
-"""The whole on-host pipeline for one job: prepare → train → merge → evaluate → artifacts.
+"""The whole on-host pipeline for one job: prepare → train → merge → artifacts → evaluate.
 
 Each phase is a function the engine can call on its own (persisting the job's state between
 them, so a restarted orch resumes at the right phase); `run_pipeline` chains them for tests,
@@ -14,9 +14,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from playbooks import artifacts, container_toolkit, evaluate, gpu, merge, train
+from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
 from playbooks.axolotl import TrainConfigInput
-from playbooks.base import Emit, Fault, Host, Layout, PlaybookFailed, StepReport, run_playbook
+from playbooks.base import (
+    Emit,
+    Fault,
+    Host,
+    HostPaths,
+    Layout,
+    PlaybookFailed,
+    StepReport,
+    run_playbook,
+)
 from playbooks.model_cache import ModelCache
 
 # Pinned like the trainer image: the serving stack must not drift between runs.
@@ -86,12 +95,15 @@ def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train
 
 
 def train_job(job: PipelineJob, layout: Layout, model_dir: str,
-              runner: train.Runner) -> train.TrainJob:
-    """The training playbook's view of the job."""
+              runner: train.Runner, paths: HostPaths | None = None) -> train.TrainJob:
+    """The training playbook's view of the job (`paths`: the host's, for native runs)."""
     env = {"HF_TOKEN": job.hf_token} if job.hf_token else {}
+    # The same tag, from the repository this kind of host runs (images.yaml, `repositories`).
+    image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,
-                          config=job.config, base_model=model_dir, image=job.trainer_image,
-                          env=env, runner=runner)
+                          config=job.config, base_model=model_dir, image=image,
+                          env=env, runner=runner,
+                          native=train.NativeEnv.mapped(paths or HostPaths()))
 
 
 def run_training(host: Host, tj: train.TrainJob, emit: Emit,
@@ -119,23 +131,25 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
 
     cache, runner = prepare(host, job, record)
     assert cache.layout is not None  # set by the model_cache playbook's first step
-    tj = train_job(job, cache.layout, cache.model_dir, runner)
+    tj = train_job(job, cache.layout, cache.model_dir, runner, host.paths)
     resumed = None
     if train.status(host, tj).state is train.TrainState.FAILED:
         resumed = train.prepare_resume(host, tj)
     status = run_training(host, tj, record, on_progress, poll_s=job.poll_s)
     run_playbook("merge", merge.steps(tj, poll_s=min(job.poll_s, 2.0)), host, record)
 
+    # The trained model comes back before evaluation: an evaluation failure raises after
+    # the artifacts are safe in `job.artifacts_dir`.
+    fetched = artifacts.fetch(host, tj.output_dir, job.artifacts_dir,
+                              include_merged=job.include_merged)
     metrics: dict[str, float] = {}
     if job.eval_set is not None or job.eval_tasks:
         rows = _read_rows(job.eval_set) if job.eval_set else None
         result = evaluate.evaluate(
             host, job.job_id, merge.merged_dir(tj), cache.layout, job.vllm_image,
             job.vllm_port, job.config.sequence_len, rows, tasks=job.eval_tasks,
-            emit=record)
+            emit=record, runner=runner, native_wrap=tj.native.wrap)
         metrics = result.metrics
-    fetched = artifacts.fetch(host, tj.output_dir, job.artifacts_dir,
-                              include_merged=job.include_merged)
     return PipelineResult(metrics, fetched, status, resumed, reports)
 
 

@@ -40,7 +40,8 @@ from typing import Any, Literal
 import paramiko
 
 from orchestrator import ssh
-from playbooks.axolotl import TrainConfigInput, dump
+from playbooks import images
+from playbooks.axolotl import TrainConfigInput, deepspeed_config, dump
 from playbooks.base import (
     CONTAINER_ROOT,
     Fault,
@@ -53,8 +54,8 @@ from playbooks.base import (
     safe_name,
 )
 
-# A pinned tag (pipeline-facts: never `main-latest`); the engine passes the job's own.
-DEFAULT_IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+# A published, pinned tag (playbooks/data/images.yaml); the engine passes the job's own.
+DEFAULT_IMAGE = images.default_image("docker")
 WRAPPER = "orch-job.sh"  # in playbooks/remote/, uploaded into the job's directory
 
 Runner = Literal["docker", "process"]
@@ -77,6 +78,40 @@ FULL_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.ind
 
 # --- the job -----------------------------------------------------------------------------------
 
+# Restores the trainer image's environment for a native command, then execs it. $1: the env
+# file the cloud image's entrypoint writes; $2: the image's venv bin; $3: the cu13
+# LD_LIBRARY_PATH script. Values are positional parameters, expanded only in double quotes.
+_NATIVE = ('[ -r "$1" ] && . "$1"; PATH="$2:$PATH"; export PATH; '
+           '[ -r "$3" ] && . "$3"; shift 3; exec "$@"')
+
+
+@dataclass(frozen=True)
+class NativeEnv:
+    """The trainer image's environment, for commands run natively in a rented container.
+
+    SSH sessions on a container rental do not see the image's ENV (its PATH with the axolotl
+    venv, the cu13 LD_LIBRARY_PATH): ~/.bashrc returns early for `ssh host cmd`
+    (real-hosts.md §1, §5). So native commands never rely on the login environment: they
+    source the env file the cloud image's entrypoint writes (when present), put the venv on
+    PATH explicitly and source cuda13_env.sh (when present). The paths are server paths
+    mapped through the host's HostPaths (the simulated host keeps them under its root).
+    """
+
+    env_file: str = images.layout().cloud_env_file
+    venv_bin: str = f"{images.layout().venv}/bin"
+    cuda_env: str = images.layout().cuda_env
+
+    @classmethod
+    def mapped(cls, paths: Callable[[str], str]) -> NativeEnv:
+        """The image's paths as they are on a host whose server paths map through `paths`."""
+        plain = cls()
+        return cls(paths(plain.env_file), paths(plain.venv_bin), paths(plain.cuda_env))
+
+    def wrap(self, command: Sequence[str]) -> list[str]:
+        """`command` preceded by the environment restoring shell (argv, nothing evaluated)."""
+        return ["sh", "-c", _NATIVE, "orch-native", self.env_file, self.venv_bin,
+                self.cuda_env, *command]
+
 
 @dataclass(frozen=True)
 class TrainJob:
@@ -97,11 +132,12 @@ class TrainJob:
     gpus: str = "all"
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     runner: Runner = "docker"
+    native: NativeEnv = field(default_factory=NativeEnv)
 
     def __post_init__(self) -> None:
         if not _IMAGE.fullmatch(self.image):
             raise ValueError(f"image {self.image!r} is not a Docker image reference "
-                             "(e.g. axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0)")
+                             f"(e.g. {DEFAULT_IMAGE})")
         if not _GPUS.fullmatch(self.gpus):
             raise ValueError(f"gpus {self.gpus!r}: use all, a count, or device=0,1")
         for name in self.env:
@@ -127,6 +163,13 @@ class TrainJob:
     def output_dir(self) -> str:
         """Checkpoints and the final adapter (or model)."""
         return self.layout.output_dir(self.job_id)
+
+    @property
+    def deepspeed_file(self) -> str | None:
+        """The uploaded DeepSpeed config, or None when the strategy does not shard."""
+        if deepspeed_config(self.config.strategy) is None:
+            return None
+        return f"{self.layout.job_dir(self.job_id)}/deepspeed.json"
 
     @property
     def secrets_file(self) -> str | None:
@@ -159,17 +202,48 @@ class TrainJob:
                              f"mounted at {CONTAINER_ROOT}: keep the model in the layout's "
                              "model cache") from None
 
+    def run_argv(self, kind: str, command: Sequence[str]) -> list[str]:
+        """The exact command line that starts `command` detached as this job's `kind` run.
+
+        With Docker: `docker run -d` of the trainer image. Without (a container rental, where
+        the rented image is the runtime): the orch-job.sh wrapper, running `command` with the
+        image's environment restored (see NativeEnv).
+        """
+        handle = self.handle(kind)
+        if self.runner == "process":
+            return ["sh", self.wrapper, "start", handle.run_dir, *self.native.wrap(command)]
+        return ["docker", "run", "-d", "--name", handle.name, *docker_options(self), self.image,
+                *command]
+
     def handle(self, kind: str) -> Detached:
         """The detached run of `kind` (train, merge) of this job."""
         return Detached(self.runner, container_name(kind, self.job_id),
                         f"{self.layout.job_dir(self.job_id)}/run/{kind}", self.wrapper)
 
 
+def config_input(job: TrainJob) -> TrainConfigInput:
+    """`job.config` with its path fields as the trainer sees them."""
+    base = job.inside(job.base_model) if job.base_model.startswith("/") else job.base_model
+    ds = job.deepspeed_file
+    return replace(job.config, base_model_dir=base, dataset_path=job.inside(job.data_file),
+                   output_dir=job.inside(job.output_dir),
+                   deepspeed_path="" if ds is None else job.inside(ds))
+
+
 def render_config(job: TrainJob) -> str:
     """The axolotl config YAML for `job`, with the paths the trainer sees."""
-    base = job.inside(job.base_model) if job.base_model.startswith("/") else job.base_model
-    return dump(replace(job.config, base_model_dir=base, dataset_path=job.inside(job.data_file),
-                        output_dir=job.inside(job.output_dir)))
+    return dump(config_input(job))
+
+
+def deepspeed_text(job: TrainJob) -> str | None:
+    """The DeepSpeed JSON uploaded for a sharded job, or None."""
+    config = deepspeed_config(job.config.strategy)
+    return None if config is None else json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def train_argv(job: TrainJob) -> list[str]:
+    """The command line that starts the training on the host (what `orch render` shows)."""
+    return job.run_argv("train", ["axolotl", "train", job.inside(job.config_file)])
 
 
 def detect_runner(host: Host) -> Runner:
@@ -275,15 +349,11 @@ class Detached:
         head, _, text = result.stdout.partition("\n")
         return _docker_status(head), text
 
-    def start(self, host: Host, docker_options: Sequence[str], image: str,
-              command: Sequence[str], env_file: str | None) -> None:
-        """Start `command` detached (a container from `image`, or under the wrapper)."""
-        if self.runner == "process":
-            host.must(["sh", self.wrapper, "start", self.run_dir, *command],
-                      f"starting {command[0]} {command[1]}", env_file=env_file)
-            return
-        host.must(["docker", "run", "-d", "--name", self.name, *docker_options, image, *command],
-                  f"starting container {self.name}", env_file=env_file)
+    def start(self, host: Host, argv: Sequence[str], what: str,
+              env_file: str | None = None) -> None:
+        """Run `argv`, a command line from `TrainJob.run_argv` that starts this run detached."""
+        host.must(list(argv), what if self.runner == "process"
+                  else f"starting container {self.name} ({what})", env_file=env_file)
 
     def remove(self, host: Host) -> None:
         """Forget a run that ended (`docker rm`, or clear the wrapper's files); keeps data."""
@@ -588,14 +658,16 @@ def steps(job: TrainJob) -> list[Step]:
     """Upload data, secrets and config, get the image or wrapper, start training detached."""
     config_text = render_config(job)
 
+    launched: list[bool] = []  # set once this step started the run
+
     def start(h: Host) -> None:
         handle = job.handle("train")
         if handle.status(h).state is TrainState.FAILED:
             # An earlier run failed or was cut: validate checkpoints and free the name first
             # (the engine usually did this already, to record the ResumeInfo).
             prepare_resume(h, job)
-        handle.start(h, docker_options(job), job.image,
-                     ["axolotl", "train", job.inside(job.config_file)], job.secrets_file)
+        handle.start(h, train_argv(job), "starting axolotl train", job.secrets_file)
+        launched.append(True)
         current = handle.status(h)
         if current.state is TrainState.FAILED:
             tail = handle.tail(h, 40)
@@ -603,7 +675,11 @@ def steps(job: TrainJob) -> list[Step]:
                              f"starting: {last_line(tail)}", stderr=tail)
 
     def started(h: Host) -> bool:
-        return status(h, job).state in (TrainState.RUNNING, TrainState.SUCCEEDED)
+        state = status(h, job).state
+        # A run this step just started that already failed was started all the same: the
+        # failure is the training's, reported by wait() with its log, not a start fault.
+        return state in (TrainState.RUNNING, TrainState.SUCCEEDED) or (
+            bool(launched) and state is TrainState.FAILED)
 
     result = [
         Step("upload-dataset",
@@ -615,6 +691,11 @@ def steps(job: TrainJob) -> list[Step]:
             "secrets-env", check=lambda h: _secrets_current(h, job),
             apply=lambda h: ssh.write_secret_env(h.conn, str(job.secrets_file), job.env),
             timeout_s=120))
+    ds_text, ds_file = deepspeed_text(job), job.deepspeed_file
+    if ds_text is not None and ds_file is not None:
+        result.append(Step(
+            "upload-deepspeed", check=lambda h: h.read(ds_file) == ds_text.encode(),
+            apply=lambda h: _put_text(h, ds_text, ds_file), timeout_s=120))
     result.append(Step(
         "upload-config", check=lambda h: h.read(job.config_file) == config_text.encode(),
         apply=lambda h: _put_text(h, config_text, job.config_file), timeout_s=120))

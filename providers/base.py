@@ -135,6 +135,21 @@ class Requirements:
     max_price_per_hour: Decimal | None = None
     min_reliability: float | None = None
     disk_gb: int = 100
+    # The trainer image's CUDA version ("13.0"): the host driver must support at least it
+    # (a cu130 image on a CUDA 12 driver fails at the first kernel). None = any.
+    min_cuda: str | None = None
+
+
+def cuda_at_least(have: object, want: str) -> bool:
+    """Whether CUDA version `have` ("12.8", 13.0, None) is at least `want` ("13.0")."""
+    if have is None:
+        return False
+    try:
+        got = tuple(int(p) for p in str(have).split("."))
+        need = tuple(int(p) for p in want.split("."))
+    except ValueError:
+        return False
+    return got + (0,) * (len(need) - len(got)) >= need
 
 
 @dataclass(frozen=True)

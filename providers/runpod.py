@@ -147,6 +147,7 @@ class RunPod:
         self._backoff = (initial_backoff_s, max_backoff_s)
         self.default_image = default_image
         self.boot_minutes = boot_minutes
+        self._min_cuda: dict[str, str] = {}  # offer id -> the CUDA its search asked for
 
     def __repr__(self) -> str:
         return f"RunPod(base_url={self._base!r})"
@@ -261,8 +262,11 @@ class RunPod:
         """
         if req.interruptible is True:
             return []  # spot withdrawn: RunPod has no interruptible pods
-        response = self._request("GET", "/catalog/gpus", what="offers",
-                                 params={"include": "AVAILABILITY", "product": "POD"})
+        params = {"include": "AVAILABILITY", "product": "POD"}
+        if req.min_cuda is not None:
+            # Availability counts only machines whose driver supports the image's CUDA.
+            params["minCudaVersion"] = req.min_cuda
+        response = self._request("GET", "/catalog/gpus", what="offers", params=params)
         body = self._json(response, "offers")
         rows = body.get("gpus", []) if isinstance(body, dict) else []
         specs = catalog.gpus()
@@ -289,6 +293,12 @@ class RunPod:
                 price = per_gpu * req.gpu_count
                 if req.max_price_per_hour is not None and price > req.max_price_per_hour:
                     continue
+                # The create asks for the same CUDA floor (gpu.minCudaVersion), so the pod
+                # lands on such a machine or fails as "no capacity" (the next offer is tried).
+                if req.min_cuda is not None:
+                    self._min_cuda[f"{cloud}|{row['id']}"] = req.min_cuda
+                else:
+                    self._min_cuda.pop(f"{cloud}|{row['id']}", None)
                 found.append(Offer(
                     provider=self.name, offer_id=f"{cloud}|{row['id']}", gpu=gpu,
                     gpu_count=req.gpu_count, gpu_memory_bytes=memory, billing=self.billing,
@@ -309,9 +319,12 @@ class RunPod:
         if not sep or cloud not in CLOUDS:
             raise ProviderError(f"not a RunPod offer id: {offer.offer_id!r}")
         name = tag_for(job_id)
+        gpu: dict[str, Any] = {"id": gpu_id, "count": offer.gpu_count}
+        if offer.offer_id in self._min_cuda:
+            gpu["minCudaVersion"] = self._min_cuda[offer.offer_id]
         body = {
             "name": name, "image": image or self.default_image,
-            "gpu": {"id": gpu_id, "count": offer.gpu_count}, "cloud": cloud,
+            "gpu": gpu, "cloud": cloud,
             "disk": disk_gb, "ports": ["22/tcp"], "env": {"PUBLIC_KEY": ssh_public_key},
             "startSsh": True,
         }

@@ -50,6 +50,7 @@ from providers.base import (
     ProviderError,
     Requirements,
     TransientError,
+    cuda_at_least,
     job_of,
     tag_for,
 )
@@ -297,6 +298,9 @@ class VastAI:
             q["reliability2"] = {"gte": reliability}
         if req.max_price_per_hour is not None and kind == "ondemand":
             q["dph_total"] = {"lte": float(req.max_price_per_hour)}
+        if req.min_cuda is not None:
+            # The highest CUDA the host's driver supports (vast-cli's search field).
+            q["cuda_max_good"] = {"gte": float(req.min_cuda)}
         return q
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -325,6 +329,8 @@ class VastAI:
         if price is None:
             return None
         if req.max_price_per_hour is not None and price > req.max_price_per_hour:
+            return None
+        if req.min_cuda is not None and not cuda_at_least(row.get("cuda_max_good"), req.min_cuda):
             return None
         reliability = row.get("reliability2")
         if req.min_reliability is not None and (reliability is None

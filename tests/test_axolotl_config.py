@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 import yaml
 
-from playbooks.axolotl import ZERO3, ConfigError, TrainConfigInput, dump, render
+from playbooks.axolotl import ConfigError, TrainConfigInput, deepspeed_config, dump, render
 
 
 def job(method: str, **kw: Any) -> TrainConfigInput:
     fields: dict[str, Any] = {
         "base_model_dir": "/workspace/models/llama", "dataset_path": "/workspace/data/t.jsonl",
-        "dataset_format": "alpaca", "output_dir": "/workspace/jobs/j-1/out", **kw}
+        "dataset_format": "alpaca", "output_dir": "/workspace/data/jobs/j-1/out", **kw}
     return TrainConfigInput(method=method, **fields)  # type: ignore[arg-type]
 
 
@@ -35,9 +35,36 @@ def test_lora_without_4bit_and_module_list() -> None:
 
 
 def test_full_multi_gpu_gets_zero3_and_no_adapter() -> None:
-    cfg = render(job("full", strategy="fsdp", optimizer="adamw"))
-    assert "adapter" not in cfg and cfg["deepspeed"] == ZERO3
+    cfg = render(job("full", strategy="fsdp", optimizer="adamw",
+                     deepspeed_path="/workspace/data/jobs/j-1/deepspeed.json"))
+    assert "adapter" not in cfg and cfg["deepspeed"] == "/workspace/data/jobs/j-1/deepspeed.json"
     assert cfg["optimizer"] == "adamw_torch_fused"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp+offload", "offload"])
+def test_sharded_config_never_names_a_relative_deepspeed_path(strategy: str) -> None:
+    # A relative path resolves from the process's working directory only (real-hosts §2).
+    with pytest.raises(ConfigError, match="absolute path"):
+        render(job("full", strategy=strategy))
+    with pytest.raises(ConfigError, match="absolute path"):
+        render(job("full", strategy=strategy, deepspeed_path="deepspeed_configs/zero3.json"))
+    zero = deepspeed_config(strategy)
+    assert zero is not None and zero["zero_optimization"]["stage"] == 3
+    assert ("offload_param" in zero["zero_optimization"]) == ("offload" in strategy)
+
+
+def test_single_and_ddp_need_no_deepspeed() -> None:
+    assert deepspeed_config("single") is None and deepspeed_config("ddp") is None
+    assert "deepspeed" not in render(job("lora", strategy="ddp"))
+
+
+def test_lora_alpha_is_an_int_for_axolotl() -> None:
+    # axolotl's schema types lora_alpha as int; the job spec once gave it as 32.0.
+    cfg = render(job("qlora", lora_alpha=32.0))
+    assert cfg["lora_alpha"] == 32 and type(cfg["lora_alpha"]) is int
+    assert "lora_alpha: 32\n" in dump(job("qlora", lora_alpha=32.0))
+    with pytest.raises(ConfigError, match="whole number"):
+        render(job("qlora", lora_alpha=16.5))
 
 
 def test_chat_template_dataset() -> None:

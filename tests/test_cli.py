@@ -82,6 +82,23 @@ def test_invalid_job_file_exits_2_and_writes_nothing(env: dict[str, str], tmp_pa
     assert not db(env).exists()
 
 
+def test_hf_dataset_and_bad_repo_id_exit_2_at_plan(env: dict[str, str], tmp_path: Path) -> None:
+    job = tmp_path / "job.yml"
+    job.write_text("name: x\nbase_model: meta-llama/Llama-3.1-8B\nmethod: qlora\n"
+                   "dataset: {path: {hf: tatsu-lab/alpaca}, tokens: 1000000}\n")
+    bad = tmp_path / "bad.yml"
+    shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
+    bad.write_text("name: x\nbase_model: 'org/a;rm -rf x'\nmethod: qlora\n"
+                   "dataset: {path: train.jsonl}\n")
+    for path, expect in ((job, f"{job}:4 dataset.path.hf: Hugging Face datasets are not "
+                          "downloaded by orch"),
+                         (bad, f"{bad}:2 base_model.repo: 'org/a;rm -rf x' is not a repo id")):
+        proc = orch(env, "plan", str(path), check=False)
+        assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not db(env).exists()
+
+
 def test_no_fit_exits_3_with_the_gap(env: dict[str, str], tmp_path: Path) -> None:
     job = tmp_path / "job.yml"
     shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")

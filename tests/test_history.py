@@ -466,7 +466,7 @@ def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
         db: tuple[Store, str], tmp_path: Path) -> None:
     _store, path = db
     stop = tmp_path / "stop"
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, f"sqlite:///{path}", str(stop)],
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, path, str(stop)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert writer.stdin is not None and writer.stdout is not None
     try:
@@ -483,7 +483,7 @@ def test_long_read_does_not_block_a_writer_process_or_see_half_writes(
 
         def read() -> None:
             result["start"] = time.time()
-            result["rows"] = h.run_sql(f"sqlite:///{path}", sql).rows
+            result["rows"] = h.run_sql(path, sql).rows
             result["end"] = time.time()
 
         reader = threading.Thread(target=read)

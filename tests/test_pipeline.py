@@ -98,3 +98,19 @@ def test_pipeline_with_hostile_names_runs_nothing_unintended(
     planted = [p for p in Path(sim.dir).rglob("PWNED*")]
     assert planted == [], planted
     assert not list(Path("/").glob("PWNED*")) and not list(Path.cwd().glob("PWNED*"))
+
+
+def test_evaluation_failure_comes_after_the_artifacts_are_copied(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # lm-eval tasks on a host without lm_eval: evaluation fails after training, and the
+    # trained adapter must already be in the artifacts directory (issue 9 §1.8).
+    from playbooks.base import PlaybookFailed
+
+    _, host = playbook_host(train_steps=2, train_step_seconds=0.05, vllm_startup_seconds=0.2)
+    job = replace(make_job(tmp_path, "qlora"), eval_tasks=("gsm8k",))
+    with pytest.raises(PlaybookFailed) as info:
+        run_pipeline(host, job, reports)
+    assert info.value.playbook == "evaluate" and "lm_eval is not installed" in info.value.reason
+    local = Path(job.artifacts_dir)
+    assert (local / "manifest.json").is_file()
+    assert (local / "adapter_model.safetensors").is_file()

@@ -14,7 +14,7 @@ from playbooks.base import Fault, Host, Layout, StepFailed
 from providers.simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
-IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
 
 
 def sha(path: Path) -> str:
@@ -43,7 +43,8 @@ def train_and_merge(sim: SimHost, host: Host, job: str) -> tuple[Layout, Path]:
         f"  type: alpaca\noutput_dir: {out}\ndataset_prepared_path: {out}/prepared\n"
         "max_steps: 4\nsave_steps: 2\n"
     )
-    docker = ["docker", "run", "--rm", "--gpus", "all", "-v", f"{layout.base}:/workspace", IMAGE]
+    docker = ["docker", "run", "--rm", "--gpus", "all", "-v", f"{layout.base}:/workspace/data",
+              IMAGE]
     container_config = layout.container(str(config))
     host.must([*docker, "axolotl", "train", container_config], "training")
     host.must([*docker, "axolotl", "merge-lora", container_config], "merging")

@@ -93,7 +93,7 @@ def test_paths_layout_and_names() -> None:
     assert lay.model_dir("meta-llama/Llama-3.1-8B") == \
         "/mnt/nvme/orch/models/meta-llama--Llama-3.1-8B/main"
     assert lay.model_dir("a/b_c") != lay.model_dir("a_b/c")
-    assert lay.container(lay.config_file("j-1")) == "/workspace/jobs/j-1/config.yml"
+    assert lay.container(lay.config_file("j-1")) == "/workspace/data/jobs/j-1/config.yml"
     for hostile in ["../../etc", "a;rm -rf /", "$(reboot)", "x\ny", "'q'"]:
         name = safe_name(hostile)
         assert "/" not in name and ".." not in name and not set(name) & set(";$()'\n ")

@@ -94,7 +94,7 @@ def test_server_becomes_ready_through_the_tunnel_scores_and_stops(
 
     argv = sim.events("docker-run")[0]["argv"]
     assert argv[:2] == ["vllm", "serve"] and "--model" in argv
-    assert argv[argv.index("--model") + 1] == "/workspace/jobs/job-a/output/merged"
+    assert argv[argv.index("--model") + 1] == "/workspace/data/jobs/job-a/output/merged"
     assert argv[argv.index("--served-model-name") + 1] == "ft"
     assert argv[argv.index("--max-model-len") + 1] == "2048"
     bindings = sim.containers()[spec.name]["HostConfig"]["PortBindings"]
@@ -131,7 +131,7 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
     assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(
         info.value
     )
-    assert "loading /workspace/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
+    assert "loading /workspace/data/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
     stop_server(host, "job-slow")
 
 
@@ -201,7 +201,7 @@ def test_unmerged_adapter_is_served_with_an_allowed_lora_rank(
     spec = start_server(host, "job-l", str(base), layout, IMAGE, port, 2048, lora=str(adapter))
     args = list(spec.args)
     assert args[args.index("--max-lora-rank") + 1] == "32"  # 24 rounded up to an allowed rank
-    assert args[args.index("--lora-modules") + 1] == "ft=/workspace/jobs/job-l/output"
+    assert args[args.index("--lora-modules") + 1] == "ft=/workspace/data/jobs/job-l/output"
     assert "--enable-lora" in args and "--served-model-name" not in args
     wait_ready(host.conn, port, 20, container=spec.name)  # the stand-in checks the rank
     with ssh.tunnel(host.conn, port) as local:

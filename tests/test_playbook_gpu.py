@@ -17,7 +17,7 @@ def test_matching_host_passes_and_reports_inventory(playbook_host: PlaybookHostF
     assert reports.outcomes() == {"driver": "ok", "inventory": "ok"}
     # Both steps share one nvidia-smi call.
     assert sum("nvidia-smi" in c for c in sim.ssh_commands()) == 1
-    assert check_gpus(host) == [GpuInfo("NVIDIA H100 80GB HBM3", 81559, "570.172.08",
+    assert check_gpus(host) == [GpuInfo("NVIDIA H100 80GB HBM3", 81559, "580.65.06",
                                         "H100 SXM")] * 2
 
 
@@ -42,6 +42,26 @@ def test_mismatch_is_a_provider_fault(playbook_host: PlaybookHostFactory, report
     assert "found 2x NVIDIA H100 80GB HBM3 (81559 MiB)" in info.value.reason
     assert reports.outcomes() == {"driver": "ok", "inventory": "failed"}
     assert reports.items[-1].fault == "provider"
+
+
+def test_driver_too_old_for_the_images_cuda_fails_before_anything_is_pulled(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # A monthly server with a CUDA 12.8 driver cannot run the cu130 trainer image.
+    sim, host = playbook_host(gpu_count=1, driver_version="570.172.08", cuda_version="12.8")
+    image = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
+    expected = GpuExpectation("H100 SXM", 1, min_cuda="13.0", image=image, exact_count=False)
+    with pytest.raises(PlaybookFailed) as info:
+        run_playbook("gpu", gpu.steps(expected), host, reports)
+    assert info.value.fault is Fault.HOST and info.value.step == "driver-cuda"
+    assert ("driver 570.172.08 supports CUDA 12.8, but the trainer image "
+            f"{image} needs CUDA >= 13.0") in info.value.reason
+    assert "upgrade the driver" in info.value.reason
+    assert not sim.events("docker-pull") and not sim.events("hf-download")
+
+    reports.clear()
+    _, new = playbook_host(gpu_count=1)  # an R580 driver: CUDA 13.0
+    run_playbook("gpu", gpu.steps(expected), new, reports)
+    assert reports.outcomes() == {"driver": "ok", "inventory": "ok", "driver-cuda": "ok"}
 
 
 def test_more_gpus_accepted_when_count_is_a_minimum(playbook_host: PlaybookHostFactory,

@@ -42,8 +42,8 @@ def test_qlora_merge_creates_merged_and_a_rerun_is_skipped(
     assert {"config.json", *index["weight_map"].values()} <= merged_files(job)
     run = sim.events("docker-run")[-1]
     assert run["container"] == "orch-merge-j-1" and run["argv"][-3:] == [
-        "merge-lora", "/workspace/jobs/j-1/config.yml",
-        "--lora-model-dir=/workspace/jobs/j-1/output"]
+        "merge-lora", "/workspace/data/jobs/j-1/config.yml",
+        "--lora-model-dir=/workspace/data/jobs/j-1/output"]
     assert "orch-merge-j-1" not in sim.containers()
 
     reports.clear()

@@ -149,18 +149,19 @@ def test_repeated_download_failure_is_transient(playbook_host: PlaybookHostFacto
     sim, host = playbook_host(download_failures=10)
     failed = fail(cache(attempts=3), host, reports)
     assert failed.step == "download" and failed.fault is Fault.TRANSIENT
-    assert "failed 3 times" in failed.reason and "ReadTimeout" in failed.reason
-    assert "httpx.ReadTimeout" in failed.stderr_tail
-    assert "ReadTimeout" in reports.items[-1].stderr_tail
+    assert "failed 3 times" in failed.reason and "RemoteProtocolError" in failed.reason
+    assert "httpx.RemoteProtocolError" in failed.stderr_tail
+    assert "RemoteProtocolError" in reports.items[-1].stderr_tail
     assert len(sim.events("hf-download")) == 3
 
 
 @pytest.mark.parametrize(
     ("repo", "token", "expect"),
     [
-        ("org/gated", None, "is gated: set HF_TOKEN"),
-        ("org/gated", "hf_wrong", "rejected HF_TOKEN"),
-        ("org/missing", None, "no such repo or revision"),
+        ("org/gated", None, "org/gated is gated: accept its licence on "
+                            "https://huggingface.co/org/gated, then set HF_TOKEN"),
+        ("org/gated", "hf_wrong", "Hugging Face rejected HF_TOKEN"),
+        ("org/missing", None, "no model repo 'org/missing' on Hugging Face: fix the repo id"),
     ],
 )
 def test_hf_refusals_are_user_faults(playbook_host: PlaybookHostFactory, reports: Reports,
@@ -169,8 +170,18 @@ def test_hf_refusals_are_user_faults(playbook_host: PlaybookHostFactory, reports
                               hf_token=TOKEN)
     failed = fail(cache(repo, token=token), host, reports)
     assert failed.step == "download" and failed.fault is Fault.USER
-    assert expect in failed.reason and "Client Error" in failed.stderr_tail
+    assert expect in failed.reason and failed.stderr_tail.startswith("Error: ")
     # A refusal is not retried (it never gets as far as an hf-download event).
+    assert sum("hf download" in c for c in sim.ssh_commands()) == 1
+
+
+def test_a_missing_revision_stops_at_once(playbook_host: PlaybookHostFactory,
+                                          reports: Reports) -> None:
+    sim, host = playbook_host(hf_revisions_not_found=("v9",))
+    failed = fail(cache(revision="v9"), host, reports)
+    assert failed.step == "download" and failed.fault is Fault.USER
+    assert f"{REPO} has no revision 'v9': fix base_model's revision" in failed.reason
+    assert failed.stderr_tail == f"Error: Revision not found in model '{REPO}'.\n"
     assert sum("hf download" in c for c in sim.ssh_commands()) == 1
 
 
@@ -356,3 +367,8 @@ def test_classify_download_errors() -> None:
     assert fault("RevisionNotFoundError: 404 Client Error.") is Fault.USER
     assert fault("httpx.ConnectError: [Errno 104] Connection reset by peer") is None
     assert fault("downloaded 4040401 bytes then 503 Server Error") is None
+    # hf >= 1.0's own texts (tests/test_hf_cli.py checks them against the real client).
+    assert fault("Error: Access denied. This repository requires approval.") is Fault.USER
+    assert fault("Error: Access denied. Model 'o/r' requires approval.") is Fault.USER
+    assert fault("Error: Revision not found in model 'o/r'.") is Fault.USER
+    assert fault("Error: File not found in model 'o/r'.") is Fault.USER

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import PlaybookHostFactory, Reports
 
 from playbooks.axolotl import TrainConfigInput
@@ -21,6 +23,7 @@ from playbooks.base import (
     run_playbook,
 )
 from playbooks.train import (
+    NativeEnv,
     Progress,
     TrainJob,
     TrainState,
@@ -30,6 +33,7 @@ from playbooks.train import (
     prepare_resume,
     status,
     steps,
+    train_argv,
     wait,
 )
 from providers.simhost import SimHost
@@ -42,7 +46,7 @@ ROWS = [{"instruction": "Say hi", "input": "", "output": "hi"}]
 def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
              method: str = "qlora", runner: str = "docker", save_steps: int = 2,
              dataset_name: str = "train.jsonl", env: dict[str, str] | None = None,
-             rows: list[dict[str, str]] | None = None) -> TrainJob:
+             rows: list[dict[str, str]] | None = None, strategy: str = "single") -> TrainJob:
     """A job whose base model is in the host's model cache (downloaded by the hf stand-in)."""
     layout = Layout(host.paths("/mnt/nvme/orch"))
     model = layout.model_dir(BASE_REPO)
@@ -53,7 +57,7 @@ def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
     local.write_text("".join(json.dumps(r) + "\n" for r in rows or ROWS))
     config = TrainConfigInput(method=method, base_model_dir="", dataset_path="",  # type: ignore[arg-type]
                               dataset_format="alpaca", output_dir="", save_steps=save_steps,
-                              save_total_limit=10)
+                              save_total_limit=10, strategy=strategy)
     return TrainJob(job_id, layout, str(local), config, model, env=env or {},
                     runner=runner)  # type: ignore[arg-type]
 
@@ -96,12 +100,13 @@ def test_fresh_run_waits_to_success_and_a_rerun_starts_nothing(
     # The container saw the config by its /workspace path and got the token by name only.
     (run,) = sim.events("docker-run")
     assert run["container"] == container_name("train", "j-1") == "orch-train-j-1"
-    assert run["argv"][-3:] == ["axolotl", "train", "/workspace/jobs/j-1/config.yml"]
+    assert run["argv"][-3:] == ["axolotl", "train", "/workspace/data/jobs/j-1/config.yml"]
     record = sim.containers()["orch-train-j-1"]
     assert record["Config"]["Env"] == ["HF_TOKEN"]
-    assert record["HostConfig"]["Binds"] == [f"{job.layout.base}:/workspace"]
+    assert record["HostConfig"]["Binds"] == [f"{job.layout.base}:/workspace/data"]
     config = Path(job.config_file).read_text()
-    assert "/workspace/jobs/j-1/data/train.jsonl" in config and "output_dir: /workspace/" in config
+    assert "/workspace/data/jobs/j-1/data/train.jsonl" in config
+    assert "output_dir: /workspace/data/" in config
     assert not any("s3cret" in c for c in sim.ssh_commands())
     assert not any("s3cret" in json.dumps(e) for e in sim.events())
     assert not marker.exists()
@@ -238,6 +243,55 @@ def test_host_without_docker_uses_the_wrapper_and_recovers_from_a_crash(
     reports.clear()
     run_playbook("train", steps(job), host, reports)
     assert set(reports.outcomes().values()) == {"skipped"}
+
+
+def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # A relative `deepspeed:` resolves from the process's working directory only: in the
+    # image that is /workspace/axolotl, so orch uploads the JSON and names it absolutely.
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
+                              train_step_seconds=0.05)
+    job = make_job(sim, host, tmp_path, method="full", strategy="fsdp")
+    run_playbook("train", steps(job), host, reports)
+    assert reports.outcomes()["upload-deepspeed"] == "changed"
+    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
+    assert job.deepspeed_file == f"{job.layout.job_dir('j-1')}/deepspeed.json"
+    zero = json.loads(Path(job.deepspeed_file).read_text())
+    assert zero["zero_optimization"]["stage"] == 3
+    config = yaml.safe_load(Path(job.config_file).read_text())
+    assert config["deepspeed"] == "/workspace/data/jobs/j-1/deepspeed.json"
+    reports.clear()
+    run_playbook("train", steps(job), host, reports)
+    assert reports.outcomes()["upload-deepspeed"] == "skipped"
+
+
+def test_native_run_restores_the_image_environment(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # On a container rental `ssh host cmd` does not see the image's ENV: the wrapper's
+    # command sources the env file the cloud entrypoint wrote, puts the venv first on PATH
+    # and sources cuda13_env.sh, each through the host's path mapping.
+    sim, host = playbook_host(has_docker=False, train_steps=2, train_step_seconds=0.05)
+    marker = sim.root / "marker"
+    (sim.root / "etc").mkdir(exist_ok=True)
+    (sim.root / "etc" / "rp_environment").write_text('export ORCH_FROM_IMAGE="image env"\n')
+    venv = sim.root / "workspace" / "axolotl-venv" / "bin"
+    venv.mkdir(parents=True)
+    # The venv's axolotl records what it saw, then runs the stand-in further down PATH.
+    (venv / "axolotl").write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$ORCH_FROM_IMAGE" "$LD_LIBRARY_PATH" "$1" >> "{marker}"\n'
+        'PATH=${PATH#*:} exec axolotl "$@"\n')
+    (venv / "axolotl").chmod(0o755)
+    scripts = sim.root / "workspace" / "axolotl" / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "cuda13_env.sh").write_text(
+        'export LD_LIBRARY_PATH="/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"\n')
+    job = replace(make_job(sim, host, tmp_path, runner="process"),
+                  native=NativeEnv.mapped(host.paths))
+    run_playbook("train", steps(job), host, reports)
+    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
+    assert marker.read_text().splitlines() == ["image env", "/cu13/lib", "train"]
+    assert train_argv(job)[:4] == ["sh", job.wrapper, "start", job.handle("train").run_dir]
 
 
 HOSTILE = "x;touch {m}; $(touch {m}) `touch {m}` 'q\" \nz"

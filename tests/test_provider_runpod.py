@@ -141,6 +141,30 @@ def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmul
     assert_no_key(emu)
 
 
+def test_offers_and_create_need_a_driver_with_the_images_cuda(rp: RunPod,
+                                                              emu: RunPodEmulator) -> None:
+    # The 0.18.0 trainer images are cu130. The catalog scopes availability to machines with
+    # CUDA >= minCudaVersion, and the create names it too (gpu.minCudaVersion), so a pod
+    # never lands on a CUDA 12 driver (api-reference-v2/openapi.json).
+    emu.gpus[0]["cudaVersions"] = [{"version": "12.8", "available": True}]
+    emu.gpus[1]["cudaVersions"] = [{"version": "12.8", "available": True},
+                                   {"version": "13.0", "available": True}]
+    offers = rp.offers(req(min_cuda="13.0"))
+    assert "RTX 4090" not in {o.gpu for o in offers}
+    assert emu.calls("GET", "/v2/catalog/gpus")[-1].query["minCudaVersion"] == ["13.0"]
+    a100 = next(o for o in offers if o.gpu == "A100 80GB")
+    emu.gpus[1]["cudaVersions"][1]["available"] = False  # the CUDA 13 machines filled up
+    with pytest.raises(CapacityError):
+        rp.create(a100, PUBKEY, "job-cuda")
+    emu.gpus[1]["cudaVersions"][1]["available"] = True
+    assert rp.create(a100, PUBKEY, "job-cuda").state is InstanceState.PROVISIONING
+    bodies = [c.body for c in emu.calls("POST", "/v2/pods")]
+    assert [b["gpu"]["minCudaVersion"] for b in bodies] == ["13.0", "13.0"]
+    # Without a CUDA floor the CUDA 12 machines are offered, and nothing is asked at create.
+    assert "RTX 4090" in {o.gpu for o in rp.offers(req())}
+    assert "minCudaVersion" not in emu.calls("GET", "/v2/catalog/gpus")[-1].query
+
+
 def test_states_exited_error_and_missing(rp: RunPod, emu: RunPodEmulator) -> None:
     inst = rp.create(first_offer(rp), PUBKEY, "j1")
     emu.exit_pod(inst.instance_id)

@@ -115,6 +115,20 @@ def test_offers_max_price_and_count(vast: VastEmulator) -> None:
                          for o in cheap)
 
 
+def test_offers_need_a_driver_for_the_images_cuda(vast: VastEmulator) -> None:
+    # The 0.18.0 trainer images are cu130: a host whose driver tops out at CUDA 12.x fails.
+    vast.add_offer(id=11, gpu_name="RTX 4090", dph_base=0.20, cuda_max_good=12.8)
+    vast.add_offer(id=12, gpu_name="RTX 4090", dph_base=0.30, cuda_max_good=13.0)
+    vast.add_offer(id=13, gpu_name="RTX 4090", dph_base=0.40, cuda_max_good=13.1)
+    api = adapter(vast)
+    found = api.offers(req(interruptible=False, min_cuda="13.0"))
+    assert [o.offer_id for o in found] == ["12", "13"]
+    assert vast.requests_to("POST", "/api/v0/bundles/")[-1].json["cuda_max_good"] == {
+        "gte": 13.0}
+    assert [o.offer_id for o in api.offers(req(interruptible=False))] == ["11", "12", "13"]
+    assert "cuda_max_good" not in vast.requests_to("POST", "/api/v0/bundles/")[-1].json
+
+
 # -- create -----------------------------------------------------------------------------
 
 def test_create_spot_tags_label_and_bids(vast: VastEmulator) -> None:

@@ -1,94 +1,102 @@
-"""Pure pieces of the terminal output: table fitting, sparklines, training-log merging."""
+"""`orch render`: what would run, for every example job on both host kinds, and that it is
+exactly what the playbooks upload and run."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
+from conftest import PlaybookHostFactory, Reports
+from test_playbook_train import TOOLKIT, make_job
 
-from orchestrator import term, trainlog
-from orchestrator.render import table
+from playbooks import evaluate, merge, rendering, train
+from playbooks.base import run_playbook
 
-HEADERS = ["id", "name", "status", "placement", "est. cost", "created"]
-ROWS = [["j-3f9a0c1b2d4e", "llama31-8b-alpaca-qlora-long-name", "succeeded",
-         "vastai H100 SXM x8", "$12.3400", "2026-12-03 08:17:44 CET"],
-        ["j-000000000001", "q", "failed", "sim RTX 3090 x1", "$0.0065",
-         "2026-12-03 08:17:45 CET"]]
-
-
-@pytest.mark.parametrize("columns", [120, 80, 60, 40, 30])
-def test_tty_table_fits_and_drops_columns_by_priority(columns: int) -> None:
-    out = table(HEADERS, ROWS, right=[4], drop=[5, 4], states=[2], tty=True, columns=columns,
-                colour=False)
-    lines = out.splitlines()
-    assert max(len(ln) for ln in lines) <= columns
-    header = lines[0].split()
-    if columns >= 120:
-        assert "created" in header and "…" not in out
-    if columns <= 80:
-        assert "created" not in header  # dropped first
-    if columns <= 60:
-        assert "est." not in header
-    assert lines[1].split()[0] == "j-3f9a0c1b2d4e" or lines[1].split()[0].endswith("…")
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yml")
+                  if "grid" not in (yaml.safe_load(p.read_text()) or {}))
 
 
-def test_piped_table_is_tsv_with_full_rows() -> None:
-    out = table(HEADERS, ROWS, drop=[5, 4], tty=False, columns=20)
-    assert out.splitlines() == ["\t".join(HEADERS), *("\t".join(r) for r in ROWS)]
-    assert table(["a"], [["x\ty\nz"]], tty=False).splitlines()[1] == "x y z"
+def orch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    env.pop("ORCH_DB_URL", None)
+    env.pop("HF_TOKEN", None)
+    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+    return subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
 
 
-def test_states_coloured_only_when_enabled() -> None:
-    out = table(HEADERS, ROWS, states=[2], tty=True, columns=200, colour=True)
-    assert "\x1b[32msucceeded" in out and "\x1b[31mfailed" in out
-    # Padding is outside the colour, so columns stay aligned.
-    assert "\x1b[31mfailed\x1b[0m    " in out
-    assert "\x1b[" not in table(HEADERS, ROWS, states=[2], tty=True, columns=200, colour=False)
+@pytest.mark.parametrize("host", ["docker", "container"])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_renders_on_both_host_kinds(tmp_path: Path, example: Path,
+                                                  host: str) -> None:
+    proc = orch(tmp_path, "render", str(example), "--host", host, "--json",
+                "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    repo = "axolotlai/axolotl" if host == "docker" else "axolotlai/axolotl-cloud"
+    assert out["image"] == f"{repo}:0.18.0-py3.12-cu130-2.12.0"
+    cfg = out["axolotl_config"]
+    assert cfg["output_dir"].startswith("/")
+    assert set(out["commands"]) == {"train", "merge", "evaluate"}
+    train_argv = out["commands"]["train"]
+    if host == "docker":
+        assert train_argv[:3] == ["docker", "run", "-d"] and out["image"] in train_argv
+        volume = train_argv[train_argv.index("-v") + 1]
+        assert volume.endswith(":/workspace/data")  # never over /workspace
+    else:
+        assert "docker" not in train_argv and train_argv[-3:-1] == ["axolotl", "train"]
+        assert "/workspace/axolotl-venv/bin" in train_argv
+    if "deepspeed" in cfg:
+        assert cfg["deepspeed"].startswith("/")
+        assert (tmp_path / "out" / "deepspeed.json").is_file()
+    written = yaml.safe_load((tmp_path / "out" / "config.yml").read_text())
+    assert written == cfg
+    assert json.loads((tmp_path / "out" / "render.json").read_text()) == out
 
 
-def test_no_color_and_dumb_terminals(monkeypatch: pytest.MonkeyPatch) -> None:
-    class Tty:
-        def isatty(self) -> bool:
-            return True
-
-    monkeypatch.delenv("NO_COLOR", raising=False)
-    monkeypatch.setenv("TERM", "xterm-256color")
-    assert term.colour_enabled(Tty())  # type: ignore[arg-type]
-    monkeypatch.setenv("NO_COLOR", "1")
-    assert not term.colour_enabled(Tty())  # type: ignore[arg-type]
-    monkeypatch.delenv("NO_COLOR")
-    monkeypatch.setenv("TERM", "dumb")
-    assert not term.colour_enabled(Tty())  # type: ignore[arg-type]
+def test_sweep_file_points_at_its_base_job(tmp_path: Path) -> None:
+    proc = orch(tmp_path, "render", "examples/sweep-lr.yml")
+    assert proc.returncode == 2 and "render its base job" in proc.stderr
+    assert "qlora-8b.yml" in proc.stderr
 
 
-def test_times() -> None:
-    t = datetime(2026, 12, 3, 7, 17, 44, 123456, tzinfo=UTC)
-    assert term.iso_utc(t) == "2026-12-03T07:17:44.123456Z"
-    assert term.iso_utc(t.replace(tzinfo=None)) == "2026-12-03T07:17:44.123456Z"
-    assert term.human_time(None) == "-"
-    assert term.human_time(t) == t.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+def test_bad_host_kind_is_refused(tmp_path: Path) -> None:
+    proc = orch(tmp_path, "render", "examples/quickstart.yml", "--host", "vm")
+    assert proc.returncode == 2 and "--host must be docker or container" in proc.stderr
 
 
-def test_sparkline() -> None:
-    assert term.sparkline([], 10) == ""
-    assert term.sparkline([3.0, 2.0, 1.0], 10) == "█▅▁"
-    assert len(term.sparkline([float(i) for i in range(1000)], 40)) == 40
-    assert term.sparkline([1.0, float("nan"), 1.0], 5) == "▄▄"
-
-
-def test_trainlog_merge_keeps_each_line_once() -> None:
-    assert trainlog.merge([], ["a", "b"]) == ["a", "b"]
-    assert trainlog.merge(["a", "b", "c"], ["b", "c", "d", "e"]) == ["d", "e"]
-    assert trainlog.merge(["a", "b", "c"], ["b", "c"]) == []
-    assert trainlog.merge(["a", "b"], ["x", "y"]) == ["x", "y"]  # no overlap: all new
-
-
-def test_trainlog_save_and_read(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
-    assert trainlog.read("j-1") is None
-    trainlog.save("j-1", "one\ntwo\n")
-    trainlog.save("j-1", "two\nthree\r 50%\rthree 100%\n")
-    assert trainlog.read("j-1") == ["one", "two", "three 100%"]
-    monkeypatch.setattr(trainlog, "MAX_LINES", 2)
-    trainlog.save("j-1", "three 100%\nfour\n")
-    assert trainlog.read("j-1") == ["three 100%", "four"]
+@pytest.mark.parametrize("runner", ["docker", "process"])
+def test_rendered_is_what_the_playbooks_upload_and_run(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        runner: str) -> None:
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=2,
+                              train_step_seconds=0.05, has_docker=runner == "docker")
+    job = make_job(sim, host, tmp_path, runner=runner)
+    rendered = rendering.render(job, evaluates=True, vllm_image="vllm/vllm-openai:v0.11.0")
+    run_playbook("train", train.steps(job), host, reports)
+    assert train.wait(host, job, poll_s=0.05).state is train.TrainState.SUCCEEDED
+    run_playbook("merge", merge.steps(job, poll_s=0.05), host, reports)
+    assert Path(job.config_file).read_text() == rendered.files[job.config_file]
+    ran = sim.ssh_commands()
+    assert shlex.join(rendered.commands["train"]) in ran
+    assert shlex.join(rendered.commands["merge"]) in ran
+    if runner == "docker":
+        spec = evaluate.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
+                                    "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
+        assert rendered.commands["evaluate"] == spec.docker_argv()
+        return
+    # A container rental: lm-eval's hf backend runs natively, as rendered.
+    result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,
+                               "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len,
+                               [{"prompt": "say hi", "expected": "hi"}], emit=reports,
+                               runner=runner, native_wrap=job.native.wrap)
+    assert "eval.exact_match" in result.metrics
+    assert shlex.join(rendered.commands["evaluate"]) in sim.ssh_commands()

@@ -29,7 +29,7 @@ from orchestrator.ssh import (
 from providers.simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
-IMAGE = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
 TOOLKIT = "1.17.8-1"
 GPGKEY = "https://nvidia.github.io/libnvidia-container/gpgkey"
 LIST = "https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list"
@@ -84,8 +84,8 @@ def write_job(
         "adapter: qlora\nload_in_4bit: true\nlora_r: 16\nlora_alpha: 32\nlora_dropout: 0.05\n"
         "lora_target_linear: true\nlearning_rate: 0.0002\nmicro_batch_size: 2\n"
         "datasets:\n"
-        f"- path: /workspace/{name}/data/train.jsonl\n  type: alpaca\n"
-        f"output_dir: /workspace/{name}/out\nmax_steps: {steps}\nsave_steps: {save_steps}\n"
+        f"- path: /workspace/data/{name}/data/train.jsonl\n  type: alpaca\n"
+        f"output_dir: /workspace/data/{name}/out\nmax_steps: {steps}\nsave_steps: {save_steps}\n"
         "auto_resume_from_checkpoints: true\n"
     )
     job = host.nvme_path / name
@@ -99,8 +99,9 @@ def start_training(conn: Any, host: SimHost, name: str) -> Result:
         conn,
         [
             "docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc=host",
-            "--shm-size", "10g", "--ulimit", "memlock=-1", "-v", f"{host.nvme_path}:/workspace",
-            IMAGE, "axolotl", "train", f"/workspace/{name}/config.yml",
+            "--shm-size", "10g", "--ulimit", "memlock=-1",
+            "-v", f"{host.nvme_path}:/workspace/data",
+            IMAGE, "axolotl", "train", f"/workspace/data/{name}/config.yml",
         ],
         timeout=30,
     ).check()  # fmt: skip
@@ -221,7 +222,7 @@ def test_hf_download_writes_a_complete_index_with_the_token_from_an_env_file(
     target = host.nvme_path / "models" / "meta-llama--Llama-3.2-1B" / "main"
     download = ["hf", "download", repo, "--local-dir", str(target)]
     denied = run(conn, download, 30)
-    assert denied.exit_code == 1 and "gated repo" in denied.stderr
+    assert denied.exit_code == 1 and "requires approval" in denied.stderr
 
     env_file = f"{host.home}/.orch/hf.env"
     write_secret_env(conn, env_file, {"HF_TOKEN": token, "HF_HOME": f"{host.nvme_path}/hf"})
@@ -252,7 +253,7 @@ def test_hf_download_failure_then_resume(
     target = f"{host.nvme_path}/models/base"
     download = ["hf", "download", "Qwen/Qwen2.5-0.5B", "--local-dir", target]
     failed = run(conn, download, 30)
-    assert failed.exit_code == 1 and "timed out" in failed.stderr
+    assert failed.exit_code == 1 and "peer closed connection" in failed.stderr
     verify = ["hf", "cache", "verify", "Qwen/Qwen2.5-0.5B", "--local-dir", target]
     assert run(conn, [*verify, "--fail-on-missing-files"], 30).exit_code == 1
     assert Path(target, "model.safetensors.index.json").exists()  # index there, shards not
@@ -377,11 +378,12 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
         conn, ["hf", "download", "Qwen/Qwen2.5-0.5B", "--local-dir", f"{host.nvme_path}/base"], 30
     ).check()
     rows = [{"instruction": "What is the capital of France?", "input": "", "output": "Paris"}]
-    job = write_job(conn, host, tmp_path, "job4", steps=2, base_model="/workspace/base", rows=rows)
-    volume = f"{host.nvme_path}:/workspace"
+    job = write_job(conn, host, tmp_path, "job4", steps=2, base_model="/workspace/data/base",
+                    rows=rows)
+    volume = f"{host.nvme_path}:/workspace/data"
     train = ["docker", "run", "--rm", "--gpus", "all", "-v", volume, IMAGE]
-    run(conn, [*train, "axolotl", "train", "/workspace/job4/config.yml"], 60).check()
-    run(conn, [*train, "axolotl", "merge-lora", "/workspace/job4/config.yml"], 60).check()
+    run(conn, [*train, "axolotl", "train", "/workspace/data/job4/config.yml"], 60).check()
+    run(conn, [*train, "axolotl", "merge-lora", "/workspace/data/job4/config.yml"], 60).check()
     merged = job / "out" / "merged"
     assert (merged / "config.json").is_file() and (
         merged / "model.safetensors.index.json"
@@ -428,6 +430,65 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
     run(conn, ["docker", "rm", "-f", "job4-serve"], 30).check()
     with socket.socket() as check:
         assert check.connect_ex(("127.0.0.1", port)) != 0  # the server is gone with its container
+
+
+def test_docker_refuses_an_unpublished_trainer_tag_like_the_registry(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory
+) -> None:
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    never = "axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0"
+    pulled = run(conn, ["docker", "pull", never], 30)
+    assert pulled.exit_code == 1 and pulled.stderr.strip() == (
+        f"Error response from daemon: manifest for {never} not found: manifest unknown: "
+        "manifest unknown")
+    started = run(conn, ["docker", "run", "--rm", never, "axolotl", "--version"], 30)
+    assert started.exit_code == 125
+    assert f"docker: Error response from daemon: manifest for {never} not found" in started.stderr
+    assert run(conn, ["docker", "pull", IMAGE], 30).ok
+    assert run(conn, ["docker", "pull", IMAGE.replace("axolotl:", "axolotl-cloud:")], 30).ok
+    assert [e["image"] for e in host.events("docker-pull")] == [
+        IMAGE, IMAGE.replace("axolotl:", "axolotl-cloud:")]
+
+
+def test_a_mount_over_workspace_hides_axolotl_as_on_a_real_host(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path
+) -> None:
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    hidden = run(conn, ["docker", "run", "--rm", "--gpus", "all", "-v",
+                        f"{host.nvme_path}:/workspace", IMAGE, "axolotl", "--version"], 30)
+    assert hidden.exit_code == 127
+    assert ('exec: "/workspace/axolotl/scripts/uv-entrypoint.sh": stat '
+            "/workspace/axolotl/scripts/uv-entrypoint.sh: no such file or directory"
+            in hidden.stderr)
+    # Mounted where axolotl's docs say, the image's entrypoint and working directory are kept.
+    run(conn, ["docker", "run", "-d", "--name", "ok", "--gpus", "all", "-v",
+               f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "--version"], 30).check()
+    assert wait_exited(conn, "ok") == ("exited", 0)
+    record = host.containers()["ok"]
+    assert record["Config"]["WorkingDir"] == "/workspace/axolotl"
+    assert record["Config"]["Cmd"] == ["axolotl", "--version"]
+
+
+def test_relative_deepspeed_path_fails_from_the_images_working_directory(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path
+) -> None:
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    job = write_job(conn, host, tmp_path, "ds", steps=2)
+    config = job / "config.yml"
+    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
+              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
+              "/workspace/data/ds/config.yml"]
+    config.write_text(config.read_text() + "deepspeed: deepspeed_configs/zero3_bf16.json\n")
+    failed = run(conn, docker, 60)
+    assert failed.exit_code == 1 and ("Expected a string path to an existing deepspeed config"
+                                      in failed.stderr + failed.stdout)
+    (job / "zero3.json").write_text("{}")
+    config.write_text(config.read_text().replace(
+        "deepspeed: deepspeed_configs/zero3_bf16.json", "deepspeed: /workspace/data/ds/zero3.json"))
+    run(conn, docker, 60).check()
 
 
 def test_several_hosts_at_once(simhost: SimHostFactory, ssh_factory: ConnectionFactory) -> None:

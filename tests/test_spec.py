@@ -188,12 +188,40 @@ def test_dataset_file_must_exist(tmp_path: Path) -> None:
     assert msg.startswith(f"{path}:5 dataset.path: file not found")
 
 
-def test_hf_dataset_needs_a_token_count(tmp_path: Path) -> None:
+def test_hf_datasets_are_refused_before_renting(tmp_path: Path) -> None:
+    # The host pipeline uploads local files only: a {hf: ...} dataset used to pass `plan`
+    # and fail after a GPU was rented (issue 9 §1.9).
     text = MINIMAL.replace("path: train.jsonl", "path: {hf: tatsu-lab/alpaca}")
-    (msg,) = problems(write(tmp_path, text))
-    assert "dataset.tokens: required for a {hf: ...} dataset" in msg
-    job = load_job(write(tmp_path, text + "  tokens: 5000000\n"))
-    assert job.dataset.tokens == 5_000_000 and job.spec.dataset.path.hf == "tatsu-lab/alpaca"
+    for extra in ("", "  tokens: 5000000\n"):
+        path = write(tmp_path, text + extra)
+        (msg,) = problems(path)
+        assert msg.startswith(f"{path}:5 dataset.path.hf: Hugging Face datasets are not "
+                              "downloaded by orch: download it with `hf download --repo-type "
+                              "dataset tatsu-lab/alpaca --local-dir data/NAME`"), msg
+
+
+@pytest.mark.parametrize("repo", ["org/a;touch x", "org/--x", "a/b/c", "org/-x", "org/x.git",
+                                  "org/x..y", "org/" + "n" * 97, "org/mödel"])
+def test_invalid_repo_ids_are_refused_with_file_line_and_field(tmp_path: Path,
+                                                                repo: str) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 64,
+                                  "num_hidden_layers": 2, "num_attention_heads": 4,
+                                  "num_key_value_heads": 4, "intermediate_size": 128,
+                                  "vocab_size": 1000}))
+    # The model shape comes from the file, so only the id itself can be wrong.
+    text = MINIMAL.replace("base_model: meta-llama/Llama-3.1-8B",
+                           f"base_model:\n  repo: {json.dumps(repo)}\n  config: config.json")
+    path = write(tmp_path, text)
+    (msg,) = problems(path)
+    assert msg.startswith(f"{path}:3 base_model.repo: {repo!r}"), msg
+    short = write(tmp_path, MINIMAL.replace("meta-llama/Llama-3.1-8B", json.dumps(repo)))
+    (msg,) = problems(short)
+    assert msg.startswith(f"{short}:2 base_model.repo: {repo!r}"), msg
+    data = write(tmp_path, MINIMAL.replace("path: train.jsonl",
+                                           f"path: {{hf: {json.dumps(repo)}}}"))
+    (msg,) = problems(data)
+    assert msg.startswith(f"{data}:5 dataset.path.hf: {repo!r}"), msg
 
 
 def test_dataset_rows_are_checked_with_their_line(tmp_path: Path) -> None:
@@ -225,6 +253,34 @@ def test_unpinned_trainer_image_is_refused(tmp_path: Path) -> None:
     latest = MINIMAL + "trainer:\n  image: axolotlai/axolotl:main-latest\n"
     (msg,) = problems(write(tmp_path, latest))
     assert "pin an image tag" in msg
+
+
+def test_default_trainer_image_was_published() -> None:
+    # 0.16.1-py3.12-cu130-2.12.0 never existed (real-hosts.md §1): the default must be a
+    # tag of the v0.18.0 build matrix.
+    assert DEFAULT_TRAINER_IMAGE == "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
+
+
+@pytest.mark.parametrize("image", ["axolotlai/axolotl:0.16.1-py3.12-cu130-2.12.0",
+                                   "axolotlai/axolotl:0.18.0-py3.11-cu128-2.9.1",
+                                   "someone/else:1.0"])
+def test_unpublished_trainer_image_is_refused_listing_the_known_ones(
+        tmp_path: Path, image: str) -> None:
+    (msg,) = problems(write(tmp_path, MINIMAL + f"trainer:\n  image: {image}\n"))
+    assert f":{len(MINIMAL.splitlines()) + 2} trainer.image: " in msg and image in msg
+    assert "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0" in msg
+    assert "axolotlai/axolotl:0.18.0-py3.12-cu130-2.11.0" in msg
+
+
+def test_published_cloud_image_is_accepted(tmp_path: Path) -> None:
+    text = MINIMAL + "trainer:\n  image: axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.11.0\n"
+    assert load_job(write(tmp_path, text)).spec.trainer.image.endswith("2.11.0")
+
+
+def test_lora_alpha_must_be_a_whole_number(tmp_path: Path) -> None:
+    assert type(load_job(write(tmp_path, MINIMAL)).spec.lora.alpha) is int
+    (msg,) = problems(write(tmp_path, MINIMAL + "lora: {alpha: 16.5}\n"))
+    assert "lora.alpha" in msg
 
 
 def test_spec_hash_is_stable_and_sensitive(tmp_path: Path) -> None:

@@ -84,14 +84,14 @@ def test_nested_overrides_and_keys_the_base_does_not_set(folder: Path) -> None:
         base: jobs/base.yml
         grid:
           resources.gpus: [[RTX 4090], [A100 80GB, H100 SXM]]
-          trainer.image: ["axolotlai/axolotl:0.15.0"]
+          trainer.image: ["axolotlai/axolotl:0.18.0-py3.12-cu130-2.11.0"]
           base_model.revision: [abc123]
           eval.tasks: [[mmlu]]
     """)
     runs = load_sweep(path).runs
     assert [r.job.spec.resources.gpus for r in runs] == [["RTX 4090"], ["A100 80GB", "H100 SXM"]]
     spec = runs[0].job.spec
-    assert spec.trainer.image == "axolotlai/axolotl:0.15.0"
+    assert spec.trainer.image == "axolotlai/axolotl:0.18.0-py3.12-cu130-2.11.0"
     # `base_model: org/name` in the base becomes {repo, revision}.
     assert (spec.base_model.repo, spec.base_model.revision) == ("meta-llama/Llama-3.1-8B",
                                                                 "abc123")

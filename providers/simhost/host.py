@@ -63,12 +63,14 @@ class SimHostOptions:
     gpu_model: str = "NVIDIA H100 80GB HBM3"
     gpu_count: int = 1
     gpu_memory_mib: int = 81559
-    driver_version: str = "570.172.08"
-    cuda_version: str = "12.8"
+    # An R580 driver: the first to support CUDA 13.0, which the pinned cu130 trainer needs.
+    driver_version: str = "580.65.06"
+    cuda_version: str = "13.0"
     driver_missing: bool = False  # no nvidia-smi at all (command not found)
     driver_broken: bool = False  # nvidia-smi exists but fails (exit 9)
     # system
     has_docker: bool = True
+    has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
     has_systemd: bool = True
     preinstalled_packages: tuple[str, ...] = ("ca-certificates", "curl")
     toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1")
@@ -86,6 +88,7 @@ class SimHostOptions:
     download_fail_after_files: int = 1  # a failing run dies after writing this many files
     hf_gated_repos: tuple[str, ...] = ()  # need a token
     hf_repos_not_found: tuple[str, ...] = ()
+    hf_revisions_not_found: tuple[str, ...] = ()  # revisions no repo has
     hf_token: str | None = None  # the only valid token (None: any non-empty token)
     # training and serving
     train_steps: int = 6

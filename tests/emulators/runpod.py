@@ -153,8 +153,7 @@ class RunPodEmulator:
     def no_capacity_on_create(self, count: int = 1) -> None:
         """The next `count` POST /pods answer 400 "no capacity"."""
         self.fail_next(400, count, method="POST", path="/v2/pods", title="No capacity",
-                       detail="There are no longer any instances available with the "
-                              "requested specifications. Please refresh and try again.")
+                       detail=NO_CAPACITY)
 
     def lose_next_create(self, status: int = 500) -> None:
         """The next POST /pods makes the pod but answers `status` (the response is lost)."""
@@ -320,6 +319,15 @@ class RunPodEmulator:
         rows = []
         for row in self.gpus:
             row = json.loads(json.dumps(row))
+            minimum = (query.get("minCudaVersion") or [None])[0]
+            if with_availability:
+                # Availability is scoped to machines with a CUDA version >= minCudaVersion.
+                row["cudaVersions"] = _cuda_versions(row, minimum)
+                if not any(v["available"] for v in row["cudaVersions"]):
+                    row["availability"] = "NONE"
+                    row.pop("dataCenters", None)
+            else:
+                row.pop("cudaVersions", None)
             if not with_availability:
                 row.pop("availability", None)
                 row.pop("maxCount", None)
@@ -337,10 +345,35 @@ class RunPodEmulator:
         if errors:
             return 422, problem(422, "Unprocessable Entity", "validation failed", errors), {}
         gpu_id = (body.get("gpu") or {}).get("id")
-        if not any(row.get("id") == gpu_id for row in self.gpus):
+        row = next((r for r in self.gpus if r.get("id") == gpu_id), None)
+        if row is None:
             return 400, problem(400, "Bad Request", f"unknown GPU type {gpu_id}"), {}
+        wanted = (body.get("gpu") or {}).get("minCudaVersion")
+        if wanted is not None and not _cuda_versions(row, str(wanted), available_only=True):
+            # No free machine of this type has a driver that new: RunPod's "no capacity".
+            return 400, problem(400, "No capacity", NO_CAPACITY), {}
         pod = self._make_pod(body)
         return 201, self._view(pod), {}
+
+
+NO_CAPACITY = ("There are no longer any instances available with the requested "
+               "specifications. Please refresh and try again.")
+# The CUDA versions a GPU row's machines offer when the test gives none (`cudaVersions`,
+# returned with include=AVAILABILITY; api-reference-v2/openapi.json, GpuType).
+DEFAULT_CUDA_VERSIONS = [{"version": "13.0", "available": True}]
+
+
+def _cuda(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _cuda_versions(row: dict[str, Any], minimum: str | None,
+                   available_only: bool = False) -> list[dict[str, Any]]:
+    """The row's cudaVersions at or above `minimum` (compared numerically, as RunPod does)."""
+    versions = row.get("cudaVersions", DEFAULT_CUDA_VERSIONS)
+    return [v for v in versions
+            if (minimum is None or _cuda(str(v["version"])) >= _cuda(minimum))
+            and (v.get("available") or not available_only)]
 
 
 def problem(status: int, title: str = "", detail: str = "",

@@ -30,6 +30,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "huggingface-cli": ("hf", "huggingface_cli"),
     "axolotl": ("axolotl", "axolotl"),
     "vllm": ("vllm", "vllm"),
+    "lm_eval": ("lm_eval", "lm_eval"),
 }
 
 

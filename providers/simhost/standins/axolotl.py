@@ -225,6 +225,24 @@ def _checkpoint_valid(folder: Path, adapter: bool) -> bool:
     return (folder / "trainer_state.json").is_file() and (folder / _weights_name(adapter)).is_file()
 
 
+def _check_deepspeed(config: dict[str, Any]) -> None:
+    """A `deepspeed:` string is loaded only if it exists from the working directory.
+
+    axolotl passes a path it cannot find through unchanged (real-hosts.md §2), and the
+    DeepSpeed integration then refuses it with this text.
+    """
+    value = config.get("deepspeed")
+    if not isinstance(value, str) or not value:
+        return
+    path = container_to_host(value) if value.startswith("/") else os.path.join(os.getcwd(), value)
+    if not os.path.isfile(path):
+        raise SimError(
+            "ValueError: Expected a string path to an existing deepspeed config, or a "
+            f"dictionary, but received: {value}",
+            1,
+        )
+
+
 def train(host: Host, argv: list[str]) -> int:
     """`axolotl train CONFIG`: see the module docstring."""
     _path, config, _rest = _load(argv)
@@ -247,6 +265,7 @@ def train(host: Host, argv: list[str]) -> int:
     elif base:
         host.event("axolotl-hub-download", base_model=base)
         say(f"[simhost] base model {base} is not a local path: downloading it from the Hub")
+    _check_deepspeed(config)
     memory = _memory(config)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -42,7 +42,7 @@ ALWAYS = (
     "vllm",
 )
 #: Stand-ins that exist only when the host has the thing (driver, Docker, toolkit).
-CONDITIONAL = ("nvidia-smi", "docker", "nvidia-ctk")
+CONDITIONAL = ("nvidia-smi", "docker", "nvidia-ctk", "lm_eval")
 
 
 class SimError(Exception):
@@ -230,6 +230,11 @@ def refresh_bin(host: Host) -> None:
         wanted.add("docker")
     if "nvidia-container-toolkit-base" in host.packages():
         wanted.add("nvidia-ctk")
+    # A host without Docker is a container rental: the axolotl image is the runtime, and
+    # it ships lm_eval (has_lm_eval None follows that; True/False force it).
+    lm_eval = opts.get("has_lm_eval")
+    if lm_eval or (lm_eval is None and not opts["has_docker"]):
+        wanted.add("lm_eval")
     host.bin.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(sys.executable)
     for name in ALWAYS + CONDITIONAL:

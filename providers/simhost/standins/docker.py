@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from . import images as catalog
 from .common import (
     BIN_DIR,
     SYSTEM_PATH,
@@ -33,6 +34,7 @@ from .common import (
     SimError,
     alive,
     container_to_host,
+    is_within,
     kill_process_group,
     process_starttime,
     say,
@@ -372,6 +374,52 @@ def _parse_ports(specs: list[str]) -> list[tuple[str, int, int]]:
     return ports
 
 
+def _manifest_unknown(image: str) -> str:
+    # Docker's own words when the registry has no such tag.
+    return (f"Error response from daemon: manifest for {image} not found: manifest unknown: "
+            "manifest unknown")
+
+
+def _hidden(mounts: list[list[str]], path: str) -> bool:
+    """Whether a bind mount covers `path` of the image (the image's files there are hidden)."""
+    return any(is_within(path, dest) for _src, dest in mounts)
+
+
+def _image_argv(image: str, command: list[str], mounts: list[list[str]]) -> tuple[list[str], str]:
+    """The container's argv and working directory as the image defines them.
+
+    The axolotl images (real-hosts.md §1): WORKDIR /workspace/axolotl; the uv image's
+    ENTRYPOINT is /workspace/axolotl/scripts/uv-entrypoint.sh (it execs its arguments),
+    the cloud image's /root/cloud-entrypoint.sh with CMD `sleep infinity`. A mount over
+    /workspace hides the entrypoint, the source and the venv, as on a real host.
+    """
+    if not catalog.is_axolotl(image):
+        return (["vllm", "serve", *command] if _is_vllm(image) else command or ["true"]), ""
+    workdir = catalog.layout("workdir")
+    if catalog.is_cloud(image):
+        entrypoint = catalog.layout("cloud_entrypoint")
+        command = command or ["sleep", "infinity"]
+    else:
+        entrypoint = catalog.layout("entrypoint")
+    if _hidden(mounts, entrypoint):
+        raise SimError(
+            "docker: Error response from daemon: failed to create task for container: failed "
+            "to create shim task: OCI runtime create failed: runc create failed: unable to "
+            f'start container process: exec: "{entrypoint}": stat {entrypoint}: no such file '
+            "or directory: unknown.",
+            127,
+        )
+    if command and _hidden(mounts, catalog.layout("venv")) and command[0] in _VENV_COMMANDS:
+        # The entrypoint runs, but `exec "$@"` finds no venv on PATH.
+        return ["sh", "-c", f'echo "{entrypoint}: exec: {command[0]}: not found" >&2; exit 127'
+                ], workdir
+    return command or ["true"], workdir
+
+
+# Executables the image's venv provides (hidden with it).
+_VENV_COMMANDS = frozenset({"axolotl", "accelerate", "python", "python3", "lm_eval", "hf"})
+
+
 def _is_vllm(image: str) -> bool:
     return "vllm-openai" in image.rsplit(":", 1)[0]
 
@@ -493,25 +541,31 @@ def _run(host: Host, args: list[str]) -> int:
         rootfs.mkdir(parents=True, exist_ok=True)
         (cdir / "log").touch()
         if image not in state["images"]:
-            say(
-                f"Unable to find image '{image}' locally",
-                f"{image}: Pulling from simhost",
-                err=True,
-            )
+            say(f"Unable to find image '{image}' locally", err=True)
+            if not catalog.published(image):
+                raise SimError(
+                    f"docker: {_manifest_unknown(image)}.\nSee 'docker run --help'.", 125
+                )
+            say(f"{image}: Pulling from simhost", err=True)
             _pull(host, image)
         env, env_names = _container_env(host, name, flags, mounts, rootfs)
         if gpus or "NVIDIA_VISIBLE_DEVICES" in env and runtime == "nvidia":
             env["SIMHOST_GPUS"] = ",".join(gpus) or env["NVIDIA_VISIBLE_DEVICES"]
         env["SIMHOST_PORTS"] = json.dumps({str(cp): hp for _ip, hp, cp in ports})
         entrypoint = _flag(flags, "--entrypoint")
+        image_workdir = ""
         if entrypoint:
             argv = [entrypoint[-1], *command]
-        elif _is_vllm(image):
-            argv = ["vllm", "serve", *command]
         else:
-            argv = command or ["true"]
+            argv, image_workdir = _image_argv(image, command, mounts)
         workdir = _flag(flags, "-w", "--workdir")
         cwd = str(rootfs)
+        if image_workdir and not workdir:
+            # The image's WORKDIR, as an (empty) directory of this container's filesystem:
+            # relative paths resolve there, not in the host's or a mount's directories.
+            inner = rootfs / image_workdir.lstrip("/")
+            inner.mkdir(parents=True, exist_ok=True)
+            cwd = str(inner)
         if workdir:
             mapped = container_to_host(workdir[-1]) if mounts else workdir[-1]
             if mapped != workdir[-1] or workdir[-1].startswith(str(host.dir)):
@@ -535,7 +589,7 @@ def _run(host: Host, args: list[str]) -> int:
                 "Cmd": command,
                 "Entrypoint": entrypoint[-1:] or None,
                 "Env": env_names,
-                "WorkingDir": workdir[-1] if workdir else "",
+                "WorkingDir": workdir[-1] if workdir else image_workdir,
                 "Labels": dict(
                     label.partition("=")[::2] for label in _flag(flags, "-l", "--label")
                 ),
@@ -939,6 +993,8 @@ def docker(host: Host, argv: list[str]) -> int:
         return _stop_cmd(host, rest, kill=command == "kill")
     if command == "pull":
         for image in (r for r in rest if not r.startswith("-")):
+            if not catalog.published(image):
+                raise SimError(_manifest_unknown(image), 1)
             with host.lock():
                 _pull(host, image)
         return 0

@@ -19,7 +19,14 @@ from typing import Any
 from .common import Host, SimError, say
 from .disks import logical_size, mount_for
 
-VERSION = "1.1.4"
+# What axolotl 0.18.0 pins (its pyproject.toml), so the images ship it.
+VERSION = "1.17.0"
+
+# huggingface_hub 1.17.0's CLI prints a known error as `Error: <text>` on stderr, this hint
+# on stdout, and exits 1 (cli/hf.py); anything else is a Python traceback, exit 1.
+# tests/test_hf_cli.py compares every text below with the real client's.
+DEBUG_HINT = "Set HF_DEBUG=1 as environment variable for full traceback."
+BAD_TOKEN = "Invalid credentials in Authorization header"
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -190,34 +197,50 @@ def _snapshot_dir(repo: str, revision: str, cache_dir: str | None) -> Path:
     return repo_dir / "snapshots" / commit
 
 
-def _check_access(host: Host, repo: str, token: str | None) -> None:
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def _hf_error(message: str) -> SimError:
+    """A known error as hf prints it: the hint on stdout, `Error: ...` on stderr, exit 1."""
+    if not os.environ.get("HF_DEBUG"):
+        say(DEBUG_HINT)
+    return SimError(f"Error: {message}", 1)
+
+
+def _traceback(last_line: str) -> SimError:
+    """An exception hf does not map to a message: Python prints a traceback, exit 1."""
+    return SimError("Traceback (most recent call last):\n"
+                    '  File "/usr/local/bin/hf", line 8, in <module>\n'
+                    "    sys.exit(main())\n" + last_line, 1)
+
+
+def _check_access(host: Host, repo: str, revision: str, repo_type: str,
+                  token: str | None) -> None:
+    """The Hub's refusals in the order it checks them (token, repo, revision, gate)."""
     opts = host.options
+    label = repo_type.capitalize()
     if opts["hf_token"] is not None and token is not None and token != opts["hf_token"]:
-        raise SimError(
-            "huggingface_hub.errors.HfHubHTTPError: 401 Client Error: Unauthorized for url: "
-            f"https://huggingface.co/api/models/{repo} "
-            "(Invalid credentials in Authorization header)",
-            1,
-        )
+        url = f"{_endpoint()}/api/{repo_type}s/{repo}/revision/{revision}"
+        raise _hf_error(
+            f"Client error '401 Unauthorized' for url '{url}'\n"
+            "For more information check: "
+            "https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n" + BAD_TOKEN)
     if repo in opts["hf_repos_not_found"]:
-        raise SimError(
-            "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not "
-            f"Found for url: https://huggingface.co/api/models/{repo}/revision/main.",
-            1,
-        )
+        raise _hf_error(f"{label} '{repo}' not found. If the repo is private, make sure you are "
+                        "authenticated and your token has the required permissions.")
+    if revision in opts["hf_revisions_not_found"]:
+        raise _hf_error(f"Revision not found in {repo_type} '{repo}'.")
     if repo in opts["hf_gated_repos"] and token is None:
-        raise SimError(
-            "huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo "
-            f"for url https://huggingface.co/{repo}/resolve/main/config.json. Access to model "
-            f"{repo} is restricted. You must have access to it and be authenticated to access it.",
-            1,
-        )
+        # The repo's info is public; its files are not, and a file URL names no repo.
+        raise _hf_error("Access denied. This repository requires approval.")
 
 
 def _download(host: Host, argv: list[str]) -> int:
     positional, flags = _parse(
         argv,
-        {"--local-dir", "--cache-dir", "--revision", "--token", "--repo-type", "--max-workers"},
+        {"--local-dir", "--cache-dir", "--revision", "--token", "--repo-type", "--type",
+         "--max-workers"},
         {"--include", "--exclude"},
     )
     if not positional:
@@ -227,7 +250,8 @@ def _download(host: Host, argv: list[str]) -> int:
     token, source = _token(flags.get("--token"))
     if os.environ.get("HF_HUB_ENABLE_HF_TRANSFER"):
         say("Warning: HF_HUB_ENABLE_HF_TRANSFER is deprecated and has no effect.", err=True)
-    _check_access(host, repo, token)
+    repo_type = str(flags.get("--repo-type") or flags.get("--type") or "model")
+    _check_access(host, repo, revision, repo_type, token)
     files = repo_files(host, repo)
     includes: list[str] = flags.get("--include", [])
     excludes: list[str] = flags.get("--exclude", [])
@@ -270,7 +294,10 @@ def _download(host: Host, argv: list[str]) -> int:
             error=error,
         )
 
-    say(f"Fetching {len(files)} files", err=True)
+    # tqdm's bars on stderr, unless disabled (orch disables them: they would bury errors).
+    bars = not os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS")
+    if bars:
+        say(f"Fetching {len(files)} files: 0%", err=True)
     for name, content, logical in files:
         dest = target / name
         if (
@@ -286,22 +313,24 @@ def _download(host: Host, argv: list[str]) -> int:
         if failing and len(written) >= int(opts["download_fail_after_files"]):
             partial.write_bytes(content[: len(content) // 2])
             record(False, "network")
-            raise SimError(
-                f"httpx.ReadTimeout: The read operation timed out (while downloading {name})", 1
+            raise _traceback(
+                "httpx.RemoteProtocolError: peer closed connection without sending complete "
+                f"message body (received {len(content) // 2} bytes, expected {len(content)})"
             )
         if logical > int(mount_for(host, target)["avail"]):
             partial.write_bytes(content[: len(content) // 2])
             record(False, "disk-full")
-            raise SimError(f"OSError: [Errno 28] No space left on device: '{partial}'", 1)
+            raise _traceback(f"OSError: [Errno 28] No space left on device: '{partial}'")
         if speed:
             time.sleep(logical / float(speed))
         partial.write_bytes(content)
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, dest)  # finished files move into place atomically
         written.append(name)
-        say(f"Downloaded {name}", err=True)
+    if bars:
+        say(f"Fetching {len(files)} files: 100%", err=True)
     record(True)
-    say(str(target))
+    say("✓ Downloaded", f"  path: {target}")
     return 0
 
 

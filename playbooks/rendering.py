@@ -1,0 +1,93 @@
+"""What a job runs on a host, rendered without renting anything (`orch render`).
+
+Every piece comes from the function the playbooks themselves upload or run with:
+`train.render_config` and `train.deepspeed_text` (the uploaded files), `train.train_argv`
+and `merge.merge_argv` (the detached start commands), and `evaluate_argv` below (the
+evaluation server, built like `evaluate.server_spec`). So what `orch render` shows is what
+the pipeline does on that kind of host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from playbooks import evaluate, images, merge, train
+from playbooks.base import container_name
+
+# Where orch's directory is on each kind of host when nothing has been discovered yet (the
+# model_cache playbook picks the real NVMe mount at run time).
+NOMINAL_BASE: dict[images.HostKind, str] = {
+    "docker": "/mnt/nvme/orch",  # a monthly server's NVMe
+    "container": "/workspace/orch",  # a rental's container disk (no mount over /workspace)
+}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A job as it would run on one kind of host."""
+
+    host: images.HostKind
+    image: str
+    axolotl_config: dict[str, Any]
+    files: dict[str, str]  # host path -> contents of every file uploaded besides the data
+    commands: dict[str, list[str]]  # train, merge, evaluate -> argv ([] = not run)
+    layout_base: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `orch render --json` object."""
+        return {"image": self.image, "host": self.host, "layout_base": self.layout_base,
+                "axolotl_config": self.axolotl_config, "commands": self.commands,
+                "files": sorted(self.files), "notes": self.notes}
+
+
+def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
+                  max_model_len: int, tasks: Sequence[str] = (),
+                  eval_set: bool = True) -> list[str]:
+    """The evaluation server's command line, as `evaluate.evaluate` starts it.
+
+    On a container rental (no Docker) it is `lm_eval --model hf` in the trainer image, run
+    natively with the image's environment restored, as `evaluate_native` runs it.
+    """
+    if tj.runner == "process":
+        from playbooks import evaluate_native as native
+
+        eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
+        names = [*tasks, *([native.EVAL_SET_TASK] if eval_set else [])]
+        argv = native.native_argv(merge.merged_dir(tj), names,
+                                  f"{eval_dir}/tasks" if eval_set else None,
+                                  f"{eval_dir}/lm_eval_hf", max_model_len)
+        return tj.native.wrap(argv)
+    model = tj.layout.container(merge.merged_dir(tj))
+    args = evaluate.engine_args(model, max_model_len)
+    spec = evaluate.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
+                               tj.layout.base, tuple(args))
+    return spec.docker_argv()
+
+
+def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
+           kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
+           eval_set: bool = True) -> Rendered:
+    """`tj` as it runs: config files, image and the train/merge/evaluate command lines."""
+    kind = kind or ("docker" if tj.runner == "docker" else "container")
+    config_text = train.render_config(tj)
+    files = {tj.config_file: config_text}
+    ds_text, ds_file = train.deepspeed_text(tj), tj.deepspeed_file
+    if ds_text is not None and ds_file is not None:
+        files[ds_file] = ds_text
+    notes = []
+    if tj.runner == "process":
+        notes.append(f"no Docker on a container rental: the rented image ({tj.image}) is the "
+                     "runtime; commands run natively under playbooks/remote/orch-job.sh")
+    commands = {
+        "train": train.train_argv(tj),
+        "merge": merge.merge_argv(tj) if tj.adapter else [],
+        "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
+                                  eval_tasks, eval_set) if evaluates else [],
+    }
+    return Rendered(kind, tj.image, yaml.safe_load(config_text), files, commands,
+                    tj.layout.base, notes)

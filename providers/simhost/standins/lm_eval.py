@@ -1,0 +1,189 @@
+"""`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images) with the `hf` backend.
+
+What a container rental runs natively (no Docker, no vLLM): `lm_eval [run] --model hf
+--model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks T[,T...] [--include_path DIR]
+--output_path OUT [--log_samples] [--batch_size N|auto] [--limit N] [--device D]`.
+
+Refuses what the real one refuses: an unknown flag (argparse, exit 2), a model type other
+than `hf` (not simulated), a `pretrained` that is not a local model folder (the job's hosts
+run with HF_HUB_OFFLINE), an unknown task. Tasks are the few built-in ones below (fixed
+scores) and `generate_until` tasks read from `--include_path` (`*.yaml`; orch writes them as
+JSON, which YAML reads too) over a local JSON-lines `data_files` set: each row's
+`doc_to_text` (a field name, or `{{field}}` templates) is answered like the vLLM stand-in
+answers (what training learned), and scored by exact match with `doc_to_target`.
+
+Output as lm_eval lays it out (`loggers/evaluation_tracker.py`):
+`OUT/<model name sanitized>/results_<ISO time>.json` and, with `--log_samples`,
+`samples_<task>_<ISO time>.jsonl` (doc_id, doc, target, resps, filtered_resps, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .common import Host, SimError, say
+from .vllm import _answerer
+
+VERSION = "0.4.11"
+# Built-in tasks the stand-in knows, with the metrics (and fixed values) it reports.
+BUILTIN: dict[str, dict[str, float]] = {
+    "gsm8k": {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.3},
+    "hellaswag": {"acc,none": 0.5, "acc_norm,none": 0.625},
+    "arc_easy": {"acc,none": 0.7, "acc_norm,none": 0.68},
+    "mmlu": {"acc,none": 0.45},
+}
+_VALUE_FLAGS = {"--model", "-M", "--model_args", "-a", "--tasks", "-t", "--include_path",
+                "--output_path", "-o", "--batch_size", "-b", "--limit", "-L", "--device",
+                "--gen_kwargs", "--num_fewshot", "-f", "--seed", "--max_batch_size",
+                "--verbosity", "-v"}
+_SWITCHES = {"--log_samples", "-s", "--trust_remote_code", "--apply_chat_template"}
+_ALIASES = {"-M": "--model", "-a": "--model_args", "-t": "--tasks", "-o": "--output_path",
+            "-b": "--batch_size", "-L": "--limit", "-f": "--num_fewshot", "-s": "--log_samples",
+            "-v": "--verbosity"}
+
+
+def _parse(argv: list[str]) -> dict[str, Any]:
+    flags: dict[str, Any] = {}
+    args = list(argv[1:] if argv[:1] == ["run"] else argv)
+    unknown: list[str] = []
+    while args:
+        arg = args.pop(0)
+        key, eq, value = arg.partition("=")
+        if key in _VALUE_FLAGS:
+            if not eq:
+                if not args:
+                    raise SimError(f"lm-eval run: error: argument {key}: expected one argument",
+                                   2)
+                value = args.pop(0)
+            flags[_ALIASES.get(key, key)] = value
+        elif arg in _SWITCHES:
+            flags[_ALIASES.get(arg, arg)] = True
+        else:
+            unknown.append(arg)
+    if unknown:
+        raise SimError(f"lm-eval: error: unrecognized arguments: {' '.join(unknown)}", 2)
+    return flags
+
+
+def _model_args(text: str) -> dict[str, str]:
+    # lm_eval splits model_args on ',' then on '=' (utils.simple_parse_args_string).
+    pairs = [p for p in text.split(",") if p]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def _include_tasks(include: str | None) -> dict[str, dict[str, Any]]:
+    tasks: dict[str, dict[str, Any]] = {}
+    for folder in filter(None, (include or "").split(":")):
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            try:
+                config = json.loads(path.read_text())
+            except ValueError as exc:  # the stand-in reads JSON-shaped YAML only
+                raise SimError(f"simhost: {path}: only JSON-shaped task YAML is simulated "
+                               f"({exc})", 2) from None
+            if isinstance(config, dict) and isinstance(config.get("task"), str):
+                tasks[config["task"]] = config
+    return tasks
+
+
+def _render(template: str, doc: dict[str, Any]) -> str:
+    # As lm-eval: a feature name is that field's value, anything else a Jinja template.
+    if template in doc:
+        return str(doc[template])
+    return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: str(doc.get(m.group(1), "")), template)
+
+
+def _run_generate(host: Host, config: dict[str, Any], model_dirs: list[Path],
+                  limit: int | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    if config.get("output_type", "generate_until") != "generate_until":
+        raise SimError(f"simhost: output_type {config.get('output_type')!r} is not simulated", 2)
+    if config.get("dataset_path") != "json":
+        raise SimError("simhost: only dataset_path: json tasks are simulated", 2)
+    split = str(config.get("test_split") or "test")
+    files = ((config.get("dataset_kwargs") or {}).get("data_files") or {}).get(split)
+    if not files or not Path(files).is_file():
+        raise SimError(f"FileNotFoundError: Unable to find '{files}'", 1)
+    docs = [json.loads(line) for line in Path(files).read_text().splitlines() if line.strip()]
+    if limit is not None:
+        docs = docs[:limit]
+    answer = _answerer(host, model_dirs)
+    samples = []
+    hits = 0
+    for doc_id, doc in enumerate(docs):
+        prompt = _render(str(config.get("doc_to_text") or ""), doc)
+        target = _render(str(config.get("doc_to_target") or ""), doc)
+        response = answer(prompt)
+        hit = response.strip() == target.strip()
+        hits += hit
+        samples.append({"doc_id": doc_id, "doc": doc, "target": target,
+                        "arguments": [[prompt, config.get("generation_kwargs") or {}]],
+                        "resps": [[response]], "filtered_resps": [response],
+                        "filter": "none", "metrics": ["exact_match"]})
+    return {"exact_match,none": hits / len(docs) if docs else 0.0,
+            "exact_match_stderr,none": 0.0}, samples
+
+
+def lm_eval(host: Host, argv: list[str]) -> int:
+    """`lm_eval [run] --model hf ...` (see the module docstring)."""
+    if argv[:1] in (["--version"], ["-V"]):
+        say(f"lm-eval {VERSION}")
+        return 0
+    flags = _parse(argv)
+    model = flags.get("--model", "hf")
+    if model != "hf":
+        raise SimError(f"simhost: lm_eval --model {model} is not simulated on this host (the "
+                       "axolotl image has no vLLM; use --model hf)", 2)
+    margs = _model_args(str(flags.get("--model_args") or ""))
+    pretrained = margs.get("pretrained")
+    if not pretrained:
+        raise SimError("ValueError: model_args needs pretrained=<local model folder>", 1)
+    folders = [Path(pretrained)] + ([Path(margs["peft"])] if margs.get("peft") else [])
+    for folder in folders:
+        if not (folder / ("adapter_config.json" if folder != folders[0] else "config.json")
+                ).is_file():
+            raise SimError(
+                f"OSError: We couldn't connect to 'https://huggingface.co' to load the files, "
+                f"and couldn't find them in the cached files. Check your internet connection "
+                f"or see how to run the library in offline mode. ({folder} is not a model "
+                "folder)", 1)
+    if flags.get("--log_samples") and not flags.get("--output_path"):
+        raise SimError("ValueError: Specify --output_path if providing --log_samples", 1)
+    if "--tasks" not in flags:
+        raise SimError("lm-eval run: error: the following arguments are required: --tasks", 2)
+    wanted = [t for t in str(flags["--tasks"]).split(",") if t]
+    included = _include_tasks(flags.get("--include_path"))
+    missing = [t for t in wanted if t not in BUILTIN and t not in included]
+    if missing:
+        raise SimError(f"ValueError: Tasks not found: {', '.join(missing)}. Try `lm-eval ls "
+                       "tasks` to list available tasks.", 1)
+    limit = int(flags["--limit"]) if flags.get("--limit") else None
+    results: dict[str, dict[str, Any]] = {}
+    samples: dict[str, list[dict[str, Any]]] = {}
+    for task in wanted:
+        if task in included:
+            scores, samples[task] = _run_generate(host, included[task], folders, limit)
+        else:
+            scores = dict(BUILTIN[task])
+        results[task] = {"alias": task, **scores}
+    name = margs.get("peft") or pretrained
+    host.event("lm-eval", model=pretrained, peft=margs.get("peft"), tasks=wanted,
+               batch_size=flags.get("--batch_size"), include_path=flags.get("--include_path"))
+    out = flags.get("--output_path")
+    if out:
+        folder = Path(out) / re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(UTC).replace(tzinfo=None).isoformat().replace(":", "-")
+        doc = {"results": results, "config": {"model": "hf", "model_args": margs},
+               "lm_eval_version": VERSION}
+        (folder / f"results_{stamp}.json").write_text(json.dumps(doc, indent=2))
+        if flags.get("--log_samples"):
+            for task, rows in samples.items():
+                (folder / f"samples_{task}_{stamp}.jsonl").write_text(
+                    "".join(json.dumps(r) + "\n" for r in rows))
+    say(f"hf ({','.join(f'{k}={v}' for k, v in margs.items())}), limit: {limit}")
+    for task, values in results.items():
+        say(f"|{task}| " + " ".join(f"{k}={v}" for k, v in values.items() if k != "alias"))
+    return 0

@@ -1,0 +1,246 @@
+"""A Hugging Face Hub emulator on real HTTP (127.0.0.1, ephemeral port) for the real `hf` CLI.
+
+Serves what `hf download` (huggingface_hub 1.17.0, reached through `HF_ENDPOINT`) asks for,
+read from its source (`_snapshot_download.py`, `file_download.py`, `hf_api.py`,
+`utils/_http.py`):
+
+- `GET /api/{models|datasets}/{repo}/revision/{rev}`: the repo's info, `sha` (the commit the
+  revision points at) and `siblings` (its files). `snapshot_download` calls this first.
+- `HEAD /{repo}/resolve/{rev}/{file}` (datasets under `/datasets/...`): the file's metadata
+  (`X-Repo-Commit`, `ETag`, `Content-Length`); `GET` the same URL: its bytes, with `Range`
+  honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`).
+
+Errors carry the headers the real Hub sends and the client maps to exceptions
+(`X-Error-Code: RepoNotFound | RevisionNotFound | GatedRepo | EntryNotFound`,
+`X-Error-Message`, a JSON `{"error": ...}` body):
+
+- missing repo: 401 without a token, 404 with one (the Hub hides private repos that way);
+- gated repo: the info is public, every file answers 401 without a token, 403 with a token
+  of an account that has not accepted the licence;
+- unknown revision: 404 `RevisionNotFound`;
+- a token the Hub does not know: 401 "Invalid credentials in Authorization header", no code;
+- `slow`: the next N file bodies stall (longer than the client's read timeout) before the
+  first byte; `truncated`: the next N file bodies stop halfway and the connection closes.
+
+    with HubEmulator() as hub:
+        hub.add_repo("org/name", {"config.json": b"{}"})
+        env HF_ENDPOINT=hub.url hf download org/name --local-dir DIR
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from urllib.parse import unquote, urlsplit
+
+from .serve import LoopbackServer
+
+INVALID_TOKEN = "Invalid credentials in Authorization header"
+
+
+@dataclass
+class Repo:
+    """One repository: its files at every revision (one commit per revision name)."""
+
+    repo_id: str
+    repo_type: str  # model | dataset
+    files: dict[str, bytes]
+    revisions: tuple[str, ...] = ("main",)
+    gated: bool = False
+    accepted: set[str] = field(default_factory=set)  # tokens whose account accepted the gate
+
+    def commit(self, revision: str) -> str | None:
+        """The commit a revision name (or a commit hash itself) points at."""
+        for name in self.revisions:
+            sha = hashlib.sha1(f"{self.repo_id}@{name}".encode()).hexdigest()
+            if revision in (name, sha):
+                return sha
+        return None
+
+
+@dataclass
+class Recorded:
+    """One request (method, path, whether it carried a token)."""
+
+    method: str
+    path: str
+    authorized: bool
+    status: int = 0
+
+
+class HubEmulator:
+    """The Hub's download endpoints with faults; see the module docstring."""
+
+    def __init__(self, tokens: tuple[str, ...] = ()) -> None:
+        self.tokens = set(tokens)  # tokens the Hub knows; any other one is a 401
+        self.repos: dict[tuple[str, str], Repo] = {}
+        self.requests: list[Recorded] = []
+        self.slow = 0  # file bodies still to stall
+        self.stall_s = 3.0
+        self.truncated = 0  # file bodies still to cut halfway
+        self._lock = threading.Lock()
+        self._server: LoopbackServer | None = None
+
+    # -- lifecycle
+
+    def start(self) -> HubEmulator:
+        self._server = LoopbackServer(lambda h: self._handle(h, body=h.command != "HEAD"),
+                                      ("GET", "HEAD"))
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> HubEmulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() the emulator first"
+        return self._server.url
+
+    # -- setup
+
+    def add_repo(self, repo_id: str, files: dict[str, bytes], *, repo_type: str = "model",
+                 revisions: tuple[str, ...] = ("main",), gated: bool = False,
+                 accepted: tuple[str, ...] = ()) -> Repo:
+        repo = Repo(repo_id, repo_type, dict(files), revisions, gated, set(accepted))
+        self.repos[(repo_type, repo_id)] = repo
+        return repo
+
+    # -- serving
+
+    def _handle(self, h: BaseHTTPRequestHandler, body: bool) -> None:
+        path = unquote(urlsplit(h.path).path)
+        auth = h.headers.get("Authorization") or ""
+        token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None
+        record = Recorded(h.command, path, token is not None)
+        with self._lock:
+            self.requests.append(record)
+        try:
+            self._route(h, path, token, body, record)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up on a stalled or cut body
+
+    def _error(self, h: BaseHTTPRequestHandler, record: Recorded, status: int, message: str,
+               code: str | None, body: bool) -> None:
+        record.status = status
+        raw = json.dumps({"error": message}).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json; charset=utf-8")
+        h.send_header("X-Error-Message", message)
+        if code:
+            h.send_header("X-Error-Code", code)
+        h.send_header("Content-Length", str(len(raw)))
+        h.end_headers()
+        if body:
+            h.wfile.write(raw)
+
+    def _find(self, h: BaseHTTPRequestHandler, record: Recorded, repo_type: str, rest: str,
+              marker: str, token: str | None, body: bool) -> tuple[Repo, str] | None:
+        """(repo, what follows `/marker/`) for `rest` = `{repo_id}/{marker}/...`, or answered."""
+        if token is not None and token not in self.tokens:
+            self._error(h, record, 401, INVALID_TOKEN, None, body)
+            return None
+        repo_id, sep, tail = rest.partition(f"/{marker}/")
+        repo = self.repos.get((repo_type, repo_id)) if sep else None
+        if repo is None:
+            self._error(h, record, 404 if token else 401, "Repository not found",
+                        "RepoNotFound", body)
+            return None
+        return repo, tail
+
+    def _route(self, h: BaseHTTPRequestHandler, path: str, token: str | None, body: bool,
+               record: Recorded) -> None:
+        if path.startswith("/api/models/") or path.startswith("/api/datasets/"):
+            _, _, kind, rest = path.split("/", 3)
+            found = self._find(h, record, kind[:-1], rest, "revision", token, body)
+            if found is not None:
+                self._info(h, record, *found, body)
+            return
+        repo_type, rest = ("dataset", path[len("/datasets/"):]) \
+            if path.startswith("/datasets/") else ("model", path[1:])
+        found = self._find(h, record, repo_type, rest, "resolve", token, body)
+        if found is not None:
+            self._file(h, record, *found, token, body)
+
+    def _info(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo, revision: str,
+              body: bool) -> None:
+        sha = repo.commit(revision)
+        if sha is None:
+            self._error(h, record, 404, f"Invalid rev id: {revision}", "RevisionNotFound", body)
+            return
+        info = {"_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
+                "private": False, "gated": "manual" if repo.gated else False,
+                "disabled": False, "sha": sha,
+                "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
+        raw = json.dumps(info).encode()
+        record.status = 200
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json; charset=utf-8")
+        h.send_header("Content-Length", str(len(raw)))
+        h.end_headers()
+        if body:
+            h.wfile.write(raw)
+
+    def _file(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo, tail: str,
+              token: str | None, body: bool) -> None:
+        revision, _, name = tail.partition("/")
+        kind = repo.repo_type
+        if repo.gated and token not in repo.accepted:
+            if token is None:
+                message = (f"Access to {kind} {repo.repo_id} is restricted. You must have "
+                           "access to it and be authenticated to access it. Please log in.")
+            else:
+                message = (f"Access to {kind} {repo.repo_id} is restricted and you are not in "
+                           f"the authorized list. Visit https://huggingface.co/{repo.repo_id} "
+                           "to ask for access.")
+            self._error(h, record, 403 if token else 401, message, "GatedRepo", body)
+            return
+        sha = repo.commit(revision)
+        if sha is None:
+            self._error(h, record, 404, f"Invalid rev id: {revision}", "RevisionNotFound", body)
+            return
+        content = repo.files.get(name)
+        if content is None:
+            self._error(h, record, 404, "Entry not found", "EntryNotFound", body)
+            return
+        start = 0
+        wanted = h.headers.get("Range") or ""
+        if wanted.startswith("bytes=") and wanted.endswith("-"):
+            start = int(wanted[len("bytes="):-1])
+        part = content[start:]
+        record.status = 206 if start else 200
+        h.send_response(record.status)
+        h.send_header("Content-Type", "application/octet-stream")
+        h.send_header("X-Repo-Commit", sha)
+        h.send_header("ETag", f'"{hashlib.sha256(content).hexdigest()}"')
+        h.send_header("Accept-Ranges", "bytes")
+        if start:
+            h.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+        h.send_header("Content-Length", str(len(part)))
+        h.end_headers()
+        if not body:
+            return
+        with self._lock:
+            stall = self.slow > 0
+            cut = not stall and self.truncated > 0 and len(part) > 1
+            self.slow -= stall
+            self.truncated -= cut
+        if stall:
+            time.sleep(self.stall_s)
+        if cut:
+            h.wfile.write(part[: len(part) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+            return
+        h.wfile.write(part)

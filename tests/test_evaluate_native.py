@@ -1,0 +1,96 @@
+"""Evaluation on a container rental (a simulated host without Docker): lm-eval's `hf`
+backend in the trainer image scores the eval set and the lm-eval tasks in one process; no
+`docker` and no vLLM are called (issue 9 §1.4)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import PlaybookHostFactory, Reports
+from test_pipeline import ANSWERS, make_job
+
+from playbooks.base import PlaybookFailed
+from playbooks.evaluate_native import EVAL_SET_TASK, native_argv, score_samples, task_config
+from playbooks.pipeline import run_pipeline
+
+
+def test_container_host_evaluates_with_lm_eval_hf_and_no_docker(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    sim, host = playbook_host(has_docker=False, train_steps=4, train_step_seconds=0.05)
+    job = replace(make_job(tmp_path, "qlora"), eval_tasks=("gsm8k",))
+    result = run_pipeline(host, job, reports)
+
+    assert result.metrics["eval.exact_match"] == 1.0  # the stand-in learned the dataset
+    assert result.metrics["eval.count"] == len(ANSWERS)
+    assert result.metrics["lm_eval.gsm8k.exact_match.strict-match"] == 0.25
+    assert not any(k.startswith(f"lm_eval.{EVAL_SET_TASK}") for k in result.metrics)
+    assert reports.outcomes("evaluate") == {"lm-eval-present": "ok", "upload-eval-set": "changed",
+                                            "lm-eval": "changed"}
+    (run,) = sim.events("lm-eval")
+    assert run["tasks"] == ["gsm8k", EVAL_SET_TASK] and run["batch_size"] == "auto"
+    assert str(run["model"]).endswith("/output/merged")
+    # Only detect_runner's probe touches docker; nothing starts a vLLM server.
+    commands = [c for c in sim.ssh_commands() if c != "docker --version"]
+    assert not any(c.startswith("docker ") or "vllm" in c for c in commands), commands
+    assert (Path(job.artifacts_dir) / "adapter_model.safetensors").is_file()
+
+
+def test_a_container_host_without_lm_eval_says_so(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    _, host = playbook_host(has_docker=False, has_lm_eval=False, train_steps=2,
+                            train_step_seconds=0.05)
+    with pytest.raises(PlaybookFailed) as info:
+        run_pipeline(host, make_job(tmp_path, "lora"), reports)
+    assert info.value.step == "lm-eval-present"
+    assert "lm_eval is not installed on the host (the axolotl images ship it" in info.value.reason
+
+
+def test_native_argv_and_task() -> None:
+    argv = native_argv("/nvme/orch/jobs/j/output/merged", ["gsm8k", EVAL_SET_TASK],
+                       "/nvme/orch/jobs/j/eval/tasks", "/nvme/orch/jobs/j/eval/out", 2048)
+    assert argv == [
+        "env", "HF_HUB_OFFLINE=1", "lm_eval", "--model", "hf", "--model_args",
+        "pretrained=/nvme/orch/jobs/j/output/merged,dtype=bfloat16,max_length=2048",
+        "--tasks", f"gsm8k,{EVAL_SET_TASK}", "--batch_size", "auto",
+        "--output_path", "/nvme/orch/jobs/j/eval/out", "--log_samples",
+        "--include_path", "/nvme/orch/jobs/j/eval/tasks"]  # fmt: skip
+    with pytest.raises(ValueError):
+        native_argv("/odd,dir", ["gsm8k"], None, "/o", 2048)
+    config = task_config("/d/eval.jsonl", 64)
+    assert config["generation_kwargs"]["max_gen_toks"] == 64
+    assert json.loads(json.dumps(config)) == config
+
+
+def test_score_samples_needs_every_row() -> None:
+    rows = [("2+2=", "4"), ("Capital of France?", "Paris")]
+    samples = [{"doc_id": 1, "filtered_resps": ["It is Paris."]},
+               {"doc_id": 0, "filtered_resps": ["4"]}]
+    metrics, scored = score_samples(samples, rows)
+    assert metrics == {"eval.exact_match": 0.5, "eval.contains": 1.0, "eval.count": 2}
+    assert [r.answer for r in scored] == ["4", "It is Paris."]
+    with pytest.raises(Exception, match="answered 1 of 2"):
+        score_samples(samples[:1], rows)
+
+
+@pytest.mark.parametrize(("args", "code", "text"), [
+    (["--model", "hf", "--model_args", "pretrained=/nowhere", "--tasks", "gsm8k"], 1,
+     "couldn't find them in the cached files"),
+    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "nosuchtask"], 1,
+     "ValueError: Tasks not found: nosuchtask."),
+    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k",
+      "--bogus"], 2, "unrecognized arguments: --bogus"),
+    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k",
+      "--log_samples"], 1, "Specify --output_path if providing --log_samples"),
+    (["--model", "local-completions", "--tasks", "gsm8k"], 2, "is not simulated"),
+])
+def test_the_lm_eval_stand_in_refuses_what_lm_eval_refuses(
+        playbook_host: PlaybookHostFactory, args: list[str], code: int, text: str) -> None:
+    sim, host = playbook_host(has_docker=False)
+    model = sim.root / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    result = host.run(["lm_eval", *(a.format(model=model) for a in args)])
+    assert result.exit_code == code and text in result.stderr, result.stderr
