@@ -12,6 +12,7 @@ from typing import Any
 
 # Typer's type names, in the words gh uses.
 _WORDS = {"int": "int", "str": "string", "float": "number", "Path": "path", "bool": ""}
+_CLICK = {"integer": "int", "text": "str", "float": "float", "path": "Path", "boolean": "bool"}
 
 
 HELP_NAMES = ["-h", "--help"]
@@ -31,9 +32,12 @@ def gh_style(command: Any) -> Any:
         if getattr(param, "is_flag", False) or getattr(param, "count", False):
             param.metavar = ""
             continue
-        bare = param.bare_type() if hasattr(param, "bare_type") else "string"
-        if bare.startswith("list[") and bare.endswith("]"):
-            bare = bare[5:-1]  # a repeatable option: its help says "repeat"
+        if hasattr(param, "bare_type"):  # typer >= 0.26 carries its own parameter types
+            bare = param.bare_type()
+            if bare.startswith("list[") and bare.endswith("]"):
+                bare = bare[5:-1]  # a repeatable option: its help says "repeat"
+        else:  # earlier typer: Click's types
+            bare = _CLICK.get(param.type.name, param.type.name)
         param.metavar = _WORDS.get(bare, bare.lower())
     for sub in getattr(command, "commands", {}).values():
         gh_style(sub)
