@@ -128,6 +128,12 @@ def known_models() -> dict[str, KnownModel]:
     return table
 
 
+def known_aliases() -> dict[str, list[str]]:
+    """Each built-in repo id and its aliases, as the data file spells them."""
+    raw = load_data(_DATA.read_text())["models"]
+    return {repo: list(fields.get("aliases", [])) for repo, fields in raw.items()}
+
+
 def lookup(repo: str) -> KnownModel:
     """The built-in shape of `repo`, or an error listing near matches."""
     table = known_models()

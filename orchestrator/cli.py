@@ -25,14 +25,34 @@ app = typer.Typer(
     name="orch",
     help="Fine-tune LLMs on rented GPUs at the lowest cost that works.",
     no_args_is_help=True,
-    add_completion=False,
+    # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
+    add_completion=True,
     pretty_exceptions_enable=False,
+    # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 EXIT_NOT_FOUND = 4
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"orch {version('orch')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print orch's version and exit.")] = False,
+) -> None:
+    """Fine-tune LLMs on rented GPUs at the lowest cost that works."""
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -66,6 +86,7 @@ def _store() -> Any:
 
 def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.store import from_micros
+    from orchestrator.term import iso_utc
 
     return {
         "id": j.id, "name": j.name, "status": j.status, "method": j.method,
@@ -73,7 +94,7 @@ def _job_dict(j: Any) -> dict[str, Any]:
         "gpu_count": j.gpu_count, "interruptible": j.interruptible,
         "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
         "cost": str(from_micros(j.cost_micros or 0)),
-        "created_at": j.created_at.isoformat().replace("+00:00", "Z"),
+        "created_at": iso_utc(j.created_at),
     }
 
 
@@ -100,14 +121,17 @@ def jobs(
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
         return
     from orchestrator.render import table
+    from orchestrator.term import human_time
 
+    # On a narrow terminal: estimates, method and the creation time go first.
     typer.echo(table(
         ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
-         "created (UTC)"],
+         "created"],
         [[r["id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-          _money(r["est_cost"]), _money(r["cost"]), r["created_at"][:19]] for r in rows],
-        right=[5, 6, 7]))
+          _money(r["est_cost"]), _money(r["cost"]), human_time(j.created_at)]
+         for r, j in zip(rows, found, strict=True)],
+        right=[5, 6, 7], drop=[5, 6, 3, 8], states=[2]))
 
 
 @app.command()
@@ -161,10 +185,12 @@ def _register() -> None:
     from orchestrator import cli_jobs
 
     cli_jobs.register(app)
-    from orchestrator import cli_history, cli_sweeps
+    from orchestrator import cli_history, cli_models, cli_report, cli_sweeps
 
     cli_history.register(app)
     cli_sweeps.register(app)
+    cli_report.register(app)
+    cli_models.register(app)
     from orchestrator import cli_servers
 
     cli_servers.register(app)
@@ -183,8 +209,10 @@ def main() -> None:
     # paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness
     # probe expects) at ERROR; the engine reports what matters as job events.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from orchestrator.helpstyle import gh_style
+
     try:
-        app()
+        gh_style(typer.main.get_command(app))(prog_name="orch")
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -156,14 +156,15 @@ def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> No
         typer.echo("no jobs match; widen the filters (e.g. drop --since) or see `orch jobs`")
         return
     from orchestrator.render import table
+    from orchestrator.term import human_time
 
     typer.echo(table(
         ["id", "name", "status", "method", "model", "provider", "GPU", "spot", "cost",
-         "duration", "created (UTC)"],
+         "duration", "created"],
         [[r.id, r.name, r.status, r.method, r.model, r.provider or "-",
           f"{r.gpu} x{r.gpu_count}" if r.gpu else "-", _spot(r.spot), _money(r.cost_micros),
-          _duration(r.duration_s), r.created_at.strftime("%Y-%m-%d %H:%M")] for r in rows],
-        right=[8, 9]))
+          _duration(r.duration_s), human_time(r.created_at)] for r in rows],
+        right=[8, 9], drop=[7, 3, 5, 9, 10, 4], states=[2]))
 
 
 def _cost_cmd(

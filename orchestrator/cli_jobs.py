@@ -67,16 +67,25 @@ def _sim_only(job: Job) -> bool:
 
 
 class _Display:
-    """One live status line on a terminal; a line per state change otherwise."""
+    """One live status line on a terminal, redrawn in place; a line per state change otherwise.
+
+    The line is cut to the terminal's width (read at every redraw, so a resized window is
+    followed): a line that wrapped could not be redrawn with `\r`, and each refresh would
+    leave a cut-off line behind.
+    """
 
     def __init__(self, stream: Any = sys.stderr) -> None:
+        from orchestrator.term import colour_enabled, is_tty
+
         self.stream = stream
-        self.tty = stream.isatty()
+        self.tty = is_tty(stream)
+        self.colour = colour_enabled(stream)
         self.last: tuple[str, str] | None = None
-        self.width = 0
+        self.drawn = False
 
     def __call__(self, p: Progress) -> None:
         from orchestrator.pricing import usd
+        from orchestrator.term import paint, state_colour, width
 
         elapsed = time.monotonic() - p.started
         step = f" step {p.step}/{p.total}" if p.step is not None else ""
@@ -84,10 +93,13 @@ class _Display:
         retry = f" (attempt {p.attempt + 1})" if p.attempt else ""
         head = f"{p.status}{retry}{step}{loss}  {elapsed:5.0f}s  {usd(p.cost)}"
         if self.tty:
-            line = f"\r{head}  {p.message}"[: 160]
-            pad = max(0, self.width - len(line))
-            self.stream.write(line + " " * pad)
-            self.width = len(line)
+            # One column spare: writing the last column makes some terminals wrap.
+            line = f"{head}  {p.message}"[: max(1, width(self.stream) - 1)]
+            status = p.status[: len(line)]
+            line = paint(status, state_colour(p.status), self.colour) + line[len(status):]
+            # \r to the line's start, the new text, then erase what is left of the old one.
+            self.stream.write(f"\r{line}\x1b[K")
+            self.drawn = True
             self.stream.flush()
         elif self.last != (p.status, p.message):
             self.stream.write(f"[{elapsed:6.1f}s] {p.status}{retry}: {p.message}\n")
@@ -95,9 +107,10 @@ class _Display:
         self.last = (p.status, p.message)
 
     def close(self) -> None:
-        if self.tty and self.width:
+        if self.tty and self.drawn:
             self.stream.write("\n")
             self.stream.flush()
+            self.drawn = False
 
 
 def _on_sigterm(_signum: int, _frame: Any) -> None:
@@ -138,13 +151,17 @@ def _summary(store: Store, job: Job) -> dict[str, Any]:
 
 
 def _iso(value: Any) -> str | None:
-    return None if value is None else value.isoformat().replace("+00:00", "Z")
+    from orchestrator.term import iso_utc
+
+    return iso_utc(value)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
     from orchestrator.pricing import usd
+    from orchestrator.term import colour_enabled, paint, prose, state_colour
 
-    lines = [f"{s['job_id']}  {s['name']}  {s['status']}"]
+    status = paint(s["status"], state_colour(s["status"]), colour_enabled())
+    lines = [f"{s['job_id']}  {s['name']}  {status}"]
     if s["failure_reason"]:
         lines.append(f"  reason: {s['failure_reason']}")
     lines.append(f"  ran on: {s['provider']} {s['gpu']} x{s['gpu_count']} "
@@ -163,7 +180,7 @@ def _print_summary(s: dict[str, Any]) -> None:
     lines.append(cost)
     if s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
-    typer.echo("\n".join(lines))
+    typer.echo("\n".join(prose(line, "    ") for line in lines))
 
 
 def _kind(s: dict[str, Any]) -> str:
@@ -340,6 +357,7 @@ def register(app: typer.Typer) -> None:
         from orchestrator.pricing import usd
         from orchestrator.render import table
         from orchestrator.store import NotFoundError, utcnow
+        from orchestrator.term import human_time, prose
 
         store = cli._store()
         try:
@@ -349,7 +367,8 @@ def register(app: typer.Typer) -> None:
         summary = _summary(store, job)
         now = utcnow()
         instances = []
-        for r in store.instances_of(job.id):
+        rows = store.instances_of(job.id)
+        for r in rows:
             charged, amortised = instance_cost(r, now)
             instances.append({
                 "provider": r.provider, "instance_id": r.provider_instance_id, "gpu": r.gpu,
@@ -370,6 +389,11 @@ def register(app: typer.Typer) -> None:
                                              for m in store.metrics(job.id)]})
             return
         _print_summary(summary)
+        from orchestrator.term import width
+
+        curve = loss_curve(store.metrics(job.id), width() - 2)
+        if curve:
+            typer.echo(curve)
         if instances:
             typer.echo("\nInstances:")
             typer.echo(table(["#", "provider", "instance", "GPU", "spot", "$/h", "created",
@@ -377,56 +401,69 @@ def register(app: typer.Typer) -> None:
                              [[i["attempt"], i["provider"], i["instance_id"] or "-",
                                f"{i['gpu']} x{i['gpu_count']}",
                                "yes" if i["interruptible"] else "no",
-                               usd(i["price_per_hour"]), (i["created_at"] or "")[11:19],
-                               (i["terminated_at"] or "running")[11:19] if i["terminated_at"]
-                               else "running", i["end_reason"] or "-", usd(i["cost"])]
-                              for i in instances], right=[5, 9]))
+                               usd(i["price_per_hour"]), human_time(r.created_at),
+                               human_time(r.terminated_at) if r.terminated_at else "running",
+                               i["end_reason"] or "-", usd(i["cost"])]
+                              for i, r in zip(instances, rows, strict=True)],
+                             right=[5, 9], drop=[2, 4, 5, 7, 8, 6]))
         if ranked:
             typer.echo("\nPlacements ranked at submit (cheapest first):")
             typer.echo(table(["#", "provider", "GPU", "n", "spot", "est. h", "est. cost"],
                              [[n, p["provider"], p["gpu"], p["gpu_count"],
                                "yes" if p["interruptible"] else "no", f"{p['est_hours']:.2f}",
                                usd(p["est_cost"])] for n, p in enumerate(ranked[:8], 1)],
-                             right=[0, 3, 5, 6]))
+                             right=[0, 3, 5, 6], drop=[5, 4]))
             if len(ranked) > 8:
                 typer.echo(f"  ... {len(ranked) - 8} more (--json)")
-        typer.echo(f"\nEvents (newest {min(events, len(evs))} of {len(evs)}; all with "
-                   f"`orch logs {job.id}`):")
-        for e in evs[-events:]:
-            typer.echo(f"  {e.at.strftime('%H:%M:%S')}  {e.kind:<20} {_line(e)}")
+        typer.echo("\n" + prose(f"Events (newest {min(events, len(evs))} of {len(evs)}; "
+                                f"all with `orch logs {job.id}`):"))
+        typer.echo(table(["at", "kind", "message"],
+                         [[human_time(e.at), e.kind, _line(e)] for e in evs[-events:]],
+                         drop=[1]))
 
     @app.command()
     def logs(
         job_id: Annotated[str, typer.Argument(help="The job id (j-...).")],
-        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events "
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines "
                                              "until the job finishes.")] = False,
+        train: Annotated[bool, typer.Option("--train", help="The trainer's own output "
+                                            "(kept after the instance is gone) instead of "
+                                            "orch's events.")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
         = False,
     ) -> None:
-        """A job's events, oldest first (`-f` follows a running job)."""
+        """A job's events, oldest first (`-f` follows a running job; `--train` the trainer)."""
         from orchestrator import cli
         from orchestrator.store import FINAL_STATUSES, NotFoundError
+        from orchestrator.term import human_time
 
         store = cli._store()
         try:
             store.get_job(job_id)
         except NotFoundError as exc:
             cli._fail(str(exc), cli.EXIT_NOT_FOUND)
+        if train:
+            _train_logs(store, job_id, follow, json_out)
+            return
+
+        def print_event(e: Any) -> None:
+            if json_out:
+                typer.echo(json.dumps({"id": e.id, "at": _iso(e.at), "kind": e.kind,
+                                       "message": e.message,
+                                       "data": json.loads(e.data_json or "null")}))
+            else:
+                typer.echo(f"{human_time(e.at)}  {e.kind:<20} {_line(e)}")
+
         last = 0
         while True:
             for e in store.events_after(job_id, last):
                 last = e.id or last
-                if json_out:
-                    typer.echo(json.dumps({"id": e.id, "at": _iso(e.at), "kind": e.kind,
-                                           "message": e.message,
-                                           "data": json.loads(e.data_json or "null")}))
-                else:
-                    typer.echo(f"{_iso(e.at)}  {e.kind:<20} {_line(e)}")
+                print_event(e)
             if not follow or store.get_job(job_id).status in FINAL_STATUSES:
                 # One more read: events written with the final state.
                 if follow:
                     for e in store.events_after(job_id, last):
-                        typer.echo(f"{_iso(e.at)}  {e.kind:<20} {_line(e)}")
+                        print_event(e)
                 return
             time.sleep(0.5)
 
@@ -490,6 +527,47 @@ def require_runners(store: Store, file: Path, named: list[list[str] | None]) -> 
         found = runners(None if providers is None else list(providers), has_servers)
         if not found:
             cli._fail(found.problem(file), cli.EXIT_NO_FIT)
+
+
+def _train_logs(store: Store, job_id: str, follow: bool, json_out: bool) -> None:
+    """Print the kept training output; with `follow`, new lines until the job ends."""
+    from orchestrator import trainlog
+    from orchestrator.store import FINAL_STATUSES
+
+    shown: list[str] = []
+
+    def emit() -> None:
+        lines = trainlog.read(job_id) or []
+        for line in trainlog.merge(shown, lines):
+            typer.echo(json.dumps({"job_id": job_id, "line": line}) if json_out else line)
+        shown[:] = lines
+
+    emit()
+    if not follow:
+        if trainlog.read(job_id) is None:
+            status = store.get_job(job_id).status
+            typer.echo(f"{job_id} ({status}): no training output recorded here; it is kept by "
+                       "the orch process that ran the job (`orch submit` or `orch worker`), "
+                       f"under {trainlog.log_path(job_id).parent}", err=True)
+        return
+    while store.get_job(job_id).status not in FINAL_STATUSES:
+        time.sleep(0.5)
+        emit()
+    emit()
+
+
+def loss_curve(metrics: list[Any], columns: int) -> str:
+    """The training loss as a sparkline that fits `columns`, with its first, last and min."""
+    from orchestrator.term import sparkline
+
+    by_step = {m.step: m.value for m in metrics if m.name == "train.loss" and m.step is not None}
+    if len(by_step) < 2:
+        return ""
+    steps = sorted(by_step)
+    values = [by_step[k] for k in steps]
+    head = (f"  train loss: {values[0]:.4g} -> {values[-1]:.4g} (min {min(values):.4g}), "
+            f"steps {steps[0]}-{steps[-1]}")
+    return f"{head}\n  {sparkline(values, max(8, columns - 2))}"
 
 
 def _line(event: Any) -> str:

@@ -71,13 +71,14 @@ def money(value: Any) -> str:
 
 def render_plan(plan: Plan, limit: int) -> None:
     from orchestrator.render import table
+    from orchestrator.term import prose
 
     job, w, est = plan.job, plan.workload, plan.estimate
     spec = job.spec
     epochs = spec.training.epochs
-    out = [f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
-           f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
-           f"{'s' if epochs != 1 else ''} ({job.dataset.source})", ""]
+    out = [prose(f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
+                 f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
+                 f"{'s' if epochs != 1 else ''} ({job.dataset.source})"), ""]
     o = plan.chosen.offer
     out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
     rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
@@ -86,7 +87,7 @@ def render_plan(plan: Plan, limit: int) -> None:
     if est.host_ram_bytes:
         rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
     out.append(table(["component", "bytes"], rows, right=[1]))
-    out += [f"  note: {note}" for note in est.notes]
+    out += [prose(f"  note: {note}", "        ") for note in est.notes]
     if est.savers:
         out.append(f"  memory savers on: {', '.join(est.savers)}")
     from orchestrator.planning import saver_lines
@@ -109,7 +110,8 @@ def render_plan(plan: Plan, limit: int) -> None:
                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
                      f"{p.est_hours:.2f}", cost])
     out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
-                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0))
+                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0,
+                     drop=[4, 7, 8, 5]))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
     from orchestrator.runnable import CLOUDS
@@ -117,15 +119,15 @@ def render_plan(plan: Plan, limit: int) -> None:
     # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
     chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
               else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
-    out += ["", f"Chosen: {chosen}: {plan.to_dict(0)['why']}",
-            f"Throughput: {plan.chosen.duration.source}"]
+    out += ["", prose(f"Chosen: {chosen}: {plan.to_dict(0)['why']}"),
+            prose(f"Throughput: {plan.chosen.duration.source}")]
     if plan.ranking.rejected:
-        out.append("Left out: " + "; ".join(f"{k} {r}" for r, k in
-                                           sorted(plan.ranking.rejected.items())))
+        out.append(prose("Left out: " + "; ".join(f"{k} {r}" for r, k in
+                                                 sorted(plan.ranking.rejected.items()))))
     if plan.unpriced:
         names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
-        out.append(f"Not planned, price not published: {names} "
-                   "(register one you rent with `orch servers add`)")
+        out.append(prose(f"Not planned, price not published: {names} "
+                         "(register one you rent with `orch servers add`)"))
     print("\n".join(out))
 
 
@@ -181,4 +183,6 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
                          indent=2, default=str))
     else:
         render_plan(result, 10_000 if all_rows else 12)
-        print(runs_on(result, who))
+        from orchestrator.term import prose
+
+        print(prose(runs_on(result, who)))

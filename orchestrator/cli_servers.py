@@ -184,7 +184,7 @@ def servers_list(json_out: JsonFlag = False) -> None:
         ["name", "GPU", "n", "ssh", "monthly", "status"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
           cli._money(r["monthly_price"]), r["status"]] for r in rows],
-        right=[2, 4]))
+        right=[2, 4], drop=[4, 2], states=[5]))
     for r in rows:
         if r["check_error"]:
             typer.echo(f"\n{r['name']} is not used by jobs: {r['check_error']}\n"

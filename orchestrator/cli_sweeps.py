@@ -188,7 +188,7 @@ def _show(name: str, json_out: bool) -> None:
                      state, _metric(r["metric"]), usd(r["cost"]), usd(r["est_cost"])])
     if rows:
         lines.append(table(["", "#", "job", "params", "state", metric_name, "cost", "est. cost"],
-                           rows, right=[1, 5, 6, 7]))
+                           rows, right=[1, 5, 6, 7], drop=[7, 1], states=[4]))
     if obj is None:
         lines.append("best: no objective in the sweep file")
     elif status["best"] is None:
@@ -240,7 +240,8 @@ def register(app: typer.Typer) -> None:
                   EXIT_INVALID)
         _submit(Path(file), retry_failed, json_out, quiet, dry_run)
 
-    @app.command("sweep-show")
+    # Kept for scripts written against it; `orch sweep show NAME` is the documented spelling.
+    @app.command("sweep-show", hidden=True)
     def sweep_show(
         name: Annotated[str, typer.Argument(help="The sweep's name.")],
         json_out: JsonFlag = False,
@@ -272,4 +273,5 @@ def register(app: typer.Typer) -> None:
             out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
                         c["failed"], spent, best])
         typer.echo(table(["name", "runs", "done", "running", "queued", "failed",
-                          "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6]))
+                          "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6],
+                         drop=[3, 4, 2]))

@@ -815,7 +815,8 @@ class JobRunner:
             # Short waits, so a cancel or a lost instance is noticed between polls too.
             status = train.wait(host, tj, self._on_train_progress, poll_s=self.opts.poll_s,
                                 deadline=time.monotonic() + max(self.opts.watch_s,
-                                                                self.opts.poll_s))
+                                                                self.opts.poll_s),
+                                on_tail=self._keep_train_log)
             if status.state is not train.TrainState.RUNNING:
                 break
         train_seconds = time.monotonic() - started
@@ -880,6 +881,15 @@ class JobRunner:
         size = throughput.size_class(self.inputs.loaded.architecture.params)
         self.store.add_throughput(self.job_id, job.gpu, job.gpu_count or 1, job.method, size,
                                   self.inputs.tokens / seconds)
+
+    def _keep_train_log(self, text: str) -> None:
+        # `orch logs ID --train` reads this copy; it outlives the instance.
+        from orchestrator import trainlog
+
+        try:
+            trainlog.save(self.job_id, text)
+        except OSError as exc:  # a full disk must not fail the job
+            log.warning("cannot keep the training log of %s: %s", self.job_id, exc)
 
     def _on_train_progress(self, p: Any) -> None:
         assert self.progress is not None

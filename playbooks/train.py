@@ -404,18 +404,21 @@ def log_tail(host: Host, job: TrainJob, lines: int = 50) -> str:
 
 def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | None = None,
          poll_s: float = 5.0, deadline: float | None = None,
-         tail_lines: int = 50) -> TrainStatus:
+         tail_lines: int = 50, on_tail: Callable[[str], None] | None = None) -> TrainStatus:
     """Poll the training until it ends; call `on_progress` each time the step changes.
 
     `deadline` is a `time.monotonic()` value: when it passes, the current (running) status
     is returned and training goes on. A dropped connection raises `ssh.SSHError`: connect
-    again and call `wait` again, it reattaches by the job id.
+    again and call `wait` again, it reattaches by the job id. `on_tail` gets each log tail
+    read, so the caller can keep the trainer's output without another round trip.
     """
     handle = job.handle("train")
     reported: int | None = None
     loss: float | None = None
     while True:
         current, text = handle.poll(host, tail_lines)
+        if on_tail is not None:
+            on_tail(text)
         progress = parse_progress(text)
         # The loss is logged less often than the bar moves: keep the last one seen.
         loss = progress.loss if progress.loss is not None else loss
