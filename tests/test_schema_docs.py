@@ -6,8 +6,8 @@ server, and a queued job whose instance row was written before its provider call
 crash mid-create leaves). It is made on each backend of conftest.BACKENDS: a SQLite file
 and a database on the throwaway PostgreSQL server. The doc's examples are written for
 SQLite (`sqlite3` is how it tells users to query); those using SQLite-only functions
-(json_extract, printf, strftime, julianday) are skipped on PostgreSQL, the others and the
-views run on both.
+(json_extract, printf, strftime, julianday) have a PostgreSQL twin in the doc's
+```sql postgresql block, which runs there instead; the others and the views run on both.
 """
 
 from __future__ import annotations
@@ -36,6 +36,14 @@ def examples() -> list[str]:
         found += [q.strip() for q in re.split(r";\s*(?:\n|$)", block) if q.strip()]
     for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         found += re.findall(r'sqlite3 \S+ "(.*?)"\s*$', block, re.M)
+    return found
+
+
+def pg_examples() -> list[str]:
+    """The doc's PostgreSQL spellings (```sql postgresql blocks, split per statement)."""
+    found: list[str] = []
+    for block in re.findall(r"```sql postgresql\n(.*?)```", DOC.read_text(), re.S):
+        found += [q.strip() for q in re.split(r";\s*(?:\n|$)", block) if q.strip()]
     return found
 
 
@@ -80,8 +88,6 @@ def history(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                      "objective: {metric: eval.exact_match, goal: max}\n")
     _orch(env, "sweep", str(sweep))
     _orch(env, "worker", "--once", "-q")
-    _orch(env, "servers", "add", "box1", "--host", "203.0.113.7", "--gpu", "H100 SXM",
-          "--monthly", "2190")
     queued = json.loads(_orch(env, "submit", "examples/quickstart.yml", "--detach",
                               "--json").stdout)["job_id"]
     from decimal import Decimal
@@ -89,7 +95,12 @@ def history(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     from orchestrator.store import open_store
 
     store = open_store(url)
-    try:  # the engine writes this row before the provider's create call
+    try:
+        # A registered server row (`orch servers add` would first prove the machine over
+        # SSH: tests/test_cli_servers.py does that against a simulated host).
+        store.add_server(name="box1", host="127.0.0.1", port=22, user="root", gpu="H100 SXM",
+                         gpu_count=1, monthly_price=Decimal(2190))
+        # The engine writes this row before the provider's create call.
         store.add_instance(queued, provider="sim", offer_id="sim-rtx3090-1", gpu="RTX 3090",
                            gpu_count=1, billing="per_second", interruptible=True,
                            price_per_hour=Decimal("0.074"), attempt=0)
@@ -111,10 +122,21 @@ def test_the_doc_has_examples() -> None:
     assert any("$.placement.gpu" in q for q in found)
 
 
-@pytest.mark.parametrize("query", examples(), ids=lambda q: " ".join(q.split())[:60])
+def test_every_sqlite_only_example_has_a_postgresql_twin() -> None:
+    sqlite_only = [q for q in examples() if SQLITE_ONLY.search(q)]
+    assert len(pg_examples()) == len(sqlite_only) >= 7
+    assert not [q for q in pg_examples() if SQLITE_ONLY.search(q)]
+
+
+@pytest.mark.parametrize("query", examples() + pg_examples(),
+                         ids=lambda q: " ".join(q.split())[:60])
 def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str) -> None:
-    if not history["url"].startswith("sqlite") and SQLITE_ONLY.search(query):
-        pytest.skip("written in SQLite's dialect")
+    on_sqlite = history["url"].startswith("sqlite")
+    if query in pg_examples():
+        if on_sqlite:
+            pytest.skip("the PostgreSQL spelling of an example above")
+    elif not on_sqlite and SQLITE_ONLY.search(query):
+        pytest.skip("SQLite's spelling; its PostgreSQL twin runs here")
     real_job = next(j["id"] for j in history["jobs"] if j["status"] == "succeeded")
     result = sql(history, query.replace(PLACEHOLDER_JOB, real_job))
     assert result["rows"], f"no rows: {query}"
