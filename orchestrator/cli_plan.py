@@ -89,10 +89,10 @@ def render_plan(plan: Plan, limit: int) -> None:
     out.append(table(["component", "bytes"], rows, right=[1]))
     out += [prose(f"  note: {note}", "        ") for note in est.notes]
     if est.savers:
-        out.append(f"  memory savers on: {', '.join(est.savers)}")
+        out.append(prose(f"  memory savers on: {', '.join(est.savers)}", "    "))
     from orchestrator.planning import saver_lines
 
-    out += [f"  chosen by auto: {line}" for line in saver_lines(plan)]
+    out += [prose(f"  chosen by auto: {line}", "    ") for line in saver_lines(plan)]
 
     n = len(plan.ranking.placements)
     out += ["", f"Placements that fit ({n}), cheapest first:"]

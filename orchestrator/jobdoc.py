@@ -68,9 +68,19 @@ ABOUT: dict[str, tuple[str, str]] = {
     "job.training.gradient_accumulation_steps": ("Micro-batches per optimizer step.", "4"),
     "job.training.epochs": ("Passes over the dataset (fractions allowed).", "1"),
     "job.training.learning_rate": ("Peak learning rate.", "2.0e-4"),
-    "job.training.optimizer": ("Optimizer; the 8-bit ones keep less state in GPU memory.",
-                               "adamw_8bit"),
-    "job.training.gradient_checkpointing": ("Recompute activations to save memory.", "true"),
+    "job.training.optimizer": ("Optimizer; the 8-bit ones keep less state in GPU memory. "
+                               "`auto`: the planner picks the one that reaches the cheapest "
+                               "placement.", "adamw_8bit"),
+    "job.training.gradient_checkpointing": ("Recompute activations to save memory (`auto`: "
+                                            "on only when it reaches a cheaper placement; "
+                                            "its slowdown is counted).", "true"),
+    "job.training.cross_entropy": ("The loss kernel: `plain` materialises fp32 logits; `cut` "
+                                   "(axolotl's Cut Cross Entropy plugin) and `liger` (Liger's "
+                                   "fused linear cross-entropy) never do. `auto`: the planner "
+                                   "picks; docs/sizing.md has the sizes.", "auto"),
+    "job.training.activation_offloading": ("Offload activations to host RAM (needs gradient "
+                                           "checkpointing; slower). `auto`: on only when it "
+                                           "reaches a cheaper placement.", "auto"),
     "job.training.packing": ("Pack short samples into full sequences.", "true"),
     "job.dataset.path": ("A local JSONL file (relative to the job file; uploaded to the host). "
                          "A Hugging Face dataset is not downloaded by orch: fetch it with "
@@ -93,6 +103,10 @@ ABOUT: dict[str, tuple[str, str]] = {
     "job.resources.gpus": ("`any`, or the GPU models allowed (`orch servers add --gpu` "
                            "spellings, e.g. RTX 4090, A100, H100).", "[RTX 4090, A100]"),
     "job.resources.max_gpus": ("Most GPUs on one machine.", "8"),
+    "job.resources.gpu_count": ("Exactly this many GPUs on one machine (a layout you need); "
+                                "at most `max_gpus`.", "2"),
+    "job.resources.servers": ("Only these registered servers (`orch servers list`) may run "
+                              "it.", "[box1]"),
     "job.resources.providers": ("`any`, or the providers allowed: vastai, runpod, dedicated, "
                                 "sim (and the price catalogs cloud, dedicated-host for "
                                 "planning).", "[vastai, runpod]"),
