@@ -363,7 +363,8 @@ def test_a_kept_server_has_no_secret_left_after_the_job(
     owner = owner_id("test")
     options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, ssh_key=rig.key.private)
     assert rig.store.claim_job(job_id, owner, 5) is not None
-    job = JobRunner(rig.store, {"dedicated": Dedicated(rig.store)}, owner, options).run(job_id)
+    job = JobRunner(rig.store, {"dedicated": WithHostPaths(
+        Dedicated(rig.store), lambda _instance_id: str(host.root))}, owner, options).run(job_id)
 
     assert job.status == outcome, job.failure_reason
     assert "secrets-env" in {json.loads(e.data_json or "{}").get("step")

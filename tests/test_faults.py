@@ -116,7 +116,7 @@ def test_offer_search_outage_requeues_with_a_backoff_then_recovers(
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(10_000, 503, method="POST", path=BUNDLES)
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "queued", job.failure_reason
         message = last_state(rig.store, job_id)
         assert "vastai: provider unavailable" in message and "credentials" not in message
@@ -128,7 +128,7 @@ def test_offer_search_outage_requeues_with_a_backoff_then_recovers(
         owner = owner_id("worker")
         wait_for(lambda: rig.store.claim_job(job_id, owner, 5), timeout=30,
                  what="the backoff to pass")
-        done = JobRunner(rig.store, {"vastai": vast(emu)}, owner, options(rig),
+        done = JobRunner(rig.store, {"vastai": hosts.serving(vast(emu))}, owner, options(rig),
                          on_signal="requeue").run(job_id)
         assert done.status == "succeeded", done.failure_reason
         assert done.outage_since is None and done.not_before is None
@@ -141,11 +141,11 @@ def test_outage_gives_up_after_the_limit_with_a_clear_reason(rig: Rig,
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(10_000, 502, method="POST", path=BUNDLES)
         job_id = job_for(rig, "vastai")
-        assert run(rig, {"vastai": vast(emu)}, job_id).status == "queued"
+        assert run(rig, {"vastai": hosts.serving(vast(emu))}, job_id).status == "queued"
         # The outage began long ago (as if the job had been retried for hours).
         rig.store.update_job_fields(job_id, not_before=None,
                                     outage_since=utcnow() - timedelta(hours=7))
-        job = run(rig, {"vastai": vast(emu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "failed"
         assert "provider unavailable" in (job.failure_reason or "")
         assert "gave up after" in (job.failure_reason or "")
@@ -158,7 +158,7 @@ def test_worker_does_not_drain_the_queue_during_an_outage(rig: Rig,
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(10_000, 503, method="POST", path=BUNDLES)
         ids = [job_for(rig, "vastai") for _ in range(3)]
-        ran = work_queue(rig, {"vastai": vast(emu)}, backoff_s=60)
+        ran = work_queue(rig, {"vastai": hosts.serving(vast(emu))}, backoff_s=60)
         assert sorted(ran) == sorted(ids)  # each claimed once, then left to its backoff
         assert {rig.store.get_job(j).status for j in ids} == {"queued"}
         # Only the first job waited out the adapter's retries; the worker remembered the
@@ -173,7 +173,7 @@ def test_foreground_submit_waits_out_a_short_outage(rig: Rig, hosts: SimHostBack
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(8, 502, method="POST", path=BUNDLES)  # two searches' worth of retries
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id, worker=False)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id, worker=False)
         assert job.status == "succeeded", job.failure_reason
         notes = [e.message for e in rig.store.events(job_id) if e.kind == "offers.note"]
         assert notes and all("unavailable" in n for n in notes)
@@ -189,7 +189,8 @@ def test_other_providers_offers_are_used_during_an_outage(rig: Rig,
         vemu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.01, min_bid=0.01)
         vemu.fail_next(10_000, 503, method="POST", path=BUNDLES)
         job_id = job_for(rig, "vastai, runpod")
-        job = run(rig, {"vastai": vast(vemu), "runpod": runpod(remu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(vemu)),
+                        "runpod": hosts.serving(runpod(remu))}, job_id)
         assert job.status == "succeeded", job.failure_reason
         assert [r.provider for r in rig.store.instances_of(job_id)] == ["runpod"]
         assert_invariants(rig.store, list(vemu.instances) + remu.pod_ids)
@@ -202,7 +203,7 @@ def test_429_with_a_long_retry_after_requeues_instead_of_blocking(
         emu.fail_next(10_000, 429, method="POST", path=BUNDLES,
                       headers={"Retry-After": "3600"})
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "queued"
         assert len(emu.requests_to("POST", BUNDLES)) == 1  # not slept through, not hammered
         # Not claimed again before the hour the provider asked for.
@@ -218,7 +219,7 @@ def test_auth_and_balance_errors_fail_at_once(rig: Rig, hosts: SimHostBackend, c
         emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
         emu.fail_next(10_000, code, method="POST", path=BUNDLES)
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "failed"  # not an outage: waiting would not fix it
         assert says in (job.failure_reason or "")
         assert_invariants(rig.store, list(emu.instances))
@@ -231,7 +232,7 @@ def test_persistent_5xx_on_create_rents_nothing_and_requeues(rig: Rig,
         emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
         emu.fail_next(10_000, 500, method="PUT")
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "queued"
         assert "providers are unavailable" in last_state(rig.store, job_id)
         assert_invariants(rig.store, list(emu.instances))
@@ -245,7 +246,7 @@ def test_foreground_submit_retries_the_offers_after_a_create_outage(
         # Every create of the first round (2 machines, spot and on-demand), all retries.
         emu.fail_next(16, 500, method="PUT")
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": vast(emu)}, job_id, worker=False)
+        job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id, worker=False)
         assert job.status == "succeeded", job.failure_reason
         assert [r.end_reason for r in rig.store.instances_of(job_id)] == ["failed"] * 4 + [
             "released"]
