@@ -233,7 +233,8 @@ def outage(tmp: Path, seconds: float = 15.0, jobs: int = 3) -> Result:
             ended.append(time.monotonic())
 
         threading.Thread(target=heal, daemon=True).start()
-        adapter = VastAI("bench-key", base_url=emu.url)  # the real retry policy
+        # The real retry policy; the hosts say where their simulated filesystem lives.
+        adapter = hosts.serving(VastAI("bench-key", base_url=emu.url))
         owner = owner_id("worker")
         opts = Options(poll_s=0.2, watch_s=0.2, lease_s=5, boot_deadline_s=30,
                        connect_deadline_s=20)  # the default outage backoff
