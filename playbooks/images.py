@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any, Literal
 
 import yaml
@@ -59,7 +59,7 @@ class Catalog:
 def catalog() -> Catalog:
     """playbooks/data/images.yaml (read once)."""
     raw: dict[str, Any] = yaml.safe_load(
-        resources.files("playbooks").joinpath("data", "images.yaml").read_text())
+        (Path(__file__).parent / "data" / "images.yaml").read_text())
     tags = {str(t): ImageTag(str(t), str(v["python"]), str(v["cuda"]), str(v["torch"]))
             for t, v in raw["tags"].items()}
     lay = dict(raw["layout"])
