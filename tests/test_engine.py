@@ -272,12 +272,12 @@ def _req(count: int) -> Any:
     return Requirements(gpu_count=count, min_gpu_memory_bytes=0)
 
 
-def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost: Any) -> None:
+def run_on_server(rig: Rig, host: Any) -> tuple[str, Any]:
+    """Register simulated `host` as monthly server box1 and run a job there: (job id, job)."""
     from decimal import Decimal
 
     from providers.dedicated import Dedicated
 
-    host = simhost(**HOST)  # H100 SXM, authorizes rig.key
     rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
                          gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))
     path = rig.job_file()
@@ -288,7 +288,12 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     assert rig.store.claim_job(job_id, owner, 5) is not None
     # The registered server is a simulated host: its server paths live under host.root.
     dedicated = WithHostPaths(Dedicated(rig.store), lambda _instance_id: str(host.root))
-    job = JobRunner(rig.store, {"dedicated": dedicated}, owner, options).run(job_id)
+    return job_id, JobRunner(rig.store, {"dedicated": dedicated}, owner, options).run(job_id)
+
+
+def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost: Any) -> None:
+    host = simhost(**HOST)  # H100 SXM, authorizes rig.key
+    job_id, job = run_on_server(rig, host)
 
     assert job.status == "succeeded", job.failure_reason
     assert job.cost_micros == 0 and job.amortised_micros > 0  # rent share, already paid
@@ -347,24 +352,11 @@ def test_a_kept_server_has_no_secret_left_after_the_job(
         rig: Rig, simhost: Any, monkeypatch: pytest.MonkeyPatch, outcome: str) -> None:
     # Issue 10 §6: a monthly server is never destroyed, so HF_TOKEN's files (hf.env for the
     # download, secrets.env for training) and any temporary copy must go when the job ends.
-    from decimal import Decimal
-
-    from providers.dedicated import Dedicated
-
     token = "hf_" + "s3cr3t" * 6
     monkeypatch.setenv("HF_TOKEN", token)
     crash = {"train_crash_at_step": 2, "train_crash_repeats": True} if outcome == "failed" else {}
     host = simhost(**HOST, **crash)
-    rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
-                         gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))
-    path = rig.job_file()
-    path.write_text(path.read_text().replace("providers: [sim]", "providers: [dedicated]"))
-    job_id = rig.queue(path)
-    owner = owner_id("test")
-    options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, ssh_key=rig.key.private)
-    assert rig.store.claim_job(job_id, owner, 5) is not None
-    job = JobRunner(rig.store, {"dedicated": WithHostPaths(
-        Dedicated(rig.store), lambda _instance_id: str(host.root))}, owner, options).run(job_id)
+    job_id, job = run_on_server(rig, host)
 
     assert job.status == outcome, job.failure_reason
     assert "secrets-env" in {json.loads(e.data_json or "{}").get("step")
