@@ -232,3 +232,93 @@ def host_root(provider: object, instance: Instance) -> str:
     if isinstance(provider, HostPathMapping):
         return provider.host_root(instance)
     return ""
+
+
+# --- capabilities ----------------------------------------------------------------------------
+# What a provider can do beyond the contract above is declared by implementing one of these
+# small protocols, never guessed from its name or probed attribute by attribute: the engine
+# asks `isinstance(provider, Capability)` and each adapter says what it is by the methods it
+# has. Protocols (rather than flags on `Provider`) keep every capability's members together
+# with its meaning, let mypy check an adapter against what it claims, and let a wrapper that
+# forwards attributes (the emulators' `WithHostPaths`) carry its provider's capabilities.
+
+
+@runtime_checkable
+class KeepsMachine(Protocol):
+    """The machine is the user's (a monthly server): kept, never destroyed.
+
+    At a job's end it is released, not terminated; orch's secret files are removed from it
+    first; its SSH host key is pinned in the server registry (outliving the job); a failed
+    GPU check marks the server unhealthy rather than the machine lost; the GPU is freed after
+    an evaluation. The provider owns the format of its ids.
+    """
+
+    def server_name(self, offer_or_instance_id: str) -> str:
+        """The registered server an offer id or instance id stands for."""
+        ...
+
+
+@runtime_checkable
+class Volumes(Protocol):
+    """Jobs keep their checkpoints on a volume that outlives the instances."""
+
+    @property
+    def volume_per_gb_month(self) -> Decimal:
+        """Storage price of a volume, per GB and month."""
+        ...
+
+    def volume_dir(self, job_id: str) -> object:
+        """Where the job's volume is (for the provider's own use and tests)."""
+        ...
+
+    def delete_volume(self, job_id: str) -> None:
+        """Delete the job's volume; already gone is success; ProviderError otherwise."""
+        ...
+
+
+@runtime_checkable
+class OptInOnly(Protocol):
+    """Only jobs that name this provider in `resources.providers` are placed on it."""
+
+    def opt_in_note(self) -> str:
+        """Why it is opt-in (shown nowhere yet; documents the capability's reason)."""
+        ...
+
+
+@runtime_checkable
+class Simulated(Protocol):
+    """The machines run stand-ins at whatever speed they are told: what runs there measures
+    no hardware, so no throughput is recorded from it."""
+
+    def simulated_by(self) -> str:
+        """What simulates the machines (for messages)."""
+        ...
+
+
+@runtime_checkable
+class ContainerRental(Protocol):
+    """Instances are containers started from the image `create` is given (no Docker on the
+    host), as opposed to a full machine that runs the trainer image in Docker."""
+
+    def rents_containers(self) -> bool:
+        """True (a method, so that `isinstance` can see the capability)."""
+        ...
+
+
+@runtime_checkable
+class HostKeyReporting(Protocol):
+    """The provider reports an instance's SSH host key (no trust on first use needed)."""
+
+    def host_key(self, instance_id: str) -> str:
+        """The instance's host key, `ssh-ed25519 AAAA...`."""
+        ...
+
+
+def keeps_machine(provider: object) -> KeepsMachine | None:
+    """`provider` as a KeepsMachine, or None."""
+    return provider if isinstance(provider, KeepsMachine) else None
+
+
+def volumes(provider: object) -> Volumes | None:
+    """`provider` as a Volumes provider, or None."""
+    return provider if isinstance(provider, Volumes) else None

@@ -135,6 +135,10 @@ class Dedicated:
         """Release the server (never destroyed); an idle or unknown one is fine."""
         self.registry.release_server(instance_id)
 
+    def server_name(self, offer_or_instance_id: str) -> str:
+        """The server an offer or instance id names (`providers.base.KeepsMachine`)."""
+        return _server_name(offer_or_instance_id)
+
 
 def _server_name(offer_or_instance_id: str) -> str:
     return offer_or_instance_id.removeprefix(_PREFIX)

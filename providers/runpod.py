@@ -72,24 +72,13 @@ CLOUDS = ("SECURE", "COMMUNITY")
 _GIB = 1024**3
 
 # RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
-# RunPod ids are the names nvidia-smi prints on the pod; "H100 80GB HBM3" is the SXM5 part,
-# and we have a single "A100 80GB" model for both the PCIe and SXM4 variants (same memory,
-# close enough for sizing). Every id here must pass the GPU playbook's inventory check as its
-# model (`playbooks.gpu.catalog_model`). "NVIDIA H100 NVL" (94 GB, bridged pairs) is another
-# product, not an H100 PCIe: it is not in the catalog, so it is left out. Names not listed
-# here fall back to `catalog.resolve_gpu` on the name with the vendor prefix stripped; a GPU
-# that still maps to zero or several models is left out.
-GPU_NAMES: dict[str, str] = {
-    "NVIDIA GeForce RTX 3090": "RTX 3090",
-    "NVIDIA GeForce RTX 4090": "RTX 4090",
-    "NVIDIA GeForce RTX 5090": "RTX 5090",
-    "NVIDIA A100 80GB PCIe": "A100 80GB",
-    "NVIDIA A100-SXM4-80GB": "A100 80GB",
-    "NVIDIA H100 PCIe": "H100 PCIe",
-    "NVIDIA H100 80GB HBM3": "H100 SXM",
-    "NVIDIA H200": "H200",
-    "NVIDIA B200": "B200",
-}
+# RunPod GPU id (the name nvidia-smi prints on the pod) → canonical name, from gpus.yaml's
+# `spellings: runpod` (the source notes are there). Other ids fall back to
+# `catalog.resolve_gpu` on the name with the vendor prefix stripped; a GPU that still maps to
+# zero or several models is left out.
+GPU_NAMES: dict[str, str] = {spelling: canonical
+                             for canonical, names in catalog.spellings("runpod").items()
+                             for spelling in names}
 
 # Pod `status` -> the engine's states.
 # EXITED: orch never stops a pod (it only deletes them), so an EXITED pod stopped without us:
@@ -145,6 +134,10 @@ class RunPod:
 
     name = "runpod"
     billing = Billing.PER_SECOND
+
+    def rents_containers(self) -> bool:
+        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
+        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,

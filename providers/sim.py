@@ -45,6 +45,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from providers import catalog
 from providers.base import (
     Billing,
     CapacityError,
@@ -61,18 +62,10 @@ from providers.base import (
 if TYPE_CHECKING:
     from providers.simhost import SimHost
 
-# Catalog name → the product name nvidia-smi prints for it (what playbooks/gpu.py matches).
-NVIDIA_SMI_NAMES: dict[str, str] = {
-    "RTX 3090": "NVIDIA GeForce RTX 3090",
-    "RTX 4090": "NVIDIA GeForce RTX 4090",
-    "RTX 5090": "NVIDIA GeForce RTX 5090",
-    "A100 80GB": "NVIDIA A100-SXM4-80GB",
-    "H100 PCIe": "NVIDIA H100 PCIe",
-    "H100 SXM": "NVIDIA H100 80GB HBM3",
-    "H200": "NVIDIA H200",
-    "B200": "NVIDIA B200",
-    "B300": "NVIDIA B300 SXM6 AC",
-}
+# Catalog name → the product name the simulated nvidia-smi prints for it (what
+# playbooks/gpu.py matches), from gpus.yaml's `spellings: sim`.
+NVIDIA_SMI_NAMES: dict[str, str] = {canonical: names[0]
+                                    for canonical, names in catalog.spellings("sim").items()}
 
 CATALOG_PROVIDER = "cloud"  # the catalog whose models and prices sim sells
 STATE_FILE = "sim.json"
@@ -319,6 +312,16 @@ class SimCloud:
         # terminated meanwhile fails at its first command, not here).
         return str((self.state_dir / "instances" / instance.instance_id).resolve() / "root")
 
+    # --- capabilities (providers.base) ----------------------------------------------------------
+
+    def opt_in_note(self) -> str:
+        """`OptInOnly`: a simulated cloud must never take a real job by being cheapest."""
+        return "the simulated cloud runs only jobs that name it in resources.providers"
+
+    def simulated_by(self) -> str:
+        """`Simulated`: its hosts are providers/simhost stand-ins."""
+        return "providers/simhost"
+
     # --- volumes -------------------------------------------------------------------------------
 
     @property
@@ -335,8 +338,17 @@ class SimCloud:
         return self.state_dir / "volumes" / job_id
 
     def delete_volume(self, job_id: str) -> None:
-        """Delete the job's volume (the job is finished); already gone = success."""
-        shutil.rmtree(self.volume_dir(job_id), ignore_errors=True)
+        """Delete the job's volume (the job is finished); already gone = success.
+
+        A volume that cannot be removed raises ProviderError, as a cloud's API answers an
+        error: the storage is still billed, so the caller must say so.
+        """
+        try:
+            shutil.rmtree(self.volume_dir(job_id))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ProviderError(f"sim: cannot delete volume {job_id}: {exc}") from exc
 
     def _attach_volume(self, host: SimHost, job_id: str) -> None:
         # The job's directory on the host is the volume, so a preempted job resumes on a

@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from providers import catalog
 from providers.base import (
     AuthError,
     BalanceError,
@@ -92,20 +93,12 @@ _GB = 1000**3
 _PRICE_QUANTUM = Decimal("0.000001")
 _HOURS_PER_MONTH = Decimal(30 * 24)  # Vast's storage_cost is $/GB/month of 30 days
 
-# Canonical GPU name (providers/catalog/gpus.yaml) → (Vast `gpu_name` values, minimum per-GPU
-# `gpu_ram` in MB for the model to count as this one). Vast sells 40 GB and 80 GB A100s under
-# the same names, so "A100 80GB" also needs gpu_ram ≥ 80000. Vast GPUs not listed here are
-# left out of `offers()` (the scheduler only knows catalog GPUs).
+# Canonical GPU name → (Vast `gpu_name` values, minimum per-GPU `gpu_ram` in MB for the model
+# to count as this one), from gpus.yaml's `spellings: vastai` and `vastai_min_gpu_ram_mb`
+# (the source notes are there). Vast GPUs not listed are left out of `offers()`.
 GPU_MAP: dict[str, tuple[tuple[str, ...], int]] = {
-    "RTX 3090": (("RTX 3090",), 0),
-    "RTX 4090": (("RTX 4090",), 0),
-    "RTX 5090": (("RTX 5090",), 0),
-    "A100 80GB": (("A100 SXM4", "A100 PCIE"), 80000),
-    "H100 PCIe": (("H100 PCIE",), 0),
-    "H100 SXM": (("H100 SXM",), 0),
-    "H200": (("H200",), 0),
-    "B200": (("B200",), 0),
-}
+    canonical: (names, catalog.min_gpu_ram_mb("vastai").get(canonical, 0))
+    for canonical, names in catalog.spellings("vastai").items()}
 
 
 def canonical_gpu(vast_name: str | None, gpu_ram_mb: float | int | None) -> str | None:
@@ -201,6 +194,10 @@ class VastAI:
 
     name = "vastai"
     billing = Billing.PER_SECOND
+
+    def rents_containers(self) -> bool:
+        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
+        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,
