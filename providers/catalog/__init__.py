@@ -30,9 +30,15 @@ def _norm(name: str) -> str:
 
 
 @cache
+def _gpu_doc() -> dict[str, Any]:
+    doc: dict[str, Any] = _read_yaml((_DIR / "gpus.yaml").read_text())
+    return doc
+
+
+@cache
 def gpus() -> dict[str, GpuSpec]:
     """Every GPU model we know, by canonical name."""
-    doc = _read_yaml((_DIR / "gpus.yaml").read_text())
+    doc = _gpu_doc()
     raw, scaling = doc["gpus"], doc["scaling"]
     return {
         name: GpuSpec(
@@ -47,6 +53,23 @@ def gpus() -> dict[str, GpuSpec]:
         )
         for name, f in raw.items()
     }
+
+
+@cache
+def spellings(provider: str) -> dict[str, tuple[str, ...]]:
+    """Canonical GPU name → `provider`'s own names for it (gpus.yaml `spellings`), in the
+    file's order; models the provider has no name for are absent."""
+    return {name: tuple(str(n) for n in f["spellings"][provider])
+            for name, f in _gpu_doc()["gpus"].items()
+            if provider in (f.get("spellings") or {})}
+
+
+@cache
+def min_gpu_ram_mb(provider: str) -> dict[str, int]:
+    """Canonical GPU name → the least per-GPU memory (MB) `provider` must report for one of
+    its names to count as that model (gpus.yaml `<provider>_min_gpu_ram_mb`)."""
+    key = f"{provider}_min_gpu_ram_mb"
+    return {name: int(f[key]) for name, f in _gpu_doc()["gpus"].items() if key in f}
 
 
 def resolve_gpu(name: str) -> list[str]:
