@@ -13,13 +13,16 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.paths import data_dir
 from orchestrator.sizing import Workload
 from orchestrator.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.store import Job
 from providers.base import Instance
+
+if TYPE_CHECKING:
+    from playbooks.pipeline import PipelineJob
 
 # Checkpoints bound the work an interruption loses; aim for one every this many seconds.
 CHECKPOINT_EVERY_S = 15 * 60
@@ -59,8 +62,12 @@ class Inputs:
         per_checkpoint = steps * CHECKPOINT_EVERY_S / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
 
-    def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float) -> Any:
-        """The host pipeline's view of this job on `inst`."""
+    def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
+                     exact_count: bool = True) -> PipelineJob:
+        """The host pipeline's view of this job on `inst`.
+
+        `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
+        """
         from orchestrator import savers
         from orchestrator.planning import workload_from
         from playbooks import images
@@ -90,7 +97,7 @@ class Inputs:
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
-            gpu=GpuExpectation(gpu, count, exact_count=inst.provider != "dedicated",
+            gpu=GpuExpectation(gpu, count, exact_count=exact_count,
                                min_cuda=images.min_cuda(spec.trainer.image),
                                image=spec.trainer.image),
             config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),

@@ -1,18 +1,22 @@
 """The whole on-host pipeline for one job: prepare → train → merge → artifacts → evaluate.
 
-Each phase is a function the engine can call on its own (persisting the job's state between
-them, so a restarted orch resumes at the right phase); `run_pipeline` chains them for tests,
-benchmarks and the simulated provider. Every phase is idempotent: running it again on a
-host where it already happened skips its steps, and training is reattached by job id.
+`PHASES` is the job's one ordered list of phases. The engine runs it (`run_phases`) with
+hooks that persist the job's state between phases (so a restarted orch resumes at the right
+phase: `PipelineRun.done`), watch for stop signals, mirror checkpoints and record metrics;
+`run_pipeline` runs the same list with `SimpleHooks` for tests and benchmarks. Every phase
+is idempotent: running it again on a host where it already happened skips its steps, and
+training is reattached by job id.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
 from playbooks.axolotl import TrainConfigInput
@@ -109,51 +113,298 @@ def train_job(job: PipelineJob, layout: Layout, model_dir: str,
                           native=train.NativeEnv.mapped(paths or HostPaths()))
 
 
-def run_training(host: Host, tj: train.TrainJob, emit: Emit,
-                 on_progress: Callable[[train.Progress], None] | None = None,
-                 poll_s: float = 5.0, deadline: float | None = None) -> train.TrainStatus:
-    """Start (or reattach to) the training and wait for it; a failure raises PlaybookFailed."""
-    run_playbook("train", train.steps(tj), host, emit)
-    status = train.wait(host, tj, on_progress, poll_s=poll_s, deadline=deadline)
+# The phases whose completion is durable (the engine's job.phase_done), in order: a takeover
+# on the same instance skips those done; once the last is done a takeover finishes the job.
+DURABLE = ("training", "merging", "artifacts", "evaluating")
+
+
+@dataclass
+class PipelineRun:
+    """One run of `PHASES` on a host: its inputs and what each phase leaves for the next."""
+
+    host: Host
+    job: PipelineJob
+    done: tuple[str, ...] = ()  # durable phases already done on this host (a takeover)
+    resume: bool = False  # a later attempt: resume training from the newest checkpoint
+    train_seconds: float = 0.0  # of a training already done (`done`), else measured
+    cache: ModelCache | None = None
+    runner: train.Runner = "docker"
+    tj: train.TrainJob | None = None
+    status: train.TrainStatus | None = None
+    resumed: train.ResumeInfo | None = None
+    fetched: artifacts.FetchResult | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def train_job(self) -> train.TrainJob:
+        """The training's view of the job (set by the prepare phase)."""
+        assert self.tj is not None, "the prepare phase runs first"
+        return self.tj
+
+    @property
+    def layout(self) -> Layout:
+        """The job's directories on the host (set by the prepare phase)."""
+        assert self.cache is not None and self.cache.layout is not None
+        return self.cache.layout
+
+
+class Hooks(Protocol):
+    """What a driver of `PHASES` does between and around the phases' steps."""
+
+    # Each wait for the training returns after this many seconds (None: when it ends), so
+    # stop signals are noticed and checkpoints mirrored between polls.
+    wait_s: float | None
+
+    def check_stop(self) -> None:
+        """Raise if the run must stop now (cancelled, instance lost, stalled)."""
+
+    def status(self, status: str, message: str, **fields: object) -> None:
+        """The job entered `status` (a phase); `fields` go with it (durable progress)."""
+
+    def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
+        """Something worth telling the user happened."""
+
+    def emit(self, report: StepReport) -> None:
+        """A playbook step finished."""
+
+    def phase_done(self, phase: str, **fields: object) -> None:
+        """A durable phase completed (persist it, with `fields`)."""
+
+    def prepare_failed(self, exc: PlaybookFailed) -> None:
+        """The prepare phase failed (the error is raised after this)."""
+
+    def prepared(self, run: PipelineRun) -> None:
+        """The host is ready (the layout is known)."""
+
+    def restore(self, run: PipelineRun) -> None:
+        """Before resuming on a new host: put back a checkpoint kept off the host."""
+
+    def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
+        """Training will resume from `info`."""
+
+    def mirror(self, run: PipelineRun) -> None:
+        """Between training polls: copy a new checkpoint off the host if one is due."""
+
+    def train_progress(self, progress: train.Progress) -> None:
+        """The training's step or loss changed."""
+
+    def train_log(self, text: str) -> None:
+        """The training log's tail, to keep."""
+
+    def training_failed(self, run: PipelineRun) -> None:
+        """The training exited with an error: raise what the driver reports."""
+
+    def trained(self, run: PipelineRun) -> None:
+        """The trained model is back (record what the run measured)."""
+
+    def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
+        """The evaluation set's rows (None: none)."""
+
+    def evaluated(self, run: PipelineRun) -> None:
+        """The evaluation succeeded: `run.metrics` holds its scores."""
+
+    def evaluation_failed(self, run: PipelineRun, exc: Exception) -> None:
+        """The evaluation raised `exc`: raise what the driver reports."""
+
+    def stop_after_eval(self) -> bool:
+        """Whether the evaluation server must be stopped (the machine is kept)."""
+
+
+def _prepare(run: PipelineRun, hooks: Hooks) -> None:
+    hooks.status("preparing", "GPU check, Container Toolkit, base model to NVMe")
+    try:
+        run.cache, run.runner = prepare(run.host, run.job, hooks.emit)
+    except PlaybookFailed as exc:
+        hooks.prepare_failed(exc)
+        raise
+    hooks.check_stop()
+    run.tj = train_job(run.job, run.layout, run.cache.model_dir, run.runner, run.host.paths)
+    hooks.prepared(run)
+
+
+def _train(run: PipelineRun, hooks: Hooks) -> None:
+    """Start (or resume, or reattach to) training and wait for it."""
+    if "training" in run.done:  # a takeover on the same instance after training ended
+        hooks.event("resume", f"{run.done[-1]} already done on this instance; resuming "
+                    "after it")
+        return
+    host, tj = run.host, run.train_job
+    hooks.status("training", "training (detached on the host)")
+    status = train.status(host, tj)
+    if status.state is not train.TrainState.RUNNING and (
+            run.resume or status.state is train.TrainState.FAILED):
+        hooks.restore(run)
+        run.resumed = train.prepare_resume(host, tj)
+        hooks.resumed(run, run.resumed)
+    started = time.monotonic()
+    run_playbook("train", train.steps(tj), host, hooks.emit)
+    while True:
+        hooks.check_stop()
+        hooks.mirror(run)
+        status = train.wait(host, tj, hooks.train_progress, poll_s=run.job.poll_s,
+                            deadline=None if hooks.wait_s is None
+                            else time.monotonic() + hooks.wait_s,
+                            on_tail=hooks.train_log)
+        if status.state is not train.TrainState.RUNNING:
+            break
+    run.status = status
+    run.train_seconds = time.monotonic() - started
     if status.state is train.TrainState.FAILED:
-        tail = train.log_tail(host, tj, 30)
+        hooks.check_stop()
+        hooks.training_failed(run)
+    hooks.check_stop()
+
+
+def _merge(run: PipelineRun, hooks: Hooks) -> None:
+    if "merging" in run.done:
+        return
+    tj = run.train_job
+    # One durable write: training done, with what it measured, as merging starts.
+    hooks.status("merging", "merging the adapter into the base model" if tj.adapter
+                 else "nothing to merge (full fine-tune)", train_seconds=run.train_seconds,
+                 phase_done="training")
+    run_playbook("merge", merge.steps(tj, poll_s=min(run.job.poll_s, 2.0)), run.host,
+                 hooks.emit)
+    hooks.phase_done("merging")
+
+
+def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
+    hooks.check_stop()
+    if "artifacts" in run.done:
+        return
+    # The trained model comes back before evaluation starts: nothing that fails after
+    # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
+    job = run.job
+    run.fetched = fetched = artifacts.fetch(run.host, run.train_job.output_dir,
+                                            job.artifacts_dir,
+                                            include_merged=job.include_merged)
+    hooks.event("artifacts", f"{len(fetched.copied)} files copied to {job.artifacts_dir}",
+                {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
+    hooks.phase_done("artifacts", artifacts_dir=job.artifacts_dir)
+    hooks.trained(run)
+
+
+def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
+    job, tj = run.job, run.train_job
+    if job.eval_set is not None or job.eval_tasks:
+        hooks.check_stop()
+        hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation"
+                     if tj.runner == "docker"
+                     else "scoring the model with lm-eval (hf backend)")
+        try:
+            result = evaluate.evaluate(
+                run.host, job.job_id, merge.merged_dir(tj), run.layout, job.vllm_image,
+                job.vllm_port, job.config.sequence_len, hooks.eval_rows(run),
+                tasks=job.eval_tasks, emit=hooks.emit, stop_after=hooks.stop_after_eval(),
+                runner=tj.runner, native_wrap=tj.native.wrap)
+        except Exception as exc:
+            hooks.evaluation_failed(run, exc)
+            raise
+        run.metrics = result.metrics
+        hooks.evaluated(run)
+    # Durable: a crash from here on finishes the job without renting again.
+    hooks.phase_done(DURABLE[-1])
+
+
+Phase = Callable[[PipelineRun, Hooks], None]
+# The job's phases, in production order (prepare always runs: it reattaches to the host).
+PHASES: Sequence[tuple[str, Phase]] = (
+    ("preparing", _prepare),
+    ("training", _train),
+    ("merging", _merge),
+    ("artifacts", _artifacts),
+    ("evaluating", _evaluate),
+)
+
+
+def run_phases(run: PipelineRun, hooks: Hooks) -> PipelineRun:
+    """Run `PHASES` in order (each skips what `run.done` says is done)."""
+    for _name, phase in PHASES:
+        phase(run, hooks)
+    return run
+
+
+class SimpleHooks:
+    """Hooks for a run with no job record (tests, benchmarks): step reports and training
+    progress go to the callbacks; failures raise the playbooks' own errors."""
+
+    wait_s: float | None = None
+
+    def __init__(self, emit: Emit,
+                 on_progress: Callable[[train.Progress], None] | None = None) -> None:
+        self.emit = emit
+        self.on_progress = on_progress
+
+    def check_stop(self) -> None:
+        """Nothing stops a simple run."""
+
+    def status(self, status: str, message: str, **fields: object) -> None:
+        """No job record to update."""
+
+    def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
+        """No event log."""
+
+    def phase_done(self, phase: str, **fields: object) -> None:
+        """Nothing to persist."""
+
+    def prepare_failed(self, exc: PlaybookFailed) -> None:
+        """Raised as it is."""
+
+    def prepared(self, run: PipelineRun) -> None:
+        """Nothing to record."""
+
+    def restore(self, run: PipelineRun) -> None:
+        """No checkpoints kept off the host."""
+
+    def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
+        """`run.resumed` says it."""
+
+    def mirror(self, run: PipelineRun) -> None:
+        """No checkpoints kept off the host."""
+
+    def train_progress(self, progress: train.Progress) -> None:
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def train_log(self, text: str) -> None:
+        """Not kept."""
+
+    def training_failed(self, run: PipelineRun) -> None:
+        status = run.status
+        assert status is not None
+        tail = train.log_tail(run.host, run.train_job, 30)
         raise PlaybookFailed("train", "wait", f"training exited with {status.exit_code}; "
                              "resume continues from the last valid checkpoint", Fault.HOST,
                              tail)
-    return status
+
+    def trained(self, run: PipelineRun) -> None:
+        """Nothing to record."""
+
+    def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
+        return _read_rows(run.job.eval_set) if run.job.eval_set else None
+
+    def evaluated(self, run: PipelineRun) -> None:
+        """`run.metrics` holds the scores."""
+
+    def evaluation_failed(self, run: PipelineRun, exc: Exception) -> None:
+        """Raised as it is (after the artifacts were copied back)."""
+
+    def stop_after_eval(self) -> bool:
+        return True  # evaluate's default: leave no server running on the host
 
 
 def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
                  on_progress: Callable[[train.Progress], None] | None = None) -> PipelineResult:
-    """Run every phase in order on `host` (each skips what is already done)."""
+    """Run `PHASES` on `host` with `SimpleHooks` (each phase skips what is already done)."""
     reports: list[StepReport] = []
 
     def record(report: StepReport) -> None:
         reports.append(report)
         emit(report)
 
-    cache, runner = prepare(host, job, record)
-    assert cache.layout is not None  # set by the model_cache playbook's first step
-    tj = train_job(job, cache.layout, cache.model_dir, runner, host.paths)
-    resumed = None
-    if train.status(host, tj).state is train.TrainState.FAILED:
-        resumed = train.prepare_resume(host, tj)
-    status = run_training(host, tj, record, on_progress, poll_s=job.poll_s)
-    run_playbook("merge", merge.steps(tj, poll_s=min(job.poll_s, 2.0)), host, record)
-
-    # The trained model comes back before evaluation: an evaluation failure raises after
-    # the artifacts are safe in `job.artifacts_dir`.
-    fetched = artifacts.fetch(host, tj.output_dir, job.artifacts_dir,
-                              include_merged=job.include_merged)
-    metrics: dict[str, float] = {}
-    if job.eval_set is not None or job.eval_tasks:
-        rows = _read_rows(job.eval_set) if job.eval_set else None
-        result = evaluate.evaluate(
-            host, job.job_id, merge.merged_dir(tj), cache.layout, job.vllm_image,
-            job.vllm_port, job.config.sequence_len, rows, tasks=job.eval_tasks,
-            emit=record, runner=runner, native_wrap=tj.native.wrap)
-        metrics = result.metrics
-    return PipelineResult(metrics, fetched, status, resumed, reports)
+    run = run_phases(PipelineRun(host, job), SimpleHooks(record, on_progress))
+    assert run.status is not None
+    return PipelineResult(run.metrics, run.fetched, run.status, run.resumed, reports)
 
 
 def _read_rows(path: str) -> list[dict[str, object]]:

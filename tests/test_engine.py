@@ -171,6 +171,27 @@ def test_job_succeeds_end_to_end(rig: Rig, method: str) -> None:
     assert_nothing_left(rig, cloud, job_id)
 
 
+def test_a_volume_that_cannot_be_deleted_is_reported(rig: Rig, tmp_path: Path) -> None:
+    # Storage left behind is billed every month: a failed volume delete at the job's end
+    # must be an event naming the volume and what to do, not swallowed (issue 13 §1.4).
+    cloud = rig.cloud()
+    job_id = rig.queue(rig.job_file())
+    # The cloud refuses to delete this volume: it is a link (sim's API answers an error).
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    volume = cloud.volume_dir(job_id)
+    volume.parent.mkdir(parents=True, exist_ok=True)
+    volume.symlink_to(elsewhere, target_is_directory=True)
+
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "succeeded", job.failure_reason  # the job's work is done
+    (failed,) = [e for e in rig.store.events(job_id) if e.kind == "volume.delete_failed"]
+    assert str(volume) in failed.message and "still billed" in failed.message
+    assert json.loads(failed.data_json or "{}")["provider"] == "sim"
+    assert volume.is_symlink()  # nothing pretended it was gone
+
+
 def test_capacity_error_on_the_cheapest_offer_falls_through(rig: Rig) -> None:
     cloud = rig.cloud(capacity={"RTX 3090": 1})
     # Someone else holds the only RTX 3090: sim still lists it, create refuses.
