@@ -184,11 +184,11 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
         tried: set[tuple[str, str]] = set()
         while True:
             job = self._job()
-            if job.interruptions >= self.opts.max_attempts:
-                raise JobFailed(f"gave up after {job.interruptions} interruptions (preempted or "
-                                "lost hosts); see `orch show " + job.id + "`")
+            gave_up = recovery.out_of_attempts(job, self.opts.max_attempts)
+            if gave_up is not None:
+                raise JobFailed(gave_up)
             adopted = self._adopt()
-            if job.phase_done == PHASES[-1]:
+            if recovery.nothing_left(job.phase_done, PHASES):
                 # Everything was done before a crash: finish without renting.
                 if adopted is not None:
                     self._release(adopted[0], "released")
@@ -244,13 +244,13 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
         now = utcnow()
         since = job.outage_since or now
         age = (now - since).total_seconds()
-        limit = recovery.outage_limit_s(job, self.opts.outage_limit_s)
-        if age >= limit:
+        plan = recovery.outage_wait(job, age, asked_s, self.opts.backoff_s,
+                                    self.opts.backoff_max_s, self.opts.outage_limit_s)
+        if plan is None:
+            limit = recovery.outage_limit_s(job, self.opts.outage_limit_s)
             raise JobFailed(f"{why}; gave up after {age:.0f}s of provider outage (limit "
                             f"{limit:.0f}s)")
-        wait = recovery.backoff_s(age, self.opts.backoff_s, self.opts.backoff_max_s)
-        if asked_s is not None:  # never sooner than the provider asked (429 Retry-After)
-            wait = max(wait, min(asked_s, limit - age))
+        wait, limit = plan.wait_s, plan.limit_s
         if job.outage_since is None:
             self.store.update_job_fields(self.job_id, outage_since=now)
         message = (f"{why}; the job stays queued and is retried in {wait:.0f}s (fails after "

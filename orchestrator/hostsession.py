@@ -13,7 +13,7 @@ import ipaddress
 import socket
 import time
 
-from orchestrator import ssh, throughput, trainlog
+from orchestrator import recovery, ssh, throughput, trainlog
 from orchestrator.runner_core import (
     EVAL_AGAIN,
     LOST,
@@ -130,7 +130,7 @@ class SessionMixin(RunnerCore):
                                       poll_s=self.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
                                       exact_count=not kept)
-        done = PHASES[:PHASES.index(job.phase_done) + 1] if job.phase_done in PHASES else ()
+        done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
         pipeline.run_phases(run, JobHooks(self, row_id, provider, inst))
@@ -157,7 +157,7 @@ class SessionMixin(RunnerCore):
                              + (f": {report.message}" if report.message else ""), report.data())
 
 
-class JobHooks:
+class JobHooks(pipeline.Hooks):
     """`playbooks.pipeline.Hooks` for a job the engine drives on one instance."""
 
     def __init__(self, runner: SessionMixin, row_id: int, provider: Provider,

@@ -21,6 +21,7 @@ import os
 import time
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,6 +79,56 @@ def idle_grace_s() -> float:
     if value < 0:
         raise ValueError(f"ORCH_IDLE_GRACE_S must be >= 0 (got {raw})")
     return value
+
+
+# --- the engine's recovery policy (pure: the engine acts on the answers) ---------------------
+# Attempts: an interruption (preempted or lost host) re-places the job, up to `max_attempts`;
+# a stalled attempt is re-placed `stall_retries` times. A takeover resumes after the durable
+# phases recorded in job.phase_done (`playbooks.pipeline.DURABLE`); once the last is done it
+# finishes without renting.
+
+
+def out_of_attempts(job: Job, max_attempts: int) -> str | None:
+    """Why the job must fail instead of being placed again, or None."""
+    if job.interruptions >= max_attempts:
+        return (f"gave up after {job.interruptions} interruptions (preempted or lost hosts); "
+                f"see `orch show {job.id}`")
+    return None
+
+
+def stalls_exhausted(stalls: int, stall_retries: int) -> bool:
+    """Whether a stall (the `stalls`-th) fails the job rather than re-placing it."""
+    return stalls > stall_retries
+
+
+def phases_done(phase_done: str | None, phases: tuple[str, ...]) -> tuple[str, ...]:
+    """The durable phases a takeover on the same instance skips (all up to `phase_done`)."""
+    return phases[:phases.index(phase_done) + 1] if phase_done in phases else ()
+
+
+def nothing_left(phase_done: str | None, phases: tuple[str, ...]) -> bool:
+    """Everything was done before a crash: a takeover finishes without renting."""
+    return phase_done == phases[-1]
+
+
+@dataclass(frozen=True)
+class OutageWait:
+    """How long a job waits out a provider outage, and its limit (seconds)."""
+
+    wait_s: float
+    limit_s: float
+
+
+def outage_wait(job: Job, age_s: float, asked_s: float | None, first_s: float, cap_s: float,
+                limit_s: float) -> OutageWait | None:
+    """The next wait of an outage `age_s` old, or None when the job must fail now."""
+    limit = outage_limit_s(job, limit_s)
+    if age_s >= limit:
+        return None
+    wait = backoff_s(age_s, first_s, cap_s)
+    if asked_s is not None:  # never sooner than the provider asked (429 Retry-After)
+        wait = max(wait, min(asked_s, limit - age_s))
+    return OutageWait(wait, limit)
 
 
 class Outages:

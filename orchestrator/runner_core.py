@@ -34,6 +34,7 @@ from orchestrator.ssh import ConnectionFactory
 from orchestrator.store import Job, LeaseLost, Store
 from orchestrator.watchdog import Watchdog
 from playbooks.base import PlaybookFailed
+from playbooks.pipeline import DURABLE
 from providers.base import Instance, InstanceState, NotFound, Offer, Provider
 
 log = logging.getLogger("orchestrator.engine")
@@ -45,10 +46,9 @@ LOST = (InstanceState.INTERRUPTED, InstanceState.TERMINATED, InstanceState.FAILE
 EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
               "the evaluation\" in docs/playbooks.md (the training is not repeated).")
 
-# The pipeline phases whose completion is recorded in job.phase_done, in order: a takeover
-# on the same instance skips those done; once the last is done (artifacts copied back and
-# the evaluation, if any, recorded) a takeover finishes the job without renting.
-PHASES = ("training", "merging", "artifacts", "evaluating")
+# The pipeline phases whose completion is recorded in job.phase_done, in order (one list:
+# playbooks.pipeline's); what a takeover resumes is orchestrator.recovery's policy.
+PHASES = DURABLE
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 
-from orchestrator import ssh
+from orchestrator import recovery, ssh
 from orchestrator.runner_core import LOST, JobFailed, RunnerCore, Stop, checkpoint_dir, log
 from playbooks import secrets
 from playbooks.base import Host, StepFailed
@@ -52,7 +52,7 @@ class TeardownMixin(RunnerCore):
         self._stalls += 1
         self._event("watchdog.stalled", str(stop), {"instance": inst.instance_id,
                                                     "stalls": self._stalls})
-        if self._stalls > self.opts.stall_retries:
+        if recovery.stalls_exhausted(self._stalls, self.opts.stall_retries):
             with self._stop_lock:
                 self._stop = None
             raise JobFailed(f"stopped by the watchdog: {stop}")

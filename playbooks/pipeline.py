@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
 from playbooks.axolotl import TrainConfigInput
@@ -148,12 +147,17 @@ class PipelineRun:
         return self.cache.layout
 
 
-class Hooks(Protocol):
-    """What a driver of `PHASES` does between and around the phases' steps."""
+class Hooks:
+    """What a driver of `PHASES` does between and around the phases' steps.
+
+    The defaults suit a run with no job record (tests, benchmarks): nothing is persisted,
+    nothing stops the run, and failures raise the playbooks' own errors. The engine's
+    `orchestrator.hostsession.JobHooks` overrides them to keep the job's record.
+    """
 
     # Each wait for the training returns after this many seconds (None: when it ends), so
     # stop signals are noticed and checkpoints mirrored between polls.
-    wait_s: float | None
+    wait_s: float | None = None
 
     def check_stop(self) -> None:
         """Raise if the run must stop now (cancelled, instance lost, stalled)."""
@@ -180,7 +184,7 @@ class Hooks(Protocol):
         """Before resuming on a new host: put back a checkpoint kept off the host."""
 
     def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
-        """Training will resume from `info`."""
+        """Training will resume from `info` (`run.resumed` holds it too)."""
 
     def mirror(self, run: PipelineRun) -> None:
         """Between training polls: copy a new checkpoint off the host if one is due."""
@@ -193,21 +197,30 @@ class Hooks(Protocol):
 
     def training_failed(self, run: PipelineRun) -> None:
         """The training exited with an error: raise what the driver reports."""
+        status = run.status
+        assert status is not None
+        tail = train.log_tail(run.host, run.train_job, 30)
+        raise PlaybookFailed("train", "wait", f"training exited with {status.exit_code}; "
+                             "resume continues from the last valid checkpoint", Fault.HOST,
+                             tail)
 
     def trained(self, run: PipelineRun) -> None:
         """The trained model is back (record what the run measured)."""
 
     def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
         """The evaluation set's rows (None: none)."""
+        return _read_rows(run.job.eval_set) if run.job.eval_set else None
 
     def evaluated(self, run: PipelineRun) -> None:
         """The evaluation succeeded: `run.metrics` holds its scores."""
 
     def evaluation_failed(self, run: PipelineRun, exc: Exception) -> None:
-        """The evaluation raised `exc`: raise what the driver reports."""
+        """The evaluation raised `exc` (after the artifacts were copied back): raise what
+        the driver reports; returning re-raises `exc` as it is."""
 
     def stop_after_eval(self) -> bool:
-        """Whether the evaluation server must be stopped (the machine is kept)."""
+        """Whether the evaluation server must be stopped (evaluate's default: yes)."""
+        return True
 
 
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
@@ -324,73 +337,21 @@ def run_phases(run: PipelineRun, hooks: Hooks) -> PipelineRun:
     return run
 
 
-class SimpleHooks:
-    """Hooks for a run with no job record (tests, benchmarks): step reports and training
-    progress go to the callbacks; failures raise the playbooks' own errors."""
-
-    wait_s: float | None = None
+class SimpleHooks(Hooks):
+    """`Hooks` for tests and benchmarks: step reports and training progress go to the
+    callbacks; everything else is the defaults."""
 
     def __init__(self, emit: Emit,
                  on_progress: Callable[[train.Progress], None] | None = None) -> None:
-        self.emit = emit
-        self.on_progress = on_progress
+        self._emit = emit
+        self._on_progress = on_progress
 
-    def check_stop(self) -> None:
-        """Nothing stops a simple run."""
-
-    def status(self, status: str, message: str, **fields: object) -> None:
-        """No job record to update."""
-
-    def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
-        """No event log."""
-
-    def phase_done(self, phase: str, **fields: object) -> None:
-        """Nothing to persist."""
-
-    def prepare_failed(self, exc: PlaybookFailed) -> None:
-        """Raised as it is."""
-
-    def prepared(self, run: PipelineRun) -> None:
-        """Nothing to record."""
-
-    def restore(self, run: PipelineRun) -> None:
-        """No checkpoints kept off the host."""
-
-    def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
-        """`run.resumed` says it."""
-
-    def mirror(self, run: PipelineRun) -> None:
-        """No checkpoints kept off the host."""
+    def emit(self, report: StepReport) -> None:
+        self._emit(report)
 
     def train_progress(self, progress: train.Progress) -> None:
-        if self.on_progress is not None:
-            self.on_progress(progress)
-
-    def train_log(self, text: str) -> None:
-        """Not kept."""
-
-    def training_failed(self, run: PipelineRun) -> None:
-        status = run.status
-        assert status is not None
-        tail = train.log_tail(run.host, run.train_job, 30)
-        raise PlaybookFailed("train", "wait", f"training exited with {status.exit_code}; "
-                             "resume continues from the last valid checkpoint", Fault.HOST,
-                             tail)
-
-    def trained(self, run: PipelineRun) -> None:
-        """Nothing to record."""
-
-    def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
-        return _read_rows(run.job.eval_set) if run.job.eval_set else None
-
-    def evaluated(self, run: PipelineRun) -> None:
-        """`run.metrics` holds the scores."""
-
-    def evaluation_failed(self, run: PipelineRun, exc: Exception) -> None:
-        """Raised as it is (after the artifacts were copied back)."""
-
-    def stop_after_eval(self) -> bool:
-        return True  # evaluate's default: leave no server running on the host
+        if self._on_progress is not None:
+            self._on_progress(progress)
 
 
 def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
