@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.store import FINAL_STATUSES, Store, utcnow
-from providers.base import Instance, NotFound, Provider, ProviderError
+from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
 
 
 @dataclass(frozen=True)
@@ -136,25 +136,29 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
         if not dry_run:
             store.requeue(job.id, reason)
         report.actions.append(Action("requeue", job.provider or "", None, job.id, reason))
-    if scrub is not None and "dedicated" in providers:
-        _scrub_servers(store, scrub, report)
+    # Servers the user keeps (a provider that declares KeepsMachine) outlive jobs: a crashed
+    # job's secret files are removed from them here.
+    kept = next((n for n, p in providers.items() if isinstance(p, KeepsMachine)), None)
+    if scrub is not None and kept is not None:
+        _scrub_servers(store, scrub, report, kept)
     return report
 
 
-def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report) -> None:
+def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report,
+                   provider: str) -> None:
     for server in store.list_servers():
         if server.claimed_by_job or server.status != "idle" or not server.host_key:
             continue  # a running job still needs its secrets; an unpinned server is unknown
         if report.dry_run:
-            report.actions.append(Action("scrub-secrets", "dedicated", server.name, None,
+            report.actions.append(Action("scrub-secrets", provider, server.name, None,
                                          "would remove secret files a job left"))
             continue
         try:
             removed = scrub(server)
         except Exception as exc:  # one unreachable server must not stop the others
-            report.actions.append(Action("error", "dedicated", server.name, None,
+            report.actions.append(Action("error", provider, server.name, None,
                                          f"cannot remove secret files: {exc}"))
             continue
         if removed:
-            report.actions.append(Action("scrub-secrets", "dedicated", server.name, None,
+            report.actions.append(Action("scrub-secrets", provider, server.name, None,
                                          f"removed {len(removed)} secret file(s) a job left"))

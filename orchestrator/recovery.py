@@ -10,6 +10,9 @@ share (docs/architecture.md, "Failure model"):
   `resources.deadline_hours`, whichever is shorter). A worker process also remembers a
   provider it found unavailable for the same backoff (`Outages`), so the next jobs do not
   each wait out a full round of retries against it.
+- The engine's attempt policy: an interruption re-places the job up to `max_attempts`
+  (`out_of_attempts`), a stall `stall_retries` times (`stalls_exhausted`), and a takeover
+  resumes after the durable phases already done (`phases_done`, `nothing_left`).
 - An instance whose job nobody drives (its worker or foreground `orch submit` died and the
   job was requeued) is kept `IDLE_GRACE_S` for a worker to adopt it, then `orch reconcile`
   tears it down; the job's checkpoints stay on its volume (or in orch's local copy).
