@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from collections.abc import Iterator
@@ -149,7 +148,7 @@ class LoraSpec(_Strict):
             raise ValueError("must name at least one module, or be all-linear")
         for name in value:
             if name not in LINEAR_MODULES:
-                close = difflib.get_close_matches(name, LINEAR_MODULES, n=1)
+                close = _closest(name, LINEAR_MODULES, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
                     f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
@@ -319,6 +318,13 @@ class LoadedJob:
         return spec_hash(self.spec)
 
 
+def _closest(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The `n` choices closest to a misspelt `word` (difflib's ratio of at least `cutoff`)."""
+    import difflib  # only a typo needs it: kept off `orch plan`'s start-up path
+
+    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+
+
 class SpecError(ValueError):
     """One or more problems in a job file, each as `file:line field: problem`."""
 
@@ -408,7 +414,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         choices = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), choices, n=1, cutoff=0.6)
+        close = _closest(str(loc[-1]), choices, n=1, cutoff=0.6)
         if close:
             return f"unknown key; did you mean {close[0]!r}?"
         return f"unknown key; allowed here: {', '.join(choices)}" if choices else "unknown key"
@@ -423,7 +429,7 @@ def _describe(err: dict[str, Any]) -> str:
         return f"must be {op} {bound} (got {got!r})"
     if kind == "literal_error":
         expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
-        close = difflib.get_close_matches(str(got), [e.strip() for e in expected.split(",")], n=1)
+        close = _closest(str(got), [e.strip() for e in expected.split(",")], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"must be one of {expected} (got {got!r}){hint}"
     if kind == "string_pattern_mismatch":
@@ -568,14 +574,14 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     for i, gpu in enumerate(spec.resources.gpus or []):
         if not catalog.resolve_gpu(gpu):
             known = list(catalog.gpus())
-            close = difflib.get_close_matches(gpu, known, n=1, cutoff=0.5)
+            close = _closest(gpu, known, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
             problem(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
                     f"{', '.join(known)}")
     providers = catalog.provider_names()
     for i, prov in enumerate(spec.resources.providers or []):
         if prov not in providers:
-            close = difflib.get_close_matches(prov, providers, n=1)
+            close = _closest(prov, providers, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             problem(("resources", "providers", i), f"unknown provider {prov!r}; {hint}known: "
                     f"{', '.join(providers)}")
