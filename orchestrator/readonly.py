@@ -8,11 +8,11 @@ databases go through the store.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from orchestrator.money import dollars_trimmed
 from orchestrator.throughput import Measured, MeasuredKey
 from providers.dedicated import RegisteredServer
 
@@ -38,6 +38,8 @@ class Unavailable(Exception):
 
 def _open(url: str) -> Any:
     """The store at a non-SQLite `url`; Unavailable when it cannot be opened."""
+    # Imported here, not at the top: the store pulls in SQLAlchemy (~0.5 s), which the SQLite
+    # path of this module exists to avoid.
     from orchestrator.store import StoreError, open_store
 
     try:
@@ -82,7 +84,7 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     except sqlite3.OperationalError:
         return []  # database not migrated yet: no servers registered
     return [
-        RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status,
+        RegisteredServer(name, gpu, int(count), dollars_trimmed(micros), host, status,
                          int(port), user, claimed)
         for name, gpu, count, micros, host, status, port, user, claimed in rows
     ]

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from orchestrator import spec as jobspec
 from orchestrator import yamlpos
 from orchestrator.spec import JobSpec, LoadedJob, Money, SpecError, _Strict, read_mapping
+from orchestrator.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
 MAX_RUNS = 1000
@@ -160,8 +161,6 @@ def sweep_key(sweep_name: str, spec_hash: str) -> str:
 
 def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> str | None:
     """The run id with the best metric for `objective` (ties: the earliest); None if none."""
-    from orchestrator.sweepview import best_of
-
     return best_of(rows, objective.goal)
 
 
