@@ -136,6 +136,7 @@ def _first_keyword(query: str) -> str:
 
 def _run_sql_engine(url: str, query: str) -> SqlResult:
     """PostgreSQL and others: one statement in a READ ONLY transaction, always rolled back."""
+    # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
     from sqlalchemy.exc import DBAPIError
 
     # Imported here, not at the top: the store pulls in SQLAlchemy, which SQLite never needs.
@@ -157,6 +158,7 @@ def _run_sql_engine(url: str, query: str) -> SqlResult:
             except DBAPIError as exc:
                 if "read-only" in str(exc.orig):
                     raise _refusal(query, str(exc.orig).strip()) from None
+                # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
                 from sqlalchemy.exc import ProgrammingError
 
                 # Syntax errors, unknown tables and columns are ProgrammingErrors in DB-API.

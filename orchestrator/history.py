@@ -131,6 +131,7 @@ class HistoryRow:
 
 def gpu_names(value: str) -> list[str]:
     """The stored GPU names a user's spelling may mean (`H100` → both H100 variants)."""
+    # Start-up laziness: the catalog is imported only on the path that uses it.
     from providers import catalog
 
     return sorted({value, *catalog.resolve_gpu(value)})

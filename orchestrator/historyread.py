@@ -139,6 +139,7 @@ class EngineReader:
 
     def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
         """All rows of `sql` in a read-only transaction."""
+        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy import text
 
         with self.store.engine.connect() as conn:

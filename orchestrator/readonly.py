@@ -65,6 +65,7 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
+        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy.exc import SQLAlchemyError
 
         store = _open(url)  # non-SQLite: use the store
@@ -96,6 +97,7 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
     if path is None:
         if url.startswith("sqlite"):
             return {}
+        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -121,6 +123,7 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
 def _sqlite_rows(path: Path, sql: str) -> list[Any]:
     """Rows of `sql` on a read-only connection; OperationalError (no such table) propagates,
     Unavailable when the file cannot be opened or is not a database at all."""
+    # Start-up laziness: sqlite3 is imported only on the path that uses it.
     import sqlite3
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
@@ -140,6 +143,7 @@ def _sqlite_rows(path: Path, sql: str) -> list[Any]:
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:
+    # Start-up laziness: statistics is imported only on the path that uses it.
     import statistics
 
     by_key: dict[MeasuredKey, list[float]] = {}
