@@ -53,15 +53,8 @@ class ServersMixin(StoreBase):
             raise InvalidValueError(
                 f"server {name!r}: monthly price must be >= 0 (got {monthly_price})"
             )
-        server = Server(
-            name=name,
-            host=host,
-            port=port,
-            user=user,
-            gpu=gpu,
-            gpu_count=gpu_count,
-            monthly_price_micros=micros,
-        )
+        server = Server(name=name, host=host, port=port, user=user, gpu=gpu,
+                        gpu_count=gpu_count, monthly_price_micros=micros)
         try:
             with self.transaction() as session:
                 session.add(server)

@@ -15,9 +15,12 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Union
 
 from orchestrator.jobstatus import ACTIVE_STATUSES
+
+if TYPE_CHECKING:
+    from orchestrator.storetables import Job
 
 # States in which a job counts against max_parallel: a worker drives it (an interrupted job is
 # being re-placed by its worker).
@@ -26,8 +29,9 @@ DEFAULT_MAX_PARALLEL = 4  # SweepSpec's default, for rows whose spec_json lacks 
 GOALS: tuple[str, ...] = ("max", "min")
 
 
-class JobLike(Protocol):
-    """The job columns a sweep status reads (a `store.Job` or a `JobRow`)."""
+@dataclass
+class JobRow:
+    """The job columns the sweep rules and status read, as a plain row (read with sqlite3)."""
 
     id: str
     name: str
@@ -41,6 +45,11 @@ class JobLike(Protocol):
     gpu: str | None
     gpu_count: int | None
 
+
+# A store `Job` (the claim path, other databases) or a `JobRow` (sqlite3): both have the
+# columns above. The store's type is named for the type checker only; at run time this module
+# stays free of SQLAlchemy.
+JobLike = Union[JobRow, "Job"]
 
 
 # --- states and the gate -----------------------------------------------------------------

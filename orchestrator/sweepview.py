@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,6 +23,7 @@ from orchestrator.money import dollars_text
 from orchestrator.sweeprules import (
     RUNNING_STATUSES,
     JobLike,
+    JobRow,
     best_of,
     gate,
     is_running,
@@ -36,23 +36,6 @@ from orchestrator.sweeprules import (
 
 class SweepNotFound(LookupError):
     """No sweep has that name; the message lists some that exist."""
-
-
-@dataclass
-class JobRow:
-    """A job row read with sqlite3 (the columns of JobLike)."""
-
-    id: str
-    name: str
-    status: str
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    cost_micros: int
-    est_cost_micros: int | None
-    failure_reason: str | None
-    provider: str | None
-    gpu: str | None
-    gpu_count: int | None
 
 
 # --- the status --------------------------------------------------------------------------------
