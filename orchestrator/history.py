@@ -298,28 +298,11 @@ def split_by(values: Iterable[str]) -> tuple[str | None, str | None]:
     return when, dim
 
 
-def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
-                since: datetime | None = None, until: datetime | None = None,
-                now: datetime | None = None,
-                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
-    """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
-
-    Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
-    provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
-    still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
-    catalog price of that GPU minus what it was charged (its billed cost once terminated,
-    price × elapsed time while open).
-    """
-    if when is not None and when not in TIME_BUCKETS:
-        raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
-    if dim is not None and dim not in DIMENSIONS:
-        raise HistoryError(f"--by {dim}: use one of {', '.join(DIMENSIONS)}")
-    if reader is None:
-        return []
-    now = now or datetime.now(UTC)
-    prices = on_demand_prices() if prices is None else prices
-    params: dict[str, Any] = {"now": to_text(now)}
-    terms = _where(reader, Filters(since=since, until=until), params)
+def _rollup_sql(reader: Reader, dim: str | None, filters: Filters,
+                params: dict[str, Any]) -> tuple[str, str]:
+    """The two grouped queries of `cost_rollup`: jobs per (day, key), instances per
+    (day, key, GPU, spot); `params` gets their bound values."""
+    terms = _where(reader, filters, params)
     where = " WHERE " + " AND ".join(terms) if terms else ""
     dim_sql = {None: "NULL", "provider": "j.provider", "gpu": "j.gpu", "method": "j.method",
                "sweep": "s.name"}[dim]
@@ -341,6 +324,31 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
         f"sum(CASE WHEN i.terminated_at IS NULL THEN i.price_per_hour_micros * {secs} "
         f"ELSE 0 END) FROM instance i JOIN job j ON j.id = i.job_id{join}{where} "
         f"GROUP BY substr(j.created_at, 1, 10){group_dim}, i.gpu, i.interruptible")
+    return job_sql, inst_sql
+
+
+def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
+                since: datetime | None = None, until: datetime | None = None,
+                now: datetime | None = None,
+                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+    """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
+
+    Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
+    provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
+    still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
+    catalog price of that GPU minus what it was charged (its billed cost once terminated,
+    price × elapsed time while open).
+    """
+    if when is not None and when not in TIME_BUCKETS:
+        raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
+    if dim is not None and dim not in DIMENSIONS:
+        raise HistoryError(f"--by {dim}: use one of {', '.join(DIMENSIONS)}")
+    if reader is None:
+        return []
+    now = now or datetime.now(UTC)
+    prices = on_demand_prices() if prices is None else prices
+    params: dict[str, Any] = {"now": to_text(now)}
+    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until), params)
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:
