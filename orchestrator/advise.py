@@ -16,7 +16,18 @@ from dataclasses import asdict, dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from orchestrator.pricing import HOURS_PER_MONTH, breakeven_hours, money, usd
+from orchestrator.money import (
+    HOURS_PER_MONTH,
+    breakeven_hours,
+    canonical_gpu,
+    catalog_offers,
+    cheapest_hourly,
+    dollars,
+    money,
+    per_gpu_hour,
+    usd,
+)
+from orchestrator.render import table
 
 _HOURS = Decimal("0.01")
 _RATIO = Decimal("0.0001")
@@ -25,11 +36,6 @@ _RATIO = Decimal("0.0001")
 def hours(seconds: int) -> Decimal:
     """Seconds as hours, exact to the second's fraction (no float)."""
     return Decimal(int(seconds)) / 3600
-
-
-def dollars(micros: int) -> Decimal:
-    """Integer micro-dollars as Decimal dollars."""
-    return Decimal(int(micros)).scaleb(-6)
 
 
 @dataclass(frozen=True)
@@ -211,22 +217,10 @@ def _server_advice(s: ServerUsage, price: HourlyPrice | None,
 # --- prices from the catalog (the edge; advise() itself takes plain values) -----------------
 
 
-def canonical_gpu(name: str) -> str:
-    """The catalog's name for a stored GPU name (unchanged when unknown or ambiguous)."""
-    from providers import catalog
-
-    if name in catalog.gpus():
-        return name
-    hits = catalog.resolve_gpu(name)
-    return hits[0] if len(hits) == 1 else name
-
-
 def catalog_monthly() -> dict[str, MonthlyOption]:
     """Cheapest priced monthly catalog tier per GPU class (by price per GPU)."""
-    from providers import catalog
-
     best: dict[str, MonthlyOption] = {}
-    for o in catalog.load().offers:
+    for o in catalog_offers():
         if o.billing.value != "monthly" or o.monthly_price is None or o.registered:
             continue
         cand = MonthlyOption(o.gpu, o.gpu_count, o.monthly_price,
@@ -239,18 +233,10 @@ def catalog_monthly() -> dict[str, MonthlyOption]:
 
 def catalog_hourly() -> dict[str, HourlyPrice]:
     """Cheapest per-second price per GPU-hour by class: on-demand, else spot (said so)."""
-    from providers import catalog
-
-    best: dict[str, tuple[bool, Decimal, str]] = {}
-    for o in catalog.load().offers:
-        if o.billing.value == "monthly" or o.price_per_hour is None:
-            continue
-        # On-demand first: a dedicated server is not interruptible, so spot is a fallback.
-        key = (o.interruptible, o.price_per_hour / o.gpu_count,
-               f"catalog {o.provider} {'spot' if o.interruptible else 'on-demand'}")
-        if o.gpu not in best or key[:2] < best[o.gpu][:2]:
-            best[o.gpu] = key
-    return {gpu: HourlyPrice(price, source) for gpu, (_, price, source) in best.items()}
+    # On-demand first: a dedicated server is not interruptible, so spot is a fallback.
+    return {gpu: HourlyPrice(per_gpu_hour(o), f"catalog {o.provider} "
+                             f"{'spot' if o.interruptible else 'on-demand'}")
+            for gpu, o in cheapest_hourly(catalog_offers()).items()}
 
 
 # --- text --------------------------------------------------------------------------------
@@ -262,8 +248,6 @@ def _pct(ratio: Decimal | None) -> str:
 
 def render_lines(a: Advice) -> list[str]:
     """The advice as lines for the terminal."""
-    from orchestrator.render import table
-
     out = [f"Last {a.days} days, projected to a {HOURS_PER_MONTH}-hour month.", ""]
     if a.gpus:
         out.append("Per-second GPU use: would a monthly server have been cheaper?")
@@ -310,3 +294,11 @@ def render_lines(a: Advice) -> list[str]:
     else:
         out.append("No registered monthly servers.")
     return out
+
+
+# Re-exported for `cli_history` (which reads them through this module): `money` holds them.
+__all__ = [
+    "Advice", "GpuAdvice", "HourlyPrice", "MeteredUsage", "MonthlyOption", "ServerAdvice",
+    "ServerUsage", "advise", "canonical_gpu", "catalog_hourly", "catalog_monthly", "dollars",
+    "hours", "render_lines",
+]

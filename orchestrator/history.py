@@ -1,183 +1,50 @@
-"""History queries, cost rollups, read-only SQL and advise inputs over the orch database.
+"""History queries, cost rollups and advise inputs over the orch database.
 
-Read-only and light: on SQLite everything here goes through the standard library's sqlite3
-on a `mode=ro` URI (no SQLModel/SQLAlchemy import, ~0.5 s saved, and no file or schema is
-ever created); other databases (`ORCH_DB_URL` = PostgreSQL) go through the store's engine
-with the same SQL. Aggregation happens in SQL so 100,000 jobs cost the same Python work as
-ten; only the few grouped rows come back. Money stays integer micro-dollars until display
-(Invariant 7): durations are summed as integer seconds and priced with Decimal.
+Read-only and light: everything here reads through `historyread` (sqlite3 on a `mode=ro`
+URI on SQLite, no SQLModel/SQLAlchemy import; the store's engine elsewhere) with the same
+SQL. Aggregation happens in SQL so 100,000 jobs cost the same Python work as ten; only the
+few grouped rows come back. Money stays integer micro-dollars until display (Invariant 7):
+durations are summed as integer seconds and priced with Decimal (`orchestrator.money`).
+`orch sql` lives in `adhocsql`, the readers and time parsing in `historyread`; their names
+are re-exported here for the CLI modules that import them from `history`.
 """
 
 from __future__ import annotations
 
-import re
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal
-from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
 
-from orchestrator.readonly import sqlite_path
-
-# Kept in step with orchestrator.store.JOB_STATUSES (tests/test_history.py checks): importing
-# the store here would cost every history command the SQLModel import.
-JOB_STATUSES: tuple[str, ...] = (
-    "queued", "planned", "provisioning", "connecting", "preparing", "training", "merging",
-    "evaluating", "releasing", "succeeded", "failed", "cancelled", "interrupted",
+from orchestrator.adhocsql import SqlResult, run_sql, single_statement
+from orchestrator.historyread import (
+    EngineReader,
+    HistoryError,
+    QueryError,
+    Reader,
+    ReadOnlyError,
+    SqliteReader,
+    open_reader,
+    parse_stored,
+    parse_when,
+    to_text,
 )
+from orchestrator.jobstatus import JOB_STATUSES
+from orchestrator.money import (
+    METERED,
+    accrued_micros,
+    catalog_offers,
+    cheapest_hourly,
+    dollars,
+    hourly_cost_micros,
+    per_gpu_hour,
+    price_of,
+)
+
 SORT_KEYS: tuple[str, ...] = ("created", "cost", "duration", "status")
 TIME_BUCKETS: tuple[str, ...] = ("day", "week", "month")
 DIMENSIONS: tuple[str, ...] = ("provider", "gpu", "sweep", "method")
-METERED: tuple[str, ...] = ("per_second", "per_minute")
-
-_MICROS = Decimal(1_000_000)
-_SPAN = re.compile(r"(\d+)\s*([mhdw])")
-_SPAN_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-class HistoryError(Exception):
-    """A bad argument or an unreadable database; the message names the flag and the fix."""
-
-
-class ReadOnlyError(HistoryError):
-    """`orch sql` was given something other than one read-only query."""
-
-
-class QueryError(HistoryError):
-    """`orch sql`'s query is wrong (syntax, unknown table or column): invalid input."""
-
-
-# --- times -------------------------------------------------------------------------------
-
-
-def to_text(when: datetime) -> str:
-    """The stored form of an aware time: `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_when(value: str, flag: str, now: datetime) -> datetime:
-    """An ISO date/time (UTC unless it says otherwise) or a span back from `now` (`30d`)."""
-    text = value.strip()
-    span = _SPAN.fullmatch(text.lower())
-    if span:
-        return now - timedelta(**{_SPAN_UNITS[span.group(2)]: int(span.group(1))})
-    try:
-        # fromisoformat takes dates, `T` or space separated times, offsets and (3.11) `Z`.
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise HistoryError(
-            f"{flag} {value}: use an ISO date like 2026-11-01, a UTC time like "
-            "2026-11-01T12:00, or a span like 30d, 12h, 2w, 90m"
-        ) from None
-    # A time without an offset is UTC: every time orch stores and prints is.
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-
-
-def parse_stored(text: str | None) -> datetime | None:
-    """Parse a stored time column (tolerating hand-written rows without the `Z`)."""
-    if text is None:
-        return None
-    parsed = datetime.fromisoformat(text)
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-
-
-# --- database access ---------------------------------------------------------------------
-
-
-class Reader(Protocol):
-    """Run one read query with `:name` parameters and return every row."""
-
-    dialect: str
-
-    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """All rows of `sql`."""
-        ...
-
-    def close(self) -> None:
-        """Release the connection."""
-        ...
-
-
-def _ro_connect(path: Path) -> sqlite3.Connection:
-    # mode=ro: a typo'd path is an error, not a new empty database; timeout only matters
-    # while a WAL checkpoint or recovery holds the file.
-    con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10)
-    con.execute("PRAGMA query_only=ON")
-    return con
-
-
-class SqliteReader:
-    """A read-only sqlite3 connection (stdlib only)."""
-
-    dialect = "sqlite"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            self.con = _ro_connect(path)
-        except sqlite3.Error as exc:
-            raise HistoryError(f"cannot read the database {path}: {exc}") from exc
-
-    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """All rows of `sql`; a missing table means a database orch never migrated."""
-        try:
-            return self.con.execute(sql, dict(params or {})).fetchall()
-        except sqlite3.OperationalError as exc:
-            raise HistoryError(
-                f"cannot read the history in {self.path}: {exc}; run any orch command that "
-                "opens the database (e.g. `orch jobs`) to create or upgrade its schema"
-            ) from exc
-        except sqlite3.DatabaseError as exc:  # "file is not a database"
-            raise HistoryError(f"cannot read the history in {self.path}: {exc}; move it "
-                               "aside or set ORCH_DB_URL to another database") from exc
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.con.close()
-
-
-class EngineReader:
-    """Reads through the store's SQLAlchemy engine (PostgreSQL and other non-SQLite URLs)."""
-
-    def __init__(self, url: str) -> None:
-        from orchestrator.store import StoreError, open_store
-
-        try:
-            self.store = open_store(url)
-        except StoreError as exc:
-            raise HistoryError(str(exc)) from exc
-        self.dialect = self.store.engine.dialect.name
-
-    def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """All rows of `sql` in a read-only transaction."""
-        from sqlalchemy import text
-
-        with self.store.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-            result = conn.execute(text(sql), dict(params or {}))
-            out = [tuple(r) for r in result]
-            conn.rollback()
-            return out
-
-    def close(self) -> None:
-        """Dispose of the engine."""
-        self.store.close()
-
-
-def open_reader(url: str) -> Reader | None:
-    """A reader for `url`, or None when the SQLite file does not exist (no history yet)."""
-    path = sqlite_path(url)
-    if path is None:
-        if url.startswith("sqlite"):
-            return None  # in-memory: a fresh process has no history
-        return EngineReader(url)
-    if not path.exists():
-        return None
-    return SqliteReader(path)
 
 
 def _seconds(dialect: str, start: str, end: str) -> str:
@@ -262,13 +129,9 @@ class HistoryRow:
         }
 
 
-def dollars(micros: int) -> Decimal:
-    """Integer micro-dollars as exact Decimal dollars."""
-    return Decimal(int(micros)).scaleb(-6)
-
-
 def gpu_names(value: str) -> list[str]:
     """The stored GPU names a user's spelling may mean (`H100` → both H100 variants)."""
+    # Start-up laziness: the catalog is imported only on the path that uses it.
     from providers import catalog
 
     return sorted({value, *catalog.resolve_gpu(value)})
@@ -398,26 +261,8 @@ class CostRow:
 
 def on_demand_prices() -> dict[str, Decimal]:
     """Cheapest on-demand metered catalog price per GPU-hour, by canonical GPU name."""
-    from providers import catalog
-
-    best: dict[str, Decimal] = {}
-    for o in catalog.load().offers:
-        if o.interruptible or o.price_per_hour is None or o.billing.value not in METERED:
-            continue
-        per_gpu = o.price_per_hour / o.gpu_count
-        if o.gpu not in best or per_gpu < best[o.gpu]:
-            best[o.gpu] = per_gpu
-    return best
-
-
-def _price_for(gpu: str, prices: Mapping[str, Decimal]) -> Decimal | None:
-    """The on-demand price of a stored GPU name (canonical, or an unambiguous alias)."""
-    if gpu in prices:
-        return prices[gpu]
-    from providers import catalog
-
-    names = catalog.resolve_gpu(gpu)
-    return prices.get(names[0]) if len(names) == 1 else None
+    return {gpu: per_gpu_hour(o) for gpu, o in cheapest_hourly(catalog_offers()).items()
+            if not o.interruptible}
 
 
 def _bucket(day: str, by: str | None) -> str | None:
@@ -453,28 +298,11 @@ def split_by(values: Iterable[str]) -> tuple[str | None, str | None]:
     return when, dim
 
 
-def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
-                since: datetime | None = None, until: datetime | None = None,
-                now: datetime | None = None,
-                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
-    """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
-
-    Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
-    provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
-    still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
-    catalog price of that GPU minus what it was charged (its billed cost once terminated,
-    price × elapsed time while open).
-    """
-    if when is not None and when not in TIME_BUCKETS:
-        raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
-    if dim is not None and dim not in DIMENSIONS:
-        raise HistoryError(f"--by {dim}: use one of {', '.join(DIMENSIONS)}")
-    if reader is None:
-        return []
-    now = now or datetime.now(UTC)
-    prices = on_demand_prices() if prices is None else prices
-    params: dict[str, Any] = {"now": to_text(now)}
-    terms = _where(reader, Filters(since=since, until=until), params)
+def _rollup_sql(reader: Reader, dim: str | None, filters: Filters,
+                params: dict[str, Any]) -> tuple[str, str]:
+    """The two grouped queries of `cost_rollup`: jobs per (day, key), instances per
+    (day, key, GPU, spot); `params` gets their bound values."""
+    terms = _where(reader, filters, params)
     where = " WHERE " + " AND ".join(terms) if terms else ""
     dim_sql = {None: "NULL", "provider": "j.provider", "gpu": "j.gpu", "method": "j.method",
                "sweep": "s.name"}[dim]
@@ -496,6 +324,31 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
         f"sum(CASE WHEN i.terminated_at IS NULL THEN i.price_per_hour_micros * {secs} "
         f"ELSE 0 END) FROM instance i JOIN job j ON j.id = i.job_id{join}{where} "
         f"GROUP BY substr(j.created_at, 1, 10){group_dim}, i.gpu, i.interruptible")
+    return job_sql, inst_sql
+
+
+def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
+                since: datetime | None = None, until: datetime | None = None,
+                now: datetime | None = None,
+                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+    """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
+
+    Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
+    provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
+    still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
+    catalog price of that GPU minus what it was charged (its billed cost once terminated,
+    price × elapsed time while open).
+    """
+    if when is not None and when not in TIME_BUCKETS:
+        raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
+    if dim is not None and dim not in DIMENSIONS:
+        raise HistoryError(f"--by {dim}: use one of {', '.join(DIMENSIONS)}")
+    if reader is None:
+        return []
+    now = now or datetime.now(UTC)
+    prices = on_demand_prices() if prices is None else prices
+    params: dict[str, Any] = {"now": to_text(now)}
+    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until), params)
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:
@@ -521,17 +374,16 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
             continue
         r.spot_gpu_seconds += gpu_secs
         if gpu not in gpu_prices:
-            gpu_prices[gpu] = _price_for(gpu, prices)
+            gpu_prices[gpu] = price_of(gpu, prices)
         price = gpu_prices[gpu]
         if price is None:
             r.unpriced_gpus.add(gpu)
             continue
         # price × GPU-seconds / 3600 and the open instances' accrued price × seconds / 3600,
         # each rounded once to a micro-dollar.
-        would = (price * _MICROS * gpu_secs / 3600).to_integral_value(ROUND_HALF_EVEN)
-        charged = int(billed or 0) + int((Decimal(int(open_micro_secs or 0)) / 3600)
-                                         .to_integral_value(ROUND_HALF_EVEN))
-        r.savings_micros = (r.savings_micros or 0) + int(would) - charged
+        would = hourly_cost_micros(price, gpu_secs)
+        charged = int(billed or 0) + accrued_micros(int(open_micro_secs or 0))
+        r.savings_micros = (r.savings_micros or 0) + would - charged
     return sorted(groups.values(), key=lambda r: (r.bucket or "", -r.cost_micros, r.key or ""))
 
 
@@ -550,164 +402,15 @@ def total(rows: Sequence[CostRow]) -> CostRow:
     return t
 
 
-# --- read-only SQL -----------------------------------------------------------------------
-
-# Statement kinds an ad-hoc query may use: reading tables and views, calling functions and
-# recursive CTEs. Everything else (writes, DDL, PRAGMA, ATTACH, transactions) is denied.
-_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ,
-                              sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE})
-
-
-def _authorize(action: int, _a: str | None, _b: str | None, _db: str | None,
-               _trigger: str | None) -> int:
-    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
-
-
-def single_statement(sql: str) -> str:
-    """`sql` without trailing semicolons; ReadOnlyError if it holds more than one statement.
-
-    A small scanner that skips quoted text and comments. Conservative: a `;` inside a
-    PostgreSQL dollar-quoted string is taken as a separator (refused, never run).
-    """
-    i, n, end = 0, len(sql), None
-    while i < n:
-        c = sql[i]
-        if c in "'\"`":
-            close = sql.find(c, i + 1)
-            while close != -1 and sql[close + 1:close + 2] == c:  # doubled quote = escape
-                close = sql.find(c, close + 2)
-            i = n if close == -1 else close + 1
-        elif sql.startswith("--", i):
-            nl = sql.find("\n", i)
-            i = n if nl == -1 else nl + 1
-        elif sql.startswith("/*", i):
-            close = sql.find("*/", i + 2)
-            i = n if close == -1 else close + 2
-        elif c == ";":
-            end = i if end is None else end
-            i += 1
-        else:
-            if end is not None and not c.isspace():
-                raise ReadOnlyError("orch sql runs one statement at a time; remove everything "
-                                    "after the first `;` (or run each query separately)")
-            i += 1
-    stripped = (sql if end is None else sql[:end]).strip()
-    if not stripped:
-        raise ReadOnlyError('orch sql needs a query, e.g. orch sql "SELECT count(*) FROM job"')
-    return stripped
-
-
-@dataclass(frozen=True)
-class SqlResult:
-    """Column names and rows of an ad-hoc query."""
-
-    columns: tuple[str, ...]
-    rows: list[tuple[Any, ...]]
-
-
-def _refusal(sql: str, detail: str) -> ReadOnlyError:
-    verb = sql.split(None, 1)[0].upper() if sql.split() else "?"
-    return ReadOnlyError(
-        f"orch sql is read-only: only SELECT queries (and WITH ... SELECT) run here; "
-        f"this {verb} statement was refused ({detail}). Change data with orch commands "
-        "(`orch cancel`, `orch servers remove`, ...)"
-    )
-
-
-def run_sql(url: str, sql: str) -> SqlResult:
-    """Run one read-only query against the database at `url`.
-
-    SQLite: a `mode=ro` connection with `PRAGMA query_only=ON` and an authorizer that allows
-    only reads — three locks, any one of which refuses a write. In WAL mode the query reads
-    one consistent snapshot and never blocks a worker's writes.
-    """
-    query = single_statement(sql)
-    path = sqlite_path(url)
-    if path is None and not url.startswith("sqlite"):
-        return _run_sql_engine(url, query)
-    if path is None or not path.exists():
-        raise HistoryError(f"no orch database at {path or url} yet; it is created by the first "
-                           "`orch submit` (or set ORCH_DB_URL to the database you mean)")
-    try:
-        con = _ro_connect(path)
-    except sqlite3.Error as exc:
-        raise HistoryError(f"cannot open {path} read-only: {exc}") from exc
-    try:
-        con.set_authorizer(_authorize)
-        try:
-            cur = con.execute(query)
-            rows = cur.fetchall()
-        except sqlite3.DatabaseError as exc:
-            msg = str(exc)
-            if any(s in msg for s in ("not authorized", "authorization denied", "readonly",
-                                        "read-only")):
-                raise _refusal(query, msg) from None
-            if "no such table: v_" in msg:
-                msg += ("; orch's views arrive with schema 0003: run any orch command that "
-                        "opens the database (e.g. `orch jobs`) to upgrade it")
-            # A locked or unreadable database is not the query's fault.
-            fault = (HistoryError if any(s in msg for s in ("locked", "busy", "disk", "malformed",
-                                                            "unable to open", "table: v_"))
-                     else QueryError)
-            raise fault(f"query failed: {msg}") from None
-        except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
-            raise ReadOnlyError(f"orch sql runs one statement at a time ({exc})") from None
-        columns = tuple(c[0] for c in cur.description or ())
-        if not columns:
-            raise _refusal(query, "it returns no rows")
-        return SqlResult(columns, rows)
-    finally:
-        con.close()
-
-
-# Statements a read-only query may start with on a server database. The READ ONLY
-# transaction is the lock; this list turns utility commands that PostgreSQL would run outside
-# it or reject with a syntax error (VACUUM, SET, BEGIN, PRAGMA...) into one clear refusal.
-_QUERY_KEYWORDS = ("select", "with", "values", "table", "explain", "show")
-
-
-def _first_keyword(query: str) -> str:
-    text = re.sub(r"(--[^\n]*\n?|/\*.*?\*/|\s|\()+", " ", query, flags=re.S).strip()
-    return text.split(" ", 1)[0].lower() if text else ""
-
-
-def _run_sql_engine(url: str, query: str) -> SqlResult:
-    """PostgreSQL and others: one statement in a READ ONLY transaction, always rolled back."""
-    from sqlalchemy.exc import DBAPIError
-
-    from orchestrator.store import StoreError, open_store
-
-    if _first_keyword(query) not in _QUERY_KEYWORDS:
-        raise _refusal(query, "only queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, SHOW) run "
-                       "on a read-only connection")
-    try:
-        store = open_store(url)
-    except StoreError as exc:
-        raise HistoryError(str(exc)) from exc
-    try:
-        with store.engine.connect() as conn:
-            if store.engine.dialect.name == "postgresql":
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-            try:
-                result = conn.exec_driver_sql(query.replace("%", "%%"))
-            except DBAPIError as exc:
-                if "read-only" in str(exc.orig):
-                    raise _refusal(query, str(exc.orig).strip()) from None
-                from sqlalchemy.exc import ProgrammingError
-
-                # Syntax errors, unknown tables and columns are ProgrammingErrors in DB-API.
-                fault = QueryError if isinstance(exc, ProgrammingError) else HistoryError
-                raise fault(f"query failed: {str(exc.orig).strip()}") from None
-            if not result.returns_rows:
-                raise _refusal(query, "it returns no rows")
-            out = SqlResult(tuple(result.keys()), [tuple(r) for r in result])
-            conn.rollback()
-            return out
-    finally:
-        store.close()
-
 
 # --- advise inputs -----------------------------------------------------------------------
+
+
+def _window_seconds(dialect: str) -> str:
+    """SQL for the seconds of an instance's life (alias `i`) inside [:since, :now]."""
+    start = _greatest(dialect, "i.created_at", ":since")
+    end = _least(dialect, "coalesce(i.terminated_at, :now)", ":now")
+    return _greatest(dialect, "0", _seconds(dialect, start, end))
 
 
 def metered_usage(reader: Reader, since: datetime, now: datetime) -> list[tuple[str, int, int]]:
@@ -717,9 +420,7 @@ def metered_usage(reader: Reader, since: datetime, now: datetime) -> list[tuple[
     it was rented at.
     """
     d = reader.dialect
-    start = _greatest(d, "i.created_at", ":since")
-    end = _least(d, "coalesce(i.terminated_at, :now)", ":now")
-    secs = _greatest(d, "0", _seconds(d, start, end))
+    secs = _window_seconds(d)
     params: dict[str, Any] = {"since": to_text(since), "now": to_text(now)}
     billing = _in("i.billing", "bi", METERED, params)
     sql = (f"SELECT i.gpu, sum({secs} * i.gpu_count), sum({secs} * i.price_per_hour_micros) "
@@ -727,8 +428,7 @@ def metered_usage(reader: Reader, since: datetime, now: datetime) -> list[tuple[
            "(i.terminated_at IS NULL OR i.terminated_at > :since) GROUP BY i.gpu")
     out = []
     for gpu, gpu_secs, micro_secs in reader.rows(sql, params):
-        charged = (Decimal(int(micro_secs or 0)) / 3600).to_integral_value(ROUND_HALF_EVEN)
-        out.append((str(gpu), int(gpu_secs or 0), int(charged)))
+        out.append((str(gpu), int(gpu_secs or 0), accrued_micros(int(micro_secs or 0))))
     return out
 
 
@@ -740,9 +440,7 @@ def server_usage(reader: Reader, since: datetime,
     = the window, or less when the server was registered during it.
     """
     d = reader.dialect
-    start = _greatest(d, "i.created_at", ":since")
-    end = _least(d, "coalesce(i.terminated_at, :now)", ":now")
-    secs = _greatest(d, "0", _seconds(d, start, end))
+    secs = _window_seconds(d)
     params = {"since": to_text(since), "now": to_text(now)}
     used = dict(reader.rows(
         f"SELECT i.provider_instance_id, sum({secs}) FROM instance i WHERE "
@@ -757,3 +455,13 @@ def server_usage(reader: Reader, since: datetime,
         used_s = min(int(used.get(name) or 0), int(available))
         out.append((name, gpu, int(count), int(monthly), used_s, int(available)))
     return out
+
+
+# Re-exported: the CLI modules, exits.py and tests import these from `history`.
+__all__ = [
+    "DIMENSIONS", "JOB_STATUSES", "SORT_KEYS", "TIME_BUCKETS", "CostRow", "EngineReader",
+    "Filters", "HistoryError", "HistoryRow", "QueryError", "ReadOnlyError", "Reader",
+    "SqlResult", "SqliteReader", "cost_rollup", "dollars", "gpu_names", "history",
+    "metered_usage", "on_demand_prices", "open_reader", "parse_stored", "parse_when", "run_sql",
+    "server_usage", "single_statement", "split_by", "to_text", "total",
+]

@@ -8,11 +8,11 @@ databases go through the store.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from orchestrator.money import dollars_trimmed
 from orchestrator.throughput import Measured, MeasuredKey
 from providers.dedicated import RegisteredServer
 
@@ -38,6 +38,8 @@ class Unavailable(Exception):
 
 def _open(url: str) -> Any:
     """The store at a non-SQLite `url`; Unavailable when it cannot be opened."""
+    # Imported here, not at the top: the store pulls in SQLAlchemy (~0.5 s), which the SQLite
+    # path of this module exists to avoid.
     from orchestrator.store import StoreError, open_store
 
     try:
@@ -63,6 +65,7 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
+        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy.exc import SQLAlchemyError
 
         store = _open(url)  # non-SQLite: use the store
@@ -82,7 +85,7 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     except sqlite3.OperationalError:
         return []  # database not migrated yet: no servers registered
     return [
-        RegisteredServer(name, gpu, int(count), Decimal(int(micros)) / 1_000_000, host, status,
+        RegisteredServer(name, gpu, int(count), dollars_trimmed(micros), host, status,
                          int(port), user, claimed)
         for name, gpu, count, micros, host, status, port, user, claimed in rows
     ]
@@ -94,6 +97,7 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
     if path is None:
         if url.startswith("sqlite"):
             return {}
+        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy import text
         from sqlalchemy.exc import SQLAlchemyError
 
@@ -119,6 +123,7 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
 def _sqlite_rows(path: Path, sql: str) -> list[Any]:
     """Rows of `sql` on a read-only connection; OperationalError (no such table) propagates,
     Unavailable when the file cannot be opened or is not a database at all."""
+    # Start-up laziness: sqlite3 is imported only on the path that uses it.
     import sqlite3
     try:
         con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
@@ -138,6 +143,7 @@ def _sqlite_rows(path: Path, sql: str) -> list[Any]:
 
 
 def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:
+    # Start-up laziness: statistics is imported only on the path that uses it.
     import statistics
 
     by_key: dict[MeasuredKey, list[float]] = {}

@@ -19,7 +19,7 @@ import json
 import math
 import random as random_module
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from orchestrator import spec as jobspec
 from orchestrator import yamlpos
 from orchestrator.spec import JobSpec, LoadedJob, Money, SpecError, _Strict, read_mapping
+from orchestrator.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
 MAX_RUNS = 1000
@@ -160,8 +161,6 @@ def sweep_key(sweep_name: str, spec_hash: str) -> str:
 
 def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> str | None:
     """The run id with the best metric for `objective` (ties: the earliest); None if none."""
-    from orchestrator.sweepview import best_of
-
     return best_of(rows, objective.goal)
 
 
@@ -400,21 +399,22 @@ def _resolve_key(job: JobSpec) -> str:
     })
 
 
-def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: LoadedJob,
-            base_path: Path) -> LoadedSweep:
-    name = str(path)
-    base_name = str(base_path)
-    base_raw, base_pos = read_mapping(base_path, "name, base_model, method, dataset")
-    problems: list[tuple[int, str]] = []
-    # Random problems are reported once per parameter: n samples would repeat them n times.
-    random_seen: set[str] = set()
-    runs: list[SweepRun] = []
-    seen: set[str] = set()
-    resolved: dict[str, LoadedJob | None] = {}  # None: resolving failed (reported once)
-    duplicates = 0
+@dataclass
+class _Problems:
+    """A sweep's problems, each pointing at the override (or the base file line) at fault."""
 
-    def report(origins: list[_Origin], msg_loc: tuple[str | int, ...] | None,
+    spec: SweepSpec
+    name: str  # the sweep file
+    pos: yamlpos.Positions
+    base_name: str
+    base_pos: yamlpos.Positions
+    found: list[tuple[int, str]] = field(default_factory=list)
+    # Random problems are reported once per parameter: n samples would repeat them n times.
+    random_seen: set[str] = field(default_factory=set)
+
+    def report(self, origins: list[_Origin], msg_loc: tuple[str | int, ...] | None,
                msg: str, line_in_base: int | None) -> None:
+        """Record one problem of the run made of `origins`."""
         dotted = yamlpos.dotted(msg_loc) if msg_loc else ""
         # A problem elsewhere (a dataset row, say) has no location to match an override by.
         for o in origins if msg_loc else []:
@@ -422,22 +422,44 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
                 continue
             inner = "" if dotted == o.key else f"{dotted}: "
             if o.sample is not None:
-                if o.key in random_seen:
+                if o.key in self.random_seen:
                     return
-                random_seen.add(o.key)
-                inner = f"sample {o.sample} of {spec.random.n}: {inner}"
-            problems.append(_problem(name, pos, o.loc, inner + msg))
+                self.random_seen.add(o.key)
+                inner = f"sample {o.sample} of {self.spec.random.n}: {inner}"
+            self.found.append(_problem(self.name, self.pos, o.loc, inner + msg))
             return
         # Not caused by one override alone: the combination with the base file is at fault.
         given = ", ".join(f"{o.key}={o.value!r}" for o in origins)
-        given += f" from {name}:{pos.line(origins[0].loc)}" if origins else ""
+        given += f" from {self.name}:{self.pos.line(origins[0].loc)}" if origins else ""
         if msg_loc is None:
-            problems.append((AFTER_SWEEP_LINES, f"{msg} (in the run with {given})"))
+            self.found.append((AFTER_SWEEP_LINES, f"{msg} (in the run with {given})"))
             return
-        line = line_in_base or base_pos.line(msg_loc)
-        problems.append((AFTER_SWEEP_LINES, f"{base_name}:{line} {dotted or '(top level)'}: "
-                         f"{msg} (in the run with {given})"))
+        line = line_in_base or self.base_pos.line(msg_loc)
+        self.found.append((AFTER_SWEEP_LINES, f"{self.base_name}:{line} "
+                           f"{dotted or '(top level)'}: {msg} (in the run with {given})"))
 
+    def resolve(self, job: JobSpec, base_path: Path, origins: list[_Origin]) -> LoadedJob | None:
+        """`jobspec.resolve` of the run's spec; None (its problems recorded) if it fails."""
+        try:
+            return jobspec.resolve(job, base_path, self.base_pos)
+        except SpecError as exc:
+            for p in exc.problems:
+                line, loc_text, msg = _split_problem(p, self.base_name)
+                if loc_text is None:
+                    self.report(origins, None, p, None)
+                else:
+                    self.report(origins, _parse_dotted(loc_text), msg, line)
+            return None
+
+
+def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: LoadedJob,
+            base_path: Path) -> LoadedSweep:
+    base_raw, base_pos = read_mapping(base_path, "name, base_model, method, dataset")
+    problems = _Problems(spec, str(path), pos, str(base_path), base_pos)
+    runs: list[SweepRun] = []
+    seen: set[str] = set()
+    resolved: dict[str, LoadedJob | None] = {}  # None: resolving failed (reported once)
+    duplicates = 0
     for origins in _candidates(spec):
         data = copy.deepcopy(base_raw)
         for o in origins:
@@ -450,7 +472,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
         except ValidationError as exc:
             for err in exc.errors():
                 loc = jobspec._user_loc(tuple(err["loc"]))
-                report(origins, loc, jobspec._describe(dict(err)), None)
+                problems.report(origins, loc, jobspec._describe(dict(err)), None)
             continue
         identity = jobspec.spec_hash(job)
         if identity in seen:
@@ -463,16 +485,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             job = JobSpec.model_validate(data)
         rkey = _resolve_key(job)
         if rkey not in resolved:
-            resolved[rkey] = None
-            try:
-                resolved[rkey] = jobspec.resolve(job, base_path, base_pos)
-            except SpecError as exc:
-                for p in exc.problems:
-                    line, loc_text, msg = _split_problem(p, base_name)
-                    if loc_text is None:
-                        report(origins, None, p, None)
-                    else:
-                        report(origins, _parse_dotted(loc_text), msg, line)
+            resolved[rkey] = problems.resolve(job, base_path, origins)
         done = resolved[rkey]
         if done is None:
             continue
@@ -480,8 +493,8 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
                            dataset=done.dataset)
         params = {o.key: o.value for o in origins}
         runs.append(SweepRun(index, params, loaded, sweep_key(spec.name, identity)))
-    if problems:
-        raise SpecError(_ordered(problems))
+    if problems.found:
+        raise SpecError(_ordered(problems.found))
     return LoadedSweep(spec=spec, path=path, base=base_job, runs=tuple(runs),
                        duplicates=duplicates)
 

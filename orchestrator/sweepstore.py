@@ -5,8 +5,8 @@ one job row whose `job.sweep_key` (sha256 of the sweep name and the run's resolv
 unique index, so a second insert of the same run fails with IntegrityError, which means "it is
 there already" and is reported as the existing job's state.
 
-`sweep_gate` says why a queued sweep job must wait now (`max_parallel` or `budget`);
-`claim_next_gated` is `Store.claim_next` with that gate, evaluated in the same write
+`sweep_gate` says why a queued sweep job must wait now (`max_parallel` or `budget`); the
+claim applies the same gate (`storejobs.claim_next_gated`, re-exported here) in the same write
 transaction as the claim so that two workers cannot both start the job that breaks a limit.
 
 Money is integer micro-dollars throughout; dollars only for display.
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import ROUND_HALF_EVEN
 from typing import Any
 
@@ -25,6 +24,10 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from orchestrator.money import usd
+from orchestrator.planning import make_plan
+from orchestrator.readonly import measured_throughput
+from orchestrator.scheduler import NoFit
 from orchestrator.store import (
     Event,
     Job,
@@ -33,40 +36,34 @@ from orchestrator.store import (
     Store,
     StoreError,
     Sweep,
-    claim_in,
+    claim_next_gated,
     from_micros,
+    to_micros,
     utcnow,
 )
+from orchestrator.storejobs import check_move, sweep_usage
 from orchestrator.sweeps import LoadedSweep, SweepRun
 from orchestrator.sweepview import (
     RUNNING_STATUSES,
-    Usage,
     build_status,
     first_event_data,
+    gate,
     is_running,
     not_found,
     objective_of,
     run_state,
-    usage_of,
 )
-from orchestrator.sweepview import gate as _gate
-from orchestrator.sweepview import live_lease as _live_lease
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
 STATES: tuple[str, ...] = ("new", "requeued", "done", "running", "queued", "failed",
                            "cancelled", "nofit")
-# How many queued jobs one claim looks at past gated ones.
-CLAIM_SCAN = 500
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
 _IN_CHUNK = 500
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-# --- states ----------------------------------------------------------------------------------
 
 
 # --- submit ----------------------------------------------------------------------------------
@@ -172,8 +169,6 @@ class SubmitReport:
 
     def summary(self) -> str:
         """One line: `NAME: N runs: 2 new, 3 done, 1 running (budget $25.00, spent ...)`."""
-        from orchestrator.pricing import usd
-
         parts = [f"{n} {state}" for state, n in self.counts.items() if n]
         money = []
         if self.budget_micros is not None:
@@ -206,8 +201,6 @@ class SubmitReport:
 
 
 def _budget_micros(loaded: LoadedSweep) -> int | None:
-    from orchestrator.store import to_micros
-
     budget = loaded.spec.budget
     return None if budget is None else to_micros(budget, rounding=ROUND_HALF_EVEN)
 
@@ -270,6 +263,7 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
     One conditional UPDATE, so of two processes retrying at once only one requeues.
     """
     now = utcnow()
+    check_move(job_id, "failed", "queued")
     with store.transaction() as session:
         job = session.get(Job, job_id)
         if job is None or job.status != "failed":
@@ -293,8 +287,6 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
     placement = plan.to_dict(alternatives=10_000)
     placement["job_file"] = str(run.job.path.resolve())
     p = plan.chosen
-    from orchestrator.store import to_micros
-
     now = utcnow()
     spec = run.job.spec
     job = Job(
@@ -319,8 +311,6 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
 
 
 def _measured(store: Store) -> Mapping[Any, Any]:
-    from orchestrator.readonly import measured_throughput
-
     try:
         return measured_throughput(store.engine.url.render_as_string(hide_password=False))
     except Exception:  # an estimate aid only: never a reason not to submit
@@ -335,9 +325,6 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
     cancel is a decision). A run no offer can take is reported as `nofit`, not raised. With
     `dry_run` nothing is written; `new` / `requeued` then say what would happen.
     """
-    from orchestrator.planning import make_plan
-    from orchestrator.scheduler import NoFit
-
     spec = loaded.spec
     budget = _budget_micros(loaded)
     if dry_run:
@@ -376,8 +363,6 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
                                          run.sweep_key, "nofit", message=str(exc)))
             continue
         if dry_run:
-            from orchestrator.store import to_micros
-
             report.runs.append(RunReport(
                 run.index, run.job.spec.name, run.params, run.sweep_key, "new",
                 est_cost_micros=to_micros(plan.chosen.est_cost, rounding=ROUND_HALF_EVEN)))
@@ -404,14 +389,6 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
 # --- the gate --------------------------------------------------------------------------------
 
 
-def _usage(session: Session, sweep_id: str, now: datetime) -> Usage | None:
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None:
-        return None
-    jobs = session.exec(select(Job).where(Job.sweep_id == sweep_id))
-    return usage_of(sweep.spec_json, sweep.budget_micros, jobs, now)
-
-
 def sweep_gate(source: Session | Store, job: Job) -> str | None:
     """Why this sweep job must wait now: "max_parallel", "budget", or None (it may start).
 
@@ -424,40 +401,8 @@ def sweep_gate(source: Session | Store, job: Job) -> str | None:
     now = utcnow()
     if isinstance(source, Store):
         with source.session() as session:
-            return _gate(_usage(session, job.sweep_id, now), job)
-    return _gate(_usage(source, job.sweep_id, now), job)
-
-
-def claim_next_gated(store: Store, owner: str, lease_s: float) -> Job | None:
-    """Claim the oldest queued job that may start now (sweep gates), or None.
-
-    Like `Store.claim_next`, but a sweep job held back by `sweep_gate` is skipped and the
-    next one tried. The gate and the claim are one write transaction (BEGIN IMMEDIATE on
-    SQLite; the sweep row is locked FOR UPDATE elsewhere), so two workers cannot both start
-    the job that breaks max_parallel or the budget. A queued job whose lease is still live
-    is being re-placed by its worker after an interruption and is not claimed.
-    """
-    now = utcnow()
-    with store.transaction() as session:
-        query = (select(Job).where(Job.status == "queued",
-                                   col(Job.cancel_requested_at).is_(None))
-                 .order_by(col(Job.created_at), col(Job.id)).limit(CLAIM_SCAN))
-        usage: dict[str, Usage | None] = {}
-        for job in list(session.exec(query)):
-            if _live_lease(job, now):
-                continue
-            if job.sweep_id is not None:
-                if job.sweep_id not in usage:
-                    # Serialise claims per sweep on databases with row locks (no-op on SQLite).
-                    session.exec(select(Sweep.id).where(Sweep.id == job.sweep_id)
-                                 .with_for_update()).first()
-                    usage[job.sweep_id] = _usage(session, job.sweep_id, now)
-                if _gate(usage[job.sweep_id], job) is not None:
-                    continue
-            claimed = claim_in(session, job.id, owner, lease_s, now)
-            if claimed is not None:
-                return claimed
-    return None
+            return gate(sweep_usage(session, job.sweep_id, now), job)
+    return gate(sweep_usage(source, job.sweep_id, now), job)
 
 
 # --- status ----------------------------------------------------------------------------------

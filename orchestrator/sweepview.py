@@ -1,11 +1,11 @@
 """Where a sweep stands (`orch sweep show`, `orch sweeps`), with the standard library only.
 
 The status of a sweep is built here from plain job rows, whatever read them: on SQLite the
-commands read through `orchestrator.history`'s read-only sqlite3 reader (no SQLModel or
+commands read through `orchestrator.historyread`'s read-only sqlite3 reader (no SQLModel or
 SQLAlchemy import, ~0.5 s saved per call, and no file or schema is ever created); other
 databases go through the store (`sweepstore.sweep_status`), which hands its ORM rows to the
-same `build_status`. The run states and the budget/max_parallel gate live here too, so the
-claim path (`sweepstore.claim_next_gated`) and the status agree by construction.
+same `build_status`. The run states and the budget/max_parallel gate are `sweeprules`', shared
+with the claim path (`storejobs.claim_next_gated`), so the status and the claim agree.
 
 Money is integer micro-dollars until display.
 """
@@ -13,176 +13,32 @@ Money is integer micro-dollars until display.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
-from orchestrator.history import Reader, parse_stored
-
-# Kept in step with orchestrator.store.ACTIVE_STATUSES (tests/test_sweep_cli.py checks):
-# importing the store here would cost every status command the SQLModel import.
-ACTIVE_STATUSES: tuple[str, ...] = (
-    "provisioning", "connecting", "preparing", "training", "merging", "evaluating", "releasing",
+from orchestrator.historyread import Reader, parse_stored
+from orchestrator.jobstatus import ACTIVE_STATUSES
+from orchestrator.money import dollars_text
+from orchestrator.sweeprules import (
+    RUNNING_STATUSES,
+    JobLike,
+    JobRow,
+    best_of,
+    gate,
+    is_running,
+    live_lease,
+    objective_of,
+    run_state,
+    usage_of,
 )
-# States in which a job counts against max_parallel: a worker drives it (an interrupted job is
-# being re-placed by its worker).
-RUNNING_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "interrupted")
-DEFAULT_MAX_PARALLEL = 4  # SweepSpec's default, for rows whose spec_json lacks it
-GOALS: tuple[str, ...] = ("max", "min")
 
 
 class SweepNotFound(LookupError):
     """No sweep has that name; the message lists some that exist."""
 
 
-class JobLike(Protocol):
-    """The job columns a sweep status reads (a `store.Job` or a `JobRow`)."""
-
-    id: str
-    name: str
-    status: str
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    cost_micros: int
-    est_cost_micros: int | None
-    failure_reason: str | None
-    provider: str | None
-    gpu: str | None
-    gpu_count: int | None
-
-
-@dataclass
-class JobRow:
-    """A job row read with sqlite3 (the columns of JobLike)."""
-
-    id: str
-    name: str
-    status: str
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    cost_micros: int
-    est_cost_micros: int | None
-    failure_reason: str | None
-    provider: str | None
-    gpu: str | None
-    gpu_count: int | None
-
-
-# --- states and the gate -----------------------------------------------------------------
-
-
-def live_lease(job: JobLike, now: datetime) -> bool:
-    """Whether a worker holds the job's lease now."""
-    return job.lease_owner is not None and (job.lease_expires_at is None
-                                            or job.lease_expires_at > now)
-
-
-def is_running(job: JobLike, now: datetime | None = None) -> bool:
-    """Whether a worker drives the job now (a queued job still leased is being re-placed)."""
-    if job.status in RUNNING_STATUSES:
-        return True
-    return job.status == "queued" and live_lease(job, now or datetime.now(UTC))
-
-
-def run_state(job: JobLike, now: datetime | None = None) -> str:
-    """The sweep view of a job's status: done, running, queued, failed, cancelled."""
-    if job.status == "succeeded":
-        return "done"
-    if is_running(job, now):
-        return "running"
-    return job.status  # queued, failed, cancelled (planned: never written by sweeps)
-
-
-@dataclass
-class Usage:
-    """One sweep's limits and what its jobs use of them."""
-
-    max_parallel: int
-    budget_micros: int | None
-    running: set[str]  # ids of the jobs a worker drives
-    spent_micros: int  # sum of cost_micros over all its jobs
-    running_est_micros: dict[str, int]  # est_cost_micros of the running jobs
-
-
-def max_parallel_of(spec_json: str) -> int:
-    """The sweep's max_parallel (the default when the stored spec lacks or garbles it)."""
-    try:
-        spec = json.loads(spec_json)
-        max_parallel = int(spec.get("max_parallel") or DEFAULT_MAX_PARALLEL)
-    except (ValueError, TypeError, AttributeError):
-        max_parallel = DEFAULT_MAX_PARALLEL
-    return max(1, max_parallel)
-
-
-def usage_of(spec_json: str, budget_micros: int | None, jobs: Iterable[JobLike],
-             now: datetime) -> Usage:
-    """What the sweep's `jobs` use of its limits at `now`."""
-    running: set[str] = set()
-    est: dict[str, int] = {}
-    spent = 0
-    for job in jobs:
-        spent += job.cost_micros or 0
-        if is_running(job, now):
-            running.add(job.id)
-            est[job.id] = job.est_cost_micros or 0
-    return Usage(max_parallel_of(spec_json), budget_micros, running, spent, est)
-
-
-def gate(usage: Usage | None, job: JobLike) -> str | None:
-    """Why `job` must wait: "max_parallel", "budget", or None (see sweepstore.sweep_gate)."""
-    if usage is None:
-        return None
-    others = usage.running - {job.id}
-    if len(others) >= usage.max_parallel:
-        return "max_parallel"
-    if usage.budget_micros is not None:
-        committed = (usage.spent_micros
-                     + sum(v for k, v in usage.running_est_micros.items() if k != job.id)
-                     + (job.est_cost_micros or 0))
-        if committed > usage.budget_micros:
-            return "budget"
-    return None
-
-
-# --- objective and best run ------------------------------------------------------------------
-
-
-def objective_of(spec: Mapping[str, Any]) -> dict[str, str] | None:
-    """The stored spec's objective as `{"metric", "goal"}`, or None (absent or invalid).
-
-    The same acceptance as `sweeps.Objective` (strict, no other keys, a non-empty metric,
-    goal max or min, max by default) without importing pydantic.
-    """
-    raw = spec.get("objective")
-    if not raw:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"metric", "goal"}:
-        return None
-    metric, goal = raw.get("metric"), raw.get("goal", "max")
-    if type(metric) is not str or not metric or type(goal) is not str or goal not in GOALS:
-        return None
-    return {"metric": metric, "goal": goal}
-
-
-def best_of(rows: Iterable[tuple[str, float | None]], goal: str) -> str | None:
-    """The run id with the best metric for `goal` (ties: the earliest); None if none."""
-    best: tuple[str, float] | None = None
-    for run_id, value in rows:
-        if value is None or math.isnan(value):
-            continue  # not finished, or the eval did not produce the metric
-        if best is None or (value > best[1] if goal == "max" else value < best[1]):
-            best = (run_id, value)
-    return None if best is None else best[0]
-
-
 # --- the status --------------------------------------------------------------------------------
-
-
-def _money(micros: int | None) -> str | None:
-    return None if micros is None else str(Decimal(int(micros)).scaleb(-6))
 
 
 def first_event_data(rows: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, Any]]:
@@ -226,8 +82,8 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
             "index": data.get("index"), "job_id": job.id, "name": job.name,
             "params": params, "state": state, "status": job.status,
             "waiting": gate(usage, job) if state == "queued" else None,
-            "metric": metrics.get(job.id), "cost": _money(job.cost_micros),
-            "est_cost": _money(job.est_cost_micros), "failure_reason": job.failure_reason,
+            "metric": metrics.get(job.id), "cost": dollars_text(job.cost_micros),
+            "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
         })
     runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
@@ -248,8 +104,8 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         "sweep": sweep_name, "sweep_id": sweep_id,
         "created_at": created_at.isoformat().replace("+00:00", "Z"),
         "base": spec.get("base"), "max_parallel": usage.max_parallel,
-        "budget": _money(budget_micros), "spent": _money(spent),
-        "estimated": _money(estimated), "objective": objective,
+        "budget": dollars_text(budget_micros), "spent": dollars_text(spent),
+        "estimated": dollars_text(estimated), "objective": objective,
         "counts": counts, "runs": runs, "best": best,
     }
 
@@ -308,3 +164,11 @@ def list_sweeps(reader: Reader | None) -> list[dict[str, Any]]:
         return []
     names = [r[0] for r in reader.rows("SELECT name FROM sweep ORDER BY name")]
     return [sweep_status(reader, n) for n in names]
+
+
+# Re-exported: the sweep CLI and tests import the shared rules from here.
+__all__ = [
+    "ACTIVE_STATUSES", "RUNNING_STATUSES", "JobLike", "JobRow", "SweepNotFound", "best_of",
+    "build_status", "first_event_data", "gate", "is_running", "list_sweeps", "live_lease",
+    "not_found", "objective_of", "run_state", "sweep_status",
+]

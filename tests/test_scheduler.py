@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import pricing, readonly, scheduler, sizing, throughput
+from orchestrator import money, readonly, scheduler, sizing, throughput
 from orchestrator.architectures import lookup
 from orchestrator.planning import RegisteredServer, make_plan, server_offers, total_tokens
 from orchestrator.scheduler import Constraints, NoFit
@@ -187,7 +187,7 @@ def _oracle_cost(w: Workload, offers: list[Offer], c: Constraints) -> Decimal | 
             if not est.fits(o.gpu_memory_bytes, o.ram_bytes):
                 continue
             hours = throughput.duration(w, TOKENS, o, GPUS[o.gpu], strategy).total
-            cost = pricing.job_cost(o, hours)
+            cost = money.job_cost(o, hours)
             hourly = o.price_per_hour if o.price_per_hour is not None else \
                 cost / Decimal(repr(hours))
             if c.max_price_per_hour is not None and hourly > c.max_price_per_hour:

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from orchestrator import pricing, throughput
+from orchestrator import money, throughput
 from orchestrator.architectures import lookup
 from orchestrator.sizing import Strategy, Workload
 from providers import catalog
@@ -58,24 +58,24 @@ def test_duration_includes_boot_pull_and_eval() -> None:
 
 
 def test_monthly_amortisation_matches_seed() -> None:
-    assert pricing.effective_hourly(Decimal("2190"), 730) == Decimal("3.00")
-    assert pricing.effective_hourly(Decimal("2190"), 100) == Decimal("21.90")
-    assert pricing.breakeven_hours(Decimal("2190"), Decimal("3")) == Decimal("730")
-    assert pricing.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 1300)
-    assert not pricing.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 100)
+    assert money.effective_hourly(Decimal("2190"), 730) == Decimal("3.00")
+    assert money.effective_hourly(Decimal("2190"), 100) == Decimal("21.90")
+    assert money.breakeven_hours(Decimal("2190"), Decimal("3")) == Decimal("730")
+    assert money.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 1300)
+    assert not money.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 100)
 
 
 def test_metered_billing_granularity() -> None:
     price = Decimal("3.60")  # $0.001 per second
-    assert pricing.metered_cost(price, 1.5 / 3600, Billing.PER_SECOND) == Decimal("0.002")
-    assert pricing.metered_cost(price, 61 / 3600, Billing.PER_MINUTE) == Decimal("0.12")
+    assert money.metered_cost(price, 1.5 / 3600, Billing.PER_SECOND) == Decimal("0.002")
+    assert money.metered_cost(price, 61 / 3600, Billing.PER_MINUTE) == Decimal("0.12")
     # The seed's "about $0.27 at spot price" for 1.5 h on a 4090.
-    assert pricing.metered_cost(Decimal("0.177"), 1.5, Billing.PER_SECOND) == \
+    assert money.metered_cost(Decimal("0.177"), 1.5, Billing.PER_SECOND) == \
         Decimal("0.265500")
     with pytest.raises(ValueError):
-        pricing.metered_cost(price, -1.0, Billing.PER_SECOND)
+        money.metered_cost(price, -1.0, Billing.PER_SECOND)
     with pytest.raises(ValueError):
-        pricing.metered_cost(price, 1.0, Billing.MONTHLY)
+        money.metered_cost(price, 1.0, Billing.MONTHLY)
 
 
 def _monthly(registered: bool) -> Offer:
@@ -84,14 +84,14 @@ def _monthly(registered: bool) -> Offer:
 
 
 def test_job_cost_for_monthly_servers() -> None:
-    assert pricing.job_cost(_monthly(True), 500) == 0  # already rented: marginal zero
-    assert pricing.job_cost(_monthly(False), 5) == Decimal("2190")  # commits a month
-    assert pricing.job_cost(_monthly(False), 800) == Decimal("4380")
-    assert pricing.amortised_share(Decimal("2190"), 73) == Decimal("219")
+    assert money.job_cost(_monthly(True), 500) == 0  # already rented: marginal zero
+    assert money.job_cost(_monthly(False), 5) == Decimal("2190")  # commits a month
+    assert money.job_cost(_monthly(False), 800) == Decimal("4380")
+    assert money.amortised_share(Decimal("2190"), 73) == Decimal("219")
 
 
 def test_money_stays_decimal() -> None:
-    cost = pricing.metered_cost(Decimal("0.074"), 0.5, Billing.PER_SECOND)
+    cost = money.metered_cost(Decimal("0.074"), 0.5, Billing.PER_SECOND)
     assert isinstance(cost, Decimal) and cost == Decimal("0.037")
 
 

@@ -1,0 +1,83 @@
+"""A job's status and the moves between statuses that orch makes (standard library only).
+
+`JobStatus` is a `StrEnum`, so a member equals its stored text (`JobStatus.QUEUED ==
+"queued"`) and rows written before the enum existed read the same. `TRANSITIONS` lists, for
+each status, the statuses a job may move to from it; the store checks every status change
+against it in one place (`storejobs.enter`), so a bug that would, say, revive a succeeded job
+fails loudly instead of writing it.
+
+The table is what the code does (engine, recovery, `orch cancel`, sweeps' retry):
+- a worker claims a queued job (→ provisioning) and drives it through the active states in
+  pipeline order, though a takeover resumes at a later phase and an attempt may re-enter the
+  state it is in (training → training after a resume), so any active state may follow any;
+- from an active state (or while re-placing, queued with a live lease) the worker may stop
+  the job: succeeded, failed, cancelled, interrupted (→ queued to resume), or queued;
+- `orch cancel` cancels a queued, planned or interrupted job at once;
+- `orch sweep --retry-failed` puts a failed job back in the queue.
+Nothing enters `planned` (it is only ever a new dry-run row) and nothing leaves succeeded or
+cancelled. Kept free of imports so the fast read-only commands can use it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class JobStatus(StrEnum):
+    """Where a job stands in its lifecycle (the `job.status` column)."""
+
+    QUEUED = "queued"
+    PLANNED = "planned"
+    PROVISIONING = "provisioning"
+    CONNECTING = "connecting"
+    PREPARING = "preparing"
+    TRAINING = "training"
+    MERGING = "merging"
+    EVALUATING = "evaluating"
+    RELEASING = "releasing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+
+S = JobStatus
+JOB_STATUSES: tuple[str, ...] = tuple(s.value for s in JobStatus)
+# States in which a worker is driving the job (and may hold a paid instance).
+ACTIVE_STATUSES: tuple[str, ...] = (
+    "provisioning", "connecting", "preparing", "training", "merging", "evaluating", "releasing",
+)
+# States after which nothing more happens to the job.
+FINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+
+_ACTIVE = frozenset(JobStatus(s) for s in ACTIVE_STATUSES)
+# Where a worker may take a job it drives (also while re-placing it, queued or interrupted).
+_STOPS = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.INTERRUPTED, S.QUEUED})
+
+TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    S.PLANNED: frozenset({S.CANCELLED}),
+    S.QUEUED: _ACTIVE | _STOPS,
+    **{s: _ACTIVE | _STOPS for s in _ACTIVE},
+    S.INTERRUPTED: frozenset({S.QUEUED, S.FAILED, S.CANCELLED, S.INTERRUPTED}),
+    S.FAILED: frozenset({S.QUEUED}),
+    S.SUCCEEDED: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+
+def allowed(current: str, new: str) -> bool:
+    """Whether a job in `current` may move to `new` (both known statuses)."""
+    return JobStatus(new) in TRANSITIONS[JobStatus(current)]
+
+
+def why_not(current: str, new: str) -> str:
+    """The message for a refused move from `current` to `new`."""
+    targets = sorted(TRANSITIONS[JobStatus(current)])
+    can = ", ".join(targets) if targets else "nothing (it is final)"
+    return f"a {current} job cannot become {new}; from {current} it may become: {can}"
+
+
+__all__ = [
+    "ACTIVE_STATUSES", "FINAL_STATUSES", "JOB_STATUSES", "TRANSITIONS", "JobStatus", "allowed",
+    "why_not",
+]
