@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli_common import EXIT_INVALID, fail
+from orchestrator.cli_plan import load, plan_job, servers_for_plan
 
 HostOpt = Annotated[str, typer.Option(
     "--host", help="docker: a full machine with Docker (monthly server); container: a "
@@ -25,7 +26,6 @@ HostOpt = Annotated[str, typer.Option(
 
 def render_job(file: Path, host: str) -> Any:
     """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
-    from orchestrator.cli_plan import load, plan_job, servers_for_plan
     from orchestrator.jobinputs import Inputs, train_config
     from orchestrator.planning import total_tokens
     from playbooks import images, rendering
