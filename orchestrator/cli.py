@@ -6,20 +6,23 @@ them: `orch plan` must start in a small multiple of a bare `python -c pass`.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-from orchestrator import cli_plan
-
-# `orch plan` runs without typer (orchestrator.entry); these live in cli_plan for that and
-# are re-exported here for the other commands (cli_jobs, cli_sweeps).
-from orchestrator.cli_plan import EXIT_INVALID, EXIT_NO_FIT, problems_exit  # noqa: F401
-from orchestrator.cli_plan import load as _load  # noqa: F401
-from orchestrator.cli_plan import money as _money
+from orchestrator import (
+    cli_history,
+    cli_jobs,
+    cli_models,
+    cli_plan,
+    cli_render,
+    cli_report,
+    cli_servers,
+    cli_sweeps,
+)
+from orchestrator.cli_common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
 
 app = typer.Typer(
     name="orch",
@@ -31,11 +34,6 @@ app = typer.Typer(
     # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-EXIT_NOT_FOUND = 4
-
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
 
 
 def _print_version(value: bool) -> None:
@@ -55,15 +53,6 @@ def _root(
     """Fine-tune LLMs on rented GPUs at the lowest cost that works."""
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _print_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
-
-
 @app.command()
 def plan(
     file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
@@ -72,16 +61,6 @@ def plan(
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
     cli_plan.run(file, json_out, all_rows)
-
-
-def _store() -> Any:
-    from orchestrator.exits import exit_code
-    from orchestrator.store import StoreError, open_store
-
-    try:
-        return open_store()
-    except StoreError as exc:
-        _fail(str(exc), exit_code(exc))
 
 
 def _job_dict(j: Any) -> dict[str, Any]:
@@ -108,14 +87,14 @@ def jobs(
     from orchestrator.store import InvalidValueError
 
     if not 1 <= limit <= 100_000:
-        _fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+        fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
     try:
-        found = _store().list_jobs(limit=limit, status=status)
+        found = open_db().list_jobs(limit=limit, status=status)
     except InvalidValueError as exc:
-        _fail(f"--status {status}: {exc}", EXIT_INVALID)
+        fail(f"--status {status}: {exc}", EXIT_INVALID)
     rows = [_job_dict(j) for j in found]
     if json_out:
-        _print_json(rows)
+        print_json(rows)
         return
     if not rows:
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
@@ -129,7 +108,7 @@ def jobs(
          "created"],
         [[r["id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-          _money(r["est_cost"]), _money(r["cost"]), human_time(j.created_at)]
+          money(r["est_cost"]), money(r["cost"]), human_time(j.created_at)]
          for r, j in zip(rows, found, strict=True)],
         right=[5, 6, 7], drop=[5, 6, 3, 8], states=[2]))
 
@@ -146,19 +125,17 @@ def reconcile(
     from orchestrator.recovery import idle_grace_s
     from orchestrator.wiring import configured_providers
 
-    store = _store()
+    store = open_db()
     try:
         grace = idle_grace_s()
     except ValueError as exc:
-        _fail(str(exc), 2)
+        fail(str(exc), 2)
     providers, notes = configured_providers(store, quick=True)
-    from orchestrator.cli_servers import scrubber
-
     report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
-                           scrub=scrubber())
+                           scrub=cli_servers.scrubber())
     if json_out:
-        _print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
-                     "actions": [a.__dict__ for a in report.actions]})
+        print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
+                   "actions": [a.__dict__ for a in report.actions]})
         return
     for note in notes:
         typer.echo(f"note: {note}", err=True)
@@ -182,20 +159,12 @@ def reconcile(
 
 
 def _register() -> None:
-    from orchestrator import cli_jobs
-
     cli_jobs.register(app)
-    from orchestrator import cli_history, cli_models, cli_report, cli_sweeps
-
     cli_history.register(app)
     cli_sweeps.register(app)
     cli_report.register(app)
     cli_models.register(app)
-    from orchestrator import cli_servers
-
     cli_servers.register(app)
-    from orchestrator import cli_render
-
     cli_render.register(app)
 
 

@@ -7,20 +7,23 @@ about as fast as `orch --help`; heavier modules are imported inside the commands
 
 from __future__ import annotations
 
-import csv
-import json
-import sys
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    fail,
+    history_reader,
+    one_format,
+    print_csv,
+    print_json,
+)
+
 if TYPE_CHECKING:
     from orchestrator.history import CostRow, HistoryRow, Reader
-
-# The exit codes of orchestrator.cli (importing it here would be circular).
-EXIT_INVALID = 2
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CsvFlag = Annotated[bool, typer.Option("--csv", help="Print CSV (header row first).")]
@@ -31,32 +34,6 @@ UntilOpt = Annotated[str | None, typer.Option(
     help="Jobs created before: ISO date/time (UTC) or a span back from now.")]
 
 
-def _fail(message: str, code: int = 1) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
-
-
-def _print_json(obj: Any) -> None:
-    typer.echo(json.dumps(obj, indent=2, default=str))
-
-
-def _print_csv(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-    out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(headers)
-    out.writerows(["" if c is None else c for c in row] for row in rows)
-
-
-def _reader() -> Reader | None:
-    from orchestrator.exits import exit_code
-    from orchestrator.history import HistoryError, open_reader
-    from orchestrator.paths import default_db_url
-
-    try:
-        return open_reader(default_db_url())
-    except HistoryError as exc:
-        _fail(str(exc), exit_code(exc))
-
-
 def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
     from orchestrator.history import HistoryError, parse_when
 
@@ -65,7 +42,7 @@ def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
     try:
         return parse_when(value, flag, now)
     except HistoryError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
 
 
 def _money(micros: int | None) -> str:
@@ -120,37 +97,30 @@ def _history_cmd(
     csv_out: CsvFlag = False,
 ) -> None:
     """List past and current jobs, filtered and sorted."""
-    from orchestrator.history import Filters, HistoryError, history
+    from orchestrator.history import Filters, history
 
-    if json_out and csv_out:
-        _fail("--json and --csv: choose one output format", EXIT_INVALID)
+    one_format(json_out, csv_out)
     now = datetime.now(UTC)
     filters = Filters(
         statuses=tuple(status or ()), methods=tuple(method or ()), models=tuple(model or ()),
         providers=tuple(provider or ()), gpus=tuple(gpu or ()), sweep=sweep,
         since=_when(since, "--since", now), until=_when(until, "--until", now))
-    reader = _reader()
-    try:
+    with history_reader() as reader:
         rows = history(reader, filters, sort=sort.lower(), descending=desc,
                        limit=limit or None, now=now)
-    except HistoryError as exc:
-        _fail(str(exc), EXIT_INVALID)
-    finally:
-        if reader is not None:
-            reader.close()
     _render_history(rows, json_out, csv_out)
 
 
 def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> None:
     if json_out:
-        _print_json([r.to_dict() for r in rows])
+        print_json([r.to_dict() for r in rows])
         return
     if csv_out:
         dicts = [r.to_dict() for r in rows]
         headers = ["id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
                    "spot", "cost", "amortised", "duration_s", "created_at", "started_at",
                    "finished_at"]
-        _print_csv(headers, [[d[h] for h in headers] for d in dicts])
+        print_csv(headers, [[d[h] for h in headers] for d in dicts])
         return
     if not rows:
         typer.echo("no jobs match; widen the filters (e.g. drop --since) or see `orch jobs`")
@@ -177,29 +147,22 @@ def _cost_cmd(
     csv_out: CsvFlag = False,
 ) -> None:
     """Spending rollups: jobs, GPU-hours, cost, amortised rent and spot savings."""
-    from orchestrator.history import HistoryError, cost_rollup, split_by, to_text, total
+    from orchestrator.history import cost_rollup, split_by, to_text, total
 
-    if json_out and csv_out:
-        _fail("--json and --csv: choose one output format", EXIT_INVALID)
+    one_format(json_out, csv_out)
     now = datetime.now(UTC)
     start, end = _when(since, "--since", now), _when(until, "--until", now)
-    reader = _reader()
-    try:
+    with history_reader() as reader:
         when, dim = split_by(by or ["month"])
         rows = cost_rollup(reader, when=when, dim=dim, since=start, until=end, now=now)
-    except HistoryError as exc:
-        _fail(str(exc), EXIT_INVALID)
-    finally:
-        if reader is not None:
-            reader.close()
     t = total(rows)
     unpriced = sorted(t.unpriced_gpus)
     if json_out:
-        _print_json({"by": [b for b in (when, dim) if b],
-                     "since": None if start is None else to_text(start),
-                     "until": None if end is None else to_text(end),
-                     "rows": [r.to_dict() for r in rows], "total": t.to_dict(),
-                     "notes": _cost_notes(unpriced)})
+        print_json({"by": [b for b in (when, dim) if b],
+                   "since": None if start is None else to_text(start),
+                   "until": None if end is None else to_text(end),
+                   "rows": [r.to_dict() for r in rows], "total": t.to_dict(),
+                   "notes": _cost_notes(unpriced)})
         return
     headers = [*(b for b in (when, dim) if b), "jobs", "gpu_hours", "cost", "amortised",
                "spot_savings"]
@@ -216,7 +179,7 @@ def _cost_cmd(
 
             return None if m is None else dollars(m)
 
-        _print_csv(headers, [cells(r, exact) for r in rows])
+        print_csv(headers, [cells(r, exact) for r in rows])
         return
     if not rows:
         typer.echo("no jobs in that range; widen --since/--until or see `orch history`")
@@ -257,24 +220,23 @@ def _sql_cmd(
     from orchestrator.history import HistoryError, run_sql
     from orchestrator.paths import default_db_url
 
-    if json_out and csv_out:
-        _fail("--json and --csv: choose one output format", EXIT_INVALID)
+    one_format(json_out, csv_out)
     from orchestrator.exits import exit_code
 
     try:
         result = run_sql(default_db_url(), query)
     except HistoryError as exc:  # a refused or wrong query is invalid input (exit 2)
-        _fail(str(exc), exit_code(exc))
+        fail(str(exc), exit_code(exc))
 
     def plain(v: object) -> object:
         return v.hex() if isinstance(v, bytes) else v
 
     if json_out:
-        _print_json({"columns": list(result.columns),
-                     "rows": [[plain(v) for v in row] for row in result.rows]})
+        print_json({"columns": list(result.columns),
+                   "rows": [[plain(v) for v in row] for row in result.rows]})
         return
     if csv_out:
-        _print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])
+        print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])
         return
     from orchestrator.render import table
 
@@ -293,20 +255,13 @@ def _advise_cmd(
 ) -> None:
     """Would monthly servers have been cheaper? Which rented servers sit idle?"""
     from orchestrator.advise import render_lines
-    from orchestrator.history import HistoryError
 
     if not 1 <= days <= 3650:
-        _fail(f"--days {days}: give 1..3650", EXIT_INVALID)
-    reader = _reader()
-    try:
+        fail(f"--days {days}: give 1..3650", EXIT_INVALID)
+    with history_reader(EXIT_ERROR) as reader:
         advice = advise_from_history(reader, days, datetime.now(UTC))
-    except HistoryError as exc:
-        _fail(str(exc))
-    finally:
-        if reader is not None:
-            reader.close()
     if json_out:
-        _print_json(advice.to_dict())
+        print_json(advice.to_dict())
         return
     typer.echo("\n".join(render_lines(advice)))
 

@@ -5,11 +5,9 @@ Registered on the main Typer app by `register(app)`; reads orchestrator/data/mod
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import typer
 
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
+from orchestrator.cli_common import JsonFlag
 
 
 def _models_cmd(json_out: JsonFlag = False) -> None:

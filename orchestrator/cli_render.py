@@ -16,6 +16,9 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli_common import EXIT_INVALID, fail
+from orchestrator.cli_plan import load, plan_job, servers_for_plan
+
 HostOpt = Annotated[str, typer.Option(
     "--host", help="docker: a full machine with Docker (monthly server); container: a "
                    "container rental (Vast.ai, RunPod), where the job runs natively.")]
@@ -23,7 +26,6 @@ HostOpt = Annotated[str, typer.Option(
 
 def render_job(file: Path, host: str) -> Any:
     """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
-    from orchestrator.cli_plan import load, plan_job, servers_for_plan
     from orchestrator.jobinputs import Inputs, train_config
     from orchestrator.planning import total_tokens
     from playbooks import images, rendering
@@ -32,8 +34,7 @@ def render_job(file: Path, host: str) -> Any:
     from playbooks.train import TrainJob
 
     if host not in images.HOST_KINDS:
-        typer.echo(f"error: --host must be docker or container (got {host!r})", err=True)
-        raise typer.Exit(2)
+        fail(f"--host must be docker or container (got {host!r})", EXIT_INVALID)
     kind: images.HostKind = "docker" if host == "docker" else "container"
     _refuse_sweep(file)
     job = load(file)
@@ -70,10 +71,9 @@ def _refuse_sweep(file: Path) -> None:
     except (OSError, yaml.YAMLError):
         return  # the job loader reports it with the file and line
     if isinstance(data, dict) and "grid" in data and "base" in data:
-        typer.echo(f"error: {file} is a sweep file: render its base job "
-                   f"({file.parent / str(data['base'])}); each run differs from it only in "
-                   f"{', '.join(map(str, data['grid'] or {}))}", err=True)
-        raise typer.Exit(2)
+        fail(f"{file} is a sweep file: render its base job "
+             f"({file.parent / str(data['base'])}); each run differs from it only in "
+             f"{', '.join(map(str, data['grid'] or {}))}", EXIT_INVALID)
 
 
 def write_dir(rendered: Any, out: Path) -> list[Path]:
@@ -90,29 +90,30 @@ def write_dir(rendered: Any, out: Path) -> list[Path]:
     return written
 
 
+def render_cmd(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    host: HostOpt = "docker",
+    out: Annotated[Path | None, typer.Option(
+        "-o", "--out", help="Also write the config files and render.json here.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show exactly what would run: axolotl config, image, train/merge/evaluate commands."""
+    rendered = render_job(file, host)
+    written = write_dir(rendered, out) if out is not None else []
+    if json_out:
+        typer.echo(json.dumps(rendered.to_dict(), indent=2))
+        return
+    lines = [f"image: {rendered.image}  (host: {rendered.host})"]
+    for remote, text in rendered.files.items():
+        lines += ["", f"# {remote}", text.rstrip("\n")]
+    lines.append("")
+    for name, argv in rendered.commands.items():
+        lines.append(f"{name}: {shlex.join(argv) if argv else '(not run)'}")
+    lines += [f"note: {n}" for n in rendered.notes]
+    lines += [f"wrote {p}" for p in written]
+    typer.echo("\n".join(lines))
+
+
 def register(app: typer.Typer) -> None:
     """Add `orch render` to `app`."""
-
-    @app.command("render")
-    def render_cmd(
-        file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
-        host: HostOpt = "docker",
-        out: Annotated[Path | None, typer.Option(
-            "-o", "--out", help="Also write the config files and render.json here.")] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    ) -> None:
-        """Show exactly what would run: axolotl config, image, train/merge/evaluate commands."""
-        rendered = render_job(file, host)
-        written = write_dir(rendered, out) if out is not None else []
-        if json_out:
-            typer.echo(json.dumps(rendered.to_dict(), indent=2))
-            return
-        lines = [f"image: {rendered.image}  (host: {rendered.host})"]
-        for remote, text in rendered.files.items():
-            lines += ["", f"# {remote}", text.rstrip("\n")]
-        lines.append("")
-        for name, argv in rendered.commands.items():
-            lines.append(f"{name}: {shlex.join(argv) if argv else '(not run)'}")
-        lines += [f"note: {n}" for n in rendered.notes]
-        lines += [f"wrote {p}" for p in written]
-        typer.echo("\n".join(lines))
+    app.command("render")(render_cmd)

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-EXIT_INVALID = 2
-EXIT_NOT_FOUND = 4
+from orchestrator.cli_common import EXIT_INVALID, EXIT_NOT_FOUND, fail, open_db
+
 # How far back the cost per day/month reaches when a report is for one job or one sweep.
 CONTEXT_DAYS = "30d"
 
@@ -31,13 +31,13 @@ def _select(store: Any, job_id: str | None, sweep: str | None, since: datetime |
             try:
                 job = store.get_job(job_id)
             except NotFoundError as exc:
-                _fail(str(exc), EXIT_NOT_FOUND)
+                fail(str(exc), EXIT_NOT_FOUND)
             return f"orch report: {job.name} ({job.id})", [job], sweeps
         if sweep is not None:
             found = [sid for sid, name in sweeps.items() if sweep in (sid, name)]
             if not found:
                 known = ", ".join(sorted(sweeps.values())) or "none yet"
-                _fail(f"--sweep {sweep}: no such sweep (sweeps: {known})", EXIT_NOT_FOUND)
+                fail(f"--sweep {sweep}: no such sweep (sweeps: {known})", EXIT_NOT_FOUND)
             query = select(Job).where(Job.sweep_id == found[0])
             title = f"orch report: sweep {sweeps[found[0]]}"
         else:
@@ -45,11 +45,6 @@ def _select(store: Any, job_id: str | None, sweep: str | None, since: datetime |
             title = f"orch report: jobs since {since:%Y-%m-%d %H:%M} UTC"
         jobs = list(session.exec(query.order_by(col(Job.created_at), col(Job.id))))
     return title, jobs, sweeps
-
-
-def _fail(message: str, code: int = 1) -> Any:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _report_cmd(
@@ -73,27 +68,25 @@ def _report_cmd(
     from orchestrator.report import ReportData, ReportError, cost_rows, render, run_data
 
     if sum(x is not None for x in (job_id, sweep, since)) > 1:
-        _fail("give one of ID, --sweep NAME or --since SPAN", EXIT_INVALID)
+        fail("give one of ID, --sweep NAME or --since SPAN", EXIT_INVALID)
     now = datetime.now(UTC)
     try:
         start = parse_when(since or CONTEXT_DAYS, "--since", now)
     except HistoryError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
     try:
         # Fail before reading anything when the chart library is missing.
         import plotly  # noqa: F401
     except ImportError:
         from orchestrator.report import INSTALL_HINT
 
-        _fail(INSTALL_HINT)
-    from orchestrator import cli
-
-    store = cli._store()
+        fail(INSTALL_HINT)
+    store = open_db()
     try:
         title, jobs, sweeps = _select(store, job_id, sweep, start)
         if not jobs:
-            _fail(f"no jobs since {start:%Y-%m-%d %H:%M} UTC; widen --since (e.g. 365d) or "
-                  "name a job", EXIT_NOT_FOUND)
+            fail(f"no jobs since {start:%Y-%m-%d %H:%M} UTC; widen --since (e.g. 365d) or "
+                 "name a job", EXIT_NOT_FOUND)
         runs = [run_data(store, j, sweeps.get(j.sweep_id or "")) for j in jobs]
     finally:
         store.close()
@@ -106,18 +99,18 @@ def _report_cmd(
                           per_day=cost_rows(reader, "day", period, now),
                           per_month=cost_rows(reader, "month", period, now))
     except HistoryError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     finally:
         if reader is not None:
             reader.close()
     try:
         page = render(data)
     except ReportError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     try:
         output.write_text(page, encoding="utf-8")
     except OSError as exc:
-        _fail(f"cannot write {output}: {exc.strerror}; choose another path with -o")
+        fail(f"cannot write {output}: {exc.strerror}; choose another path with -o")
     typer.echo(f"wrote {output} ({len(page) / 1e6:.1f} MB, {len(runs)} "
                f"run{'s' if len(runs) != 1 else ''}); open it in a browser")
 

@@ -17,8 +17,16 @@ from typing import Annotated, Any
 
 import typer
 
-from orchestrator import cli
-from orchestrator.cli import EXIT_INVALID, EXIT_NO_FIT, EXIT_NOT_FOUND, JsonFlag, _fail
+from orchestrator.cli_common import (
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    EXIT_NOT_FOUND,
+    JsonFlag,
+    fail,
+    money,
+    open_db,
+    print_json,
+)
 
 EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
@@ -51,53 +59,53 @@ def servers_add(
     from providers import catalog
 
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
-        _fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
+        fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
     matches = catalog.resolve_gpu(gpu)
     if len(matches) != 1:
         known = ", ".join(catalog.gpus())
         what = "is ambiguous" if matches else "is not a known GPU"
-        _fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
+        fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
     if not 1 <= gpus <= 8:
-        _fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
+        fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
     if not 1 <= port <= 65535:
-        _fail(f"--port must be 1..65535 (got {port})", EXIT_INVALID)
+        fail(f"--port must be 1..65535 (got {port})", EXIT_INVALID)
     if not host or any(c.isspace() for c in host) or host.startswith("-"):
-        _fail(f"--host {host!r}: give an IP address or DNS name", EXIT_INVALID)
+        fail(f"--host {host!r}: give an IP address or DNS name", EXIT_INVALID)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9._-]{0,31}", user):
-        _fail(f"--user {user!r}: give a login name, e.g. root or ubuntu", EXIT_INVALID)
+        fail(f"--user {user!r}: give a login name, e.g. root or ubuntu", EXIT_INVALID)
     try:
         price = Decimal(monthly.replace(",", "").lstrip("$"))
     except ArithmeticError:
-        _fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
+        fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
     if not price.is_finite() or price <= 0 or price >= MAX_MONTHLY:
-        _fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
+        fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
     if price != price.quantize(Decimal("0.000001")):
-        _fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
+        fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
     from orchestrator.store import StoreError
 
-    store = cli._store()
+    store = open_db()
     if any(s.name == name for s in store.list_servers()):
-        _fail(f"server {name!r} already exists; check it with `orch servers check {name}` or "
-              f"remove it first with `orch servers remove {name}`", EXIT_INVALID)
+        fail(f"server {name!r} already exists; check it with `orch servers check {name}` or "
+             f"remove it first with `orch servers remove {name}`", EXIT_INVALID)
     facts = _probe_or_exit(host, port, user, matches[0], gpus, pinned=None, name=name)
     if facts.gpu_error:
         _report(facts, json_out, None)
-        _fail(f"{name} failed its GPU check: {facts.gpu_error}\nNothing was recorded; fix it "
-              "(or give the right --gpu/--gpus) and run `orch servers add` again.",
-              EXIT_UNUSABLE)
+        fail(f"{name} failed its GPU check: {facts.gpu_error}\nNothing was recorded; fix it "
+             "(or give the right --gpu/--gpus) and run `orch servers add` again.",
+             EXIT_UNUSABLE)
     try:
         s = store.add_server(name=name, host=host, port=port, user=user, gpu=matches[0],
                              gpu_count=gpus, monthly_price=price)
     except StoreError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
     store.set_server_host_key(name, facts.host_key)
     store.record_server_check(name, error=None, facts_json=json.dumps(facts.to_dict()))
     if json_out:
-        cli._print_json({**_server_dict(_get(name)), "check": facts.to_dict()})
+        print_json({**_server_dict(_get(name)), "check": facts.to_dict()})
         return
     _report(facts, False, None)
     typer.echo(f"added {s.name}: {s.gpu} x{s.gpu_count} at {s.user}@{s.host}:{s.port}, "
-               f"{cli._money(price)}/month; host key {facts.fingerprint} pinned")
+               f"{money(price)}/month; host key {facts.fingerprint} pinned")
 
 
 # --- check and trust -------------------------------------------------------------------------
@@ -109,15 +117,15 @@ def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
     s = _get(name)
     facts = _probe_or_exit(s.host, s.port, s.user, s.gpu, s.gpu_count, pinned=s.host_key,
                            name=name)
-    store = cli._store()
+    store = open_db()
     if s.host_key is None:
         store.set_server_host_key(name, facts.host_key)
     store.record_server_check(name, error=facts.gpu_error,
                               facts_json=json.dumps(facts.to_dict()))
     _report(facts, json_out, {**_server_dict(_get(name)), "check": facts.to_dict()})
     if facts.gpu_error:
-        _fail(f"{name} failed its GPU check: {facts.gpu_error}\nJobs will not use it until "
-              f"`orch servers check {name}` passes.", EXIT_UNUSABLE)
+        fail(f"{name} failed its GPU check: {facts.gpu_error}\nJobs will not use it until "
+             f"`orch servers check {name}` passes.", EXIT_UNUSABLE)
     if not json_out:
         typer.echo(f"{name}: ok; jobs may use it")
 
@@ -135,7 +143,7 @@ def servers_trust(
     try:
         key = ssh.trust_on_first_use(s.host, s.port, timeout=15, deadline=15)
     except ssh.SSHError as exc:
-        _fail(f"cannot reach {s.host}:{s.port} to read its host key: {exc}", EXIT_UNUSABLE)
+        fail(f"cannot reach {s.host}:{s.port} to read its host key: {exc}", EXIT_UNUSABLE)
     new = ssh.format_host_key(key)
     old = s.host_key
     old_fp = ssh.fingerprint(ssh.parse_host_key(old)) if old else "(none pinned)"
@@ -148,8 +156,8 @@ def servers_trust(
                "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`). A key that changed "
                "without a reinstall means someone may be intercepting the connection.")
     if not yes and not typer.confirm("Pin the new key?", default=False):
-        _fail("host key not changed", 1)
-    cli._store().repin_server_host_key(name, new)
+        fail("host key not changed", 1)
+    open_db().repin_server_host_key(name, new)
     typer.echo(f"{name}: host key {ssh.fingerprint(key)} pinned")
 
 
@@ -170,9 +178,9 @@ def _server_dict(s: Any) -> dict[str, Any]:
 @servers_app.command("list")
 def servers_list(json_out: JsonFlag = False) -> None:
     """List registered servers (a failed GPU check shows why)."""
-    rows = [_server_dict(s) for s in cli._store().list_servers()]
+    rows = [_server_dict(s) for s in open_db().list_servers()]
     if json_out:
-        cli._print_json(rows)
+        print_json(rows)
         return
     if not rows:
         typer.echo("no servers registered; add one with `orch servers add NAME --host H "
@@ -183,7 +191,7 @@ def servers_list(json_out: JsonFlag = False) -> None:
     typer.echo(table(
         ["name", "GPU", "n", "ssh", "monthly", "status"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
-          cli._money(r["monthly_price"]), r["status"]] for r in rows],
+          money(r["monthly_price"]), r["status"]] for r in rows],
         right=[2, 4], drop=[4, 2], states=[5]))
     for r in rows:
         if r["check_error"]:
@@ -197,11 +205,11 @@ def servers_remove(name: NameArg) -> None:
     from orchestrator.store import NotFoundError, StoreError
 
     try:
-        cli._store().remove_server(name)
+        open_db().remove_server(name)
     except NotFoundError as exc:
-        _fail(str(exc), EXIT_NOT_FOUND)
+        fail(str(exc), EXIT_NOT_FOUND)
     except StoreError as exc:
-        _fail(str(exc), EXIT_INVALID)
+        fail(str(exc), EXIT_INVALID)
     typer.echo(f"removed {name}")
 
 
@@ -222,10 +230,10 @@ def scrubber() -> Callable[[Any], list[str]]:
 
 
 def _get(name: str) -> Any:
-    for s in cli._store().list_servers():
+    for s in open_db().list_servers():
         if s.name == name:
             return s
-    _fail(f"server {name!r} not found; see `orch servers list`", EXIT_NOT_FOUND)
+    fail(f"server {name!r} not found; see `orch servers list`", EXIT_NOT_FOUND)
 
 
 def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
@@ -236,7 +244,7 @@ def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
     try:
         key_path, public = ensure_key()
     except Exception as exc:  # OSError, CalledProcessError: say it, no traceback
-        _fail(f"cannot create orch's SSH key: {exc}", 1)
+        fail(f"cannot create orch's SSH key: {exc}", 1)
     if pinned is None:
         typer.echo(f"connecting to {user}@{host}:{port} with orch's key {key_path} ...",
                    err=True)
@@ -245,15 +253,15 @@ def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
     except ProbeError as exc:
         if exc.kind == "auth":
             pub = key_path.with_name(key_path.name + ".pub")
-            _fail(f"{exc}. Authorise orch's public key on the server: append the line of "
-                  f"{pub} to ~{user}/.ssh/authorized_keys there, e.g.\n"
-                  f"  echo '{public}' >> ~{user}/.ssh/authorized_keys\n"
-                  f"then run the command again. Nothing was recorded.", EXIT_UNUSABLE)
+            fail(f"{exc}. Authorise orch's public key on the server: append the line of "
+                 f"{pub} to ~{user}/.ssh/authorized_keys there, e.g.\n"
+                 f"  echo '{public}' >> ~{user}/.ssh/authorized_keys\n"
+                 f"then run the command again. Nothing was recorded.", EXIT_UNUSABLE)
         if exc.kind == "hostkey":
-            _fail(f"{exc}\nIf you reinstalled the server, confirm the new key with "
-                  f"`orch servers trust {name}`.", EXIT_UNUSABLE)
-        _fail(f"{exc}. Check the address, port and firewall; nothing was recorded.",
-              EXIT_UNUSABLE)
+            fail(f"{exc}\nIf you reinstalled the server, confirm the new key with "
+                 f"`orch servers trust {name}`.", EXIT_UNUSABLE)
+        fail(f"{exc}. Check the address, port and firewall; nothing was recorded.",
+             EXIT_UNUSABLE)
 
 
 def _gib(n: int | None) -> str:
@@ -263,7 +271,7 @@ def _gib(n: int | None) -> str:
 def _report(facts: Any, json_out: bool, payload: dict[str, Any] | None) -> None:
     if json_out:
         if payload is not None:
-            cli._print_json(payload)
+            print_json(payload)
         return
     gpus = ", ".join(f"{g['name']} ({g['memory_mib']} MiB)" for g in facts.gpus) or "none"
     lines = [f"host key   {facts.fingerprint} ({facts.host_key.split()[0]})",

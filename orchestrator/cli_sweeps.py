@@ -19,25 +19,28 @@ A sweep file named `show` in the current directory must be given as `./show`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from orchestrator.cli_common import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    EXIT_NOT_FOUND,
+    JsonFlag,
+    fail,
+    history_reader,
+    open_db,
+    print_json,
+    problems_exit,
+    require_runners,
+)
 
 if TYPE_CHECKING:
     from orchestrator.sweeps import LoadedSweep
 
 EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INVALID = 2
-EXIT_NO_FIT = 3
-EXIT_NOT_FOUND = 4
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object for scripts.")]
-
-
-def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)
 
 
 def _load(path: Path) -> LoadedSweep:
@@ -47,8 +50,6 @@ def _load(path: Path) -> LoadedSweep:
     try:
         return load_sweep(path)
     except SpecError as exc:
-        from orchestrator.cli import problems_exit
-
         problems_exit(path, exc.problems)
 
 
@@ -64,20 +65,18 @@ def _metric(value: float | None) -> str:
 def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator import cli
-    from orchestrator.cli_jobs import require_runners
     from orchestrator.store import StoreError
     from orchestrator.sweepstore import submit_sweep
 
     loaded = _load(file)
-    store = cli._store()
+    store = open_db()
     try:
         # As `orch submit`: no run is queued (or reported as queueable) that nothing here
         # can run; a worker would only fail them one by one.
         require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
     except (StoreError, SQLAlchemyError) as exc:
-        _fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
+        fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
     finally:
         store.close()
     nofit = [r for r in report.runs if r.state == "nofit"]
@@ -85,7 +84,7 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     if quiet and report.idle:
         raise typer.Exit(code)
     if json_out:
-        cli._print_json(report.to_dict())
+        print_json(report.to_dict())
     else:
         for r in nofit:
             typer.echo(f"{file}: run {r.index} ({_params(r.params)}) fits nowhere: {r.message}",
@@ -101,62 +100,36 @@ def _read_sqlite() -> bool:
     return default_db_url().startswith("sqlite")
 
 
-def _reader() -> Any:
-    from orchestrator.exits import exit_code
-    from orchestrator.history import HistoryError, open_reader
-    from orchestrator.paths import default_db_url
-
-    try:
-        return open_reader(default_db_url())
-    except HistoryError as exc:
-        _fail(str(exc), exit_code(exc))
-
-
 def _status(name: str) -> dict[str, Any]:
     if _read_sqlite():
-        from orchestrator.history import HistoryError
         from orchestrator.sweepview import SweepNotFound, sweep_status
 
-        reader = _reader()
-        try:
-            return sweep_status(reader, name)
-        except SweepNotFound as exc:
-            _fail(str(exc), EXIT_NOT_FOUND)
-        except HistoryError as exc:
-            _fail(str(exc))
-        finally:
-            if reader is not None:
-                reader.close()
-    from orchestrator import cli
+        with history_reader(EXIT_ERROR) as reader:
+            try:
+                return sweep_status(reader, name)
+            except SweepNotFound as exc:
+                fail(str(exc), EXIT_NOT_FOUND)
     from orchestrator.store import NotFoundError
     from orchestrator.sweepstore import sweep_status as store_status
 
-    store = cli._store()
+    store = open_db()
     try:
         return store_status(store, name)
     except NotFoundError as exc:
-        _fail(str(exc), EXIT_NOT_FOUND)
+        fail(str(exc), EXIT_NOT_FOUND)
     finally:
         store.close()
 
 
 def _all() -> list[dict[str, Any]]:
     if _read_sqlite():
-        from orchestrator.history import HistoryError
         from orchestrator.sweepview import list_sweeps
 
-        reader = _reader()
-        try:
+        with history_reader(EXIT_ERROR) as reader:
             return list_sweeps(reader)
-        except HistoryError as exc:
-            _fail(str(exc))
-        finally:
-            if reader is not None:
-                reader.close()
-    from orchestrator import cli
     from orchestrator.sweepstore import list_sweeps as store_list
 
-    store = cli._store()
+    store = open_db()
     try:
         return store_list(store)
     finally:
@@ -164,13 +137,12 @@ def _all() -> list[dict[str, Any]]:
 
 
 def _show(name: str, json_out: bool) -> None:
-    from orchestrator import cli
     from orchestrator.pricing import usd
     from orchestrator.render import table
 
     status = _status(name)
     if json_out:
-        cli._print_json(status)
+        print_json(status)
         return
     counts = ", ".join(f"{n} {s}" for s, n in status["counts"].items() if n) or "no runs"
     budget = f"budget {usd(status['budget'])}, " if status["budget"] else ""
@@ -203,75 +175,75 @@ def _show(name: str, json_out: bool) -> None:
     typer.echo("\n".join(lines))
 
 
+def sweep(
+    file: Annotated[str, typer.Argument(
+        help="The sweep file; or `show` followed by a sweep's name.")],
+    name: Annotated[str | None, typer.Argument(
+        help="With `show`: the sweep to show.", show_default=False)] = None,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed", help="Queue failed runs again (cancelled ones stay).")] = False,
+    json_out: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Print nothing when there was nothing to do (cron).")]
+    = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Validate, plan and report; write nothing.")] = False,
+) -> None:
+    """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
+
+    Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
+    3 some runs fit no offer or nothing here can run them, 1 other errors.
+    `orch sweep show NAME` shows a sweep.
+    """
+    if file == "show" and name is not None:
+        if retry_failed or quiet or dry_run:
+            fail("`orch sweep show NAME` takes only --json", EXIT_INVALID)
+        _show(name, json_out)
+        return
+    if file == "show":
+        fail("give the sweep's name: `orch sweep show NAME` (names: `orch sweeps`); a "
+             "sweep file named `show` is `./show`", EXIT_INVALID)
+    if name is not None:
+        fail(f"unexpected argument {name!r}: give one sweep file (or `show NAME`)",
+             EXIT_INVALID)
+    _submit(Path(file), retry_failed, json_out, quiet, dry_run)
+
+def sweep_show(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """A sweep's runs: parameters, state, metric, cost, and the best by its objective."""
+    _show(name, json_out)
+
+def sweeps(json_out: JsonFlag = False) -> None:
+    """List sweeps: runs, done/running/queued/failed, spent/budget, best run."""
+    from orchestrator.pricing import usd
+    from orchestrator.render import table
+
+    rows = _all()
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo(f"no sweeps yet; try `orch sweep {Path('examples') / 'sweep-lr.yml'}`")
+        return
+    out = []
+    for s in rows:
+        c = s["counts"]
+        spent = usd(s["spent"]) + (f" / {usd(s['budget'])}" if s["budget"] else "")
+        b = s["best"]
+        best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
+                                      f"{_metric(b['metric'])}")
+        out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
+                    c["failed"], spent, best])
+    typer.echo(table(["name", "runs", "done", "running", "queued", "failed",
+                      "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6],
+                     drop=[3, 4, 2]))
+
+
 def register(app: typer.Typer) -> None:
     """Add the sweep commands to `app`."""
-
-    @app.command("sweep")
-    def sweep(
-        file: Annotated[str, typer.Argument(
-            help="The sweep file; or `show` followed by a sweep's name.")],
-        name: Annotated[str | None, typer.Argument(
-            help="With `show`: the sweep to show.", show_default=False)] = None,
-        retry_failed: Annotated[bool, typer.Option(
-            "--retry-failed", help="Queue failed runs again (cancelled ones stay).")] = False,
-        json_out: JsonFlag = False,
-        quiet: Annotated[bool, typer.Option(
-            "--quiet", "-q", help="Print nothing when there was nothing to do (cron).")]
-        = False,
-        dry_run: Annotated[bool, typer.Option(
-            "--dry-run", help="Validate, plan and report; write nothing.")] = False,
-    ) -> None:
-        """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
-
-        Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
-        3 some runs fit no offer or nothing here can run them, 1 other errors.
-        `orch sweep show NAME` shows a sweep.
-        """
-        if file == "show" and name is not None:
-            if retry_failed or quiet or dry_run:
-                _fail("`orch sweep show NAME` takes only --json", EXIT_INVALID)
-            _show(name, json_out)
-            return
-        if file == "show":
-            _fail("give the sweep's name: `orch sweep show NAME` (names: `orch sweeps`); a "
-                  "sweep file named `show` is `./show`", EXIT_INVALID)
-        if name is not None:
-            _fail(f"unexpected argument {name!r}: give one sweep file (or `show NAME`)",
-                  EXIT_INVALID)
-        _submit(Path(file), retry_failed, json_out, quiet, dry_run)
-
+    app.command("sweep")(sweep)
     # Kept for scripts written against it; `orch sweep show NAME` is the documented spelling.
-    @app.command("sweep-show", hidden=True)
-    def sweep_show(
-        name: Annotated[str, typer.Argument(help="The sweep's name.")],
-        json_out: JsonFlag = False,
-    ) -> None:
-        """A sweep's runs: parameters, state, metric, cost, and the best by its objective."""
-        _show(name, json_out)
-
-    @app.command("sweeps")
-    def sweeps(json_out: JsonFlag = False) -> None:
-        """List sweeps: runs, done/running/queued/failed, spent/budget, best run."""
-        from orchestrator import cli
-        from orchestrator.pricing import usd
-        from orchestrator.render import table
-
-        rows = _all()
-        if json_out:
-            cli._print_json(rows)
-            return
-        if not rows:
-            typer.echo(f"no sweeps yet; try `orch sweep {Path('examples') / 'sweep-lr.yml'}`")
-            return
-        out = []
-        for s in rows:
-            c = s["counts"]
-            spent = usd(s["spent"]) + (f" / {usd(s['budget'])}" if s["budget"] else "")
-            b = s["best"]
-            best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
-                                          f"{_metric(b['metric'])}")
-            out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
-                        c["failed"], spent, best])
-        typer.echo(table(["name", "runs", "done", "running", "queued", "failed",
-                          "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6],
-                         drop=[3, 4, 2]))
+    app.command("sweep-show", hidden=True)(sweep_show)
+    app.command("sweeps")(sweeps)

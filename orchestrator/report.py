@@ -139,78 +139,13 @@ def render(data: ReportData) -> str:
     plotly, go = _plotly()
     from plotly.offline import get_plotlyjs
 
-    sections: list[str] = []
     e = html.escape
-
-    curves = [r for r in data.runs if r.loss]
-    if curves:
-        fig = go.Figure(layout=_layout("Training loss", "step", "loss"))
-        for r in curves:
-            fig.add_trace(go.Scatter(x=[s for s, _ in r.loss], y=[v for _, v in r.loss],
-                                     mode="lines+markers", name=_label(r)))
-        sections.append("<h2>Training loss</h2>" + _figure_html(fig, "loss-chart"))
-    else:
-        sections.append("<h2>Training loss</h2><p>No training loss recorded for these runs.</p>")
-
-    names = sorted({k for r in data.runs for k in r.metrics})
-    scored = [r for r in data.runs if r.metrics]
-    sections.append("<h2>Eval metrics per run</h2>")
-    if scored:
-        fig = go.Figure(layout={**_layout("Eval metrics", "run", "value"), "barmode": "group"})
-        # Counts (rows scored) would dwarf the scores on one axis; they stay in the table.
-        for name in [n for n in names if not n.endswith(".count")] or names:
-            fig.add_trace(go.Bar(x=[_label(r) for r in scored],
-                                 y=[r.metrics.get(name) for r in scored], name=name))
-        sections.append(_figure_html(fig, "metrics-chart"))
-        sections.append(_table(["run", *names], [
-            [e(_label(r)), *(e(f"{r.metrics[n]:g}") if n in r.metrics else "-" for n in names)]
-            for r in scored]))
-    else:
-        sections.append("<p>No eval metrics recorded for these runs.</p>")
-
-    sections.append("<h2>Placement and cost per run</h2>")
-    fig = go.Figure(layout={**_layout("Cost per run", "run", "USD"), "barmode": "stack"})
-    labels = [_label(r) for r in data.runs]
-    fig.add_trace(go.Bar(x=labels, y=[float(r.cost - r.storage) for r in data.runs],
-                         name="compute (billed)"))
-    fig.add_trace(go.Bar(x=labels, y=[float(r.storage) for r in data.runs],
-                         name="volume storage (billed)"))
-    fig.add_trace(go.Bar(x=labels, y=[float(r.amortised) for r in data.runs],
-                         name="monthly rent share (already paid)"))
-    sections.append(_figure_html(fig, "cost-chart"))
-    rows = []
-    for r in data.runs:
-        p = r.placement
-        where = (f"{r.provider} {r.gpu} x{r.gpu_count}" if r.gpu else "not placed")
-        kind = "-" if r.spot is None else ("spot" if r.spot else "on-demand")
-        rows.append([e(r.id), e(r.name), e(r.status), e(where), e(kind),
-                     e(str(p.get("strategy", "-"))), e(str(p.get("billing", "-"))),
-                     "-" if r.est_hours is None else e(f"{r.est_hours:.2f}"),
-                     _usd(r.est_cost), _usd(r.cost), _usd(r.storage), _usd(r.amortised),
-                     e(human_time(r.created_at))])
-    sections.append(_table(["job", "name", "status", "placement", "kind", "layout",
-                            "billing", "est. h", "est. cost", "cost", "of it storage",
-                            "rent share", "created"], rows))
-
+    sections = [*_loss_section(go, data.runs), *_metrics_section(go, data.runs),
+                *_cost_section(go, data.runs)]
     for title, when, rollup, div in (("Cost per day", "day", data.per_day, "day-chart"),
                                      ("Cost per month", "month", data.per_month,
                                       "month-chart")):
-        sections.append(f"<h2>{title}</h2>")
-        if not rollup:
-            sections.append("<p>No jobs in the period.</p>")
-            continue
-        fig = go.Figure(layout={**_layout(title, when, "USD"), "barmode": "group"})
-        buckets = [row["bucket"] for row in rollup]
-        fig.add_trace(go.Bar(x=buckets, y=[float(row["cost"]) for row in rollup],
-                             name="cost (billed)"))
-        fig.add_trace(go.Bar(x=buckets, y=[float(row["amortised"]) for row in rollup],
-                             name="rent share (already paid)"))
-        fig.add_trace(go.Bar(x=buckets, y=[float(row["spot_savings"] or 0) for row in rollup],
-                             name="spot savings vs on-demand"))
-        sections.append(_figure_html(fig, div))
-        sections.append(_table([when, "jobs", "GPU-h", "cost", "rent share", "spot savings"], [
-            [e(row["bucket"]), e(str(row["jobs"])), e(row["gpu_hours"]), _usd(row["cost"]),
-             _usd(row["amortised"]), _usd(row["spot_savings"])] for row in rollup]))
+        sections += _rollup_section(go, title, when, rollup, div)
 
     total = sum((r.cost for r in data.runs), Decimal(0))
     summary = (f"{len(data.runs)} run{'s' if len(data.runs) != 1 else ''}, "
@@ -243,3 +178,86 @@ at the cheapest on-demand catalog price.</p>
 </body>
 </html>
 """
+
+
+def _loss_section(go: Any, runs: list[RunData]) -> list[str]:
+    """The training loss of every run that recorded one, on one chart."""
+    curves = [r for r in runs if r.loss]
+    if not curves:
+        return ["<h2>Training loss</h2><p>No training loss recorded for these runs.</p>"]
+    fig = go.Figure(layout=_layout("Training loss", "step", "loss"))
+    for r in curves:
+        fig.add_trace(go.Scatter(x=[s for s, _ in r.loss], y=[v for _, v in r.loss],
+                                 mode="lines+markers", name=_label(r)))
+    return ["<h2>Training loss</h2>" + _figure_html(fig, "loss-chart")]
+
+
+def _metrics_section(go: Any, runs: list[RunData]) -> list[str]:
+    """The eval metrics per run: a grouped bar chart and a table."""
+    e = html.escape
+    names = sorted({k for r in runs for k in r.metrics})
+    scored = [r for r in runs if r.metrics]
+    sections = ["<h2>Eval metrics per run</h2>"]
+    if not scored:
+        return [*sections, "<p>No eval metrics recorded for these runs.</p>"]
+    fig = go.Figure(layout={**_layout("Eval metrics", "run", "value"), "barmode": "group"})
+    # Counts (rows scored) would dwarf the scores on one axis; they stay in the table.
+    for name in [n for n in names if not n.endswith(".count")] or names:
+        fig.add_trace(go.Bar(x=[_label(r) for r in scored],
+                             y=[r.metrics.get(name) for r in scored], name=name))
+    sections.append(_figure_html(fig, "metrics-chart"))
+    sections.append(_table(["run", *names], [
+        [e(_label(r)), *(e(f"{r.metrics[n]:g}") if n in r.metrics else "-" for n in names)]
+        for r in scored]))
+    return sections
+
+
+def _cost_section(go: Any, runs: list[RunData]) -> list[str]:
+    """Each run's placement and cost: a stacked bar chart and a table."""
+    e = html.escape
+    sections = ["<h2>Placement and cost per run</h2>"]
+    fig = go.Figure(layout={**_layout("Cost per run", "run", "USD"), "barmode": "stack"})
+    labels = [_label(r) for r in runs]
+    fig.add_trace(go.Bar(x=labels, y=[float(r.cost - r.storage) for r in runs],
+                         name="compute (billed)"))
+    fig.add_trace(go.Bar(x=labels, y=[float(r.storage) for r in runs],
+                         name="volume storage (billed)"))
+    fig.add_trace(go.Bar(x=labels, y=[float(r.amortised) for r in runs],
+                         name="monthly rent share (already paid)"))
+    sections.append(_figure_html(fig, "cost-chart"))
+    rows = []
+    for r in runs:
+        p = r.placement
+        where = (f"{r.provider} {r.gpu} x{r.gpu_count}" if r.gpu else "not placed")
+        kind = "-" if r.spot is None else ("spot" if r.spot else "on-demand")
+        rows.append([e(r.id), e(r.name), e(r.status), e(where), e(kind),
+                     e(str(p.get("strategy", "-"))), e(str(p.get("billing", "-"))),
+                     "-" if r.est_hours is None else e(f"{r.est_hours:.2f}"),
+                     _usd(r.est_cost), _usd(r.cost), _usd(r.storage), _usd(r.amortised),
+                     e(human_time(r.created_at))])
+    sections.append(_table(["job", "name", "status", "placement", "kind", "layout",
+                            "billing", "est. h", "est. cost", "cost", "of it storage",
+                            "rent share", "created"], rows))
+    return sections
+
+
+def _rollup_section(go: Any, title: str, when: str, rollup: list[dict[str, Any]], div: str
+                    ) -> list[str]:
+    """Cost, rent share and spot savings per day or month: a bar chart and a table."""
+    e = html.escape
+    sections = [f"<h2>{title}</h2>"]
+    if not rollup:
+        return [*sections, "<p>No jobs in the period.</p>"]
+    fig = go.Figure(layout={**_layout(title, when, "USD"), "barmode": "group"})
+    buckets = [row["bucket"] for row in rollup]
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["cost"]) for row in rollup],
+                         name="cost (billed)"))
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["amortised"]) for row in rollup],
+                         name="rent share (already paid)"))
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["spot_savings"] or 0) for row in rollup],
+                         name="spot savings vs on-demand"))
+    sections.append(_figure_html(fig, div))
+    sections.append(_table([when, "jobs", "GPU-h", "cost", "rent share", "spot savings"], [
+        [e(row["bucket"]), e(str(row["jobs"])), e(row["gpu_hours"]), _usd(row["cost"]),
+         _usd(row["amortised"]), _usd(row["spot_savings"])] for row in rollup]))
+    return sections
