@@ -249,7 +249,7 @@ class JobRunner:
 
     def run(self, job_id: str) -> Job:
         """Drive the claimed job to succeeded, failed or cancelled (or requeued on SIGTERM)."""
-        from orchestrator.ssh import ConnectionFactory
+        from playbooks.ssh import ConnectionFactory
 
         job = self.store.get_job(job_id)
         self.job_id = job_id
@@ -643,7 +643,7 @@ class JobRunner:
     # --- connecting -----------------------------------------------------------------------------
 
     def _connect(self, row_id: int, provider: Provider, inst: Instance) -> Any:
-        from orchestrator import ssh
+        from playbooks import ssh
         from playbooks.base import Host, HostPaths
 
         self._set("connecting", f"waiting for {inst.provider} instance {inst.instance_id}")
@@ -989,8 +989,7 @@ class JobRunner:
         base = self._secrets_base.pop(row_id, None)
         if not base:
             return
-        from orchestrator import ssh
-        from playbooks import secrets
+        from playbooks import secrets, ssh
         from playbooks.base import Host, StepFailed
 
         row = next((r for r in self.store.instances_of(self.job_id) if r.id == row_id), None)

@@ -23,7 +23,7 @@ from typing import Any
 
 from fabric import Connection
 
-from orchestrator import ssh
+from playbooks import ssh
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the event
 

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 from fabric import Connection
 
-from orchestrator import ssh
+from playbooks import ssh
 
 from .base import (
     CONTAINER_ROOT,

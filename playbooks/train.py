@@ -14,7 +14,7 @@ checkpoint and moves a partial one aside (never deleting it), so axolotl's
 `auto_resume_from_checkpoints` continues from the last valid one (Invariant 5).
 
 Every user value (job id, file names, image) reaches the host only inside argv lists, which
-`orchestrator.ssh` quotes word by word; secrets travel in a 0600 env file and are passed to
+`playbooks.ssh` quotes word by word; secrets travel in a 0600 env file and are passed to
 the container by name (`-e NAME`), never by value (Invariant 6).
 """
 
@@ -39,8 +39,7 @@ from typing import Any, Literal
 
 import paramiko
 
-from orchestrator import ssh
-from playbooks import images
+from playbooks import images, ssh
 from playbooks.axolotl import TrainConfigInput, deepspeed_config, dump
 from playbooks.base import (
     CONTAINER_ROOT,

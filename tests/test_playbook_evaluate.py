@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
-from orchestrator import ssh
+from playbooks import ssh
 from playbooks.base import Fault, Host, Layout, PlaybookFailed, StepFailed, container_name
 from playbooks.evaluate import (
     EvalScores,
