@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -140,6 +139,7 @@ def lookup(repo: str) -> KnownModel:
     hit = table.get(repo.lower())
     if hit is not None:
         return hit
+    import difflib  # only when there is a typo to suggest a fix for (start-up)
     close = difflib.get_close_matches(repo.lower(), list(table), n=3, cutoff=0.6)
     hint = f" did you mean {', '.join(repr(table[c].repo) for c in close)}?" if close else ""
     raise ArchitectureError(

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from orchestrator import pricing, savers, throughput
-from orchestrator.scheduler import Constraints, Placement, constraint_failure
+from orchestrator import savers, throughput
+from orchestrator.scheduler import Constraints, Placement, constraint_failure, priced, timed
 from orchestrator.sizing import MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
@@ -78,101 +78,104 @@ def best(
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
 ) -> Placement | None:
     """The placement `scheduler.rank` would rank first, or None when nothing is feasible."""
-    c = constraints
-    model_bits = throughput.model_download_bytes(w) * 8
-    fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
-    times: dict[tuple[object, ...], throughput.Duration] = {}
-    winner: Placement | None = None
-    winner_key: tuple[Decimal, float, str, str, int] | None = None
-
-    def consider(offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> float | None:
-        """Price `offer` exactly; keep it if it beats the winner; its cost as a float."""
-        nonlocal winner, winner_key
-        learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
-            if measured else None
-        cached = offer.offer_id in cached_on
-        tkey = (offer.gpu, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
-                offer.boot_minutes, offer.pull_gbps, cached, learned)
-        dur = times.get(tkey)
-        if dur is None:
-            dur = times[tkey] = throughput.duration(
-                est.workload or w, tokens, offer, gpu, est.strategy, model_cached=cached,
-                measured=learned)
-        if c.deadline_hours is not None and dur.total > c.deadline_hours:
-            return None
-        cost = pricing.job_cost(offer, dur.total)
-        if c.max_cost is not None and cost > c.max_cost:
-            return None
-        if (c.max_price_per_hour is not None and offer.price_per_hour is None
-                and cost / Decimal(repr(dur.total)) > c.max_price_per_hour):
-            return None
-        amortised = None
-        if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
-            amortised = pricing.amortised_share(offer.monthly_price, dur.total)
-        placement = Placement(offer, est, dur, cost, amortised)
-        key = placement.sort_key()
-        if winner_key is None or key < winner_key:
-            winner, winner_key = placement, key
-        return float(cost)
-
-    layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
-
-    def fit(offer: Offer, gpu: GpuSpec) -> MemoryEstimate | None:
-        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
-        if key not in fits:
-            lkey = (offer.gpu_count, gpu.scaling)
-            if lkey not in layouts:
-                layouts[lkey] = savers.layouts(w, offer.gpu_count, gpu.scaling)
-            fits[key] = savers.first_fit(layouts[lkey], offer.gpu_memory_bytes, offer.ram_bytes)
-        return fits[key]
-
+    search = _Search(w, tokens, gpus, constraints, cached_on, measured)
     for offer in book.others:
-        if constraint_failure(offer, c) is None:
+        if constraint_failure(offer, constraints) is None:
             gpu = gpus[offer.gpu]
-            est = fit(offer, gpu)
+            est = search.fit(offer, gpu)
             if est is not None:
-                consider(offer, est, gpu)
-
-    # Each group's least possible hours: training (the same for all its offers) plus the
-    # smallest boot and pull any of its offers has, plus merge and eval.
-    walks = []
-    trains: dict[tuple[str, int, int], float] = {}
-    # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower bound),
-    # and the merge + eval after training (throughput.duration's terms).
-    pull_bits = 0.0 if cached_on else model_bits / 1e9
-    after = (0.0 if w.method == "full" else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)) \
-        + throughput.MERGE_EVAL_FIXED_MIN * 60
-    for g in book.groups:
-        if g.gpu_count > c.max_gpus or (c.gpu_count is not None and g.gpu_count != c.gpu_count):
-            continue
-        if c.gpus is not None and g.gpu not in c.gpus:
-            continue
-        gpu = gpus[g.gpu]
-        est = fit(g.offers[0], gpu)
-        if est is None:
-            continue
-        tkey = (g.gpu, g.gpu_count, id(est))  # est objects outlive this call: ids are safe
-        train = trains.get(tkey)
-        if train is None:
-            train = trains[tkey] = training_hours(g.gpu, g.gpu_count, est, gpu, w, tokens,
-                                                  measured)
-        dur = g.min_boot_h + train + (pull_bits / g.max_pull_gbps + after) / 3600
-        walks.append((g.prices[0] * dur, dur, g, est, gpu))
-    walks.sort(key=lambda x: x[0])
-
+                search.consider(offer, est, gpu)
     bound = float("inf")
-    for first, hours, g, est, gpu in walks:
+    for first, hours, g, est, gpu in search.walks(book):
         if first * (1 - _SLACK) - _ROUNDING > bound:
             break  # every later group starts dearer still
         for price, offer in zip(g.prices, g.offers, strict=True):
             if price * hours * (1 - _SLACK) - _ROUNDING > bound:
                 break
-            if constraint_failure(offer, c) is not None:
+            if constraint_failure(offer, constraints) is not None:
                 continue
-            cost = consider(offer, est, gpu)
+            cost = search.consider(offer, est, gpu)
             if cost is not None and cost < bound:
                 bound = cost
-    return winner
+    return search.winner
+
+
+class _Search:
+    """One job's walk over a book: the layouts, fits and durations it has worked out so
+    far, and the best placement found."""
+
+    def __init__(self, w: Workload, tokens: int, gpus: Mapping[str, GpuSpec],
+                 c: Constraints, cached_on: frozenset[str],
+                 measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
+                 ) -> None:
+        self.w, self.tokens, self.gpus, self.c = w, tokens, gpus, c
+        self.cached_on, self.measured = cached_on, measured
+        self.layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
+        self.fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
+        self.times: dict[tuple[object, ...], throughput.Duration] = {}
+        self.winner: Placement | None = None
+        self.winner_key: tuple[Decimal, float, str, str, int] | None = None
+
+    def fit(self, offer: Offer, gpu: GpuSpec) -> MemoryEstimate | None:
+        """The first layout (savers included) that fits `offer`, worked out once per shape."""
+        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
+        if key not in self.fits:
+            lkey = (offer.gpu_count, gpu.scaling)
+            if lkey not in self.layouts:
+                self.layouts[lkey] = savers.layouts(self.w, offer.gpu_count, gpu.scaling)
+            self.fits[key] = savers.first_fit(self.layouts[lkey], offer.gpu_memory_bytes,
+                                              offer.ram_bytes)
+        return self.fits[key]
+
+    def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> float | None:
+        """Price `offer` exactly; keep it if it beats the winner; its cost as a float."""
+        dur = timed(self.w, self.tokens, offer, gpu, est, self.cached_on, self.measured,
+                    self.times)
+        placed = priced(offer, est, dur, self.c)
+        if isinstance(placed, str):
+            return None
+        key = placed.sort_key()
+        if self.winner_key is None or key < self.winner_key:
+            self.winner, self.winner_key = placed, key
+        return float(placed.est_cost)
+
+    def walks(self, book: OfferBook) -> list[tuple[float, float, _Group, MemoryEstimate,
+                                                     GpuSpec]]:
+        """The groups the job fits, each with a lower bound on its cheapest offer's cost
+        and on its hours, cheapest bound first.
+
+        A group's least possible hours: training (the same for all its offers) plus the
+        smallest boot and pull any of its offers has, plus merge and eval.
+        """
+        w, c = self.w, self.c
+        model_bits = throughput.model_download_bytes(w) * 8
+        # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower
+        # bound), and the merge + eval after training (throughput.duration's terms).
+        pull_bits = 0.0 if self.cached_on else model_bits / 1e9
+        after = (0.0 if w.method == "full"
+                 else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)) \
+            + throughput.MERGE_EVAL_FIXED_MIN * 60
+        trains: dict[tuple[str, int, int], float] = {}
+        walks = []
+        for g in book.groups:
+            if g.gpu_count > c.max_gpus or (c.gpu_count is not None
+                                            and g.gpu_count != c.gpu_count):
+                continue
+            if c.gpus is not None and g.gpu not in c.gpus:
+                continue
+            gpu = self.gpus[g.gpu]
+            est = self.fit(g.offers[0], gpu)
+            if est is None:
+                continue
+            tkey = (g.gpu, g.gpu_count, id(est))  # est objects outlive the search: ids safe
+            train = trains.get(tkey)
+            if train is None:
+                train = trains[tkey] = training_hours(g.gpu, g.gpu_count, est, gpu, w,
+                                                      self.tokens, self.measured)
+            dur = g.min_boot_h + train + (pull_bits / g.max_pull_gbps + after) / 3600
+            walks.append((g.prices[0] * dur, dur, g, est, gpu))
+        walks.sort(key=lambda x: x[0])
+        return walks
 
 
 def training_hours(name: str, count: int, est: MemoryEstimate, gpu: GpuSpec, w: Workload,

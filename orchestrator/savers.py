@@ -16,21 +16,13 @@ from functools import lru_cache
 
 from orchestrator import sizing
 from orchestrator.sizing import MemoryEstimate, Strategy, Workload
+from orchestrator.throughput import (  # noqa: F401 - ACTIVATION_OFFLOAD_SLOWDOWN: tests read it here
+    ACTIVATION_OFFLOAD_SLOWDOWN,
+    STRATEGY_SCALING,
+    extra_slowdown,
+    flops_per_token,
+)
 from providers.base import GpuSpec
-
-# Throughput cost of each saver, as a factor on training time (docs/sizing.md, "Savers"):
-# - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README).
-# - Liger fused linear CE: its README reports +20 % throughput for the whole kernel set on
-#   8×A100 FSDP; orch enables only the loss kernel and claims no gain it cannot pin down.
-# - 8-bit AdamW: the optimizer step is a small part of a step and bitsandbytes' 8-bit Adam
-#   runs at the speed of 32-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via
-#   Block-wise Quantization", Table 2).
-# - Gradient checkpointing: one more forward pass (+2N FLOPs per token), in throughput.py.
-# - Activation offloading: streamed to host RAM and overlapped with compute on top of
-#   checkpointing; no published figure with a pinned config: an assumed 10 %.
-CE_SLOWDOWN = {"plain": 1.0, "cut": 1.0, "liger": 1.0}
-OPTIMIZER_SLOWDOWN = {"adamw": 1.0, "adamw_8bit": 1.0, "paged_adamw_8bit": 1.0}
-ACTIVATION_OFFLOAD_SLOWDOWN = 1.10
 
 # What "auto" may choose, least intrusive first.
 # - Cross-entropy: the loss kernels cost no speed, so auto always uses one where the GPU and
@@ -78,21 +70,11 @@ def variants(w: Workload) -> tuple[Workload, ...]:
 
 def slowdown(w: Workload) -> float:
     """Training-time factor of `w`'s savers over the same job with none."""
-    from orchestrator.throughput import flops_per_token
-
     recompute = flops_per_token(w) / flops_per_token(replace(w, gradient_checkpointing=False))
     return recompute * extra_slowdown(w)
 
 
-def extra_slowdown(w: Workload) -> float:
-    """The savers' time factor beyond checkpointing's recompute (which is in the FLOPs)."""
-    factor = CE_SLOWDOWN[str(w.cross_entropy)] * OPTIMIZER_SLOWDOWN[str(w.optimizer)]
-    return factor * (ACTIVATION_OFFLOAD_SLOWDOWN if w.activation_offloading is True else 1.0)
-
-
 def _strategy_slowdown(strategy: Strategy, scaling: dict[str, float]) -> float:
-    from orchestrator.throughput import STRATEGY_SCALING
-
     factor = 1.0
     for kind in STRATEGY_SCALING[strategy]:
         factor /= scaling.get(kind, 1.0)

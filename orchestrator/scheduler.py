@@ -142,35 +142,55 @@ def rank(
         if est is None:
             rejected["does not fit in GPU memory"] += 1
             continue
-        learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
-            if measured else None
-        cached = offer.offer_id in cached_on
-        # The fit key fixes the estimate (layout and settings); hashing it is cheap.
-        tkey = (offer.gpu, key, offer.boot_minutes, offer.pull_gbps, cached, learned)
-        dur = time_cache.get(tkey)
-        if dur is None:
-            dur = time_cache[tkey] = throughput.duration(
-                est.workload or w, tokens, offer, gpu, est.strategy, model_cached=cached,
-                measured=learned)
-        if constraints.deadline_hours is not None and dur.total > constraints.deadline_hours:
-            rejected["slower than resources.deadline_hours"] += 1
+        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache)
+        placed = priced(offer, est, dur, constraints)
+        if isinstance(placed, str):
+            rejected[placed] += 1
             continue
-        cost = pricing.job_cost(offer, dur.total)
-        if constraints.max_cost is not None and cost > constraints.max_cost:
-            rejected["above resources.max_cost"] += 1
-            continue
-        if (constraints.max_price_per_hour is not None and offer.price_per_hour is None
-                and cost / Decimal(repr(dur.total)) > constraints.max_price_per_hour):
-            # A new monthly rental has no hourly price; what it costs this job per hour
-            # (a whole month's commitment over the job's hours) is what the limit is about.
-            rejected["above resources.max_price_per_hour"] += 1
-            continue
-        amortised = None
-        if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
-            amortised = pricing.amortised_share(offer.monthly_price, dur.total)
-        placements.append(Placement(offer, est, dur, cost, amortised))
+        placements.append(placed)
     placements.sort(key=Placement.sort_key)
     return Ranking(tuple(placements), dict(rejected))
+
+
+def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstimate,
+          cached_on: frozenset[str],
+          measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
+          cache: dict[tuple[object, ...], throughput.Duration]) -> throughput.Duration:
+    """How long the job takes on `offer` with layout `est`; offers of one shape share it.
+
+    The key is what `throughput.duration` depends on besides the job: the offer's shape
+    (which fixes `est`), its boot and pull, whether the model is cached, a learned rate.
+    """
+    learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
+        if measured else None
+    cached = offer.offer_id in cached_on
+    key = (offer.gpu, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
+           offer.boot_minutes, offer.pull_gbps, cached, learned)
+    dur = cache.get(key)
+    if dur is None:
+        dur = cache[key] = throughput.duration(est.workload or w, tokens, offer, gpu,
+                                               est.strategy, model_cached=cached,
+                                               measured=learned)
+    return dur
+
+
+def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
+           c: Constraints) -> Placement | str:
+    """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks."""
+    if c.deadline_hours is not None and dur.total > c.deadline_hours:
+        return "slower than resources.deadline_hours"
+    cost = pricing.job_cost(offer, dur.total)
+    if c.max_cost is not None and cost > c.max_cost:
+        return "above resources.max_cost"
+    if (c.max_price_per_hour is not None and offer.price_per_hour is None
+            and cost / Decimal(repr(dur.total)) > c.max_price_per_hour):
+        # A new monthly rental has no hourly price; what it costs this job per hour
+        # (a whole month's commitment over the job's hours) is what the limit is about.
+        return "above resources.max_price_per_hour"
+    amortised = None
+    if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
+        amortised = pricing.amortised_share(offer.monthly_price, dur.total)
+    return Placement(offer, est, dur, cost, amortised)
 
 
 def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None

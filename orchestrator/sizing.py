@@ -58,11 +58,17 @@ OFFLOADED_LAYERS_IN_FLIGHT = 2
 
 
 class Strategy(StrEnum):
-    """How the job uses its GPUs."""
+    """How the job uses its GPUs.
+
+    The sharded layouts are rendered as DeepSpeed ZeRO-3 (playbooks/axolotl.py), not FSDP;
+    their values keep the old spelling "fsdp" because it is stored in every recorded
+    placement, plan JSON and history query (docs/schema.md), where renaming would split one
+    layout into two names. The member names say what they are.
+    """
 
     SINGLE = "single"
     DDP = "ddp"  # every GPU holds everything; data parallel
-    SHARDED = "fsdp"  # FSDP / DeepSpeed ZeRO-3: weights, grads, optimizer state divided by G
+    SHARDED = "fsdp"  # DeepSpeed ZeRO-3: weights, grads, optimizer state divided by G
     SHARDED_OFFLOAD = "fsdp+offload"  # as SHARDED, optimizer state in host RAM
     OFFLOAD = "offload"  # one GPU, optimizer state in host RAM (ZeRO-Offload)
 
@@ -204,7 +210,7 @@ def loss_bytes(w: Workload) -> int:
 
 
 # Layouts orch renders with a DeepSpeed ZeRO config (playbooks/axolotl.py): fp32 master.
-ZERO_STRATEGIES = frozenset({"fsdp", "fsdp+offload", "offload"})
+ZERO_STRATEGIES = frozenset({Strategy.SHARDED, Strategy.SHARDED_OFFLOAD, Strategy.OFFLOAD})
 
 
 def _state(w: Workload, strategy: Strategy) -> tuple[int, int, int, int]:

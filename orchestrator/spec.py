@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -30,21 +28,13 @@ from orchestrator.architectures import (
     from_fields,
     lookup,
 )
+from orchestrator.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
 # Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training"); only tags
 # that were published (playbooks/data/images.yaml, with its source).
 DEFAULT_TRAINER_IMAGE = images.default_image("docker")
-
-# Rough characters per token for English text with 128K–152K vocabularies; used only when
-# the dataset gives no `tokens:` count. docs/sizing.md explains the estimate.
-CHARS_PER_TOKEN = 4.0
-# Prompt-template tokens added per alpaca row / per chat message.
-ALPACA_TEMPLATE_TOKENS = 24
-CHAT_MESSAGE_TOKENS = 6
-# With a given token count, only this many rows are read to check the format.
-_SAMPLE_ROWS = 1000
 
 # Upper bounds on numbers, so that whatever a job file holds fits the database's 64-bit
 # integers (micro-dollars, tokens) and the sizing arithmetic (docs/job-file.md). Each is far
@@ -149,7 +139,7 @@ class LoraSpec(_Strict):
             raise ValueError("must name at least one module, or be all-linear")
         for name in value:
             if name not in LINEAR_MODULES:
-                close = difflib.get_close_matches(name, LINEAR_MODULES, n=1)
+                close = _closest(name, LINEAR_MODULES, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
                     f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
@@ -296,15 +286,6 @@ class JobSpec(_Strict):
 
 
 @dataclass(frozen=True)
-class DatasetSize:
-    """How many tokens one epoch has, and whether that is a count or an estimate."""
-
-    tokens: int
-    rows: int | None
-    source: str  # "job file" | "estimated from N characters"
-
-
-@dataclass(frozen=True)
 class LoadedJob:
     """A validated job file with everything resolved that sizing needs."""
 
@@ -317,6 +298,13 @@ class LoadedJob:
     def spec_hash(self) -> str:
         """Identity of the resolved job: sha256 of its canonical JSON."""
         return spec_hash(self.spec)
+
+
+def _closest(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The `n` choices closest to a misspelt `word` (difflib's ratio of at least `cutoff`)."""
+    import difflib  # only a typo needs it: kept off `orch plan`'s start-up path
+
+    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
 
 
 class SpecError(ValueError):
@@ -408,7 +396,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         choices = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), choices, n=1, cutoff=0.6)
+        close = _closest(str(loc[-1]), choices, n=1, cutoff=0.6)
         if close:
             return f"unknown key; did you mean {close[0]!r}?"
         return f"unknown key; allowed here: {', '.join(choices)}" if choices else "unknown key"
@@ -423,7 +411,7 @@ def _describe(err: dict[str, Any]) -> str:
         return f"must be {op} {bound} (got {got!r})"
     if kind == "literal_error":
         expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
-        close = difflib.get_close_matches(str(got), [e.strip() for e in expected.split(",")], n=1)
+        close = _closest(str(got), [e.strip() for e in expected.split(",")], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return f"must be one of {expected} (got {got!r}){hint}"
     if kind == "string_pattern_mismatch":
@@ -489,18 +477,48 @@ def load_job(path: str | Path) -> LoadedJob:
 
 def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> LoadedJob:
     """Check what the schema cannot (files, model shape, GPU and provider names)."""
-    from providers import catalog  # data only; kept here so the schema stays import-light
+    found = _Problems(str(path), pos or yamlpos.Positions())
+    arch = _architecture(spec, path.parent, found)
+    if spec.method == "full" and "lora" in spec.model_fields_set:
+        found.add(("lora",), "only used by method qlora or lora; remove it for a full fine-tune")
+    dataset = _dataset(spec, path.parent, found)
+    if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
+        found.add(("training", "epochs"), f"{dataset.tokens:,} tokens x "
+                  f"{spec.training.epochs:g} epochs is more than {MAX_TOKENS:,} tokens; "
+                  "train fewer epochs or tokens")
+    if spec.eval.eval_set is not None:
+        eval_file = path.parent / spec.eval.eval_set
+        if not eval_file.exists():
+            found.add(("eval", "eval_set"), f"file not found: {eval_file}; give a JSONL file "
+                      "of {prompt, expected} rows (relative to the job file)")
+        else:
+            found.extend(("eval", "eval_set"), check_eval_set(eval_file))
+    _names(spec, found)
+    if found.items or arch is None or dataset is None:
+        # By line, keeping the file's own order within a line (dataset rows, say).
+        ordered = sorted(dict.fromkeys(found.items), key=lambda p: p[0])
+        raise SpecError([m for _, m in ordered])
+    return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
 
-    pos = pos or yamlpos.Positions()
-    name = str(path)
-    base = path.parent
-    problems: list[tuple[int, str]] = []
 
-    def problem(loc: tuple[str | int, ...], msg: str) -> None:
-        line = pos.line(loc)
-        problems.append((line, f"{name}:{line} {yamlpos.dotted(loc)}: {msg}"))
+class _Problems:
+    """Problems found in one job file, each with the line of the field it is about."""
 
-    arch: Architecture | None = None
+    def __init__(self, name: str, pos: yamlpos.Positions) -> None:
+        self.name, self.pos = name, pos
+        self.items: list[tuple[int, str]] = []
+
+    def add(self, loc: tuple[str | int, ...], msg: str) -> None:
+        line = self.pos.line(loc)
+        self.items.append((line, f"{self.name}:{line} {yamlpos.dotted(loc)}: {msg}"))
+
+    def extend(self, loc: tuple[str | int, ...], messages: list[str]) -> None:
+        """Messages that already name their file and line (a data file's rows)."""
+        self.items.extend((self.pos.line(loc), m) for m in messages)
+
+
+def _architecture(spec: JobSpec, base: Path, found: _Problems) -> Architecture | None:
+    """The base model's shape: given, from a config.json, or from the known models."""
     ref = spec.base_model
     loc: tuple[str | int, ...] = ("base_model",)
     # Every repo id the job names reaches `hf download` on a rented host: check it by the
@@ -508,163 +526,66 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     bad_repo = repo_id_problem(ref.repo)
     try:
         if bad_repo is not None:
-            problem(("base_model", "repo"), bad_repo + " (e.g. meta-llama/Llama-3.1-8B)")
+            found.add(("base_model", "repo"), bad_repo + " (e.g. meta-llama/Llama-3.1-8B)")
         elif ref.architecture is not None:
             loc = ("base_model", "architecture")
-            arch = from_fields(ref.architecture.model_dump(exclude_none=True))
+            return from_fields(ref.architecture.model_dump(exclude_none=True))
         elif ref.config is not None:
             loc = ("base_model", "config")
-            arch = from_config_json(base / ref.config)
+            return from_config_json(base / ref.config)
         else:
-            arch = lookup(ref.repo).architecture
+            return lookup(ref.repo).architecture
     except ArchitectureError as exc:
-        problem(loc, str(exc))
+        found.add(loc, str(exc))
+    return None
 
-    if spec.method == "full" and "lora" in spec.model_fields_set:
-        problem(("lora",), "only used by method qlora or lora; remove it for a full fine-tune")
 
-    dataset: DatasetSize | None = None
-    if spec.dataset.path.local is not None:
-        data_file = base / spec.dataset.path.local
-        if data_file.is_dir() or not data_file.exists():
-            what = "is a directory, not a file" if data_file.is_dir() else "file not found"
-            problem(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
-                    "(relative to the job file)")
-        else:
-            try:
-                dataset = count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
-            except SpecError as exc:
-                problems.extend((pos.line(("dataset", "path")), p) for p in exc.problems)
-    else:
+def _dataset(spec: JobSpec, base: Path, found: _Problems) -> DatasetSize | None:
+    """The training file's size, after checking its rows; Hub datasets are refused."""
+    if spec.dataset.path.local is None:
         # Refused before renting: the host pipeline uploads a local JSONL file only, and
         # a dataset repo's files, gate and format cannot be checked from here.
         hf = spec.dataset.path.hf or ""
         bad = repo_id_problem(hf)
-        problem(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
-                "datasets are not downloaded by orch: download it with `hf download "
-                f"--repo-type dataset {'ORG/NAME' if bad else hf} "
-                "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
-                "(relative to the job file)")
+        found.add(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
+                  "datasets are not downloaded by orch: download it with `hf download "
+                  f"--repo-type dataset {'ORG/NAME' if bad else hf} "
+                  "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
+                  "(relative to the job file)")
+        return None
+    data_file = base / spec.dataset.path.local
+    if data_file.is_dir() or not data_file.exists():
+        what = "is a directory, not a file" if data_file.is_dir() else "file not found"
+        found.add(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
+                  "(relative to the job file)")
+        return None
+    try:
+        return count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
+    except DatasetError as exc:
+        found.extend(("dataset", "path"), exc.problems)
+    return None
 
-    if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
-        problem(("training", "epochs"), f"{dataset.tokens:,} tokens x {spec.training.epochs:g} "
-                f"epochs is more than {MAX_TOKENS:,} tokens; train fewer epochs or tokens")
 
-    if spec.eval.eval_set is not None:
-        eval_file = base / spec.eval.eval_set
-        if not eval_file.exists():
-            problem(("eval", "eval_set"), f"file not found: {eval_file}; give a JSONL file "
-                    "of {prompt, expected} rows (relative to the job file)")
-        else:
-            problems.extend((pos.line(("eval", "eval_set")), p) for p in check_eval_set(eval_file))
-
+def _names(spec: JobSpec, found: _Problems) -> None:
+    """trainer.extra keys orch sets itself, and unknown GPU and provider names."""
     from playbooks.axolotl import extra_clash
+    from providers import catalog  # data only; kept here so the schema stays import-light
 
     for key in spec.trainer.extra:
         why = extra_clash(key)
         if why:
-            problem(("trainer", "extra", key), why)
-
+            found.add(("trainer", "extra", key), why)
     for i, gpu in enumerate(spec.resources.gpus or []):
         if not catalog.resolve_gpu(gpu):
             known = list(catalog.gpus())
-            close = difflib.get_close_matches(gpu, known, n=1, cutoff=0.5)
+            close = _closest(gpu, known, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            problem(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
-                    f"{', '.join(known)}")
+            found.add(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
+                      f"{', '.join(known)}")
     providers = catalog.provider_names()
     for i, prov in enumerate(spec.resources.providers or []):
         if prov not in providers:
-            close = difflib.get_close_matches(prov, providers, n=1)
+            close = _closest(prov, providers, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            problem(("resources", "providers", i), f"unknown provider {prov!r}; {hint}known: "
-                    f"{', '.join(providers)}")
-
-    if problems or arch is None or dataset is None:
-        # By line, keeping the file's own order within a line (dataset rows, say).
-        ordered = sorted(dict.fromkeys(problems), key=lambda p: p[0])
-        raise SpecError([m for _, m in ordered])
-    return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
-
-
-# Stop reading a bad file after this many problems: the first few say what is wrong.
-MAX_ROW_PROBLEMS = 5
-
-
-def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed row) for each non-blank line; bad JSON is noted and skipped."""
-    lineno = 0
-    try:
-        for lineno, line in enumerate(userfiles.lines(path), 1):
-            if len(problems) >= MAX_ROW_PROBLEMS:
-                problems.append(f"{path}: stopped after {MAX_ROW_PROBLEMS} problems")
-                return
-            if not line.strip():
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                problems.append(f"{path}:{lineno}: not valid JSON ({exc.msg})")
-            except RecursionError:
-                problems.append(f"{path}:{lineno}: JSON nested too deeply")
-    except userfiles.UserFileError as exc:
-        problems.append(f"{path}:{lineno + 1}: {exc}" if lineno else f"{path}: {exc}")
-    except OSError as exc:
-        problems.append(f"{path}: cannot read ({exc.strerror or exc})")
-
-
-def _row_chars(row: Any, fmt: str) -> tuple[int, int] | str:
-    """(characters, template tokens) of one training row, or what is wrong with it."""
-    if fmt == "alpaca":
-        ok = isinstance(row, dict) and all(isinstance(row.get(k), str)
-                                           for k in ("instruction", "output"))
-        if not ok or not isinstance(row.get("input", ""), str | None):
-            return ("an alpaca row needs string 'instruction' and 'output' (and optional "
-                    "'input'); or set dataset.format: chat_template")
-        chars = sum(len(row.get(k) or "") for k in ("instruction", "input", "output"))
-        return chars, ALPACA_TEMPLATE_TOKENS
-    msgs = row.get("messages", row.get("conversations")) if isinstance(row, dict) else None
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-        return ("a chat_template row needs a non-empty 'messages' list of {role, content}; "
-                "or set dataset.format: alpaca")
-    chars = sum(len(str(m.get("content", m.get("value", "")))) for m in msgs)
-    return chars, CHAT_MESSAGE_TOKENS * len(msgs)
-
-
-def count_tokens(path: Path, fmt: str, given: int | None) -> DatasetSize:
-    """Validate a JSONL dataset's rows and estimate its tokens (unless `given`)."""
-    chars = rows = overhead = 0
-    problems: list[str] = []
-    for lineno, row in _jsonl_rows(path, problems):
-        got = _row_chars(row, fmt)
-        if isinstance(got, str):
-            problems.append(f"{path}:{lineno}: {got}")
-            continue
-        rows += 1
-        chars += got[0]
-        overhead += got[1]
-        if given is not None and rows >= _SAMPLE_ROWS:
-            break
-    if problems:
-        raise SpecError(problems)
-    if rows == 0:
-        raise SpecError([f"{path}: dataset is empty"])
-    if given is not None:
-        return DatasetSize(given, rows, "job file")
-    tokens = max(1, round(chars / CHARS_PER_TOKEN) + overhead)
-    return DatasetSize(tokens, rows, f"estimated from {chars:,} characters in {rows:,} rows")
-
-
-def check_eval_set(path: Path) -> list[str]:
-    """Problems with an eval set: JSONL rows of {prompt, expected} strings."""
-    problems: list[str] = []
-    rows = 0
-    for lineno, row in _jsonl_rows(path, problems):
-        rows += 1
-        if not (isinstance(row, dict) and isinstance(row.get("prompt"), str)
-                and isinstance(row.get("expected"), str)):
-            problems.append(f"{path}:{lineno}: an eval row needs string 'prompt' and "
-                            "'expected'")
-    if not rows and not problems:
-        problems.append(f"{path}: eval set is empty")
-    return problems
+            found.add(("resources", "providers", i), f"unknown provider {prov!r}; {hint}"
+                      f"known: {', '.join(providers)}")

@@ -8,7 +8,6 @@ command drifts. Standard library only: `orch plan` imports this on its fast path
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from datetime import UTC, datetime
 from typing import TextIO
@@ -57,10 +56,14 @@ def width(stream: TextIO | None = None) -> int:
     raw = os.environ.get("COLUMNS", "").strip()
     if raw.isdigit() and int(raw) > 0:
         return int(raw)
-    try:
-        return os.get_terminal_size(stream.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
-        return shutil.get_terminal_size().columns
+    # What shutil.get_terminal_size does, without importing shutil (and with it bz2 and
+    # lzma) on `orch plan`'s start-up path.
+    for s in (stream, sys.__stdout__):
+        try:
+            return os.get_terminal_size(s.fileno()).columns or 80  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            continue
+    return 80
 
 
 # Green for done, red for gave up, yellow for stopped or waiting, cyan for under way.

@@ -5,9 +5,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from orchestrator.savers import extra_slowdown
 from orchestrator.sizing import Strategy, Workload, weight_bytes
 from providers.base import GpuSpec, Offer
+
+# Throughput cost of each saver, as a factor on training time (docs/sizing.md, "Savers"):
+# - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README).
+# - Liger fused linear CE: its README reports +20 % throughput for the whole kernel set on
+#   8×A100 FSDP; orch enables only the loss kernel and claims no gain it cannot pin down.
+# - 8-bit AdamW: the optimizer step is a small part of a step and bitsandbytes' 8-bit Adam
+#   runs at the speed of 32-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via
+#   Block-wise Quantization", Table 2).
+# - Gradient checkpointing: one more forward pass (+2N FLOPs per token), below.
+# - Activation offloading: streamed to host RAM and overlapped with compute on top of
+#   checkpointing; no published figure with a pinned config: an assumed 10 %.
+CE_SLOWDOWN = {"plain": 1.0, "cut": 1.0, "liger": 1.0}
+OPTIMIZER_SLOWDOWN = {"adamw": 1.0, "adamw_8bit": 1.0, "paged_adamw_8bit": 1.0}
+ACTIVATION_OFFLOAD_SLOWDOWN = 1.10
 
 # Training FLOPs per token per parameter (sizing-facts.md, "Throughput and time"):
 # forward 2N; backward 4N for full fine-tunes, ~2N for adapters (input gradients only);
@@ -90,6 +103,12 @@ class Duration:
     def overhead(self) -> float:
         """Hours billed that are not training."""
         return self.boot + self.model_pull + self.merge_eval
+
+
+def extra_slowdown(w: Workload) -> float:
+    """The savers' time factor beyond checkpointing's recompute (which is in the FLOPs)."""
+    factor = CE_SLOWDOWN[str(w.cross_entropy)] * OPTIMIZER_SLOWDOWN[str(w.optimizer)]
+    return factor * (ACTIVATION_OFFLOAD_SLOWDOWN if w.activation_offloading is True else 1.0)
 
 
 def flops_per_token(w: Workload) -> float:

@@ -58,8 +58,10 @@ class Catalog:
 @cache
 def catalog() -> Catalog:
     """playbooks/data/images.yaml (read once)."""
-    raw: dict[str, Any] = yaml.safe_load(
-        (Path(__file__).parent / "data" / "images.yaml").read_text())
+    # libyaml's loader where installed: `orch plan` reads this file on every start.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    raw: dict[str, Any] = yaml.load(  # noqa: S506 - a safe loader
+        (Path(__file__).parent / "data" / "images.yaml").read_text(), Loader=loader)
     tags = {str(t): ImageTag(str(t), str(v["python"]), str(v["cuda"]), str(v["torch"]))
             for t, v in raw["tags"].items()}
     lay = dict(raw["layout"])

@@ -219,11 +219,24 @@ def say(*lines: str, err: bool = False) -> None:
 
 # --- the host's PATH -------------------------------------------------------------------------
 
+# Stand-ins that a container rental has only inside the image (its venv), never on the
+# base PATH; vLLM is in no trainer image.
+IMAGE_ONLY = ("axolotl", "hf", "huggingface-cli", "vllm", "lm_eval")
+
+
+def is_container(host: Host) -> bool:
+    """Whether the host is a container rental (`SimHostOptions.container_image` set)."""
+    return bool(host.options.get("container_image"))
+
+
+def base_path_excludes(host: Host) -> tuple[str, ...]:
+    """Stand-ins that must not be on the host's base PATH (only inside the image)."""
+    return IMAGE_ONLY if is_container(host) else ()
+
+
 
 def refresh_bin(host: Host) -> None:
     """Make the host's bin directory match what the host has installed right now."""
-    from .container import base_path_excludes
-
     opts = host.options
     wanted = set(ALWAYS)
     if not opts["driver_missing"]:

@@ -25,22 +25,20 @@ import shlex
 import sys
 from pathlib import Path
 
-from .common import BIN_DIR, SYSTEM_PATH, Host, write_atomic
+from .common import (
+    BIN_DIR,
+    SYSTEM_PATH,
+    Host,
+    is_container,
+    write_atomic,
+)
 
 AXOLOTL_SOURCE = "/workspace/axolotl"
 AXOLOTL_VENV = "/workspace/axolotl-venv"
-#: Stand-ins that a container rental has only inside the image (its venv), never on the
-#: base PATH; vLLM is in no trainer image.
-IMAGE_ONLY = ("axolotl", "hf", "huggingface-cli", "vllm", "lm_eval")
 #: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency).
 AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval")
 #: The variables cloud-entrypoint.sh dumps to /etc/rp_environment (prefixes, and PATH).
 RP_ENVIRONMENT_PREFIXES = ("HF_", "BNB_", "CUDA_", "NCCL_", "NV", "RUNPOD_")
-
-
-def is_container(host: Host) -> bool:
-    """Whether the host is a container rental (`SimHostOptions.container_image` set)."""
-    return bool(host.options.get("container_image"))
 
 
 def is_axolotl_image(image: str) -> bool:
@@ -121,8 +119,3 @@ def install(host: Host) -> None:
         previous = target.read_text() if target.exists() else ""
         if text not in previous:
             write_atomic(target, previous + text)
-
-
-def base_path_excludes(host: Host) -> tuple[str, ...]:
-    """Stand-ins that must not be on the host's base PATH (only inside the image)."""
-    return IMAGE_ONLY if is_container(host) else ()
