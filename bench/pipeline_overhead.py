@@ -26,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.ssh import ConnectionFactory  # noqa: E402
 from playbooks.axolotl import TrainConfigInput  # noqa: E402
 from playbooks.base import Host, HostPaths, StepReport  # noqa: E402
 from playbooks.gpu import GpuExpectation  # noqa: E402
 from playbooks.pipeline import PipelineJob, run_pipeline  # noqa: E402
+from playbooks.ssh import ConnectionFactory  # noqa: E402
 from providers.simhost import SimHost, SimHostOptions  # noqa: E402
 
 

@@ -137,7 +137,7 @@ def servers_trust(
     = False,
 ) -> None:
     """Re-pin a server's changed SSH host key, after you confirmed the new fingerprint."""
-    from orchestrator import ssh
+    from playbooks import ssh
 
     s = _get(name)
     try:

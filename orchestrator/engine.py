@@ -50,10 +50,10 @@ from orchestrator.runner_core import (
     log,
     owner_id,
 )
-from orchestrator.ssh import ConnectionFactory
 from orchestrator.store import Job, LeaseLost, Store, from_micros, to_micros, utcnow
 from orchestrator.teardown import TeardownMixin
 from orchestrator.watchdog import Watchdog, deadlines_from_env
+from playbooks.ssh import ConnectionFactory
 from providers.base import Billing, Offer, Provider, Volumes
 
 # What callers import from here (the runner's parts live in runner_core, placement,

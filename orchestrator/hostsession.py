@@ -13,7 +13,7 @@ import ipaddress
 import socket
 import time
 
-from orchestrator import recovery, ssh, throughput, trainlog
+from orchestrator import recovery, throughput, trainlog
 from orchestrator.runner_core import (
     EVAL_AGAIN,
     LOST,
@@ -27,7 +27,7 @@ from orchestrator.runner_core import (
     log,
 )
 from orchestrator.store import LeaseLost
-from playbooks import checkpoints, pipeline, train
+from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
 from playbooks.pipeline import PipelineRun
 from providers.base import (

@@ -30,11 +30,11 @@ from typing import Any
 from orchestrator import recovery
 from orchestrator.jobinputs import Inputs
 from orchestrator.paths import data_dir
-from orchestrator.ssh import ConnectionFactory
 from orchestrator.store import Job, LeaseLost, Store
 from orchestrator.watchdog import Watchdog
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
+from playbooks.ssh import ConnectionFactory
 from providers.base import Instance, InstanceState, NotFound, Offer, Provider
 
 log = logging.getLogger("orchestrator.engine")

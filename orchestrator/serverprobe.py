@@ -17,8 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import ssh
-from playbooks import secrets
+from playbooks import secrets, ssh
 from playbooks.base import Host, HostPaths, StepFailed
 from playbooks.gpu import GpuExpectation, check_gpus, mismatch
 from playbooks.model_cache import find_nvme

@@ -29,8 +29,8 @@ from orchestrator.architectures import (
     lookup,
 )
 from orchestrator.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
-from orchestrator.hfrepo import repo_id_problem
 from playbooks import images
+from playbooks.hfrepo import repo_id_problem
 
 # Pinned: CUDA/PyTorch must not drift between runs (pipeline-facts.md, "Training"); only tags
 # that were published (playbooks/data/images.yaml, with its source).

@@ -11,9 +11,9 @@ from __future__ import annotations
 import shutil
 import time
 
-from orchestrator import recovery, ssh
+from orchestrator import recovery
 from orchestrator.runner_core import LOST, JobFailed, RunnerCore, Stop, checkpoint_dir, log
-from playbooks import secrets
+from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers.base import (
     Instance,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from orchestrator import ssh
+from playbooks import ssh
 
 from .base import Fault, Host, StepFailed, last_line
 

@@ -13,7 +13,10 @@ Playbooks never import the orchestrator core, the store or the providers: they g
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,9 +24,10 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+import paramiko
 from fabric import Connection
 
-from orchestrator import ssh
+from playbooks import ssh
 
 STDERR_TAIL = 2000  # characters of a failed command's stderr kept in the event
 
@@ -109,11 +113,22 @@ class Host:
         """Upload a file (atomically: temporary name, then rename)."""
         ssh.put_file(self.conn, local, remote, mode=mode, timeout=self._io_timeout())
 
-    def stat(self, path: str) -> Any:
+    def put_text(self, text: str, remote: str, mode: int | None = None) -> None:
+        """Write `text` (UTF-8) to a host file, atomically like `put`."""
+        fd, local = tempfile.mkstemp(prefix="orch-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+            self.put(local, remote, mode=mode)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(local)
+
+    def stat(self, path: str) -> paramiko.SFTPAttributes | None:
         """A host path's SFTP attributes, or None when it does not exist."""
         return ssh.stat(self.conn, path, timeout=self._io_timeout())
 
-    def list_dir(self, path: str) -> list[Any] | None:
+    def list_dir(self, path: str) -> list[paramiko.SFTPAttributes] | None:
         """A host directory's entries (SFTP attributes), or None when it is missing."""
         return ssh.list_dir(self.conn, path, timeout=self._io_timeout())
 

@@ -20,7 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from orchestrator import ssh
+from playbooks import ssh
 from playbooks.base import Host
 from playbooks.train import _CHECKPOINT, TrainJob, _checkpoint_problem, list_dir
 

@@ -16,9 +16,7 @@ the values as positional parameters, never interpolated into the script.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +130,7 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
         if REPO not in text:
             raise StepFailed(f"{LIST_URL} returned no NVIDIA repository line: "
                              f"{last_line(result.stdout)}", fault=Fault.TRANSIENT)
-        _put_text(host, host.paths(list_file), text)
+        host.put_text(text, host.paths(list_file), mode=0o644)
         run.list_changed = True
 
     def lists_fresh(host: Host) -> bool:
@@ -177,7 +175,7 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
     def fix_cgroup(host: Host) -> None:
         config = _daemon_config(host, daemon_json)
         config["exec-opts"] = with_cgroupfs(config.get("exec-opts"))
-        _put_text(host, host.paths(daemon_json), json.dumps(config, indent=4) + "\n")
+        host.put_text(json.dumps(config, indent=4) + "\n", host.paths(daemon_json), mode=0o644)
         run.daemon_json_changed = True
 
     def docker_current(host: Host) -> bool:
@@ -328,17 +326,6 @@ def _apt(host: Host, args: list[str], what: str, hint: str, timeout: float = 600
         raise StepFailed(f"{what} failed (exit {result.exit_code}): "
                          f"{last_line(result.stderr or result.stdout)}. What to do: {hint}.",
                          fault=Fault.HOST, stderr=result.stderr or result.stdout)
-
-
-def _put_text(host: Host, remote: str, text: str, mode: int = 0o644) -> None:
-    """Write a host file over SFTP (atomically: ssh.put_file uploads aside, then renames)."""
-    fd, local = tempfile.mkstemp(prefix="orch-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        host.put(local, remote, mode=mode)
-    finally:
-        os.unlink(local)
 
 
 _NO_SYSTEMD = ("has not been booted with systemd", "Failed to connect to bus",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Emit, Fault, Host, Layout, Step, StepFailed, last_line, run_playbook
-from .evaluate import (
+from .evalscore import (
     _TASK,
     LM_EVAL_INSTALL_HINT,
     PLAYBOOK,

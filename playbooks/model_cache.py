@@ -30,9 +30,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import ssh
-from orchestrator.hfrepo import repo_id_problem
+from playbooks import ssh
 from playbooks.base import Fault, Host, Layout, Step, StepFailed, last_line
+from playbooks.hfrepo import repo_id_problem
 
 PLAYBOOK = "model_cache"
 

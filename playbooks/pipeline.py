@@ -75,7 +75,7 @@ def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train
     The toolkit install (apt, a Docker restart) and the model download (the Hub to NVMe,
     often tens of GB) do not touch each other, and both only wait on the network: they run
     side by side over the one SSH connection, so the machine is not billed for them in turn.
-    Each thread uses SFTP channels of its own (orchestrator/ssh.py): paramiko's SFTP client
+    Each thread uses SFTP channels of its own (playbooks/ssh/sftp.py): paramiko's SFTP client
     cannot be shared between threads.
     """
     run_playbook("gpu", gpu.steps(job.gpu), host, emit)

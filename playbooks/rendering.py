@@ -3,7 +3,7 @@
 Every piece comes from the function the playbooks themselves upload or run with:
 `train.render_config` and `train.deepspeed_text` (the uploaded files), `train.train_argv`
 and `merge.merge_argv` (the detached start commands), and `evaluate_argv` below (the
-evaluation server, built like `evaluate.server_spec`). So what `orch render` shows is what
+evaluation server, built like `vllm.server_spec`). So what `orch render` shows is what
 the pipeline does on that kind of host.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-from playbooks import evaluate, images, merge, train
+from playbooks import evaluate_native as native
+from playbooks import images, merge, train, vllm
 from playbooks.base import container_name
 
 # Where orch's directory is on each kind of host when nothing has been discovered yet (the
@@ -54,8 +55,6 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
     natively with the image's environment restored, as `evaluate_native` runs it.
     """
     if tj.runner == "process":
-        from playbooks import evaluate_native as native
-
         eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
         names = [*tasks, *([native.EVAL_SET_TASK] if eval_set else [])]
         argv = native.native_argv(merge.merged_dir(tj), names,
@@ -63,8 +62,8 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
                                   f"{eval_dir}/lm_eval_hf", max_model_len)
         return tj.native.wrap(argv)
     model = tj.layout.container(merge.merged_dir(tj))
-    args = evaluate.engine_args(model, max_model_len)
-    spec = evaluate.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
+    args = vllm.engine_args(model, max_model_len)
+    spec = vllm.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
                                tj.layout.base, tuple(args))
     return spec.docker_argv()
 

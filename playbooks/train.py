@@ -14,20 +14,18 @@ checkpoint and moves a partial one aside (never deleting it), so axolotl's
 `auto_resume_from_checkpoints` continues from the last valid one (Invariant 5).
 
 Every user value (job id, file names, image) reaches the host only inside argv lists, which
-`orchestrator.ssh` quotes word by word; secrets travel in a 0600 env file and are passed to
+`playbooks.ssh` quotes word by word; secrets travel in a 0600 env file and are passed to
 the container by name (`-e NAME`), never by value (Invariant 6).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
 import shlex
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -39,8 +37,7 @@ from typing import Any, Literal
 
 import paramiko
 
-from orchestrator import ssh
-from playbooks import images
+from playbooks import images, ssh
 from playbooks.axolotl import TrainConfigInput, deepspeed_config, dump
 from playbooks.base import (
     CONTAINER_ROOT,
@@ -598,17 +595,6 @@ def remote_sha256(host: Host, path: str) -> str | None:
     return result.stdout.split()[0] if result.stdout.split() else None
 
 
-def _put_text(host: Host, text: str, remote: str, mode: int | None = None) -> None:
-    fd, local = tempfile.mkstemp(prefix="orch-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        host.put(local, remote, mode=mode)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(local)
-
-
 def _secrets_text(env: Mapping[str, str]) -> str:
     # The format ssh.write_secret_env writes: compared to skip an unchanged file.
     return "".join(f"{name}={shlex.quote(value)}\n" for name, value in env.items())
@@ -638,7 +624,7 @@ def wrapper_step(job: TrainJob) -> Step:
     return Step(
         "job-wrapper",
         check=lambda h: h.read(job.wrapper) == text.encode(),
-        apply=lambda h: _put_text(h, text, job.wrapper, mode=0o755),
+        apply=lambda h: h.put_text(text, job.wrapper, mode=0o755),
         timeout_s=120,
     )
 
@@ -694,10 +680,10 @@ def steps(job: TrainJob) -> list[Step]:
     if ds_text is not None and ds_file is not None:
         result.append(Step(
             "upload-deepspeed", check=lambda h: h.read(ds_file) == ds_text.encode(),
-            apply=lambda h: _put_text(h, ds_text, ds_file), timeout_s=120))
+            apply=lambda h: h.put_text(ds_text, ds_file), timeout_s=120))
     result.append(Step(
         "upload-config", check=lambda h: h.read(job.config_file) == config_text.encode(),
-        apply=lambda h: _put_text(h, config_text, job.config_file), timeout_s=120))
+        apply=lambda h: h.put_text(config_text, job.config_file), timeout_s=120))
     if job.runner == "docker":
         # Pulled on its own (a ~10 GB image): `docker run -d` would pull inside the start
         # step's shorter timeout, and a failed pull is a different fault from a failed start.

@@ -76,7 +76,7 @@ def simhost(tmp_path: Path, ssh_keypair: KeyPair) -> Iterator[SimHostFactory]:
 @pytest.fixture
 def ssh_factory(ssh_keypair: KeyPair) -> Iterator[Any]:
     """A ConnectionFactory using the test key (short deadlines), closed after the test."""
-    from orchestrator.ssh import ConnectionFactory
+    from playbooks.ssh import ConnectionFactory
 
     factory = ConnectionFactory(ssh_keypair.private, connect_timeout=5, connect_deadline=10)
     try:

@@ -20,7 +20,7 @@ from emulators.hosts import SimHostBackend, nvidia_smi_gpu, public_keys_in
 from emulators.runpod import RunPodEmulator
 from emulators.vast import VastEmulator
 
-from orchestrator.ssh import ConnectionFactory, HostUnreachable, run, trust_on_first_use
+from playbooks.ssh import ConnectionFactory, HostUnreachable, run, trust_on_first_use
 from providers.base import CapacityError, Instance, InstanceState, NotFound, Requirements
 from providers.runpod import RunPod
 from providers.vastai import VastAI, _onstart

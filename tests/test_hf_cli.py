@@ -18,8 +18,8 @@ from emulators.hub import HubEmulator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.hfrepo import repo_id_problem
 from playbooks.base import Fault
+from playbooks.hfrepo import repo_id_problem
 from playbooks.model_cache import classify_download_error
 
 HF = Path(sys.executable).parent / "hf"

@@ -13,22 +13,18 @@ from typing import Any
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
-from orchestrator import ssh
+from playbooks import ssh
 from playbooks.base import Fault, Host, Layout, PlaybookFailed, StepFailed, container_name
-from playbooks.evaluate import (
+from playbooks.evalscore import (
     EvalScores,
-    engine_args,
-    evaluate,
     lm_eval_argv,
-    lora_rank_for,
     normalise,
     parse_lm_eval_results,
     run_lm_eval,
     score_eval_set,
-    start_server,
-    stop_server,
-    wait_ready,
 )
+from playbooks.evaluate import evaluate
+from playbooks.vllm import engine_args, lora_rank_for, start_server, stop_server, wait_ready
 from providers.simhost import SimHost
 
 TOOLKIT = "1.17.8-1"

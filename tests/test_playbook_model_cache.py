@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
-from orchestrator.ssh import ConnectionFactory
 from playbooks.base import Fault, Host, HostPaths, Layout, PlaybookFailed, run_playbook
 from playbooks.model_cache import (
     EXCLUDE,
@@ -26,6 +25,7 @@ from playbooks.model_cache import (
     parse_df,
     steps,
 )
+from playbooks.ssh import ConnectionFactory
 
 REPO = "meta-llama/Llama-3.2-1B"
 SIZE = 2_471_645_184  # the simulated repo's size (SimHostOptions.model_size_bytes)

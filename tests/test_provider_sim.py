@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import KeyPair
 
-from orchestrator.ssh import ConnectionFactory, run
+from playbooks.ssh import ConnectionFactory, run
 from providers.base import (
     Billing,
     CapacityError,

@@ -16,7 +16,7 @@ import yaml
 from conftest import PlaybookHostFactory, Reports
 from test_playbook_train import TOOLKIT, make_job
 
-from playbooks import evaluate, merge, rendering, train
+from playbooks import evaluate, merge, rendering, train, vllm
 from playbooks.base import run_playbook
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,7 +89,7 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     assert shlex.join(rendered.commands["train"]) in ran
     assert shlex.join(rendered.commands["merge"]) in ran
     if runner == "docker":
-        spec = evaluate.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
+        spec = vllm.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
                                     "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
         assert rendered.commands["evaluate"] == spec.docker_argv()
         return

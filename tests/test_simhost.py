@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.ssh import (
+from playbooks.ssh import (
     CommandFailed,
     ConnectionFactory,
     ConnectionLost,

@@ -1,4 +1,4 @@
-"""orchestrator.ssh against a real sshd (simulated hosts on 127.0.0.1), no mocks."""
+"""playbooks.ssh against a real sshd (simulated hosts on 127.0.0.1), no mocks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from orchestrator.ssh import (
+from playbooks.ssh import (
     AuthenticationFailed,
     CommandFailed,
     CommandTimeout,

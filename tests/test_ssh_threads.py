@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import ssh
-from orchestrator.ssh import ConnectionFactory, read_file, write_secret_env
+from playbooks import ssh
+from playbooks.ssh import ConnectionFactory, read_file, write_secret_env
 from providers.simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]

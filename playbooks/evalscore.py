@@ -1,0 +1,297 @@
+"""Scoring a served model: the user's eval set over `/v1/completions`, lm-eval tasks on the host.
+
+The eval set (JSONL rows of `prompt`/`expected`) is scored at temperature 0; lm-evaluation-
+harness tasks run on the host against the same server. The native runner
+(`evaluate_native`) shares the row parsing, the answer scoring and the results format.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+import time
+import unicodedata
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from .base import (
+    Fault,
+    Host,
+    StepFailed,
+    StepReport,
+)
+from .vllm import SERVED_NAME, http_client
+
+log = logging.getLogger(__name__)
+
+PLAYBOOK = "evaluate"
+LM_EVAL_INSTALL_HINT = (
+    "install lm_eval[api] in the host's Python environment "
+    "(pip install 'lm_eval[api]'), or remove eval.tasks from the job"
+)
+
+
+# --- scoring the user's eval set -------------------------------------------------------------
+
+_ASCII_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalise(text: str) -> str:
+    """Text as exact match compares it.
+
+    Unicode NFKC, case-folded, punctuation (Unicode category P and ASCII punctuation)
+    removed, whitespace runs collapsed to one space and trimmed: "  Paris." == "paris".
+    Removing (not spacing) punctuation makes "U.S.A." equal "USA", as SQuAD-style scoring
+    does; articles and numbers are left alone.
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    kept = "".join(ch for ch in text
+                   if ch not in _ASCII_PUNCTUATION and not unicodedata.category(ch).startswith("P"))
+    return " ".join(kept.split())
+
+
+@dataclass(frozen=True)
+class RowScore:
+    """One eval row: what was asked, expected and answered, and how it scored."""
+
+    index: int
+    prompt: str
+    expected: str
+    answer: str
+    exact_match: bool
+    contains: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class EvalScores:
+    """The eval set's metrics and every row's result (kept for the job's report)."""
+
+    metrics: dict[str, float]
+    rows: list[RowScore]
+
+
+def score_answer(answer: str, expected: str) -> tuple[bool, bool]:
+    """(exact match, contains) after `normalise`; contains matches whole words only."""
+    got, want = normalise(answer), normalise(expected)
+    return got == want, f" {want} " in f" {got} "
+
+
+def _row(index: int, row: Any) -> tuple[str, str]:
+    if not (isinstance(row, Mapping) and isinstance(row.get("prompt"), str)
+            and isinstance(row.get("expected"), str)):
+        raise StepFailed(f"eval row {index + 1}: needs string 'prompt' and 'expected'",
+                         fault=Fault.USER)
+    return row["prompt"], row["expected"]
+
+
+def score_eval_set(
+    base_url: str,
+    eval_rows: Iterable[Mapping[str, Any]],
+    served_name: str = SERVED_NAME,
+    concurrency: int = 8,
+    max_tokens: int = 64,
+    *,
+    timeout_s: float = 120.0,
+    retries: int = 3,
+) -> EvalScores:
+    """Score prompt/expected rows over POST /v1/completions at temperature 0.
+
+    Metrics: `eval.exact_match` and `eval.contains` (fractions of rows, see `normalise`)
+    and `eval.count`. A 5xx or dropped connection is retried `retries` times with backoff;
+    a row that still fails fails the whole scoring (partial metrics would mislead).
+    """
+    rows = [_row(i, row) for i, row in enumerate(eval_rows)]
+    if not rows:
+        return EvalScores({"eval.count": 0}, [])
+    workers = max(1, min(concurrency, len(rows)))
+    with http_client(base_url.rstrip("/"), timeout_s, workers) as client:
+
+        def one(item: tuple[int, tuple[str, str]]) -> RowScore:
+            index, (prompt, expected) = item
+            answer = _complete(client, served_name, prompt, max_tokens, retries)
+            exact, contains = score_answer(answer, expected)
+            return RowScore(index, prompt, expected, answer, exact, contains)
+
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eval")
+        try:
+            scored = list(pool.map(one, enumerate(rows)))
+        finally:
+            # On a failure, rows not yet sent are dropped rather than sent for nothing.
+            pool.shutdown(wait=True, cancel_futures=True)
+    n = len(scored)
+    metrics: dict[str, float] = {
+        "eval.exact_match": sum(r.exact_match for r in scored) / n,
+        "eval.contains": sum(r.contains for r in scored) / n,
+        "eval.count": n,
+    }
+    return EvalScores(metrics, scored)
+
+
+def _complete(client: httpx.Client, model: str, prompt: str, max_tokens: int,
+              retries: int) -> str:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    problem = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(min(4.0, 0.25 * 2 ** (attempt - 1)))
+        try:
+            response = client.post("/v1/completions", json=body)
+        except httpx.TransportError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            continue
+        if response.status_code >= 500:
+            problem = f"HTTP {response.status_code}: {response.text[:300]}"
+            continue
+        if response.status_code != 200:
+            raise StepFailed(
+                f"POST /v1/completions for {model!r} returned {response.status_code}: "
+                f"{response.text[:300]}", fault=Fault.HOST, stderr=response.text,
+            )
+        try:
+            return str(response.json()["choices"][0]["text"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise StepFailed(f"POST /v1/completions: unexpected response {response.text[:300]}",
+                             fault=Fault.HOST) from None
+    raise StepFailed(f"POST /v1/completions failed {retries + 1} times: {problem}",
+                     fault=Fault.TRANSIENT)
+
+
+# --- lm-evaluation-harness -------------------------------------------------------------------
+
+_TASK = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def lm_eval_argv(
+    tasks: Sequence[str],
+    port: int,
+    tokenizer_dir: str,
+    output_dir: str,
+    served_name: str = SERVED_NAME,
+    num_concurrent: int = 8,
+    max_retries: int = 3,
+    limit: int | None = None,
+) -> list[str]:
+    """The `lm_eval --model local-completions ...` command, run on the host itself.
+
+    `model_args` is a comma-separated key=value list, so a value holding ',' cannot be
+    passed safely: that is refused rather than half-parsed by lm_eval.
+    """
+    if not tasks:
+        raise ValueError("no lm-eval tasks given")
+    bad = [t for t in tasks if not _TASK.fullmatch(t)]
+    if bad:
+        raise StepFailed(f"eval.tasks: invalid task name(s) {bad}", fault=Fault.USER)
+    for value in (tokenizer_dir, served_name):
+        if "," in value:
+            raise ValueError(f"',' cannot be passed in lm_eval model_args ({value!r})")
+    model_args = ",".join([
+        f"model={served_name}",
+        f"base_url=http://127.0.0.1:{port}/v1/completions",
+        f"tokenizer={tokenizer_dir}",
+        f"num_concurrent={num_concurrent}",
+        f"max_retries={max_retries}",
+        "tokenized_requests=False",
+    ])  # fmt: skip
+    argv = ["lm_eval", "--model", "local-completions", "--tasks", ",".join(tasks),
+            "--model_args", model_args, "--output_path", output_dir]
+    if limit is not None:
+        argv += ["--limit", str(limit)]
+    return argv
+
+
+def parse_lm_eval_results(data: Mapping[str, Any] | str | bytes) -> dict[str, float]:
+    """Metrics from an lm_eval results JSON: `results.<task>.<"metric,filter">`.
+
+    Named `lm_eval.<task>.<metric>` for the usual filter `none`, else
+    `lm_eval.<task>.<metric>.<filter>` (gsm8k reports both strict-match and
+    flexible-extract). `*_stderr` twins, `alias` and non-numeric values ("N/A") are skipped.
+    """
+    doc = json.loads(data) if isinstance(data, str | bytes) else data
+    results = doc.get("results")
+    if not isinstance(results, Mapping):
+        raise ValueError("not an lm_eval results file (no 'results' object)")
+    metrics: dict[str, float] = {}
+    for task, values in results.items():
+        if not isinstance(values, Mapping):
+            continue
+        for key, value in values.items():
+            metric, _, filt = str(key).partition(",")
+            if metric.endswith("_stderr") or metric == "alias":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            name = f"lm_eval.{task}.{metric}"
+            if filt and filt != "none":
+                name += f".{filt}"
+            metrics[name] = float(value)
+    return metrics
+
+
+def _results_files(host: Host, output_dir: str) -> dict[str, float]:
+    listing = host.must(["find", output_dir, "-type", "f", "-name", "results_*.json",
+                         "-printf", "%T@ %p\\0"], "finding lm_eval's results")
+    files: dict[str, float] = {}
+    for entry in filter(None, listing.stdout.split("\0")):
+        stamp, _, path = entry.partition(" ")
+        try:
+            files[path] = float(stamp)
+        except ValueError:
+            continue
+    return files
+
+
+def lm_eval_available(host: Host) -> bool:
+    """Whether `lm_eval` is on the host's PATH."""
+    return host.run(["sh", "-c", "command -v lm_eval"]).ok
+
+
+def run_lm_eval(
+    host: Host,
+    tasks: Sequence[str],
+    port: int,
+    tokenizer_dir: str,
+    output_dir: str,
+    served_name: str = SERVED_NAME,
+    timeout_s: float = 4 * 3600,
+) -> tuple[dict[str, float], str]:
+    """Run lm-eval tasks on the host against the server; (metrics, results file)."""
+    if not lm_eval_available(host):
+        raise StepFailed(f"lm_eval is not installed on the host: {LM_EVAL_INSTALL_HINT}",
+                         fault=Fault.HOST)
+    argv = lm_eval_argv(tasks, port, tokenizer_dir, output_dir, served_name)
+    host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
+    # lm_eval writes <output>/<model name>/results_<timestamp>.json. The new file is the
+    # one that was not there before (host mtimes are not comparable with our clock).
+    before = _results_files(host, output_dir)
+    host.must(argv, "lm_eval", fault=Fault.HOST, timeout=timeout_s)
+    found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()
+             if before.get(path) != mtime]
+    if not found:
+        raise StepFailed(f"lm_eval finished but wrote no results_*.json under {output_dir}",
+                         fault=Fault.HOST)
+    path = max(found)[1]
+    raw = host.read(path)
+    if raw is None:
+        raise StepFailed(f"lm_eval results vanished: {path}", fault=Fault.HOST)
+    return parse_lm_eval_results(raw), path
+
+
+@dataclass
+class EvalResult:
+    """What evaluation produced: metrics to store, per-row results, and what each step did."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    rows: list[RowScore] = field(default_factory=list)
+    lm_eval_results: str | None = None  # host path of lm_eval's results JSON
+    reports: list[StepReport] = field(default_factory=list)
+    server_removed: bool = False

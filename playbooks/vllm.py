@@ -1,0 +1,363 @@
+"""The vLLM server that evaluation scores against: its command line, start, readiness, stop.
+
+Facts followed here (../shared/reference/pipeline-facts.md, "Serve and evaluate"):
+
+- The server is the `vllm/vllm-openai` image, whose entrypoint is the server: we pass engine
+  arguments only. Its port is published on the host's 127.0.0.1 only and reached through an
+  SSH tunnel, never over the public interface.
+- Ready means `GET /health` is 200 AND `GET /v1/models` lists the served name. While the
+  model loads the port refuses connections, so readiness is polled with a deadline.
+- An unmerged adapter is served with `--enable-lora --lora-modules ft=<dir>` and a
+  `--max-lora-rank` from a fixed set of allowed ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fabric import Connection
+
+from playbooks import ssh
+
+from .base import (
+    CONTAINER_ROOT,
+    Fault,
+    Host,
+    Layout,
+    StepFailed,
+    container_name,
+    last_line,
+)
+
+log = logging.getLogger(__name__)
+
+SERVED_NAME = "ft"
+CONTAINER_PORT = 8000  # the port vLLM listens on inside its container
+# vLLM accepts only these values for --max-lora-rank.
+ALLOWED_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+LOG_TAIL_LINES = 50
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+def lora_rank_for(rank: int) -> int:
+    """The smallest rank vLLM allows for `--max-lora-rank` that holds an adapter of `rank`."""
+    if rank < 1:
+        raise ValueError(f"a LoRA rank is at least 1 (got {rank})")
+    for allowed in ALLOWED_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise StepFailed(
+        f"LoRA rank {rank} is larger than vLLM serves (max {ALLOWED_LORA_RANKS[-1]}); "
+        "merge the adapter instead of serving it unmerged",
+        fault=Fault.USER,
+    )
+
+
+def adapter_rank(config: Mapping[str, Any]) -> int:
+    """The largest rank in a PEFT `adapter_config.json` (`r`, or a higher `rank_pattern`)."""
+    ranks = [int(config.get("r") or 16)]
+    pattern = config.get("rank_pattern") or {}
+    if isinstance(pattern, Mapping):
+        ranks.extend(int(v) for v in pattern.values())
+    return max(ranks)
+
+
+def engine_args(
+    model: str,
+    max_model_len: int,
+    served_name: str = SERVED_NAME,
+    lora: str | None = None,
+    lora_rank: int | None = None,
+) -> list[str]:
+    """vLLM engine arguments (paths as the container sees them).
+
+    With `lora`, the adapter is the served name and the base model keeps its path as name;
+    `lora_rank` (the adapter's own rank) is rounded up to an allowed `--max-lora-rank`.
+    """
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be positive (got {max_model_len})")
+    args = ["--model", model]
+    if lora is None:
+        args += ["--served-model-name", served_name]
+    args += ["--max-model-len", str(max_model_len)]
+    if lora is not None:
+        if "=" in served_name or "=" in lora:
+            # vLLM splits `name=path` on '='; anything else would serve the wrong thing.
+            raise ValueError(f"'=' is not allowed in a LoRA module name or path ({lora!r})")
+        args += [
+            "--enable-lora",
+            "--lora-modules", f"{served_name}={lora}",
+            "--max-lora-rank", str(lora_rank_for(lora_rank or 16)),
+        ]  # fmt: skip
+    return args
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything `docker run` gets for one job's vLLM server."""
+
+    name: str  # container name, derived from the job id
+    job_id: str
+    image: str
+    port: int  # on the host's 127.0.0.1
+    volume: str  # host directory mounted at CONTAINER_ROOT (/workspace/data)
+    args: tuple[str, ...]  # engine arguments
+
+    def docker_argv(self) -> list[str]:
+        """The `docker run -d ...` command line."""
+        return [
+            "docker", "run", "-d", "--name", self.name,
+            "--runtime", "nvidia", "--gpus", "all", "--ipc=host",
+            # 127.0.0.1 only: the OpenAI API has no auth; it is reached through SSH.
+            "-p", f"127.0.0.1:{self.port}:{CONTAINER_PORT}",
+            "-v", f"{self.volume}:{CONTAINER_ROOT}",
+            # Local model directories only: never wait on (or leak a request to) the Hub.
+            "-e", "HF_HUB_OFFLINE=1",
+            "--label", f"orch_job={self.job_id}", "--label", "orch_role=vllm",
+            self.image, *self.args,
+        ]  # fmt: skip
+
+
+def server_spec(
+    host: Host,
+    job_id: str,
+    model_dir_host: str,
+    layout: Layout,
+    image: str,
+    port: int,
+    max_model_len: int,
+    served_name: str = SERVED_NAME,
+    lora: str | None = None,
+) -> ServerSpec:
+    """The server for a job; with `lora` (an adapter dir) reads its rank from the host."""
+    rank: int | None = None
+    lora_container: str | None = None
+    if lora is not None:
+        raw = host.read(f"{lora.rstrip('/')}/adapter_config.json")
+        if raw is None:
+            raise StepFailed(f"no adapter_config.json in {lora}: train the adapter first",
+                             fault=Fault.HOST)
+        try:
+            rank = adapter_rank(json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise StepFailed(f"{lora}/adapter_config.json is not valid: {exc}",
+                             fault=Fault.HOST) from None
+        lora_container = layout.container(lora)
+    args = engine_args(layout.container(model_dir_host), max_model_len, served_name,
+                       lora_container, rank)
+    return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
+                      tuple(args))
+
+
+# Fields compared to decide whether a running container is the server we want.
+_INSPECT = "\n".join([
+    "{{json .State.Status}}", "{{json .Config.Image}}", "{{json .Config.Cmd}}",
+    "{{json .HostConfig.PortBindings}}",
+])  # fmt: skip
+
+
+def _inspect(host: Host, name: str) -> dict[str, Any] | None:
+    """State, image, command and ports of container `name`; None when there is none."""
+    result = host.run(["docker", "inspect", "-f", _INSPECT, name])
+    if not result.ok:
+        if "no such" in (result.stderr + result.stdout).lower():
+            return None
+        raise StepFailed(f"docker inspect {name} failed: {last_line(result.stderr)}",
+                         fault=Fault.HOST, stderr=result.stderr)
+    try:
+        status, image, cmd, ports = (json.loads(line) for line in result.stdout.splitlines()[:4])
+    except ValueError:
+        raise StepFailed(f"docker inspect {name}: unexpected output", fault=Fault.HOST,
+                         stderr=result.stdout) from None
+    return {"status": status, "image": image, "cmd": cmd or [], "ports": ports or {}}
+
+
+def _matches(info: Mapping[str, Any], spec: ServerSpec) -> bool:
+    bindings = info["ports"].get(f"{CONTAINER_PORT}/tcp") or []
+    published = {(b.get("HostIp"), str(b.get("HostPort"))) for b in bindings}
+    return (info["status"] == "running" and info["image"] == spec.image
+            and list(info["cmd"]) == list(spec.args)
+            and published == {("127.0.0.1", str(spec.port))})
+
+
+def server_running(host: Host, spec: ServerSpec) -> bool:
+    """Whether the job's container runs exactly this server (image, args, port)."""
+    info = _inspect(host, spec.name)
+    return info is not None and _matches(info, spec)
+
+
+def ensure_server(host: Host, spec: ServerSpec) -> bool:
+    """Start `spec` unless it already runs; True when a container was started.
+
+    A container of that name that exited, or runs another model/port, is replaced: the
+    name is the job's, so nothing else can own it.
+    """
+    info = _inspect(host, spec.name)
+    if info is not None and _matches(info, spec):
+        log.info("vLLM container %s already running: reused", spec.name)
+        return False
+    if info is not None:
+        log.info("replacing vLLM container %s (%s)", spec.name, info["status"])
+        _remove(host, spec.name)
+    result = host.run(spec.docker_argv())
+    if not result.ok:
+        raise StepFailed(
+            f"starting the vLLM server ({spec.image}) failed (exit {result.exit_code}): "
+            f"{last_line(result.stderr or result.stdout)}",
+            fault=Fault.HOST, stderr=result.stderr,
+        )
+    return True
+
+
+def start_server(
+    host: Host,
+    job_id: str,
+    model_dir_host: str,
+    layout: Layout,
+    image: str,
+    port: int,
+    max_model_len: int,
+    served_name: str = SERVED_NAME,
+    lora: str | None = None,
+) -> ServerSpec:
+    """Start (or reuse) the job's vLLM container on 127.0.0.1:`port`; returns its spec.
+
+    `model_dir_host` is the merged model, or the base model when `lora` names an unmerged
+    adapter directory; both must lie under `layout.base` (mounted at CONTAINER_ROOT).
+    """
+    spec = server_spec(host, job_id, model_dir_host, layout, image, port, max_model_len,
+                       served_name, lora)
+    ensure_server(host, spec)
+    return spec
+
+
+def _remove(host: Host, name: str) -> bool:
+    result = host.run(["docker", "rm", "-f", name])
+    if result.ok:
+        return bool(result.stdout.strip())  # docker prints the name of what it removed
+    if "no such container" in (result.stderr + result.stdout).lower():
+        return False  # older Docker: -f still complains about a missing container
+    raise StepFailed(f"docker rm -f {name} failed: {last_line(result.stderr)}",
+                     fault=Fault.HOST, stderr=result.stderr)
+
+
+def stop_server(host: Host, job_id: str) -> bool:
+    """Remove the job's vLLM container; True if one was removed (absent is fine)."""
+    return _remove(host, container_name("vllm", job_id))
+
+
+def server_logs(conn: Connection, name: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` of a container's log (stdout and stderr), or why there are none."""
+    try:
+        result = ssh.run(conn, ["docker", "logs", "--tail", str(lines), name], timeout=30)
+    except ssh.SSHError as exc:
+        return f"(no log: {exc})"
+    text = (result.stdout + result.stderr).strip()
+    return text or "(the container logged nothing)"
+
+
+# --- readiness -------------------------------------------------------------------------------
+
+
+def probe(client: httpx.Client, served_name: str = SERVED_NAME) -> tuple[bool, str]:
+    """One readiness probe: (ready, what was seen)."""
+    try:
+        health = client.get("/health")
+        if health.status_code != 200:
+            return False, f"GET /health: {health.status_code}"
+        models = client.get("/v1/models")
+    except httpx.TransportError as exc:
+        # A refused port closes the tunnel's local connection: it shows up as a transport
+        # error (disconnect/reset), the normal state while the model loads.
+        return False, f"not accepting connections yet ({type(exc).__name__})"
+    if models.status_code != 200:
+        return False, f"GET /v1/models: {models.status_code}"
+    try:
+        ids = [str(m.get("id")) for m in models.json().get("data", [])]
+    except (ValueError, AttributeError):
+        return False, "GET /v1/models: not a model list"
+    if served_name not in ids:
+        return False, f"GET /v1/models lists {ids}, not {served_name!r}"
+    return True, "ready"
+
+
+def probe_once(conn: Connection, port: int, served_name: str = SERVED_NAME) -> bool:
+    """Whether the server on the host's 127.0.0.1:`port` is ready right now."""
+    with ssh.tunnel(conn, port) as local, http_client(f"http://127.0.0.1:{local}", 5.0) as client:
+        return probe(client, served_name)[0]
+
+
+def http_client(base_url: str, timeout: float, connections: int = 4) -> httpx.Client:
+    # trust_env=False: no proxy from the environment may sit between us and the tunnel.
+    return httpx.Client(
+        base_url=base_url,
+        timeout=httpx.Timeout(timeout, connect=10.0),
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+        trust_env=False,
+    )
+
+
+def wait_ready(
+    conn: Connection,
+    port: int,
+    deadline_s: float,
+    *,
+    served_name: str = SERVED_NAME,
+    container: str | None = None,
+    poll_s: float = 0.1,
+) -> float:
+    """Poll the server through an SSH tunnel until ready; returns the seconds it took.
+
+    Refused connections and 5xx are the loading phase and are retried until `deadline_s`.
+    With `container`, its state is checked every few seconds so a crashed server fails at
+    once instead of at the deadline; either failure is a StepFailed with its log tail.
+    """
+    started = time.monotonic()
+    next_state_check = started + 1.0  # a crash at start-up shows within a second
+    seen = "no answer yet"
+    wait = poll_s
+    with ssh.tunnel(conn, port) as local, http_client(f"http://127.0.0.1:{local}", 5.0) as client:
+        while True:
+            ready, seen = probe(client, served_name)
+            now = time.monotonic()
+            if ready:
+                log.info("vLLM on port %s ready after %.1fs", port, now - started)
+                return now - started
+            if not conn.is_connected:
+                # A dead tunnel looks like a server still loading: do not wait out the deadline.
+                raise ssh.ConnectionLost(f"{conn.host}:{conn.port}: connection lost while "
+                                         "waiting for vLLM")
+            if container is not None and now >= next_state_check:
+                next_state_check = now + 2.0
+                _fail_if_exited(conn, container, now - started)
+            if now - started >= deadline_s:
+                tail = server_logs(conn, container) if container else ""
+                raise StepFailed(
+                    f"vLLM on the host's 127.0.0.1:{port} was not ready within {deadline_s:g}s "
+                    f"(last: {seen})" + (f"; log: {last_line(tail)}" if tail else ""),
+                    fault=Fault.HOST, stderr=tail,
+                )
+            time.sleep(min(wait, max(0.0, deadline_s - (now - started))))
+            wait = min(wait * 1.5, 2.0)
+
+
+def _fail_if_exited(conn: Connection, container: str, elapsed: float) -> None:
+    result = ssh.run(conn, ["docker", "inspect", "-f",
+                            "{{.State.Status}} {{.State.ExitCode}}", container], timeout=30)
+    if result.ok and result.stdout.split()[:1] == ["running"]:
+        return
+    state = result.stdout.strip() if result.ok else "missing"
+    tail = server_logs(conn, container)
+    raise StepFailed(
+        f"the vLLM container {container} stopped while loading ({state}, after "
+        f"{elapsed:.0f}s): {last_line(tail)}",
+        fault=Fault.HOST, stderr=tail,
+    )
