@@ -47,7 +47,7 @@ def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
 
 def _money(micros: int | None) -> str:
     from orchestrator.history import dollars
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
 
     return "-" if micros is None else usd(dollars(micros))
 

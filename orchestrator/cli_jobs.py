@@ -7,7 +7,6 @@ modules (database, SSH, HTTP) are imported inside each command.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -36,18 +35,14 @@ if TYPE_CHECKING:
 
 
 def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
+    """A positive number of seconds from the environment; a bad value exits 2 naming it."""
+    from playbooks.ssh.env import EnvNumberError, env_float
+
     try:
-        value = float(raw)
-    except ValueError:
-        typer.echo(f"error: {name}={raw!r}: give a number of seconds", err=True)
+        return env_float(name, default)
+    except EnvNumberError as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if value <= 0:
-        typer.echo(f"error: {name} must be > 0 (got {raw})", err=True)
-        raise typer.Exit(2)
-    return value
 
 
 def engine_options(quick: bool = False) -> Options:
@@ -315,7 +310,7 @@ def show(
 def _print_details(store: Store, job: Job, instances: list[dict[str, Any]], rows: list[Any],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
     from orchestrator.render import table
     from orchestrator.term import human_time, width
 

@@ -64,7 +64,7 @@ def _gib(n: int) -> str:
 
 
 def money(value: Any) -> str:
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
 
     return usd(value)
 

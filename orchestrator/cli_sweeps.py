@@ -137,7 +137,7 @@ def _all() -> list[dict[str, Any]]:
 
 
 def _show(name: str, json_out: bool) -> None:
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
     from orchestrator.render import table
 
     status = _status(name)
@@ -217,7 +217,7 @@ def sweep_show(
 
 def sweeps(json_out: JsonFlag = False) -> None:
     """List sweeps: runs, done/running/queued/failed, spent/budget, best run."""
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
     from orchestrator.render import table
 
     rows = _all()

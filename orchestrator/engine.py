@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from orchestrator import pricing, recovery
+from orchestrator import money, recovery
 from orchestrator.hostsession import SessionMixin
 from orchestrator.jobinputs import InputsError, load_inputs
 from orchestrator.placement import PlacementMixin
@@ -50,31 +50,22 @@ from orchestrator.runner_core import (
     log,
     owner_id,
 )
-from orchestrator.store import Job, LeaseLost, Store, from_micros, to_micros, utcnow
+from orchestrator.store import Job, LeaseLost, Store, to_micros, utcnow
 from orchestrator.teardown import TeardownMixin
 from orchestrator.watchdog import Watchdog, deadlines_from_env
 from playbooks.ssh import ConnectionFactory
-from providers.base import Billing, Offer, Provider, Volumes
+from providers.base import Offer, Provider, Volumes
 
 # What callers import from here (the runner's parts live in runner_core, placement,
 # hostsession and teardown).
-__all__ = ["HOURS_PER_MONTH", "PHASES", "JobFailed", "JobRunner", "Options", "Progress",
+__all__ = ["PHASES", "JobFailed", "JobRunner", "Options", "Progress",
            "Terminated", "checkpoint_dir", "ensure_key", "failpoint", "instance_cost",
            "owner_id"]
-
-HOURS_PER_MONTH = Decimal(730)
 
 
 def instance_cost(row: Any, until: datetime | None = None) -> tuple[Decimal, Decimal]:
     """(charged, amortised) for an instance row from create to terminate (or `until`)."""
-    end = row.terminated_at or until or utcnow()
-    hours = max(Decimal(0), Decimal(str((end - row.created_at).total_seconds())) / 3600)
-    price = from_micros(row.price_per_hour_micros)
-    billing = Billing(row.billing)
-    if billing is Billing.MONTHLY:
-        # price_per_hour of a monthly server row holds its monthly rent / 730.
-        return Decimal(0), pricing.money(price * hours)
-    return pricing.metered_cost(price, hours, billing), Decimal(0)
+    return money.instance_cost(row, until or utcnow())
 
 
 class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
@@ -231,7 +222,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
     def _succeed(self) -> tuple[str, str]:
         cost, storage, amortised = self._costs()
         self._delete_volumes()
-        self._set("succeeded", f"succeeded; cost {pricing.usd(cost + storage)}",
+        self._set("succeeded", f"succeeded; cost {money.usd(cost + storage)}",
                   {"cost": str(cost + storage)},
                   cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
                   amortised_micros=to_micros(amortised))
@@ -289,14 +280,13 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             for name, provider in self.providers.items():
                 rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
                 if rate and name in used:
-                    hours = Decimal(str((now - job.started_at).total_seconds())) / 3600
-                    storage += pricing.money(Decimal(self.opts.disk_gb) * rate * hours
-                                             / HOURS_PER_MONTH)
-        return pricing.money(charged), storage, pricing.money(amortised)
+                    storage += money.volume_cost(self.opts.disk_gb, rate,
+                                                 money.hours_between(job.started_at, now))
+        return money.money(charged), storage, money.money(amortised)
 
     def _hourly_rate(self, offer: Offer) -> Decimal | None:
         """An offer's hourly price; a monthly server's is its amortisation rate."""
         hourly = offer.price_per_hour
         if hourly is None and offer.monthly_price is not None:
-            hourly = offer.monthly_price / HOURS_PER_MONTH
+            hourly = offer.monthly_price / money.HOURS_PER_MONTH
         return hourly

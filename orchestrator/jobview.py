@@ -34,7 +34,7 @@ class Display:
         self.drawn = False
 
     def __call__(self, p: Progress) -> None:
-        from orchestrator.pricing import usd
+        from orchestrator.money import usd
         from orchestrator.term import paint, state_colour, width
 
         elapsed = time.monotonic() - p.started
@@ -89,7 +89,7 @@ def iso(value: Any) -> str | None:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
     from orchestrator.term import colour_enabled, paint, prose, state_colour
 
     status = paint(s["status"], state_colour(s["status"]), colour_enabled())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from orchestrator import pricing, recovery, scheduler
+from orchestrator import money, recovery, scheduler
 from orchestrator.planning import constraints_from, total_tokens, workload_from
 from orchestrator.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
 from orchestrator.store import to_micros
@@ -240,9 +240,9 @@ class PlacementMixin(RunnerCore):
             self._held[row.id] = (offer.provider, inst.instance_id)
             self._event("instance.created",
                         f"registered server {inst.instance_id} claimed (rent already paid: no "
-                        f"marginal cost; {pricing.usd(price)}/h amortised)"
+                        f"marginal cost; {money.usd(price)}/h amortised)"
                         if offer.registered else f"{offer.provider} instance "
-                        f"{inst.instance_id} at {pricing.usd(price)}/h",
+                        f"{inst.instance_id} at {money.usd(price)}/h",
                         {"instance": inst.instance_id, "price_per_hour": str(price)})
             # Placed: the outage (if any) is over, and phases done on an earlier instance
             # are not on this one.

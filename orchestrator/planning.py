@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import savers, scheduler
-from orchestrator.pricing import usd
+from orchestrator.money import usd
 from orchestrator.savers import Choice
 from orchestrator.savers import choices as savers_choices
 from orchestrator.scheduler import Constraints, Placement, Ranking

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from orchestrator import money
 from orchestrator.store import Instance as InstanceRow
 from orchestrator.store import Job, Store, to_micros, utcnow
 from providers.base import NotFound, Provider, ProviderError
@@ -174,13 +175,12 @@ OUTAGES = Outages()
 
 def close_row(store: Store, row: InstanceRow, reason: str, now: datetime | None = None) -> None:
     """Mark an instance row terminated with its cost (what the engine's teardown records)."""
-    from orchestrator.engine import instance_cost
 
     now = now or utcnow()
     assert row.id is not None
     row_id = row.id
     row = store.update_instance(row_id, terminated_at=now, state="terminated", end_reason=reason)
-    charged, amortised = instance_cost(row, now)
+    charged, amortised = money.instance_cost(row, now)
     store.update_instance(row_id, cost_micros=to_micros(charged),
                           amortised_micros=to_micros(amortised))
 

@@ -118,7 +118,7 @@ def _layout(title: str, x: str, y: str) -> dict[str, Any]:
 
 
 def _usd(value: Decimal | str | None) -> str:
-    from orchestrator.pricing import usd
+    from orchestrator.money import usd
 
     return "-" if value is None else html.escape(usd(Decimal(str(value))))
 

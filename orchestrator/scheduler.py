@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from orchestrator import pricing, savers, sizing, throughput
+from orchestrator import money, savers, sizing, throughput
 from orchestrator.sizing import GIB, MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
@@ -179,7 +179,7 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
     """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks."""
     if c.deadline_hours is not None and dur.total > c.deadline_hours:
         return "slower than resources.deadline_hours"
-    cost = pricing.job_cost(offer, dur.total)
+    cost = money.job_cost(offer, dur.total)
     if c.max_cost is not None and cost > c.max_cost:
         return "above resources.max_cost"
     if (c.max_price_per_hour is not None and offer.price_per_hour is None
@@ -189,7 +189,7 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
         return "above resources.max_price_per_hour"
     amortised = None
     if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
-        amortised = pricing.amortised_share(offer.monthly_price, dur.total)
+        amortised = money.amortised_share(offer.monthly_price, dur.total)
     return Placement(offer, est, dur, cost, amortised)
 
 

@@ -91,7 +91,7 @@ MIN_DISK_GB = 8  # Vast rejects smaller disks
 _MIB = 1024**2
 _GB = 1000**3
 _PRICE_QUANTUM = Decimal("0.000001")
-_HOURS_PER_MONTH = Decimal(30 * 24)  # Vast's storage_cost is $/GB/month of 30 days
+_VAST_STORAGE_MONTH_HOURS = Decimal(30 * 24)  # Vast's storage_cost is $/GB/month of 30 days
 
 # Canonical GPU name → (Vast `gpu_name` values, minimum per-GPU `gpu_ram` in MB for the model
 # to count as this one), from gpus.yaml's `spellings: vastai` and `vastai_min_gpu_ram_mb`
@@ -127,7 +127,7 @@ def hourly_price(offer: dict[str, Any], disk_gb: int, interruptible: bool) -> De
     if base is None:
         return None
     storage = dec(offer.get("storage_cost")) or Decimal(0)
-    price = base + Decimal(disk_gb) * storage / _HOURS_PER_MONTH
+    price = base + Decimal(disk_gb) * storage / _VAST_STORAGE_MONTH_HOURS
     return price.quantize(_PRICE_QUANTUM, rounding=ROUND_HALF_UP)
 
 
