@@ -86,10 +86,36 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
     """
     if not _DEB_VERSION.fullmatch(version):
         raise ValueError(f"not a Debian package version: {version!r} (e.g. {DEFAULT_VERSION})")
-    run = _Run()
-    versions = dict.fromkeys(PACKAGES, version)
+    t = _Toolkit(version, cgroupfs, keyring, list_file, daemon_json)
+    playbook = [
+        Step("docker", t.docker_present, timeout_s=60),
+        Step("prerequisites", t.prerequisites_ok, t.install_prerequisites, timeout_s=600),
+        Step("keyring", lambda h: _keyring_ok(h, keyring), t.add_keyring, timeout_s=180),
+        Step("apt-list", lambda h: _list_ok(h, keyring, list_file), t.write_list, timeout_s=180),
+        Step("apt-update", t.lists_fresh, t.apt_update, timeout_s=600),
+        Step("packages", t.packages_ok, t.install_packages, timeout_s=900),
+        Step("runtime-configure", t.runtime_configured, t.configure_runtime, timeout_s=120),
+    ]
+    if cgroupfs:
+        playbook.append(Step("cgroup-driver", t.cgroup_fixed, t.fix_cgroup, timeout_s=120))
+    playbook += [
+        Step("docker-restart", t.docker_current, t.restart_docker, timeout_s=300),
+        Step("verify", t.verify, timeout_s=900),
+    ]
+    return playbook
 
-    def docker_present(host: Host) -> bool:
+
+class _Toolkit:
+    """The toolkit playbook's checks and actions for one run, sharing what it changed."""
+
+    def __init__(self, version: str, cgroupfs: bool, keyring: str, list_file: str,
+                 daemon_json: str) -> None:
+        self.version, self.cgroupfs, self.keyring = version, cgroupfs, keyring
+        self.list_file, self.daemon_json = list_file, daemon_json
+        self.versions = dict.fromkeys(PACKAGES, version)
+        self.run = _Run()
+
+    def docker_present(self, host: Host) -> bool:
         result = host.run(["docker", "--version"], timeout=30)
         if not result.ok:
             raise StepFailed(
@@ -99,19 +125,19 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
                 "Docker.", fault=Fault.HOST, stderr=result.stderr)
         return True
 
-    def prerequisites_ok(host: Host) -> bool:
+    def prerequisites_ok(self, host: Host) -> bool:
         # Only fetching and dearmoring the key needs them: a host whose repository is set
         # up already (toolkit preinstalled) gets no install it does not need.
-        return not _missing_prerequisites(host) or (_keyring_ok(host, keyring)
-                                                    and _list_ok(host, keyring, list_file))
+        return not _missing_prerequisites(host) or (
+            _keyring_ok(host, self.keyring) and _list_ok(host, self.keyring, self.list_file))
 
-    def install_prerequisites(host: Host) -> None:
+    def install_prerequisites(self, host: Host) -> None:
         _apt(host, ["install", "-y", "--no-install-recommends", *_missing_prerequisites(host)],
              "installing the prerequisites (ca-certificates curl gnupg2)",
              "check the host's apt sources and network access")
 
-    def add_keyring(host: Host) -> None:
-        target = host.paths(keyring)
+    def add_keyring(self, host: Host) -> None:
+        target = host.paths(self.keyring)
         result = host.run(["sh", "-c", _KEYRING_SCRIPT, "sh", GPGKEY_URL, target], timeout=120)
         if not result.ok:
             raise StepFailed(
@@ -119,76 +145,76 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
                 f"{last_line(result.stderr or result.stdout)}. Check that the host reaches "
                 f"{GPGKEY_URL}.", fault=Fault.TRANSIENT, stderr=result.stderr)
 
-    def write_list(host: Host) -> None:
+    def write_list(self, host: Host) -> None:
         result = host.run(["curl", "-fsSL", LIST_URL], timeout=120)
         if not result.ok:
             raise StepFailed(
                 f"fetching the NVIDIA apt list failed (exit {result.exit_code}): "
                 f"{last_line(result.stderr or result.stdout)}. Check that the host reaches "
                 f"{LIST_URL}.", fault=Fault.TRANSIENT, stderr=result.stderr)
-        text = signed_list(result.stdout, host.paths(keyring))
+        text = signed_list(result.stdout, host.paths(self.keyring))
         if REPO not in text:
             raise StepFailed(f"{LIST_URL} returned no NVIDIA repository line: "
                              f"{last_line(result.stdout)}", fault=Fault.TRANSIENT)
-        host.put_text(text, host.paths(list_file), mode=0o644)
-        run.list_changed = True
+        host.put_text(text, host.paths(self.list_file), mode=0o644)
+        self.run.list_changed = True
 
-    def lists_fresh(host: Host) -> bool:
+    def lists_fresh(self, host: Host) -> bool:
         # There is no cheap, portable "does apt know the pinned version?" check, so update
         # when the list just changed or the packages still have to be installed.
-        if run.apt_updated:
+        if self.run.apt_updated:
             return True
-        run.pending = _package_changes(host, versions)
-        return not run.list_changed and not run.pending
+        self.run.pending = _package_changes(host, self.versions)
+        return not self.run.list_changed and not self.run.pending
 
-    def apt_update(host: Host) -> None:
+    def apt_update(self, host: Host) -> None:
         _apt(host, ["update"], "apt-get update",
-             f"check {list_file} and {keyring} (NO_PUBKEY means the keyring is wrong) and "
-             "network access to nvidia.github.io")
-        run.apt_updated = True
+             f"check {self.list_file} and {self.keyring} (NO_PUBKEY means the keyring is wrong) "
+             "and network access to nvidia.github.io")
+        self.run.apt_updated = True
 
-    def packages_ok(host: Host) -> bool:
-        pending, run.pending = run.pending, None
-        return not (pending if pending is not None else _package_changes(host, versions))
+    def packages_ok(self, host: Host) -> bool:
+        pending, self.run.pending = self.run.pending, None
+        return not (pending if pending is not None else _package_changes(host, self.versions))
 
-    def install_packages(host: Host) -> None:
+    def install_packages(self, host: Host) -> None:
         _apt(host, ["install", "-y", "--allow-downgrades",
-                    *(f"{name}={v}" for name, v in versions.items())],
-             f"installing NVIDIA Container Toolkit {version}",
-             f"check that {version} exists (`apt-cache madison nvidia-container-toolkit`) "
+                    *(f"{name}={v}" for name, v in self.versions.items())],
+             f"installing NVIDIA Container Toolkit {self.version}",
+             f"check that {self.version} exists (`apt-cache madison nvidia-container-toolkit`) "
              "or pin another version", timeout=600)
 
-    def runtime_configured(host: Host) -> bool:
-        runtimes = _daemon_config(host, daemon_json).get("runtimes")
+    def runtime_configured(self, host: Host) -> bool:
+        runtimes = _daemon_config(host, self.daemon_json).get("runtimes")
         return isinstance(runtimes, dict) and "nvidia" in runtimes
 
-    def configure_runtime(host: Host) -> None:
+    def configure_runtime(self, host: Host) -> None:
         host.must(["nvidia-ctk", "runtime", "configure", "--runtime=docker",
-                   f"--config={host.paths(daemon_json)}"],
-                  f"`nvidia-ctk runtime configure --runtime=docker` (fix {daemon_json})")
-        run.daemon_json_changed = True
+                   f"--config={host.paths(self.daemon_json)}"],
+                  f"`nvidia-ctk runtime configure --runtime=docker` (fix {self.daemon_json})")
+        self.run.daemon_json_changed = True
 
-    def cgroup_fixed(host: Host) -> bool:
-        options = _daemon_config(host, daemon_json).get("exec-opts")
+    def cgroup_fixed(self, host: Host) -> bool:
+        options = _daemon_config(host, self.daemon_json).get("exec-opts")
         return isinstance(options, list) and CGROUPFS in options
 
-    def fix_cgroup(host: Host) -> None:
-        config = _daemon_config(host, daemon_json)
+    def fix_cgroup(self, host: Host) -> None:
+        config = _daemon_config(host, self.daemon_json)
         config["exec-opts"] = with_cgroupfs(config.get("exec-opts"))
-        host.put_text(json.dumps(config, indent=4) + "\n", host.paths(daemon_json), mode=0o644)
-        run.daemon_json_changed = True
+        host.put_text(json.dumps(config, indent=4) + "\n", host.paths(self.daemon_json), mode=0o644)
+        self.run.daemon_json_changed = True
 
-    def docker_current(host: Host) -> bool:
-        if run.daemon_json_changed:
+    def docker_current(self, host: Host) -> bool:
+        if self.run.daemon_json_changed:
             return False
         runtimes, driver = _docker_runtime_state(host)
-        return "nvidia" in runtimes and (not cgroupfs or driver == "cgroupfs")
+        return "nvidia" in runtimes and (not self.cgroupfs or driver == "cgroupfs")
 
-    def restart_docker(host: Host) -> None:
+    def restart_docker(self, host: Host) -> None:
         _restart_docker(host)
-        run.daemon_json_changed = False
+        self.run.daemon_json_changed = False
 
-    def verify(host: Host) -> bool:
+    def verify(self, host: Host) -> bool:
         result = host.run(VERIFY, timeout=600)
         if not result.ok:
             raise StepFailed(
@@ -197,23 +223,6 @@ def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str
                 "on the host) and that `docker info` lists the nvidia runtime.",
                 fault=Fault.HOST, stderr=result.stderr)
         return True
-
-    playbook = [
-        Step("docker", docker_present, timeout_s=60),
-        Step("prerequisites", prerequisites_ok, install_prerequisites, timeout_s=600),
-        Step("keyring", lambda h: _keyring_ok(h, keyring), add_keyring, timeout_s=180),
-        Step("apt-list", lambda h: _list_ok(h, keyring, list_file), write_list, timeout_s=180),
-        Step("apt-update", lists_fresh, apt_update, timeout_s=600),
-        Step("packages", packages_ok, install_packages, timeout_s=900),
-        Step("runtime-configure", runtime_configured, configure_runtime, timeout_s=120),
-    ]
-    if cgroupfs:
-        playbook.append(Step("cgroup-driver", cgroup_fixed, fix_cgroup, timeout_s=120))
-    playbook += [
-        Step("docker-restart", docker_current, restart_docker, timeout_s=300),
-        Step("verify", verify, timeout_s=900),
-    ]
-    return playbook
 
 
 # --- pure helpers ----------------------------------------------------------------------------
