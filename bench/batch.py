@@ -27,9 +27,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.spec import load_job  # noqa: E402
-from orchestrator.store import open_store  # noqa: E402
-from orchestrator.submission import record_job  # noqa: E402
+from orchestrator.core.spec import load_job  # noqa: E402
+from orchestrator.engine.submission import record_job  # noqa: E402
+from orchestrator.records.store import open_store  # noqa: E402
 from providers.sim import SimCloud  # noqa: E402
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"

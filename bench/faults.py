@@ -189,7 +189,7 @@ def _vast_rig(tmp: Path) -> tuple[Any, Any, Any, Any]:
     from emulators.hosts import SimHostBackend
     from emulators.vast import VastEmulator
 
-    from orchestrator.store import open_store
+    from orchestrator.records.store import open_store
 
     os.environ["XDG_DATA_HOME"] = str(tmp / "xdg")
     store = open_store(f"sqlite:///{tmp / 'orch.db'}")
@@ -202,8 +202,8 @@ def _vast_rig(tmp: Path) -> tuple[Any, Any, Any, Any]:
 
 
 def _queue(store: Any, tmp: Path, provider: str) -> str:
-    from orchestrator.spec import load_job
-    from orchestrator.submission import record_job
+    from orchestrator.core.spec import load_job
+    from orchestrator.engine.submission import record_job
 
     folder = tmp / "jobs"
     if not folder.exists():
@@ -218,7 +218,7 @@ def _queue(store: Any, tmp: Path, provider: str) -> str:
 def outage(tmp: Path, seconds: float = 15.0, jobs: int = 3) -> Result:
     """A `seconds`-long run of 503s on Vast.ai offer search while a worker has `jobs`
     queued; the worker loop (claim, run, sleep --poll when nothing may start) runs on."""
-    from orchestrator.engine import JobRunner, Options, owner_id
+    from orchestrator.engine.runner import JobRunner, Options, owner_id
     from providers.vastai import VastAI
 
     store, hosts, emu, _ = _vast_rig(tmp)
@@ -266,7 +266,7 @@ def outage(tmp: Path, seconds: float = 15.0, jobs: int = 3) -> Result:
 
 def long_retry_after(tmp: Path) -> Result:
     """429 with Retry-After: 3600 on offer search: requeued at once, not slept through."""
-    from orchestrator.engine import JobRunner, Options, owner_id
+    from orchestrator.engine.runner import JobRunner, Options, owner_id
     from providers.vastai import VastAI
 
     store, hosts, emu, _ = _vast_rig(tmp)
@@ -294,8 +294,8 @@ def black_hole(tmp: Path) -> Result:
     """A sim job with Vast.ai configured but black-holed (accepts, never answers)."""
     from emulators.blackhole import BlackHole
 
-    from orchestrator.engine import JobRunner, Options, ensure_key, owner_id
-    from orchestrator.store import open_store
+    from orchestrator.engine.runner import JobRunner, Options, ensure_key, owner_id
+    from orchestrator.records.store import open_store
     from providers.sim import SimCloud
     from providers.vastai import VastAI
 

@@ -36,16 +36,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import pgserver  # noqa: E402
 
-from orchestrator.spec import load_job  # noqa: E402
-from orchestrator.store import open_store  # noqa: E402
-from orchestrator.submission import record_job  # noqa: E402
+from orchestrator.core.spec import load_job  # noqa: E402
+from orchestrator.engine.submission import record_job  # noqa: E402
+from orchestrator.records.store import open_store  # noqa: E402
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 
 # One worker process of the claims benchmark: claim, finish at once, until the queue is empty.
 CLAIMER = """
 import sys
-from orchestrator.store import open_store
+from orchestrator.records.store import open_store
 url, owner = sys.argv[1], sys.argv[2]
 store = open_store(url)
 print("ready", flush=True)

@@ -50,7 +50,7 @@ def _t(dt: datetime) -> str:
 
 def build(db: Path, jobs: int, seed: int = 7) -> None:
     """Create the schema with open_store, then bulk-insert `jobs` jobs with executemany."""
-    from orchestrator.store import open_store
+    from orchestrator.records.store import open_store
 
     open_store(f"sqlite:///{db}").close()
     rnd = random.Random(seed)

@@ -15,10 +15,10 @@ import statistics
 import time
 from decimal import Decimal
 
-from orchestrator import scheduler
-from orchestrator.architectures import lookup
-from orchestrator.offerbook import OfferBook, best
-from orchestrator.sizing import Workload
+from orchestrator.core import scheduler
+from orchestrator.core.architectures import lookup
+from orchestrator.core.offerbook import OfferBook, best
+from orchestrator.core.sizing import Workload
 from providers import catalog
 from providers.base import Billing, Offer
 

@@ -6,7 +6,7 @@ the asserted points (and over all). Asserts nothing. Usage: python bench/sizing_
 
 from __future__ import annotations
 
-from orchestrator.calibration import points
+from orchestrator.core.calibration import points
 
 
 def main() -> None:

@@ -59,8 +59,11 @@ def exported(ref: str, into: Path) -> list[str]:
     archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    entry = "orchestrator.entry" if (into / "orchestrator" / "entry.py").exists() \
-        else "orchestrator.cli"
+    # The entry point moved twice: orchestrator/cli.py, orchestrator/entry.py, now the
+    # orchestrator.cli package; older refs keep working with --compare.
+    o = into / "orchestrator"
+    entry = "orchestrator.cli.entry" if (o / "cli" / "entry.py").exists() else \
+        "orchestrator" + "." + ("entry" if (o / "entry.py").exists() else "cli")
     return [sys.executable, "-c",
             f"import sys; sys.path.insert(0, {str(into)!r}); sys.argv[0] = 'orch'; "
             f"from {entry} import main; main()"]

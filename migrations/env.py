@@ -1,6 +1,6 @@
 """Alembic environment for orch.
 
-orchestrator.store.open_store runs the migrations itself: it builds the Config in code and
+orchestrator.records.store.open_store runs the migrations itself: it builds the Config in code and
 hands over an open connection (inside its own transaction) in `config.attributes`. The
 URL fallback is for developers running alembic by hand against a `sqlalchemy.url`.
 """
@@ -12,7 +12,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 from sqlmodel import SQLModel
 
-import orchestrator.store  # noqa: F401  (registers the tables on SQLModel.metadata)
+import orchestrator.records.store  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -48,7 +48,7 @@ def run_migrations_online() -> None:
         return
     url = config.get_main_option("sqlalchemy.url")
     if not url:
-        raise RuntimeError("set sqlalchemy.url (or use orchestrator.store.open_store)")
+        raise RuntimeError("set sqlalchemy.url (or use orchestrator.records.store.open_store)")
     engine = create_engine(url)
     try:
         with engine.connect() as conn:

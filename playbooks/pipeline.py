@@ -152,7 +152,7 @@ class Hooks:
 
     The defaults suit a run with no job record (tests, benchmarks): nothing is persisted,
     nothing stops the run, and failures raise the playbooks' own errors. The engine's
-    `orchestrator.hostsession.JobHooks` overrides them to keep the job's record.
+    `orchestrator.engine.hostsession.JobHooks` overrides them to keep the job's record.
     """
 
     # Each wait for the training returns after this many seconds (None: when it ends), so

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from orchestrator.advise import (
+from orchestrator.cli.advise import (
     HourlyPrice,
     MeteredUsage,
     MonthlyOption,
@@ -21,8 +21,8 @@ from orchestrator.advise import (
     catalog_monthly,
     render_lines,
 )
-from orchestrator.cli_history import register
-from orchestrator.store import Instance, Job, Server, open_store
+from orchestrator.cli.history import register
+from orchestrator.records.store import Instance, Job, Server, open_store
 
 D = Decimal
 H100 = MonthlyOption("H100 SXM", 1, D("2190"), "catalog dedicated-host 1xH100")

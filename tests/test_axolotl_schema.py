@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator.cli_render import render_job
+from orchestrator.cli.render import render_job
 from playbooks import axolotl_schema, images
 from playbooks.axolotl import OPTIMIZERS, SHARDED, TrainConfigInput, render
 

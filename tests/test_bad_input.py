@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from orchestrator.cli import app
+from orchestrator.cli.app import app
 
 HEAD = """\
 name: t

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.calibration import Point, points
+from orchestrator.core.calibration import Point, points
 
 POINTS = points()
 

@@ -28,7 +28,7 @@ from providers.vastai import VastAI
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = (KeepsMachine, Volumes, OptInOnly, Simulated, ContainerRental, HostKeyReporting,
                 HostPathMapping)
-# The engine and the parts it is assembled from (orchestrator/engine.py's JobRunner).
+# The engine and the parts it is assembled from (orchestrator/engine/runner.py's JobRunner).
 ENGINE_MODULES = ("engine", "runner_core", "placement", "hostsession", "teardown")
 
 

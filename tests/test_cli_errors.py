@@ -19,7 +19,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner, Result
 
-from orchestrator.cli import app
+from orchestrator.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -69,10 +69,10 @@ def test_cli_modules_take_no_private_name_from_another() -> None:
 
 
 def test_python_dash_m_runs_the_cli(tmp_path: Path) -> None:
-    # `python -m orchestrator.cli` (its `__main__` block) once died in the cli <-> cli_servers
+    # `python -m orchestrator.cli.app` (its `__main__` block) once died in the cli <-> cli_servers
     # import cycle with "partially initialized module".
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "orchestrator.cli.app", "--help"], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "servers" in out.stdout and "Traceback" not in out.stderr

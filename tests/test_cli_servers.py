@@ -161,10 +161,10 @@ def test_trust_repins_a_changed_host_key_after_confirmation(
 def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked(
         env: dict[str, str], simhost: SimHostFactory, ssh_keypair: KeyPair,
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from orchestrator.engine import JobRunner, Options, owner_id
-    from orchestrator.spec import load_job
-    from orchestrator.store import open_store
-    from orchestrator.submission import record_job
+    from orchestrator.core.spec import load_job
+    from orchestrator.engine.runner import JobRunner, Options, owner_id
+    from orchestrator.engine.submission import record_job
+    from orchestrator.records.store import open_store
     from providers.base import Requirements
     from providers.dedicated import Dedicated
 

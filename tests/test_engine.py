@@ -21,10 +21,10 @@ import pytest
 from conftest import BACKENDS, KeyPair, database_url
 from emulators.hosts import WithHostPaths
 
-from orchestrator.engine import JobRunner, Options, owner_id
-from orchestrator.spec import load_job
-from orchestrator.store import Store, open_store
-from orchestrator.submission import record_job
+from orchestrator.core.spec import load_job
+from orchestrator.engine.runner import JobRunner, Options, owner_id
+from orchestrator.engine.submission import record_job
+from orchestrator.records.store import Store, open_store
 from providers.sim import SimCloud
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -165,7 +165,7 @@ def test_job_succeeds_end_to_end(rig: Rig, method: str) -> None:
     assert row.cost_micros > 0 and job.cost_micros >= row.cost_micros
     assert job.cost_micros == row.cost_micros + job.storage_micros
     # The simulated cloud trains as fast as it is told: it must not teach the planner.
-    from orchestrator.readonly import measured_throughput
+    from orchestrator.records.readonly import measured_throughput
 
     assert measured_throughput(str(rig.store.engine.url)) == {}
     assert_nothing_left(rig, cloud, job_id)
@@ -339,7 +339,7 @@ def test_workers_starting_together_share_one_new_ssh_key(tmp_path: Path) -> None
     import sys
 
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
-    code = "from orchestrator.engine import ensure_key; print(ensure_key()[1])"
+    code = "from orchestrator.engine.runner import ensure_key; print(ensure_key()[1])"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(4)]
     keys = {p.communicate(timeout=60)[0].strip() for p in procs}

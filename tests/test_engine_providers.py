@@ -21,8 +21,8 @@ from emulators.vast import VastEmulator
 from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
 from test_engine import HOST, Rig, mirrored_step, when
 
-from orchestrator.engine import JobRunner, Options, owner_id
-from orchestrator.store import open_store
+from orchestrator.engine.runner import JobRunner, Options, owner_id
+from orchestrator.records.store import open_store
 from providers.runpod import RunPod
 from providers.vastai import VastAI
 
@@ -82,7 +82,7 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         assert row.price_per_hour_micros > 200_000
         assert emu.instances == {}
         # A finished run on a real provider teaches the planner its throughput.
-        from orchestrator.readonly import measured_throughput
+        from orchestrator.records.readonly import measured_throughput
 
         learned = measured_throughput(str(rig.store.engine.url))
         assert [k for k in learned if k[0] == "RTX 4090" and k[2] == "qlora"], learned

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.entry import plan_args
+from orchestrator.cli.entry import plan_args
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,16 +44,16 @@ def _run(module: str, args: list[str], tmp_path: Path) -> subprocess.CompletedPr
 ])
 def test_fast_path_prints_what_the_typer_command_prints(args: list[str],
                                                         tmp_path: Path) -> None:
-    fast = _run("orchestrator.entry", args, tmp_path)
-    typer = _run("orchestrator.cli", args, tmp_path)
+    fast = _run("orchestrator.cli.entry", args, tmp_path)
+    typer = _run("orchestrator.cli.app", args, tmp_path)
     assert (fast.returncode, fast.stdout, fast.stderr) == \
         (typer.returncode, typer.stdout, typer.stderr)
 
 
 def test_plan_imports_neither_typer_nor_plugin_discovery(tmp_path: Path) -> None:
     code = ("import sys; sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']; "
-            "from orchestrator.entry import main; main(); "
-            "print('typer' in sys.modules, 'orchestrator.cli_jobs' in sys.modules, "
+            "from orchestrator.cli.entry import main; main(); "
+            "print('typer' in sys.modules, 'orchestrator.cli.jobs' in sys.modules, "
             "'importlib.metadata' in sys.modules, file=sys.stderr)")
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,

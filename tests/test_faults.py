@@ -39,9 +39,9 @@ from test_engine_crash import (
 )
 from test_engine_providers import KEY, job_for, runpod, vast
 
-from orchestrator.engine import JobRunner, Options, owner_id
-from orchestrator.reconcile import reconcile
-from orchestrator.store import Store, open_store, utcnow
+from orchestrator.engine.reconcile import reconcile
+from orchestrator.engine.runner import JobRunner, Options, owner_id
+from orchestrator.records.store import Store, open_store, utcnow
 from providers.base import Requirements
 from providers.sim import SimCloud
 from providers.vastai import VastAI
@@ -290,7 +290,7 @@ def test_a_black_holed_provider_is_not_asked_on_a_sim_jobs_path(rig: Rig) -> Non
 
 def test_reconcile_reports_a_black_holed_provider_and_sweeps_the_others(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.wiring import QUICK_HTTP, configured_providers
+    from orchestrator.engine.wiring import QUICK_HTTP, configured_providers
 
     cloud = rig.cloud()
     [offer] = cloud.offers(Requirements(1, 0, gpus=frozenset({"RTX 3090"}),

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from orchestrator.cli import app
+from orchestrator.cli.app import app
 
 ROW = {"instruction": "Say hi", "input": "", "output": "hi there"}
 EVAL_ROW = {"prompt": "2+2?", "expected": "4"}

@@ -20,9 +20,9 @@ import typer
 from conftest import BACKENDS, database_url
 from typer.testing import CliRunner
 
-from orchestrator import history as h
-from orchestrator.cli_history import register
-from orchestrator.store import (
+from orchestrator.cli.history import register
+from orchestrator.records import history as h
+from orchestrator.records.store import (
     JOB_STATUSES,
     Instance,
     Job,
@@ -440,7 +440,7 @@ WRITER = textwrap.dedent("""
     import sys, time
     from datetime import timedelta
     from pathlib import Path
-    from orchestrator.store import Event, Job, open_store, utcnow
+    from orchestrator.records.store import Event, Job, open_store, utcnow
     store = open_store(sys.argv[1])
     stop = Path(sys.argv[2])
     print("ready", flush=True)
@@ -567,7 +567,7 @@ def test_history_commands_do_not_import_sqlalchemy(jobs: str) -> None:
     code = textwrap.dedent(f"""
         import os, sys, typer
         os.environ["ORCH_DB_URL"] = {jobs!r}
-        from orchestrator.cli_history import register
+        from orchestrator.cli.history import register
         app = typer.Typer(); register(app)
         for args in (["history"], ["cost", "--by", "month"], ["sql", "SELECT 1"]):
             try:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from termutil import ROOT, orch_exe
 
-from orchestrator import jobdoc
-from orchestrator.architectures import known_models
-from orchestrator.spec import JobSpec, load_job
-from orchestrator.sweeps import SweepSpec
+from orchestrator.cli import jobdoc
+from orchestrator.core.architectures import known_models
+from orchestrator.core.spec import JobSpec, load_job
+from orchestrator.records.sweeps import SweepSpec
 
 DOC = ROOT / "docs" / "job-file.md"
 
@@ -26,7 +26,7 @@ def orch(*args: str) -> str:
 
 def test_committed_doc_is_what_the_generator_prints() -> None:
     assert DOC.read_text() == jobdoc.render(), (
-        "docs/job-file.md is stale: run `python -m orchestrator.jobdoc > docs/job-file.md`")
+        "docs/job-file.md is stale: run `python -m orchestrator.cli.jobdoc > docs/job-file.md`")
 
 
 def test_every_model_key_is_described() -> None:

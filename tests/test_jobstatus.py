@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.jobstatus import TRANSITIONS, JobStatus, allowed
-from orchestrator.store import (
+from orchestrator.core.jobstatus import TRANSITIONS, JobStatus, allowed
+from orchestrator.records.store import (
     IllegalTransition,
     InvalidValueError,
     Store,
     open_store,
 )
-from orchestrator.sweepstore import requeue_failed
+from orchestrator.records.sweepstore import requeue_failed
 
 OWNER = "worker-1"
 
@@ -73,7 +73,7 @@ def test_a_planned_job_cannot_be_driven(store: Store) -> None:
     assert store.request_cancel(job_id).status == "cancelled"
 
 
-# The moves the engine makes (orchestrator/engine.py `_set` calls, in the order a job sees
+# The moves the engine makes (orchestrator/engine/runner.py `_set` calls, in the order a job sees
 # them): the happy path with a resume, an interruption and re-placement, a deferral, and the
 # ways a worker stops a job.
 ENGINE_PATHS: list[list[str]] = [

@@ -8,12 +8,12 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import scheduler
-from orchestrator.architectures import lookup
-from orchestrator.offerbook import OfferBook, best
-from orchestrator.scheduler import Constraints
-from orchestrator.sizing import Workload
-from orchestrator.throughput import Measured, size_class
+from orchestrator.core import scheduler
+from orchestrator.core.architectures import lookup
+from orchestrator.core.offerbook import OfferBook, best
+from orchestrator.core.scheduler import Constraints
+from orchestrator.core.sizing import Workload
+from orchestrator.core.throughput import Measured, size_class
 from providers import catalog
 from providers.base import Billing, Offer
 

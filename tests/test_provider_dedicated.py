@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import Store, open_store
+from orchestrator.records.store import Store, open_store
 from providers.base import CapacityError, InstanceState, NotFound, Requirements
 from providers.dedicated import Dedicated, offer_id
 

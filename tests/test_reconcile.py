@@ -11,9 +11,9 @@ import pytest
 from conftest import KeyPair
 from emulators.vast import VastEmulator
 
-from orchestrator.reconcile import reconcile
-from orchestrator.store import Instance as InstanceRow
-from orchestrator.store import Job, Store, open_store, utcnow
+from orchestrator.engine.reconcile import reconcile
+from orchestrator.records.store import Instance as InstanceRow
+from orchestrator.records.store import Job, Store, open_store, utcnow
 from providers.base import InstanceState, NotFound, Requirements
 from providers.dedicated import Dedicated
 from providers.sim import SimCloud

@@ -166,7 +166,7 @@ def test_without_plotly_the_error_says_how_to_install_it(history: dict[str, Any]
         import sys
         sys.modules["plotly"] = None
         sys.argv = ["orch", "report", "-o", "never.html"]
-        from orchestrator.cli import main
+        from orchestrator.cli.app import main
         main()
     """)
     proc = subprocess.run([sys.executable, "-c", code], env=history["env"], cwd=history["tmp"],
@@ -179,7 +179,7 @@ def test_without_plotly_the_error_says_how_to_install_it(history: dict[str, Any]
 def test_other_commands_never_import_plotly(history: dict[str, Any]) -> None:
     code = textwrap.dedent("""
         import sys
-        from orchestrator.cli import main
+        from orchestrator.cli.app import main
         for args in (["plan", "examples/quickstart.yml"], ["jobs"], ["history"]):
             sys.argv = ["orch", *args]
             try:

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import savers, scheduler, sizing
-from orchestrator.architectures import lookup
-from orchestrator.planning import make_plan
-from orchestrator.sizing import GIB, Strategy, Workload, estimate
-from orchestrator.spec import SpecError, load_job
+from orchestrator.core import savers, scheduler, sizing
+from orchestrator.core.architectures import lookup
+from orchestrator.core.planning import make_plan
+from orchestrator.core.sizing import GIB, Strategy, Workload, estimate
+from orchestrator.core.spec import SpecError, load_job
 from playbooks.axolotl import CCE_PLUGIN, LIGER_PLUGIN, ConfigError, TrainConfigInput, render
 from providers import catalog
 

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import money, readonly, scheduler, sizing, throughput
-from orchestrator.architectures import lookup
-from orchestrator.planning import RegisteredServer, make_plan, server_offers, total_tokens
-from orchestrator.scheduler import Constraints, NoFit
-from orchestrator.sizing import GIB, Strategy, Workload
-from orchestrator.spec import load_job
-from orchestrator.throughput import Measured
+from orchestrator.core import money, scheduler, sizing, throughput
+from orchestrator.core.architectures import lookup
+from orchestrator.core.planning import RegisteredServer, make_plan, server_offers, total_tokens
+from orchestrator.core.scheduler import Constraints, NoFit
+from orchestrator.core.sizing import GIB, Strategy, Workload
+from orchestrator.core.spec import load_job
+from orchestrator.core.throughput import Measured
+from orchestrator.records import readonly
 from providers import catalog
 from providers.base import Billing, Offer
 

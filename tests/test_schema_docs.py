@@ -92,7 +92,7 @@ def history(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                               "--json").stdout)["job_id"]
     from decimal import Decimal
 
-    from orchestrator.store import open_store
+    from orchestrator.records.store import open_store
 
     store = open_store(url)
     try:

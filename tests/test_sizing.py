@@ -10,9 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator import sizing
-from orchestrator.architectures import ArchitectureError, from_config_json, known_models, lookup
-from orchestrator.sizing import GIB, Strategy, Workload, estimate
+from orchestrator.core import sizing
+from orchestrator.core.architectures import (
+    ArchitectureError,
+    from_config_json,
+    known_models,
+    lookup,
+)
+from orchestrator.core.sizing import GIB, Strategy, Workload, estimate
 
 
 def arch(repo: str):  # type: ignore[no-untyped-def]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.spec import DEFAULT_TRAINER_IMAGE, SpecError, load_job
+from orchestrator.core.spec import DEFAULT_TRAINER_IMAGE, SpecError, load_job
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -23,8 +23,8 @@ from sqlalchemy import event as sa_event
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlmodel import SQLModel, select
 
-from orchestrator import store as store_mod
-from orchestrator.store import (
+from orchestrator.records import store as store_mod
+from orchestrator.records.store import (
     SCHEMA_HEAD,
     AlreadyExists,
     Event,
@@ -205,7 +205,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
 
 def test_reopen_does_not_run_migrations_or_import_alembic(db_path: Path) -> None:
     code = (
-        "import sys; from orchestrator.store import open_store; "
+        "import sys; from orchestrator.records.store import open_store; "
         f"open_store({_url(db_path)!r}); print('alembic' in sys.modules)"
     )
     assert _run_python(code) == "True"  # fresh file: migrated
@@ -221,7 +221,8 @@ def test_reopen_does_not_run_migrations_or_import_alembic(db_path: Path) -> None
 
 def test_importing_the_store_stays_light() -> None:
     heavy = ["alembic", "fabric", "paramiko", "httpx", "rich", "typer"]
-    code = f"import sys, orchestrator.store; print([m for m in {heavy!r} if m in sys.modules])"
+    code = (f"import sys, orchestrator.records.store; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
     assert _run_python(code) == "[]"
 
 

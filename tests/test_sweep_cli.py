@@ -19,9 +19,9 @@ import pytest
 from conftest import BACKENDS, database_url
 from sqlmodel import col, select
 
-from orchestrator.store import Event, Job, Store, Sweep, open_store, utcnow
-from orchestrator.sweeps import load_sweep
-from orchestrator.sweepstore import (
+from orchestrator.records.store import Event, Job, Store, Sweep, open_store, utcnow
+from orchestrator.records.sweeps import load_sweep
+from orchestrator.records.sweepstore import (
     claim_next_gated,
     submit_sweep,
     sweep_gate,
@@ -137,7 +137,7 @@ def test_sweep_queues_each_run_once(env: dict[str, str], folder: Path, store: St
     assert json.loads(sweep.spec_json)["max_parallel"] == 2
     assert json.loads(sweep.spec_json)["objective"] == {"metric": "eval_loss", "goal": "min"}
     # The worker re-resolves the spec against the BASE job file.
-    from orchestrator.jobinputs import load_inputs
+    from orchestrator.engine.jobinputs import load_inputs
 
     for job in jobs:
         assert json.loads(job.placement_json or "{}")["job_file"] == str(
@@ -395,7 +395,7 @@ def test_sweep_show_errors(env: dict[str, str], folder: Path) -> None:
 def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
         folder: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race itself: both ticks looked before either inserted; the unique index decides."""
-    from orchestrator import sweepstore
+    from orchestrator.records import sweepstore
 
     path = sweep_file(folder)
     jobs = submit(store, path)
@@ -411,8 +411,8 @@ def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
 
 
 def _both(store: Store, env: dict[str, str], name: str) -> tuple[Any, Any]:
-    from orchestrator.history import open_reader
-    from orchestrator.sweepview import sweep_status as sqlite_status
+    from orchestrator.records.history import open_reader
+    from orchestrator.records.sweepview import sweep_status as sqlite_status
 
     reader = open_reader(env["ORCH_DB_URL"])
     assert reader is not None
@@ -439,9 +439,9 @@ def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
     assert by_sqlite["runs"][3]["waiting"] == "budget"
     assert by_sqlite["best"]["job_id"] == jobs[1].id and by_sqlite["best"]["metric"] == 0.4
 
-    from orchestrator.history import open_reader
-    from orchestrator.sweepstore import list_sweeps
-    from orchestrator.sweepview import list_sweeps as sqlite_list
+    from orchestrator.records.history import open_reader
+    from orchestrator.records.sweepstore import list_sweeps
+    from orchestrator.records.sweepview import list_sweeps as sqlite_list
 
     reader = open_reader(env["ORCH_DB_URL"])
     try:
@@ -453,8 +453,8 @@ def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
 
 def test_sqlite_status_objective_matches_pydantic(env: dict[str, str], folder: Path,
                                                   store: Store) -> None:
-    from orchestrator.sweeps import Objective
-    from orchestrator.sweepview import objective_of
+    from orchestrator.records.sweeps import Objective
+    from orchestrator.records.sweepview import objective_of
 
     for raw in ({"metric": "m"}, {"metric": "m", "goal": "min"}, {"metric": ""},
                 {"metric": "m", "goal": "up"}, {"metric": 1}, {"metric": "m", "x": 1},
@@ -467,8 +467,8 @@ def test_sqlite_status_objective_matches_pydantic(env: dict[str, str], folder: P
 
 
 def test_active_statuses_copy_matches_the_store() -> None:
-    from orchestrator.store import ACTIVE_STATUSES
-    from orchestrator.sweepview import ACTIVE_STATUSES as copy
+    from orchestrator.records.store import ACTIVE_STATUSES
+    from orchestrator.records.sweepview import ACTIVE_STATUSES as copy
 
     assert copy == ACTIVE_STATUSES
 
@@ -479,7 +479,7 @@ def test_sweep_show_and_sweeps_do_not_import_sqlalchemy(env: dict[str, str], fol
     code = textwrap.dedent(f"""
         import os, sys
         os.environ["ORCH_DB_URL"] = {env["ORCH_DB_URL"]!r}
-        from orchestrator.cli import app
+        from orchestrator.cli.app import app
         for args in (["sweep", "show", "qs"], ["sweep", "show", "qs", "--json"],
                      ["sweep-show", "qs"], ["sweeps"], ["sweeps", "--json"]):
             try:

@@ -1,4 +1,4 @@
-"""Pure pieces of the terminal output (orchestrator/render.py tables, term, trainlog)."""
+"""Pure pieces of the terminal output (orchestrator/cli/tables.py tables, term, trainlog)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator import term, trainlog
-from orchestrator.render import table
+from orchestrator.cli import term
+from orchestrator.cli.tables import table
+from orchestrator.engine import trainlog
 
 HEADERS = ["id", "name", "status", "placement", "est. cost", "created"]
 ROWS = [["j-3f9a0c1b2d4e", "llama31-8b-alpaca-qlora-long-name", "succeeded",

@@ -51,7 +51,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _commands() -> list[list[str]]:
-    from orchestrator.cli import app
+    from orchestrator.cli.app import app
 
     root = typer.main.get_command(app)
     found = [[]]

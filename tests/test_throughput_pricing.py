@@ -6,9 +6,9 @@ from decimal import Decimal
 
 import pytest
 
-from orchestrator import money, throughput
-from orchestrator.architectures import lookup
-from orchestrator.sizing import Strategy, Workload
+from orchestrator.core import money, throughput
+from orchestrator.core.architectures import lookup
+from orchestrator.core.sizing import Strategy, Workload
 from providers import catalog
 from providers.base import Billing, Offer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.watchdog import DEFAULT_DEADLINES_S, Watchdog, deadlines_from_env
+from orchestrator.engine.watchdog import DEFAULT_DEADLINES_S, Watchdog, deadlines_from_env
 
 
 class Clock:

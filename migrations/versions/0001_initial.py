@@ -5,7 +5,7 @@ Revises:
 Create Date: 2025-01-01
 
 Written by hand so it is deterministic; tests/test_store.py compares the migrated schema
-with the SQLModel tables in orchestrator/store.py and expects no difference. Plain
+with the SQLModel tables in orchestrator/records/store.py and expects no difference. Plain
 Alembic ops only, nothing SQLite-specific, so the same revision builds PostgreSQL.
 Times are 27-character UTC text (`YYYY-MM-DDTHH:MM:SS.ffffffZ`); money is BIGINT
 micro-dollars.

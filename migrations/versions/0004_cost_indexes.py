@@ -4,7 +4,7 @@ Revision ID: 0004
 Revises: 0003
 Create Date: 2026-12-02
 
-`orch cost` (orchestrator.history.cost_rollup) reads two things: the jobs per created day
+`orch cost` (orchestrator.records.history.cost_rollup) reads two things: the jobs per created day
 (count, cost, amortised rent) and every instance with the created day of its job. Measured
 with bench/history_scale.py on 100,000 jobs, both walked the job table (30 MiB there, far
 more with real spec_json): the first as a full scan, the second as one table look-up per

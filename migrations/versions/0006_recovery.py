@@ -8,7 +8,7 @@ Create Date: 2026-12-03
   were all unavailable (5xx, timeouts: an outage) is requeued with a backoff instead of
   failed, and idle workers sleep instead of claiming it again at once.
 - `job.outage_since`: when the current run of outages began for the job (NULL once it is
-  placed); the job fails only after `orchestrator.recovery.OUTAGE_LIMIT_S` of outage.
+  placed); the job fails only after `orchestrator.engine.recovery.OUTAGE_LIMIT_S` of outage.
 - `job.phase_done`: the last pipeline phase whose result is durable (training, merging,
   evaluating, releasing = artifacts copied back). A takeover resumes after it.
 - `uq_metric_job_name_step`: one row per (job, name, step); eval scores have no step, so the

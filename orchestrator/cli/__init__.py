@@ -1,0 +1,1 @@
+"""The `orch` commands: argument parsing and output only; the work is below."""

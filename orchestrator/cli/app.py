@@ -1,0 +1,198 @@
+"""The `orch` command line: parse, call one core function, render (aligned tables or --json).
+
+Heavy modules (the database layer, SSH, HTTP) are imported inside the commands that need
+them: `orch plan` must start in a small multiple of a bare `python -c pass`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli import history as cli_history
+from orchestrator.cli import jobs as cli_jobs
+from orchestrator.cli import models as cli_models
+from orchestrator.cli import plan as cli_plan
+from orchestrator.cli import render as cli_render
+from orchestrator.cli import report as cli_report
+from orchestrator.cli import servers as cli_servers
+from orchestrator.cli import sweeps as cli_sweeps
+from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
+
+app = typer.Typer(
+    name="orch",
+    help="Fine-tune LLMs on rented GPUs at the lowest cost that works.",
+    no_args_is_help=True,
+    # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"orch {version('orch')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_print_version, is_eager=True,
+        help="Print orch's version and exit.")] = False,
+) -> None:
+    """Fine-tune LLMs on rented GPUs at the lowest cost that works."""
+
+
+@app.command()
+def plan(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    json_out: JsonFlag = False,
+    all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
+) -> None:
+    """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    cli_plan.run(file, json_out, all_rows)
+
+
+def _job_dict(j: Any) -> dict[str, Any]:
+    from orchestrator.cli.term import iso_utc
+    from orchestrator.records.store import from_micros
+
+    return {
+        "id": j.id, "name": j.name, "status": j.status, "method": j.method,
+        "base_model": j.base_model, "provider": j.provider, "gpu": j.gpu,
+        "gpu_count": j.gpu_count, "interruptible": j.interruptible,
+        "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
+        "cost": str(from_micros(j.cost_micros or 0)),
+        "created_at": iso_utc(j.created_at),
+    }
+
+
+@app.command()
+def jobs(
+    json_out: JsonFlag = False,
+    status: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
+) -> None:
+    """List jobs, newest first."""
+    from orchestrator.records.store import InvalidValueError
+
+    if not 1 <= limit <= 100_000:
+        fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+    try:
+        found = open_db().list_jobs(limit=limit, status=status)
+    except InvalidValueError as exc:
+        fail(f"--status {status}: {exc}", EXIT_INVALID)
+    rows = [_job_dict(j) for j in found]
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
+        return
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import human_time
+
+    # On a narrow terminal: estimates, method and the creation time go first.
+    typer.echo(table(
+        ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
+         "created"],
+        [[r["id"], r["name"], r["status"], r["method"],
+          f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
+          money(r["est_cost"]), money(r["cost"]), human_time(j.created_at)]
+         for r, j in zip(rows, found, strict=True)],
+        right=[5, 6, 7], drop=[5, 6, 3, 8], states=[2]))
+
+
+@app.command()
+def reconcile(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be done; change "
+                                          "nothing.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Terminate instances tagged as orch's whose job is finished or unknown; requeue jobs
+    whose worker died; close stale instance rows."""
+    from orchestrator.engine.reconcile import reconcile as run_reconcile
+    from orchestrator.engine.recovery import idle_grace_s
+    from orchestrator.engine.wiring import configured_providers
+
+    store = open_db()
+    try:
+        grace = idle_grace_s()
+    except ValueError as exc:
+        fail(str(exc), 2)
+    providers, notes = configured_providers(store, quick=True)
+    report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
+                           scrub=cli_servers.scrubber())
+    if json_out:
+        print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
+                   "actions": [a.__dict__ for a in report.actions]})
+        return
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
+    acted = [a for a in report.actions if a.kind != "keep"]
+    if not acted:
+        kept = len(report.actions)
+        typer.echo(f"nothing to do ({kept} instance{'s' if kept != 1 else ''} in use; "
+                   f"checked {', '.join(sorted(providers))})")
+        return
+    from orchestrator.cli.tables import table
+
+    verb = {"terminate": "would terminate" if dry_run else "terminated",
+            "mark-terminated": "would close" if dry_run else "closed",
+            "requeue": "would requeue" if dry_run else "requeued", "error": "error",
+            "scrub-secrets": "would scrub" if dry_run else "scrubbed"}
+    typer.echo(table(["action", "provider", "instance", "job", "why"],
+                     [[verb.get(a.kind, a.kind), a.provider, a.instance_id or "-",
+                       a.job_id or "-", a.reason] for a in acted]))
+    if any(a.kind == "error" for a in acted):
+        raise typer.Exit(1)
+
+
+def _register() -> None:
+    cli_jobs.register(app)
+    cli_history.register(app)
+    cli_sweeps.register(app)
+    cli_report.register(app)
+    cli_models.register(app)
+    cli_servers.register(app)
+    cli_render.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    import logging
+
+    # paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness
+    # probe expects) at ERROR; the engine reports what matters as job events.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    from orchestrator.cli.helpstyle import gh_style
+
+    try:
+        gh_style(typer.main.get_command(app))(prog_name="orch")
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a defect: one line for the user, the traceback on request
+        import os
+
+        if os.environ.get("ORCH_DEBUG"):
+            raise
+        typer.echo(f"error: internal error ({type(exc).__name__}: {exc}); please report it "
+                   "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",
+                   err=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

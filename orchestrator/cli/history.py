@@ -1,0 +1,297 @@
+"""`orch history`, `orch cost`, `orch sql` and `orch advise`: reading the history.
+
+Registered on the main Typer app by `register(app)`. On SQLite these commands never import
+SQLModel/SQLAlchemy (orchestrator.records.history reads with the standard library), so they start
+about as fast as `orch --help`; heavier modules are imported inside the commands.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from orchestrator.cli.common import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    fail,
+    history_reader,
+    one_format,
+    print_csv,
+    print_json,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.records.history import CostRow, HistoryRow, Reader
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+CsvFlag = Annotated[bool, typer.Option("--csv", help="Print CSV (header row first).")]
+SinceOpt = Annotated[str | None, typer.Option(
+    help="Jobs created at or after: ISO date/time (UTC) like 2026-11-01, or a span like 30d, "
+         "12h, 2w.")]
+UntilOpt = Annotated[str | None, typer.Option(
+    help="Jobs created before: ISO date/time (UTC) or a span back from now.")]
+
+
+def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
+    from orchestrator.records.history import HistoryError, parse_when
+
+    if value is None:
+        return None
+    try:
+        return parse_when(value, flag, now)
+    except HistoryError as exc:
+        fail(str(exc), EXIT_INVALID)
+
+
+def _money(micros: int | None) -> str:
+    from orchestrator.core.money import usd
+    from orchestrator.records.history import dollars
+
+    return "-" if micros is None else usd(dollars(micros))
+
+
+def _duration(seconds: int | None) -> str:
+    """`45s`, `12m`, `3h 05m`, `2d 04h`: enough precision to compare runs by eye."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
+def _spot(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def _history_cmd(
+    status: Annotated[list[str] | None, typer.Option(
+        help="Only jobs in this state (repeat for several).")] = None,
+    method: Annotated[list[str] | None, typer.Option(
+        help="Only this training method: qlora, lora, full (repeatable).")] = None,
+    model: Annotated[list[str] | None, typer.Option(
+        help="Only this base model: the repo id or its name after the org (repeatable).")
+    ] = None,
+    provider: Annotated[list[str] | None, typer.Option(help="Only this provider (repeatable).")
+                        ] = None,
+    gpu: Annotated[list[str] | None, typer.Option(
+        help="Only this GPU; H100 matches both H100 variants (repeatable).")] = None,
+    sweep: Annotated[str | None, typer.Option(help="Only jobs of this sweep (name or id).")
+                     ] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    sort: Annotated[str, typer.Option(help="Sort by created, cost, duration or status.")
+                    ] = "created",
+    desc: Annotated[bool, typer.Option("--desc/--asc", help="Largest/newest first, or not.")
+                    ] = True,
+    limit: Annotated[int, typer.Option(help="At most this many jobs (0 = all).")] = 50,
+    json_out: JsonFlag = False,
+    csv_out: CsvFlag = False,
+) -> None:
+    """List past and current jobs, filtered and sorted."""
+    from orchestrator.records.history import Filters, history
+
+    one_format(json_out, csv_out)
+    now = datetime.now(UTC)
+    filters = Filters(
+        statuses=tuple(status or ()), methods=tuple(method or ()), models=tuple(model or ()),
+        providers=tuple(provider or ()), gpus=tuple(gpu or ()), sweep=sweep,
+        since=_when(since, "--since", now), until=_when(until, "--until", now))
+    with history_reader() as reader:
+        rows = history(reader, filters, sort=sort.lower(), descending=desc,
+                       limit=limit or None, now=now)
+    _render_history(rows, json_out, csv_out)
+
+
+def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> None:
+    if json_out:
+        print_json([r.to_dict() for r in rows])
+        return
+    if csv_out:
+        dicts = [r.to_dict() for r in rows]
+        headers = ["id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
+                   "spot", "cost", "amortised", "duration_s", "created_at", "started_at",
+                   "finished_at"]
+        print_csv(headers, [[d[h] for h in headers] for d in dicts])
+        return
+    if not rows:
+        typer.echo("no jobs match; widen the filters (e.g. drop --since) or see `orch jobs`")
+        return
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import human_time
+
+    typer.echo(table(
+        ["id", "name", "status", "method", "model", "provider", "GPU", "spot", "cost",
+         "duration", "created"],
+        [[r.id, r.name, r.status, r.method, r.model, r.provider or "-",
+          f"{r.gpu} x{r.gpu_count}" if r.gpu else "-", _spot(r.spot), _money(r.cost_micros),
+          _duration(r.duration_s), human_time(r.created_at)] for r in rows],
+        right=[8, 9], drop=[7, 3, 5, 9, 10, 4], states=[2]))
+
+
+def _cost_cmd(
+    by: Annotated[list[str] | None, typer.Option(
+        help="Group by day, week (ISO) or month, and/or provider, gpu, sweep or method; "
+             "repeat to combine one of each, e.g. --by month --by provider.")] = None,
+    since: SinceOpt = None,
+    until: UntilOpt = None,
+    json_out: JsonFlag = False,
+    csv_out: CsvFlag = False,
+) -> None:
+    """Spending rollups: jobs, GPU-hours, cost, amortised rent and spot savings."""
+    from orchestrator.records.history import cost_rollup, split_by, to_text, total
+
+    one_format(json_out, csv_out)
+    now = datetime.now(UTC)
+    start, end = _when(since, "--since", now), _when(until, "--until", now)
+    with history_reader() as reader:
+        when, dim = split_by(by or ["month"])
+        rows = cost_rollup(reader, when=when, dim=dim, since=start, until=end, now=now)
+    t = total(rows)
+    unpriced = sorted(t.unpriced_gpus)
+    if json_out:
+        print_json({"by": [b for b in (when, dim) if b],
+                   "since": None if start is None else to_text(start),
+                   "until": None if end is None else to_text(end),
+                   "rows": [r.to_dict() for r in rows], "total": t.to_dict(),
+                   "notes": _cost_notes(unpriced)})
+        return
+    headers = [*(b for b in (when, dim) if b), "jobs", "gpu_hours", "cost", "amortised",
+               "spot_savings"]
+
+    def cells(r: CostRow, money: Any) -> list[object]:
+        first = [r.bucket] if when else []
+        return [*first, *([r.key if r.key is not None else "-"] if dim else []), r.jobs,
+                r.gpu_hours, money(r.cost_micros), money(r.amortised_micros),
+                money(r.savings_micros)]
+
+    if csv_out:
+        def exact(m: int | None) -> object:
+            from orchestrator.records.history import dollars
+
+            return None if m is None else dollars(m)
+
+        print_csv(headers, [cells(r, exact) for r in rows])
+        return
+    if not rows:
+        typer.echo("no jobs in that range; widen --since/--until or see `orch history`")
+        return
+    from orchestrator.cli.tables import table
+
+    shown = [cells(r, _money) for r in rows]
+    last = cells(t, _money)
+    if not when:
+        last[0] = "total"
+    elif dim:
+        last[1] = ""
+    shown.append(last)
+    n = len(headers)
+    typer.echo(table(["GPU-h" if h == "gpu_hours" else h.replace("_", " ") for h in headers],
+                     shown, right=list(range(n - 5, n))))
+    typer.echo("  cost = billed (metered and volume); amortised = share of monthly rents "
+               "already paid, not in cost; spot savings = spot GPU-hours at the on-demand "
+               "catalog price minus what was charged")
+    for note in _cost_notes(unpriced):
+        typer.echo(f"  note: {note}")
+
+
+def _cost_notes(unpriced: list[str]) -> list[str]:
+    if not unpriced:
+        return []
+    return [f"no on-demand catalog price for {', '.join(unpriced)}: their spot hours have "
+            "no savings figure (left out of spot savings)"]
+
+
+def _sql_cmd(
+    query: Annotated[str, typer.Argument(help='One read-only query, e.g. "SELECT count(*) '
+                                              'FROM job".')],
+    json_out: JsonFlag = False,
+    csv_out: CsvFlag = False,
+) -> None:
+    """Run one read-only SQL query on the history (writes are refused)."""
+    from orchestrator.core.paths import default_db_url
+    from orchestrator.records.history import HistoryError, run_sql
+
+    one_format(json_out, csv_out)
+    from orchestrator.cli.exits import exit_code
+
+    try:
+        result = run_sql(default_db_url(), query)
+    except HistoryError as exc:  # a refused or wrong query is invalid input (exit 2)
+        fail(str(exc), exit_code(exc))
+
+    def plain(v: object) -> object:
+        return v.hex() if isinstance(v, bytes) else v
+
+    if json_out:
+        print_json({"columns": list(result.columns),
+                   "rows": [[plain(v) for v in row] for row in result.rows]})
+        return
+    if csv_out:
+        print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])
+        return
+    from orchestrator.cli.tables import table
+
+    numeric = [i for i in range(len(result.columns))
+               if result.rows and all(isinstance(r[i], (int, float)) or r[i] is None
+                                      for r in result.rows)]
+    typer.echo(table(result.columns, [["NULL" if v is None else plain(v) for v in row]
+                                      for row in result.rows], right=numeric))
+    n = len(result.rows)
+    typer.echo(f"({n} row{'s' if n != 1 else ''})", err=True)
+
+
+def _advise_cmd(
+    days: Annotated[int, typer.Option(help="Look back this many days.")] = 30,
+    json_out: JsonFlag = False,
+) -> None:
+    """Would monthly servers have been cheaper? Which rented servers sit idle?"""
+    from orchestrator.cli.advise import render_lines
+
+    if not 1 <= days <= 3650:
+        fail(f"--days {days}: give 1..3650", EXIT_INVALID)
+    with history_reader(EXIT_ERROR) as reader:
+        advice = advise_from_history(reader, days, datetime.now(UTC))
+    if json_out:
+        print_json(advice.to_dict())
+        return
+    typer.echo("\n".join(render_lines(advice)))
+
+
+def advise_from_history(reader: Reader | None, days: int, now: datetime) -> Any:
+    """Load the window's usage and prices at the edge, then call the pure advise()."""
+    from orchestrator.cli import advise as adv
+    from orchestrator.records.history import metered_usage, server_usage
+
+    since = now - timedelta(days=days)
+    metered = metered_usage(reader, since, now) if reader else []
+    servers = server_usage(reader, since, now) if reader else []
+    # Instances may carry a provider's spelling (`H100-SXM`): merge by the catalog's name.
+    merged: dict[str, tuple[int, int]] = {}
+    for gpu, secs, micros in metered:
+        name = adv.canonical_gpu(gpu)
+        s0, m0 = merged.get(name, (0, 0))
+        merged[name] = (s0 + secs, m0 + micros)
+    return adv.advise(
+        [adv.MeteredUsage(gpu, adv.hours(secs), adv.dollars(micros))
+         for gpu, (secs, micros) in merged.items()],
+        [adv.ServerUsage(name, gpu, count, adv.dollars(monthly), adv.hours(used),
+                         adv.hours(available))
+         for name, gpu, count, monthly, used, available in servers],
+        adv.catalog_monthly(), adv.catalog_hourly(), days)
+
+
+def register(app: typer.Typer) -> None:
+    """Add history, cost, sql and advise to `app`."""
+    app.command("history")(_history_cmd)
+    app.command("cost")(_cost_cmd)
+    app.command("sql")(_sql_cmd)
+    app.command("advise")(_advise_cmd)

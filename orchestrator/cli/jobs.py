@@ -1,0 +1,502 @@
+"""`orch submit`, `orch worker`, `orch show`, `orch logs`, `orch cancel`: the engine's commands.
+
+Each command is a top-level function, added to the Typer app by `register(app)`; heavy
+modules (database, SSH, HTTP) are imported inside each command.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from orchestrator.cli.common import (
+    EXIT_CANCELLED,
+    EXIT_FAILED,
+    EXIT_NO_FIT,
+    EXIT_NOT_FOUND,
+    JsonFlag,
+    fail,
+    load,
+    money,
+    open_db,
+    print_json,
+    require_runners,
+)
+from orchestrator.cli.jobview import (
+    Display,
+    event_line,
+    iso,
+    job_summary,
+    loss_curve,
+    print_summary,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.engine.runner import Options
+    from orchestrator.records.store import Job, Store
+
+
+def _env_float(name: str, default: float) -> float:
+    """A positive number of seconds from the environment; a bad value exits 2 naming it."""
+    from playbooks.ssh.env import EnvNumberError, env_float
+
+    try:
+        return env_float(name, default)
+    except EnvNumberError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def engine_options(quick: bool = False) -> Options:
+    """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
+    from orchestrator.engine.runner import Options
+    from orchestrator.engine.watchdog import deadlines_from_env
+
+    base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
+    try:
+        stall_s = deadlines_from_env()  # ORCH_STALL_<PHASE>_S
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    return Options(stall_s=stall_s, poll_s=_env_float("ORCH_POLL_S", base.poll_s),
+                   watch_s=_env_float("ORCH_WATCH_S", base.watch_s),
+                   lease_s=_env_float("ORCH_LEASE_S", base.lease_s),
+                   boot_deadline_s=_env_float("ORCH_BOOT_DEADLINE_S", base.boot_deadline_s),
+                   connect_deadline_s=base.connect_deadline_s,
+                   max_placements=base.max_placements, max_attempts=base.max_attempts)
+
+
+def _sim_only(job: Job) -> bool:
+    spec = json.loads(job.spec_json)
+    named = (spec.get("resources") or {}).get("providers") or []
+    return bool(named) and set(named) == {"sim"}
+
+
+def _on_sigterm(_signum: int, _frame: Any) -> None:
+    from orchestrator.engine.runner import Terminated
+
+    # Second signal while tearing down: ignore it, teardown must finish.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated()
+
+
+def _providers(store: Store) -> tuple[dict[str, Any], list[str]]:
+    from orchestrator.engine.wiring import configured_providers
+
+    try:
+        return configured_providers(store, sim=True)
+    except ValueError as exc:  # a malformed ORCH_SIM_* variable
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _exit_code(job: Job) -> int:
+    return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(job.status, EXIT_FAILED)
+
+
+JobIdArg = Annotated[str, typer.Argument(help="The job id (j-...).")]
+
+
+def submit(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Queue it for `orch "
+                                         "worker` and return at once.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and record the job as "
+                                          "'planned'; start nothing.")] = False,
+    json_out: JsonFlag = False,
+) -> None:
+    """Plan a job and run it in the foreground with live progress (or --detach)."""
+    from orchestrator.core.scheduler import NoFit
+    from orchestrator.engine.submission import record_job
+
+    loaded = load(file)
+    store = open_db()
+    status = "planned" if dry_run else "queued"
+    # Checked before anything is recorded, in every mode: a job nothing here can run is
+    # neither queued for a worker to fail nor planned as if it could run.
+    require_runners(store, file, [loaded.spec.resources.providers])
+    if not (dry_run or detach):
+        providers, notes = _providers(store)
+    try:
+        row, plan = record_job(store, loaded, status=status,
+                               message="dry run: nothing started" if dry_run else None)
+    except NoFit as exc:
+        fail(f"{file}: {exc}", EXIT_NO_FIT)
+    p = plan.chosen
+    placement = plan.to_dict(alternatives=10_000)
+    head = (f"{row.id}  {status}  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"
+            f"  est. {p.est_hours:.2f} h  {money(p.est_cost)}")
+    if dry_run or detach:
+        if json_out:
+            print_json({"job_id": row.id, "status": row.status, **placement})
+        else:
+            tail = ("(dry run: nothing started)" if dry_run
+                    else "(queued: `orch worker` runs it; follow with `orch logs "
+                    f"{row.id} -f`)")
+            typer.echo(f"{head}  {tail}")
+        return
+    if not json_out:
+        typer.echo(head)
+    _run_here(store, row, providers, notes, json_out)
+
+
+def _run_here(store: Store, row: Job, providers: dict[str, Any], notes: list[str],
+              json_out: bool) -> NoReturn:
+    """Run the just-recorded job in this process (`orch submit` without --detach) and exit
+    with its outcome; Ctrl-C or SIGTERM tear its instances down first."""
+    from orchestrator.engine.runner import JobRunner, owner_id
+
+    owner = owner_id("submit")
+    opts = engine_options(quick=_sim_only(row))
+    if store.claim_job(row.id, owner, opts.lease_s) is None:
+        fail(f"{row.id} was taken by a worker; follow it with `orch logs {row.id} -f`")
+    for note in notes:
+        store.add_event(row.id, "providers.note", note)
+    display = Display()
+    runner = JobRunner(store, providers, owner, opts,
+                       on_progress=None if json_out else display, on_signal="cancel")
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        job = runner.run(row.id)
+    except KeyboardInterrupt:
+        display.close()
+        job = store.get_job(row.id)
+        typer.echo(f"interrupted: {row.id} {job.status}; its instances were torn down",
+                   err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+    except BaseException as exc:
+        from orchestrator.engine.runner import Terminated
+
+        if isinstance(exc, Terminated):
+            display.close()
+            typer.echo(f"terminated: {row.id} {store.get_job(row.id).status}; its "
+                       "instances were torn down", err=True)
+            raise typer.Exit(143) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    display.close()
+    summary = job_summary(store, job)
+    if json_out:
+        print_json(summary)
+    else:
+        print_summary(summary)
+    raise typer.Exit(_exit_code(job))
+
+
+def worker(
+    once: Annotated[bool, typer.Option("--once", help="Run queued jobs until the queue "
+                                       "is empty, then exit.")] = False,
+    max_jobs: Annotated[int, typer.Option(help="Exit after this many jobs (0 = no "
+                                          "limit).")] = 0,
+    poll: Annotated[float, typer.Option(help="Seconds between queue checks.")] = 2.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors.")] = False,
+) -> None:
+    """Run queued jobs, one at a time, until stopped (several workers may run at once).
+
+    Each job is claimed with a lease the worker renews; a worker that dies loses its
+    lease and the job is resumed by another worker (or after `orch reconcile`).
+    SIGTERM/Ctrl-C: the current job's instances are torn down and it is requeued.
+    A job requeued because its providers were unavailable waits out its backoff
+    (`not_before`); --once does not wait for it.
+    """
+    from orchestrator.engine.runner import owner_id
+
+    if not 0 < poll < 86_400:  # also refuses nan, which time.sleep would raise on
+        fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
+    store = open_db()
+    owner = owner_id("worker")
+    providers, notes = _providers(store)
+    if not quiet:
+        typer.echo(f"worker {owner}: providers {', '.join(sorted(providers))}", err=True)
+        for note in notes:
+            typer.echo(f"note: {note}", err=True)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet)
+    except KeyboardInterrupt:
+        typer.echo("worker stopped (Ctrl-C); the current job was requeued", err=True)
+        raise typer.Exit(EXIT_CANCELLED) from None
+    except BaseException as exc:
+        from orchestrator.engine.runner import Terminated
+
+        if isinstance(exc, Terminated):
+            typer.echo("worker stopped (SIGTERM); the current job was requeued", err=True)
+            raise typer.Exit(143) from None
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
+          poll: float, quiet: bool) -> None:
+    """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
+    from orchestrator.engine.runner import JobRunner
+
+    done = 0
+    while True:
+        for stale in store.expired_leases():
+            store.requeue(stale.id, f"worker {stale.lease_owner} lost its lease while "
+                          f"the job was {stale.status}; {owner} resumes it")
+        quick_job = _next_is_sim(store)
+        opts = engine_options(quick=quick_job)
+        job = store.claim_next(owner, opts.lease_s)
+        if job is None:
+            if once:
+                break
+            time.sleep(poll)
+            continue
+        if not quiet:
+            typer.echo(f"{job.id} {job.name}: started", err=True)
+        finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
+                             on_signal="requeue").run(job.id)
+        if not quiet:
+            typer.echo(f"{finished.id} {finished.name}: {finished.status}"
+                       + (f" ({finished.failure_reason.splitlines()[0]})"
+                          if finished.failure_reason else ""), err=True)
+        done += 1
+        if max_jobs and done >= max_jobs:
+            break
+
+
+def _get_job(store: Store, job_id: str) -> Job:
+    """The job, or exit 4 with the store's message."""
+    from orchestrator.records.store import NotFoundError
+
+    try:
+        return store.get_job(job_id)
+    except NotFoundError as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+
+
+def show(
+    job_id: JobIdArg,
+    json_out: JsonFlag = False,
+    events: Annotated[int, typer.Option(help="How many of the newest events.")] = 25,
+) -> None:
+    """A job's state, attempts, instances, costs, metrics, events and ranked placements."""
+    from orchestrator.engine.runner import instance_cost
+    from orchestrator.records.store import utcnow
+
+    store = open_db()
+    job = _get_job(store, job_id)
+    summary = job_summary(store, job)
+    now = utcnow()
+    instances = []
+    rows = store.instances_of(job.id)
+    for r in rows:
+        charged, amortised = instance_cost(r, now)
+        instances.append({
+            "provider": r.provider, "instance_id": r.provider_instance_id, "gpu": r.gpu,
+            "gpu_count": r.gpu_count, "interruptible": r.interruptible,
+            "price_per_hour": str(r.price_per_hour_micros / 1_000_000),
+            "attempt": r.attempt, "state": r.state, "end_reason": r.end_reason,
+            "created_at": iso(r.created_at), "terminated_at": iso(r.terminated_at),
+            "cost": str(charged), "amortised": str(amortised)})
+    placement = json.loads(job.placement_json or "{}")
+    ranked = [placement.get("placement"), *placement.get("alternatives", [])]
+    ranked = [p for p in ranked if p]
+    evs = store.events(job.id)
+    if json_out:
+        print_json({**summary, "instances": instances, "placements": ranked,
+                   "events": [{"at": iso(e.at), "kind": e.kind,
+                                "message": e.message} for e in evs],
+                   "metrics_all": [{"name": m.name, "value": m.value, "step": m.step}
+                                    for m in store.metrics(job.id)]})
+        return
+    print_summary(summary)
+    _print_details(store, job, instances, rows, ranked)
+    _print_events(job, evs, events)
+
+
+def _print_details(store: Store, job: Job, instances: list[dict[str, Any]], rows: list[Any],
+                   ranked: list[dict[str, Any]]) -> None:
+    """`orch show`'s loss curve, instances and ranked placements."""
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import human_time, width
+    from orchestrator.core.money import usd
+
+    curve = loss_curve(store.metrics(job.id), width() - 2)
+    if curve:
+        typer.echo(curve)
+    if instances:
+        typer.echo("\nInstances:")
+        typer.echo(table(["#", "provider", "instance", "GPU", "spot", "$/h", "created",
+                          "ended", "why", "cost"],
+                         [[i["attempt"], i["provider"], i["instance_id"] or "-",
+                           f"{i['gpu']} x{i['gpu_count']}",
+                           "yes" if i["interruptible"] else "no",
+                           usd(i["price_per_hour"]), human_time(r.created_at),
+                           human_time(r.terminated_at) if r.terminated_at else "running",
+                           i["end_reason"] or "-", usd(i["cost"])]
+                          for i, r in zip(instances, rows, strict=True)],
+                         right=[5, 9], drop=[2, 4, 5, 7, 8, 6]))
+    if ranked:
+        typer.echo("\nPlacements ranked at submit (cheapest first):")
+        typer.echo(table(["#", "provider", "GPU", "n", "spot", "est. h", "est. cost"],
+                         [[n, p["provider"], p["gpu"], p["gpu_count"],
+                           "yes" if p["interruptible"] else "no", f"{p['est_hours']:.2f}",
+                           usd(p["est_cost"])] for n, p in enumerate(ranked[:8], 1)],
+                         right=[0, 3, 5, 6], drop=[5, 4]))
+        if len(ranked) > 8:
+            typer.echo(f"  ... {len(ranked) - 8} more (--json)")
+
+
+def _print_events(job: Job, evs: list[Any], events: int) -> None:
+    """`orch show`'s newest `events` events."""
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import human_time, prose
+
+    typer.echo("\n" + prose(f"Events (newest {min(events, len(evs))} of {len(evs)}; "
+                            f"all with `orch logs {job.id}`):"))
+    typer.echo(table(["at", "kind", "message"],
+                     [[human_time(e.at), e.kind, event_line(e)] for e in evs[-events:]],
+                     drop=[1]))
+
+
+def logs(
+    job_id: JobIdArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines "
+                                         "until the job finishes.")] = False,
+    train: Annotated[bool, typer.Option("--train", help="The trainer's own output "
+                                        "(kept after the instance is gone) instead of "
+                                        "orch's events.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per line.")]
+    = False,
+) -> None:
+    """A job's events, oldest first (`-f` follows a running job; `--train` the trainer)."""
+    from orchestrator.records.store import FINAL_STATUSES
+
+    store = open_db()
+    _get_job(store, job_id)
+    if train:
+        _train_logs(store, job_id, follow, json_out)
+        return
+    last = 0
+    while True:
+        for e in store.events_after(job_id, last):
+            last = e.id or last
+            _print_event(e, json_out)
+        if not follow or store.get_job(job_id).status in FINAL_STATUSES:
+            # One more read: events written with the final state.
+            if follow:
+                for e in store.events_after(job_id, last):
+                    _print_event(e, json_out)
+            return
+        time.sleep(0.5)
+
+
+def _print_event(e: Any, json_out: bool) -> None:
+    """One line of `orch logs`: a JSON object, or time, kind and message."""
+    from orchestrator.cli.term import human_time
+
+    if json_out:
+        typer.echo(json.dumps({"id": e.id, "at": iso(e.at), "kind": e.kind,
+                               "message": e.message,
+                               "data": json.loads(e.data_json or "null")}))
+    else:
+        typer.echo(f"{human_time(e.at)}  {e.kind:<20} {event_line(e)}")
+
+
+def cancel(
+    job_id: JobIdArg,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the teardown.")] = 120.0,
+    json_out: JsonFlag = False,
+) -> None:
+    """Stop a job: its worker terminates the instance and marks it cancelled."""
+    from orchestrator.records.store import FINAL_STATUSES, NotFoundError
+
+    store = open_db()
+    try:
+        before = store.get_job(job_id).status
+        job = store.request_cancel(job_id)
+    except NotFoundError as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    if before in FINAL_STATUSES:
+        if json_out:
+            print_json({"job_id": job_id, "status": before, "instances_left": []})
+        else:
+            typer.echo(f"{job_id}: already {before}; nothing to cancel")
+        return
+    deadline = time.monotonic() + max(0.0, wait)
+    while job.status not in FINAL_STATUSES:
+        if _orphaned(job):
+            _cancel_orphan(store, job)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+        job = store.get_job(job_id)
+    left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
+    if left and job.status == "cancelled" and _orphaned(job):
+        # A requeued job no worker has adopted yet still holds its instance: nobody
+        # else will tear it down.
+        from orchestrator.engine.recovery import teardown_open
+
+        teardown_open(store, _providers(store)[0], job_id, "cancelled")
+        left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
+    if json_out:
+        print_json({"job_id": job_id, "status": job.status,
+                   "instances_left": [r.provider_instance_id for r in left]})
+    else:
+        typer.echo(f"{job_id}: {job.status}" + (
+            f"; {len(left)} instance(s) not yet terminated, run `orch reconcile`"
+            if left else ""))
+    if job.status != "cancelled" and job.status not in FINAL_STATUSES:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the engine's commands to `app`."""
+    for command in (submit, worker, show, logs, cancel):
+        app.command()(command)
+
+
+def _train_logs(store: Store, job_id: str, follow: bool, json_out: bool) -> None:
+    """Print the kept training output; with `follow`, new lines until the job ends."""
+    from orchestrator.engine import trainlog
+    from orchestrator.records.store import FINAL_STATUSES
+
+    shown: list[str] = []
+
+    def emit() -> None:
+        lines = trainlog.read(job_id) or []
+        for line in trainlog.merge(shown, lines):
+            typer.echo(json.dumps({"job_id": job_id, "line": line}) if json_out else line)
+        shown[:] = lines
+
+    emit()
+    if not follow:
+        if trainlog.read(job_id) is None:
+            status = store.get_job(job_id).status
+            typer.echo(f"{job_id} ({status}): no training output recorded here; it is kept by "
+                       "the orch process that ran the job (`orch submit` or `orch worker`), "
+                       f"under {trainlog.log_path(job_id).parent}", err=True)
+        return
+    while store.get_job(job_id).status not in FINAL_STATUSES:
+        time.sleep(0.5)
+        emit()
+    emit()
+
+
+def _next_is_sim(store: Store) -> bool:
+    queued = store.list_jobs(limit=1, status="queued")
+    return bool(queued) and _sim_only(queued[0])
+
+
+def _orphaned(job: Job) -> bool:
+    from orchestrator.records.store import utcnow
+
+    return job.lease_expires_at is None or job.lease_expires_at < utcnow()
+
+
+def _cancel_orphan(store: Store, job: Job) -> None:
+    """No live worker holds the job: terminate its instances here and mark it cancelled."""
+    from orchestrator.engine.recovery import teardown_open
+
+    teardown_open(store, _providers(store)[0], job.id, "cancelled")
+    store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

@@ -1,0 +1,188 @@
+"""`orch plan`: load a job file, plan it, print the plan; without typer.
+
+`orch plan` must start in a small multiple of a bare `python -c pass` (bench/startup.py).
+typer (and, through it, its click copy and its parameter adapters) and the other commands'
+modules cost more than planning itself, so `orchestrator.cli.entry` runs a plain
+`orch plan FILE [--json] [--all]` through `run` here directly; everything else, `--help`
+included, goes through the typer app in orchestrator.cli.app, whose `plan` command calls `run`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from orchestrator.core.planning import Plan
+    from orchestrator.core.spec import LoadedJob
+
+# Exit codes scripts can rely on.
+EXIT_INVALID = 2  # a job file or argument is wrong
+EXIT_NO_FIT = 3  # nothing can run the job under its constraints
+
+GIB = 1024**3
+
+
+def _err(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def problems_exit(path: Path, problems: list[str]) -> NoReturn:
+    """Print a job or sweep file's problems, one per line, and exit EXIT_INVALID."""
+    for problem in problems:
+        _err(problem)
+    n = len(problems)
+    _err(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done")
+    raise SystemExit(EXIT_INVALID)
+
+
+def load(path: Path) -> LoadedJob:
+    from orchestrator.core.spec import SpecError, load_job
+
+    try:
+        return load_job(path)
+    except SpecError as exc:
+        problems_exit(path, exc.problems)
+
+
+def plan_job(job: LoadedJob, servers: list[Any]) -> Plan:
+    from orchestrator.core.planning import make_plan
+    from orchestrator.core.scheduler import NoFit
+    from orchestrator.records.readonly import measured_throughput
+
+    try:
+        return make_plan(job, servers, without_db(measured_throughput, {}))
+    except NoFit as exc:
+        _err(f"error: {job.path}: {exc}")
+        raise SystemExit(EXIT_NO_FIT) from None
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def money(value: Any) -> str:
+    from orchestrator.core.money import usd
+
+    return usd(value)
+
+
+def render_plan(plan: Plan, limit: int) -> None:
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import prose
+
+    job, w, est = plan.job, plan.workload, plan.estimate
+    spec = job.spec
+    epochs = spec.training.epochs
+    out = [prose(f"{spec.name}: {spec.base_model.repo} ({w.arch.params / 1e9:.2f}B params), "
+                 f"{spec.method}, {job.dataset.tokens:,} tokens x {epochs:g} epoch"
+                 f"{'s' if epochs != 1 else ''} ({job.dataset.source})"), ""]
+    o = plan.chosen.offer
+    out.append(f"GPU memory per GPU on {o.gpu} x{o.gpu_count} ({est.strategy.value}):")
+    rows: list[list[object]] = [[name, _gib(v)] for name, v in est.components.items()]
+    rows.append(["peak", _gib(est.peak_bytes)])
+    rows.append([f"required (+{est.headroom:.0%} headroom)", _gib(est.required_bytes)])
+    if est.host_ram_bytes:
+        rows.append(["host RAM (offloaded state)", _gib(est.host_ram_required)])
+    out.append(table(["component", "bytes"], rows, right=[1]))
+    out += [prose(f"  note: {note}", "        ") for note in est.notes]
+    if est.savers:
+        out.append(prose(f"  memory savers on: {', '.join(est.savers)}", "    "))
+    from orchestrator.core.planning import saver_lines
+
+    out += [prose(f"  chosen by auto: {line}", "    ") for line in saver_lines(plan)]
+
+    n = len(plan.ranking.placements)
+    out += ["", f"Placements that fit ({n}), cheapest first:"]
+    rows = []
+    for i, p in enumerate(plan.ranking.placements[:limit], 1):
+        po = p.offer
+        rate = f"${po.price_per_hour:,.3f}" if po.price_per_hour is not None else (
+            f"{money(po.monthly_price)}/mo" if po.monthly_price is not None else "-")
+        cost = money(p.est_cost)
+        if p.amortised_cost is not None:
+            cost += f" (+{money(p.amortised_cost)} of rent)"
+        billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
+                                                                          po.billing.value)
+        rows.append([i, po.provider, po.gpu, po.gpu_count, billing,
+                     "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
+                     f"{p.est_hours:.2f}", cost])
+    out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
+                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0,
+                     drop=[4, 7, 8, 5]))
+    if n > limit:
+        out.append(f"  ... {n - limit} more (--all or --json)")
+    from orchestrator.engine.runnable import CLOUDS
+
+    # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
+    chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
+              else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
+    out += ["", prose(f"Chosen: {chosen}: {plan.to_dict(0)['why']}"),
+            prose(f"Throughput: {plan.chosen.duration.source}")]
+    if plan.ranking.rejected:
+        out.append(prose("Left out: " + "; ".join(f"{k} {r}" for r, k in
+                                                 sorted(plan.ranking.rejected.items()))))
+    if plan.unpriced:
+        names = ", ".join(f"{u.provider} {u.name}" for u in plan.unpriced)
+        out.append(prose(f"Not planned, price not published: {names} "
+                         "(register one you rent with `orch servers add`)"))
+    print("\n".join(out))
+
+
+def servers_for_plan() -> list[Any]:
+    from orchestrator.records.readonly import registered_servers
+
+    return list(without_db(registered_servers, []))
+
+
+def without_db(read: Any, empty: Any) -> Any:
+    """`read(db_url)`, or `empty` with a note when the database cannot be read: planning
+    needs no database (it only adds registered servers and measured throughput)."""
+    from orchestrator.core.paths import default_db_url
+    from orchestrator.records.readonly import Unavailable
+
+    try:
+        return read(default_db_url())
+    except Unavailable as exc:
+        if str(exc) not in _NOTED:  # servers and throughput fail alike: say it once
+            _NOTED.add(str(exc))
+            _err(f"note: {exc}; planning without registered servers and measured throughput")
+        return empty
+
+
+_NOTED: set[str] = set()
+
+
+def runs_on(plan: Plan, who: Any) -> str:
+    """Who would run the plan here: catalog prices are estimates, not a provider."""
+    from orchestrator.engine.runnable import HOW_TO_CONFIGURE
+
+    if not who:
+        return (f"Runs on: nothing configured here can run it ({'; '.join(who.notes)}). "
+                f"{HOW_TO_CONFIGURE}.")
+    o = plan.chosen.offer
+    if o.provider in who.providers:
+        return f"Runs on: {o.provider}"
+    return (f"Runs on: {' or '.join(who.providers)}, whose live offers `orch submit` ranks "
+            f"(the {o.provider} catalog's prices above are an estimate)")
+
+
+def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
+    """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    from orchestrator.engine.runnable import runners
+
+    job = load(file)
+    servers = servers_for_plan()
+    result = plan_job(job, servers)
+    who = runners(job.spec.resources.providers, bool(servers))
+    if json_out:
+        print(json.dumps({**result.to_dict(alternatives=10_000 if all_rows else 20),
+                          "runs_on": list(who.providers), "runs_on_notes": list(who.notes)},
+                         indent=2, default=str))
+    else:
+        render_plan(result, 10_000 if all_rows else 12)
+        from orchestrator.cli.term import prose
+
+        print(prose(runs_on(result, who)))

@@ -1,0 +1,119 @@
+"""`orch render`: what a job would run on a kind of host, without renting anything.
+
+Registered on the main Typer app by `register(app)`. The axolotl config, the image and the
+train/merge/evaluate command lines come from playbooks.rendering, which calls the very
+functions the pipeline uploads and runs with. Heavy modules are imported inside the command,
+so `orch plan` start-up does not pay for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli.common import EXIT_INVALID, fail
+from orchestrator.cli.plan import load, plan_job, servers_for_plan
+
+HostOpt = Annotated[str, typer.Option(
+    "--host", help="docker: a full machine with Docker (monthly server); container: a "
+                   "container rental (Vast.ai, RunPod), where the job runs natively.")]
+
+
+def render_job(file: Path, host: str) -> Any:
+    """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
+    from orchestrator.core.planning import total_tokens
+    from orchestrator.engine.jobinputs import Inputs, train_config
+    from playbooks import images, rendering
+    from playbooks.base import Layout
+    from playbooks.pipeline import DEFAULT_VLLM_IMAGE
+    from playbooks.train import TrainJob
+
+    if host not in images.HOST_KINDS:
+        fail(f"--host must be docker or container (got {host!r})", EXIT_INVALID)
+    kind: images.HostKind = "docker" if host == "docker" else "container"
+    _refuse_sweep(file)
+    job = load(file)
+    plan = plan_job(job, servers_for_plan())
+    est = plan.estimate
+    spec = job.spec
+    inputs = Inputs(job, total_tokens(job), plan.chosen.est_hours, {})
+    config = train_config(spec, est.strategy.value, inputs.save_steps(est.gpu_count),
+                          est.workload or plan.workload)
+    layout = Layout(rendering.NOMINAL_BASE[kind])
+    dataset = spec.dataset.path.local or str(spec.dataset.path.hf)
+    # Only the variable's name reaches the command line; the value goes to a 0600 file.
+    env = {"HF_TOKEN": "(from the environment)"} if os.environ.get("HF_TOKEN") else {}
+    tj = TrainJob(job_id=spec.name, layout=layout, dataset=str(job.path.parent / dataset),
+                  config=config, base_model=layout.model_dir(spec.base_model.repo,
+                                                             spec.base_model.revision),
+                  image=images.for_host(spec.trainer.image, kind), env=env,
+                  runner="docker" if kind == "docker" else "process")
+    rendered = rendering.render(tj, evaluates=bool(spec.eval.eval_set or spec.eval.tasks),
+                                vllm_image=DEFAULT_VLLM_IMAGE, kind=kind,
+                                eval_tasks=tuple(spec.eval.tasks),
+                                eval_set=spec.eval.eval_set is not None)
+    rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
+                          f"x{est.gpu_count}, strategy {est.strategy.value}")
+    return rendered
+
+
+def _refuse_sweep(file: Path) -> None:
+    """A sweep file renders as its runs' job files do: say which file to render instead."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text())
+    except (OSError, yaml.YAMLError):
+        return  # the job loader reports it with the file and line
+    if isinstance(data, dict) and "grid" in data and "base" in data:
+        fail(f"{file} is a sweep file: render its base job "
+             f"({file.parent / str(data['base'])}); each run differs from it only in "
+             f"{', '.join(map(str, data['grid'] or {}))}", EXIT_INVALID)
+
+
+def write_dir(rendered: Any, out: Path) -> list[Path]:
+    """Write the uploaded files and render.json into `out`; returns what was written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for remote, text in rendered.files.items():
+        path = out / Path(remote).name
+        path.write_text(text)
+        written.append(path)
+    path = out / "render.json"
+    path.write_text(json.dumps(rendered.to_dict(), indent=2) + "\n")
+    written.append(path)
+    return written
+
+
+def render_cmd(
+    file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
+    host: HostOpt = "docker",
+    out: Annotated[Path | None, typer.Option(
+        "-o", "--out", help="Also write the config files and render.json here.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Show exactly what would run: axolotl config, image, train/merge/evaluate commands."""
+    rendered = render_job(file, host)
+    written = write_dir(rendered, out) if out is not None else []
+    if json_out:
+        typer.echo(json.dumps(rendered.to_dict(), indent=2))
+        return
+    lines = [f"image: {rendered.image}  (host: {rendered.host})"]
+    for remote, text in rendered.files.items():
+        lines += ["", f"# {remote}", text.rstrip("\n")]
+    lines.append("")
+    for name, argv in rendered.commands.items():
+        lines.append(f"{name}: {shlex.join(argv) if argv else '(not run)'}")
+    lines += [f"note: {n}" for n in rendered.notes]
+    lines += [f"wrote {p}" for p in written]
+    typer.echo("\n".join(lines))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `orch render` to `app`."""
+    app.command("render")(render_cmd)

@@ -1,0 +1,263 @@
+"""`orch report`: one self-contained HTML file with loss curves, eval metrics, placements,
+cost breakdowns and cost per day/month with spot savings.
+
+Charts are drawn by plotly (the optional extra `orch[report]`), its JavaScript inlined so
+the file opens with no network. plotly is imported only here, only when a report is made:
+no other command pays for it. Data is gathered first (`collect`), then rendered (`render`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from orchestrator.cli.term import human_time
+
+INSTALL_HINT = "orch report draws its charts with plotly: pip install 'orch[report]'"
+
+
+class ReportError(Exception):
+    """Why no report could be made (missing plotly, nothing selected)."""
+
+
+@dataclass
+class RunData:
+    """One job as the report shows it."""
+
+    id: str
+    name: str
+    status: str
+    sweep: str | None
+    provider: str | None
+    gpu: str | None
+    gpu_count: int | None
+    spot: bool | None
+    created_at: datetime
+    cost: Decimal
+    storage: Decimal
+    amortised: Decimal
+    est_cost: Decimal | None
+    est_hours: float | None
+    placement: dict[str, Any]
+    loss: list[tuple[int, float]]
+    metrics: dict[str, float]
+
+
+@dataclass
+class ReportData:
+    """Everything the page shows; `title` says what was selected."""
+
+    title: str
+    generated_at: datetime
+    runs: list[RunData]
+    per_day: list[dict[str, Any]] = field(default_factory=list)
+    per_month: list[dict[str, Any]] = field(default_factory=list)
+
+
+def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
+    """A job's row, metrics and placement as RunData."""
+    from orchestrator.records.store import from_micros
+
+    by_step: dict[int, float] = {}
+    metrics: dict[str, float] = {}
+    for m in store.metrics(job.id):
+        if m.step is None:
+            metrics[m.name] = m.value
+        elif m.name == "train.loss":
+            by_step[m.step] = m.value  # a resumed run reports a step again: the last counts
+    placement = json.loads(job.placement_json or "{}").get("placement") or {}
+    return RunData(
+        id=job.id, name=job.name, status=job.status, sweep=sweep_name, provider=job.provider,
+        gpu=job.gpu, gpu_count=job.gpu_count, spot=job.interruptible,
+        created_at=job.created_at, cost=from_micros(job.cost_micros),
+        storage=from_micros(job.storage_micros), amortised=from_micros(job.amortised_micros),
+        est_cost=None if job.est_cost_micros is None else from_micros(job.est_cost_micros),
+        est_hours=job.est_hours, placement=placement, loss=sorted(by_step.items()),
+        metrics=metrics)
+
+
+def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime
+              ) -> list[dict[str, Any]]:
+    """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts."""
+    from orchestrator.records.history import cost_rollup
+
+    if reader is None:
+        return []
+    return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now)]
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _plotly() -> Any:
+    try:
+        import plotly
+        import plotly.graph_objects as go
+    except ImportError:
+        raise ReportError(INSTALL_HINT) from None
+    return plotly, go
+
+
+def _figure_html(fig: Any, div_id: str) -> str:
+    # The library's JS is inlined once in <head>; each figure is a div and its data.
+    return str(fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                           config={"displaylogo": False, "responsive": True}))
+
+
+def _layout(title: str, x: str, y: str) -> dict[str, Any]:
+    yaxis: dict[str, Any] = {"title": {"text": y}}
+    if y == "USD":  # not plotly's SI prefixes: $0.0003, not 300µ
+        yaxis.update(tickprefix="$", tickformat=",.6~f")
+    return {"title": {"text": title}, "xaxis": {"title": {"text": x}},
+            "yaxis": yaxis, "template": "plotly_white", "height": 420,
+            "margin": {"l": 60, "r": 20, "t": 50, "b": 50}, "legend": {"orientation": "h"}}
+
+
+def _usd(value: Decimal | str | None) -> str:
+    from orchestrator.core.money import usd
+
+    return "-" if value is None else html.escape(usd(Decimal(str(value))))
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows)
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>'
+            "</table></div>")
+
+
+def _label(run: RunData) -> str:
+    return f"{run.name} ({run.id})"
+
+
+def render(data: ReportData) -> str:
+    """The whole page as one HTML string (plotly's JS included)."""
+    plotly, go = _plotly()
+    from plotly.offline import get_plotlyjs
+
+    e = html.escape
+    sections = [*_loss_section(go, data.runs), *_metrics_section(go, data.runs),
+                *_cost_section(go, data.runs)]
+    for title, when, rollup, div in (("Cost per day", "day", data.per_day, "day-chart"),
+                                     ("Cost per month", "month", data.per_month,
+                                      "month-chart")):
+        sections += _rollup_section(go, title, when, rollup, div)
+
+    total = sum((r.cost for r in data.runs), Decimal(0))
+    summary = (f"{len(data.runs)} run{'s' if len(data.runs) != 1 else ''}, "
+               f"{_usd(total)} billed; generated {e(human_time(data.generated_at))} by "
+               f"orch (plotly {e(plotly.__version__)})")
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{e(data.title)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px;
+       color: #222; padding: 0 1rem; }}
+table {{ border-collapse: collapse; margin: 1rem 0; font-size: 0.9rem; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 0.3rem 0.6rem; text-align: left;
+          white-space: nowrap; }}
+.wide {{ overflow-x: auto; }}
+th {{ background: #f4f4f4; }}
+.note {{ color: #666; }}
+</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head>
+<body>
+<h1>{e(data.title)}</h1>
+<p class="note">{summary}. Cost is what providers billed (volume storage included); the rent
+share of monthly servers is already paid and not in it; spot savings price spot GPU-hours
+at the cheapest on-demand catalog price.</p>
+{"".join(sections)}
+</body>
+</html>
+"""
+
+
+def _loss_section(go: Any, runs: list[RunData]) -> list[str]:
+    """The training loss of every run that recorded one, on one chart."""
+    curves = [r for r in runs if r.loss]
+    if not curves:
+        return ["<h2>Training loss</h2><p>No training loss recorded for these runs.</p>"]
+    fig = go.Figure(layout=_layout("Training loss", "step", "loss"))
+    for r in curves:
+        fig.add_trace(go.Scatter(x=[s for s, _ in r.loss], y=[v for _, v in r.loss],
+                                 mode="lines+markers", name=_label(r)))
+    return ["<h2>Training loss</h2>" + _figure_html(fig, "loss-chart")]
+
+
+def _metrics_section(go: Any, runs: list[RunData]) -> list[str]:
+    """The eval metrics per run: a grouped bar chart and a table."""
+    e = html.escape
+    names = sorted({k for r in runs for k in r.metrics})
+    scored = [r for r in runs if r.metrics]
+    sections = ["<h2>Eval metrics per run</h2>"]
+    if not scored:
+        return [*sections, "<p>No eval metrics recorded for these runs.</p>"]
+    fig = go.Figure(layout={**_layout("Eval metrics", "run", "value"), "barmode": "group"})
+    # Counts (rows scored) would dwarf the scores on one axis; they stay in the table.
+    for name in [n for n in names if not n.endswith(".count")] or names:
+        fig.add_trace(go.Bar(x=[_label(r) for r in scored],
+                             y=[r.metrics.get(name) for r in scored], name=name))
+    sections.append(_figure_html(fig, "metrics-chart"))
+    sections.append(_table(["run", *names], [
+        [e(_label(r)), *(e(f"{r.metrics[n]:g}") if n in r.metrics else "-" for n in names)]
+        for r in scored]))
+    return sections
+
+
+def _cost_section(go: Any, runs: list[RunData]) -> list[str]:
+    """Each run's placement and cost: a stacked bar chart and a table."""
+    e = html.escape
+    sections = ["<h2>Placement and cost per run</h2>"]
+    fig = go.Figure(layout={**_layout("Cost per run", "run", "USD"), "barmode": "stack"})
+    labels = [_label(r) for r in runs]
+    fig.add_trace(go.Bar(x=labels, y=[float(r.cost - r.storage) for r in runs],
+                         name="compute (billed)"))
+    fig.add_trace(go.Bar(x=labels, y=[float(r.storage) for r in runs],
+                         name="volume storage (billed)"))
+    fig.add_trace(go.Bar(x=labels, y=[float(r.amortised) for r in runs],
+                         name="monthly rent share (already paid)"))
+    sections.append(_figure_html(fig, "cost-chart"))
+    rows = []
+    for r in runs:
+        p = r.placement
+        where = (f"{r.provider} {r.gpu} x{r.gpu_count}" if r.gpu else "not placed")
+        kind = "-" if r.spot is None else ("spot" if r.spot else "on-demand")
+        rows.append([e(r.id), e(r.name), e(r.status), e(where), e(kind),
+                     e(str(p.get("strategy", "-"))), e(str(p.get("billing", "-"))),
+                     "-" if r.est_hours is None else e(f"{r.est_hours:.2f}"),
+                     _usd(r.est_cost), _usd(r.cost), _usd(r.storage), _usd(r.amortised),
+                     e(human_time(r.created_at))])
+    sections.append(_table(["job", "name", "status", "placement", "kind", "layout",
+                            "billing", "est. h", "est. cost", "cost", "of it storage",
+                            "rent share", "created"], rows))
+    return sections
+
+
+def _rollup_section(go: Any, title: str, when: str, rollup: list[dict[str, Any]], div: str
+                    ) -> list[str]:
+    """Cost, rent share and spot savings per day or month: a bar chart and a table."""
+    e = html.escape
+    sections = [f"<h2>{title}</h2>"]
+    if not rollup:
+        return [*sections, "<p>No jobs in the period.</p>"]
+    fig = go.Figure(layout={**_layout(title, when, "USD"), "barmode": "group"})
+    buckets = [row["bucket"] for row in rollup]
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["cost"]) for row in rollup],
+                         name="cost (billed)"))
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["amortised"]) for row in rollup],
+                         name="rent share (already paid)"))
+    fig.add_trace(go.Bar(x=buckets, y=[float(row["spot_savings"] or 0) for row in rollup],
+                         name="spot savings vs on-demand"))
+    sections.append(_figure_html(fig, div))
+    sections.append(_table([when, "jobs", "GPU-h", "cost", "rent share", "spot savings"], [
+        [e(row["bucket"]), e(str(row["jobs"])), e(row["gpu_hours"]), _usd(row["cost"]),
+         _usd(row["amortised"]), _usd(row["spot_savings"])] for row in rollup]))
+    return sections

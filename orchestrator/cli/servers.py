@@ -1,0 +1,287 @@
+"""`orch servers add|list|check|trust|remove`: the monthly servers you rent.
+
+`add` proves the server before the first job (orchestrator/engine/serverprobe.py): it connects with
+orch's key, shows and pins the host key, reports GPUs, driver/CUDA, Docker/toolkit and free
+NVMe, and refuses a server it cannot reach or use (exit 3, nothing recorded). `check`
+re-runs the probe with the pinned key and clears (or sets) a failed GPU check; `trust`
+re-pins a host key that changed, after the user confirmed the new fingerprint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Annotated, Any
+
+import typer
+
+from orchestrator.cli.common import (
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    EXIT_NOT_FOUND,
+    JsonFlag,
+    fail,
+    money,
+    open_db,
+    print_json,
+)
+
+EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
+# No server rents for a billion dollars a month; beyond this a typo is likelier.
+MAX_MONTHLY = Decimal(10) ** 9
+
+servers_app = typer.Typer(help="The monthly dedicated servers you rent.", no_args_is_help=True)
+NameArg = Annotated[str, typer.Argument(help="The server's name.")]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `servers` command group to `app`."""
+    app.add_typer(servers_app, name="servers")
+
+
+# --- add -------------------------------------------------------------------------------------
+
+
+@servers_app.command("add")
+def servers_add(
+    name: Annotated[str, typer.Argument(help="A short name for the server.")],
+    host: Annotated[str, typer.Option(help="IP address or DNS name for SSH.")],
+    gpu: Annotated[str, typer.Option(help="GPU model, e.g. H100 SXM, H200, B200.")],
+    monthly: Annotated[str, typer.Option(help="Monthly rent in USD, e.g. 2190.")],
+    port: Annotated[int, typer.Option(help="SSH port.")] = 22,
+    user: Annotated[str, typer.Option(help="SSH login.")] = "root",
+    gpus: Annotated[int, typer.Option(help="Number of GPUs.")] = 1,
+    json_out: JsonFlag = False,
+) -> None:
+    """Check a monthly server you rent over SSH and register it (idle time costs jobs nothing)."""
+    from providers import catalog
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
+        fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
+    matches = catalog.resolve_gpu(gpu)
+    if len(matches) != 1:
+        known = ", ".join(catalog.gpus())
+        what = "is ambiguous" if matches else "is not a known GPU"
+        fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
+    if not 1 <= gpus <= 8:
+        fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
+    if not 1 <= port <= 65535:
+        fail(f"--port must be 1..65535 (got {port})", EXIT_INVALID)
+    if not host or any(c.isspace() for c in host) or host.startswith("-"):
+        fail(f"--host {host!r}: give an IP address or DNS name", EXIT_INVALID)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9._-]{0,31}", user):
+        fail(f"--user {user!r}: give a login name, e.g. root or ubuntu", EXIT_INVALID)
+    try:
+        price = Decimal(monthly.replace(",", "").lstrip("$"))
+    except ArithmeticError:
+        fail(f"--monthly {monthly!r}: give the monthly rent in USD, e.g. 2190", EXIT_INVALID)
+    if not price.is_finite() or price <= 0 or price >= MAX_MONTHLY:
+        fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
+    if price != price.quantize(Decimal("0.000001")):
+        fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
+    from orchestrator.records.store import StoreError
+
+    store = open_db()
+    if any(s.name == name for s in store.list_servers()):
+        fail(f"server {name!r} already exists; check it with `orch servers check {name}` or "
+             f"remove it first with `orch servers remove {name}`", EXIT_INVALID)
+    facts = _probe_or_exit(host, port, user, matches[0], gpus, pinned=None, name=name)
+    if facts.gpu_error:
+        _report(facts, json_out, None)
+        fail(f"{name} failed its GPU check: {facts.gpu_error}\nNothing was recorded; fix it "
+             "(or give the right --gpu/--gpus) and run `orch servers add` again.",
+             EXIT_UNUSABLE)
+    try:
+        s = store.add_server(name=name, host=host, port=port, user=user, gpu=matches[0],
+                             gpu_count=gpus, monthly_price=price)
+    except StoreError as exc:
+        fail(str(exc), EXIT_INVALID)
+    store.set_server_host_key(name, facts.host_key)
+    store.record_server_check(name, error=None, facts_json=json.dumps(facts.to_dict()))
+    if json_out:
+        print_json({**_server_dict(_get(name)), "check": facts.to_dict()})
+        return
+    _report(facts, False, None)
+    typer.echo(f"added {s.name}: {s.gpu} x{s.gpu_count} at {s.user}@{s.host}:{s.port}, "
+               f"{money(price)}/month; host key {facts.fingerprint} pinned")
+
+
+# --- check and trust -------------------------------------------------------------------------
+
+
+@servers_app.command("check")
+def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
+    """Check a registered server again (pinned host key); a passing check clears a failure."""
+    s = _get(name)
+    facts = _probe_or_exit(s.host, s.port, s.user, s.gpu, s.gpu_count, pinned=s.host_key,
+                           name=name)
+    store = open_db()
+    if s.host_key is None:
+        store.set_server_host_key(name, facts.host_key)
+    store.record_server_check(name, error=facts.gpu_error,
+                              facts_json=json.dumps(facts.to_dict()))
+    _report(facts, json_out, {**_server_dict(_get(name)), "check": facts.to_dict()})
+    if facts.gpu_error:
+        fail(f"{name} failed its GPU check: {facts.gpu_error}\nJobs will not use it until "
+             f"`orch servers check {name}` passes.", EXIT_UNUSABLE)
+    if not json_out:
+        typer.echo(f"{name}: ok; jobs may use it")
+
+
+@servers_app.command("trust")
+def servers_trust(
+    name: NameArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Pin the new key without asking.")]
+    = False,
+) -> None:
+    """Re-pin a server's changed SSH host key, after you confirmed the new fingerprint."""
+    from playbooks import ssh
+
+    s = _get(name)
+    try:
+        key = ssh.trust_on_first_use(s.host, s.port, timeout=15, deadline=15)
+    except ssh.SSHError as exc:
+        fail(f"cannot reach {s.host}:{s.port} to read its host key: {exc}", EXIT_UNUSABLE)
+    new = ssh.format_host_key(key)
+    old = s.host_key
+    old_fp = ssh.fingerprint(ssh.parse_host_key(old)) if old else "(none pinned)"
+    if old == new:
+        typer.echo(f"{name}: the host key is unchanged ({old_fp}); nothing to do")
+        return
+    typer.echo(f"{name} ({s.host}:{s.port}) presents a different host key:\n"
+               f"  pinned:  {old_fp}\n  now:     {ssh.fingerprint(key)}\n"
+               "Compare the new fingerprint with the server's own (on its console: "
+               "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`). A key that changed "
+               "without a reinstall means someone may be intercepting the connection.")
+    if not yes and not typer.confirm("Pin the new key?", default=False):
+        fail("host key not changed", 1)
+    open_db().repin_server_host_key(name, new)
+    typer.echo(f"{name}: host key {ssh.fingerprint(key)} pinned")
+
+
+# --- list and remove -------------------------------------------------------------------------
+
+
+def _server_dict(s: Any) -> dict[str, Any]:
+    from orchestrator.records.store import from_micros
+
+    return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
+            "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
+            "status": "failed" if s.check_error else s.status, "check_error": s.check_error,
+            "host_key": s.host_key,
+            "checked_at": s.checked_at.isoformat().replace("+00:00", "Z")
+            if s.checked_at else None}
+
+
+@servers_app.command("list")
+def servers_list(json_out: JsonFlag = False) -> None:
+    """List registered servers (a failed GPU check shows why)."""
+    rows = [_server_dict(s) for s in open_db().list_servers()]
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo("no servers registered; add one with `orch servers add NAME --host H "
+                   "--gpu H100 SXM --monthly 2190`")
+        return
+    from orchestrator.cli.tables import table
+
+    typer.echo(table(
+        ["name", "GPU", "n", "ssh", "monthly", "status"],
+        [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
+          money(r["monthly_price"]), r["status"]] for r in rows],
+        right=[2, 4], drop=[4, 2], states=[5]))
+    for r in rows:
+        if r["check_error"]:
+            typer.echo(f"\n{r['name']} is not used by jobs: {r['check_error']}\n"
+                       f"  fix it, then `orch servers check {r['name']}`")
+
+
+@servers_app.command("remove")
+def servers_remove(name: NameArg) -> None:
+    """Forget a registered server (nothing on the server is touched)."""
+    from orchestrator.records.store import NotFoundError, StoreError
+
+    try:
+        open_db().remove_server(name)
+    except NotFoundError as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    except StoreError as exc:
+        fail(str(exc), EXIT_INVALID)
+    typer.echo(f"removed {name}")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def scrubber() -> Callable[[Any], list[str]]:
+    """For `orch reconcile`: remove the secret files a crashed job left on a kept server."""
+
+    def scrub(server: Any) -> list[str]:
+        from orchestrator.engine.runner import ensure_key
+        from orchestrator.engine.serverprobe import scrub_secrets
+
+        key_path, _ = ensure_key()
+        return scrub_secrets(server.host, server.port, server.user, key_path, server.host_key)
+
+    return scrub
+
+
+def _get(name: str) -> Any:
+    for s in open_db().list_servers():
+        if s.name == name:
+            return s
+    fail(f"server {name!r} not found; see `orch servers list`", EXIT_NOT_FOUND)
+
+
+def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
+                   pinned: str | None, name: str) -> Any:
+    from orchestrator.engine.runner import ensure_key
+    from orchestrator.engine.serverprobe import ProbeError, probe
+
+    try:
+        key_path, public = ensure_key()
+    except Exception as exc:  # OSError, CalledProcessError: say it, no traceback
+        fail(f"cannot create orch's SSH key: {exc}", 1)
+    if pinned is None:
+        typer.echo(f"connecting to {user}@{host}:{port} with orch's key {key_path} ...",
+                   err=True)
+    try:
+        return probe(host, port, user, key_path, gpu=gpu, gpu_count=gpu_count, pinned=pinned)
+    except ProbeError as exc:
+        if exc.kind == "auth":
+            pub = key_path.with_name(key_path.name + ".pub")
+            fail(f"{exc}. Authorise orch's public key on the server: append the line of "
+                 f"{pub} to ~{user}/.ssh/authorized_keys there, e.g.\n"
+                 f"  echo '{public}' >> ~{user}/.ssh/authorized_keys\n"
+                 f"then run the command again. Nothing was recorded.", EXIT_UNUSABLE)
+        if exc.kind == "hostkey":
+            fail(f"{exc}\nIf you reinstalled the server, confirm the new key with "
+                 f"`orch servers trust {name}`.", EXIT_UNUSABLE)
+        fail(f"{exc}. Check the address, port and firewall; nothing was recorded.",
+             EXIT_UNUSABLE)
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024**3:,.0f} GiB"
+
+
+def _report(facts: Any, json_out: bool, payload: dict[str, Any] | None) -> None:
+    if json_out:
+        if payload is not None:
+            print_json(payload)
+        return
+    gpus = ", ".join(f"{g['name']} ({g['memory_mib']} MiB)" for g in facts.gpus) or "none"
+    lines = [f"host key   {facts.fingerprint} ({facts.host_key.split()[0]})",
+             f"GPUs       {len(facts.gpus)}x: {gpus}",
+             f"driver     {facts.driver or '-'}  CUDA {facts.cuda or '-'}",
+             f"docker     {facts.docker or 'not installed'}",
+             f"toolkit    {facts.toolkit or 'not installed'}",
+             f"model disk {facts.cache_mount or '-'}"
+             f"{' (NVMe)' if facts.cache_nvme else ''}, {_gib(facts.cache_free_bytes)} free"]
+    lines += [f"note       {n}" for n in facts.notes]
+    if facts.gpu_error:
+        lines.append(f"GPU check  FAILED: {facts.gpu_error}")
+    typer.echo("\n".join(lines))

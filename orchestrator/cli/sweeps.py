@@ -1,0 +1,249 @@
+"""`orch sweep FILE`, `orch sweep show NAME` (also `orch sweep-show NAME`), `orch sweeps`.
+
+`orch sweep FILE` is meant for cron: it validates the whole sweep first (every problem, as
+`file:line key: problem`, exit 2, nothing written), then records the sweep and queues each
+run not yet recorded for `orch worker`; running it again, or twice at once, queues nothing
+twice. Output is one summary line (or `--json`); `--quiet` prints nothing on an idle tick.
+
+Exit codes: 0 done (also when the estimate exceeds the budget: the runs are queued and the
+budget gate holds back those that would exceed it, which the summary says); 2 the sweep
+file (or an argument) is invalid; 3 some runs fit no offer (the others were queued), or no
+configured provider could run a run (then nothing is queued or recorded); 4 `show`
+of an unknown sweep; 1 anything else (the database, say).
+
+`orch sweep show NAME`: Typer cannot have a command `sweep FILE` and a group `sweep show`, so
+`sweep` takes an optional second argument and treats `show` as the verb when one follows.
+A sweep file named `show` in the current directory must be given as `./show`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from orchestrator.cli.common import (
+    EXIT_ERROR,
+    EXIT_INVALID,
+    EXIT_NO_FIT,
+    EXIT_NOT_FOUND,
+    JsonFlag,
+    fail,
+    history_reader,
+    open_db,
+    print_json,
+    problems_exit,
+    require_runners,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.records.sweeps import LoadedSweep
+
+EXIT_OK = 0
+
+
+def _load(path: Path) -> LoadedSweep:
+    from orchestrator.core.spec import SpecError
+    from orchestrator.records.sweeps import load_sweep
+
+    try:
+        return load_sweep(path)
+    except SpecError as exc:
+        problems_exit(path, exc.problems)
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:g}"
+                     if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "-"
+
+
+def _metric(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from orchestrator.records.store import StoreError
+    from orchestrator.records.sweepstore import submit_sweep
+
+    loaded = _load(file)
+    store = open_db()
+    try:
+        # As `orch submit`: no run is queued (or reported as queueable) that nothing here
+        # can run; a worker would only fail them one by one.
+        require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
+        report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
+    except (StoreError, SQLAlchemyError) as exc:
+        fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
+    finally:
+        store.close()
+    nofit = [r for r in report.runs if r.state == "nofit"]
+    code = EXIT_NO_FIT if nofit else EXIT_OK
+    if quiet and report.idle:
+        raise typer.Exit(code)
+    if json_out:
+        print_json(report.to_dict())
+    else:
+        for r in nofit:
+            typer.echo(f"{file}: run {r.index} ({_params(r.params)}) fits nowhere: {r.message}",
+                       err=True)
+        typer.echo(report.summary())
+    raise typer.Exit(code)
+
+
+def _read_sqlite() -> bool:
+    """Whether the database is SQLite: then status reads use sqlite3, not the store."""
+    from orchestrator.core.paths import default_db_url
+
+    return default_db_url().startswith("sqlite")
+
+
+def _status(name: str) -> dict[str, Any]:
+    if _read_sqlite():
+        from orchestrator.records.sweepview import SweepNotFound, sweep_status
+
+        with history_reader(EXIT_ERROR) as reader:
+            try:
+                return sweep_status(reader, name)
+            except SweepNotFound as exc:
+                fail(str(exc), EXIT_NOT_FOUND)
+    from orchestrator.records.store import NotFoundError
+    from orchestrator.records.sweepstore import sweep_status as store_status
+
+    store = open_db()
+    try:
+        return store_status(store, name)
+    except NotFoundError as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    finally:
+        store.close()
+
+
+def _all() -> list[dict[str, Any]]:
+    if _read_sqlite():
+        from orchestrator.records.sweepview import list_sweeps
+
+        with history_reader(EXIT_ERROR) as reader:
+            return list_sweeps(reader)
+    from orchestrator.records.sweepstore import list_sweeps as store_list
+
+    store = open_db()
+    try:
+        return store_list(store)
+    finally:
+        store.close()
+
+
+def _show(name: str, json_out: bool) -> None:
+    from orchestrator.cli.tables import table
+    from orchestrator.core.money import usd
+
+    status = _status(name)
+    if json_out:
+        print_json(status)
+        return
+    counts = ", ".join(f"{n} {s}" for s, n in status["counts"].items() if n) or "no runs"
+    budget = f"budget {usd(status['budget'])}, " if status["budget"] else ""
+    obj = status["objective"]
+    lines = [f"{status['sweep']} ({status['sweep_id']}): {len(status['runs'])} runs: {counts} "
+             f"({budget}spent {usd(status['spent'])}, estimated {usd(status['estimated'])}; "
+             f"max_parallel {status['max_parallel']})"]
+    metric_name = obj["metric"] if obj else "metric"
+    best_id = status["best"]["job_id"] if status["best"] else None
+    rows = []
+    for r in status["runs"]:
+        state = r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
+        rows.append(["*" if r["job_id"] == best_id else "",
+                     "-" if r["index"] is None else r["index"], r["job_id"], _params(r["params"]),
+                     state, _metric(r["metric"]), usd(r["cost"]), usd(r["est_cost"])])
+    if rows:
+        lines.append(table(["", "#", "job", "params", "state", metric_name, "cost", "est. cost"],
+                           rows, right=[1, 5, 6, 7], drop=[7, 1], states=[4]))
+    if obj is None:
+        lines.append("best: no objective in the sweep file")
+    elif status["best"] is None:
+        lines.append(f"best: none yet (no finished run reported {obj['metric']})")
+    else:
+        b = status["best"]
+        lines.append(f"best ({obj['goal']} {obj['metric']}): {b['job_id']} {b['name']} "
+                     f"{obj['metric']}={_metric(b['metric'])} ({_params(b['params'])})")
+    failed = [r for r in status["runs"] if r["state"] == "failed" and r["failure_reason"]]
+    for r in failed:
+        lines.append(f"  {r['job_id']} failed: {r['failure_reason'].splitlines()[0]}")
+    typer.echo("\n".join(lines))
+
+
+def sweep(
+    file: Annotated[str, typer.Argument(
+        help="The sweep file; or `show` followed by a sweep's name.")],
+    name: Annotated[str | None, typer.Argument(
+        help="With `show`: the sweep to show.", show_default=False)] = None,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed", help="Queue failed runs again (cancelled ones stay).")] = False,
+    json_out: JsonFlag = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Print nothing when there was nothing to do (cron).")]
+    = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Validate, plan and report; write nothing.")] = False,
+) -> None:
+    """Queue a sweep's runs for `orch worker`, once each (safe to rerun from cron).
+
+    Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
+    3 some runs fit no offer or nothing here can run them, 1 other errors.
+    `orch sweep show NAME` shows a sweep.
+    """
+    if file == "show" and name is not None:
+        if retry_failed or quiet or dry_run:
+            fail("`orch sweep show NAME` takes only --json", EXIT_INVALID)
+        _show(name, json_out)
+        return
+    if file == "show":
+        fail("give the sweep's name: `orch sweep show NAME` (names: `orch sweeps`); a "
+             "sweep file named `show` is `./show`", EXIT_INVALID)
+    if name is not None:
+        fail(f"unexpected argument {name!r}: give one sweep file (or `show NAME`)",
+             EXIT_INVALID)
+    _submit(Path(file), retry_failed, json_out, quiet, dry_run)
+
+def sweep_show(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """A sweep's runs: parameters, state, metric, cost, and the best by its objective."""
+    _show(name, json_out)
+
+def sweeps(json_out: JsonFlag = False) -> None:
+    """List sweeps: runs, done/running/queued/failed, spent/budget, best run."""
+    from orchestrator.cli.tables import table
+    from orchestrator.core.money import usd
+
+    rows = _all()
+    if json_out:
+        print_json(rows)
+        return
+    if not rows:
+        typer.echo(f"no sweeps yet; try `orch sweep {Path('examples') / 'sweep-lr.yml'}`")
+        return
+    out = []
+    for s in rows:
+        c = s["counts"]
+        spent = usd(s["spent"]) + (f" / {usd(s['budget'])}" if s["budget"] else "")
+        b = s["best"]
+        best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
+                                      f"{_metric(b['metric'])}")
+        out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
+                    c["failed"], spent, best])
+    typer.echo(table(["name", "runs", "done", "running", "queued", "failed",
+                      "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6],
+                     drop=[3, 4, 2]))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the sweep commands to `app`."""
+    app.command("sweep")(sweep)
+    # Kept for scripts written against it; `orch sweep show NAME` is the documented spelling.
+    app.command("sweep-show", hidden=True)(sweep_show)
+    app.command("sweeps")(sweeps)

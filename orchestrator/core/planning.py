@@ -1,0 +1,213 @@
+"""Assemble a plan: job file → workload → offers (catalog + registered servers) → ranking."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from orchestrator.core import savers, scheduler
+from orchestrator.core.money import usd
+from orchestrator.core.savers import Choice
+from orchestrator.core.savers import choices as savers_choices
+from orchestrator.core.scheduler import Constraints, Placement, Ranking
+from orchestrator.core.sizing import MemoryEstimate, Workload
+from orchestrator.core.spec import LoadedJob
+from orchestrator.core.throughput import Measured, MeasuredKey
+from providers import catalog
+from providers.base import Billing, Offer
+from providers.dedicated import RegisteredServer, server_offers
+
+# Adapters with live offers; the engine asks them, `orch plan` uses the catalog for them.
+LIVE_PROVIDERS = frozenset({"vastai", "runpod"})
+
+__all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `orch plan` shows and `orch submit` records."""
+
+    job: LoadedJob
+    workload: Workload
+    ranking: Ranking
+    chosen: Placement
+    unpriced: tuple[catalog.UnpricedTier, ...]
+    # Each saver "auto" turned on, and the cheapest placement without it (None: no fit).
+    without_savers: tuple[tuple[Choice, Placement | None], ...] = ()
+
+    @property
+    def estimate(self) -> MemoryEstimate:
+        return self.chosen.estimate
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """What the planner decided for the job's "auto" settings on the chosen placement."""
+        return savers_choices(self.workload, self.estimate)
+
+    def to_dict(self, alternatives: int = 20) -> dict[str, Any]:
+        """The `orch plan --json` object."""
+        est = self.estimate
+        spec = self.job.spec
+        return {
+            "job": spec.name,
+            "file": str(self.job.path),
+            "spec_hash": self.job.spec_hash,
+            "base_model": spec.base_model.repo,
+            "params": self.workload.arch.params,
+            "trainable_params": self.workload.trainable_params,
+            "tokens": {"per_epoch": self.job.dataset.tokens,
+                       "epochs": spec.training.epochs,
+                       "total": total_tokens(self.job),
+                       "source": self.job.dataset.source},
+            "estimate": estimate_dict(est),
+            "savers": [{"setting": f"training.{c.name}", "value": c.value,
+                        "saved_bytes_per_gpu": c.saved_bytes, "why": c.describe()}
+                       for c in self.choices],
+            "savers_why": saver_lines(self),
+            "placement": self.chosen.to_dict(),
+            "alternatives": [p.to_dict() for p in self.ranking.placements[1:1 + alternatives]],
+            "feasible": len(self.ranking.placements),
+            "rejected": dict(self.ranking.rejected),
+            "unpriced_tiers": [f"{u.provider}:{u.name}" for u in self.unpriced],
+            "why": why(self),
+        }
+
+
+def estimate_dict(est: MemoryEstimate) -> dict[str, Any]:
+    """JSON shape of a MemoryEstimate."""
+    return {
+        "method": est.method,
+        "gpu_count": est.gpu_count,
+        "strategy": est.strategy.value,
+        "peak_bytes": est.peak_bytes,
+        "required_bytes": est.required_bytes,
+        "headroom": est.headroom,
+        "host_ram_bytes": est.host_ram_bytes,
+        "components": dict(est.components),
+        "savers": list(est.savers),
+        "notes": list(est.notes),
+    }
+
+
+def workload_from(job: LoadedJob) -> Workload:
+    """The sizing inputs of a validated job."""
+    s = job.spec
+    return Workload(
+        arch=job.architecture,
+        method=s.method,
+        sequence_len=s.training.sequence_len,
+        micro_batch_size=s.training.micro_batch_size,
+        optimizer=s.training.optimizer,
+        gradient_checkpointing=s.training.gradient_checkpointing,
+        lora_r=s.lora.r,
+        lora_modules=s.lora.modules,
+        lora_dropout=s.lora.dropout,
+        headroom=s.resources.headroom,
+        cross_entropy=s.training.cross_entropy,
+        activation_offloading=s.training.activation_offloading,
+    )
+
+
+def total_tokens(job: LoadedJob) -> int:
+    """Tokens trained over all epochs."""
+    return max(1, round(job.dataset.tokens * job.spec.training.epochs))
+
+
+def constraints_from(job: LoadedJob) -> Constraints:
+    """The job's resources section as scheduler constraints."""
+    r = job.spec.resources
+    gpus = None
+    if r.gpus is not None:
+        gpus = frozenset(name for g in r.gpus for name in catalog.resolve_gpu(g))
+    return Constraints(
+        spot=r.spot,
+        gpus=gpus,
+        max_gpus=r.max_gpus,
+        gpu_count=r.gpu_count,
+        providers=None if r.providers is None else frozenset(r.providers),
+        servers=None if r.servers is None else frozenset(r.servers),
+        max_price_per_hour=r.max_price_per_hour,
+        max_cost=r.max_cost,
+        deadline_hours=r.deadline_hours,
+    )
+
+
+def make_plan(
+    job: LoadedJob,
+    servers: list[RegisteredServer] | None = None,
+    measured: Mapping[MeasuredKey, Measured] | None = None,
+) -> Plan:
+    """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits."""
+    w = workload_from(job)
+    cat = catalog.load()
+    offers = [*cat.offers, *server_offers(servers or [])]
+    named = job.spec.resources.providers
+    if named and "sim" in named:
+        # The simulated cloud is planned only for jobs that ask for it (never by accident).
+        from providers.sim import catalog_offers
+
+        offers += catalog_offers()
+    for live in sorted(set(named or ()) & LIVE_PROVIDERS):
+        # Without credentials the per-second catalog stands in for a live provider's
+        # prices; at run time the engine ranks that provider's real offers instead.
+        offers += [replace(o, provider=live) for o in cat.offers if o.provider == "cloud"]
+    tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
+    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured)
+    # For each saver "auto" turned on: the cheapest placement without it, to show what it
+    # bought (a cheaper GPU, or nothing but a fit at all).
+    without: list[tuple[Choice, Placement | None]] = []
+    for choice in savers_choices(w, chosen.estimate):
+        if choice.value == savers.BASELINE[choice.name]:
+            continue
+        off = savers.without(w, choice.name)
+        without.append((choice, scheduler.rank(off, tokens, offers, gpus, constraints,
+                                               measured=measured).chosen))
+    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
+                without_savers=tuple(without))
+
+
+def saver_lines(plan: Plan) -> list[str]:
+    """One line per saver the planner turned on: what it saved and what it bought."""
+    out = []
+    for choice, alt in plan.without_savers:
+        line = choice.describe()
+        c = plan.chosen
+        here = f"{c.offer.gpu} x{c.offer.gpu_count} at {usd(c.est_cost)}"
+        if alt is None:
+            line += f"; the job fits only with it ({here})"
+        elif alt.est_cost > c.est_cost:
+            line += (f"; fits {here} instead of {alt.offer.gpu} x{alt.offer.gpu_count} at "
+                     f"{usd(alt.est_cost)}")
+        else:
+            line += f"; {here}, no dearer than without it"
+        out.append(line)
+    for choice in plan.choices:
+        if choice.value == savers.BASELINE[choice.name]:
+            out.append(f"{choice.describe()} (not needed to reach the cheapest placement)")
+    return out
+
+
+def why(plan: Plan) -> str:
+    """One sentence on why the chosen placement won."""
+    c = plan.chosen
+    o = c.offer
+    runner_up = plan.ranking.placements[1] if len(plan.ranking.placements) > 1 else None
+    if o.registered:
+        head = f"idle registered server {o.offer_id.removeprefix('server:')} costs nothing more"
+    else:
+        head = (f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} {_kind(o)} at "
+                f"{usd(c.est_cost)}")
+    if runner_up is None:
+        return f"{head}; the only placement that fits"
+    r = runner_up.offer
+    return (f"{head}; next best {r.gpu} x{r.gpu_count} {_kind(r)} ({r.provider}) at "
+            f"{usd(runner_up.est_cost)} in {runner_up.est_hours:.2f} h")
+
+
+def _kind(o: Offer) -> str:
+    if o.registered:
+        return "registered"
+    if o.billing is Billing.MONTHLY:
+        return "monthly rental"
+    return "spot" if o.interruptible else "on-demand"

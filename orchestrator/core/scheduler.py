@@ -1,0 +1,269 @@
+"""Rank placements over offers and registered servers; pick the cheapest that fits (pure)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from orchestrator.core import money, savers, sizing, throughput
+from orchestrator.core.sizing import GIB, MemoryEstimate, Workload
+from providers.base import Billing, GpuSpec, Offer
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The job's `resources:` limits, as plain values."""
+
+    spot: str = "allowed"  # allowed | required | never
+    gpus: frozenset[str] | None = None  # canonical GPU names; None = any
+    max_gpus: int = 8
+    gpu_count: int | None = None  # exactly this many GPUs (resources.gpu_count)
+    providers: frozenset[str] | None = None
+    servers: frozenset[str] | None = None  # registered servers by name; None = any
+    max_price_per_hour: Decimal | None = None
+    max_cost: Decimal | None = None
+    deadline_hours: float | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One way to run the job, with its estimate and cost."""
+
+    offer: Offer
+    estimate: MemoryEstimate
+    duration: throughput.Duration
+    est_cost: Decimal  # marginal dollars for this job
+    amortised_cost: Decimal | None = None  # share of a monthly rent already paid
+
+    @property
+    def est_hours(self) -> float:
+        return self.duration.total
+
+    def sort_key(self) -> tuple[Decimal, float, str, str, int]:
+        """Cost, then time, then a stable identity: ties never depend on input order."""
+        o = self.offer
+        return (self.est_cost, round(self.est_hours, 9), o.provider, o.offer_id, o.gpu_count)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready summary (the `placement` shape of `orch plan --json`)."""
+        o = self.offer
+        return {
+            "provider": o.provider,
+            "offer_id": o.offer_id,
+            "gpu": o.gpu,
+            "gpu_count": o.gpu_count,
+            "billing": o.billing.value,
+            "interruptible": o.interruptible,
+            "registered": o.registered,
+            "price_per_hour": None if o.price_per_hour is None else str(o.price_per_hour),
+            "monthly_price": None if o.monthly_price is None else str(o.monthly_price),
+            "strategy": self.estimate.strategy.value,
+            "required_bytes_per_gpu": self.estimate.required_bytes,
+            "est_hours": round(self.est_hours, 4),
+            "est_training_hours": round(self.duration.training, 4),
+            "est_overhead_hours": round(self.duration.overhead, 4),
+            "throughput_source": self.duration.source,
+            "est_cost": str(self.est_cost),
+            "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
+        }
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Every feasible placement, cheapest first, and why the others were left out."""
+
+    placements: tuple[Placement, ...]
+    rejected: Mapping[str, int] = field(default_factory=dict)  # reason -> offers
+
+    @property
+    def chosen(self) -> Placement | None:
+        return self.placements[0] if self.placements else None
+
+
+class NoFit(Exception):
+    """No offer can run the job; the message states the smallest need and the largest offer."""
+
+
+def constraint_failure(o: Offer, c: Constraints) -> str | None:
+    if c.spot == "never" and o.interruptible:
+        return "interruptible, but resources.spot is never"
+    if c.spot == "required" and not o.interruptible:
+        return "not interruptible, but resources.spot is required"
+    if c.gpus is not None and o.gpu not in c.gpus:
+        return "GPU not in resources.gpus"
+    if o.gpu_count > c.max_gpus:
+        return "more GPUs than resources.max_gpus"
+    if c.gpu_count is not None and o.gpu_count != c.gpu_count:
+        return "GPU count is not resources.gpu_count"
+    if c.providers is not None and o.provider not in c.providers:
+        return "provider not in resources.providers"
+    if c.servers is not None and not (o.registered and o.offer_id.removeprefix("server:")
+                                      in c.servers):
+        return "not a server in resources.servers"
+    if (c.max_price_per_hour is not None and o.price_per_hour is not None
+            and o.price_per_hour > c.max_price_per_hour):
+        return "above resources.max_price_per_hour"
+    return None
+
+
+def rank(
+    w: Workload,
+    tokens: int,
+    offers: Iterable[Offer],
+    gpus: Mapping[str, GpuSpec],
+    constraints: Constraints = Constraints(),
+    cached_on: frozenset[str] = frozenset(),
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+) -> Ranking:
+    """All placements that fit and satisfy the constraints, cheapest (then fastest) first.
+
+    `cached_on` holds offer ids whose host already has the base model (no pull);
+    `measured` maps (GPU, count, method, size class) to throughput learned from finished
+    jobs; where a key has a figure it replaces the formula.
+    """
+    rejected: Counter[str] = Counter()
+    placements: list[Placement] = []
+    # Offers repeat the same few shapes; size and time each shape once, price each offer.
+    fit_cache: dict[tuple[object, ...], MemoryEstimate | None] = {}
+    time_cache: dict[tuple[object, ...], throughput.Duration] = {}
+    for offer in offers:
+        why = constraint_failure(offer, constraints)
+        if why:
+            rejected[why] += 1
+            continue
+        gpu = gpus[offer.gpu]
+        key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
+        if key not in fit_cache:
+            fit_cache[key] = savers.fit(w, offer.gpu_count, offer.gpu_memory_bytes,
+                                        offer.ram_bytes, gpu)
+        est = fit_cache[key]
+        if est is None:
+            rejected["does not fit in GPU memory"] += 1
+            continue
+        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache)
+        placed = priced(offer, est, dur, constraints)
+        if isinstance(placed, str):
+            rejected[placed] += 1
+            continue
+        placements.append(placed)
+    placements.sort(key=Placement.sort_key)
+    return Ranking(tuple(placements), dict(rejected))
+
+
+def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstimate,
+          cached_on: frozenset[str],
+          measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
+          cache: dict[tuple[object, ...], throughput.Duration]) -> throughput.Duration:
+    """How long the job takes on `offer` with layout `est`; offers of one shape share it.
+
+    The key is what `throughput.duration` depends on besides the job: the offer's shape
+    (which fixes `est`), its boot and pull, whether the model is cached, a learned rate.
+    """
+    learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
+        if measured else None
+    cached = offer.offer_id in cached_on
+    key = (offer.gpu, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
+           offer.boot_minutes, offer.pull_gbps, cached, learned)
+    dur = cache.get(key)
+    if dur is None:
+        dur = cache[key] = throughput.duration(est.workload or w, tokens, offer, gpu,
+                                               est.strategy, model_cached=cached,
+                                               measured=learned)
+    return dur
+
+
+def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
+           c: Constraints) -> Placement | str:
+    """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks."""
+    if c.deadline_hours is not None and dur.total > c.deadline_hours:
+        return "slower than resources.deadline_hours"
+    cost = money.job_cost(offer, dur.total)
+    if c.max_cost is not None and cost > c.max_cost:
+        return "above resources.max_cost"
+    if (c.max_price_per_hour is not None and offer.price_per_hour is None
+            and cost / Decimal(repr(dur.total)) > c.max_price_per_hour):
+        # A new monthly rental has no hourly price; what it costs this job per hour
+        # (a whole month's commitment over the job's hours) is what the limit is about.
+        return "above resources.max_price_per_hour"
+    amortised = None
+    if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
+        amortised = money.amortised_share(offer.monthly_price, dur.total)
+    return Placement(offer, est, dur, cost, amortised)
+
+
+def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
+                  ) -> MemoryEstimate:
+    """The least per-GPU memory any layout of `w` needs (sharded over the most GPUs)."""
+    best: MemoryEstimate | None = None
+    for count in (1, 2, 4, 8) if gpu_count is None else (gpu_count,):
+        if count > max_gpus:
+            break
+        for strategy in sizing.candidate_strategies(count):
+            if strategy in (sizing.Strategy.OFFLOAD, sizing.Strategy.SHARDED_OFFLOAD):
+                continue  # offload needs a known host RAM; report the GPU-only need
+            for v in savers.variants(w):  # with every saver the job allows
+                est = sizing.estimate(v, count, strategy)
+                if best is None or est.required_bytes < best.required_bytes:
+                    best = est
+    assert best is not None
+    return best
+
+
+def choose(
+    w: Workload,
+    tokens: int,
+    offers: Iterable[Offer],
+    gpus: Mapping[str, GpuSpec],
+    constraints: Constraints = Constraints(),
+    cached_on: frozenset[str] = frozenset(),
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+) -> tuple[Placement, Ranking]:
+    """The cheapest feasible placement (arguments as `rank`), or NoFit explaining the gap."""
+    offers = list(offers)
+    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured)
+    if ranking.chosen is not None:
+        return ranking.chosen, ranking
+    raise NoFit(no_fit_message(w, offers, ranking, constraints))
+
+
+NO_MEMORY = "does not fit in GPU memory"
+# What to change for each reason an offer was left out.
+_ADVICE = {
+    NO_MEMORY: "a shorter training.sequence_len, a smaller micro_batch_size, method qlora, "
+               "or a larger server registered with `orch servers add`",
+    "interruptible, but resources.spot is never": "resources.spot: allowed",
+    "not interruptible, but resources.spot is required": "resources.spot: allowed",
+    "GPU not in resources.gpus": "more GPU models in resources.gpus (or any)",
+    "more GPUs than resources.max_gpus": "a higher resources.max_gpus",
+    "GPU count is not resources.gpu_count": "another resources.gpu_count, or leave it out",
+    "provider not in resources.providers": "more providers in resources.providers (or any), "
+                                           "or `orch servers add` for `dedicated`",
+    "above resources.max_price_per_hour": "a higher resources.max_price_per_hour",
+    "not a server in resources.servers": "more servers in resources.servers (see `orch "
+                                         "servers list`), or remove it to use any provider",
+    "slower than resources.deadline_hours": "a later resources.deadline_hours",
+    "above resources.max_cost": "a higher resources.max_cost",
+}
+
+
+def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
+                   constraints: Constraints) -> str:
+    """Why nothing was placed: the smallest need, the largest eligible offer, what to change."""
+    need = smallest_need(w, constraints.max_gpus, constraints.gpu_count)
+    plural = "s" if need.gpu_count > 1 else ""
+    need_txt = (f"the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
+                f"({need.strategy.value} on {need.gpu_count} GPU{plural}, headroom "
+                f"{need.headroom:.0%})")
+    eligible = [o for o in offers if constraint_failure(o, constraints) is None]
+    largest = max(eligible, key=lambda o: (o.gpu_memory_bytes, o.gpu_count), default=None)
+    if largest is None:
+        offer_txt = "no offer passes the job's resources constraints"
+    else:
+        offer_txt = (f"the largest eligible offer has {largest.gpu_memory_bytes / GIB:.1f} GiB "
+                     f"per GPU ({largest.gpu} x{largest.gpu_count}, {largest.provider})")
+    reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items())) or "no offers"
+    advice = [_ADVICE[r] for r in sorted(ranking.rejected) if r in _ADVICE]
+    tail = f" Try {'; or '.join(advice)}." if advice else ""
+    return f"no placement fits: {need_txt}; {offer_txt}. Left out: {reasons}.{tail}"

@@ -1,0 +1,164 @@
+"""How long a job takes on a given GPU: FLOPs over sustained throughput, plus set-up (pure)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from orchestrator.core.sizing import Strategy, Workload, weight_bytes
+from providers.base import GpuSpec, Offer
+
+# Throughput cost of each saver, as a factor on training time (docs/sizing.md, "Savers"):
+# - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README).
+# - Liger fused linear CE: its README reports +20 % throughput for the whole kernel set on
+#   8×A100 FSDP; orch enables only the loss kernel and claims no gain it cannot pin down.
+# - 8-bit AdamW: the optimizer step is a small part of a step and bitsandbytes' 8-bit Adam
+#   runs at the speed of 32-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via
+#   Block-wise Quantization", Table 2).
+# - Gradient checkpointing: one more forward pass (+2N FLOPs per token), below.
+# - Activation offloading: streamed to host RAM and overlapped with compute on top of
+#   checkpointing; no published figure with a pinned config: an assumed 10 %.
+CE_SLOWDOWN = {"plain": 1.0, "cut": 1.0, "liger": 1.0}
+OPTIMIZER_SLOWDOWN = {"adamw": 1.0, "adamw_8bit": 1.0, "paged_adamw_8bit": 1.0}
+ACTIVATION_OFFLOAD_SLOWDOWN = 1.10
+
+# Training FLOPs per token per parameter (sizing-facts.md, "Throughput and time"):
+# forward 2N; backward 4N for full fine-tunes, ~2N for adapters (input gradients only);
+# gradient checkpointing recomputes the forward (+2N).
+FORWARD = 2
+BACKWARD = {"full": 4, "lora": 2, "qlora": 2}
+RECOMPUTE = 2
+# QLoRA dequantizes every 4-bit weight on each use: slower per FLOP than bf16 LoRA.
+# Calibrated with the GPUs' mfu so QLoRA 8B over 6M tokens ≈ 1.5 h on one RTX 4090.
+QLORA_DEQUANT_SLOWDOWN = 1.25
+# Which scaling figure of the GPU's interconnect (providers/catalog/gpus.yaml) applies.
+STRATEGY_SCALING = {
+    Strategy.SINGLE: (),
+    Strategy.DDP: ("ddp",),
+    Strategy.SHARDED: ("fsdp",),
+    Strategy.SHARDED_OFFLOAD: ("fsdp", "offload"),
+    Strategy.OFFLOAD: ("offload",),
+}
+# Weight reads per optimizer micro-step (forward, backward, recompute): the bandwidth floor.
+WEIGHT_PASSES = 3
+# Merging the adapter and starting vLLM for the eval: reading/writing the bf16 model a few
+# times at NVMe speed, plus a fixed allowance for the eval requests.
+MERGE_EVAL_GBPS = 1.0
+MERGE_EVAL_FIXED_MIN = 5.0
+
+# Published model sizes that measured throughput is grouped by (label, parameters). A model
+# takes the label nearest in log space, so 7.6B (Qwen2.5-7B) and 8.0B (Llama-3.1-8B) share
+# "8B": within a class, tokens/s differs by the size ratio (tens of percent at most), far
+# less than between classes or between the formula and reality.
+SIZE_CLASSES: tuple[tuple[str, float], ...] = (
+    ("0.5B", 0.5e9), ("1B", 1e9), ("3B", 3e9), ("8B", 8e9), ("14B", 14e9),
+    ("32B", 32e9), ("70B", 70e9), ("405B", 405e9),
+)
+
+# What learned throughput is keyed by: (GPU model, GPU count, method, size class).
+MeasuredKey = tuple[str, int, str, str]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Tokens per second learned from finished jobs: the median, and how many it is over."""
+
+    tokens_per_s: float  # the whole job's rate, over all its GPUs
+    count: int  # observations (one per finished job)
+
+    def describe(self) -> str:
+        """How `orch plan` names the figure it used."""
+        jobs = "job" if self.count == 1 else "jobs"
+        return f"measured {self.tokens_per_s:,.0f} tokens/s ({self.count} {jobs})"
+
+
+def size_class(params: int) -> str:
+    """The label of SIZE_CLASSES nearest to `params` in log space (e.g. 8_030_261_248 -> 8B)."""
+    if params <= 0:
+        raise ValueError(f"parameter count must be > 0 (got {params})")
+    target = math.log(params)
+    return min(SIZE_CLASSES, key=lambda c: abs(math.log(c[1]) - target))[0]
+
+
+def measured_key(w: Workload, gpu: str, gpu_count: int) -> MeasuredKey:
+    """The history key a job of `w` on `gpu_count` x `gpu` is measured and looked up by."""
+    return (gpu, gpu_count, w.method, size_class(w.arch.params))
+
+
+@dataclass(frozen=True)
+class Duration:
+    """Estimated wall time of a job on one placement, by phase, in hours."""
+
+    boot: float
+    model_pull: float
+    training: float
+    merge_eval: float
+    source: str  # "formula" or Measured.describe()
+
+    @property
+    def total(self) -> float:
+        return self.boot + self.model_pull + self.training + self.merge_eval
+
+    @property
+    def overhead(self) -> float:
+        """Hours billed that are not training."""
+        return self.boot + self.model_pull + self.merge_eval
+
+
+def extra_slowdown(w: Workload) -> float:
+    """The savers' time factor beyond checkpointing's recompute (which is in the FLOPs)."""
+    factor = CE_SLOWDOWN[str(w.cross_entropy)] * OPTIMIZER_SLOWDOWN[str(w.optimizer)]
+    return factor * (ACTIVATION_OFFLOAD_SLOWDOWN if w.activation_offloading is True else 1.0)
+
+
+def flops_per_token(w: Workload) -> float:
+    """Training FLOPs for one token of `w`."""
+    per_param = FORWARD + BACKWARD[w.method] + (RECOMPUTE if w.gradient_checkpointing else 0)
+    return per_param * w.arch.params
+
+
+def training_seconds(
+    w: Workload, tokens: int, gpu: GpuSpec, gpu_count: int, strategy: Strategy,
+    measured_tokens_per_s: float | None = None,
+) -> float:
+    """Seconds of training for `tokens` (all epochs), compute- or bandwidth-bound."""
+    if measured_tokens_per_s:
+        return tokens / measured_tokens_per_s
+    rate = gpu.bf16_tflops * 1e12 * gpu.mfu * gpu_count
+    for kind in STRATEGY_SCALING[strategy]:
+        rate *= gpu.efficiency(kind)
+    if w.method == "qlora":
+        rate /= QLORA_DEQUANT_SLOWDOWN
+    compute = tokens * flops_per_token(w) / rate * extra_slowdown(w)
+    # Each micro-step streams all the weights a few times on every GPU: sharded layouts
+    # gather each layer in full before using it, so sharding does not lower this floor.
+    microsteps = tokens / (w.sequence_len * w.micro_batch_size * gpu_count)
+    memory = microsteps * WEIGHT_PASSES * weight_bytes(w) / (gpu.bandwidth_tbps * 1e12)
+    return max(compute, memory)
+
+
+def model_download_bytes(w: Workload) -> int:
+    """The base model as published: bf16 safetensors (QLoRA quantizes at load time)."""
+    return w.arch.params * 2
+
+
+def duration(
+    w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, strategy: Strategy,
+    model_cached: bool = False, measured: Measured | None = None,
+) -> Duration:
+    """Wall time of the whole job on `offer`: boot, model pull, training, merge + eval."""
+    bf16 = model_download_bytes(w)
+    pull = 0.0 if model_cached else bf16 * 8 / (offer.pull_gbps * 1e9)
+    merge = 0.0 if w.method == "full" else bf16 * 2 / (MERGE_EVAL_GBPS * 1e9)
+    # A non-positive figure is a bad observation, not a GPU that never finishes.
+    use = measured if measured is not None and measured.tokens_per_s > 0 else None
+    train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy,
+                             use.tokens_per_s if use else None)
+    source = use.describe() if use else "formula"
+    return Duration(
+        boot=offer.boot_minutes / 60,
+        model_pull=pull / 3600,
+        training=train / 3600,
+        merge_eval=(merge + MERGE_EVAL_FIXED_MIN * 60) / 3600,
+        source=source,
+    )

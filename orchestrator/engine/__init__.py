@@ -1,0 +1,1 @@
+"""Running a job: placement, the host session and pipeline, recovery, teardown."""

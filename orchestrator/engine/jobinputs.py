@@ -1,0 +1,179 @@
+"""A recorded job turned back into what the engine runs: the validated spec and the pipeline's
+plain values.
+
+The database keeps the resolved spec (`job.spec_json`) and the job file's absolute path
+(`placement_json.job_file`); a worker, possibly started long after `orch submit`, resolves
+the spec against that path again, so dataset and eval files are read from where the job file
+names them. Secrets (HF_TOKEN) come from the worker's environment, never from the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.core.paths import data_dir
+from orchestrator.core.sizing import Workload
+from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
+from orchestrator.records.store import Job
+from providers.base import Instance
+
+if TYPE_CHECKING:
+    from playbooks.pipeline import PipelineJob
+
+# Checkpoints bound the work an interruption loses; aim for one every this many seconds.
+CHECKPOINT_EVERY_S = 15 * 60
+
+
+class InputsError(Exception):
+    """The recorded job cannot be run (its files moved, say); the message says which."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The recorded job, resolved again, and what the engine derives from it."""
+
+    loaded: LoadedJob
+    tokens: int
+    est_train_hours: float | None
+    measured: dict[Any, Any]
+
+    def eval_rows(self) -> list[dict[str, Any]] | None:
+        """The eval set's rows, or None when the job has no eval set."""
+        spec = self.loaded.spec
+        if spec.eval.eval_set is None:
+            return None
+        from orchestrator.core.userfiles import lines
+
+        path = self.loaded.path.parent / spec.eval.eval_set
+        # Regular files only, streamed: resolve() checked it, but it may have changed since.
+        return [json.loads(line) for line in lines(path) if line.strip()]
+
+    def save_steps(self, gpu_count: int) -> int:
+        """Checkpoint interval in optimizer steps: about one per CHECKPOINT_EVERY_S."""
+        t = self.loaded.spec.training
+        per_step = t.sequence_len * t.micro_batch_size * t.gradient_accumulation_steps
+        steps = max(1, self.tokens // max(1, per_step * gpu_count))
+        if not self.est_train_hours:
+            return max(1, min(500, steps // 10))
+        per_checkpoint = steps * CHECKPOINT_EVERY_S / (self.est_train_hours * 3600)
+        return max(1, min(steps, int(per_checkpoint)))
+
+    def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
+                     exact_count: bool = True) -> PipelineJob:
+        """The host pipeline's view of this job on `inst`.
+
+        `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
+        """
+        from orchestrator.core import savers
+        from orchestrator.core.planning import workload_from
+        from playbooks import images
+        from playbooks.gpu import GpuExpectation
+        from playbooks.pipeline import PipelineJob
+        from providers import catalog
+
+        spec = self.loaded.spec
+        gpu = inst.gpu or job.gpu or ""
+        count = job.gpu_count or inst.gpu_count or 1
+        spec_gpu = catalog.gpus().get(gpu)
+        strategy = "single"
+        requested = workload_from(self.loaded)
+        # The planner's choice on this GPU (the same pure function as at plan time); on a
+        # GPU orch has no figures for, the settings orch used before it decided them.
+        w = savers.fallback(requested)
+        if spec_gpu is not None:
+            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+            if est is not None and est.workload is not None:
+                strategy, w = est.strategy.value, est.workload
+        config = train_config(spec, strategy, self.save_steps(count), w)
+        if spec.dataset.path.local is None:
+            raise InputsError(f"job {job.id}: Hugging Face datasets ({spec.dataset.path.hf}) "
+                              "are not uploaded by orch yet; download it to a JSONL file and "
+                              "give its path in dataset.path")
+        token = os.environ.get("HF_TOKEN") or None
+        return PipelineJob(
+            job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
+            model_bytes=self.loaded.architecture.params * 2,
+            gpu=GpuExpectation(gpu, count, exact_count=exact_count,
+                               min_cuda=images.min_cuda(spec.trainer.image),
+                               image=spec.trainer.image),
+            config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),
+            artifacts_dir=str(artifacts_dir(job.id)),
+            eval_set=None if spec.eval.eval_set is None
+            else str(self.loaded.path.parent / spec.eval.eval_set),
+            eval_tasks=tuple(spec.eval.tasks), trainer_image=spec.trainer.image,
+            vllm_port=vllm_port, hf_token=token, poll_s=poll_s)  # fmt: skip
+
+
+def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Workload) -> Any:
+    """The job's axolotl inputs (a playbooks.axolotl.TrainConfigInput; paths left empty).
+
+    One function for the engine and `orch render`, so what is rendered is what runs.
+    `settings` is the planner's resolved workload: the memory savers it turned on.
+    """
+    from playbooks.axolotl import TrainConfigInput
+
+    t, lora = spec.training, spec.lora
+    return TrainConfigInput(
+        method=spec.method, base_model_dir="", dataset_path="",
+        dataset_format=spec.dataset.format, output_dir="",
+        sequence_len=t.sequence_len, micro_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
+        learning_rate=t.learning_rate, optimizer=str(settings.optimizer),
+        gradient_checkpointing=settings.gradient_checkpointing is True, packing=t.packing,
+        cross_entropy=settings.cross_entropy,  # type: ignore[arg-type]  # resolved: no "auto"
+        activation_offloading=settings.activation_offloading is True,
+        lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        lora_target=None if lora.target is None else tuple(lora.target),
+        strategy=strategy, save_steps=save_steps,
+        extra=dict(spec.trainer.extra))  # fmt: skip
+
+
+def artifacts_dir(job_id: str) -> Path:
+    """Where a job's adapter (and merged model) are copied back to."""
+    return data_dir() / "artifacts" / job_id
+
+
+def job_file(job: Job) -> Path:
+    """The job file recorded at submit time."""
+    placement = json.loads(job.placement_json or "{}")
+    path = placement.get("job_file")
+    if not path:
+        raise InputsError(f"job {job.id} was recorded without its job file (a dry run?); "
+                          "submit the job file again")
+    return Path(path)
+
+
+def load_inputs(job: Job) -> Inputs:
+    """Resolve a recorded job again; InputsError when its files are gone or changed."""
+    from orchestrator.core.planning import total_tokens
+
+    path = job_file(job)
+    data = json.loads(job.spec_json)
+    if data.get("method") == "full":
+        # The recorded spec carries every default, lora's too; a full fine-tune's job file
+        # may not set lora, so leave the defaults out when validating it again.
+        data.pop("lora", None)
+    spec = JobSpec.model_validate(data)
+    try:
+        loaded = resolve(spec, path)
+    except SpecError as exc:
+        raise InputsError(f"job {job.id}: {'; '.join(exc.problems)}") from exc
+    placement = json.loads(job.placement_json or "{}")
+    est = (placement.get("placement") or {}).get("est_training_hours")
+    return Inputs(loaded, total_tokens(loaded), float(est) if est else None,
+                  measured_throughput())
+
+
+def measured_throughput() -> dict[Any, Any]:
+    """Throughput learned from finished jobs (empty until the history has some)."""
+    from orchestrator.core.paths import default_db_url
+    from orchestrator.records.readonly import measured_throughput
+
+    try:
+        return dict(measured_throughput(default_db_url()))
+    except Exception:  # an estimate aid only: never a reason not to run
+        return {}

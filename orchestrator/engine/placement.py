@@ -1,0 +1,278 @@
+"""Where a job runs: adopt its instance after a takeover, or rank live offers and rent one.
+
+The placement part of `orchestrator.engine.runner.JobRunner` (see `runner_core`): the
+providers a job may use (an opt-in provider only when the job names it), their offers ranked by the
+scheduler, provisioning with the instance row written before `create`, and the sweep of
+instances tagged with the job that no row knows.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from orchestrator.core import money, scheduler
+from orchestrator.core.planning import constraints_from, total_tokens, workload_from
+from orchestrator.engine import recovery
+from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
+from orchestrator.records.store import to_micros
+from playbooks import images
+from providers import catalog
+from providers.base import (
+    AuthError,
+    BalanceError,
+    Billing,
+    CapacityError,
+    Instance,
+    KeepsMachine,
+    NotFound,
+    Offer,
+    OptInOnly,
+    Provider,
+    ProviderError,
+    QuotaError,
+    Requirements,
+    TransientError,
+    keeps_machine,
+)
+
+
+def _placing(offer: Offer, provider: Provider) -> str:
+    """The provisioning message: a registered server is claimed, not rented (issue 12 §4)."""
+    if offer.registered:
+        kept = keeps_machine(provider)
+        name = kept.server_name(offer.offer_id) if kept is not None else offer.offer_id
+        return (f"claiming registered server {name} "
+                f"({offer.gpu} x{offer.gpu_count}, no marginal cost)")
+    return (f"renting {offer.provider} {offer.gpu} x{offer.gpu_count} "
+            f"({'spot' if offer.interruptible else 'on-demand'})")
+
+
+class PlacementMixin(RunnerCore):
+    """Adopting, ranking and renting (the first part of a `JobRunner` attempt)."""
+
+    def _adopt(self) -> tuple[int, Provider, Instance] | None:
+        """After a takeover: reuse the job's instance if it is still running, else clean up."""
+        rows = [r for r in self.store.instances_of(self.job_id) if r.terminated_at is None]
+        adopted: tuple[int, Provider, Instance] | None = None
+        for row in rows:
+            provider = self.providers.get(row.provider)
+            if provider is None or row.id is None:
+                continue
+            if row.provider_instance_id is None:
+                # Created, maybe, but the id never reached the database: find it by its tag.
+                found = self._tagged(provider, row.provider)
+                if not found:
+                    self._close_row(row.id, "failed")
+                    continue
+                row = self.store.update_instance(row.id, provider_instance_id=found[0])
+            assert row.provider_instance_id is not None and row.id is not None
+            try:
+                inst = provider.get(row.provider_instance_id)
+            except NotFound:
+                self._close_row(row.id, "interrupted")
+                continue
+            except ProviderError:
+                inst = None
+            self._held[row.id] = (row.provider, row.provider_instance_id)
+            if adopted is None and inst is not None and inst.state not in LOST:
+                self._event("instance.adopted", f"reattaching to {row.provider} instance "
+                            f"{row.provider_instance_id} after a takeover")
+                adopted = (row.id, provider, inst)
+            else:
+                self._release(row.id, "interrupted")
+        # Instances tagged with this job that no row knows (a crash inside create). Only
+        # the providers this job can use or has used are asked: another provider being down
+        # must not stall this job (sweeping those is `orch reconcile`'s work).
+        mine = set(self._usable()) | {r.provider for r in rows}
+        for name, provider in self.providers.items():
+            if name in mine:
+                self._orphan_sweep(provider, name)
+        return adopted
+
+    def _usable(self) -> list[str]:
+        """The configured providers this job may be placed on."""
+        named = constraints_from(self.inputs.loaded).providers
+        return [name for name in self.providers
+                if (named is None or name in named)
+                # an opt-in provider (the simulated cloud) only runs jobs that name it
+                and not (isinstance(self.providers[name], OptInOnly)
+                         and (named is None or name not in named))]
+
+    def _tagged(self, provider: Provider, name: str) -> list[str]:
+        if isinstance(provider, KeepsMachine):
+            return []  # a kept server is claimed, never an orphan to destroy
+        if recovery.OUTAGES.down(provider):
+            return []  # a provider in an outage is swept by `orch reconcile` later
+        try:
+            return [i.instance_id for i in provider.list(self.job_id)]
+        except TransientError:
+            recovery.OUTAGES.mark(provider, self.opts.backoff_s)
+            return []
+        except ProviderError:
+            return []
+
+    def _candidates(self) -> list[scheduler.Placement]:
+        """Placements over live offers of the job's providers, cheapest first."""
+        loaded = self.inputs.loaded
+        constraints = constraints_from(loaded)
+        named = constraints.providers
+        offers: list[Offer] = []
+        notes: list[str] = []
+        unavailable: list[str] = []
+        asked_wait: float | None = None  # the longest Retry-After a provider sent
+        for name in self._usable():
+            provider = self.providers[name]
+            down = recovery.OUTAGES.down(provider)
+            if down:
+                unavailable.append(f"{name}: unavailable (an outage seen moments ago; asked "
+                                   f"again in {down:.0f}s)")
+                continue
+            answered = True
+            for count in (1, 2, 4, 8):
+                if count > constraints.max_gpus:
+                    break
+                spot = {"required": True, "never": False}.get(constraints.spot)
+                req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
+                                   gpus=constraints.gpus, interruptible=spot,
+                                   max_price_per_hour=constraints.max_price_per_hour,
+                                   disk_gb=self.opts.disk_gb,
+                                   min_cuda=images.min_cuda(
+                                       self.inputs.loaded.spec.trainer.image))
+                try:
+                    offers += provider.offers(req)
+                except (AuthError, BalanceError, QuotaError) as exc:
+                    notes.append(f"{name}: {exc}")
+                    break
+                except TransientError as exc:  # after the adapter's retries: an outage
+                    unavailable.append(f"{name}: provider unavailable ({exc})")
+                    if exc.retry_after is not None:
+                        asked_wait = max(asked_wait or 0.0, exc.retry_after)
+                    recovery.OUTAGES.mark(provider, max(self.opts.backoff_s,
+                                                        exc.retry_after or 0.0))
+                    answered = False
+                    break
+                except ProviderError as exc:
+                    notes.append(f"{name}: offers unavailable ({exc})")
+                    break
+            if answered:
+                recovery.OUTAGES.clear(provider)
+        for note in notes + unavailable:
+            self._event("offers.note", note)
+        # Dedicated servers answer every GPU count they can serve: keep each offer once
+        # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
+        offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
+                       for o in offers}.values())
+        w = workload_from(loaded)
+        ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
+                                 measured=self.inputs.measured)
+        if not ranking.placements:
+            if unavailable:
+                # Not a verdict on the job: what the unavailable providers offer is unknown.
+                raise recovery.ProvidersUnavailable("; ".join(unavailable + notes),
+                                                    retry_after=asked_wait)
+            if not offers:
+                which = ", ".join(sorted(named)) if named else ", ".join(
+                    n for n in sorted(self.providers)
+                    if not isinstance(self.providers[n], OptInOnly))
+                raise JobFailed(f"no offers from {which or 'any provider'}"
+                                + (f" ({'; '.join(notes)})" if notes else "")
+                                + "; add credentials (VAST_API_KEY, RUNPOD_API_KEY), register "
+                                "a server with `orch servers add`, or try the simulated cloud "
+                                "with `resources.providers: [sim]`")
+            raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
+        return list(ranking.placements)
+
+    def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
+        placements = [p for p in self._candidates()
+                      if (p.offer.provider, p.offer.offer_id) not in tried]
+        failures: list[str] = []
+        transient = 0
+        for placement in placements[: self.opts.max_placements]:
+            offer = placement.offer
+            tried.add((offer.provider, offer.offer_id))
+            provider = self.providers[offer.provider]
+            self._check_stop()
+            job = self._set("provisioning", _placing(offer, provider),
+                            {"placement": placement.to_dict()},
+                            provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
+                            billing=offer.billing.value, interruptible=offer.interruptible,
+                            est_hours=placement.est_hours,
+                            est_cost_micros=to_micros(placement.est_cost,
+                                                      rounding=ROUND_HALF_EVEN))
+            hourly = self._hourly_rate(offer)  # a monthly server's: its amortisation rate
+            row = self.store.add_instance(
+                self.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
+                gpu_count=offer.gpu_count, billing=offer.billing.value,
+                interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
+                attempt=job.attempt)
+            assert row.id is not None
+            self._held[row.id] = (offer.provider, None)
+            try:
+                # A rental is created from the image it runs: the cloud variant (sshd on
+                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
+                inst = provider.create(offer, self.public_key, self.job_id,
+                                       image=images.for_host(
+                                           self.inputs.loaded.spec.trainer.image, "container"),
+                                       disk_gb=self.opts.disk_gb)
+            except CapacityError as exc:
+                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
+                self._event("provision.capacity", f"{offer.provider} {offer.gpu} "
+                            f"x{offer.gpu_count}: {exc}; trying the next offer")
+                self._close_row(row.id, "capacity")
+                continue
+            except TransientError as exc:
+                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
+                transient += 1
+                self._event("provision.transient", f"{offer.provider}: {exc} (after retries); "
+                            "trying the next offer")
+                self._orphan_sweep(provider, offer.provider)
+                self._close_row(row.id, "failed")
+                continue
+            except (AuthError, BalanceError, QuotaError) as exc:
+                self._close_row(row.id, "failed")
+                raise JobFailed(f"{offer.provider}: {exc}") from exc
+            failpoint("after-create")
+            price = inst.price_per_hour if inst.price_per_hour is not None else hourly
+            if offer.billing is Billing.MONTHLY:
+                price = hourly  # the rent is paid: the row keeps the amortisation rate
+            self.store.update_instance(
+                row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
+                price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
+            self._held[row.id] = (offer.provider, inst.instance_id)
+            self._event("instance.created",
+                        f"registered server {inst.instance_id} claimed (rent already paid: no "
+                        f"marginal cost; {money.usd(price)}/h amortised)"
+                        if offer.registered else f"{offer.provider} instance "
+                        f"{inst.instance_id} at {money.usd(price)}/h",
+                        {"instance": inst.instance_id, "price_per_hour": str(price)})
+            # Placed: the outage (if any) is over, and phases done on an earlier instance
+            # are not on this one.
+            self.store.update_job_fields(self.job_id, outage_since=None, not_before=None,
+                                         phase_done=None)
+            return row.id, provider, inst
+        if failures and transient == len(failures):
+            raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
+                                                "providers are unavailable: "
+                                                + "; ".join(failures))
+        raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
+                        if failures else "no placement left to try (all failed before)")
+
+    def _orphan_sweep(self, provider: Provider, name: str) -> None:
+        """Terminate instances tagged with this job that no instance row knows: a create
+        that failed after retries, or a crash inside create, may still have rented one."""
+        known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
+        for iid in self._tagged(provider, name):
+            if iid not in known:
+                self._event("instance.orphan", f"terminating untracked {name} instance "
+                            f"{iid} tagged with this job")
+                try:
+                    provider.terminate(iid)
+                except ProviderError as exc:
+                    # Still rented, still billed: say so; `orch reconcile` sweeps it by tag.
+                    log.warning("job %s: cannot terminate untracked %s instance %s: %s",
+                                self.job_id, name, iid, exc)
+                    self._event("instance.orphan_left", f"could not terminate untracked "
+                                f"{name} instance {iid}: {exc}; it may still be billed: run "
+                                "`orch reconcile` (it retries), or terminate it in the "
+                                f"{name} console", {"instance": iid, "provider": name})
+

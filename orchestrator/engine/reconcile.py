@@ -1,0 +1,164 @@
+"""`orch reconcile`: make the providers and the database agree, and stop paying for orphans.
+
+For every provider, list the instances tagged as orch's (`orch-<job id>` in their name or
+label, set at create time, so even an instance the database never recorded is found):
+- its job is unknown, or finished (succeeded / failed / cancelled): terminate it;
+- its job is still being driven by a live worker: leave it alone.
+- its job was requeued (its worker or foreground `orch submit` died) and no worker adopted it
+  within the idle grace period (`orchestrator.engine.recovery.IDLE_GRACE_S`, ORCH_IDLE_GRACE_S):
+  terminate it; the job resumes from the checkpoints on its volume when a worker claims it.
+Then repair the database: instance rows still open whose instance the provider no longer has
+are marked terminated, and jobs whose worker's lease expired are queued again to resume.
+With `dry_run`, nothing is changed and the report says what would be done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.records.store import FINAL_STATUSES, Store, utcnow
+from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing reconcile did (or, in a dry run, would do)."""
+
+    kind: str  # terminate | keep | mark-terminated | requeue | scrub-secrets | error
+    provider: str
+    instance_id: str | None
+    job_id: str | None
+    reason: str
+
+
+@dataclass
+class Report:
+    """Everything reconcile decided, in order."""
+
+    dry_run: bool
+    actions: list[Action] = field(default_factory=list)
+
+    def of(self, kind: str) -> list[Action]:
+        """Actions of one kind."""
+        return [a for a in self.actions if a.kind == kind]
+
+
+def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str, str]:
+    job_id = inst.job_id
+    if job_id is None:
+        return "keep", "not tagged as orch's"
+    job = store.find_job(job_id)
+    if job is None:
+        return "terminate", f"job {job_id} is not in the database (crash before it was recorded?)"
+    if job.status in FINAL_STATUSES:
+        return "terminate", f"job {job_id} is {job.status}"
+    if job_id in idle:
+        return "terminate", (f"job {job_id} has waited over {idle[job_id]:.0f}s for a worker "
+                             "since it was requeued; its checkpoints stay on its volume")
+    recorded = {r.provider_instance_id for r in store.instances_of(job_id)
+                if r.provider == inst.provider}
+    lapsed = job.lease_expires_at is None or job.lease_expires_at < utcnow()
+    if inst.instance_id not in recorded and lapsed:
+        # Created, but the process died before writing its id down, and nobody drives the
+        # job now: the next attempt rents a fresh machine, so this one only costs money.
+        return "terminate", (f"job {job_id} never recorded this instance and no worker holds "
+                             "the job (crash between create and the database write)")
+    return "keep", f"job {job_id} is {job.status}"
+
+
+def reconcile(store: Store, providers: Mapping[str, Provider], *,
+              dry_run: bool = False, idle_grace_s: float | None = None,
+              scrub: Callable[[Any], list[str]] | None = None) -> Report:
+    """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs.
+
+    `idle_grace_s` (default `recovery.IDLE_GRACE_S`): how long an instance of a requeued
+    job nobody drives is kept for a worker to adopt before it is terminated.
+    With `scrub` (a server row -> secret files it removed), every idle registered server
+    with a pinned host key is also cleaned of secrets a crashed job left (issue 10 §6).
+    """
+    from orchestrator.engine import recovery
+
+    report = Report(dry_run)
+    live: dict[str, set[str]] = {}
+    grace = recovery.IDLE_GRACE_S if idle_grace_s is None else idle_grace_s
+    idle = {job.id: grace for job in recovery.unowned_idle(store, grace)}
+    for name, provider in providers.items():
+        try:
+            instances = provider.list()
+        except ProviderError as exc:
+            report.actions.append(Action("error", name, None, None, f"cannot list: {exc}"))
+            continue
+        live[name] = {i.instance_id for i in instances}
+        for inst in instances:
+            verdict, reason = _verdict(store, inst, idle)
+            if verdict == "terminate" and not dry_run:
+                try:
+                    provider.terminate(inst.instance_id)
+                except ProviderError as exc:
+                    report.actions.append(Action("error", name, inst.instance_id, inst.job_id,
+                                                 f"terminate failed: {exc}"))
+                    continue
+                if inst.job_id in idle:  # its row gets the idle time it billed
+                    for row in store.instances_of(inst.job_id):
+                        if (row.provider, row.provider_instance_id) == (name, inst.instance_id) \
+                                and row.terminated_at is None:
+                            recovery.close_row(store, row, "idle")
+                store.mark_terminated(name, inst.instance_id)
+                if inst.job_id and store.find_job(inst.job_id) is not None:
+                    store.add_event(inst.job_id, "reconcile.terminated",
+                                    f"{name} instance {inst.instance_id} terminated: {reason}")
+            report.actions.append(Action(verdict, name, inst.instance_id, inst.job_id, reason))
+
+    for row in store.open_instances():
+        if row.provider not in live or row.provider_instance_id is None:
+            continue  # provider not configured here, or create never returned an id
+        if row.provider_instance_id in live[row.provider]:
+            continue
+        provider = providers[row.provider]
+        try:
+            provider.get(row.provider_instance_id)
+            continue  # listed under another tag but still there: leave it
+        except NotFound:
+            pass
+        except ProviderError as exc:
+            report.actions.append(Action("error", row.provider, row.provider_instance_id,
+                                         row.job_id, f"cannot check: {exc}"))
+            continue
+        if not dry_run:
+            store.mark_terminated(row.provider, row.provider_instance_id)
+        report.actions.append(Action("mark-terminated", row.provider, row.provider_instance_id,
+                                     row.job_id, "the provider no longer has it"))
+
+    for job in store.expired_leases():
+        reason = f"worker {job.lease_owner or '?'} lost its lease while the job was {job.status}"
+        if not dry_run:
+            store.requeue(job.id, reason)
+        report.actions.append(Action("requeue", job.provider or "", None, job.id, reason))
+    # Servers the user keeps (a provider that declares KeepsMachine) outlive jobs: a crashed
+    # job's secret files are removed from them here.
+    kept = next((n for n, p in providers.items() if isinstance(p, KeepsMachine)), None)
+    if scrub is not None and kept is not None:
+        _scrub_servers(store, scrub, report, kept)
+    return report
+
+
+def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report,
+                   provider: str) -> None:
+    for server in store.list_servers():
+        if server.claimed_by_job or server.status != "idle" or not server.host_key:
+            continue  # a running job still needs its secrets; an unpinned server is unknown
+        if report.dry_run:
+            report.actions.append(Action("scrub-secrets", provider, server.name, None,
+                                         "would remove secret files a job left"))
+            continue
+        try:
+            removed = scrub(server)
+        except Exception as exc:  # one unreachable server must not stop the others
+            report.actions.append(Action("error", provider, server.name, None,
+                                         f"cannot remove secret files: {exc}"))
+            continue
+        if removed:
+            report.actions.append(Action("scrub-secrets", provider, server.name, None,
+                                         f"removed {len(removed)} secret file(s) a job left"))

@@ -1,0 +1,36 @@
+"""Record a job for running: plan it, then insert the queued (or planned) row and its event.
+
+Shared by `orch submit` and sweeps, so every job row carries the same placement blob: the
+ranked placements (for `orch show`) and the job file's absolute path, which the engine
+resolves the recorded spec against when a worker picks the job up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.core.planning import Plan, make_plan
+from orchestrator.core.spec import LoadedJob
+from orchestrator.records.store import Job, Store
+
+
+def record_job(store: Store, loaded: LoadedJob, *, status: str = "queued",
+               plan: Plan | None = None, message: str | None = None,
+               sweep_id: str | None = None, sweep_key: str | None = None,
+               data: dict[str, Any] | None = None) -> tuple[Job, Plan]:
+    """Plan `loaded` (scheduler.NoFit if nothing fits) and insert it; (job row, plan)."""
+    plan = plan or make_plan(loaded, store.registered())
+    placement = plan.to_dict(alternatives=10_000)
+    placement["job_file"] = str(loaded.path.resolve())
+    p = plan.chosen
+    job = store.create_job(
+        name=loaded.spec.name, status=status, method=loaded.spec.method,
+        base_model=loaded.spec.base_model.repo, spec_json=loaded.spec.model_dump_json(),
+        spec_hash=loaded.spec_hash, placement=placement, provider=p.offer.provider,
+        gpu=p.offer.gpu, gpu_count=p.offer.gpu_count, billing=p.offer.billing.value,
+        interruptible=p.offer.interruptible, est_hours=p.est_hours, est_cost=p.est_cost,
+        event_kind=status, event_message=message or f"{status}: {placement['why']}",
+        event_data={"file": str(loaded.path), "placement": placement["placement"],
+                    **(data or {})},
+        sweep_id=sweep_id, sweep_key=sweep_key)
+    return job, plan

@@ -1,0 +1,1 @@
+"""What happened and what it cost: the SQLite/PostgreSQL store, history, sweeps."""

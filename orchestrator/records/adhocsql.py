@@ -1,0 +1,173 @@
+"""`orch sql`: one read-only query, refused unless it only reads (SQLite and others).
+
+On SQLite the query runs on a `mode=ro` connection with an authorizer that denies every
+statement kind but reads; on other databases in a READ ONLY transaction that is always rolled
+back. Split from `history` (which re-exports `run_sql`, `single_statement`, `SqlResult`).
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.records.historyread import HistoryError, QueryError, ReadOnlyError, _ro_connect
+from orchestrator.records.readonly import sqlite_path
+
+# Statement kinds an ad-hoc query may use: reading tables and views, calling functions and
+# recursive CTEs. Everything else (writes, DDL, PRAGMA, ATTACH, transactions) is denied.
+_ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ,
+                              sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE})
+
+
+def _authorize(action: int, _a: str | None, _b: str | None, _db: str | None,
+               _trigger: str | None) -> int:
+    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def single_statement(sql: str) -> str:
+    """`sql` without trailing semicolons; ReadOnlyError if it holds more than one statement.
+
+    A small scanner that skips quoted text and comments. Conservative: a `;` inside a
+    PostgreSQL dollar-quoted string is taken as a separator (refused, never run).
+    """
+    i, n, end = 0, len(sql), None
+    while i < n:
+        c = sql[i]
+        if c in "'\"`":
+            close = sql.find(c, i + 1)
+            while close != -1 and sql[close + 1:close + 2] == c:  # doubled quote = escape
+                close = sql.find(c, close + 2)
+            i = n if close == -1 else close + 1
+        elif sql.startswith("--", i):
+            nl = sql.find("\n", i)
+            i = n if nl == -1 else nl + 1
+        elif sql.startswith("/*", i):
+            close = sql.find("*/", i + 2)
+            i = n if close == -1 else close + 2
+        elif c == ";":
+            end = i if end is None else end
+            i += 1
+        else:
+            if end is not None and not c.isspace():
+                raise ReadOnlyError("orch sql runs one statement at a time; remove everything "
+                                    "after the first `;` (or run each query separately)")
+            i += 1
+    stripped = (sql if end is None else sql[:end]).strip()
+    if not stripped:
+        raise ReadOnlyError('orch sql needs a query, e.g. orch sql "SELECT count(*) FROM job"')
+    return stripped
+
+
+@dataclass(frozen=True)
+class SqlResult:
+    """Column names and rows of an ad-hoc query."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+
+def _refusal(sql: str, detail: str) -> ReadOnlyError:
+    verb = sql.split(None, 1)[0].upper() if sql.split() else "?"
+    return ReadOnlyError(
+        f"orch sql is read-only: only SELECT queries (and WITH ... SELECT) run here; "
+        f"this {verb} statement was refused ({detail}). Change data with orch commands "
+        "(`orch cancel`, `orch servers remove`, ...)"
+    )
+
+
+def run_sql(url: str, sql: str) -> SqlResult:
+    """Run one read-only query against the database at `url`.
+
+    SQLite: a `mode=ro` connection with `PRAGMA query_only=ON` and an authorizer that allows
+    only reads — three locks, any one of which refuses a write. In WAL mode the query reads
+    one consistent snapshot and never blocks a worker's writes.
+    """
+    query = single_statement(sql)
+    path = sqlite_path(url)
+    if path is None and not url.startswith("sqlite"):
+        return _run_sql_engine(url, query)
+    if path is None or not path.exists():
+        raise HistoryError(f"no orch database at {path or url} yet; it is created by the first "
+                           "`orch submit` (or set ORCH_DB_URL to the database you mean)")
+    try:
+        con = _ro_connect(path)
+    except sqlite3.Error as exc:
+        raise HistoryError(f"cannot open {path} read-only: {exc}") from exc
+    try:
+        con.set_authorizer(_authorize)
+        try:
+            cur = con.execute(query)
+            rows = cur.fetchall()
+        except sqlite3.DatabaseError as exc:
+            msg = str(exc)
+            if any(s in msg for s in ("not authorized", "authorization denied", "readonly",
+                                        "read-only")):
+                raise _refusal(query, msg) from None
+            if "no such table: v_" in msg:
+                msg += ("; orch's views arrive with schema 0003: run any orch command that "
+                        "opens the database (e.g. `orch jobs`) to upgrade it")
+            # A locked or unreadable database is not the query's fault.
+            fault = (HistoryError if any(s in msg for s in ("locked", "busy", "disk", "malformed",
+                                                            "unable to open", "table: v_"))
+                     else QueryError)
+            raise fault(f"query failed: {msg}") from None
+        except (sqlite3.ProgrammingError, sqlite3.Warning) as exc:
+            raise ReadOnlyError(f"orch sql runs one statement at a time ({exc})") from None
+        columns = tuple(c[0] for c in cur.description or ())
+        if not columns:
+            raise _refusal(query, "it returns no rows")
+        return SqlResult(columns, rows)
+    finally:
+        con.close()
+
+
+# Statements a read-only query may start with on a server database. The READ ONLY
+# transaction is the lock; this list turns utility commands that PostgreSQL would run outside
+# it or reject with a syntax error (VACUUM, SET, BEGIN, PRAGMA...) into one clear refusal.
+_QUERY_KEYWORDS = ("select", "with", "values", "table", "explain", "show")
+
+
+def _first_keyword(query: str) -> str:
+    text = re.sub(r"(--[^\n]*\n?|/\*.*?\*/|\s|\()+", " ", query, flags=re.S).strip()
+    return text.split(" ", 1)[0].lower() if text else ""
+
+
+def _run_sql_engine(url: str, query: str) -> SqlResult:
+    """PostgreSQL and others: one statement in a READ ONLY transaction, always rolled back."""
+    # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
+    from sqlalchemy.exc import DBAPIError
+
+    # Imported here, not at the top: the store pulls in SQLAlchemy, which SQLite never needs.
+    from orchestrator.records.store import StoreError, open_store
+
+    if _first_keyword(query) not in _QUERY_KEYWORDS:
+        raise _refusal(query, "only queries (SELECT, WITH, VALUES, TABLE, EXPLAIN, SHOW) run "
+                       "on a read-only connection")
+    try:
+        store = open_store(url)
+    except StoreError as exc:
+        raise HistoryError(str(exc)) from exc
+    try:
+        with store.engine.connect() as conn:
+            if store.engine.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            try:
+                result = conn.exec_driver_sql(query.replace("%", "%%"))
+            except DBAPIError as exc:
+                if "read-only" in str(exc.orig):
+                    raise _refusal(query, str(exc.orig).strip()) from None
+                # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
+                from sqlalchemy.exc import ProgrammingError
+
+                # Syntax errors, unknown tables and columns are ProgrammingErrors in DB-API.
+                fault = QueryError if isinstance(exc, ProgrammingError) else HistoryError
+                raise fault(f"query failed: {str(exc.orig).strip()}") from None
+            if not result.returns_rows:
+                raise _refusal(query, "it returns no rows")
+            out = SqlResult(tuple(result.keys()), [tuple(r) for r in result])
+            conn.rollback()
+            return out
+    finally:
+        store.close()

@@ -1,0 +1,405 @@
+"""The orch database's tables (SQLModel), its column types, errors and small helpers.
+
+The database is the product's memory (DESIGN.md "Storage"); users query it by hand, so
+docs/schema.md documents every table and column defined here. Conventions (Invariant 7):
+money is integer micro-dollars (`*_micros`, BIGINT), times are UTC ISO-8601 text
+`YYYY-MM-DDTHH:MM:SS.ffffffZ` (fixed width, so text order is time order), JSON blobs are TEXT
+holding JSON. Nothing here is SQLite-only SQL, so `ORCH_DB_URL` can point at PostgreSQL.
+Long by nature (one class per table); the store's logic is in the store* modules.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Dialect,
+    Float,
+    Index,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    text,
+)
+from sqlmodel import Field, Session, SQLModel
+
+from orchestrator.core import money
+from orchestrator.core.jobstatus import JOB_STATUSES
+
+SERVER_STATUSES: tuple[str, ...] = ("idle", "busy", "disabled")
+BILLINGS: tuple[str, ...] = ("per_second", "per_minute", "monthly")
+_TIME_FORMAT_LEN = len("2025-01-01T00:00:00.000000Z")
+
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    """Base of the store's errors; the message says what happened and what to do."""
+
+
+class AlreadyExists(StoreError):
+    """A row with this unique name exists already."""
+
+
+class NotFoundError(StoreError):
+    """No row with this id or name."""
+
+
+class ServerBusyError(StoreError):
+    """The server is running a job and cannot be removed now."""
+
+
+class InvalidValueError(StoreError, ValueError):
+    """An argument is outside what the schema allows."""
+
+
+class DatabaseURLError(InvalidValueError):
+    """ORCH_DB_URL is not a database URL orch can use (malformed, or an unknown dialect)."""
+
+
+class IllegalTransition(InvalidValueError):
+    """A status change the job's lifecycle does not allow (orchestrator.core.jobstatus)."""
+
+
+class LeaseLost(StoreError):
+    """The job is no longer driven by this worker (its lease expired and another took it)."""
+
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def utcnow() -> datetime:
+    """Return the current time as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def new_job_id() -> str:
+    """Return a fresh job id: `j-` and 12 lowercase hex digits from `secrets`."""
+    return "j-" + secrets.token_hex(6)
+
+
+def new_sweep_id() -> str:
+    """Return a fresh sweep id: `s-` and 12 lowercase hex digits from `secrets`."""
+    return "s-" + secrets.token_hex(6)
+
+
+def to_micros(amount: Decimal | int, *, rounding: str | None = None) -> int:
+    """`money.to_micros` with its value errors as the store's InvalidValueError."""
+    try:
+        return money.to_micros(amount, rounding=rounding)
+    except money.MoneyError as exc:
+        raise InvalidValueError(str(exc)) from None
+
+
+def dumps(value: Any) -> str:
+    # Canonical form (sorted keys, no spaces) so equal data gives equal text in the DB.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetime stored as fixed-width ISO-8601 text ending in `Z`.
+
+    Text rather than a native timestamp type so SQLite and PostgreSQL hold the same
+    readable value and `sqlite3` users can compare times as strings. Naive datetimes are
+    rejected: there is no way to know which zone they meant.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self) -> None:
+        super().__init__(length=_TIME_FORMAT_LEN)
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> str | None:
+        """Render an aware datetime as `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC."""
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                f"naive datetime {value.isoformat()} refused: "
+                "use an aware UTC time such as orchestrator.records.store.utcnow()"
+            )
+        utc = value.astimezone(UTC).replace(tzinfo=None)
+        # isoformat always writes 4-digit years and, with this timespec, microseconds.
+        return utc.isoformat(timespec="microseconds") + "Z"
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> datetime | None:
+        """Parse the stored text back into an aware UTC datetime."""
+        if value is None:
+            return None
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            # Hand-written rows may omit the Z; the column is UTC by definition.
+            return parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
+
+
+def _time(*, nullable: bool = False, default_now: bool = True) -> Any:
+    if default_now:
+        return Field(default_factory=utcnow, sa_type=UTCDateTime(), nullable=nullable)
+    return Field(default=None, sa_type=UTCDateTime(), nullable=nullable)
+
+
+# --- tables ------------------------------------------------------------------------------
+# Keep migrations/versions/0001_initial.py in step: tests compare the two.
+
+
+class Sweep(SQLModel, table=True):
+    """A grid of jobs expanded from one sweep file."""
+
+    __tablename__ = "sweep"
+    __table_args__ = (UniqueConstraint("name", name="uq_sweep_name"),)
+
+    id: str = Field(default_factory=new_sweep_id, primary_key=True)
+    name: str
+    spec_json: str = Field(sa_type=Text)
+    budget_micros: int | None = Field(default=None, sa_type=BigInteger)
+    created_at: datetime = _time()
+
+
+class Job(SQLModel, table=True):
+    """One fine-tuning run and where it stands in the lifecycle."""
+
+    __tablename__ = "job"
+    __table_args__ = (
+        Index("ix_job_status", "status"),
+        Index("ix_job_created_at", "created_at"),
+        Index("ix_job_sweep_id", "sweep_id"),
+        Index("ix_job_spec_hash", "spec_hash"),
+        Index("uq_job_sweep_key", "sweep_key", unique=True),
+        # 0003: `orch history` filters, newest first (migrations/versions/0003_history.py).
+        Index("ix_job_provider_created_at", "provider", "created_at"),
+        Index("ix_job_gpu_created_at", "gpu", "created_at"),
+        Index("ix_job_method_created_at", "method", "created_at"),
+        Index("ix_job_base_model_created_at", "base_model", "created_at"),
+        Index("ix_job_finished_at", "finished_at"),
+        # 0004: covering indexes for `orch cost` (migrations/versions/0004_cost_indexes.py).
+        Index("ix_job_created_at_cost", "created_at", "cost_micros", "amortised_micros",
+              "provider", "gpu", "method", "sweep_id"),
+        Index("ix_job_id_created_at", "id", "created_at", "provider", "gpu", "method",
+              "sweep_id"),
+    )
+
+    id: str = Field(default_factory=new_job_id, primary_key=True)
+    name: str
+    status: str
+    method: str
+    base_model: str
+    spec_json: str = Field(sa_type=Text)
+    spec_hash: str
+    sweep_id: str | None = Field(default=None, foreign_key="sweep.id")
+    provider: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    billing: str | None = None
+    interruptible: bool | None = None
+    # Hours are not money, so a float is fine here.
+    est_hours: float | None = Field(default=None, sa_type=Float)
+    est_cost_micros: int | None = Field(default=None, sa_type=BigInteger)
+    cost_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    placement_json: str | None = Field(default=None, sa_type=Text)
+    failure_reason: str | None = Field(default=None, sa_type=Text)
+    attempt: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = _time(nullable=True, default_now=False)
+    created_at: datetime = _time()
+    updated_at: datetime = _time()
+    started_at: datetime | None = _time(nullable=True, default_now=False)
+    finished_at: datetime | None = _time(nullable=True, default_now=False)
+    # 0002: the engine's columns.
+    # sha256 of (sweep name, resolved spec): a sweep submits each grid point at most once.
+    sweep_key: str | None = None
+    # Set by `orch cancel` from any process; the worker driving the job sees it and stops.
+    cancel_requested_at: datetime | None = _time(nullable=True, default_now=False)
+    artifacts_dir: str | None = Field(default=None, sa_type=Text)
+    # Share of monthly rents the job used (already paid: not part of cost_micros).
+    amortised_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    # Volume storage, included in cost_micros.
+    storage_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    interruptions: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    lost_steps: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    tokens: int | None = Field(default=None, sa_type=BigInteger)  # trained, all epochs
+    train_seconds: float | None = Field(default=None, sa_type=Float)
+    # 0006: recovery (orchestrator/engine/recovery.py). Not claimed before `not_before` (outage
+    # backoff); `outage_since` starts the outage limit; `phase_done` is the last pipeline
+    # phase whose result is durable, so a takeover resumes after it.
+    not_before: datetime | None = _time(nullable=True, default_now=False)
+    outage_since: datetime | None = _time(nullable=True, default_now=False)
+    phase_done: str | None = None
+
+
+class Event(SQLModel, table=True):
+    """One line of a job's history: state changes, step results, notes."""
+
+    __tablename__ = "event"
+    # AUTOINCREMENT on SQLite: ids are never reused, so "events after id N" is a safe
+    # way to tail a log. Other dialects ignore the flag.
+    __table_args__ = (
+        Index("ix_event_job_id_at", "job_id", "at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id")
+    at: datetime = _time()
+    kind: str
+    message: str = Field(default="", sa_type=Text)
+    data_json: str | None = Field(default=None, sa_type=Text)
+
+
+class Instance(SQLModel, table=True):
+    """A machine rented from a provider for a job (written before the create call)."""
+
+    __tablename__ = "instance"
+    __table_args__ = (
+        Index("ix_instance_provider_instance", "provider", "provider_instance_id"),
+        Index("ix_instance_job_id", "job_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id")
+    provider: str
+    # NULL until the provider's create call returns an id.
+    provider_instance_id: str | None = None
+    gpu: str
+    gpu_count: int
+    billing: str
+    interruptible: bool
+    price_per_hour_micros: int = Field(sa_type=BigInteger)
+    state: str
+    host: str | None = None
+    port: int | None = None
+    ssh_user: str | None = None
+    host_key: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = _time()
+    terminated_at: datetime | None = _time(nullable=True, default_now=False)
+    # 0002
+    offer_id: str | None = None
+    attempt: int = Field(default=0, sa_column_kwargs={"server_default": text("0")})
+    # What this instance cost (charged price × billed time), set when it is terminated.
+    cost_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    amortised_micros: int = Field(
+        default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
+    )
+    end_reason: str | None = None  # released | interrupted | failed | cancelled | unreachable
+    lost_steps: int | None = None  # training steps redone because this instance was lost
+
+
+class Server(SQLModel, table=True):
+    """A dedicated server the user rents monthly and registered with `orch servers add`."""
+
+    __tablename__ = "server"
+    __table_args__ = (UniqueConstraint("name", name="uq_server_name"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str
+    host: str
+    port: int = Field(default=22, sa_column_kwargs={"server_default": text("22")})
+    user: str = Field(default="root", sa_column_kwargs={"server_default": "root"})
+    gpu: str
+    gpu_count: int = Field(default=1, sa_column_kwargs={"server_default": text("1")})
+    monthly_price_micros: int = Field(sa_type=BigInteger)
+    status: str = Field(default="idle", sa_column_kwargs={"server_default": "idle"})
+    claimed_by_job: str | None = Field(default=None, foreign_key="job.id")
+    host_key: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = _time()
+    # Why the server failed its GPU check (not offered to jobs until a check passes).
+    check_error: str | None = Field(default=None, sa_type=Text)
+    checked_at: datetime | None = _time(nullable=True, default_now=False)
+    facts_json: str | None = Field(default=None, sa_type=Text)  # the last check's findings
+
+
+class Metric(SQLModel, table=True):
+    """A number a job reported: training loss at a step, an eval score at the end."""
+
+    __tablename__ = "metric"
+    __table_args__ = (
+        Index("ix_metric_job_id_name", "job_id", "name"),
+        # 0006: one row per (job, name, step), eval scores (step NULL) included: a takeover
+        # that re-reports a step or re-runs the evaluation replaces, never duplicates.
+        Index("uq_metric_job_name_step", "job_id", "name", text("coalesce(step, -1)"),
+              unique=True),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id")
+    name: str
+    value: float = Field(sa_type=Float)
+    step: int | None = None
+    at: datetime = _time()
+
+
+class PriceObservation(SQLModel, table=True):
+    """A price a provider quoted at a moment, kept to learn price history."""
+
+    __tablename__ = "price_observation"
+    __table_args__ = (
+        Index("ix_price_observation_provider_gpu_observed_at", "provider", "gpu", "observed_at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str
+    gpu: str
+    gpu_count: int
+    interruptible: bool
+    price_per_hour_micros: int = Field(sa_type=BigInteger)
+    observed_at: datetime = _time()
+
+
+class ThroughputObservation(SQLModel, table=True):
+    """Tokens per second a finished job measured, to replace the formula next time."""
+
+    __tablename__ = "throughput_observation"
+    __table_args__ = (
+        Index("ix_throughput_observation_key", "gpu", "gpu_count", "method", "size_class"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="job.id")
+    gpu: str
+    gpu_count: int
+    method: str
+    size_class: str  # e.g. "8B": parameters rounded, see orchestrator.core.throughput
+    tokens_per_s: float = Field(sa_type=Float)
+    observed_at: datetime = _time()
+
+
+_Row = TypeVar("_Row", bound=SQLModel)
+
+
+def set_columns(session: Session, model: type[_Row], key: Any, fields: dict[str, Any],
+                missing: str) -> _Row:
+    """Set `fields` on the `model` row with primary key `key`; NotFoundError(`missing`) if none."""
+    row = session.get(model, key)
+    if row is None:
+        raise NotFoundError(missing)
+    for name, value in fields.items():
+        setattr(row, name, value)
+    return row
+
+
+def check_status(status: str) -> None:
+    """InvalidValueError unless `status` is a job status."""
+    if status not in JOB_STATUSES:
+        raise InvalidValueError(
+            f"unknown job status {status!r}; use one of {', '.join(JOB_STATUSES)}"
+        )
