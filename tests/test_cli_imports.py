@@ -13,11 +13,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "orchestrator"
+PACKAGE = ROOT / "orchestrator" / "cli"
+PREFIX = "orchestrator.cli."
 
 
 def cli_modules() -> dict[str, ast.Module]:
-    return {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("cli*.py"))}
+    found = {p.stem: ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.glob("*.py"))
+             if p.stem != "__init__"}
+    assert len(found) > 5, f"no command-line modules found in {PACKAGE}"
+    return found
 
 
 def imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
@@ -25,8 +29,8 @@ def imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == "orchestrator":  # from orchestrator import cli_x
-                found += [(f"orchestrator.{a.name}", []) for a in node.names]
+            if node.module == "orchestrator.cli":  # from orchestrator.cli import jobs
+                found += [(f"{PREFIX}{a.name}", []) for a in node.names]
             elif node.module.startswith("orchestrator."):
                 found.append((node.module, [a.name for a in node.names]))
         elif isinstance(node, ast.Import):
@@ -36,7 +40,7 @@ def imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
 
 def test_cli_modules_import_no_cycle() -> None:
     modules = cli_modules()
-    graph = {name: {m.removeprefix("orchestrator.") for m, _ in imports(tree)} & set(modules)
+    graph = {name: {m.removeprefix(PREFIX) for m, _ in imports(tree)} & set(modules)
              for name, tree in modules.items()}
     state: dict[str, int] = {}  # 1 visiting, 2 done
 
@@ -57,7 +61,7 @@ def test_cli_modules_take_no_private_name_from_another() -> None:
     modules = cli_modules()
     for name, tree in modules.items():
         for module, names in imports(tree):
-            other = module.removeprefix("orchestrator.")
+            other = module.removeprefix(PREFIX)
             if other in modules and other != name:
                 private = [n for n in names if n.startswith("_")]
                 assert not private, f"{name} imports {private} from {other}"
