@@ -1,6 +1,6 @@
 """`orch servers add|list|check|trust|remove`: the monthly servers you rent.
 
-`add` proves the server before the first job (orchestrator/engine/serverprobe.py): it connects with
+`add` proves the server before the first job (orchestrator/cli/serverprobe.py): it connects with
 orch's key, shows and pins the host key, reports GPUs, driver/CUDA, Docker/toolkit and free
 NVMe, and refuses a server it cannot reach or use (exit 3, nothing recorded). `check`
 re-runs the probe with the pinned key and clears (or sets) a failed GPU check; `trust`
@@ -220,8 +220,8 @@ def scrubber() -> Callable[[Any], list[str]]:
     """For `orch reconcile`: remove the secret files a crashed job left on a kept server."""
 
     def scrub(server: Any) -> list[str]:
+        from orchestrator.cli.serverprobe import scrub_secrets
         from orchestrator.engine.runner import ensure_key
-        from orchestrator.engine.serverprobe import scrub_secrets
 
         key_path, _ = ensure_key()
         return scrub_secrets(server.host, server.port, server.user, key_path, server.host_key)
@@ -238,8 +238,8 @@ def _get(name: str) -> Any:
 
 def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
                    pinned: str | None, name: str) -> Any:
+    from orchestrator.cli.serverprobe import ProbeError, probe
     from orchestrator.engine.runner import ensure_key
-    from orchestrator.engine.serverprobe import ProbeError, probe
 
     try:
         key_path, public = ensure_key()
