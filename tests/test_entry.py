@@ -50,12 +50,24 @@ def test_fast_path_prints_what_the_typer_command_prints(args: list[str],
         (typer.returncode, typer.stdout, typer.stderr)
 
 
-def test_plan_imports_neither_typer_nor_plugin_discovery(tmp_path: Path) -> None:
+def _after_plan(expr: str, tmp_path: Path) -> str:
+    """What `expr` (over `sys.modules`) prints after `orch plan` ran in a fresh interpreter."""
     code = ("import sys; sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']; "
-            "from orchestrator.cli.entry import main; main(); "
-            "print('typer' in sys.modules, 'orchestrator.cli.jobs' in sys.modules, "
-            "'importlib.metadata' in sys.modules, file=sys.stderr)")
+            f"from orchestrator.cli.entry import main; main(); print({expr}, file=sys.stderr)")
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=120)
-    assert out.returncode == 0 and out.stderr.strip() == "False False False"
+    assert out.returncode == 0, out.stderr
+    return out.stderr.strip()
+
+
+def test_plan_imports_neither_typer_nor_plugin_discovery(tmp_path: Path) -> None:
+    assert _after_plan("'typer' in sys.modules, 'orchestrator.cli.jobs' in sys.modules, "
+                       "'importlib.metadata' in sys.modules", tmp_path) == "False False False"
+
+
+def test_plan_imports_no_pydantic(tmp_path: Path) -> None:
+    # The job file's models are schema.Model for this: pydantic's import and model building
+    # were half of `orch plan`'s start-up (issue 11 §4; bench/startup.py measures it).
+    assert _after_plan("sorted(m for m in sys.modules if m.split('.')[0] in "
+                       "('pydantic', 'pydantic_core', 'annotated_types'))", tmp_path) == "[]"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from pathlib import Path
 
 _PLAN_FLAGS = {"--json": "json_out", "--all": "all_rows"}
@@ -34,22 +33,6 @@ def plan_args(argv: list[str]) -> tuple[Path, bool, bool] | None:
     return Path(files[0]), flags["json_out"], flags["all_rows"]
 
 
-def skip_pydantic_plugin_discovery() -> None:
-    """Spare `orch plan` pydantic's plugin discovery, which it does not use.
-
-    On the first model it builds, pydantic looks its plugins up through importlib.metadata;
-    that import alone costs more CPU than planning does (~17 ms of ~170), and the documented
-    switch PYDANTIC_DISABLE_PLUGINS skips the lookup but not the import. orch uses no
-    pydantic plugin, so the plan path registers a loader that finds none. pydantic uses one
-    name of that module, `get_plugins` (pydantic/plugin/_schema_validator.py);
-    tests/test_entry.py checks that the plan prints exactly what the typer command prints.
-    """
-    if "pydantic.plugin._loader" not in sys.modules:
-        loader = types.ModuleType("pydantic.plugin._loader")
-        loader.get_plugins = lambda: ()  # type: ignore[attr-defined]
-        sys.modules["pydantic.plugin._loader"] = loader
-
-
 def main() -> None:
     """Console-script entry point."""
     args = plan_args(sys.argv[1:])
@@ -58,7 +41,6 @@ def main() -> None:
 
         typer_main()
         return
-    skip_pydantic_plugin_discovery()
     from orchestrator.cli.plan import run
 
     try:

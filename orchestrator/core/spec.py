@@ -1,4 +1,9 @@
-"""JobSpec (pydantic v2) and job-file loading with `file:line field: problem; fix` errors."""
+"""JobSpec and job-file loading with `file:line field: problem; fix` errors.
+
+The models are orchestrator.core.schema models, not pydantic ones: `orch plan` starts in
+half the time without pydantic (schema.py says why); their errors read exactly as
+pydantic's, which the sweep file's models still use.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,6 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
-
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
 
 from orchestrator.core import userfiles, yamlpos
 from orchestrator.core.architectures import (
@@ -29,6 +24,7 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.schema import After, Before, Field, Model, ValidationError
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -52,7 +48,7 @@ MAX_STEPS = 1_000_000  # gradient accumulation steps
 MAX_EXTRA_DEPTH = 8
 
 
-def _to_decimal(value: Any) -> Any:
+def to_decimal(value: Any) -> Any:
     # YAML floats become Decimal through their shortest repr, so 0.074 stays 0.074 exactly.
     if isinstance(value, bool) or value is None:
         return value
@@ -80,16 +76,11 @@ def _any_or_list(value: Any) -> Any:
     return value
 
 
-Money = Annotated[Decimal, BeforeValidator(_to_decimal), Field(gt=0, le=MAX_DOLLARS)]
-AnyOrList = Annotated[list[str] | None, BeforeValidator(_any_or_list)]
+Money = Annotated[Decimal, Before(to_decimal), Field(gt=0, le=MAX_DOLLARS)]
+AnyOrList = Annotated[list[str] | None, Before(_any_or_list)]
 
 
-class _Strict(BaseModel):
-    # inf and nan are never a meaningful setting; refused like any other bad number.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-
-
-class ArchitectureFields(_Strict):
+class ArchitectureFields(Model):
     """A model shape given inline, as config.json names the fields."""
 
     hidden_size: int = Field(gt=0, le=MAX_DIM)
@@ -103,7 +94,7 @@ class ArchitectureFields(_Strict):
     head_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
 
 
-class BaseModelRef(_Strict):
+class BaseModelRef(Model):
     """Which base model: a repo id, optionally with a revision and its shape."""
 
     repo: str = Field(min_length=1)
@@ -111,41 +102,37 @@ class BaseModelRef(_Strict):
     config: str | None = None
     architecture: ArchitectureFields | None = None
 
-    @model_validator(mode="before")
     @classmethod
-    def _from_string(cls, value: Any) -> Any:
+    def _prepare(cls, value: Any) -> Any:
         return {"repo": value} if isinstance(value, str) else value
 
-    @model_validator(mode="after")
-    def _one_shape(self) -> BaseModelRef:
+    def _check(self) -> None:
         if self.config and self.architecture:
             raise ValueError("give either config or architecture, not both")
-        return self
 
 
-class LoraSpec(_Strict):
+def _known_modules(value: list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("must name at least one module, or be all-linear")
+    for name in value:
+        if name not in LINEAR_MODULES:
+            close = _closest(name, LINEAR_MODULES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
+                "or all-linear)"
+            )
+    return value
+
+
+class LoraSpec(Model):
     r: int = Field(default=16, gt=0, le=1024)
     alpha: int = Field(default=32, gt=0, le=1_000_000)  # axolotl types lora_alpha as int
     dropout: float = Field(default=0.05, ge=0, lt=1)
-    target: Annotated[list[str] | None, BeforeValidator(
-        lambda v: None if v == "all-linear" else v)] = None
-
-    @field_validator("target")
-    @classmethod
-    def _known_modules(cls, value: list[str] | None) -> list[str] | None:
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("must name at least one module, or be all-linear")
-        for name in value:
-            if name not in LINEAR_MODULES:
-                close = _closest(name, LINEAR_MODULES, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(
-                    f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
-                    "or all-linear)"
-                )
-        return value
+    target: Annotated[list[str] | None, Before(lambda v: None if v == "all-linear" else v),
+                      After(_known_modules)] = None
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -163,10 +150,10 @@ def _auto_bool(value: Any) -> Any:
     raise ValueError(f"must be auto, true or false (got {value!r})")
 
 
-AutoBool = Annotated[Literal["auto"] | bool, BeforeValidator(_auto_bool)]
+AutoBool = Annotated[Literal["auto"] | bool, Before(_auto_bool)]
 
 
-class TrainingSpec(_Strict):
+class TrainingSpec(Model):
     sequence_len: int = Field(default=2048, ge=16, le=1_048_576)
     micro_batch_size: int = Field(default=2, gt=0, le=4096)
     gradient_accumulation_steps: int = Field(default=4, gt=0, le=MAX_STEPS)
@@ -185,32 +172,30 @@ def _dataset_path(value: Any) -> Any:
     return value
 
 
-class DatasetPath(_Strict):
+class DatasetPath(Model):
     """A local file (uploaded to the host) or a Hugging Face dataset."""
 
     local: str | None = None
     hf: str | None = None
     split: str = "train"
 
-    @model_validator(mode="after")
-    def _exactly_one(self) -> DatasetPath:
+    def _check(self) -> None:
         if (self.local is None) == (self.hf is None):
             raise ValueError("must be a local file path or {hf: org/name}")
-        return self
 
 
-class DatasetSpec(_Strict):
-    path: Annotated[DatasetPath, BeforeValidator(_dataset_path)]
+class DatasetSpec(Model):
+    path: Annotated[DatasetPath, Before(_dataset_path)]
     format: Literal["alpaca", "chat_template"] = "alpaca"
     tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
 
 
-class EvalSpec(_Strict):
+class EvalSpec(Model):
     eval_set: str | None = None
     tasks: list[str] = Field(default_factory=list)
 
 
-class ResourcesSpec(_Strict):
+class ResourcesSpec(Model):
     spot: Literal["allowed", "required", "never"] = "allowed"
     gpus: AnyOrList = None
     max_gpus: int = Field(default=8, ge=1, le=8)
@@ -225,42 +210,38 @@ class ResourcesSpec(_Strict):
     deadline_hours: float | None = Field(default=None, gt=0, le=MAX_HOURS)
     headroom: float = Field(default=0.2, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _count_within_max(self) -> ResourcesSpec:
+    def _check(self) -> None:
         if self.gpu_count is not None and self.gpu_count > self.max_gpus:
             raise ValueError(f"gpu_count {self.gpu_count} is above max_gpus {self.max_gpus}; "
                              "raise max_gpus or lower gpu_count")
-        return self
 
 
-class TrainerSpec(_Strict):
-    image: str = DEFAULT_TRAINER_IMAGE
-    extra: dict[str, Any] = Field(default_factory=dict)
+def _pinned(value: str) -> str:
+    tag = value.rsplit("/", 1)[-1].partition(":")[2]
+    if not tag or tag in {"latest", "main-latest"}:
+        raise ValueError(
+            f"pin an image tag (got {value!r}); e.g. {DEFAULT_TRAINER_IMAGE!r}"
+        )
+    # A tag that was never published fails only on the rented machine, at `docker pull`
+    # or at create: refuse it here, before anything is paid for.
+    problem = images.problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
-    @field_validator("image")
-    @classmethod
-    def _pinned(cls, value: str) -> str:
-        tag = value.rsplit("/", 1)[-1].partition(":")[2]
-        if not tag or tag in {"latest", "main-latest"}:
-            raise ValueError(
-                f"pin an image tag (got {value!r}); e.g. {DEFAULT_TRAINER_IMAGE!r}"
-            )
-        # A tag that was never published fails only on the rented machine, at `docker pull`
-        # or at create: refuse it here, before anything is paid for.
-        problem = images.problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
-    @field_validator("extra")
-    @classmethod
-    def _shallow(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # The YAML reader bounds all nesting; this bounds specs built from JSON too (a
-        # recorded spec), which the database and axolotl's YAML must serialize.
-        if _depth(value) > MAX_EXTRA_DEPTH:
-            raise ValueError(f"nested deeper than {MAX_EXTRA_DEPTH} levels; axolotl's "
-                             "settings nest 2-3")
-        return value
+def _shallow(value: dict[str, Any]) -> dict[str, Any]:
+    # The YAML reader bounds all nesting; this bounds specs built from JSON too (a
+    # recorded spec), which the database and axolotl's YAML must serialize.
+    if _depth(value) > MAX_EXTRA_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_EXTRA_DEPTH} levels; axolotl's "
+                         "settings nest 2-3")
+    return value
+
+
+class TrainerSpec(Model):
+    image: Annotated[str, After(_pinned)] = DEFAULT_TRAINER_IMAGE
+    extra: Annotated[dict[str, Any], After(_shallow)] = Field(default_factory=dict)
 
 
 def _depth(value: Any, limit: int = MAX_EXTRA_DEPTH + 1) -> int:
@@ -271,7 +252,7 @@ def _depth(value: Any, limit: int = MAX_EXTRA_DEPTH + 1) -> int:
     return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
-class JobSpec(_Strict):
+class JobSpec(Model):
     """A job file, validated. Only name, base_model, method and dataset are required."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -337,9 +318,9 @@ _TYPE_WORDS = {
 }
 
 
-def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
-    """The pydantic model class that validates the mapping at `loc`."""
-    model: type[BaseModel] = JobSpec
+def _model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
+    """The model class that validates the mapping at `loc`."""
+    model: type[Model] = JobSpec
     for part in loc:
         if isinstance(part, int):
             return None
@@ -353,8 +334,8 @@ def _model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     return model
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _submodel(annotation: Any) -> type[Model] | None:
+    if isinstance(annotation, type) and issubclass(annotation, Model):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
         found = _submodel(arg)

@@ -20,14 +20,24 @@ import math
 import random as random_module
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from orchestrator.core import spec as jobspec
 from orchestrator.core import yamlpos
-from orchestrator.core.spec import JobSpec, LoadedJob, Money, SpecError, _Strict, read_mapping
+from orchestrator.core.schema import Model
+from orchestrator.core.schema import ValidationError as JobValidationError
+from orchestrator.core.spec import (
+    MAX_DOLLARS,
+    JobSpec,
+    LoadedJob,
+    SpecError,
+    read_mapping,
+    to_decimal,
+)
 from orchestrator.records.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
@@ -41,6 +51,14 @@ NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LEN - 1}}}$"
 EXAMPLE = "examples/sweep-lr.yml"
 
 Goal = Literal["max", "min"]
+# The job file's budget rule, in pydantic for the sweep file's models (spec.Money's twin).
+Money = Annotated[Decimal, BeforeValidator(to_decimal), Field(gt=0, le=MAX_DOLLARS)]
+
+
+class _Strict(BaseModel):
+    # The job file's rules (orchestrator/core/schema.py): strict, frozen, no unknown keys,
+    # no inf or nan.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --- schema -------------------------------------------------------------------------------
@@ -223,7 +241,7 @@ def check_key(key: str) -> str | None:
     parts = key.split(".")
     if not all(parts):
         return "must be a dotted job-file key such as training.learning_rate"
-    model: type[BaseModel] = JobSpec
+    model: type[Model] = JobSpec
     for i, part in enumerate(parts):
         fields = list(model.model_fields)
         if part not in fields:
@@ -469,7 +487,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             data["name"] = spec.name  # the same for every run until duplicates are dropped
         try:
             job = JobSpec.model_validate(data)
-        except ValidationError as exc:
+        except JobValidationError as exc:
             for err in exc.errors():
                 loc = jobspec._user_loc(tuple(err["loc"]))
                 problems.report(origins, loc, jobspec._describe(dict(err)), None)
