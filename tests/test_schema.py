@@ -1,14 +1,15 @@
-"""orchestrator.core.schema against pydantic, rule by rule, and the job file's spec hashes.
+"""orchestrator.core.schema against pydantic, rule by rule, and the files' recorded hashes.
 
-The job file's models left pydantic for `orch plan`'s start-up (issue 11 §4); their errors
-must still read as pydantic's (one translation serves them and the sweep file's pydantic
-models), and their output must hash as before, or every recorded sweep would run again.
+The job and sweep files' models left pydantic for `orch plan`'s start-up (issue 11 §4);
+their errors must still read as pydantic's (spec._describe translates pydantic's error types)
+and their output must hash as before, or every recorded sweep would run again.
 Each rule the job file uses is declared twice below, once per library, and both must give
 the same values, the same dumps and the same errors for every value in VALUES.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +21,7 @@ import yaml
 
 from orchestrator.core import schema
 from orchestrator.core.spec import JobSpec, spec_hash, to_decimal
+from orchestrator.records.sweeps import SweepSpec, load_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -129,7 +131,8 @@ VALUES: list[Any] = [
     -0.5, 1e300, float("nan"), float("inf"), Decimal("0.5"), "", "x", "a", "b", "auto", "n",
     "0.074", "-1", "1e-3", "abc\n", "a b", "ok", "9" * 70, [], ["x"], ["a", "b"], [1], [None],
     ["a b"], ("a",), {}, {"size": 5}, {"size": 13}, {"size": 13, "label": "z"},
-    {"size": "5"}, {"size": 5, "zzz": 1}, {1: 2}, {"a": {"b": [1, 2]}}, Decimal("12.50"),
+    {"size": "5"}, {"size": 5, "zzz": 1}, {1: 2}, {1: {"size": 0}}, {"a": {"b": [1, 2]}},
+    {"a": float("inf")}, Decimal("12.50"),
 ]
 
 
@@ -202,3 +205,22 @@ def test_spec_hashes_are_those_the_pydantic_models_gave(example: str) -> None:
     assert spec_hash(spec) == PYDANTIC_HASHES[example]
     again = JobSpec.model_validate(json.loads(spec.model_dump_json()))  # as the engine reloads it
     assert again == spec and spec_hash(again) == PYDANTIC_HASHES[example]
+
+
+def test_the_sweep_file_is_recorded_as_the_pydantic_models_recorded_it() -> None:
+    # The `sweep` table's spec_json of examples/sweep-lr.yml as the pydantic SweepSpec wrote
+    # it (sha256), and a random section's, which nests a model in a mapping and aliases `int`.
+    loaded = load_sweep(ROOT / "examples" / "sweep-lr.yml")
+    digest = hashlib.sha256(loaded.spec_json.encode()).hexdigest()
+    assert digest == "38f718470ade8881d63571d2a81aab017065db0486610575dd54228a7401f982"
+    spec = SweepSpec.model_validate({
+        "name": "s", "base": "b.yml", "budget": "12.5", "random": {"n": 3, "seed": 7, "params": {
+            "training.learning_rate": {"loguniform": [1e-5, 1e-3]}, "lora.r": {"int": [8, 64]},
+            "training.epochs": {"choice": [1, 2.5]}}}})
+    assert json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True,
+                      separators=(",", ":")) == (
+        '{"base":"b.yml","budget":"12.5","grid":{},"max_parallel":4,"name":"s","objective":null,'
+        '"random":{"n":3,"params":{"lora.r":{"choice":null,"int":[8,64],"loguniform":null,'
+        '"uniform":null},"training.epochs":{"choice":[1,2.5],"int":null,"loguniform":null,'
+        '"uniform":null},"training.learning_rate":{"choice":null,"int":null,'
+        '"loguniform":[1e-05,0.001],"uniform":null}},"seed":7}}')

@@ -14,12 +14,8 @@ import typing
 from decimal import Decimal
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo as PydanticField
-
 from orchestrator.core.architectures import LINEAR_MODULES, known_models
-from orchestrator.core.schema import FieldInfo as JobField
-from orchestrator.core.schema import Model
+from orchestrator.core.schema import FieldInfo, Model
 from orchestrator.core.spec import _SHAPES, DEFAULT_TRAINER_IMAGE, ArchitectureFields, JobSpec
 from orchestrator.records.sweeps import Distribution, SweepSpec
 
@@ -145,14 +141,8 @@ ABOUT: dict[str, tuple[str, str]] = {
     "dist.int": ("`[lo, hi]`, an integer, both ends included.", "[1, 3]"),
 }
 
-# The job file's models are schema.Model (import-light, for `orch plan`); the sweep file's
-# are pydantic. Both give fields with the same attributes (annotation, alias, default, ...).
-FileModel = type[BaseModel] | type[Model]
-FieldInfo = PydanticField | JobField
-
-
 def _is_model(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel | Model)
+    return isinstance(annotation, type) and issubclass(annotation, Model)
 
 
 _SCALARS = {int: "integer", float: "number", bool: "true/false", str: "string",
@@ -202,7 +192,7 @@ def _default(field: FieldInfo) -> str:
         return "**required**"
     if field.default_factory is not None:
         value = field.default_factory()  # type: ignore[call-arg]
-        return "see below" if isinstance(value, BaseModel | Model) else f"`{value!r}`"
+        return "see below" if isinstance(value, Model) else f"`{value!r}`"
     value = field.default
     if value is None:
         return "`null`"
@@ -211,9 +201,9 @@ def _default(field: FieldInfo) -> str:
     return f"`{value}`"
 
 
-def _submodel(annotation: Any) -> FileModel | None:
+def _submodel(annotation: Any) -> type[Model] | None:
     if _is_model(annotation):
-        return typing.cast(FileModel, annotation)
+        return typing.cast(type[Model], annotation)
     for arg in typing.get_args(annotation):
         found = _submodel(arg)
         if found is not None:
@@ -230,7 +220,7 @@ def _defaults_word(prefix: str, name: str, field: FieldInfo) -> str:
     return _default(field)
 
 
-def walk(model: FileModel, prefix: str) -> list[tuple[str, str, FieldInfo]]:
+def walk(model: type[Model], prefix: str) -> list[tuple[str, str, FieldInfo]]:
     """(dotted key, ABOUT key, field) for every field, depth first."""
     rows = []
     for name, field in model.model_fields.items():
@@ -250,7 +240,7 @@ def missing_descriptions() -> list[str]:
     return [k for k in keys if k not in ABOUT]
 
 
-def _section(model: FileModel, prefix: str, title: str) -> list[str]:
+def _section(model: type[Model], prefix: str, title: str) -> list[str]:
     out = [f"### {title}", "", "| Key | Type | Default | Limits | Meaning | Example |",
            "|---|---|---|---|---|---|"]
     for name, field in model.model_fields.items():

@@ -1,4 +1,4 @@
-"""Strict, frozen models for the job file, validated without pydantic.
+"""Strict, frozen models for the job and sweep files, validated without pydantic.
 
 Why not pydantic here: `orch plan` is the command people rerun while editing a job file,
 and importing pydantic and building the job file's eleven models was half of its start-up
@@ -9,9 +9,10 @@ literals, lists, string-keyed mappings, nested models, optional values, validato
 and after the type check, unknown keys refused, and instances that cannot be changed.
 
 Errors are reported as pydantic reports them (the same `type`, `loc`, `msg`, `input` and
-`ctx`), so one translation into `file:line key: problem` (orchestrator/core/spec.py) serves
-these models and the sweep file's pydantic ones; tests/test_schema.py checks the two
-agree error for error on the job file's rules.
+`ctx`), so the translation into `file:line key: problem` (orchestrator/core/spec.py) that
+was written against pydantic's errors stays as it was, and values are written out as
+pydantic wrote them, so recorded spec hashes stay valid; tests/test_schema.py declares
+each rule in both libraries and requires the same values, output and errors.
 
 Declaring a model:
 
@@ -238,6 +239,8 @@ def _dump(value: Any, as_json: bool, exclude_none: bool, by_alias: bool) -> Any:
         return {k: _dump(v, as_json, exclude_none, by_alias) for k, v in value.items()}
     if as_json and isinstance(value, Decimal):
         return str(value)
+    if as_json and isinstance(value, float) and not math.isfinite(value):
+        return None  # as pydantic's JSON mode writes inf and nan (free-form values only)
     return value
 
 
@@ -377,13 +380,12 @@ def _dict(item: Any, value: Any, loc: Loc, errs: _Errors) -> Any:
         return errs.add("dict_type", loc, "Input should be a valid dictionary", value)
     out = {}
     for key, v in value.items():
-        if not isinstance(key, str):
-            errs.add("string_type", (*loc, key, "[key]"), "Input should be a valid string", key)
-            continue
-        out[key] = _typed(item, v, (*loc, key), errs, None)
-    if len(out) < len(value) or any(v is _FAIL for v in out.values()):
-        return _FAIL
-    return out
+        if not isinstance(key, str):  # reported, and its value still checked (as pydantic)
+            out[key] = errs.add("string_type", (*loc, key, "[key]"),
+                                "Input should be a valid string", key)
+        checked = _typed(item, v, (*loc, key), errs, None)
+        out[key] = _FAIL if out.get(key) is _FAIL else checked
+    return _FAIL if any(v is _FAIL for v in out.values()) else out
 
 
 def _scalar(kind: Any, value: Any, loc: Loc, errs: _Errors) -> Any:

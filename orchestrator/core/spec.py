@@ -1,8 +1,8 @@
 """JobSpec and job-file loading with `file:line field: problem; fix` errors.
 
 The models are orchestrator.core.schema models, not pydantic ones: `orch plan` starts in
-half the time without pydantic (schema.py says why); their errors read exactly as
-pydantic's, which the sweep file's models still use.
+half the time without pydantic (schema.py says why); their errors are pydantic's error
+dicts, which `_describe` turns into words.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def objective_of(spec: Mapping[str, Any]) -> dict[str, str] | None:
     """The stored spec's objective as `{"metric", "goal"}`, or None (absent or invalid).
 
     The same acceptance as `sweeps.Objective` (strict, no other keys, a non-empty metric,
-    goal max or min, max by default) without importing pydantic.
+    goal max or min, max by default) over the stored JSON, without building the model.
     """
     raw = spec.get("objective")
     if not raw:

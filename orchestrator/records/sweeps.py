@@ -20,24 +20,13 @@ import math
 import random as random_module
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from typing import Any, Literal
 
 from orchestrator.core import spec as jobspec
 from orchestrator.core import yamlpos
-from orchestrator.core.schema import Model
-from orchestrator.core.schema import ValidationError as JobValidationError
-from orchestrator.core.spec import (
-    MAX_DOLLARS,
-    JobSpec,
-    LoadedJob,
-    SpecError,
-    read_mapping,
-    to_decimal,
-)
+from orchestrator.core.schema import Field, Model, ValidationError
+from orchestrator.core.spec import JobSpec, LoadedJob, Money, SpecError, read_mapping
 from orchestrator.records.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
@@ -51,20 +40,12 @@ NAME_PATTERN = rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_LEN - 1}}}$"
 EXAMPLE = "examples/sweep-lr.yml"
 
 Goal = Literal["max", "min"]
-# The job file's budget rule, in pydantic for the sweep file's models (spec.Money's twin).
-Money = Annotated[Decimal, BeforeValidator(to_decimal), Field(gt=0, le=MAX_DOLLARS)]
-
-
-class _Strict(BaseModel):
-    # The job file's rules (orchestrator/core/schema.py): strict, frozen, no unknown keys,
-    # no inf or nan.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --- schema -------------------------------------------------------------------------------
 
 
-class Distribution(_Strict):
+class Distribution(Model):
     """One random parameter: exactly one of loguniform, uniform, choice or int."""
 
     loguniform: list[float] | None = None
@@ -72,8 +53,7 @@ class Distribution(_Strict):
     choice: list[Any] | None = None
     int_: list[int] | None = Field(default=None, alias="int")
 
-    @model_validator(mode="after")
-    def _bounds(self) -> Distribution:
+    def _check(self) -> None:
         given = {k: v for k, v in (("loguniform", self.loguniform), ("uniform", self.uniform),
                                    ("choice", self.choice), ("int", self.int_)) if v is not None}
         if len(given) != 1:
@@ -83,7 +63,7 @@ class Distribution(_Strict):
         if kind == "choice":
             if not values:
                 raise ValueError("choice must list at least one value")
-            return self
+            return
         if len(values) != 2:
             raise ValueError(f"{kind} takes [lo, hi] (got {values!r})")
         lo, hi = values
@@ -95,7 +75,6 @@ class Distribution(_Strict):
             raise ValueError(f"{kind} needs lo < hi (got {values!r})")
         if kind == "loguniform" and lo <= 0:
             raise ValueError(f"loguniform needs lo > 0 (got {values!r})")
-        return self
 
     def sample(self, rng: random_module.Random) -> Any:
         """One value drawn with `rng`."""
@@ -114,7 +93,7 @@ def _round(x: float) -> float:
     return float(f"{x:.{SIGNIFICANT_DIGITS}g}")
 
 
-class RandomSpec(_Strict):
+class RandomSpec(Model):
     """`n` samples drawn from `params` with `random.Random(seed)`."""
 
     n: int = Field(default=0, ge=0)
@@ -122,14 +101,14 @@ class RandomSpec(_Strict):
     params: dict[str, Distribution] = Field(default_factory=dict)
 
 
-class Objective(_Strict):
+class Objective(Model):
     """Which metric ranks a sweep's runs, and whether higher or lower is better."""
 
     metric: str = Field(min_length=1)
     goal: Goal = "max"
 
 
-class SweepSpec(_Strict):
+class SweepSpec(Model):
     """A sweep file, validated (keys and values of the runs are checked by load_sweep)."""
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -184,7 +163,7 @@ def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> 
 
 # --- error translation -------------------------------------------------------------------
 
-def _sweep_model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
+def _sweep_model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
     if loc == ():
         return SweepSpec
     if loc == ("random",):
@@ -196,7 +175,7 @@ def _sweep_model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     return None
 
 
-def _field_names(model: type[BaseModel]) -> list[str]:
+def _field_names(model: type[Model]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
@@ -487,7 +466,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             data["name"] = spec.name  # the same for every run until duplicates are dropped
         try:
             job = JobSpec.model_validate(data)
-        except JobValidationError as exc:
+        except ValidationError as exc:
             for err in exc.errors():
                 loc = jobspec._user_loc(tuple(err["loc"]))
                 problems.report(origins, loc, jobspec._describe(dict(err)), None)
