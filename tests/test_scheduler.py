@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core import money, scheduler, sizing, throughput
@@ -183,14 +184,18 @@ def _oracle_cost(w: Workload, offers: list[Offer], c: Constraints) -> Decimal | 
             continue
         if o.gpu_count > c.max_gpus:
             continue
-        for strategy in sizing.candidate_strategies(o.gpu_count):
-            est = sizing.estimate(w, o.gpu_count, strategy)
-            if not est.fits(o.gpu_memory_bytes, o.ram_bytes):
-                continue
-            hours = throughput.duration(w, TOKENS, o, GPUS[o.gpu], strategy).total
-            cost = money.job_cost(o, hours)
+        hours = [throughput.duration(w, TOKENS, o, GPUS[o.gpu], strategy).total
+                 for strategy in sizing.candidate_strategies(o.gpu_count)
+                 if sizing.estimate(w, o.gpu_count, strategy).fits(o.gpu_memory_bytes,
+                                                                   o.ram_bytes)]
+        for h in hours:
+            cost = money.job_cost(o, h)
+            # A new monthly rental's price per hour is its commitment over the job's hours
+            # on its fastest layout: a slower layout spreads the same month over more hours
+            # but makes it no cheaper a rate to work at (hypothesis found an offload layout
+            # slipping under max_price_per_hour that way).
             hourly = o.price_per_hour if o.price_per_hour is not None else \
-                cost / Decimal(repr(hours))
+                money.job_cost(o, min(hours)) / Decimal(repr(min(hours)))
             if c.max_price_per_hour is not None and hourly > c.max_price_per_hour:
                 continue
             best = cost if best is None else min(best, cost)
@@ -212,6 +217,10 @@ constraint_st = st.builds(
 @settings(max_examples=150, deadline=None)
 @given(workload_st, st.lists(offer_st, max_size=30, unique_by=lambda o: o.offer_id),
        constraint_st, st.randoms(use_true_random=False))
+@example(job("Qwen/Qwen2.5-14B", "qlora"),  # a $5/month A100: 2.1 h single, 4.1 h offloaded
+         [_offer("A100 80GB", 1, False, 123, 0, "metered", None),
+          _offer("A100 80GB", 1, False, 5, 2, "monthly", 64)],
+         Constraints(max_gpus=1, max_price_per_hour=Decimal("1.22")), random.Random(0))
 def test_chosen_is_never_costlier_and_ranking_is_deterministic(
     w: Workload, offers: list[Offer], c: Constraints, rnd: object
 ) -> None:
