@@ -9,9 +9,12 @@ the same values, the same dumps and the same errors for every value in VALUES.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import pickle
 from decimal import Decimal
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -43,6 +46,18 @@ def _wrap(value: Any) -> Any:
 
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class _Kind(StrEnum):
+    A = "a"
+
+
+class _Num(IntEnum):
+    FIVE = 5
+
+
+class _Text(str):
+    pass
 
 # --- the same rules in both libraries ----------------------------------------------------
 
@@ -132,7 +147,12 @@ VALUES: list[Any] = [
     "0.074", "-1", "1e-3", "abc\n", "a b", "ok", "9" * 70, [], ["x"], ["a", "b"], [1], [None],
     ["a b"], ("a",), {}, {"size": 5}, {"size": 13}, {"size": 13, "label": "z"},
     {"size": "5"}, {"size": 5, "zzz": 1}, {1: 2}, {1: {"size": 0}}, {"a": {"b": [1, 2]}},
-    {"a": float("inf")}, Decimal("12.50"),
+    {"a": float("inf")}, Decimal("12.50"), Decimal("NaN"), Decimal("Infinity"),
+    Decimal("sNaN"), _Kind.A, _Num.FIVE, _Text("a"),
+    # YAML gives dates, timestamps and !!binary in free-form values (trainer.extra, grids).
+    dt.date(2024, 1, 1), dt.datetime(2024, 1, 1, 10, 0), b"hi",
+    dt.datetime(2024, 1, 1, 10, 0, tzinfo=dt.UTC), {"a": dt.date(2024, 1, 1)},
+    {"a": (1, 2)}, {"a": {1: 2, "b": 3}}, {"a": {None: 1, True: 2, 1.5: 3}}, {"a": b"x"},
 ]
 
 
@@ -173,8 +193,9 @@ def test_models_are_frozen_compared_by_value_and_built_by_keyword() -> None:
     one = SAll.model_validate({"count": 5, "inner": 7})
     assert one == SAll(count=5, inner=SInner(size=7)) and one != SAll(count=6)
     assert one.model_fields_set == {"count", "inner"}
-    with pytest.raises(TypeError, match="frozen"):
+    with pytest.raises(schema.ValidationError, match="Instance is frozen"):
         one.count = 6  # type: ignore[misc]
+    assert hash(SInner(size=3)) == hash(SInner(size=3))  # hashable by value, as pydantic's
     with pytest.raises(schema.ValidationError, match="count"):
         SAll(count="5")  # type: ignore[arg-type]
 
@@ -224,3 +245,41 @@ def test_the_sweep_file_is_recorded_as_the_pydantic_models_recorded_it() -> None
         '"uniform":null},"training.epochs":{"choice":[1,2.5],"int":null,"loguniform":null,'
         '"uniform":null},"training.learning_rate":{"choice":null,"int":null,'
         '"loguniform":[1e-05,0.001],"uniform":null}},"seed":7}}')
+
+
+def test_defaults_are_fresh_and_subclasses_may_retype_a_field() -> None:
+    class Base(schema.Model):
+        xs: list[int] = []
+        x: int = 1
+
+    class Retyped(Base):
+        x: str = "a"  # type: ignore[assignment]  # mypy refuses it; the class allows it
+
+    first = Base()
+    first.xs.append(1)
+    assert Base().xs == [] and Retyped(x="b").x == "b"
+    with pytest.raises(schema.ValidationError, match="valid string"):
+        Retyped(x=2)  # type: ignore[arg-type]
+
+
+def test_validation_errors_pickle() -> None:
+    with pytest.raises(schema.ValidationError) as info:
+        SAll.model_validate({"count": "x"})
+    again = pickle.loads(pickle.dumps(info.value))
+    assert again.errors() == info.value.errors() and str(again) == str(info.value)
+
+
+@pytest.mark.parametrize(("pattern", "text"), [
+    (r"^b|^a$", "b\n"), (r"cost\$", "cost$ x"), (r"^[]$]x$", "$x"), (r"^[]$]x$", "$x\n"),
+    (NAME, "name\n"), (NAME, "name"),
+])
+def test_patterns_anchor_as_rust_regex_does(pattern: str, text: str) -> None:
+    class P(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(strict=True)
+        s: str = pydantic.Field(pattern=pattern)
+
+    class S(schema.Model):
+        s: str = schema.Field(pattern=pattern)
+
+    assert _outcome(S, schema.ValidationError, {"s": text}) == \
+        _outcome(P, pydantic.ValidationError, {"s": text})

@@ -28,6 +28,8 @@ string standing for a mapping), and its `_check` method sees the built instance.
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import json
 import math
 import re
@@ -56,7 +58,7 @@ class FieldInfo:
         self.default, self.default_factory, self.alias = default, default_factory, alias
         self.gt, self.ge, self.lt, self.le = gt, ge, lt, le
         self.min_length, self.pattern = min_length, pattern
-        self._regex = re.compile(pattern) if pattern is not None else None
+        self._regex = re.compile(_rust_dollars(pattern)) if pattern is not None else None
         self.name = ""
         # As pydantic's FieldInfo, `annotation` is the bare type (Annotated[...] unwrapped);
         # `full_type` keeps the Before/After/Field metadata that validation applies.
@@ -74,15 +76,12 @@ class FieldInfo:
         return [self] if any(getattr(self, c) is not None for c in self._CONSTRAINTS) else []
 
     def make_default(self) -> Any:
-        """The default value (a fresh one from the factory); defaults are not validated.
-
-        A float field's integer default is a float, as pydantic writes it (epochs: 1.0): the
-        spec hash is taken over that output.
-        """
+        """The default value, not validated (as pydantic); a mutable one is a fresh copy."""
         if self.default_factory is not None:
             return self.default_factory()
-        return float(self.default) if self.is_float and type(self.default) is int else \
-            self.default
+        if isinstance(self.default, list | dict | set):
+            return copy.deepcopy(self.default)
+        return self.default
 
 
 def Field(default: Any = _MISSING, *, default_factory: Callable[[], Any] | None = None,  # noqa: N802 - reads like pydantic's
@@ -121,6 +120,9 @@ class ValidationError(ValueError):
         """The problems, each {type, loc, msg, input[, ctx]}."""
         return [dict(e) for e in self._errors]
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.title, self._errors))
+
 
 class _Errors:
     """Errors collected while validating one input."""
@@ -154,8 +156,9 @@ class Model:
         for name, hint in hints.items():
             if name.startswith("_") or name in Model.__annotations__:
                 continue
-            if name not in cls.__dict__ and name in cls.model_fields:
-                fields[name] = cls.model_fields[name]  # inherited, its default already taken
+            own = name in cls.__dict__.get("__annotations__", {})
+            if not own and name in cls.model_fields:
+                fields[name] = cls.model_fields[name]  # inherited as it was declared
                 continue
             value = cls.__dict__.get(name, _MISSING)
             info = value if isinstance(value, FieldInfo) else FieldInfo(value)
@@ -164,8 +167,8 @@ class Model:
             info.annotation = hint.__origin__ if annotated else hint
             info.is_float = info.annotation in (float, float | None)
             fields[name] = info
-            if isinstance(value, FieldInfo):
-                delattr(cls, name)  # instances hold the values; a class attribute would shadow
+            if name in cls.__dict__:
+                delattr(cls, name)  # instances hold the values (as pydantic: not the class)
         cls.model_fields = fields
 
     @property
@@ -202,6 +205,8 @@ class Model:
             value = self.__dict__[name]
             if exclude_none and value is None:
                 continue
+            if mode == "json" and info.is_float and type(value) is int:
+                value = float(value)  # pydantic writes a float field's int default as 1.0
             out[(info.alias or name) if by_alias else name] = _dump(
                 value, mode == "json", exclude_none, by_alias)
         return out
@@ -212,17 +217,23 @@ class Model:
                           ensure_ascii=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise TypeError(f"{type(self).__name__} is frozen: {name} cannot be set")
+        raise ValidationError(type(self).__name__, [{
+            "type": "frozen_instance", "loc": (name,), "msg": "Instance is frozen",
+            "input": value}])
 
     def __delattr__(self, name: str) -> None:
-        raise TypeError(f"{type(self).__name__} is frozen: {name} cannot be deleted")
+        raise ValidationError(type(self).__name__, [{
+            "type": "frozen_instance", "loc": (name,), "msg": "Instance is frozen",
+            "input": None}])
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
         return all(self.__dict__[n] == other.__dict__[n] for n in self.model_fields)
 
-    __hash__ = None  # type: ignore[assignment]  # equal by value, and lists are unhashable
+    def __hash__(self) -> int:
+        # As pydantic's frozen models: by value, so one holding a list is unhashable.
+        return hash((type(self), *(self.__dict__[n] for n in self.model_fields)))
 
     def __repr__(self) -> str:
         values = ", ".join(f"{n}={self.__dict__[n]!r}" for n in self.model_fields)
@@ -233,15 +244,37 @@ def _dump(value: Any, as_json: bool, exclude_none: bool, by_alias: bool) -> Any:
     if isinstance(value, Model):
         return value.model_dump(mode="json" if as_json else "python",
                                 exclude_none=exclude_none, by_alias=by_alias)
-    if isinstance(value, list):
+    if isinstance(value, list) or (as_json and isinstance(value, tuple | set | frozenset)):
         return [_dump(v, as_json, exclude_none, by_alias) for v in value]
     if isinstance(value, dict):
-        return {k: _dump(v, as_json, exclude_none, by_alias) for k, v in value.items()}
-    if as_json and isinstance(value, Decimal):
+        return {(_json_key(k) if as_json else k): _dump(v, as_json, exclude_none, by_alias)
+                for k, v in value.items()}
+    return _json_scalar(value) if as_json else value
+
+
+def _json_scalar(value: Any) -> Any:
+    """A free-form value (trainer.extra, sweep values) as pydantic's JSON mode writes it.
+
+    YAML gives dates, timestamps and !!binary too: pydantic wrote them as ISO text and
+    UTF-8 text, and the spec hash and the stored JSON are taken over this output.
+    """
+    if isinstance(value, Decimal):
         return str(value)
-    if as_json and isinstance(value, float) and not math.isfinite(value):
-        return None  # as pydantic's JSON mode writes inf and nan (free-form values only)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        text = value.isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
     return value
+
+
+def _json_key(key: Any) -> Any:
+    # pydantic's JSON keys: None -> "None", booleans as JSON writes them, numbers as text.
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return key if isinstance(key, str) else str(_json_scalar(key))
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -360,7 +393,10 @@ def _union(members: list[Any], value: Any, loc: Loc, errs: _Errors,
 
 def _literal(choices: tuple[Any, ...], value: Any, loc: Loc, errs: _Errors) -> Any:
     for choice in choices:
-        if type(value) is type(choice) and value == choice:
+        # A str subclass (a str enum) matches its text, as in pydantic; True is never 1.
+        same_kind = isinstance(value, str) if isinstance(choice, str) else \
+            type(value) is type(choice)
+        if same_kind and value == choice:
             return choice
     words = [repr(c) for c in choices]
     expected = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
@@ -393,14 +429,14 @@ def _scalar(kind: Any, value: Any, loc: Loc, errs: _Errors) -> Any:
     is_bool = isinstance(value, bool)
     if kind is int:
         if isinstance(value, int) and not is_bool:
-            return value
+            return int(value)  # an IntEnum member becomes its number, as in pydantic
         return errs.add("int_type", loc, "Input should be a valid integer", value)
     if kind is float:
         # pydantic's strict float also takes a Decimal (no YAML or JSON value is one).
         if isinstance(value, int | float | Decimal) and not is_bool:
             try:
                 number = float(value)
-            except OverflowError:  # an integer past float's range: pydantic's words for it
+            except (OverflowError, ValueError):  # past float's range, a signalling NaN
                 return errs.add("float_type", loc, "Input should be a valid number", value)
             if not math.isfinite(number):
                 return errs.add("finite_number", loc, "Input should be a finite number", value)
@@ -410,12 +446,22 @@ def _scalar(kind: Any, value: Any, loc: Loc, errs: _Errors) -> Any:
         return value if is_bool else errs.add("bool_type", loc,
                                               "Input should be a valid boolean", value)
     if kind is str:
-        return value if isinstance(value, str) else errs.add(
-            "string_type", loc, "Input should be a valid string", value)
+        if not isinstance(value, str):
+            return errs.add("string_type", loc, "Input should be a valid string", value)
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, possible only from JSON
+                return errs.add("string_unicode", loc, "Input should be a valid string, unable "
+                                "to parse raw data as a unicode string", value)
+        return value
     if kind is Decimal:
-        return value if isinstance(value, Decimal) else errs.add(
-            "is_instance_of", loc, "Input should be an instance of Decimal", value,
-            **{"class": "Decimal"})
+        if not isinstance(value, Decimal):
+            return errs.add("is_instance_of", loc, "Input should be an instance of Decimal",
+                            value, **{"class": "Decimal"})
+        if not value.is_finite():
+            return errs.add("finite_number", loc, "Input should be a finite number", value)
+        return value
     raise TypeError(f"schema: no rule for fields of type {kind!r}")
 
 
@@ -441,7 +487,7 @@ def _bounded(out: Any, value: Any, loc: Loc, errs: _Errors, bounds: FieldInfo | 
         if n is not None and len(out) < n:
             return errs.add("string_too_short", loc, f"String should have at least {n} "
                             f"character{'s' if n != 1 else ''}", value, min_length=n)
-        if bounds._regex is not None and not _matches(bounds._regex, out):
+        if bounds._regex is not None and bounds._regex.search(out) is None:
             return errs.add("string_pattern_mismatch", loc, f"String should match pattern "
                             f"'{bounds.pattern}'", value, pattern=bounds.pattern)
         return out
@@ -456,8 +502,26 @@ def _bounded(out: Any, value: Any, loc: Loc, errs: _Errors, bounds: FieldInfo | 
     return out
 
 
-def _matches(regex: re.Pattern[str], text: str) -> bool:
-    # pydantic matches with Rust's regex, where `$` is the end of the text; Python's `$`
-    # also matches before a final newline, which would let "name\n" through.
-    m = regex.search(text)
-    return m is not None and (not regex.pattern.endswith("$") or m.end() == len(text))
+def _rust_dollars(pattern: str) -> str:
+    """`pattern` with each `$` anchor made `\\Z`: the end of the text only.
+
+    pydantic matches with Rust's regex, where `$` is the end of the text; Python's `$`
+    also matches before a final newline, which would let "name\\n" through. Escaped
+    dollars and those in a character class are literal in both and left alone.
+    """
+    out, i, in_class = [], 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]" or out[-1] == "["
+        elif ch == "[":
+            in_class = True
+        elif ch == "$":
+            ch = "\\Z"
+        out.append(ch)
+        i += 1
+    return "".join(out)
