@@ -141,6 +141,7 @@ ABOUT: dict[str, tuple[str, str]] = {
     "dist.int": ("`[lo, hi]`, an integer, both ends included.", "[1, 3]"),
 }
 
+
 def _is_model(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, Model)
 

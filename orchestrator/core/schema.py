@@ -24,6 +24,11 @@ Declaring a model:
 `Before(fn)` runs on the raw value, `After(fn)` on the validated one; either raises
 ValueError for a problem. A model's `_prepare` classmethod sees its raw input first (a
 string standing for a mapping), and its `_check` method sees the built instance.
+
+Not implemented, because these files need none of it: forward references in annotations
+(a NameError when the class is created), coercion (lax mode), and pydantic's per-member
+errors for a union that is not `X | None`: such a union reports its first member's errors,
+so give it a `Before` that explains the accepted forms (as spec's `AutoBool` does).
 """
 
 from __future__ import annotations
@@ -321,8 +326,6 @@ def _model(cls: type[Model], value: Any, loc: Loc, errs: _Errors) -> Any:
     except ValueError as exc:
         return errs.value_error(loc, exc, raw)
     return out
-
-
 
 
 def _typed(hint: Any, value: Any, loc: Loc, errs: _Errors, bounds: FieldInfo | None) -> Any:

@@ -141,6 +141,8 @@ class LoraSpec(Model):
 
 
 Optimizer = Literal["auto", "adamw", "adamw_8bit", "paged_adamw_8bit"]
+
+
 # "auto": the planner turns a memory saver on only when it reaches a cheaper placement
 # (orchestrator/core/savers.py; docs/sizing.md "Memory savers").
 def _auto_bool(value: Any) -> Any:
