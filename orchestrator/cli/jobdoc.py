@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, Literal, Union
 
 from orchestrator.core.architectures import LINEAR_MODULES, known_models
-from orchestrator.core.schema import FieldInfo, Model
+from orchestrator.core.schema import FieldInfo, Model, submodel
 from orchestrator.core.spec import _SHAPES, DEFAULT_TRAINER_IMAGE, ArchitectureFields, JobSpec
 from orchestrator.records.sweeps import Distribution, SweepSpec
 
@@ -142,10 +142,6 @@ ABOUT: dict[str, tuple[str, str]] = {
 }
 
 
-def _is_model(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, Model)
-
-
 _SCALARS = {int: "integer", float: "number", bool: "true/false", str: "string",
             Decimal: "number (USD)"}
 
@@ -166,7 +162,7 @@ def type_text(annotation: Any) -> str:
         return f"list of {type_text(args[0])}" if args else "list"
     if origin is dict:
         return "mapping"
-    if _is_model(annotation):
+    if submodel(annotation) is annotation:
         return "mapping"
     if annotation is Any:
         return "any value"
@@ -192,7 +188,7 @@ def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "**required**"
     if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
+        value = field.default_factory()
         return "see below" if isinstance(value, Model) else f"`{value!r}`"
     value = field.default
     if value is None:
@@ -200,16 +196,6 @@ def _default(field: FieldInfo) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`"
-
-
-def _submodel(annotation: Any) -> type[Model] | None:
-    if _is_model(annotation):
-        return typing.cast(type[Model], annotation)
-    for arg in typing.get_args(annotation):
-        found = _submodel(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _defaults_word(prefix: str, name: str, field: FieldInfo) -> str:
@@ -228,7 +214,7 @@ def walk(model: type[Model], prefix: str) -> list[tuple[str, str, FieldInfo]]:
         key = field.alias or name
         dotted = f"{prefix}.{key}"
         rows.append((dotted, dotted, field))
-        sub = _submodel(field.annotation)
+        sub = submodel(field.annotation)
         if sub is not None and sub is not Distribution:
             rows += walk(sub, dotted)
     return rows
@@ -255,7 +241,7 @@ def _section(model: type[Model], prefix: str, title: str) -> list[str]:
                    f"`{example}` |")
     out.append("")
     for name, field in model.model_fields.items():
-        sub = _submodel(field.annotation)
+        sub = submodel(field.annotation)
         if sub is not None and sub is not Distribution:
             key = field.alias or name
             dotted = f"{prefix}.{key}"

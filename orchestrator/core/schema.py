@@ -64,7 +64,6 @@ class FieldInfo:
         self.gt, self.ge, self.lt, self.le = gt, ge, lt, le
         self.min_length, self.pattern = min_length, pattern
         self._regex = re.compile(_rust_dollars(pattern)) if pattern is not None else None
-        self.name = ""
         # As pydantic's FieldInfo, `annotation` is the bare type (Annotated[...] unwrapped);
         # `full_type` keeps the Before/After/Field metadata that validation applies.
         self.annotation: Any = None
@@ -167,7 +166,7 @@ class Model:
                 continue
             value = cls.__dict__.get(name, _MISSING)
             info = value if isinstance(value, FieldInfo) else FieldInfo(value)
-            info.name, info.full_type = name, hint
+            info.full_type = hint
             annotated = typing.get_origin(hint) is typing.Annotated
             info.annotation = hint.__origin__ if annotated else hint
             info.is_float = info.annotation in (float, float | None)
@@ -222,14 +221,12 @@ class Model:
                           ensure_ascii=False)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise ValidationError(type(self).__name__, [{
-            "type": "frozen_instance", "loc": (name,), "msg": "Instance is frozen",
-            "input": value}])
+        errs = _Errors()
+        errs.add("frozen_instance", (name,), "Instance is frozen", value)
+        raise ValidationError(type(self).__name__, errs.items)
 
     def __delattr__(self, name: str) -> None:
-        raise ValidationError(type(self).__name__, [{
-            "type": "frozen_instance", "loc": (name,), "msg": "Instance is frozen",
-            "input": None}])
+        self.__setattr__(name, None)
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -243,6 +240,17 @@ class Model:
     def __repr__(self) -> str:
         values = ", ".join(f"{n}={self.__dict__[n]!r}" for n in self.model_fields)
         return f"{type(self).__name__}({values})"
+
+
+def submodel(annotation: Any) -> type[Model] | None:
+    """The model class in a field's type (`X`, `X | None`, `Annotated[X, ...]`), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, Model):
+        return annotation
+    for arg in typing.get_args(annotation):  # Annotated's metadata are never models
+        found = submodel(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _dump(value: Any, as_json: bool, exclude_none: bool, by_alias: bool) -> Any:

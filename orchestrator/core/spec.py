@@ -24,7 +24,7 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
-from orchestrator.core.schema import After, Before, Field, Model, ValidationError
+from orchestrator.core.schema import After, Before, Field, Model, ValidationError, submodel
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -329,24 +329,11 @@ def _model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
         field = model.model_fields.get(part)
         if field is None:
             return None
-        sub = _submodel(field.annotation)
+        sub = submodel(field.annotation)
         if sub is None:
             return None
         model = sub
     return model
-
-
-def _submodel(annotation: Any) -> type[Model] | None:
-    if isinstance(annotation, type) and issubclass(annotation, Model):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _submodel(arg)
-        if found is not None:
-            return found
-    origin_meta = getattr(annotation, "__metadata__", None)
-    if origin_meta is not None:
-        return _submodel(getattr(annotation, "__origin__", None))
-    return None
 
 
 def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from orchestrator.core import spec as jobspec
 from orchestrator.core import yamlpos
-from orchestrator.core.schema import Field, Model, ValidationError
+from orchestrator.core.schema import Field, Model, ValidationError, submodel
 from orchestrator.core.spec import JobSpec, LoadedJob, Money, SpecError, read_mapping
 from orchestrator.records.sweeprules import best_of
 
@@ -232,7 +232,7 @@ def check_key(key: str) -> str | None:
         if i == len(parts) - 1:
             return None
         annotation = model.model_fields[part].annotation
-        sub = jobspec._submodel(annotation)
+        sub = submodel(annotation)
         if sub is None:
             if getattr(annotation, "__origin__", None) is dict:
                 return None  # free-form mapping (trainer.extra): any key below it
