@@ -217,28 +217,6 @@ def ensure_server(host: Host, spec: ServerSpec) -> bool:
     return True
 
 
-def start_server(
-    host: Host,
-    job_id: str,
-    model_dir_host: str,
-    layout: Layout,
-    image: str,
-    port: int,
-    max_model_len: int,
-    served_name: str = SERVED_NAME,
-    lora: str | None = None,
-) -> ServerSpec:
-    """Start (or reuse) the job's vLLM container on 127.0.0.1:`port`; returns its spec.
-
-    `model_dir_host` is the merged model, or the base model when `lora` names an unmerged
-    adapter directory; both must lie under `layout.base` (mounted at CONTAINER_ROOT).
-    """
-    spec = server_spec(host, job_id, model_dir_host, layout, image, port, max_model_len,
-                       served_name, lora)
-    ensure_server(host, spec)
-    return spec
-
-
 def _remove(host: Host, name: str) -> bool:
     result = host.run(["docker", "rm", "-f", name])
     if result.ok:

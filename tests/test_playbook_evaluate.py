@@ -24,7 +24,15 @@ from playbooks.evalscore import (
     score_eval_set,
 )
 from playbooks.evaluate import evaluate
-from playbooks.vllm import engine_args, lora_rank_for, start_server, stop_server, wait_ready
+from playbooks.vllm import (
+    ServerSpec,
+    engine_args,
+    ensure_server,
+    lora_rank_for,
+    server_spec,
+    stop_server,
+    wait_ready,
+)
 from providers.simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
@@ -40,6 +48,12 @@ ROWS = [
     {"prompt": "What is 6 x 7?", "expected": "42"},  # contains only
     {"prompt": "Who wrote Hamlet?", "expected": "Shakespeare"},  # default answer: wrong
 ]
+
+
+def serving(host: Host, spec: ServerSpec) -> ServerSpec:
+    """`spec`'s container started (or reused), as the evaluate playbook's first step does."""
+    ensure_server(host, spec)
+    return spec
 
 
 def free_port() -> int:
@@ -81,11 +95,12 @@ def test_server_becomes_ready_through_the_tunnel_scores_and_stops(
 ) -> None:
     sim, host, layout = setup(playbook_host, vllm_startup_seconds=1.0)
     model, port = merged_model(layout, "job-a"), free_port()
-    spec = start_server(host, "job-a", model, layout, IMAGE, port, 2048)
+    spec = serving(host, server_spec(host, "job-a", model, layout, IMAGE, port, 2048))
     assert refuses(port)  # still "loading": the refused phase is what wait_ready polls through
     took = wait_ready(host.conn, port, 20, container=spec.name)
     assert 0.5 < took < 10
-    again = start_server(host, "job-a", model, layout, IMAGE, port, 2048)  # idempotent
+    # idempotent
+    again = serving(host, server_spec(host, "job-a", model, layout, IMAGE, port, 2048))
     assert again == spec and len(sim.events("docker-run")) == 1
 
     argv = sim.events("docker-run")[0]["argv"]
@@ -117,8 +132,8 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
 ) -> None:
     _sim, host, layout = setup(playbook_host, vllm_startup_seconds=60)
     port = free_port()
-    spec = start_server(host, "job-slow", merged_model(layout, "job-slow"), layout, IMAGE,
-                        port, 1024)
+    spec = serving(host, server_spec(host, "job-slow", merged_model(layout, "job-slow"), layout,
+                                     IMAGE, port, 1024))
     started = time.monotonic()
     with pytest.raises(StepFailed) as info:
         wait_ready(host.conn, port, 1.5, container=spec.name)
@@ -136,8 +151,8 @@ def test_a_crashed_server_fails_at_once_not_at_the_deadline(
 ) -> None:
     _sim, host, layout = setup(playbook_host)
     port = free_port()
-    spec = start_server(host, "job-bad", merged_model(layout, "job-bad", config=False),
-                        layout, IMAGE, port, 1024)
+    model = merged_model(layout, "job-bad", config=False)
+    spec = serving(host, server_spec(host, "job-bad", model, layout, IMAGE, port, 1024))
     started = time.monotonic()
     with pytest.raises(StepFailed, match="stopped while loading") as info:
         wait_ready(host.conn, port, 60, container=spec.name)
@@ -194,7 +209,8 @@ def test_unmerged_adapter_is_served_with_an_allowed_lora_rank(
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 24, "lora_alpha": 48}))
     (adapter / "sim_memory.json").write_text(json.dumps({"Say hi": "hi"}))
     port = free_port()
-    spec = start_server(host, "job-l", str(base), layout, IMAGE, port, 2048, lora=str(adapter))
+    spec = serving(host, server_spec(host, "job-l", str(base), layout, IMAGE, port, 2048,
+                                     lora=str(adapter)))
     args = list(spec.args)
     assert args[args.index("--max-lora-rank") + 1] == "32"  # 24 rounded up to an allowed rank
     assert args[args.index("--lora-modules") + 1] == "ft=/workspace/data/jobs/job-l/output"
@@ -324,7 +340,7 @@ def test_lm_eval_runs_on_the_host_against_the_server(playbook_host: PlaybookHost
     tool.chmod(0o755)
     port = free_port()
     model = merged_model(layout, "job-h")
-    spec = start_server(host, "job-h", model, layout, IMAGE, port, 2048)
+    spec = serving(host, server_spec(host, "job-h", model, layout, IMAGE, port, 2048))
     try:
         wait_ready(host.conn, port, 20, container=spec.name)
         metrics, path = run_lm_eval(host, ["arc_easy", "piqa"], port, model,
