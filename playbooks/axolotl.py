@@ -18,8 +18,16 @@ OPTIMIZERS = {
     "adamw_8bit": "adamw_bnb_8bit",
     "paged_adamw_8bit": "paged_adamw_8bit",
 }
-# Strategies that shard with DeepSpeed ZeRO-3 (the config is uploaded with the job).
-SHARDED = frozenset({"fsdp", "fsdp+offload", "offload"})
+# Layouts (orchestrator.core.sizing.Strategy values) rendered as DeepSpeed ZeRO-3 (the JSON
+# is uploaded with the job) and as PyTorch FSDP2 (axolotl's own keys, no extra file).
+DEEPSPEED = frozenset({"zero3", "zero3_offload"})
+FSDP2 = frozenset({"fsdp2", "fsdp2_offload"})
+OFFLOADED = frozenset({"zero3_offload", "fsdp2_offload"})
+# axolotl 0.18.0 refuses bitsandbytes' 8-bit AdamW under FSDP2 ("FSDP2 not compatible with
+# adamw_bnb_8bit, use `adamw_torch_8bit` instead": utils/schemas/validation.py:1140-1153);
+# the same 8-bit AdamW from torchao (transformers' `adamw_torch_8bit`) is its replacement.
+FSDP2_OPTIMIZERS = {**OPTIMIZERS, "adamw_8bit": "adamw_torch_8bit",
+                    "paged_adamw_8bit": "adamw_torch_8bit"}
 
 # Memory savers' exact keys (../shared/reference/real-hosts.md §3). Only one cross-entropy
 # optimisation at a time: CCE, Liger's or chunked.
@@ -86,8 +94,8 @@ class TrainConfigInput:
     lora_alpha: int = 32
     lora_dropout: float = 0.05
     lora_target: tuple[str, ...] | None = None  # None = all linear layers
-    strategy: str = "single"  # single | ddp | fsdp | fsdp+offload | offload
-    # The uploaded ZeRO config as the trainer sees it (absolute); set for sharded strategies.
+    strategy: str = "single"  # single | ddp | zero3 | zero3_offload | fsdp2 | fsdp2_offload
+    # The uploaded ZeRO config as the trainer sees it (absolute); set for the zero3 layouts.
     deepspeed_path: str = ""
     save_steps: int = 50
     save_total_limit: int = 3
@@ -115,7 +123,7 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
         "gradient_accumulation_steps": c.gradient_accumulation_steps,
         "num_epochs": c.epochs,
         "learning_rate": c.learning_rate,
-        "optimizer": OPTIMIZERS[c.optimizer],
+        "optimizer": (FSDP2_OPTIMIZERS if c.strategy in FSDP2 else OPTIMIZERS)[c.optimizer],
         "gradient_checkpointing": c.gradient_checkpointing,
         "bf16": "auto",
         "flash_attention": True,
@@ -140,13 +148,19 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
             cfg["lora_target_modules"] = list(c.lora_target)
         if c.method == "qlora":
             cfg["load_in_4bit"] = True
-    if c.strategy in SHARDED:
+    if c.strategy in DEEPSPEED:
         # A relative `deepspeed:` path is looked up from the process's working directory
         # only (real-hosts.md §2), so orch uploads the JSON and names it absolutely.
         if not c.deepspeed_path.startswith("/"):
             raise ConfigError(f"strategy {c.strategy} needs the uploaded DeepSpeed config's "
                               f"absolute path (got {c.deepspeed_path!r})")
         cfg["deepspeed"] = c.deepspeed_path
+    if c.strategy in FSDP2:
+        if c.strategy in OFFLOADED and c.optimizer != "adamw":
+            raise ConfigError(f"training.optimizer {c.optimizer} does not run under "
+                              f"{c.strategy} (8-bit optimizers do not work with FSDP2 "
+                              "offload); set training.optimizer: adamw or another layout")
+        cfg.update(fsdp2_keys(c))
     _savers(c, cfg)
     extra = dict(c.extra)
     if "plugins" in extra and "plugins" in cfg:
@@ -154,6 +168,29 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
         extra["plugins"] = list(dict.fromkeys([*cfg["plugins"], *extra["plugins"]]))
     cfg.update(extra)
     return cfg
+
+
+def fsdp2_keys(c: TrainConfigInput) -> dict[str, Any]:
+    """axolotl's FSDP2 keys (docs/multi-gpu.qmd "Migrating from FSDP1 to FSDP2", 0.18.0)."""
+    return {
+        "fsdp_version": 2,
+        "fsdp_config": {
+            # CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU.
+            "offload_params": c.strategy in OFFLOADED,
+            # Rank 0 reads the checkpoint and broadcasts the shards (one copy in host RAM,
+            # not one per GPU); axolotl's FSDP + QLoRA examples leave it off.
+            "cpu_ram_efficient_loading": c.method != "qlora",
+            # Without a policy accelerate wraps nothing (FSDP_AUTO_WRAP_POLICY defaults to
+            # NO_WRAP) and the whole model is gathered at once; with it and no class named,
+            # accelerate wraps the model's `_no_split_modules` (its decoder layer)
+            # [accelerate 1.13.0 utils/dataclasses.py:1885, 2049-2054].
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            # Checkpoints and the final save as one unsharded state dict: what orch's
+            # checkpoint validation, merge and delivery read.
+            "state_dict_type": "FULL_STATE_DICT",
+            "reshard_after_forward": True,
+        },
+    }
 
 
 def _savers(c: TrainConfigInput, cfg: dict[str, Any]) -> None:
@@ -181,12 +218,12 @@ def _int_alpha(alpha: float) -> int:
 
 
 def deepspeed_config(strategy: str) -> dict[str, Any] | None:
-    """The DeepSpeed ZeRO-3 config uploaded for a sharded strategy (None for single/ddp).
+    """The DeepSpeed ZeRO-3 config uploaded for a zero3 layout (None for the others).
 
     "auto" values are filled in by the HF Trainer from the axolotl config, so batch sizes
     are stated once. Offloading strategies move optimizer state and parameters to CPU RAM.
     """
-    if strategy not in SHARDED:
+    if strategy not in DEEPSPEED:
         return None
     zero: dict[str, Any] = {
         "stage": 3,
@@ -199,7 +236,7 @@ def deepspeed_config(strategy: str) -> dict[str, Any] | None:
         "gather_16bit_weights_on_model_save": True,
     }
     config: dict[str, Any] = {"zero_optimization": zero}
-    if strategy in ("fsdp+offload", "offload"):
+    if strategy in OFFLOADED:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         # 8-bit and paged optimizers are not on DeepSpeed's tested list with offload.

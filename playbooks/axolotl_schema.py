@@ -44,6 +44,28 @@ def problems(config: Mapping[str, Any]) -> list[str]:
                 found.append(f"{key}: not an axolotl {doc['axolotl_version']} config key")
             continue
         found += _check(key, value, fields[key], doc["models"])
+    return found + rule_problems(config)
+
+
+def rule_problems(config: Mapping[str, Any]) -> list[str]:
+    """axolotl 0.18.0's cross-field validators orch's layouts touch (the schema file holds
+    types only): each message is axolotl's own, with its place in utils/schemas/validation.py.
+    """
+    found = []
+    fsdp_config = config.get("fsdp_config") or {}
+    if config.get("deepspeed") and (config.get("fsdp") or fsdp_config):
+        # validation.py:1226-1229 (`fsdp`); accelerate takes one backend, so orch also
+        # refuses DeepSpeed beside an `fsdp_config`.
+        found.append("deepspeed: deepspeed and fsdp cannot be used together.")
+    optimizer = str(config.get("optimizer"))
+    if fsdp_config and str(config.get("fsdp_version")) == "2":
+        if optimizer in ("adamw_8bit", "adamw_bnb_8bit"):  # validation.py:1140-1153
+            found.append(f"optimizer: FSDP2 not compatible with {optimizer}, use "
+                         "`adamw_torch_8bit` instead")
+        if fsdp_config.get("offload_params") and "8bit" in optimizer:
+            # examples/gpt-oss/gpt-oss-20b-fft-fsdp2-offload.yaml:40
+            found.append(f"optimizer: 8bit optimizers do not work with FSDP2 offload "
+                         f"(got {optimizer})")
     return found
 
 

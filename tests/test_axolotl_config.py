@@ -35,13 +35,13 @@ def test_lora_without_4bit_and_module_list() -> None:
 
 
 def test_full_multi_gpu_gets_zero3_and_no_adapter() -> None:
-    cfg = render(job("full", strategy="fsdp", optimizer="adamw",
+    cfg = render(job("full", strategy="zero3", optimizer="adamw",
                      deepspeed_path="/workspace/data/jobs/j-1/deepspeed.json"))
     assert "adapter" not in cfg and cfg["deepspeed"] == "/workspace/data/jobs/j-1/deepspeed.json"
     assert cfg["optimizer"] == "adamw_torch_fused"
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "fsdp+offload", "offload"])
+@pytest.mark.parametrize("strategy", ["zero3", "zero3_offload"])
 def test_sharded_config_never_names_a_relative_deepspeed_path(strategy: str) -> None:
     # A relative path resolves from the process's working directory only (real-hosts §2).
     with pytest.raises(ConfigError, match="absolute path"):

@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.cli.render import render_job
 from playbooks import axolotl_schema, images
-from playbooks.axolotl import OPTIMIZERS, SHARDED, TrainConfigInput, render
+from playbooks.axolotl import DEEPSPEED, OPTIMIZERS, ConfigError, TrainConfigInput, render
 
 ROOT = Path(__file__).resolve().parents[1]
 DS = "/workspace/data/jobs/j/deepspeed.json"
@@ -27,7 +27,7 @@ def config(method: str, strategy: str, **kw: Any) -> dict[str, Any]:
         "method": method, "base_model_dir": "/workspace/data/models/m/main",
         "dataset_path": "/workspace/data/jobs/j/data/train.jsonl", "dataset_format": "alpaca",
         "output_dir": "/workspace/data/jobs/j/output", "strategy": strategy,
-        "deepspeed_path": DS if strategy in SHARDED else "", **kw}
+        "deepspeed_path": DS if strategy in DEEPSPEED else "", **kw}
     return render(TrainConfigInput(**fields))
 
 
@@ -53,9 +53,16 @@ OPTIONS: list[dict[str, Any]] = [
 
 
 @pytest.mark.parametrize(("method", "strategy"), list(itertools.product(
-    ["qlora", "lora", "full"], ["single", "ddp", "fsdp", "fsdp+offload", "offload"])))
+    ["qlora", "lora", "full"],
+    ["single", "ddp", "zero3", "zero3_offload", "fsdp2", "fsdp2_offload"])))
 def test_every_rendered_variant_fits_axolotls_schema(method: str, strategy: str) -> None:
     for option in OPTIONS:
+        if strategy == "fsdp2_offload":
+            option = {"optimizer": "adamw", **option}  # the planner's only choice there
+        if "8bit" in option.get("optimizer", "") and strategy == "fsdp2_offload":
+            with pytest.raises(ConfigError, match="8-bit optimizers do not work with FSDP2"):
+                config(method, strategy, **option)
+            continue
         cfg = config(method, strategy, **option)
         assert axolotl_schema.problems(cfg) == [], (method, strategy, option)
 
@@ -96,3 +103,28 @@ def test_plugin_keys_are_checked_once_the_plugin_is_listed() -> None:
            "cut_cross_entropy": True, "liger_rms_norm": True, "liger_glu_activation": True}
     assert axolotl_schema.problems(cfg) == []
     assert axolotl_schema.problems({**cfg, "liger_rms_norm": "on"})
+
+
+def test_fsdp2_renders_axolotls_own_keys() -> None:
+    for method in ("qlora", "lora", "full"):
+        cfg = config(method, "fsdp2", optimizer="adamw_8bit")
+        assert cfg["fsdp_version"] == 2 and "deepspeed" not in cfg
+        assert cfg["fsdp_config"]["offload_params"] is False
+        assert cfg["fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        # bitsandbytes' 8-bit AdamW is refused by axolotl under FSDP2: torchao's instead.
+        assert cfg["optimizer"] == "adamw_torch_8bit"
+        assert axolotl_schema.problems(cfg) == [], method
+    offload = config("full", "fsdp2_offload", optimizer="adamw")
+    assert offload["fsdp_config"]["offload_params"] is True
+    assert offload["optimizer"] == "adamw_torch_fused"
+
+
+def test_the_schema_check_refuses_what_axolotls_validators_refuse() -> None:
+    base = config("lora", "fsdp2")
+    assert axolotl_schema.problems({**base, "optimizer": "adamw_bnb_8bit"}) == [
+        "optimizer: FSDP2 not compatible with adamw_bnb_8bit, use `adamw_torch_8bit` instead"]
+    offload = config("full", "fsdp2_offload", optimizer="adamw")
+    assert "8bit optimizers do not work with FSDP2 offload" in " ".join(
+        axolotl_schema.problems({**offload, "optimizer": "adamw_torch_8bit"}))
+    assert axolotl_schema.problems({**base, "deepspeed": DS}) == [
+        "deepspeed: deepspeed and fsdp cannot be used together."]

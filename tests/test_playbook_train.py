@@ -252,7 +252,7 @@ def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
     # image that is /workspace/axolotl, so orch uploads the JSON and names it absolutely.
     sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
                               train_step_seconds=0.05)
-    job = make_job(sim, host, tmp_path, method="full", strategy="fsdp")
+    job = make_job(sim, host, tmp_path, method="full", strategy="zero3")
     run_playbook("train", steps(job), host, reports)
     assert reports.outcomes()["upload-deepspeed"] == "changed"
     assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED

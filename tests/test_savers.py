@@ -96,7 +96,7 @@ def test_single_gpu_full_finetune_is_8_bytes_per_param_plus_activations() -> Non
 def test_zero3_on_8_gpus_is_16_bytes_per_param_over_8_plus_unsharded_parts() -> None:
     a = arch("meta-llama/Llama-3.2-3B")
     w = Workload(a, "full", optimizer="adamw")
-    e = estimate(w, 8, Strategy.SHARDED)
+    e = estimate(w, 8, Strategy.ZERO3)
     c = e.components
     sharded = c["weights"] + c["gradients"] + c["optimizer"]
     # bf16 weights 2 + bf16 grads 2 + fp32 master 4 + fp32 moments 8, divided by 8.
@@ -285,16 +285,16 @@ def test_the_engine_renders_the_planners_choice_for_the_gpu_it_got() -> None:
     {"cross_entropy": "liger", "gradient_checkpointing": False, "optimizer": "adamw"},
     {"activation_offloading": True, "optimizer": "paged_adamw_8bit"},
 ])
-@pytest.mark.parametrize("strategy", ["single", "ddp", "fsdp", "offload"])
+@pytest.mark.parametrize("strategy", ["single", "ddp", "zero3", "zero3_offload", "fsdp2"])
 def test_saver_configs_fit_axolotls_schema(kw: dict[str, Any], strategy: str) -> None:
     from playbooks import axolotl_schema
-    from playbooks.axolotl import SHARDED
+    from playbooks.axolotl import DEEPSPEED
 
     for method in ("qlora", "lora", "full"):
         cfg = render(TrainConfigInput(
             method=method, base_model_dir="/workspace/data/models/m/main",  # type: ignore[arg-type]
             dataset_path="/workspace/data/jobs/j/data/train.jsonl", dataset_format="alpaca",
             output_dir="/workspace/data/jobs/j/output", strategy=strategy,
-            deepspeed_path="/workspace/data/jobs/j/deepspeed.json" if strategy in SHARDED
+            deepspeed_path="/workspace/data/jobs/j/deepspeed.json" if strategy in DEEPSPEED
             else "", **kw))
         assert axolotl_schema.problems(cfg) == [], (method, strategy, kw)

@@ -60,7 +60,7 @@ def test_qlora_70b_weights_about_40gb() -> None:
 def test_full_finetune_training_state(repo: str, low: float, high: float) -> None:
     # The seed's totals are mixed-precision (fp32 master) state: DeepSpeed ZeRO, summed
     # over the 8 GPUs it is sharded on.
-    e = estimate(Workload(arch(repo), "full", optimizer="adamw"), 8, Strategy.SHARDED)
+    e = estimate(Workload(arch(repo), "full", optimizer="adamw"), 8, Strategy.ZERO3)
     state = e.components["weights"] + e.components["gradients"] + e.components["optimizer"]
     assert low <= state * 8 <= high
 
@@ -73,7 +73,7 @@ def test_8bit_optimizer_saves_six_bytes_per_param_under_zero_two_on_one_gpu() ->
         return estimate(w, *layout).components["optimizer"]  # type: ignore[arg-type]
 
     # ZeRO: fp32 moments (8) -> 8-bit (2). One GPU, bf16 params: bf16 moments (4) -> 2.
-    assert optimizer("adamw", 8, Strategy.SHARDED) - optimizer("adamw_8bit", 8, Strategy.SHARDED) \
+    assert optimizer("adamw", 8, Strategy.ZERO3) - optimizer("adamw_8bit", 8, Strategy.ZERO3) \
         == pytest.approx(6 * a.params / 8, abs=1)
     assert optimizer("adamw") - optimizer("adamw_8bit") == 2 * a.params
 
@@ -106,8 +106,8 @@ def test_logits_term_is_large_for_big_vocabularies() -> None:
 
 def test_sharding_divides_state_but_not_activations() -> None:
     w = Workload(arch("Qwen/Qwen2.5-32B"), "full", optimizer="adamw")
-    one = estimate(w, 1, Strategy.OFFLOAD)  # one GPU under DeepSpeed ZeRO: the same state
-    eight = estimate(w, 8, Strategy.SHARDED)
+    one = estimate(w, 1, Strategy.ZERO3_OFFLOAD)  # one GPU under DeepSpeed ZeRO: the same state
+    eight = estimate(w, 8, Strategy.ZERO3)
     assert eight.components["optimizer"] == pytest.approx(12 * w.arch.params / 8, abs=1)
     for part in ("weights", "gradients"):
         assert eight.components[part] == pytest.approx(one.components[part] / 8, abs=1)
@@ -117,7 +117,7 @@ def test_sharding_divides_state_but_not_activations() -> None:
 
 def test_offload_moves_optimizer_to_host_ram() -> None:
     w = Workload(arch("meta-llama/Llama-3.1-70B"), "full", optimizer="adamw")
-    e = estimate(w, 8, Strategy.SHARDED_OFFLOAD)
+    e = estimate(w, 8, Strategy.ZERO3_OFFLOAD)
     assert e.components["optimizer"] == 0
     assert e.host_ram_bytes == 12 * w.arch.params
     assert not e.fits(200 * GIB, host_ram_bytes=None)  # unknown RAM: offload not assumed
@@ -129,7 +129,7 @@ def test_fit_prefers_fastest_strategy() -> None:
     assert sizing.fit(w, 2, 24 * GIB).strategy is Strategy.DDP  # type: ignore[union-attr]
     big = Workload(arch("meta-llama/Llama-3.1-70B"), "lora")
     got = sizing.fit(big, 4, 80 * GIB)
-    assert got is not None and got.strategy is Strategy.SHARDED
+    assert got is not None and got.strategy is Strategy.ZERO3
     assert sizing.fit(big, 1, 80 * GIB) is None
 
 
@@ -138,7 +138,7 @@ def test_invalid_layouts_are_refused() -> None:
     with pytest.raises(ValueError):
         estimate(w, 9)
     with pytest.raises(ValueError):
-        estimate(w, 1, Strategy.SHARDED)
+        estimate(w, 1, Strategy.ZERO3)
     with pytest.raises(ValueError):
         estimate(w, 2, Strategy.SINGLE)
 
@@ -181,8 +181,8 @@ def test_properties(w: Workload, gpus: int) -> None:
     assert all(v >= 0 for v in one.components.values())
     # Sharding never needs more per GPU than replicating, once the state outweighs the
     # gathered-layer buffers; and more GPUs never need more per GPU.
-    sharded = estimate(w, gpus, Strategy.SHARDED)
-    more = estimate(w, 8, Strategy.SHARDED)
+    sharded = estimate(w, gpus, Strategy.ZERO3)
+    more = estimate(w, 8, Strategy.ZERO3)
     assert more.peak_bytes <= sharded.peak_bytes
     # Longer sequences never need less memory.
     longer = replace(w, sequence_len=w.sequence_len * 2)
@@ -195,3 +195,53 @@ def test_properties(w: Workload, gpus: int) -> None:
     assert by_method["qlora"] < by_method["lora"]
     if w.lora_r <= 64:
         assert by_method["lora"] <= by_method["full"]
+
+
+# --- FSDP2 (axolotl 0.18.0, bf16): what each GPU keeps (docs/sizing.md, "FSDP2") ------------
+
+def test_fsdp2_full_fine_tune_keeps_bf16_shards_and_no_fp32_master() -> None:
+    w = Workload(arch("Qwen/Qwen2.5-32B"), "full", optimizer="adamw")
+    n, g = w.arch.params, 4
+    fsdp2 = estimate(w, g, Strategy.FSDP2).components
+    zero3 = estimate(w, g, Strategy.ZERO3).components
+    assert fsdp2["weights"] == zero3["weights"] == pytest.approx(2 * n / g, abs=1)
+    assert fsdp2["gradients"] == pytest.approx(2 * n / g, abs=1)  # the bf16 shard's dtype
+    assert fsdp2["optimizer"] == pytest.approx(4 * n / g, abs=1)  # two bf16 moments
+    assert zero3["optimizer"] == pytest.approx(12 * n / g, abs=1)  # fp32 master + moments
+    assert fsdp2["fsdp_buffers"] == zero3["fsdp_buffers"]  # one block gathered in bf16, two
+
+
+def test_fsdp2_adapters_stay_fp32_like_under_zero3() -> None:
+    w = Workload(arch("meta-llama/Llama-3.1-70B"), "qlora", optimizer="adamw")
+    fsdp2 = estimate(w, 2, Strategy.FSDP2)
+    zero3 = estimate(w, 2, Strategy.ZERO3)
+    assert fsdp2.components == zero3.components
+    assert fsdp2.components["adapters"] == pytest.approx(4 * w.trainable_params / 2, abs=1)
+
+
+def test_fsdp2_offload_keeps_only_what_it_gathers_on_the_gpu() -> None:
+    w = Workload(arch("meta-llama/Llama-3.1-70B"), "full", optimizer="adamw")
+    e = estimate(w, 8, Strategy.FSDP2_OFFLOAD)
+    for part in ("weights", "adapters", "gradients", "optimizer"):
+        assert e.components[part] == 0
+    assert e.host_ram_bytes == (2 + 2 + 4) * w.arch.params
+    with pytest.raises(ValueError, match="needs training.optimizer adamw"):
+        estimate(replace(w, optimizer="adamw_8bit"), 8, Strategy.FSDP2_OFFLOAD)
+
+
+def test_a_pinned_layout_is_the_only_one_tried() -> None:
+    w = Workload(arch("meta-llama/Llama-3.1-8B"), "qlora")
+    assert sizing.fit(w, 2, 24 * GIB).strategy is Strategy.DDP  # type: ignore[union-attr]
+    pinned = sizing.fit(replace(w, layout="fsdp2"), 2, 24 * GIB)
+    assert pinned is not None and pinned.strategy is Strategy.FSDP2
+    assert sizing.fit(replace(w, layout="single"), 2, 80 * GIB) is None
+    assert sizing.candidate_strategies(1, replace(w, layout="zero3_offload")) == (
+        Strategy.ZERO3_OFFLOAD,)
+    assert sizing.candidate_strategies(4, replace(w, layout="single")) == ()
+
+
+def test_old_stored_names_mean_the_zero3_layouts() -> None:
+    assert sizing.strategy_named("fsdp") is Strategy.ZERO3
+    assert sizing.strategy_named("fsdp+offload") is Strategy.ZERO3_OFFLOAD
+    assert sizing.strategy_named("offload") is Strategy.ZERO3_OFFLOAD
+    assert sizing.strategy_named("fsdp2") is Strategy.FSDP2

@@ -18,9 +18,9 @@ from orchestrator.core import sizing
 from orchestrator.core.sizing import MemoryEstimate, Strategy, Workload
 from orchestrator.core.throughput import (  # noqa: F401 - ACTIVATION_OFFLOAD_SLOWDOWN: tests read it here
     ACTIVATION_OFFLOAD_SLOWDOWN,
-    STRATEGY_SCALING,
     extra_slowdown,
     flops_per_token,
+    scaling_kinds,
 )
 from providers.base import GpuSpec
 
@@ -74,9 +74,9 @@ def slowdown(w: Workload) -> float:
     return recompute * extra_slowdown(w)
 
 
-def _strategy_slowdown(strategy: Strategy, scaling: dict[str, float]) -> float:
+def _strategy_slowdown(strategy: Strategy, gpu_count: int, scaling: dict[str, float]) -> float:
     factor = 1.0
-    for kind in STRATEGY_SCALING[strategy]:
+    for kind in scaling_kinds(strategy, gpu_count):
         factor /= scaling.get(kind, 1.0)
     return factor
 
@@ -100,8 +100,9 @@ def _estimates(w: Workload, gpu_count: int) -> tuple[tuple[float, MemoryEstimate
     ordered = sorted(((slowdown(v), v) for v in variants(w)),
                      key=lambda sv: len(sizing.savers_on(sv[1])))
     return tuple((factor, sizing.estimate(v, gpu_count, strategy))
-                 for strategy in sizing.candidate_strategies(gpu_count)
-                 for factor, v in ordered)
+                 for strategy in sizing.candidate_strategies(gpu_count, w)
+                 for factor, v in ordered
+                 if sizing.layout_problem(strategy, gpu_count, str(v.optimizer)) is None)
 
 
 @lru_cache(maxsize=4096)
@@ -112,7 +113,7 @@ def layouts(w: Workload, gpu_count: int, scaling: tuple[tuple[str, float], ...],
     Ties keep the order of `_estimates`, so a saver is never on without a reason.
     """
     factors = dict(scaling)
-    out = [Layout(_strategy_slowdown(est.strategy, factors) * factor, i, est)
+    out = [Layout(_strategy_slowdown(est.strategy, gpu_count, factors) * factor, i, est)
            for i, (factor, est) in enumerate(_estimates(w, gpu_count))]
     return tuple(sorted(out, key=lambda lay: (lay.time, lay.order)))
 

@@ -200,10 +200,12 @@ def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
     for count in (1, 2, 4, 8) if gpu_count is None else (gpu_count,):
         if count > max_gpus:
             break
-        for strategy in sizing.candidate_strategies(count):
-            if strategy in (sizing.Strategy.OFFLOAD, sizing.Strategy.SHARDED_OFFLOAD):
+        for strategy in sizing.candidate_strategies(count, w):
+            if strategy in sizing.OFFLOADED:
                 continue  # offload needs a known host RAM; report the GPU-only need
             for v in savers.variants(w):  # with every saver the job allows
+                if sizing.layout_problem(strategy, count, str(v.optimizer)):
+                    continue
                 est = sizing.estimate(v, count, strategy)
                 if best is None or est.required_bytes < best.required_bytes:
                     best = est

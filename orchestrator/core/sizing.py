@@ -35,8 +35,13 @@ NF4_DOUBLE_QUANT_SCALES = 0.127 / 8
 # - one GPU / DDP, model loaded in bf16 (axolotl's default with `bf16`): no fp32 master and
 #   torch AdamW keeps its two moments in the parameters' dtype (2 × bf16); 8-bit: 2 × 1 byte.
 FULL_OPTIMIZER_BF16 = {"adamw": 2 * BF16, "adamw_8bit": 2, "paged_adamw_8bit": 2}
-# - DeepSpeed ZeRO (what orch renders for fsdp/offload layouts, bf16): fp32 master (4) +
-#   fp32 moments (8), or 8-bit moments (2); sharded over the GPUs for ZeRO-3.
+# - DeepSpeed ZeRO-3 (the zero3 layouts, bf16): fp32 master (4) + fp32 moments (8), or 8-bit
+#   moments (2); sharded over the GPUs.
+# - FSDP2 as axolotl 0.18.0 sets it up (the fsdp2 layouts, bf16) keeps no master copy: the
+#   model is loaded in bf16 and axolotl's own `fsdp2_prepare_model` (which replaces
+#   accelerate's, the one that upcasts trainable parameters to fp32) shards it as loaded, so
+#   the optimizer steps the bf16 shards and its moments are bf16: FULL_OPTIMIZER_BF16 ÷ G
+#   (docs/sizing.md, "FSDP2", has the source lines).
 FULL_OPTIMIZER_ZERO = {"adamw": FP32 + 8, "adamw_8bit": FP32 + 2, "paged_adamw_8bit": FP32 + 2}
 # LoRA adapters are kept in fp32 by PEFT (autocast_adapter_dtype), so they are their own
 # master copy: only the moments add to them.
@@ -50,7 +55,7 @@ ADAPTER_GRADIENT = FP32
 CUDA_CONTEXT = int(0.75 * GIB)
 # fp32 logits (4·s·b·v) plus the copies the loss and its gradient hold ("one or two more").
 LOGITS_FP32_COPIES = 3
-# FSDP/ZeRO-3 gather one block's full parameters ahead of use and keep the next prefetched.
+# FSDP2/ZeRO-3 gather one block's full parameters ahead of use and keep the next prefetched.
 FSDP_GATHERED_LAYERS = 2
 # Activation offloading (axolotl `activation_offloading: true`) streams each block's
 # checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
@@ -58,19 +63,42 @@ OFFLOADED_LAYERS_IN_FLIGHT = 2
 
 
 class Strategy(StrEnum):
-    """How the job uses its GPUs.
+    """How the job uses its GPUs: the layout, named for what orch renders for it.
 
-    The sharded layouts are rendered as DeepSpeed ZeRO-3 (playbooks/axolotl.py), not FSDP;
-    their values keep the old spelling "fsdp" because it is stored in every recorded
-    placement, plan JSON and history query (docs/schema.md), where renaming would split one
-    layout into two names. The member names say what they are.
+    The values are stored in every recorded plan (`job.placement_json`, docs/schema.md);
+    migration 0007 renamed the old spellings (`OLD_NAMES`).
     """
 
     SINGLE = "single"
     DDP = "ddp"  # every GPU holds everything; data parallel
-    SHARDED = "fsdp"  # DeepSpeed ZeRO-3: weights, grads, optimizer state divided by G
-    SHARDED_OFFLOAD = "fsdp+offload"  # as SHARDED, optimizer state in host RAM
-    OFFLOAD = "offload"  # one GPU, optimizer state in host RAM (ZeRO-Offload)
+    ZERO3 = "zero3"  # DeepSpeed ZeRO-3: weights, grads, optimizer state divided by G
+    # ZeRO-3 with optimizer state and parameters offloaded to host RAM; on one GPU this is
+    # ZeRO-Offload (nothing to divide).
+    ZERO3_OFFLOAD = "zero3_offload"
+    FSDP2 = "fsdp2"  # PyTorch FSDP2 (axolotl `fsdp_version: 2`): bf16 shards, no fp32 master
+    FSDP2_OFFLOAD = "fsdp2_offload"  # FSDP2 with `offload_params`: shards and optimizer on CPU
+
+
+# The stored names before migration 0007 (they all rendered DeepSpeed ZeRO-3): a query or
+# filter that still says them means these.
+OLD_NAMES = {"fsdp": Strategy.ZERO3, "fsdp+offload": Strategy.ZERO3_OFFLOAD,
+             "offload": Strategy.ZERO3_OFFLOAD}
+# Layouts that divide the model's state over the GPUs, and those that offload it.
+SHARDED = frozenset({Strategy.ZERO3, Strategy.ZERO3_OFFLOAD, Strategy.FSDP2,
+                     Strategy.FSDP2_OFFLOAD})
+OFFLOADED = frozenset({Strategy.ZERO3_OFFLOAD, Strategy.FSDP2_OFFLOAD})
+FSDP2_LAYOUTS = frozenset({Strategy.FSDP2, Strategy.FSDP2_OFFLOAD})
+# `resources.layout`: a strategy, or "auto" (the planner picks the fastest that fits).
+LAYOUTS = ("auto", *(s.value for s in Strategy))
+# GPU counts each layout runs on (axolotl runs ZeRO-3 offload on one GPU; the others shard
+# or replicate over two or more).
+ONE_GPU = frozenset({Strategy.SINGLE, Strategy.ZERO3_OFFLOAD})
+MANY_GPUS = frozenset(set(Strategy) - {Strategy.SINGLE})
+
+
+def strategy_named(name: str) -> Strategy:
+    """The strategy a stored or typed name means (old names included)."""
+    return OLD_NAMES.get(name) or Strategy(name)
 
 
 @dataclass(frozen=True)
@@ -89,6 +117,7 @@ class Workload:
     headroom: float = 0.2
     cross_entropy: CrossEntropy | Auto = "plain"
     activation_offloading: bool | Auto = False
+    layout: str = "auto"  # resources.layout: "auto" or a Strategy value
 
     @property
     def is_resolved(self) -> bool:
@@ -210,7 +239,7 @@ def loss_bytes(w: Workload) -> int:
 
 
 # Layouts orch renders with a DeepSpeed ZeRO config (playbooks/axolotl.py): fp32 master.
-ZERO_STRATEGIES = frozenset({Strategy.SHARDED, Strategy.SHARDED_OFFLOAD, Strategy.OFFLOAD})
+ZERO_STRATEGIES = frozenset({Strategy.ZERO3, Strategy.ZERO3_OFFLOAD})
 
 
 def _state(w: Workload, strategy: Strategy) -> tuple[int, int, int, int]:
@@ -220,7 +249,7 @@ def _state(w: Workload, strategy: Strategy) -> tuple[int, int, int, int]:
         raise ValueError("optimizer 'auto' is not resolved")
     if w.method == "full":
         n = w.arch.params
-        table = FULL_OPTIMIZER_ZERO if strategy.value in ZERO_STRATEGIES else FULL_OPTIMIZER_BF16
+        table = FULL_OPTIMIZER_ZERO if strategy in ZERO_STRATEGIES else FULL_OPTIMIZER_BF16
         return weights, 0, n * FULL_GRADIENT, n * table[w.optimizer]
     n = w.trainable_params
     return weights, n * ADAPTER_WEIGHT, n * ADAPTER_GRADIENT, n * ADAPTER_OPTIMIZER[w.optimizer]
@@ -240,43 +269,63 @@ def savers_on(w: Workload) -> tuple[str, ...]:
     return tuple(on)
 
 
+def layout_problem(strategy: Strategy, gpu_count: int, optimizer: str) -> str | None:
+    """Why `strategy` cannot run on `gpu_count` GPUs with `optimizer`, or None when it can."""
+    if gpu_count == 1 and strategy not in ONE_GPU:
+        return f"{strategy} needs two or more GPUs"
+    if gpu_count > 1 and strategy not in MANY_GPUS:
+        return f"{strategy} is for one GPU"
+    if strategy is Strategy.FSDP2_OFFLOAD and optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        # axolotl 0.18.0 examples/gpt-oss/gpt-oss-20b-fft-fsdp2-offload.yaml:40 "8bit
+        # optimizers do not work with FSDP2 offload" (the optimizer steps on the CPU).
+        return f"{strategy} needs training.optimizer adamw (8-bit optimizers do not run on " \
+               "FSDP2's CPU-offloaded shards)"
+    return None
+
+
 def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) -> MemoryEstimate:
     """Per-GPU memory of `w` on `gpu_count` GPUs with `strategy` (default: no sharding)."""
     if not 1 <= gpu_count <= 8:
         raise ValueError(f"gpu_count must be 1..8 (got {gpu_count})")
     if strategy is None:
         strategy = Strategy.SINGLE if gpu_count == 1 else Strategy.DDP
-    if gpu_count == 1 and strategy not in (Strategy.SINGLE, Strategy.OFFLOAD):
-        raise ValueError(f"strategy {strategy} needs more than one GPU")
-    if gpu_count > 1 and strategy in (Strategy.SINGLE, Strategy.OFFLOAD):
-        raise ValueError(f"strategy {strategy} is for one GPU")
-
     if not w.is_resolved:
         raise ValueError("resolve the workload's 'auto' settings first (savers.fit)")
+    problem = layout_problem(strategy, gpu_count, str(w.optimizer))
+    if problem:
+        raise ValueError(problem)
     weights, adapters, grads, optim = _state(w, strategy)
-    sharded = strategy in (Strategy.SHARDED, Strategy.SHARDED_OFFLOAD)
-    offload = strategy in (Strategy.SHARDED_OFFLOAD, Strategy.OFFLOAD)
+    sharded = strategy in SHARDED and gpu_count > 1
     div = gpu_count if sharded else 1
-    components = {
-        "weights": math.ceil(weights / div),
-        "adapters": math.ceil(adapters / div),
-        "gradients": math.ceil(grads / div),
-        "optimizer": 0 if offload else math.ceil(optim / div),
+    # ZeRO-3 offload is sized with only the optimizer state in host RAM (the parameters it
+    # also offloads are counted on the GPU: conservative); FSDP2's CPUOffloadPolicy keeps
+    # the sharded parameters, gradients and optimizer state on the CPU and the GPU holds
+    # only what it gathers (torch fully_shard `offload_policy`).
+    on_host = {"optimizer": optim}
+    if strategy is Strategy.FSDP2_OFFLOAD:
+        on_host = {"weights": weights, "adapters": adapters, "gradients": grads,
+                   "optimizer": optim}
+    if strategy not in OFFLOADED:
+        on_host = {}
+    state = {"weights": weights, "adapters": adapters, "gradients": grads, "optimizer": optim}
+    components = {name: 0 if name in on_host else math.ceil(b / div)
+                  for name, b in state.items()}
+    components.update({
         "activations": activation_bytes(w),
         LOSS_COMPONENT[str(w.cross_entropy)]: loss_bytes(w),
         "cuda_context": CUDA_CONTEXT,
-    }
+    })
     notes: list[str] = []
     if sharded:
         block = w.arch.layer_linear_params + w.arch.layer_other_params
         per_param = weights / max(1, w.arch.params)
         components["fsdp_buffers"] = math.ceil(FSDP_GATHERED_LAYERS * block * per_param)
         notes.append(f"weights, gradients and optimizer state sharded over {gpu_count} GPUs")
-    if offload:
-        notes.append("optimizer state offloaded to host RAM")
+    if on_host:
+        notes.append(f"{', '.join(on_host)} offloaded to host RAM")
     if w.method == "full" and w.gradient_checkpointing is False:
         notes.append("no gradient checkpointing: activations grow with every layer")
-    if method_is_adapter(w.method) and w.method == "lora" and sharded:
+    if w.method == "lora" and sharded:
         notes.append("frozen bf16 base sharded as axolotl/torchtune do for large models")
     return MemoryEstimate(
         method=w.method,
@@ -284,7 +333,7 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         strategy=strategy,
         components=components,
         headroom=w.headroom,
-        host_ram_bytes=optim if offload else 0,
+        host_ram_bytes=sum(on_host.values()),
         notes=tuple(notes),
         workload=w,
         savers=savers_on(w),
@@ -296,18 +345,27 @@ def method_is_adapter(method: Method) -> bool:
     return method in ("lora", "qlora")
 
 
-def candidate_strategies(gpu_count: int) -> tuple[Strategy, ...]:
-    """Strategies to try on `gpu_count` GPUs, fastest first."""
-    if gpu_count == 1:
-        return (Strategy.SINGLE, Strategy.OFFLOAD)
-    return (Strategy.DDP, Strategy.SHARDED, Strategy.SHARDED_OFFLOAD)
+# Tried in this order, fastest first; at equal speed the earlier wins, so `auto` keeps
+# ZeRO-3 where it fits and picks FSDP2 where only FSDP2 fits (its full fine-tune keeps
+# 8 bytes per parameter against ZeRO-3's 16: a smaller, cheaper GPU).
+ORDER = (Strategy.SINGLE, Strategy.DDP, Strategy.ZERO3, Strategy.FSDP2, Strategy.ZERO3_OFFLOAD,
+         Strategy.FSDP2_OFFLOAD)
+
+
+def candidate_strategies(gpu_count: int, w: Workload | None = None) -> tuple[Strategy, ...]:
+    """Strategies to try on `gpu_count` GPUs, fastest first: `w`'s `resources.layout` and
+    those its optimizer runs under ("auto" settings are resolved per variant later)."""
+    layout = "auto" if w is None else w.layout
+    optimizer = "auto" if w is None else str(w.optimizer)
+    allowed = ORDER if layout == "auto" else (Strategy(layout),)
+    return tuple(s for s in allowed if layout_problem(s, gpu_count, optimizer) is None)
 
 
 def fit(
     w: Workload, gpu_count: int, gpu_memory_bytes: int, host_ram_bytes: int | None = None
 ) -> MemoryEstimate | None:
     """The fastest strategy under which `w` fits these GPUs, or None."""
-    for strategy in candidate_strategies(gpu_count):
+    for strategy in candidate_strategies(gpu_count, w):
         est = estimate(w, gpu_count, strategy)
         if est.fits(gpu_memory_bytes, host_ram_bytes):
             return est

@@ -35,10 +35,20 @@ QLORA_DEQUANT_SLOWDOWN = 1.25
 STRATEGY_SCALING = {
     Strategy.SINGLE: (),
     Strategy.DDP: ("ddp",),
-    Strategy.SHARDED: ("fsdp",),
-    Strategy.SHARDED_OFFLOAD: ("fsdp", "offload"),
-    Strategy.OFFLOAD: ("offload",),
+    # ZeRO-3 and FSDP2 move the same bytes (all-gather weights, reduce-scatter gradients):
+    # one figure, named "fsdp" in gpus.yaml, for both.
+    Strategy.ZERO3: ("fsdp",),
+    Strategy.FSDP2: ("fsdp",),
+    Strategy.FSDP2_OFFLOAD: ("fsdp", "offload"),
 }
+
+
+def scaling_kinds(strategy: Strategy, gpu_count: int) -> tuple[str, ...]:
+    """The interconnect figures (providers/catalog/gpus.yaml) `strategy` pays on `gpu_count`."""
+    if strategy is Strategy.ZERO3_OFFLOAD:
+        # One GPU: ZeRO-Offload pays only the host round trip; more: sharding as well.
+        return ("offload",) if gpu_count == 1 else ("fsdp", "offload")
+    return STRATEGY_SCALING[strategy]
 # Weight reads per optimizer micro-step (forward, backward, recompute): the bandwidth floor.
 WEIGHT_PASSES = 3
 # Merging the adapter and starting vLLM for the eval: reading/writing the bf16 model a few
@@ -125,7 +135,7 @@ def training_seconds(
     if measured_tokens_per_s:
         return tokens / measured_tokens_per_s
     rate = gpu.bf16_tflops * 1e12 * gpu.mfu * gpu_count
-    for kind in STRATEGY_SCALING[strategy]:
+    for kind in scaling_kinds(strategy, gpu_count):
         rate *= gpu.efficiency(kind)
     if w.method == "qlora":
         rate /= QLORA_DEQUANT_SLOWDOWN
