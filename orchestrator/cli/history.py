@@ -86,6 +86,9 @@ def _history_cmd(
         help="Only this GPU; H100 matches both H100 variants (repeatable).")] = None,
     sweep: Annotated[str | None, typer.Option(help="Only jobs of this sweep (name or id).")
                      ] = None,
+    layout: Annotated[list[str] | None, typer.Option(
+        help="Only jobs planned with this GPU layout: single, ddp, zero3, zero3_offload, "
+             "fsdp2, fsdp2_offload (repeatable; the old fsdp names still work).")] = None,
     since: SinceOpt = None,
     until: UntilOpt = None,
     sort: Annotated[str, typer.Option(help="Sort by created, cost, duration or status.")
@@ -104,6 +107,7 @@ def _history_cmd(
     filters = Filters(
         statuses=tuple(status or ()), methods=tuple(method or ()), models=tuple(model or ()),
         providers=tuple(provider or ()), gpus=tuple(gpu or ()), sweep=sweep,
+        layouts=tuple(layout or ()),
         since=_when(since, "--since", now), until=_when(until, "--until", now))
     with history_reader() as reader:
         rows = history(reader, filters, sort=sort.lower(), descending=desc,

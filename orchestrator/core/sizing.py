@@ -87,7 +87,6 @@ OLD_NAMES = {"fsdp": Strategy.ZERO3, "fsdp+offload": Strategy.ZERO3_OFFLOAD,
 SHARDED = frozenset({Strategy.ZERO3, Strategy.ZERO3_OFFLOAD, Strategy.FSDP2,
                      Strategy.FSDP2_OFFLOAD})
 OFFLOADED = frozenset({Strategy.ZERO3_OFFLOAD, Strategy.FSDP2_OFFLOAD})
-FSDP2_LAYOUTS = frozenset({Strategy.FSDP2, Strategy.FSDP2_OFFLOAD})
 # `resources.layout`: a strategy, or "auto" (the planner picks the fastest that fits).
 LAYOUTS = ("auto", *(s.value for s in Strategy))
 # GPU counts each layout runs on (axolotl runs ZeRO-3 offload on one GPU; the others shard

@@ -89,6 +89,7 @@ class Filters:
     models: tuple[str, ...] = ()
     providers: tuple[str, ...] = ()
     gpus: tuple[str, ...] = ()
+    layouts: tuple[str, ...] = ()  # as planned; old names (fsdp, ...) mean their new ones
     sweep: str | None = None
     since: datetime | None = None
     until: datetime | None = None
@@ -137,6 +138,27 @@ def gpu_names(value: str) -> list[str]:
     return sorted({value, *catalog.resolve_gpu(value)})
 
 
+def planned_layout(dialect: str) -> str:
+    """SQL for the layout a job was planned with (`$.placement.strategy`, docs/schema.md)."""
+    if dialect == "sqlite":
+        return "json_extract(j.placement_json, '$.placement.strategy')"
+    return "(j.placement_json::json #>> '{placement,strategy}')"
+
+
+def layout_names(values: Sequence[str]) -> list[str]:
+    """The stored layout names `--layout` values mean; the names before migration 0007
+    (`fsdp`, `fsdp+offload`, `offload`) are taken as what they were renamed to."""
+    from orchestrator.core.sizing import LAYOUTS, strategy_named
+
+    names = set()
+    for v in values:
+        try:
+            names.add(strategy_named(v).value)
+        except ValueError:
+            raise HistoryError(f"--layout {v}: use one of {', '.join(LAYOUTS[1:])}") from None
+    return sorted(names)
+
+
 def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
     """WHERE terms on `job j` for the filters (binding every value into `params`)."""
     terms: list[str] = []
@@ -152,6 +174,8 @@ def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
     if f.gpus:
         names = sorted({n for g in f.gpus for n in gpu_names(g)})
         terms.append(_in("j.gpu", "gp", names, params))
+    if f.layouts:
+        terms.append(_in(planned_layout(reader.dialect), "ly", layout_names(f.layouts), params))
     if f.models:
         # The full repo id, or just its name after the org (`Qwen2.5-7B`).
         ors = []

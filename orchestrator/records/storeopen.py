@@ -24,7 +24,7 @@ from orchestrator.records.storetables import DatabaseURLError, StoreError
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0006"
+SCHEMA_HEAD = "0007"
 # Long enough for a second writer to wait out the first one's short transaction.
 BUSY_TIMEOUT_MS = 10_000
 # Execution option that makes the SQLite BEGIN take the write lock up front.
