@@ -266,6 +266,21 @@ def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
     assert reports.outcomes()["upload-deepspeed"] == "skipped"
 
 
+def test_fsdp2_job_renders_axolotls_keys_and_trains_without_a_deepspeed_file(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
+                              train_step_seconds=0.05)
+    job = make_job(sim, host, tmp_path, method="full", strategy="fsdp2")
+    run_playbook("train", steps(job), host, reports)
+    assert job.deepspeed_file is None
+    assert reports.outcomes().get("upload-deepspeed") in (None, "skipped")
+    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
+    config = yaml.safe_load(Path(job.config_file).read_text())
+    assert config["fsdp_version"] == 2 and "deepspeed" not in config
+    # The job's 8-bit AdamW, as the FSDP2 build axolotl accepts (torchao's, not bnb's).
+    assert config["optimizer"] == "adamw_torch_8bit"
+
+
 def test_native_run_restores_the_image_environment(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
     # On a container rental `ssh host cmd` does not see the image's ENV: the wrapper's

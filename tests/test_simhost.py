@@ -491,6 +491,25 @@ def test_relative_deepspeed_path_fails_from_the_images_working_directory(
     run(conn, docker, 60).check()
 
 
+def test_fsdp2_with_bitsandbytes_8bit_adamw_is_refused_like_axolotl_does(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path
+) -> None:
+    host = simhost(toolkit_preinstalled=TOOLKIT, gpu_count=2)
+    conn = connect(ssh_factory, host)
+    job = write_job(conn, host, tmp_path, "f2", steps=2)
+    config = job / "config.yml"
+    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
+              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
+              "/workspace/data/f2/config.yml"]
+    fsdp2 = "fsdp_version: 2\nfsdp_config:\n  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+    config.write_text(config.read_text() + fsdp2 + "optimizer: adamw_bnb_8bit\n")
+    failed = run(conn, docker, 60)
+    assert failed.exit_code == 1 and ("FSDP2 not compatible with adamw_bnb_8bit, use "
+                                      "`adamw_torch_8bit` instead" in failed.stderr + failed.stdout)
+    config.write_text(config.read_text().replace("adamw_bnb_8bit", "adamw_torch_8bit"))
+    run(conn, docker, 60).check()
+
+
 def test_several_hosts_at_once(simhost: SimHostFactory, ssh_factory: ConnectionFactory) -> None:
     models = ["NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA GeForce RTX 4090"]
     hosts = [simhost(gpu_model=m, gpu_count=i + 1) for i, m in enumerate(models)]

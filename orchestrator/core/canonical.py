@@ -63,6 +63,21 @@ def _key(key: Any) -> str:
     return str(plain(key))
 
 
+# Job-file fields added after spec hashes were first recorded, with the default that keeps
+# the old behaviour: at that default they are left out of the hashed form, so every recorded
+# hash (a sweep's record of work already paid for) stays the identity of the same job.
+ADDED_LATER: dict[tuple[str, str], object] = {("resources", "layout"): "auto"}
+
+
+def without_later_defaults(spec: dict[str, Any]) -> dict[str, Any]:
+    """A dumped job spec without the ADDED_LATER fields that hold their default."""
+    out = {key: dict(value) if isinstance(value, dict) else value for key, value in spec.items()}
+    for (section, key), default in ADDED_LATER.items():
+        if isinstance(out.get(section), dict) and out[section].get(key) == default:
+            del out[section][key]
+    return out
+
+
 def dumps(value: Any) -> str:
     """The canonical JSON text of `value`."""
     return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)

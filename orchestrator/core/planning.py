@@ -61,6 +61,8 @@ class Plan:
                        "total": total_tokens(self.job),
                        "source": self.job.dataset.source},
             "estimate": estimate_dict(est),
+            # resources.layout as asked ("auto" or a pin) and the layout the plan uses.
+            "layout": {"requested": self.workload.layout, "used": est.strategy.value},
             "savers": [{"setting": f"training.{c.name}", "value": c.value,
                         "saved_bytes_per_gpu": c.saved_bytes, "why": c.describe()}
                        for c in self.choices],
@@ -106,6 +108,7 @@ def workload_from(job: LoadedJob) -> Workload:
         headroom=s.resources.headroom,
         cross_entropy=s.training.cross_entropy,
         activation_offloading=s.training.activation_offloading,
+        layout=s.resources.layout,
     )
 
 

@@ -133,6 +133,9 @@ def rank(
         if why:
             rejected[why] += 1
             continue
+        if not sizing.candidate_strategies(offer.gpu_count, w):
+            rejected[WRONG_COUNT] += 1
+            continue
         gpu = gpus[offer.gpu]
         key = (offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes, gpu.scaling)
         if key not in fit_cache:
@@ -140,7 +143,8 @@ def rank(
                                         offer.ram_bytes, gpu)
         est = fit_cache[key]
         if est is None:
-            rejected["does not fit in GPU memory"] += 1
+            offloads = w.layout in sizing.OFFLOADED
+            rejected[NO_RAM if offloads and offer.ram_bytes is None else NO_MEMORY] += 1
             continue
         dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache)
         placed = priced(offer, est, dur, constraints)
@@ -201,7 +205,7 @@ def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
         if count > max_gpus:
             break
         for strategy in sizing.candidate_strategies(count, w):
-            if strategy in sizing.OFFLOADED:
+            if strategy in sizing.OFFLOADED and w.layout == "auto":
                 continue  # offload needs a known host RAM; report the GPU-only need
             for v in savers.variants(w):  # with every saver the job allows
                 if sizing.layout_problem(strategy, count, str(v.optimizer)):
@@ -209,7 +213,10 @@ def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
                 est = sizing.estimate(v, count, strategy)
                 if best is None or est.required_bytes < best.required_bytes:
                     best = est
-    assert best is not None
+    if best is None:
+        raise NoFit(sizing.pin_problem(w.layout, gpu_count, max_gpus, str(w.optimizer))
+                    or f"resources.layout {w.layout} runs on no GPU count this job allows "
+                       f"(max_gpus {max_gpus}); set resources.layout: auto or allow more GPUs")
     return best
 
 
@@ -231,6 +238,8 @@ def choose(
 
 
 NO_MEMORY = "does not fit in GPU memory"
+WRONG_COUNT = "GPU count does not suit resources.layout"
+NO_RAM = "host RAM unknown, and resources.layout offloads to it"
 # What to change for each reason an offer was left out.
 _ADVICE = {
     NO_MEMORY: "a shorter training.sequence_len, a smaller micro_batch_size, method qlora, "
@@ -246,6 +255,8 @@ _ADVICE = {
     "not a server in resources.servers": "more servers in resources.servers (see `orch "
                                          "servers list`), or remove it to use any provider",
     "slower than resources.deadline_hours": "a later resources.deadline_hours",
+    WRONG_COUNT: "resources.layout: auto, or a layout for that many GPUs",
+    NO_RAM: "resources.layout: auto, or offers whose host RAM is known (a registered server)",
     "above resources.max_cost": "a higher resources.max_cost",
 }
 
@@ -267,5 +278,8 @@ def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
                      f"per GPU ({largest.gpu} x{largest.gpu_count}, {largest.provider})")
     reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items())) or "no offers"
     advice = [_ADVICE[r] for r in sorted(ranking.rejected) if r in _ADVICE]
+    if w.layout != "auto" and "resources.layout: auto" not in " ".join(advice):
+        advice.insert(0, "resources.layout: auto (orch then shards or offloads where needed)")
     tail = f" Try {'; or '.join(advice)}." if advice else ""
-    return f"no placement fits: {need_txt}; {offer_txt}. Left out: {reasons}.{tail}"
+    pinned = f"resources.layout {w.layout}: " if w.layout != "auto" else ""
+    return f"{pinned}no placement fits: {need_txt}; {offer_txt}. Left out: {reasons}.{tail}"

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from typing import Literal
+from typing import Literal, get_args
 
 from orchestrator.core.architectures import LINEAR_MODULES, Architecture
 
@@ -88,7 +88,9 @@ SHARDED = frozenset({Strategy.ZERO3, Strategy.ZERO3_OFFLOAD, Strategy.FSDP2,
                      Strategy.FSDP2_OFFLOAD})
 OFFLOADED = frozenset({Strategy.ZERO3_OFFLOAD, Strategy.FSDP2_OFFLOAD})
 # `resources.layout`: a strategy, or "auto" (the planner picks the fastest that fits).
-LAYOUTS = ("auto", *(s.value for s in Strategy))
+LayoutName = Literal["auto", "single", "ddp", "zero3", "zero3_offload", "fsdp2", "fsdp2_offload"]
+LAYOUTS: tuple[str, ...] = get_args(LayoutName)
+assert LAYOUTS[1:] == tuple(s.value for s in Strategy), "LayoutName must list every Strategy"
 # GPU counts each layout runs on (axolotl runs ZeRO-3 offload on one GPU; the others shard
 # or replicate over two or more).
 ONE_GPU = frozenset({Strategy.SINGLE, Strategy.ZERO3_OFFLOAD})
@@ -279,6 +281,24 @@ def layout_problem(strategy: Strategy, gpu_count: int, optimizer: str) -> str | 
         # optimizers do not work with FSDP2 offload" (the optimizer steps on the CPU).
         return f"{strategy} needs training.optimizer adamw (8-bit optimizers do not run on " \
                "FSDP2's CPU-offloaded shards)"
+    return None
+
+
+def pin_problem(layout: str, gpu_count: int | None, max_gpus: int, optimizer: str
+                ) -> str | None:
+    """Why a job file's `resources.layout` cannot run with its GPU counts and optimizer."""
+    if layout == "auto":
+        return None
+    pinned = strategy_named(layout)
+    n, field = (gpu_count, "gpu_count") if gpu_count is not None else (max_gpus, "max_gpus")
+    if all(layout_problem(pinned, c, "adamw") for c in {1 if gpu_count is None else n, n}):
+        return (f"resources.layout {layout} cannot run with resources.{field} {n}: "
+                f"{layout_problem(pinned, n, 'adamw')}; set resources.layout: auto, or "
+                "another layout or GPU count")
+    problem = layout_problem(pinned, 1 if pinned in ONE_GPU else 2, optimizer)
+    if problem and optimizer != "auto":
+        return (f"resources.layout {problem}; set training.optimizer: adamw (or auto), or "
+                "another resources.layout")
     return None
 
 

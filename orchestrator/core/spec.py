@@ -31,6 +31,7 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.sizing import LayoutName, pin_problem
 from orchestrator.core.specerrors import closest, translate
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
@@ -326,12 +327,17 @@ class ResourcesSpec(Strict):
         description="Finish within this many hours (estimated).")
     headroom: float = Field(default=0.2, ge=0, le=1, examples=[0.2],
                             description="Fraction added to the peak memory estimate.")
+    layout: LayoutName = Field(default="auto", examples=["fsdp2"], description=(
+        "How the GPUs are used: `auto` (the planner picks), or pin `single`, `ddp`, `zero3`, "
+        "`zero3_offload` (DeepSpeed ZeRO-3), `fsdp2`, `fsdp2_offload` (PyTorch FSDP2)."))
 
     @model_validator(mode="after")
     def _count_within_max(self) -> ResourcesSpec:
         if self.gpu_count is not None and self.gpu_count > self.max_gpus:
             raise ValueError(f"gpu_count {self.gpu_count} is above max_gpus {self.max_gpus}; "
                              "raise max_gpus or lower gpu_count")
+        if problem := pin_problem(self.layout, self.gpu_count, self.max_gpus, "auto"):
+            raise ValueError(problem)
         return self
 
 
@@ -433,7 +439,7 @@ class SpecError(ValueError):
 
 def spec_hash(spec: JobSpec) -> str:
     """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled."""
-    return canonical.digest(spec.model_dump(mode="python"))
+    return canonical.digest(canonical.without_later_defaults(spec.model_dump(mode="python")))
 
 
 # --- loading --------------------------------------------------------------------------------

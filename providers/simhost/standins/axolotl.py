@@ -246,6 +246,19 @@ def _check_deepspeed(config: dict[str, Any]) -> None:
         )
 
 
+def _check_fsdp2(config: dict[str, Any]) -> None:
+    """axolotl 0.18.0's validators for FSDP2 (utils/schemas/validation.py:1140-1153 and
+    1226-1229), with their messages: the config is refused before anything loads."""
+    if not config.get("fsdp_config") or str(config.get("fsdp_version")) != "2":
+        return
+    if config.get("deepspeed"):
+        raise SimError("ValueError: deepspeed and fsdp cannot be used together.", 1)
+    optimizer = str(config.get("optimizer"))
+    if optimizer in ("adamw_8bit", "adamw_bnb_8bit"):
+        raise SimError(f"ValueError: FSDP2 not compatible with {optimizer}, use "
+                       "`adamw_torch_8bit` instead", 1)
+
+
 def train(host: Host, argv: list[str]) -> int:
     """`axolotl train CONFIG`: see the module docstring."""
     _path, config, _rest = _load(argv)
@@ -269,6 +282,7 @@ def train(host: Host, argv: list[str]) -> int:
         host.event("axolotl-hub-download", base_model=base)
         say(f"[simhost] base model {base} is not a local path: downloading it from the Hub")
     _check_deepspeed(config)
+    _check_fsdp2(config)
     memory = _memory(config)
     out.mkdir(parents=True, exist_ok=True)
 
