@@ -246,20 +246,26 @@ def test_host_without_docker_uses_the_wrapper_and_recovers_from_a_crash(
     assert set(reports.outcomes().values()) == {"skipped"}
 
 
+def _train_sharded(playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+                   strategy: str) -> tuple[Host, TrainJob, dict[str, Any]]:
+    """A full fine-tune on two simulated GPUs under `strategy`, trained to the end."""
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
+                              train_step_seconds=0.05)
+    job = make_job(sim, host, tmp_path, method="full", strategy=strategy)
+    run_playbook("train", steps(job), host, reports)
+    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
+    return host, job, yaml.safe_load(Path(job.config_file).read_text())
+
+
 def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
     # A relative `deepspeed:` resolves from the process's working directory only: in the
     # image that is /workspace/axolotl, so orch uploads the JSON and names it absolutely.
-    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
-                              train_step_seconds=0.05)
-    job = make_job(sim, host, tmp_path, method="full", strategy="zero3")
-    run_playbook("train", steps(job), host, reports)
+    host, job, config = _train_sharded(playbook_host, reports, tmp_path, "zero3")
     assert reports.outcomes()["upload-deepspeed"] == "changed"
-    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
     assert job.deepspeed_file == f"{job.layout.job_dir('j-1')}/deepspeed.json"
     zero = json.loads(Path(job.deepspeed_file).read_text())
     assert zero["zero_optimization"]["stage"] == 3
-    config = yaml.safe_load(Path(job.config_file).read_text())
     assert config["deepspeed"] == "/workspace/data/jobs/j-1/deepspeed.json"
     reports.clear()
     run_playbook("train", steps(job), host, reports)
@@ -268,14 +274,9 @@ def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
 
 def test_fsdp2_job_renders_axolotls_keys_and_trains_without_a_deepspeed_file(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
-    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
-                              train_step_seconds=0.05)
-    job = make_job(sim, host, tmp_path, method="full", strategy="fsdp2")
-    run_playbook("train", steps(job), host, reports)
+    _, job, config = _train_sharded(playbook_host, reports, tmp_path, "fsdp2")
     assert job.deepspeed_file is None
     assert reports.outcomes().get("upload-deepspeed") in (None, "skipped")
-    assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
-    config = yaml.safe_load(Path(job.config_file).read_text())
     assert config["fsdp_version"] == 2 and "deepspeed" not in config
     # The job's 8-bit AdamW, as the FSDP2 build axolotl accepts (torchao's, not bnb's).
     assert config["optimizer"] == "adamw_torch_8bit"

@@ -471,6 +471,13 @@ def test_a_mount_over_workspace_hides_axolotl_as_on_a_real_host(
     assert record["Config"]["Cmd"] == ["axolotl", "--version"]
 
 
+def _docker_train(host: SimHost, name: str) -> list[str]:
+    """`axolotl train` of the job `write_job` wrote under `name`, in the trainer image."""
+    return ["docker", "run", "--rm", "--gpus", "all", "-v",
+            f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
+            f"/workspace/data/{name}/config.yml"]
+
+
 def test_relative_deepspeed_path_fails_from_the_images_working_directory(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path
 ) -> None:
@@ -478,9 +485,7 @@ def test_relative_deepspeed_path_fails_from_the_images_working_directory(
     conn = connect(ssh_factory, host)
     job = write_job(conn, host, tmp_path, "ds", steps=2)
     config = job / "config.yml"
-    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
-              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
-              "/workspace/data/ds/config.yml"]
+    docker = _docker_train(host, "ds")
     config.write_text(config.read_text() + "deepspeed: deepspeed_configs/zero3_bf16.json\n")
     failed = run(conn, docker, 60)
     assert failed.exit_code == 1 and ("Expected a string path to an existing deepspeed config"
@@ -498,9 +503,7 @@ def test_fsdp2_with_bitsandbytes_8bit_adamw_is_refused_like_axolotl_does(
     conn = connect(ssh_factory, host)
     job = write_job(conn, host, tmp_path, "f2", steps=2)
     config = job / "config.yml"
-    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
-              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
-              "/workspace/data/f2/config.yml"]
+    docker = _docker_train(host, "f2")
     fsdp2 = "fsdp_version: 2\nfsdp_config:\n  auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
     config.write_text(config.read_text() + fsdp2 + "optimizer: adamw_bnb_8bit\n")
     failed = run(conn, docker, 60)
