@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import BACKENDS, KeyPair, database_url
 from emulators.hosts import WithHostPaths
 
@@ -387,3 +388,26 @@ def test_a_kept_server_has_no_secret_left_after_the_job(
             or p.name.endswith(("hf.env", "secrets.env")) or ".env." in p.name]
     assert left == [], left
     assert host.running  # the box lives on
+
+
+def test_a_pinned_layout_is_what_the_host_trains_with(rig: Rig) -> None:
+    # resources.layout reaches the trainer: the engine sizes the job again on the GPU it got
+    # (savers.fit), with the pin, and renders FSDP2's keys (DDP would render none).
+    cloud = rig.cloud()
+    path = rig.job_file("full")
+    path.write_text(path.read_text().replace(
+        "  providers: [sim]", "  providers: [sim]\n  gpu_count: 2\n  layout: fsdp2"))
+    job_id = rig.queue(path)
+    seen: list[dict[str, Any]] = []
+
+    def uploaded() -> list[Path]:  # the config on the host, while it exists
+        return [p for p in (rig.tmp / "sim").rglob("config.yml") if job_id in str(p)]
+
+    when(lambda: training_step(rig.store, job_id) > 0,
+         lambda: seen.extend(yaml.safe_load(p.read_text()) for p in uploaded()))
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    assert json.loads(job.placement_json or "{}")["placement"]["strategy"] == "fsdp2"
+    assert seen and seen[0]["fsdp_version"] == 2 and "deepspeed" not in seen[0]
+    assert seen[0]["fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert_nothing_left(rig, cloud, job_id)

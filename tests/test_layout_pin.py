@@ -130,3 +130,26 @@ def test_layout_auto_keeps_every_recorded_spec_hash(tmp_path: Path) -> None:
     said = load_job(_job(tmp_path, "  max_gpus: 8\n  layout: auto\n", name="b.yml"))
     pinned = load_job(_job(tmp_path, "  max_gpus: 8\n  layout: zero3\n", name="c.yml"))
     assert spec_hash(auto.spec) == spec_hash(said.spec) != spec_hash(pinned.spec)
+
+
+@pytest.mark.parametrize(("layout", "expected"), [("zero3_offload", "zero3_offload"),
+                                                  ("auto", "single")])
+def test_the_engine_renders_the_layout_it_was_placed_with(tmp_path: Path, layout: str,
+                                                           expected: str) -> None:
+    # At run time the engine sizes the job again on the GPU it got, where the host RAM an
+    # offload layout needs is not known any more: it must not fall back to one plain GPU.
+    from orchestrator.core.planning import total_tokens
+    from orchestrator.engine.jobinputs import Inputs
+    from orchestrator.records.store import Instance, Job
+
+    quickstart = (ROOT / "examples" / "quickstart.yml").read_text()
+    loaded = load_job(_job(tmp_path, f"  layout: {layout}\n", quickstart))
+    job = Job(id="j-000000000001", name="q", status="queued", method="qlora",
+              base_model="meta-llama/Llama-3.2-1B", spec_json="{}", spec_hash="b" * 64,
+              gpu="RTX 3090", gpu_count=1)
+    inst = Instance(job_id=job.id, provider="dedicated", gpu="RTX 3090", gpu_count=1,
+                    billing="monthly", interruptible=False, price_per_hour_micros=0,
+                    state="running")
+    inputs = Inputs(loaded, total_tokens(loaded), None, {})
+    pj = inputs.pipeline_job(job, inst, vllm_port=8000, poll_s=1.0)
+    assert pj.config.strategy == expected

@@ -32,6 +32,10 @@ class InputsError(Exception):
     """The recorded job cannot be run (its files moved, say); the message says which."""
 
 
+# Host RAM taken as enough at run time (see `Inputs.pipeline_job`): the planner checked it.
+PLACED_RAM = 1 << 62
+
+
 @dataclass(frozen=True)
 class Inputs:
     """The recorded job, resolved again, and what the engine derives from it."""
@@ -86,6 +90,11 @@ class Inputs:
         w = savers.fallback(requested)
         if spec_gpu is not None:
             est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+            if est is None:
+                # Only an offloading layout fits: the placement checked its host RAM against
+                # the offer, which the instance row does not keep. Without this the job
+                # would be rendered single-GPU and run out of memory.
+                est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
             if est is not None and est.workload is not None:
                 strategy, w = est.strategy.value, est.workload
         config = train_config(spec, strategy, self.save_steps(count), w)
