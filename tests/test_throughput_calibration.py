@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from orchestrator.core import throughput
@@ -59,3 +65,19 @@ def test_efficiency_grows_with_width_and_never_exceeds_peak() -> None:
     large = Workload(lookup("meta-llama/Llama-3.1-70B").architecture, "lora")
     assert throughput.efficiency(small, gpu) < throughput.efficiency(large, gpu)
     assert throughput.efficiency(large, gpu, compiled=True) == 1.0
+
+
+def test_bench_prints_time_error_beside_memory_error() -> None:
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "bench/sizing_accuracy.py", "--json"], cwd=root,
+                         capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    r = json.loads(run.stdout)
+    assert r["memory_summary"]["asserted"]["points"] >= 3
+    assert [t["point"] for t in r["time"]] == [p.name for p in POINTS]
+    worst = r["time_summary"]["asserted"]["worst_abs_error"]
+    assert worst == pytest.approx(max(abs(p.error(GPUS)) for p in POINTS if p.asserted))
+    text = subprocess.run([sys.executable, "bench/sizing_accuracy.py"], cwd=root, check=True,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    assert "Memory (GiB per GPU)" in text and "Time (training tokens/s" in text
