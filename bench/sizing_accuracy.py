@@ -29,18 +29,19 @@ def _summary(errors: list[tuple[float, bool]]) -> dict[str, Any]:
 def results() -> dict[str, Any]:
     """Every point with orch's estimate and the error, and the summaries."""
     gpus = catalog.gpus()
+    mem_points, time_points = calibration.points(), throughputcal.points()
     memory = [{"point": p.name, "kind": p.kind, "compare": p.compare,
                "estimate_gib": p.estimate_gib(), "published_gib": p.measured_gib,
-               "error": p.error, "asserted": p.asserted} for p in calibration.points()]
+               "error": p.error, "asserted": p.asserted} for p in mem_points]
     time = [{"point": p.name, "gpu": f"{p.gpu} x{p.gpu_count}", "compiled": p.compiled,
              "estimate_tokens_per_s": p.estimate_tokens_per_s(gpus),
              "published_tokens_per_s": p.measured_tokens_per_s, "error": p.error(gpus),
-             "asserted": p.asserted} for p in throughputcal.points()]
-    return {"memory": memory, "memory_summary": _summary([(m["error"], m["asserted"])
-                                                          for m in memory]),
-            "time": time, "time_summary": _summary([(t["error"], t["asserted"]) for t in time]),
+             "asserted": p.asserted} for p in time_points]
+    return {"memory": memory,
+            "memory_summary": _summary([(p.error, p.asserted) for p in mem_points]),
+            "time": time,
+            "time_summary": _summary([(p.error(gpus), p.asserted) for p in time_points]),
             "time_band": throughputcal.band()}
-
 
 def _print_summary(summary: dict[str, Any]) -> None:
     for label, s in summary.items():
