@@ -13,7 +13,7 @@ import pytest
 from orchestrator.core import throughput
 from orchestrator.core.architectures import lookup
 from orchestrator.core.sizing import Strategy, Workload
-from orchestrator.core.throughputcal import Point, band, points
+from orchestrator.core.throughputcal import Point, band, formula_source, points
 from providers import catalog
 
 POINTS = points()
@@ -81,3 +81,12 @@ def test_bench_prints_time_error_beside_memory_error() -> None:
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(root)}).stdout
     assert "Memory (GiB per GPU)" in text and "Time (training tokens/s" in text
+
+
+def test_formula_source_names_what_the_estimate_rests_on() -> None:
+    runs = sum(p.asserted and p.gpu == "RTX 4090" for p in POINTS)
+    assert runs == 2
+    assert formula_source("RTX 4090") == (
+        "formula, calibrated on 2 published runs on RTX 4090; no finished job of yours with "
+        "this GPU, count, method and size")
+    assert "no published run on H100 SXM: its efficiency is assumed" in formula_source("H100 SXM")

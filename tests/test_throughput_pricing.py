@@ -105,4 +105,4 @@ def test_duration_names_the_measured_figure_and_ignores_a_bad_one() -> None:
     assert d.source == "measured 1,000 tokens/s (2 jobs)"
     bad = throughput.duration(w8b(), 3_600_000, offer, gpu, Strategy.SINGLE,
                               measured=throughput.Measured(0.0, 1))
-    assert bad.source == "formula"
+    assert bad.source.startswith("formula, ")

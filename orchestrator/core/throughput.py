@@ -107,7 +107,7 @@ class Duration:
     model_pull: float
     training: float
     merge_eval: float
-    source: str  # "formula" or Measured.describe()
+    source: str  # throughputcal.formula_source(...) or Measured.describe()
 
     @property
     def total(self) -> float:
@@ -190,7 +190,12 @@ def duration(
     use = measured if measured is not None and measured.tokens_per_s > 0 else None
     train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy,
                              use.tokens_per_s if use else None)
-    source = use.describe() if use else "formula"
+    if use:
+        source = use.describe()
+    else:
+        from orchestrator.core.throughputcal import formula_source  # it imports this module
+
+        source = formula_source(offer.gpu)
     return Duration(
         boot=offer.boot_minutes / 60,
         model_pull=pull / 3600,
