@@ -13,7 +13,8 @@ import pytest
 from orchestrator.core import throughput
 from orchestrator.core.architectures import lookup
 from orchestrator.core.sizing import Strategy, Workload
-from orchestrator.core.throughputcal import Point, band, formula_source, points
+from orchestrator.core.throughput import formula_source
+from orchestrator.core.throughputcal import Point, band, points
 from providers import catalog
 
 POINTS = points()

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from orchestrator.core.sizing import Strategy, Workload, weight_bytes
+from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec, Offer
+
+# The published points the efficiencies below are fitted on (read by throughputcal.py too).
+PUBLISHED = Path(__file__).with_name("data") / "throughput.yaml"
 
 # Throughput cost of each saver, as a factor on training time (docs/sizing.md, "Savers"):
 # - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README);
@@ -107,7 +113,7 @@ class Duration:
     model_pull: float
     training: float
     merge_eval: float
-    source: str  # throughputcal.formula_source(...) or Measured.describe()
+    source: str  # formula_source(...) or Measured.describe()
 
     @property
     def total(self) -> float:
@@ -168,6 +174,24 @@ def model_download_bytes(w: Workload) -> int:
     return w.arch.params * 2
 
 
+@cache
+def _published_runs() -> dict[str, int]:
+    """Asserted points of data/throughput.yaml per GPU model: what its `mfu` rests on."""
+    out: dict[str, int] = {}
+    for raw in load_data(PUBLISHED.read_text())["points"]:
+        if raw["asserted"]:
+            out[raw["gpu"]] = out.get(raw["gpu"], 0) + 1
+    return out
+
+
+def formula_source(gpu: str) -> str:
+    """How `orch plan` names a formula estimate on `gpu`: what it rests on."""
+    n = _published_runs().get(gpu, 0)
+    basis = (f"calibrated on {n} published runs on {gpu}" if n else
+             f"no published run on {gpu}: its efficiency is assumed (docs/sizing.md)")
+    return f"formula, {basis}; no finished job of yours with this GPU, count, method and size"
+
+
 def merge_eval_seconds(w: Workload) -> float:
     """Seconds after training: merging an adapter into the base (read the bf16 base and write
     the merged model: 2 x its bytes; a full fine-tune has nothing to merge), then the eval.
@@ -190,12 +214,7 @@ def duration(
     use = measured if measured is not None and measured.tokens_per_s > 0 else None
     train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy,
                              use.tokens_per_s if use else None)
-    if use:
-        source = use.describe()
-    else:
-        from orchestrator.core.throughputcal import formula_source  # it imports this module
-
-        source = formula_source(offer.gpu)
+    source = use.describe() if use else formula_source(offer.gpu)
     return Duration(
         boot=offer.boot_minutes / 60,
         model_pull=pull / 3600,

@@ -7,17 +7,15 @@ and bench/sizing_accuracy.py read them through `points()`. The memory twin is ca
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from orchestrator.core.architectures import Architecture, from_fields, lookup
 from orchestrator.core.sizing import Strategy, Workload
-from orchestrator.core.throughput import training_seconds
+from orchestrator.core.throughput import PUBLISHED, training_seconds
 from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec
 
-_DATA = Path(__file__).with_name("data") / "throughput.yaml"
+_DATA = PUBLISHED
 # Tokens the estimate is taken over: large enough that no per-run constant matters.
 _TOKENS = 10**9
 
@@ -87,20 +85,3 @@ def points() -> list[Point]:
             arch=arch, workload=Workload(arch, **fields)))
     return out
 
-
-@cache
-def _published_runs() -> dict[str, int]:
-    """Asserted points per GPU model: how many published runs its efficiency rests on."""
-    out: dict[str, int] = {}
-    for p in points():
-        if p.asserted:
-            out[p.gpu] = out.get(p.gpu, 0) + 1
-    return out
-
-
-def formula_source(gpu: str) -> str:
-    """How `orch plan` names a formula estimate for `gpu`: what it rests on."""
-    n = _published_runs().get(gpu, 0)
-    basis = (f"calibrated on {n} published runs on {gpu}" if n else
-             f"no published run on {gpu}: its efficiency is assumed (docs/sizing.md)")
-    return f"formula, {basis}; no finished job of yours with this GPU, count, method and size"
