@@ -61,8 +61,9 @@ STRATEGY_SCALING = {
 # Weight reads per optimizer micro-step (forward, backward, recompute): the bandwidth floor.
 WEIGHT_PASSES = 3
 # Merging the adapter and starting vLLM for the eval: reading/writing the bf16 model a few
-# times at NVMe speed, plus a fixed allowance for the eval requests. Assumptions, not
-# measurements (docs/sizing.md, "Set-up time"); finished jobs do not refine them yet.
+# times at NVMe speed (an assumption), plus a fixed allowance for vLLM's start-up (59 s for a
+# small model with a warm compile cache, vllm-project/vllm#20264; ~3.5 min for 70B on 8 GPUs,
+# #19824) and the eval requests (docs/sizing.md, "Set-up time").
 MERGE_EVAL_GBPS = 1.0
 MERGE_EVAL_FIXED_MIN = 5.0
 
