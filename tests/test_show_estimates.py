@@ -39,7 +39,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_show_json_has_estimated_and_actual_hours_and_cost(finished: dict[str, Any]) -> None:
     shown = json.loads(orch(finished["env"], "show", finished["id"], "--json").stdout)
-    assert shown["status"] == "succeeded"
+    assert shown["status"] == "succeeded", shown
     with sqlite3.connect(finished["db"]) as con:
         est_hours, est_micros, cost_micros, tokens, train_s, placed = con.execute(
             "SELECT est_hours, est_cost_micros, cost_micros, tokens, train_seconds, "
