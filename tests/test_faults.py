@@ -87,7 +87,7 @@ def work_queue(rig: Rig, providers: dict[str, Any], **over: Any) -> list[str]:
 def duplicate_metrics(store: Store) -> list[Any]:
     with store.engine.connect() as conn:
         return list(conn.exec_driver_sql(
-            "SELECT job_id, name, step, count(*) FROM metric "
+            "SELECT job_id, name, coalesce(step, -1), count(*) FROM metric "
             "GROUP BY job_id, name, coalesce(step, -1) HAVING count(*) > 1").all())
 
 
@@ -410,3 +410,192 @@ def test_cancel_of_a_requeued_job_terminates_its_instance(env: dict[str, str]) -
                                       "instances_left": []}
     assert live_instances(env) == []
     db_invariants(env)
+
+
+# --- database faults (issue 23) -------------------------------------------------------------
+# A locked SQLite file, a clock that runs ahead, a full disk: transient or local faults of the
+# database never fail a job nor kill a worker; the job ends succeeded (or requeued with a
+# reason), with 0 leaked instances and 0 duplicate rows.
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+from datetime import UTC, datetime
+con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+con.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+con.execute("COMMIT")
+print(datetime.now(UTC).isoformat(), flush=True)
+"""
+
+
+def hold_write_lock(db: Path, seconds: float) -> Any:
+    """Another process takes SQLite's write lock (BEGIN IMMEDIATE) and keeps it `seconds`."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def training_started(store: Store, job_id: str) -> bool:
+    return any(e.kind == "train.progress" for e in store.events(job_id))
+
+
+def long_training(rig: Rig) -> SimCloud:
+    """A sim cloud whose jobs train ~10 s: long enough to hold a lock in the middle."""
+    return rig.cloud(host_options={"train_steps": 40, "train_step_seconds": 0.25})
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(rig: Rig) -> None:
+    from datetime import datetime
+
+    from test_engine import when
+
+    from orchestrator.records.store import BUSY_TIMEOUT_MS
+
+    cloud = long_training(rig)
+    job_id = rig.queue(rig.job_file())
+    db = Path(str(rig.store.engine.url.database))
+    held: list[Any] = []
+    when(lambda: training_started(rig.store, job_id),
+         lambda: held.append(hold_write_lock(db, BUSY_TIMEOUT_MS / 1000 + 5)))
+    job = run(rig, {"sim": cloud}, job_id)
+    assert held, "the lock was never taken"
+    released = datetime.fromisoformat(held[0].communicate(timeout=60)[0].strip())
+    # The job's end was recorded after the lock was let go: its writes waited it out.
+    assert job.finished_at is not None and job.finished_at > released
+    assert job.status == "succeeded", job.failure_reason
+    assert_invariants(rig.store, cloud.list())
+
+
+def test_a_lock_held_past_the_whole_wait_requeues_the_job_and_tears_down(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_engine import when
+
+    from orchestrator.records.store import DatabaseBusy
+
+    monkeypatch.setenv("ORCH_DB_LOCK_WAIT_S", "2")
+    cloud = long_training(rig)
+    job_id = rig.queue(rig.job_file())
+    db = Path(str(rig.store.engine.url.database))
+    held: list[Any] = []
+    when(lambda: training_started(rig.store, job_id),
+         lambda: held.append(hold_write_lock(db, 5)))
+    owner = owner_id("worker")
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    with pytest.raises(DatabaseBusy, match="stayed locked"):
+        JobRunner(rig.store, {"sim": cloud}, owner, options(rig),
+                  on_signal="requeue").run(job_id)
+    assert cloud.list() == []  # the rented machine went at once, not after the lock
+    held[0].communicate(timeout=60)
+    job = rig.store.get_job(job_id)
+    assert job.status == "queued", job.status
+    states = [e.message for e in rig.store.events(job_id) if e.kind == "state"]
+    assert "database unavailable" in states[-2] and "stayed locked" in states[-2]
+    assert rig.store.open_instances() == []
+    # A worker resumes it and it ends like any other job.
+    assert work_queue(rig, {"sim": cloud}) == [job_id]
+    assert rig.store.get_job(job_id).status == "succeeded"
+    assert_invariants(rig.store, cloud.list())
+
+
+@pytest.mark.parametrize("rig", ["postgresql"], indirect=True)
+def test_reconcile_on_a_machine_whose_clock_runs_ahead_keeps_a_live_job(rig: Rig,
+                                                                       tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from emulators.machinefaults import skewed_clock_env
+    from test_engine import when
+
+    skew = skewed_clock_env(tmp_path / "skew", 120)
+    env = {**os.environ, **skew}
+    ahead = float(subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
+                                 env=env, capture_output=True, text=True).stdout)
+    assert ahead - time.time() > 100  # the fault is real: that process's clock runs ahead
+    cloud = long_training(rig)
+    job_id = rig.queue(rig.job_file())
+    reports: list[Any] = []
+    when(lambda: training_started(rig.store, job_id),
+         lambda: reports.append(orch(env, "reconcile", "--json")))
+    job = run(rig, {"sim": cloud}, job_id)
+    assert reports and reports[0].returncode == 0, reports and reports[0].stderr
+    actions = json.loads(reports[0].stdout)["actions"]
+    assert [a for a in actions if a["kind"] == "requeue"] == []
+    assert job.status == "succeeded", job.failure_reason
+    assert "requeued" not in rig.kinds(job_id)
+    assert_invariants(rig.store, cloud.list())
+
+
+def test_a_full_disk_under_the_database_tears_down_and_the_next_orch_repairs(
+        env: dict[str, str], tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+    import subprocess
+
+    from emulators.machinefaults import SmallDisk
+    from test_engine_crash import ORCH, ROOT
+
+    disk = SmallDisk(tmp_path / "dbfs")
+    try:
+        # orch runs inside the disk's mount namespace; the test reads the file from outside.
+        env = {**env, "ORCH_DB_URL": f"sqlite:///{disk.mount / 'orch.db'}",
+               "ORCH_SIM_TRAIN_STEPS": "60"}
+
+        def orch_in(*args: str, timeout: float = 180) -> Any:
+            return subprocess.run([*disk.enter(ROOT), ORCH, *args], env=env, cwd=ROOT,
+                                  capture_output=True, text=True, timeout=timeout)
+
+        def ask(sql: str) -> list[Any]:
+            copy = tmp_path / "copy"
+            shutil.rmtree(copy, ignore_errors=True)
+            copy.mkdir()
+            for name in ("orch.db", "orch.db-wal"):
+                if (disk.path / name).exists():
+                    shutil.copy(disk.path / name, copy / name)
+            con = sqlite3.connect(copy / "orch.db", timeout=10)
+            try:
+                return con.execute(sql).fetchall()
+            finally:
+                con.close()
+
+        out = orch_in("submit", "examples/quickstart.yml", "--detach", "--json")
+        job_id = json.loads(out.stdout)["job_id"]
+        worker = subprocess.Popen([*disk.enter(ROOT), ORCH, "worker", "--once"], env=env, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for(lambda: ask("SELECT count(*) FROM event WHERE kind = 'train.progress'")
+                     [0][0] >= 1, what="training")
+            disk.fill()
+            _, err = worker.communicate(timeout=120)
+        finally:
+            worker.kill()
+        assert worker.returncode == 1, err
+        assert "Traceback" not in err, err
+        assert "is full" in err.strip().splitlines()[-1], err
+        assert live_instances(env) == []  # torn down although nothing could be recorded
+        assert ask(f"SELECT status FROM job WHERE id = '{job_id}'") == [("training",)]
+        disk.free()
+        wait_for(lambda: ask("SELECT lease_expires_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now') "
+                             "FROM job")[0][0], timeout=30, what="lease expiry")
+        # The next orch command that opens the database (any: here `orch jobs`) repairs it.
+        listed = orch_in("jobs", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert ask(f"SELECT status FROM job WHERE id = '{job_id}'") == [("queued",)]
+        assert "lost its lease" in ask("SELECT message FROM event WHERE kind = 'requeued'")[0][0]
+        resumed = orch_in("worker", "--once")
+        assert resumed.returncode == 0, resumed.stderr
+        ask("SELECT 1")  # a consistent copy of the final state, read through the store
+        store = open_store(f"sqlite:///{tmp_path / 'copy' / 'orch.db'}")
+        try:
+            assert store.get_job(job_id).status == "succeeded"
+            assert_invariants(store, live_instances(env))
+        finally:
+            store.close()
+    finally:
+        disk.close()
