@@ -417,29 +417,6 @@ def test_cancel_of_a_requeued_job_terminates_its_instance(env: dict[str, str]) -
 # database never fail a job nor kill a worker; the job ends succeeded (or requeued with a
 # reason), with 0 leaked instances and 0 duplicate rows.
 
-HOLD_LOCK = """
-import sqlite3, sys, time
-from datetime import UTC, datetime
-con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
-con.execute("BEGIN IMMEDIATE")
-print("held", flush=True)
-time.sleep(float(sys.argv[2]))
-con.execute("COMMIT")
-print(datetime.now(UTC).isoformat(), flush=True)
-"""
-
-
-def hold_write_lock(db: Path, seconds: float) -> Any:
-    """Another process takes SQLite's write lock (BEGIN IMMEDIATE) and keeps it `seconds`."""
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db), str(seconds)],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def training_started(store: Store, job_id: str) -> bool:
     return any(e.kind == "train.progress" for e in store.events(job_id))
 
@@ -450,8 +427,7 @@ def long_training(rig: Rig) -> SimCloud:
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(rig: Rig) -> None:
-    from datetime import datetime
-
+    from emulators.machinefaults import SqliteLock
     from test_engine import when
 
     from orchestrator.records.store import BUSY_TIMEOUT_MS
@@ -461,10 +437,10 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(rig: Rig) -> None
     db = Path(str(rig.store.engine.url.database))
     held: list[Any] = []
     when(lambda: training_started(rig.store, job_id),
-         lambda: held.append(hold_write_lock(db, BUSY_TIMEOUT_MS / 1000 + 5)))
+         lambda: held.append(SqliteLock(db, BUSY_TIMEOUT_MS / 1000 + 5)))
     job = run(rig, {"sim": cloud}, job_id)
     assert held, "the lock was never taken"
-    released = datetime.fromisoformat(held[0].communicate(timeout=60)[0].strip())
+    released = held[0].released()
     # The job's end was recorded after the lock was let go: its writes waited it out.
     assert job.finished_at is not None and job.finished_at > released
     assert job.status == "succeeded", job.failure_reason
@@ -473,6 +449,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(rig: Rig) -> None
 
 def test_a_lock_held_past_the_whole_wait_requeues_the_job_and_tears_down(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    from emulators.machinefaults import SqliteLock
     from test_engine import when
 
     from orchestrator.records.store import DatabaseBusy
@@ -483,14 +460,14 @@ def test_a_lock_held_past_the_whole_wait_requeues_the_job_and_tears_down(
     db = Path(str(rig.store.engine.url.database))
     held: list[Any] = []
     when(lambda: training_started(rig.store, job_id),
-         lambda: held.append(hold_write_lock(db, 5)))
+         lambda: held.append(SqliteLock(db, 5)))
     owner = owner_id("worker")
     assert rig.store.claim_job(job_id, owner, 5) is not None
     with pytest.raises(DatabaseBusy, match="stayed locked"):
         JobRunner(rig.store, {"sim": cloud}, owner, options(rig),
                   on_signal="requeue").run(job_id)
     assert cloud.list() == []  # the rented machine went at once, not after the lock
-    held[0].communicate(timeout=60)
+    held[0].released()
     job = rig.store.get_job(job_id)
     assert job.status == "queued", job.status
     states = [e.message for e in rig.store.events(job_id) if e.kind == "state"]
@@ -599,3 +576,67 @@ def test_a_full_disk_under_the_database_tears_down_and_the_next_orch_repairs(
             store.close()
     finally:
         disk.close()
+
+
+READER = """
+import sqlite3, sys, time
+from pathlib import Path
+db, stop = sys.argv[1], Path(sys.argv[2])
+reads = errors = 0
+while not stop.exists():
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+        con.execute("SELECT status, count(*) FROM job GROUP BY status").fetchall()
+        con.execute("SELECT count(*) FROM event").fetchall()
+        con.close()
+        reads += 1
+    except sqlite3.Error as exc:
+        errors += 1
+        print(exc, file=sys.stderr, flush=True)
+    time.sleep(0.05)
+print(reads, errors, flush=True)
+"""
+
+
+def test_sixteen_workers_and_readers_on_one_sqlite_file_fail_nothing_for_a_lock(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """The acceptance's concurrency test: 16 `orch worker` processes and readers on one
+    SQLite file, 32 jobs: each runs once and succeeds, no worker dies, no read fails."""
+    import subprocess
+    import sys
+
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "2", "ORCH_SIM_STEP_S": "0.05", "ORCH_LEASE_S": "30"}
+    from test_engine_crash import ROOT
+
+    from orchestrator.core.spec import load_job
+    from orchestrator.engine.submission import record_job
+
+    db = Path(env["XDG_DATA_HOME"]) / "orch" / "orch.db"
+    db.parent.mkdir(parents=True)
+    store = open_store(f"sqlite:///{db}")  # queued as `orch submit --detach` does, 32 times
+    try:
+        for _ in range(32):
+            record_job(store, load_job(ROOT / "examples" / "quickstart.yml"))
+    finally:
+        store.close()
+    stop = tmp_path / "stop"
+    readers = [subprocess.Popen([sys.executable, "-c", READER, str(db), str(stop)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    workers = [spawn(env, "worker", "--once", "--poll", "0.2") for _ in range(16)]
+    results = [w.communicate(timeout=1500) for w in workers]
+    stop.touch()
+    seen = [r.communicate(timeout=60) for r in readers]
+    for w, (_, err) in zip(workers, results, strict=True):
+        assert w.returncode == 0, err
+        assert "Traceback" not in err and "locked" not in err, err
+    for out, err in seen:
+        reads, errors = (int(x) for x in out.split())
+        assert reads > 0 and errors == 0, err
+    statuses = query(env, "SELECT status, count(*) FROM job GROUP BY status")
+    assert statuses == [("succeeded", 32)], query(
+        env, "SELECT failure_reason FROM job WHERE status != 'succeeded'")
+    claims = query(env, "SELECT job_id, count(*) FROM event WHERE kind = 'state' AND "
+                        "message LIKE 'provisioning (claimed by %' GROUP BY job_id")
+    assert len(claims) == 32 and {n for _, n in claims} == {1}  # 0 duplicate claims
+    db_invariants(env)

@@ -1,5 +1,8 @@
-"""Faults of the machine orch runs on, injected for real: a clock that runs ahead, a full disk.
+"""Faults of the machine orch runs on, injected for real: a held database lock, a clock that
+runs ahead, a full disk.
 
+- `hold_sqlite_lock`: another process takes SQLite's write lock (`BEGIN IMMEDIATE`) and keeps
+  it, as a long transaction, a backup or a user's `sqlite3` session would.
 - `skewed_clock_env`: an `LD_PRELOAD` library (compiled here with the system's C compiler)
   that adds SKEWCLOCK_S seconds to CLOCK_REALTIME for the whole process, as a machine whose
   clock is off would (what libfaketime does, reduced to the one call CPython's `time.time`
@@ -18,7 +21,36 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from datetime import datetime
 from pathlib import Path
+
+_HOLD = """
+import sqlite3, sys, time
+from datetime import UTC, datetime
+con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=60)
+con.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+con.execute("COMMIT")
+print(datetime.now(UTC).isoformat(), flush=True)
+"""
+
+
+class SqliteLock:
+    """The write lock of SQLite file `db`, held by another process for `seconds`."""
+
+    def __init__(self, db: Path, seconds: float) -> None:
+        self._proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(db), str(seconds)],
+                                      stdout=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "held":
+            raise RuntimeError(f"could not take the write lock of {db}")
+
+    def released(self, timeout: float = 120) -> datetime:
+        """Wait for the holder to let go; when it did (UTC)."""
+        out, _ = self._proc.communicate(timeout=timeout)
+        return datetime.fromisoformat(out.strip())
 
 _SKEW_C = r"""
 #define _GNU_SOURCE
