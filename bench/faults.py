@@ -352,7 +352,6 @@ def db_lock(tmp: Path, hold_s: float = 15.0, wait_s: str = "") -> Result:
     from emulators.machinefaults import SqliteLock
 
     from orchestrator.engine.runner import JobRunner, Options, owner_id
-    from orchestrator.records.store import DatabaseBusy
 
     os.environ["ORCH_DB_LOCK_WAIT_S"] = wait_s
     store, cloud, key = _sim_rig(tmp)
@@ -368,11 +367,12 @@ def db_lock(tmp: Path, hold_s: float = 15.0, wait_s: str = "") -> Result:
         threading.Thread(target=hold, daemon=True).start()
         owner = owner_id("worker")
         store.claim_job(job_id, owner, 5)
-        first, left = "succeeded", 0
+        left = 0
         try:
-            JobRunner(store, {"sim": cloud}, owner, opts, on_signal="requeue").run(job_id)
-        except DatabaseBusy:
-            first, left = "DatabaseBusy", len(cloud.list())
+            first = JobRunner(store, {"sim": cloud}, owner, opts,
+                              on_signal="requeue").run(job_id).status
+        except Exception as exc:  # DatabaseBusy (named, not imported: runs on older orch too)
+            first, left = type(exc).__name__, len(cloud.list())
         released = held[0].released()
         status = store.get_job(job_id).status
         if status == "queued":  # requeued: a worker resumes it
@@ -385,7 +385,8 @@ def db_lock(tmp: Path, hold_s: float = 15.0, wait_s: str = "") -> Result:
                       + (f", wait {wait_s}s" if wait_s else ""), len(cloud.list()),
                       lost + (job.status != "succeeded"), dups, 0.0, None,
                       f"{first} ({status}; {left} instance(s) left at the error); then "
-                      f"{job.status}; ended after the lock: {waited}")
+                      f"{job.status}; ended after the lock: {waited} "
+                      f"{(job.failure_reason or '')[:60]}")
     finally:
         os.environ.pop("ORCH_DB_LOCK_WAIT_S", None)
         cloud.terminate_all()
@@ -451,7 +452,9 @@ def disk_full(tmp: Path) -> Result:
     copy = tmp / "copy.db"
 
     def ask(sql: str) -> list[tuple[Any, ...]]:
+        # A copy read here (see SmallDisk); a stale -wal copy would replay old pages.
         for suffix in ("", "-wal"):
+            Path(f"{copy}{suffix}").unlink(missing_ok=True)
             if (disk.path / f"orch.db{suffix}").exists():
                 shutil.copy(disk.path / f"orch.db{suffix}", f"{copy}{suffix}")
         return _q(copy, sql)
@@ -468,6 +471,9 @@ def disk_full(tmp: Path) -> Result:
         disk.fill()
         full = datetime.now(UTC)
         _, err = worker.communicate(timeout=120)
+        # Billed after the disk filled, at most: the worker terminates before it exits (the
+        # row stays open until the resuming worker closes it, so the rows cannot say).
+        billed = (datetime.now(UTC) - full).total_seconds()
         left = s.live()
         line = err.strip().splitlines()[-1] if err.strip() else ""
         disk.free()
@@ -478,7 +484,7 @@ def disk_full(tmp: Path) -> Result:
         status = ask("SELECT status FROM job")[0][0]
         lost, dups = _counts(copy)
         return Result("disk full under SQLite mid-training", s.live() + left, lost, dups,
-                      _idle(copy, full, datetime.now(UTC)), None,
+                      billed, None,
                       f"worker exit {worker.returncode}, traceback: {'Traceback' in err}; "
                       f"{left} instance(s) left; next orch: {requeued}; then {status}; "
                       f"said: {line[:60]}")
