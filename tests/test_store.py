@@ -665,3 +665,33 @@ def test_sqlite_files_and_data_folder_are_private_whatever_the_umask(
     log = trainlog.log_path("j-000000000001")
     assert stat.S_IMODE(log.stat().st_mode) == 0o600
     assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+# --- the team queue on PostgreSQL (issue 23 §11) -------------------------------------------
+
+
+def test_a_claim_skips_the_row_another_worker_is_claiming_instead_of_waiting(
+        pg_server: Any) -> None:
+    s = open_store(pg_server.create_database())
+    try:
+        first = s.create_job(**_job_kwargs())
+        second = s.create_job(**_job_kwargs())
+        # Another worker's claim transaction holds the oldest queued row.
+        other = s.engine.connect()
+        tx = other.begin()
+        other.exec_driver_sql("SELECT id FROM job WHERE id = %(id)s FOR UPDATE",
+                              {"id": first.id})
+        got: list[Any] = []
+        claimer = threading.Thread(target=lambda: got.append(s.claim_next("w2", 30)),
+                                   daemon=True)
+        claimer.start()
+        claimer.join(timeout=30)
+        waited = claimer.is_alive()
+        tx.rollback()
+        other.close()
+        claimer.join(timeout=30)
+        assert not waited, "the claim queued up behind another worker's row lock"
+        assert got and got[0] is not None and got[0].id == second.id
+        assert s.get_job(first.id).status == "queued"
+    finally:
+        s.close()
