@@ -256,7 +256,8 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
             finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
                                  on_signal="requeue").run(job.id)
         except DatabaseBusy as exc:  # a lock held past the whole wait: never the worker's end
-            typer.echo(f"worker: {exc}; its job (if any) was requeued; going on", err=True)
+            typer.echo(f"worker: {exc}; its job's instances were terminated and the job "
+                       "requeued (or it is when its lease lapses); going on", err=True)
             time.sleep(poll)
             continue
         except DatabaseFull as exc:  # nothing can be recorded: stop, one line
