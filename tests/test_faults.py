@@ -454,13 +454,16 @@ def test_a_lock_held_past_the_whole_wait_requeues_the_job_and_tears_down(
 
     from orchestrator.records.store import DatabaseBusy
 
-    monkeypatch.setenv("ORCH_DB_LOCK_WAIT_S", "2")
+    # The runner's first write blocked within 9 s of the lock meets DatabaseBusy after 3 s;
+    # the two tear-downs' row writes and then the requeue wait 3 s each, so the requeue is
+    # recorded once the 12 s lock is let go, however slow the machine.
+    monkeypatch.setenv("ORCH_DB_LOCK_WAIT_S", "3")
     cloud = long_training(rig)
     job_id = rig.queue(rig.job_file())
     db = Path(str(rig.store.engine.url.database))
     held: list[Any] = []
     when(lambda: training_started(rig.store, job_id),
-         lambda: held.append(SqliteLock(db, 5)))
+         lambda: held.append(SqliteLock(db, 12)))
     owner = owner_id("worker")
     assert rig.store.claim_job(job_id, owner, 5) is not None
     with pytest.raises(DatabaseBusy, match="stayed locked"):
