@@ -58,9 +58,14 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     if isinstance(exc, paramiko.SSHException):
-        # sshd still booting, or at MaxStartups, closes before its banner.
+        # sshd still booting, or at MaxStartups, closes before its banner. "No existing
+        # session": paramiko's `Transport.start_client(timeout=...)` returns WITHOUT an error
+        # when the timeout passes before the key exchange is done (paramiko 5.1.0
+        # transport.py), and the next call says this: a host that accepted TCP and never
+        # sent its banner (issue 23 §3), i.e. one not reachable over SSH (yet).
         text = str(exc)
-        return "Error reading SSH protocol banner" in text or "Connection reset" in text
+        return any(sign in text for sign in ("Error reading SSH protocol banner",
+                                             "Connection reset", "No existing session"))
     return False
 
 
@@ -257,11 +262,15 @@ def trust_on_first_use(
     def fetch() -> paramiko.PKey:
         nonlocal attempts
         attempts += 1
-        sock = socket.create_connection((host, port), timeout=timeout)
+        limit = max(0.1, min(timeout, deadline - (time.monotonic() - started)))
+        sock = socket.create_connection((host, port), timeout=limit)
         transport = paramiko.Transport(sock)
         try:
-            transport.banner_timeout = timeout
-            transport.start_client(timeout=timeout)
+            transport.banner_timeout = limit
+            transport.start_client(timeout=limit)
+            if not (transport.is_active() and transport.initial_kex_done):
+                # start_client's timeout passed silently (see `is_transient`).
+                raise TimeoutError(f"no SSH banner or key exchange within {limit:.0f}s")
             key: paramiko.PKey = transport.get_remote_server_key()
             return key
         finally:
