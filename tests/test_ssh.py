@@ -130,6 +130,27 @@ def test_trust_on_first_use_returns_the_host_key(
     assert run(conn, ["true"], timeout=30).ok
 
 
+def test_a_host_that_never_sends_its_banner_is_unreachable_after_three_tries(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory
+) -> None:
+    # Accepts TCP, never says a word (issue 23 §3); the deadline is far away.
+    from emulators.blackhole import BlackHole
+
+    with BlackHole() as hole:
+        port = int(hole.url.split(":")[2].split("/")[0])
+        with pytest.raises(HostUnreachable) as raised:
+            trust_on_first_use("127.0.0.1", port, timeout=0.5, deadline=600)
+        assert raised.value.attempts == 3 and "no SSH banner" in str(raised.value)
+        host = simhost()
+        known = parse_host_key(host.host_key)
+        factory = ConnectionFactory(ssh_factory.key_filename, connect_timeout=0.5,
+                                    connect_deadline=600)
+        with pytest.raises(HostUnreachable) as raised:
+            factory.connect("127.0.0.1", port, host.user, known)
+        assert raised.value.attempts == 3
+    assert hole.connections == 6
+
+
 def test_changed_host_key_is_refused_before_authentication(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:

@@ -89,8 +89,8 @@ class SessionMixin(RunnerCore):
         A reset or broken connection to a host the provider still runs is not the host's
         fault: connect again and run the pipeline again, at most SSH_RETRIES times (every
         step checks before it acts, finished phases are skipped and training is reattached
-        by job id, so only the interrupted step is redone). A host that stays unreachable
-        is released by `_connect` and the job re-placed.
+        by job id, so only the interrupted step is redone). A host that stays unreachable,
+        or drops the connection every time, is released and the job re-placed.
         """
         def again(exc: BaseException) -> bool:
             return (connection_dropped(exc) and self._stop is None
@@ -103,12 +103,18 @@ class SessionMixin(RunnerCore):
                         f"(retry {state.attempt_number} of {SSH_RETRIES})",
                         {"instance": inst.instance_id, "retry": state.attempt_number})
 
-        for attempt in Retrying(retry=retry_if_exception(again),
-                                stop=stop_after_attempt(SSH_RETRIES + 1),
-                                wait=wait_exponential(multiplier=0.5, max=5),
-                                before_sleep=before_sleep, reraise=True):
-            with attempt:
-                self._pipeline(self._connect(row_id, provider, inst), row_id, provider, inst)
+        try:
+            for attempt in Retrying(retry=retry_if_exception(again),
+                                    stop=stop_after_attempt(SSH_RETRIES + 1),
+                                    wait=wait_exponential(multiplier=0.5, max=5),
+                                    before_sleep=before_sleep, reraise=True):
+                with attempt:
+                    self._pipeline(self._connect(row_id, provider, inst), row_id, provider,
+                                   inst)
+        except Exception as exc:
+            if again(exc):  # dropped every time: the host's network is not usable
+                raise self._unreachable(row_id, inst, exc) from exc
+            raise
 
     def _connect(self, row_id: int, provider: Provider, inst: Instance) -> Host:
         """Wait until the instance runs, pin its host key, open SSH: the pipeline's Host."""
