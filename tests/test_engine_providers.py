@@ -252,3 +252,32 @@ def test_the_hf_token_leaves_the_disk_once_the_model_is_downloaded(
     assert job.status == "succeeded", job.failure_reason  # the gated download had the token
     assert watch.seen == []
     assert token_files(rig.tmp, token.encode()) == []
+
+
+def test_runpod_pod_runs_the_image_the_job_names_and_finds_hf_in_it(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    # Issue 23 §12: a RunPod job failed once because the emulated pod's image had no `hf`
+    # where the job looked for it. Follow the job's image through: the job file names a tag
+    # (not the default), the pod is created from that tag's cloud image, the simulated pod
+    # IS that image, and the model download ran the `hf` of that image's venv.
+    from playbooks import images
+
+    tag = "0.18.0-py3.12-cu130-2.11.0"
+    assert images.default_image("docker") != f"axolotlai/axolotl:{tag}"
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("  providers: [sim]", "  providers: [runpod]")
+                    + f"trainer:\n  image: axolotlai/axolotl:{tag}\n")
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                        hosts=hosts) as emu:
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, rig.queue(path))
+        assert job.status == "succeeded", job.failure_reason
+        [create] = emu.calls("POST", "/v2/pods")
+    assert create.body["image"] == f"axolotlai/axolotl-cloud:{tag}"
+    [pod] = hosts.instance_ids
+    host = hosts.host(pod)
+    assert host.options.container_image == create.body["image"]
+    venv = host.path(images.layout().venv) / "bin"
+    assert (venv / "hf").is_file()
+    downloads = [c for c in host.ssh_commands() if " download " in f" {c} "]
+    assert downloads and all(str(venv) in c for c in downloads), downloads
+    assert [e["ok"] for e in host.events("hf-download")] == [True]
