@@ -254,12 +254,7 @@ class PlacementMixin(RunnerCore):
                 self._close_row(row.id, "failed")
                 continue
             except PriceChanged as exc:
-                # Not a verdict on the offer: it may still be the cheapest at its new price.
-                tried.discard((offer.provider, offer.offer_id))
-                self._close_row(row.id, "price_changed")
-                self._event("provision.price_changed", f"{offer.provider} {offer.gpu} "
-                            f"x{offer.gpu_count}: {exc}; searching the offers again")
-                raise _Repriced(str(exc)) from exc
+                raise self._repriced(row.id, offer, tried, exc) from exc
             except (AuthError, BalanceError, QuotaError) as exc:
                 self._close_row(row.id, "failed")
                 raise JobFailed(f"{offer.provider}: {exc}") from exc
@@ -288,6 +283,16 @@ class PlacementMixin(RunnerCore):
                                                 + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
+
+    def _repriced(self, row_id: int, offer: Offer, tried: set[tuple[str, str]],
+                  exc: PriceChanged) -> _Repriced:
+        """The offer's price moved before the create: close the row, search again."""
+        # Not a verdict on the offer: it may still be the cheapest at its new price.
+        tried.discard((offer.provider, offer.offer_id))
+        self._close_row(row_id, "price_changed")
+        self._event("provision.price_changed", f"{offer.provider} {offer.gpu} "
+                    f"x{offer.gpu_count}: {exc}; searching the offers again")
+        return _Repriced(str(exc))
 
     def _orphan_sweep(self, provider: Provider, name: str) -> None:
         """Terminate instances tagged with this job that no instance row knows: a create
