@@ -491,6 +491,37 @@ def test_relative_deepspeed_path_fails_from_the_images_working_directory(
     run(conn, docker, 60).check()
 
 
+@pytest.mark.parametrize(("ds", "optimizer", "error"), [
+    ({}, "adamw_torch_fused", "ZeRORuntimeException: You are using ZeRO-Offload with a client "
+     "provided optimizer (<class 'torch.optim.adamw.AdamW'>)"),
+    ({"zero_force_ds_cpu_optimizer": False}, "adamw_bnb_8bit",
+     "All input tensors need to be on the same GPU"),
+    ({"zero_force_ds_cpu_optimizer": False}, "adamw_torch_fused", None),
+])
+def test_deepspeed_offload_refuses_what_deepspeed_and_bitsandbytes_refuse(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path,
+    ds: dict[str, object], optimizer: str, error: str | None,
+) -> None:
+    # deepspeed runtime/engine.py _configure_optimizer; bitsandbytes 0.49.1 functional.is_on_gpu.
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    job = write_job(conn, host, tmp_path, "off", steps=2)
+    zero = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "cpu"}}, **ds}
+    (job / "zero3.json").write_text(json.dumps(zero))
+    config = job / "config.yml"
+    config.write_text(config.read_text() + "deepspeed: /workspace/data/off/zero3.json\n"
+                      f"optimizer: {optimizer}\n")
+    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
+              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
+              "/workspace/data/off/config.yml"]
+    result = run(conn, docker, 60)
+    if error is None:
+        result.check()
+    else:
+        assert result.exit_code == 1 and error in result.stderr + result.stdout
+
+
 def test_several_hosts_at_once(simhost: SimHostFactory, ssh_factory: ConnectionFactory) -> None:
     models = ["NVIDIA H100 80GB HBM3", "NVIDIA L40S", "NVIDIA GeForce RTX 4090"]
     hosts = [simhost(gpu_model=m, gpu_count=i + 1) for i, m in enumerate(models)]
