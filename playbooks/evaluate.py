@@ -26,8 +26,10 @@ from .base import (
 from .evalscore import PLAYBOOK, EvalResult, EvalScores, run_lm_eval, score_eval_set
 from .evaluate_native import evaluate_native
 from .vllm import (
+    DEFAULT_SERVING,
     SERVED_NAME,
     ServerSpec,
+    Serving,
     _inspect,
     ensure_server,
     probe_once,
@@ -65,6 +67,7 @@ class _Served:
     concurrency: int
     max_tokens: int
     lm_eval_timeout_s: float
+    serving: Serving = DEFAULT_SERVING
     result: EvalResult = field(default_factory=EvalResult)
     _spec: ServerSpec | None = None
     _scores: EvalScores | None = None
@@ -74,7 +77,7 @@ class _Served:
         if self._spec is None:  # reads adapter_config.json once
             self._spec = server_spec(h, self.job_id, self.model_dir_host, self.layout,
                                      self.image, self.port, self.max_model_len,
-                                     self.served_name, self.lora)
+                                     self.served_name, self.lora, self.serving)
         return self._spec
 
     def score(self, h: Host) -> None:
@@ -150,6 +153,7 @@ def evaluate(
     stop_after: bool = True,
     runner: str = "docker",
     native_wrap: Callable[[Sequence[str]], list[str]] = list,
+    serving: Serving = DEFAULT_SERVING,
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -158,6 +162,8 @@ def evaluate(
     PlaybookFailed after the server was stopped. `tokenizer_dir` defaults to the model.
     `stop_after=False` leaves a successful server running, for a machine that is destroyed
     next (stopping a large model's server gracefully is billed time for nothing).
+    `serving` is the plan's: tensor parallel size, memory fraction, concurrency, and
+    whether `model_dir_host` is a base to quantize at load (with `lora`).
     On a host without Docker (`runner` "process": a container rental) nothing is served:
     `evaluate_native` runs lm-eval's `hf` backend in the trainer image instead.
     """
@@ -166,8 +172,9 @@ def evaluate(
                                tasks=tasks, lora=lora, max_tokens=max_tokens,
                                timeout_s=lm_eval_timeout_s, emit=emit, wrap=native_wrap)
     run = _Served(job_id, model_dir_host, layout, image, port, max_model_len, eval_rows, tasks,
-                  lora, tokenizer_dir, served_name, ready_deadline_s, concurrency, max_tokens,
-                  lm_eval_timeout_s)
+                  lora, tokenizer_dir, served_name, ready_deadline_s,
+                  min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
+                  serving)
     result = run.result
     try:
         result.reports += run_playbook(PLAYBOOK, run.steps(), host, emit)

@@ -48,7 +48,7 @@ class Rendered:
 
 def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
                   max_model_len: int, tasks: Sequence[str] = (),
-                  eval_set: bool = True) -> list[str]:
+                  eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
     """The evaluation server's command line, as `evaluate.evaluate` starts it.
 
     On a container rental (no Docker) it is `lm_eval --model hf` in the trainer image, run
@@ -61,8 +61,10 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
                                   f"{eval_dir}/tasks" if eval_set else None,
                                   f"{eval_dir}/lm_eval_hf", max_model_len)
         return tj.native.wrap(argv)
-    model = tj.layout.container(merge.merged_dir(tj))
-    args = vllm.engine_args(model, max_model_len)
+    model, adapter = merge.served_dirs(tj, serving.served == "adapter")
+    args = vllm.engine_args(tj.layout.container(model), max_model_len,
+                            lora=None if adapter is None else tj.layout.container(adapter),
+                            lora_rank=tj.config.lora_r, serving=serving)
     spec = vllm.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
                                tj.layout.base, tuple(args))
     return spec.docker_argv()
@@ -70,7 +72,7 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
            kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
-           eval_set: bool = True) -> Rendered:
+           eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> Rendered:
     """`tj` as it runs: config files, image and the train/merge/evaluate command lines."""
     kind = kind or ("docker" if tj.runner == "docker" else "container")
     config_text = train.render_config(tj)
@@ -86,7 +88,7 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
         "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
-                                  eval_tasks, eval_set) if evaluates else [],
+                                  eval_tasks, eval_set, serving) if evaluates else [],
     }
     return Rendered(kind, tj.image, yaml.safe_load(config_text), files, commands,
                     tj.layout.base, notes)

@@ -70,24 +70,54 @@ def adapter_rank(config: Mapping[str, Any]) -> int:
     return max(ranks)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How vLLM serves the job: the planner's choice (orchestrator/core/evalsizing.py).
+
+    `served` "adapter": the base model quantized to 4-bit at load (bitsandbytes) with the
+    LoRA adapter, what QLoRA trained; "merged": the merged (or fully fine-tuned) model.
+    """
+
+    served: str = "merged"
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 8
+
+    @property
+    def quantization(self) -> str | None:
+        """vLLM's `--quantization` (in-flight 4-bit for the adapter path)."""
+        return "bitsandbytes" if self.served == "adapter" else None
+
+
+DEFAULT_SERVING = Serving()  # vLLM's defaults: the merged model on one GPU
+
+
 def engine_args(
     model: str,
     max_model_len: int,
     served_name: str = SERVED_NAME,
     lora: str | None = None,
     lora_rank: int | None = None,
+    serving: Serving = DEFAULT_SERVING,
 ) -> list[str]:
     """vLLM engine arguments (paths as the container sees them).
 
-    With `lora`, the adapter is the served name and the base model keeps its path as name;
-    `lora_rank` (the adapter's own rank) is rounded up to an allowed `--max-lora-rank`.
+    The model is positional (`vllm serve MODEL`; `--model` is deprecated). With `lora`, the
+    adapter is the served name and the base model keeps its path as name; `lora_rank` (the
+    adapter's own rank) is rounded up to an allowed `--max-lora-rank`. `serving` sets the
+    tensor-parallel size, the memory fraction and the concurrency the plan sized.
     """
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be positive (got {max_model_len})")
-    args = ["--model", model]
+    args = [model]
     if lora is None:
         args += ["--served-model-name", served_name]
-    args += ["--max-model-len", str(max_model_len)]
+    args += ["--max-model-len", str(max_model_len),
+             "--tensor-parallel-size", str(serving.tensor_parallel),
+             "--gpu-memory-utilization", f"{serving.gpu_memory_utilization:g}",
+             "--max-num-seqs", str(serving.max_num_seqs)]
+    if serving.quantization is not None:
+        args += ["--quantization", serving.quantization]
     if lora is not None:
         if "=" in served_name or "=" in lora:
             # vLLM splits `name=path` on '='; anything else would serve the wrong thing.
@@ -136,6 +166,7 @@ def server_spec(
     max_model_len: int,
     served_name: str = SERVED_NAME,
     lora: str | None = None,
+    serving: Serving = DEFAULT_SERVING,
 ) -> ServerSpec:
     """The server for a job; with `lora` (an adapter dir) reads its rank from the host."""
     rank: int | None = None
@@ -152,7 +183,7 @@ def server_spec(
                              fault=Fault.HOST) from None
         lora_container = layout.container(lora)
     args = engine_args(layout.container(model_dir_host), max_model_len, served_name,
-                       lora_container, rank)
+                       lora_container, rank, serving)
     return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
                       tuple(args))
 

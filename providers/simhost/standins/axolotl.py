@@ -466,6 +466,11 @@ def merge_lora(host: Host, argv: list[str]) -> int:
             shutil.copyfile(source, merged / name)
         else:
             write_atomic(merged / name, content)
+    # axolotl 0.18.0 saves with transformers 5.14.1, which names its tokenizer class
+    # TokenizersBackend: transformers 4 (vLLM before 0.19.1) cannot load it (real-hosts.md).
+    tok_config = json.loads((merged / "tokenizer_config.json").read_text())
+    tok_config["tokenizer_class"] = "TokenizersBackend"
+    write_atomic(merged / "tokenizer_config.json", json.dumps(tok_config, indent=2))
     for name, content, _logical in weight_files(
         model_config, 2, int(host.options["model_size_bytes"])
     ):
