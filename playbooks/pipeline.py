@@ -305,7 +305,7 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
     if job.eval_set is not None or job.eval_tasks:
         hooks.check_stop()
         hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation"
-                     if tj.runner == "docker"
+                     if tj.runner == "docker" or job.eval_set is not None
                      else "scoring the model with lm-eval (hf backend)")
         model, adapter = merge.served_dirs(tj, job.serving.served == "adapter")
         try:
@@ -314,7 +314,8 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
                 job.vllm_port, job.config.sequence_len, hooks.eval_rows(run),
                 tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
                 stop_after=hooks.stop_after_eval(), runner=tj.runner,
-                native_wrap=tj.native.wrap, serving=job.serving)
+                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper,
+                vllm_version=images.vllm_version(), serving=job.serving)
         except Exception as exc:
             hooks.evaluation_failed(run, exc)
             raise

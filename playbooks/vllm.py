@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,8 +169,18 @@ def server_spec(
     serving: Serving = DEFAULT_SERVING,
 ) -> ServerSpec:
     """The server for a job; with `lora` (an adapter dir) reads its rank from the host."""
+    args = host_engine_args(host, model_dir_host, max_model_len, served_name, lora, serving,
+                            layout.container)
+    return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
+                      tuple(args))
+
+
+def host_engine_args(host: Host, model_dir_host: str, max_model_len: int, served_name: str,
+                     lora: str | None, serving: Serving,
+                     path: Callable[[str], str] = str) -> list[str]:
+    """`engine_args` for a model on `host` (paths as `path` maps them: the container's, or
+    the host's own); with `lora`, the adapter's rank is read from its adapter_config.json."""
     rank: int | None = None
-    lora_container: str | None = None
     if lora is not None:
         raw = host.read(f"{lora.rstrip('/')}/adapter_config.json")
         if raw is None:
@@ -181,11 +191,8 @@ def server_spec(
         except (ValueError, TypeError) as exc:
             raise StepFailed(f"{lora}/adapter_config.json is not valid: {exc}",
                              fault=Fault.HOST) from None
-        lora_container = layout.container(lora)
-    args = engine_args(layout.container(model_dir_host), max_model_len, served_name,
-                       lora_container, rank, serving)
-    return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
-                      tuple(args))
+    return engine_args(path(model_dir_host), max_model_len, served_name,
+                       None if lora is None else path(lora), rank, serving)
 
 
 # Fields compared to decide whether a running container is the server we want.
@@ -322,12 +329,14 @@ def wait_ready(
     served_name: str = SERVED_NAME,
     container: str | None = None,
     poll_s: float = 0.1,
+    alive: Callable[[float], None] | None = None,
 ) -> float:
     """Poll the server through an SSH tunnel until ready; returns the seconds it took.
 
     Refused connections and 5xx are the loading phase and are retried until `deadline_s`.
-    With `container`, its state is checked every few seconds so a crashed server fails at
-    once instead of at the deadline; either failure is a StepFailed with its log tail.
+    With `container` (or `alive`, a check that raises), its state is checked every few
+    seconds so a crashed server fails at once instead of at the deadline; either failure is
+    a StepFailed with its log tail.
     """
     started = time.monotonic()
     next_state_check = started + 1.0  # a crash at start-up shows within a second
@@ -344,9 +353,12 @@ def wait_ready(
                 # A dead tunnel looks like a server still loading: do not wait out the deadline.
                 raise ssh.ConnectionLost(f"{conn.host}:{conn.port}: connection lost while "
                                          "waiting for vLLM")
-            if container is not None and now >= next_state_check:
+            if (container is not None or alive is not None) and now >= next_state_check:
                 next_state_check = now + 2.0
-                _fail_if_exited(conn, container, now - started)
+                if container is not None:
+                    _fail_if_exited(conn, container, now - started)
+                if alive is not None:
+                    alive(now - started)
             if now - started >= deadline_s:
                 tail = server_logs(conn, container) if container else ""
                 raise StepFailed(

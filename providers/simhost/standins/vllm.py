@@ -128,6 +128,9 @@ def _answerer(host: Host, model_dirs: list[Path]) -> Any:
 
 def vllm(host: Host, argv: list[str]) -> int:
     """`vllm serve [MODEL] [--model M] [--served-model-name N] [--port P] ...`."""
+    if argv[:1] in (["--version"], ["-v"]):
+        say(".".join(str(p) for p in _version()))
+        return 0
     if argv[:1] != ["serve"]:
         raise SimError(f"simhost: `vllm {' '.join(argv)}` is not simulated (vllm serve only)", 2)
     model: str | None = None
