@@ -76,6 +76,8 @@ class Serving:
 
     `served` "adapter": the base model quantized to 4-bit at load (bitsandbytes) with the
     LoRA adapter, what QLoRA trained; "merged": the merged (or fully fine-tuned) model.
+    `--quantization bitsandbytes` alone also selects the bitsandbytes load format (vLLM
+    engine/arg_utils.py `create_load_config`), so `--load-format` is not passed.
     """
 
     served: str = "merged"
