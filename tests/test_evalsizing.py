@@ -64,7 +64,7 @@ def test_on_the_training_machine_when_it_fits_else_the_cheapest_serving_rental()
     same = place(work(), trains, [offer("RTX 4090", 1, "0.40", 24)], GPUS)
     assert same is not None and same.placement == "same" and same.offer is trains
     assert same.cost == money.metered_cost(Decimal("1.50"), same.hours, Billing.PER_SECOND)
-    small = offer("L40S-like", 1, "0.90", 46)  # the 4-bit 70B + KV cache needs ~49 GiB
+    small = offer("L40S-like", 1, "0.90", 46)  # the 4-bit 70B + KV cache needs ~50 GiB
     offers = [offer("A100 80GB", 1, "1.50", oid="a"), offer("A100 80GB", 1, "1.20", oid="b"),
               offer("A100 80GB", 2, "2.00", oid="c")]
     sep = place(work(), small, offers, GPUS)
