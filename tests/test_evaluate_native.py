@@ -5,6 +5,7 @@ backend in the trainer image; no `docker` is called."""
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,6 +42,9 @@ def test_container_host_serves_the_eval_set_with_vllm_and_runs_tasks_with_lm_eva
     assert install["packages"] == [f"vllm=={images.vllm_version()}"]
     (served,) = sim.events("vllm-serving")
     assert served["served"] == ["ft"]
+    # stop-server ended the whole process group orch-job.sh started: the port is closed.
+    with socket.socket() as check:
+        assert check.connect_ex(("127.0.0.1", job.vllm_port)) != 0
     (run,) = sim.events("lm-eval")
     assert run["tasks"] == ["gsm8k"] and str(run["model"]).endswith("/output/merged")
     # Only detect_runner's probe touches docker.

@@ -104,13 +104,13 @@ stop)
     # `start` made the run a session (and process group) leader: its pid is the group id.
     if alive "$dir"; then
         read -r pid _started < "$dir/pid"
-        kill -TERM -- "-$pid" 2>/dev/null
+        kill -TERM "-$pid" 2>/dev/null  # dash: no `--` before a negative pid
         i=0
         while alive "$dir" && [ "$i" -lt 200 ]; do
             i=$((i + 1))
             sleep 0.05
         done
-        alive "$dir" && kill -KILL -- "-$pid" 2>/dev/null
+        alive "$dir" && kill -KILL "-$pid" 2>/dev/null
     fi
     rm -f "$dir/pid" "$dir/exit_code"
     ;;
