@@ -81,6 +81,14 @@ def test_hours_grow_with_rows_and_tasks() -> None:
     many = evalsizing.eval_hours(work(rows=10_000), est, GPUS["A100 80GB"])
     tasks = evalsizing.eval_hours(replace(work(rows=10), tasks=2), est, GPUS["A100 80GB"])
     assert 0 < few < many and tasks == pytest.approx(few + 2 * evalsizing.LM_EVAL_TASK_HOURS)
+    # A container rental installs vLLM first (docs/playbooks.md: 1-3 min).
+    rental = evalsizing.eval_hours(work(rows=10), est, GPUS["A100 80GB"], rental=True)
+    assert rental == pytest.approx(few + evalsizing.VLLM_INSTALL_S / 3600)
+    trains = offer("A100 80GB", 1, "1.50")
+    docker = place(work(rows=10), trains, [], GPUS)
+    container = place(work(rows=10), trains, [], GPUS, lambda o: o is trains)
+    assert docker is not None and container is not None
+    assert container.hours == pytest.approx(docker.hours + evalsizing.VLLM_INSTALL_S / 3600)
 
 
 def test_plan_json_of_qlora_70b_has_an_evaluation_that_fits_its_gpu(

@@ -20,7 +20,7 @@ time formula; keep it small so a measured one can replace it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
@@ -52,6 +52,9 @@ LOAD_GBPS = 2.0  # NVMe read of safetensors into GPU memory, GB/s
 STARTUP_S = 90.0  # torch.compile + CUDA graph capture + server start (vLLM logs, 7-70B)
 DECODE_BANDWIDTH_EFFICIENCY = 0.5  # achieved fraction of the HBM bandwidth while decoding
 LM_EVAL_TASK_HOURS = 0.25  # per lm-eval task; tasks' sizes are unknown at plan time
+# A container rental has no vLLM: `uv pip install vllm` (~4 GB of wheels) first, 1-3 min on
+# a data-centre link (docs/playbooks.md, "Evaluation on container rentals"); the middle.
+VLLM_INSTALL_S = 120.0
 # A separate serving rental receives the trained adapter and downloads the base itself:
 # its boot and the model pull are billed there (Offer.boot_minutes, pull_gbps).
 
@@ -153,10 +156,14 @@ def fit(work: EvalWork, gpu_count: int, gpu_memory_bytes: int) -> ServeEstimate 
     return None
 
 
-def eval_hours(work: EvalWork, est: ServeEstimate, gpu: GpuSpec | None) -> float:
-    """Hours the evaluation takes: load, generate the eval set, lm-eval tasks."""
+def eval_hours(work: EvalWork, est: ServeEstimate, gpu: GpuSpec | None,
+               rental: bool = False) -> float:
+    """Hours the evaluation takes: (on a container `rental`, installing vLLM), load,
+    generate the eval set, lm-eval tasks."""
     weights = est.components["weights"]
     load_s = STARTUP_S + weights * est.tensor_parallel / (LOAD_GBPS * 1e9)
+    if rental and work.eval_rows:
+        load_s += VLLM_INSTALL_S
     bandwidth = (gpu.bandwidth_tbps if gpu is not None else 1.0) * 1e12
     step_s = weights / (bandwidth * DECODE_BANDWIDTH_EFFICIENCY)
     steps = math.ceil(work.eval_rows / max(1, work.concurrency)) * work.max_new_tokens
@@ -205,18 +212,20 @@ def _cost(offer: Offer, hours: float) -> Decimal:
 
 
 def place(work: EvalWork, training: Offer, offers: Iterable[Offer],
-          gpus: Mapping[str, GpuSpec]) -> EvalPlan | None:
+          gpus: Mapping[str, GpuSpec],
+          rental: Callable[[Offer], bool] = lambda _offer: False) -> EvalPlan | None:
     """Where the evaluation runs: the training machine when it fits, else a serving offer.
 
     On the training machine the evaluation only extends the rental: the model is already
     on its NVMe and nothing is moved. A separate rental adds a boot and a model pull and
     is planned (the cheapest that fits) only when the training machine cannot hold the
     model: the engine evaluates on the training machine today (docs/architecture.md,
-    "Evaluation"), so such a plan says so. None when nothing fits.
+    "Evaluation"), so such a plan says so. None when nothing fits. `rental` says which
+    offers are container rentals (vLLM installed first).
     """
     same = fit(work, training.gpu_count, training.gpu_memory_bytes)
     if same is not None:
-        hours = eval_hours(work, same, gpus.get(training.gpu))
+        hours = eval_hours(work, same, gpus.get(training.gpu), rental(training))
         return EvalPlan("same", training, same, hours, _cost(training, hours),
                         f"on the training machine, {_how(same)}", work.max_model_len,
                         work.concurrency)
@@ -228,7 +237,8 @@ def place(work: EvalWork, training: Offer, offers: Iterable[Offer],
         if est is None or est.tensor_parallel != offer.gpu_count:
             continue  # a machine with idle GPUs is never the cheapest of its kind
         pull = served_weight_bytes(work.arch, "merged", 0) * 8 / (offer.pull_gbps * 1e9)
-        hours = eval_hours(work, est, gpus.get(offer.gpu)) + offer.boot_minutes / 60 \
+        hours = eval_hours(work, est, gpus.get(offer.gpu), rental(offer)) \
+            + offer.boot_minutes / 60 \
             + pull / 3600
         candidates.append(EvalPlan(
             "separate", offer, est, hours, _cost(offer, hours),

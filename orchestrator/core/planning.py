@@ -20,6 +20,9 @@ from providers.dedicated import RegisteredServer, server_offers
 
 # Adapters with live offers; the engine asks them, `orch plan` uses the catalog for them.
 LIVE_PROVIDERS = frozenset({"vastai", "runpod"})
+# Whose machines are containers of the trainer image (no Docker): the live ones and the
+# per-second catalog that stands in for them. Their evaluation installs vLLM first.
+CONTAINER_RENTALS = LIVE_PROVIDERS | {"cloud"}
 
 __all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
 
@@ -169,7 +172,8 @@ def make_plan(
     evaluation = None
     work = eval_work(job)
     if work is not None:
-        evaluation = evalsizing.place(work, chosen.offer, offers, gpus)
+        evaluation = evalsizing.place(work, chosen.offer, offers, gpus,
+                                      lambda o: o.provider in CONTAINER_RENTALS)
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
                 without_savers=tuple(without), evaluation=evaluation)
 
