@@ -122,7 +122,7 @@ def test_a_pin_the_optimizer_cannot_run_under_names_both_fields(tmp_path: Path) 
     # The example trains with adamw_8bit; FSDP2 offload steps the optimizer on the CPU.
     rc, _, err = _plan(_job(tmp_path, "  max_gpus: 8\n  layout: fsdp2_offload\n"))
     assert rc != 0 and ("resources.layout fsdp2_offload needs training.optimizer adamw (8-bit "
-                        "optimizers do not run on FSDP2's CPU-offloaded shards)") in err
+                        "optimizers cannot step state offloaded to the CPU)") in err
 
 
 def test_layout_auto_keeps_every_recorded_spec_hash(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ ROWS = [{"instruction": "Say hi", "input": "", "output": "hi"}]
 def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
              method: str = "qlora", runner: str = "docker", save_steps: int = 2,
              dataset_name: str = "train.jsonl", env: dict[str, str] | None = None,
-             rows: list[dict[str, str]] | None = None, strategy: str = "single") -> TrainJob:
+             rows: list[dict[str, str]] | None = None, strategy: str = "single",
+             optimizer: str = "adamw_8bit") -> TrainJob:
     """A job whose base model is in the host's model cache (downloaded by the hf stand-in)."""
     layout = Layout(host.paths("/mnt/nvme/orch"))
     model = layout.model_dir(BASE_REPO)
@@ -58,7 +59,7 @@ def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
     local.write_text("".join(json.dumps(r) + "\n" for r in rows or ROWS))
     config = TrainConfigInput(method=method, base_model_dir="", dataset_path="",  # type: ignore[arg-type]
                               dataset_format="alpaca", output_dir="", save_steps=save_steps,
-                              save_total_limit=10, strategy=strategy)
+                              save_total_limit=10, strategy=strategy, optimizer=optimizer)
     return TrainJob(job_id, layout, str(local), config, model, env=env or {},
                     runner=runner)  # type: ignore[arg-type]
 
@@ -247,21 +248,26 @@ def test_host_without_docker_uses_the_wrapper_and_recovers_from_a_crash(
 
 
 def _train_sharded(playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
-                   strategy: str) -> tuple[Host, TrainJob, dict[str, Any]]:
+                   strategy: str, optimizer: str = "adamw_8bit",
+                   ) -> tuple[Host, TrainJob, dict[str, Any]]:
     """A full fine-tune on two simulated GPUs under `strategy`, trained to the end."""
     sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
                               train_step_seconds=0.05)
-    job = make_job(sim, host, tmp_path, method="full", strategy=strategy)
+    job = make_job(sim, host, tmp_path, method="full", strategy=strategy, optimizer=optimizer)
     run_playbook("train", steps(job), host, reports)
     assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED
     return host, job, yaml.safe_load(Path(job.config_file).read_text())
 
 
+@pytest.mark.parametrize("strategy", ["zero3", "zero3_offload"])
 def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
-        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        strategy: str) -> None:
     # A relative `deepspeed:` resolves from the process's working directory only: in the
     # image that is /workspace/axolotl, so orch uploads the JSON and names it absolutely.
-    host, job, config = _train_sharded(playbook_host, reports, tmp_path, "zero3")
+    # With offload, DeepSpeed takes the trainer's AdamW only with zero_force_ds_cpu_optimizer
+    # false (the stand-in refuses it otherwise, as DeepSpeed does).
+    host, job, config = _train_sharded(playbook_host, reports, tmp_path, strategy, "adamw")
     assert reports.outcomes()["upload-deepspeed"] == "changed"
     assert job.deepspeed_file == f"{job.layout.job_dir('j-1')}/deepspeed.json"
     zero = json.loads(Path(job.deepspeed_file).read_text())

@@ -235,8 +235,9 @@ def test_a_pinned_layout_is_the_only_one_tried() -> None:
     pinned = sizing.fit(replace(w, layout="fsdp2"), 2, 24 * GIB)
     assert pinned is not None and pinned.strategy is Strategy.FSDP2
     assert sizing.fit(replace(w, layout="single"), 2, 80 * GIB) is None
-    assert sizing.candidate_strategies(1, replace(w, layout="zero3_offload")) == (
-        Strategy.ZERO3_OFFLOAD,)
+    assert sizing.candidate_strategies(1, replace(w, layout="zero3_offload")) == ()  # 8-bit
+    assert sizing.candidate_strategies(1, replace(w, layout="zero3_offload",
+                                                  optimizer="adamw")) == (Strategy.ZERO3_OFFLOAD,)
     assert sizing.candidate_strategies(4, replace(w, layout="single")) == ()
 
 
@@ -245,3 +246,31 @@ def test_old_stored_names_mean_the_zero3_layouts() -> None:
     assert sizing.strategy_named("fsdp+offload") is Strategy.ZERO3_OFFLOAD
     assert sizing.strategy_named("offload") is Strategy.ZERO3_OFFLOAD
     assert sizing.strategy_named("fsdp2") is Strategy.FSDP2
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit"])
+def test_eight_bit_optimizer_state_is_never_offloaded(optimizer: str) -> None:
+    # bitsandbytes 0.49.1 (axolotl 0.18.0) steps 8-bit state on the GPU only; ZeRO-Offload
+    # keeps it on the CPU. An 8B full fine-tune on one 48 GiB GPU fits only by offloading,
+    # and then with plain AdamW: with an 8-bit optimizer nothing may offload its state.
+    from orchestrator.core import savers
+    from providers import catalog
+
+    w = Workload(arch("meta-llama/Llama-3.1-8B"), "full", optimizer=optimizer)  # type: ignore[arg-type]
+    for strategy in sizing.OFFLOADED:
+        problem = sizing.layout_problem(strategy, 2, optimizer)
+        assert "needs training.optimizer adamw" in str(problem)
+    for count in (1, 2, 8):
+        got = sizing.fit(w, count, 48 * GIB, host_ram_bytes=4096 * GIB)
+        assert got is None or got.strategy not in sizing.OFFLOADED
+    auto = replace(w, optimizer="auto")
+    h100 = catalog.gpus()["H100 SXM"]
+    for count in (1, 2, 8):
+        for lay in savers.layouts(auto, count, h100.scaling):
+            est = lay.estimate
+            assert est.workload is not None
+            assert sizing.layout_problem(est.strategy, count, str(est.workload.optimizer)) is None
+    assert savers.fit(w, 1, 48 * GIB, 4096 * GIB, h100) is None
+    one = savers.fit(auto, 1, 48 * GIB, 4096 * GIB, h100)
+    assert one is not None and one.strategy is Strategy.ZERO3_OFFLOAD
+    assert one.workload is not None and one.workload.optimizer == "adamw"

@@ -276,11 +276,11 @@ def layout_problem(strategy: Strategy, gpu_count: int, optimizer: str) -> str | 
         return f"{strategy} needs two or more GPUs"
     if gpu_count > 1 and strategy not in MANY_GPUS:
         return f"{strategy} is for one GPU"
-    if strategy is Strategy.FSDP2_OFFLOAD and optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        # axolotl 0.18.0 examples/gpt-oss/gpt-oss-20b-fft-fsdp2-offload.yaml:40 "8bit
-        # optimizers do not work with FSDP2 offload" (the optimizer steps on the CPU).
-        return f"{strategy} needs training.optimizer adamw (8-bit optimizers do not run on " \
-               "FSDP2's CPU-offloaded shards)"
+    if strategy in OFFLOADED and optimizer in EIGHT_BIT_OPTIMIZERS:
+        # See EIGHT_BIT_OPTIMIZERS; for FSDP2 also axolotl 0.18.0
+        # examples/gpt-oss/gpt-oss-20b-fft-fsdp2-offload.yaml:40.
+        return f"{strategy} needs training.optimizer adamw (8-bit optimizers cannot step " \
+               "state offloaded to the CPU)"
     return None
 
 
@@ -362,6 +362,15 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
 def method_is_adapter(method: Method) -> bool:
     """LoRA and QLoRA train adapters over a frozen base."""
     return method in ("lora", "qlora")
+
+
+# bitsandbytes' 8-bit optimizers step only on GPU tensors: 0.49.1 (axolotl 0.18.0's pin)
+# registers `optimizer_update_8bit_blockwise` for CUDA and XPU only and its `is_on_gpu`
+# refuses CPU tensors, which is where ZeRO-Offload keeps the optimizer state. CPU support
+# came later (bitsandbytes PR #1901, 2026-03). FSDP2's offload steps on the CPU too (and
+# axolotl's example says "8bit optimizers do not work with FSDP2 offload"). So the planner
+# never combines them (`layout_problem`).
+EIGHT_BIT_OPTIMIZERS = frozenset({"adamw_8bit", "paged_adamw_8bit"})
 
 
 # Tried in this order, fastest first; at equal speed the earlier wins, so `auto` keeps
