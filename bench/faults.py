@@ -490,6 +490,128 @@ def disk_full(tmp: Path) -> Result:
                       f"said: {line[:60]}")
     finally:
         disk.close()
+# --- network and provider faults (issue 23) ---------------------------------------------------
+
+
+def _net_rig(tmp: Path, plans: list[list[Any]]) -> tuple[Any, Any, Any]:
+    """A store and the Vast.ai emulator whose hosts sit behind `tcpfault` proxies."""
+    from emulators.hosts import SimHostBackend
+    from emulators.tcpfault import FaultyHosts
+    from emulators.vast import VastEmulator
+
+    from orchestrator.records.store import open_store
+
+    os.environ["XDG_DATA_HOME"] = str(tmp / "xdg")
+    store = open_store(f"sqlite:///{tmp / 'orch.db'}")
+    hosts = FaultyHosts(SimHostBackend(tmp / "hosts", {
+        "train_steps": 4, "train_step_seconds": 0.1, "vllm_startup_seconds": 0.2,
+        "merge_seconds": 0.05}), plans)
+    emu = VastEmulator(api_key="bench-key", hosts=hosts).start()
+    emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+    emu.add_offer(id=2, gpu_name="RTX 5090", gpu_ram=32768, dph_base=0.60, min_bid=0.30)
+    return store, hosts, emu
+
+
+def _drive(store: Any, emu: Any, hosts: Any, job_id: str, **adapter: Any) -> tuple[Any, float]:
+    """Claim and run one job as `orch worker` does, with the real retry policy."""
+    from orchestrator.engine.runner import JobRunner, Options, owner_id
+    from providers.vastai import VastAI
+
+    owner = owner_id("worker")
+    store.claim_job(job_id, owner, 5)
+    t = time.monotonic()
+    job = JobRunner(store, {"vastai": hosts.serving(VastAI("bench-key", base_url=emu.url,
+                                                           **adapter))},
+                    owner, Options(poll_s=0.2, watch_s=0.2, lease_s=5),
+                    on_signal="requeue").run(job_id)
+    return job, time.monotonic() - t
+
+
+def _net_result(name: str, store: Any, emu: Any, job: Any, note: str,
+                recover: float | None = None) -> Result:
+    lost, dups = _counts(Path(str(store.engine.url.database)))
+    rows = [r.end_reason for r in store.instances_of(job.id)]
+    return Result(name, len(emu.instances), lost, dups, 0.0, recover,
+                  f"{job.status}{': ' + job.failure_reason[:70] if job.failure_reason else ''}"
+                  f"; instances {rows}; {note}")
+
+
+def ssh_reset(tmp: Path) -> Result:
+    """RST of the session's SSH connection 200 KB into a ~0.5 MB dataset upload; the same
+    job without the fault first, for the time it costs."""
+    store, hosts, emu = _net_rig(tmp, [[], [None, ("reset", 200_000)]])
+    try:
+        shutil.copytree(ROOT / "examples" / "data", tmp / "jobs" / "data")
+        line = json.dumps({"instruction": "Repeat.", "input": "", "output": "x" * 100})
+        (tmp / "jobs" / "data" / "train.jsonl").write_text(f"{line}\n" * 4000)
+        plain, plain_s = _drive(store, emu, hosts, _queue(store, tmp, "vastai"))
+        job, took = _drive(store, emu, hosts, _queue(store, tmp, "vastai"))
+        again = sum(e.kind == "ssh.reconnect" for e in store.events(job.id))
+        return _net_result("SSH reset mid-upload", store, emu, job,
+                           f"{again} reconnect(s); job {took:.1f}s vs {plain_s:.1f}s "
+                           f"without the reset ({plain.status})")
+    finally:
+        emu.stop()
+        hosts.stop_all()
+        store.close()
+
+
+def no_banner(tmp: Path) -> Result:
+    """The cheapest offer's host accepts TCP and never sends an SSH banner (default
+    connect deadline 300 s); a second offer is fine."""
+    store, hosts, emu = _net_rig(tmp, [["silent"] * 1000])
+    try:
+        job, took = _drive(store, emu, hosts, _queue(store, tmp, "vastai"))
+        created = [e.at for e in store.events(job.id) if e.kind == "instance.created"]
+        moved = ((created[1] - created[0]).total_seconds() if len(created) > 1 else None)
+        return _net_result("host sends no SSH banner", store, emu, job,
+                           f"job {took:.1f}s", moved)
+    finally:
+        emu.stop()
+        hosts.stop_all()
+        store.close()
+
+
+def dripping_search(tmp: Path, interval_s: float = 2.0, cap_s: float = 300.0) -> Result:
+    """One byte every 2 s on the offer search, the adapter's defaults (30 s per read,
+    120 s per round of retries): how long the job stays in `provisioning` (capped)."""
+    store, hosts, emu = _net_rig(tmp, [])
+    try:
+        emu.drip_next(1_000_000, interval_s, method="POST", path="/api/v0/bundles")
+        job_id = _queue(store, tmp, "vastai")
+        done: list[Any] = []
+        threading.Thread(target=lambda: done.append(_drive(store, emu, hosts, job_id)),
+                         daemon=True).start()
+        t = time.monotonic()
+        while not done and time.monotonic() - t < cap_s:
+            time.sleep(0.5)
+        if not done:
+            job = store.get_job(job_id)
+            return _net_result("search drips 1 byte / 2 s", store, emu, job,
+                               f"still {job.status} after {cap_s:.0f}s")
+        job, took = done[0]
+        return _net_result("search drips 1 byte / 2 s", store, emu, job,
+                           f"left provisioning after {took:.1f}s (docs: 120 s)")
+    finally:
+        emu.stop()
+        hosts.stop_all()
+        store.close()
+
+
+def price_changed(tmp: Path) -> Result:
+    """The 4090's minimum bid rises between orch's search and its create (HTTP 400
+    invalid_price)."""
+    store, hosts, emu = _net_rig(tmp, [])
+    try:
+        emu.reprice_before_create(1, min_bid=0.25)
+        job, took = _drive(store, emu, hosts, _queue(store, tmp, "vastai"))
+        bids = [r.json.get("price") for r in emu.requests_to("PUT", "/api/v0/asks")]
+        return _net_result("price changed before create", store, emu, job,
+                           f"bids {bids}; job {took:.1f}s")
+    finally:
+        emu.stop()
+        hosts.stop_all()
+        store.close()
 
 
 def main() -> None:
@@ -509,6 +631,10 @@ def main() -> None:
         "db-lock-past-wait": db_lock_past_wait,
         "db-clock-ahead": clock_ahead,
         "db-disk-full": disk_full,
+        "ssh-reset": ssh_reset,  # issue 23 §2-§5
+        "no-banner": no_banner,
+        "drip": dripping_search,
+        "price-changed": price_changed,
     }
     print(f"{'scenario':44} {'leaked':>6} {'lost':>5} {'dup':>4} {'idle s':>7} "
           f"{'bound':>6} {'recover s':>9}  note")

@@ -226,8 +226,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                 tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
             try:
-                host = self._connect(row_id, provider, inst)
-                self._pipeline(host, row_id, provider, inst)
+                self._session(row_id, provider, inst)
             except Stop as stop:
                 if stop.kind == "stalled":
                     self._stalled(row_id, provider, inst, stop)
