@@ -30,6 +30,7 @@ from providers.base import (
     Provider,
     ProviderError,
     QuotaError,
+    ReportsSkipped,
     Requirements,
     TransientError,
     keeps_machine,
@@ -128,6 +129,7 @@ class PlacementMixin(RunnerCore):
                                    f"again in {down:.0f}s)")
                 continue
             answered = True
+            skipped: dict[str, int] = {}
             for count in (1, 2, 4, 8):
                 if count > constraints.max_gpus:
                     break
@@ -140,6 +142,9 @@ class PlacementMixin(RunnerCore):
                                        self.inputs.loaded.spec.trainer.image))
                 try:
                     offers += provider.offers(req)
+                    if isinstance(provider, ReportsSkipped):
+                        for gpu_name, n in provider.skipped.items():
+                            skipped[gpu_name] = skipped.get(gpu_name, 0) + n
                 except (AuthError, BalanceError, QuotaError) as exc:
                     notes.append(f"{name}: {exc}")
                     break
@@ -156,6 +161,8 @@ class PlacementMixin(RunnerCore):
                     break
             if answered:
                 recovery.OUTAGES.clear(provider)
+            if skipped:
+                notes.append(catalog.skipped_note(name, skipped))
         for note in notes + unavailable:
             self._event("offers.note", note)
         # Dedicated servers answer every GPU count they can serve: keep each offer once
