@@ -12,6 +12,7 @@ in tests/test_offerbook.py); only the work differs.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -78,26 +79,40 @@ def best(
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
 ) -> Placement | None:
     """The placement `scheduler.rank` would rank first, or None when nothing is feasible."""
-    search = _Search(w, tokens, gpus, constraints, cached_on, measured)
+    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured)
+    return found[0] if found else None
+
+
+def top(
+    w: Workload,
+    tokens: int,
+    book: OfferBook,
+    gpus: Mapping[str, GpuSpec],
+    k: int,
+    constraints: Constraints = Constraints(),
+    cached_on: frozenset[str] = frozenset(),
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+) -> list[Placement]:
+    """The `k` placements `scheduler.rank` would rank first, in its order (fewer when fewer
+    are feasible): the engine's retry list. The walk stops once a lower bound on the next
+    offer's cost exceeds the k-th best exact cost found so far."""
+    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k)
     for offer in book.others:
         if constraint_failure(offer, constraints) is None:
             gpu = gpus[offer.gpu]
             est = search.fit(offer, gpu)
             if est is not None:
                 search.consider(offer, est, gpu)
-    bound = float("inf")
     for first, hours, g, est, gpu in search.walks(book):
-        if first * (1 - _SLACK) - _ROUNDING > bound:
+        if first * (1 - _SLACK) - _ROUNDING > search.bound:
             break  # every later group starts dearer still
         for price, offer in zip(g.prices, g.offers, strict=True):
-            if price * hours * (1 - _SLACK) - _ROUNDING > bound:
+            if price * hours * (1 - _SLACK) - _ROUNDING > search.bound:
                 break
             if constraint_failure(offer, constraints) is not None:
                 continue
-            cost = search.consider(offer, est, gpu)
-            if cost is not None and cost < bound:
-                bound = cost
-    return search.winner
+            search.consider(offer, est, gpu)
+    return [p for _key, p in search.kept]
 
 
 class _Search:
@@ -107,14 +122,16 @@ class _Search:
     def __init__(self, w: Workload, tokens: int, gpus: Mapping[str, GpuSpec],
                  c: Constraints, cached_on: frozenset[str],
                  measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-                 ) -> None:
+                 k: int = 1) -> None:
         self.w, self.tokens, self.gpus, self.c = w, tokens, gpus, c
         self.cached_on, self.measured = cached_on, measured
         self.layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
         self.fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
         self.times: dict[tuple[object, ...], throughput.Duration] = {}
-        self.winner: Placement | None = None
-        self.winner_key: tuple[Decimal, float, str, str, int] | None = None
+        self.k = max(1, k)
+        # The best placements so far, by `Placement.sort_key`, at most k of them.
+        self.kept: list[tuple[tuple[Decimal, float, str, str, int], Placement]] = []
+        self.bound = float("inf")  # the k-th best cost once k are kept
 
     def fit(self, offer: Offer, gpu: GpuSpec) -> MemoryEstimate | None:
         """The first layout (savers included) that fits `offer`, worked out once per shape."""
@@ -127,17 +144,20 @@ class _Search:
                                               offer.ram_bytes)
         return self.fits[key]
 
-    def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> float | None:
-        """Price `offer` exactly; keep it if it beats the winner; its cost as a float."""
+    def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> None:
+        """Price `offer` exactly; keep it if it is among the k best so far."""
         dur = timed(self.w, self.tokens, offer, gpu, est, self.cached_on, self.measured,
                     self.times)
         placed = priced(offer, est, dur, self.c)
         if isinstance(placed, str):
-            return None
+            return
         key = placed.sort_key()
-        if self.winner_key is None or key < self.winner_key:
-            self.winner, self.winner_key = placed, key
-        return float(placed.est_cost)
+        if len(self.kept) == self.k and key >= self.kept[-1][0]:
+            return
+        bisect.insort(self.kept, (key, placed), key=lambda kp: kp[0])
+        del self.kept[self.k:]
+        if len(self.kept) == self.k:
+            self.bound = float(self.kept[-1][0][0])
 
     def walks(self, book: OfferBook) -> list[tuple[float, float, _Group, MemoryEstimate,
                                                      GpuSpec]]:
