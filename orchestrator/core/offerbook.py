@@ -13,7 +13,8 @@ in tests/test_offerbook.py); only the work differs.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -39,6 +40,11 @@ class _Group:
     prices: tuple[float, ...]
     min_boot_h: float
     max_pull_gbps: float
+    index: int  # its place in the book: a stable tie-break
+    # The cheapest price times the least boot, and over the fastest pull: the parts of the
+    # group's cheap bound that no job changes (`_Search.walks`).
+    boot_cost: float
+    pull_cost: float
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class OfferBook:
 
     groups: tuple[_Group, ...]
     others: tuple[Offer, ...]  # monthly and registered offers: priced one by one
+    # The groups by (GPU, count), what training time depends on besides the layout.
+    by_model: tuple[tuple[str, int, tuple[_Group, ...]], ...] = ()
 
     @classmethod
     def of(cls, offers: Iterable[Offer]) -> OfferBook:
@@ -58,15 +66,19 @@ class OfferBook:
                 continue
             by_key.setdefault((o.gpu, o.gpu_count, o.gpu_memory_bytes, o.ram_bytes),
                               []).append(o)
-        groups = []
+        groups: list[_Group] = []
+        by_model: dict[tuple[str, int], list[_Group]] = {}
         for (gpu, count, mem, ram), members in by_key.items():
             members.sort(key=lambda o: (o.price_per_hour, o.offer_id))
-            groups.append(_Group(
-                gpu, count, mem, ram, tuple(members),
-                tuple(float(o.price_per_hour or 0) for o in members),
-                min(o.boot_minutes for o in members) / 60,
-                max(o.pull_gbps for o in members)))
-        return cls(tuple(groups), tuple(others))
+            prices = tuple(float(o.price_per_hour or 0) for o in members)
+            boot_h = min(o.boot_minutes for o in members) / 60
+            pull = max(o.pull_gbps for o in members)
+            g = _Group(gpu, count, mem, ram, tuple(members), prices, boot_h, pull,
+                       len(groups), prices[0] * boot_h, prices[0] / pull)
+            groups.append(g)
+            by_model.setdefault((gpu, count), []).append(g)
+        return cls(tuple(groups), tuple(others),
+                   tuple((gpu, count, tuple(gs)) for (gpu, count), gs in by_model.items()))
 
 
 def best(
@@ -103,9 +115,7 @@ def top(
             est = search.fit(offer, gpu)
             if est is not None:
                 search.consider(offer, est, gpu)
-    for first, hours, g, est, gpu in search.walks(book):
-        if first * (1 - _SLACK) - _ROUNDING > search.bound:
-            break  # every later group starts dearer still
+    for hours, g, est, gpu in search.walks(book):
         for price, offer in zip(g.prices, g.offers, strict=True):
             if price * hours * (1 - _SLACK) - _ROUNDING > search.bound:
                 break
@@ -159,13 +169,15 @@ class _Search:
         if len(self.kept) == self.k:
             self.bound = float(self.kept[-1][0][0])
 
-    def walks(self, book: OfferBook) -> list[tuple[float, float, _Group, MemoryEstimate,
-                                                     GpuSpec]]:
-        """The groups the job fits, each with a lower bound on its cheapest offer's cost
-        and on its hours, cheapest bound first.
+    def walks(self, book: OfferBook) -> Iterator[tuple[float, _Group, MemoryEstimate, GpuSpec]]:
+        """The groups the job fits, each with a lower bound on its hours, in the order of a
+        cheap lower bound on their cheapest offer's cost; ends once that bound passes the
+        k-th best cost found (`self.bound`, which falls as the caller prices offers).
 
-        A group's least possible hours: training (the same for all its offers) plus the
-        smallest boot and pull any of its offers has, plus merge and eval.
+        The cheap bound needs no sizing: the group's least price x (its least boot and pull,
+        merge and eval, and `throughput.training_seconds_floor`). Only the groups it does not
+        rule out are sized (`fit`) and timed exactly, so a market of many GPU models costs
+        a job little more than one of few.
         """
         w, c = self.w, self.c
         model_bits = throughput.model_download_bytes(w) * 8
@@ -175,14 +187,23 @@ class _Search:
         after = (0.0 if w.method == "full"
                  else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)) \
             + throughput.MERGE_EVAL_FIXED_MIN * 60
+        pull_h, after_h = pull_bits / 3600, after / 3600
+        cheap = []
+        floor_of = self._floors()
+        for name, count, groups in book.by_model:
+            if count > c.max_gpus or (c.gpu_count is not None and count != c.gpu_count):
+                continue
+            if c.gpus is not None and name not in c.gpus:
+                continue
+            rest = after_h + floor_of(name, count)
+            cheap += [(g.boot_cost + pull_h * g.pull_cost + g.prices[0] * rest, g.index, g)
+                      for g in groups]
+        heapq.heapify(cheap)  # popped lazily: most groups are never reached
         trains: dict[tuple[str, int, int], float] = {}
-        walks = []
-        for g in book.groups:
-            if g.gpu_count > c.max_gpus or (c.gpu_count is not None
-                                            and g.gpu_count != c.gpu_count):
-                continue
-            if c.gpus is not None and g.gpu not in c.gpus:
-                continue
+        while cheap:
+            low, _i, g = heapq.heappop(cheap)
+            if low * (1 - _SLACK) - _ROUNDING > self.bound:
+                return  # every later group starts dearer still
             gpu = self.gpus[g.gpu]
             est = self.fit(g.offers[0], gpu)
             if est is None:
@@ -192,10 +213,23 @@ class _Search:
             if train is None:
                 train = trains[tkey] = training_hours(g.gpu, g.gpu_count, est, gpu, w,
                                                       self.tokens, self.measured)
-            dur = g.min_boot_h + train + (pull_bits / g.max_pull_gbps + after) / 3600
-            walks.append((g.prices[0] * dur, dur, g, est, gpu))
-        walks.sort(key=lambda x: x[0])
-        return walks
+            yield g.min_boot_h + pull_h / g.max_pull_gbps + after_h + train, g, est, gpu
+
+    def _floors(self) -> Callable[[str, int], float]:
+        """A lower bound on training hours on (GPU, count) under any layout: a learned rate
+        where one is known (it does not depend on the layout), else the formula's floor
+        (`throughput.training_seconds_floor`, which scales as 1 / count)."""
+        one = {name: throughput.training_seconds_floor(self.w, self.tokens, gpu, 1) / 3600
+               for name, gpu in self.gpus.items()}
+
+        def floor(name: str, count: int) -> float:
+            learned = (self.measured.get(throughput.measured_key(self.w, name, count))
+                       if self.measured else None)
+            if learned is not None and learned.tokens_per_s > 0:
+                return self.tokens / learned.tokens_per_s / 3600
+            return one[name] / count
+
+        return floor
 
 
 def training_hours(name: str, count: int, est: MemoryEstimate, gpu: GpuSpec, w: Workload,

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator.core import savers, scheduler
+from orchestrator.core import offerbook, savers, scheduler
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
 from orchestrator.core.savers import choices as savers_choices
@@ -156,13 +156,16 @@ def make_plan(
     chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
     # bought (a cheaper GPU, or nothing but a fit at all).
+    # A decision each, not a table: the offer book's pruned walk over one index.
     without: list[tuple[Choice, Placement | None]] = []
+    book: offerbook.OfferBook | None = None
     for choice in savers_choices(w, chosen.estimate):
         if choice.value == savers.BASELINE[choice.name]:
             continue
+        book = book or offerbook.OfferBook.of(offers)
         off = savers.without(w, choice.name)
-        without.append((choice, scheduler.rank(off, tokens, offers, gpus, constraints,
-                                               measured=measured).chosen))
+        without.append((choice, offerbook.best(off, tokens, book, gpus, constraints,
+                                               measured=measured)))
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
                 without_savers=tuple(without))
 
