@@ -11,7 +11,12 @@ from __future__ import annotations
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from orchestrator.core import money, offerbook, scheduler
-from orchestrator.core.planning import constraints_from, total_tokens, workload_from
+from orchestrator.core.planning import (
+    constraints_from,
+    requirements,
+    total_tokens,
+    workload_from,
+)
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
 from orchestrator.records.store import to_micros
@@ -31,7 +36,6 @@ from providers.base import (
     ProviderError,
     QuotaError,
     ReportsSkipped,
-    Requirements,
     TransientError,
     keeps_machine,
 )
@@ -171,15 +175,8 @@ class PlacementMixin(RunnerCore):
         offers: list[Offer] = []
         skipped: dict[str, int] = {}
         answered, wait = True, None
-        for count in (1, 2, 4, 8):
-            if count > constraints.max_gpus:
-                break
-            spot = {"required": True, "never": False}.get(constraints.spot)
-            req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
-                               gpus=constraints.gpus, interruptible=spot,
-                               max_price_per_hour=constraints.max_price_per_hour,
-                               disk_gb=self.opts.disk_gb,
-                               min_cuda=images.min_cuda(self.inputs.loaded.spec.trainer.image))
+        for req in requirements(constraints, self.opts.disk_gb,
+                                images.min_cuda(self.inputs.loaded.spec.trainer.image)):
             try:
                 offers += provider.offers(req)
                 if isinstance(provider, ReportsSkipped):
