@@ -1,5 +1,6 @@
-"""`orch offers` and `orch plan` on the live market (issue 20 §2), as real processes against
-the Vast.ai emulator over real HTTP on loopback, and on the price catalogs without a key."""
+"""`orch offers`, `orch plan` and `orch submit`'s confirmation on the live market (issue 20 §2),
+as real processes (submit on a real pseudo-terminal) against the Vast.ai emulator over real
+HTTP on loopback, and on the price catalogs without a key."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from emulators.runpod import _closed_port
 from emulators.vast import VastEmulator
+from termutil import run_tty, visible
 from test_cli import orch  # the `orch` process helper
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,3 +102,58 @@ def test_plan_falls_back_to_the_catalog_and_says_so(env: dict[str, str],
     assert out["offers_source"] == "catalog" and out["offers_from"] == []
     assert any(n.startswith("vastai: offers unavailable") for n in out["offers_notes"])
     assert out["placement"]["provider"] == "cloud"
+
+
+def test_searches_record_prices_deduplicated(env: dict[str, str], vast: VastEmulator) -> None:
+    assert "no prices seen for L40S" in orch(env, "prices", "L40S").stdout
+    orch(env, "offers")
+    orch(env, "offers", "--gpu", "L40S")  # the same prices again: nothing new is written
+    seen = json.loads(orch(env, "prices", "l40s", "--json").stdout)
+    assert [(r["provider"], r["gpu_count"], r["interruptible"], r["observations"])
+            for r in seen] == [("vastai", 1, True, 1), ("vastai", 1, False, 1)]
+    assert seen[1]["latest"] == seen[1]["median"]
+    vast.remove_offer(11)
+    vast.add_offer(id=15, gpu_name="L40S", gpu_ram=46068, dph_base=0.62, min_bid=0.30)
+    orch(env, "offers")  # on-demand moved up by $0.10/h, spot did not
+    seen = json.loads(orch(env, "prices", "L40S", "--since", "1d", "--json").stdout)
+    on_demand = next(r for r in seen if not r["interruptible"])
+    assert on_demand["observations"] == 2
+    assert float(on_demand["max"]) - float(on_demand["min"]) == pytest.approx(0.10)
+    assert next(r for r in seen if r["interruptible"])["observations"] == 1
+    human = orch(env, "prices", "L40S").stdout
+    assert "vastai" in human and "median $/h" in human
+    bad = orch(env, "prices", "L40S", "--since", "yesterday", check=False)
+    assert bad.returncode == 2 and "--since" in bad.stderr
+
+
+# -- orch submit asks before renting, on a terminal only ------------------------------------
+
+PROMPT = "Rent it and run the job? [y/N]"
+
+
+def test_a_no_on_the_terminal_rents_and_records_nothing(env: dict[str, str],
+                                                        vast: VastEmulator,
+                                                        tmp_path: Path) -> None:
+    path = job(tmp_path, "  gpus: [L40S]\n")
+    code, out = run_tty(env, "submit", str(path), typed="n\n")
+    out = visible(out)
+    assert code == 1, out
+    assert "Placement: vastai L40S x1 (spot) at $" in out and "for the job" in out
+    assert "Offers: live, " in out and PROMPT in out
+    assert "nothing was recorded or rented" in out
+    assert json.loads(orch(env, "jobs", "--json").stdout) == []
+    assert not vast.requests_to("PUT", "/api/v0/asks/")  # nothing rented
+
+
+def test_a_yes_queues_it_and_yes_flag_or_no_terminal_never_ask(env: dict[str, str],
+                                                               vast: VastEmulator,
+                                                               tmp_path: Path) -> None:
+    path = job(tmp_path, "  gpus: [L40S]\n")
+    code, out = run_tty(env, "submit", "--detach", str(path), typed="y\n")
+    assert code == 0 and PROMPT in visible(out) and "queued" in visible(out)
+    code, out = run_tty(env, "submit", "--detach", "--yes", str(path))
+    assert code == 0 and PROMPT not in visible(out) and "queued" in visible(out)
+    piped = orch(env, "submit", "--detach", str(path))  # no terminal: cron, scripts
+    assert PROMPT not in piped.stdout + piped.stderr and "queued" in piped.stdout
+    jobs = json.loads(orch(env, "jobs", "--json").stdout)
+    assert len(jobs) == 3 and {(j["provider"], j["gpu"]) for j in jobs} == {("vastai", "L40S")}

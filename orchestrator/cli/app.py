@@ -82,6 +82,20 @@ def offers(
     cli_offers.run(cli_offers.filters(gpu, min_memory, provider, spot, count), json_out)
 
 
+@app.command()
+def prices(
+    gpu: Annotated[str, typer.Argument(help="The GPU model (e.g. L40S, \"RTX 4090\").")],
+    since: Annotated[str | None, typer.Option(
+        help="Seen at or after: ISO date/time (UTC) like 2026-11-01, or a span like 30d.")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Prices searches have seen for a GPU: median, range and latest per provider and kind."""
+    from orchestrator.cli import offers as cli_offers
+
+    cli_offers.prices_run(gpu, since, json_out)
+
+
 def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.cli.term import iso_utc
     from orchestrator.records.store import from_micros

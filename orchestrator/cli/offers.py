@@ -87,6 +87,8 @@ def run(f: Filters, json_out: bool = False) -> None:
                            gpus=f.gpus, interruptible=f.spot)
         market = search(providers, [req])
     live = bool(market.answered)
+    if live:
+        record_prices(market.offers)
     pool = list(market.offers) if live else list(catalog.load().offers)
     shown = sorted((o for o in pool if keep(o, f)), key=_price_key)
     source = (f"live offers from {', '.join(market.answered)}" if live else
@@ -118,3 +120,55 @@ def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
                          right=[2, 3, 5], drop=[6]))
     out += [prose(f"note: {n}", "  ") for n in notes]
     print("\n".join(out))
+
+
+def record_prices(offers: tuple[Offer, ...]) -> None:
+    """Add what a live search saw to the price history (`orch prices`)."""
+    from orchestrator.cli.common import open_db
+    from orchestrator.records import prices
+
+    prices.record(open_db(), offers)
+
+
+def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
+    """`orch prices GPU`: the prices searches have seen for `gpu`, per provider and kind."""
+    from datetime import UTC, datetime
+
+    from orchestrator.cli.common import open_db
+    from orchestrator.core.money import from_micros, usd
+    from orchestrator.records import prices
+    from orchestrator.records.history import HistoryError, parse_when
+
+    names = catalog.resolve_gpu(gpu)
+    if not names:
+        fail(f"{gpu!r}: not a GPU orch plans; known: {', '.join(catalog.gpus())}", EXIT_INVALID)
+    try:
+        start = None if since is None else parse_when(since, "--since", datetime.now(UTC))
+    except HistoryError as exc:
+        fail(str(exc), EXIT_INVALID)
+    rows = prices.history(open_db(), names, start)
+    if json_out:
+        print(json.dumps([{"provider": r.provider, "gpu": r.gpu, "gpu_count": r.gpu_count,
+                           "interruptible": r.interruptible, "observations": r.observations,
+                           "latest": str(from_micros(r.latest)),
+                           "latest_at": r.latest_at.isoformat(),
+                           "min": str(from_micros(r.least)),
+                           "median": str(from_micros(r.median)),
+                           "max": str(from_micros(r.most))} for r in rows], indent=2))
+        return
+    if not rows:
+        print(f"no prices seen for {', '.join(names)}"
+              + (f" since {since}" if since else "")
+              + "; `orch offers` (with an API key) and every placement record them")
+        return
+    from orchestrator.cli.tables import table
+    from orchestrator.cli.term import human_time
+
+    def cell(micros: int) -> str:
+        return usd(from_micros(micros))
+
+    print(table(["provider", "GPU", "n", "spot", "seen", "median $/h", "min", "max", "latest",
+                 "at"],
+                [[r.provider, r.gpu, r.gpu_count, "yes" if r.interruptible else "no",
+                  r.observations, cell(r.median), cell(r.least), cell(r.most), cell(r.latest),
+                  human_time(r.latest_at)] for r in rows], right=[2, 4, 5, 6, 7, 8]))

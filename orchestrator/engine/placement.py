@@ -8,6 +8,7 @@ instances tagged with the job that no row knows.
 
 from __future__ import annotations
 
+import json
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from orchestrator.core import money, offerbook, scheduler
@@ -19,6 +20,7 @@ from orchestrator.core.planning import (
 )
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
+from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
 from providers import catalog
@@ -144,6 +146,7 @@ class PlacementMixin(RunnerCore):
         # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
+        prices.record(self.store, offers)  # price history (`orch prices`)
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers), gpus, k,
                                    constraints, measured=self.inputs.measured)
@@ -204,6 +207,8 @@ class PlacementMixin(RunnerCore):
         # Enough of the cheapest that `max_placements` remain once those tried are left out.
         placements = [p for p in self._candidates(self.opts.max_placements + len(tried))
                       if (p.offer.provider, p.offer.offer_id) not in tried]
+        if placements and not tried:
+            self._note_moved(placements[0])
         failures: list[str] = []
         transient = 0
         for placement in placements[: self.opts.max_placements]:
@@ -275,6 +280,24 @@ class PlacementMixin(RunnerCore):
                                                 + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
+
+    def _note_moved(self, first: scheduler.Placement) -> None:
+        """Say so when the cheapest placement now is not the one `orch plan`/`submit`
+        recorded: the market moved (or the plan ranked the price catalogs)."""
+        try:
+            planned = json.loads(self._job().placement_json or "{}").get("placement") or {}
+        except ValueError:
+            return
+        o = first.offer
+        if not planned or (planned.get("provider"), planned.get("offer_id")) == (
+                o.provider, o.offer_id):
+            return
+        self._event("placement.changed",
+                    f"the market moved since the plan: planned {planned.get('provider')} "
+                    f"{planned.get('gpu')} x{planned.get('gpu_count')} at "
+                    f"{money.usd(planned.get('est_cost'))}, now {o.provider} {o.gpu} "
+                    f"x{o.gpu_count} at {money.usd(first.est_cost)}",
+                    {"planned": planned, "now": first.to_dict()})
 
     def _orphan_sweep(self, provider: Provider, name: str) -> None:
         """Terminate instances tagged with this job that no instance row knows: a create
