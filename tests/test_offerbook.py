@@ -112,3 +112,23 @@ def test_best_agrees_at_market_scale() -> None:
         ranking = scheduler.rank(w, TOKENS, offers, GPUS)
         assert best(w, TOKENS, book, GPUS) == ranking.chosen
         assert top(w, TOKENS, book, GPUS, 5) == list(ranking.placements[:5])
+
+
+def test_the_training_floor_is_below_every_layouts_time() -> None:
+    """`offerbook` skips groups by `throughput.training_seconds_floor`: it must never exceed
+    the training time of any layout and saver choice the scheduler may pick."""
+    from orchestrator.core import savers, throughput
+
+    for repo in ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-32B"):
+        for method in ("qlora", "lora", "full"):
+            w = Workload(lookup(repo).architecture, method, sequence_len=2048,
+                         optimizer="auto", gradient_checkpointing="auto",
+                         cross_entropy="auto", activation_offloading="auto")
+            for gpu in GPUS.values():
+                for count in (1, 8):
+                    floor = throughput.training_seconds_floor(w, TOKENS, gpu, count)
+                    for layout in savers.layouts(w, count, gpu.scaling):
+                        est = layout.estimate
+                        exact = throughput.training_seconds(est.workload or w, TOKENS, gpu,
+                                                            count, est.strategy)
+                        assert floor <= exact * (1 + 1e-12), (repo, method, gpu.name, count)
