@@ -102,8 +102,15 @@ def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train
 
 def train_job(job: PipelineJob, layout: Layout, model_dir: str,
               runner: train.Runner, paths: HostPaths | None = None) -> train.TrainJob:
-    """The training playbook's view of the job (`paths`: the host's, for native runs)."""
-    env = {"HF_TOKEN": job.hf_token} if job.hf_token else {}
+    """The training playbook's view of the job (`paths`: the host's, for native runs).
+
+    `HF_TOKEN` goes to training (and merge) only when they must fetch the model from the
+    Hub themselves: with the model in the host's cache they never ask the Hub, so the token
+    is on the host's disk only while the model downloads (issue 23 §10), on every kind of
+    host (a kept server's disk, a volume and Docker's container config outlive a run).
+    """
+    local = model_dir.startswith("/")
+    env = {"HF_TOKEN": job.hf_token} if job.hf_token and not local else {}
     # The same tag, from the repository this kind of host runs (images.yaml, `repositories`).
     image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,
