@@ -6,6 +6,7 @@ them: `orch plan` must start in a small multiple of a bare `python -c pass`.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -131,9 +132,13 @@ def reconcile(
     providers, notes = configured_providers(store, quick=True)
     report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
                            scrub=cli_servers.scrubber())
+    from orchestrator.core.paths import describe_db
+
     if json_out:
-        print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
-                   "actions": [a.__dict__ for a in report.actions]})
+        # One object on one line, so `orch reconcile --json >> log.jsonl` from cron is JSONL.
+        typer.echo(json.dumps({"database": describe_db(), "dry_run": dry_run,
+                               "providers": sorted(providers), "notes": notes,
+                               "actions": [a.__dict__ for a in report.actions]}, default=str))
         return
     for note in notes:
         typer.echo(f"note: {note}", err=True)
@@ -141,7 +146,7 @@ def reconcile(
     if not acted:
         kept = len(report.actions)
         typer.echo(f"nothing to do ({kept} instance{'s' if kept != 1 else ''} in use; "
-                   f"checked {', '.join(sorted(providers))})")
+                   f"checked {', '.join(sorted(providers))})\ndatabase: {describe_db()}")
         return
     from orchestrator.cli.tables import table
 
@@ -152,6 +157,7 @@ def reconcile(
     typer.echo(table(["action", "provider", "instance", "job", "why"],
                      [[verb.get(a.kind, a.kind), a.provider, a.instance_id or "-",
                        a.job_id or "-", a.reason] for a in acted]))
+    typer.echo(f"database: {describe_db()}")
     if any(a.kind == "error" for a in acted):
         raise typer.Exit(1)
 

@@ -35,6 +35,11 @@ def plan_args(argv: list[str]) -> tuple[Path, bool, bool] | None:
 
 def main() -> None:
     """Console-script entry point."""
+    from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
+
+    if blank_db_url() and not {"--help", "-h"} & set(sys.argv[1:]) and sys.argv[1:]:
+        print(f"error: {BLANK_DB_URL}", file=sys.stderr)
+        sys.exit(2)
     args = plan_args(sys.argv[1:])
     if args is None:
         from orchestrator.cli.app import main as typer_main

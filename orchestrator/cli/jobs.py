@@ -212,8 +212,13 @@ def worker(
     store = open_db()
     owner = owner_id("worker")
     providers, notes = _providers(store)
+    from orchestrator.core.paths import describe_db
+
+    # The database is named even with --quiet: a worker idling on the wrong database (an
+    # env file sourced without `export`) must say so in the journal at start.
+    typer.echo(f"worker {owner}: database {describe_db()}"
+               + ("" if quiet else f"; providers {', '.join(sorted(providers))}"), err=True)
     if not quiet:
-        typer.echo(f"worker {owner}: providers {', '.join(sorted(providers))}", err=True)
         for note in notes:
             typer.echo(f"note: {note}", err=True)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -416,7 +421,7 @@ def cancel(
         before = store.get_job(job_id).status
         job = store.request_cancel(job_id)
     except NotFoundError as exc:
-        fail(str(exc), EXIT_NOT_FOUND)
+        fail(_sweep_hint(store, job_id) or str(exc), EXIT_NOT_FOUND)
     if before in FINAL_STATUSES:
         if json_out:
             print_json({"job_id": job_id, "status": before, "instances_left": []})
@@ -448,6 +453,19 @@ def cancel(
             if left else ""))
     if job.status != "cancelled" and job.status not in FINAL_STATUSES:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _sweep_hint(store: Store, name: str) -> str | None:
+    """What to run when `orch cancel` was given a sweep's name rather than a job id."""
+    from sqlmodel import select
+
+    from orchestrator.records.store import Sweep
+
+    with store.session() as session:
+        if session.exec(select(Sweep.id).where(Sweep.name == name)).first() is None:
+            return None
+    return (f"{name!r} is a sweep, not a job id; cancel all its queued and running runs with "
+            f"`orch sweep cancel {name}`")
 
 
 def register(app: typer.Typer) -> None:
