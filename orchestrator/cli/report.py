@@ -90,14 +90,16 @@ def _report_cmd(
         runs = [run_data(store, j, sweeps.get(j.sweep_id or "")) for j in jobs]
     finally:
         store.close()
-    # Costs per day/month over the selection's period (30 days back for one job or sweep).
+    # Costs per day/month of the selection: for one job or one sweep, of its jobs only (the
+    # header's total and the charts must add up to the same money).
     first = min(j.created_at for j in jobs)
     period = min(start, first if first.tzinfo else first.replace(tzinfo=UTC))
+    only = [j.id for j in jobs] if job_id is not None or sweep is not None else []
     reader = open_reader(default_db_url())
     try:
         data = ReportData(title=title, generated_at=now, runs=runs,
-                          per_day=cost_rows(reader, "day", period, now),
-                          per_month=cost_rows(reader, "month", period, now))
+                          per_day=cost_rows(reader, "day", period, now, only),
+                          per_month=cost_rows(reader, "month", period, now, only))
     except HistoryError as exc:
         fail(str(exc))
     finally:

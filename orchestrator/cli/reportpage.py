@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -80,14 +81,16 @@ def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
         metrics=metrics)
 
 
-def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime
-              ) -> list[dict[str, Any]]:
-    """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts."""
+def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime,
+              ids: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts, of
+    the jobs `ids` (none: every job since `since`)."""
     from orchestrator.records.history import cost_rollup
 
     if reader is None:
         return []
-    return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now)]
+    return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now,
+                                             ids=ids)]
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -92,6 +92,7 @@ class Filters:
     sweep: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    ids: tuple[str, ...] = ()  # these jobs only (a report of one job or one sweep)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,8 @@ def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
         if bad:
             raise HistoryError(f"--status {bad[0]}: use one of {', '.join(JOB_STATUSES)}")
         terms.append(_in("j.status", "st", f.statuses, params))
+    if f.ids:
+        terms.append(_in("j.id", "id", f.ids, params))
     if f.methods:
         terms.append(_in("j.method", "me", f.methods, params))
     if f.providers:
@@ -330,14 +333,15 @@ def _rollup_sql(reader: Reader, dim: str | None, filters: Filters,
 def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
                 since: datetime | None = None, until: datetime | None = None,
                 now: datetime | None = None,
-                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+                prices: Mapping[str, Decimal] | None = None,
+                ids: Sequence[str] = ()) -> list[CostRow]:
     """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
 
     Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
     provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
     still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
     catalog price of that GPU minus what it was charged (its billed cost once terminated,
-    price × elapsed time while open).
+    price × elapsed time while open). `ids`: only these jobs (none: every job).
     """
     if when is not None and when not in TIME_BUCKETS:
         raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
@@ -348,7 +352,8 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
     now = now or datetime.now(UTC)
     prices = on_demand_prices() if prices is None else prices
     params: dict[str, Any] = {"now": to_text(now)}
-    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until), params)
+    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until,
+                                                         ids=tuple(ids)), params)
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:
