@@ -19,6 +19,7 @@ from orchestrator.cli import models as cli_models
 from orchestrator.cli import plan as cli_plan
 from orchestrator.cli import render as cli_render
 from orchestrator.cli import report as cli_report
+from orchestrator.cli import schemacmd as cli_schema
 from orchestrator.cli import servers as cli_servers
 from orchestrator.cli import sweeps as cli_sweeps
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
@@ -170,6 +171,7 @@ def _register() -> None:
     cli_models.register(app)
     cli_servers.register(app)
     cli_render.register(app)
+    cli_schema.register(app)
 
 
 _register()
@@ -183,6 +185,11 @@ def main() -> None:
     # probe expects) at ERROR; the engine reports what matters as job events.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     from orchestrator.cli.helpstyle import gh_style
+    from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
+
+    if blank_db_url() and sys.argv[1:] and not {"--help", "-h"} & set(sys.argv[1:]):
+        typer.echo(f"error: {BLANK_DB_URL}", err=True)
+        sys.exit(2)
 
     try:
         gh_style(typer.main.get_command(app))(prog_name="orch")
