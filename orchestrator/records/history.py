@@ -252,12 +252,13 @@ class CostRow:
         """Plain JSON values (money as exact decimal strings)."""
         return {
             "bucket": self.bucket, "key": self.key, "jobs": self.jobs,
-            "gpu_hours": str(self.gpu_hours), "cost": str(dollars(self.cost_micros)),
+            "gpu_hours": str(self.gpu_hours), "gpu_seconds": self.gpu_seconds,
+            "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)),
             "spot_savings": None if self.savings_micros is None
             else str(dollars(self.savings_micros)),
             "spot_gpu_hours": str((Decimal(self.spot_gpu_seconds) / 3600).quantize(
-                Decimal("0.01"))),
+                Decimal("0.01"))), "spot_gpu_seconds": self.spot_gpu_seconds,
             "spot_unpriced_gpus": sorted(self.unpriced_gpus),
         }
 
