@@ -98,6 +98,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
         job = self.store.get_job(job_id)
         self.job_id = job_id
         self.progress = Progress(job_id, job.status, job.attempt)
+        self._losses = {}
         try:
             key_path, self.public_key = ensure_key(self.opts.ssh_key)
         except Exception as exc:  # OSError, CalledProcessError: fail the job, do not strand it
