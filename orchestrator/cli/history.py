@@ -216,7 +216,12 @@ def _sql_cmd(
     json_out: JsonFlag = False,
     csv_out: CsvFlag = False,
 ) -> None:
-    """Run one read-only SQL query on the history (writes are refused)."""
+    """Run one read-only SQL query on the history (writes are refused).
+
+    Tables: job, instance, event, metric, sweep, server, price_observation,
+    throughput_observation. Views: v_cost_per_month_provider, v_best_run_per_sweep,
+    v_gpu_hours_per_model, v_interruptions_per_provider. Columns: docs/schema.md.
+    """
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.history import HistoryError, run_sql
 

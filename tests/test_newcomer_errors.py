@@ -1,0 +1,54 @@
+"""Errors that say what to do (issue 25, items 7-13), run as the user ran the commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ORCH = str(Path(sys.executable).parent / "orch")
+
+
+def run(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ORCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={"PATH": os.environ["PATH"], "HOME": str(tmp), **env})
+
+
+def test_a_budget_too_low_leads_with_the_money(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "examples", tmp_path / "ex")
+    job = tmp_path / "ex" / "quickstart.yml"
+    job.write_text(job.read_text().replace("  spot: allowed\n",
+                                           "  spot: allowed\n  max_cost: 0.0001\n"))
+    for command in ("plan", "submit"):
+        proc = run(tmp_path, command, str(job))
+        assert proc.returncode == 3, proc.stderr
+        found = re.match(rf"error: {re.escape(str(job))}: no placement fits resources.max_cost: "
+                         r"the cheapest that fits costs \$(\S+) > max_cost \$0\.0001 \(",
+                         proc.stderr)
+        assert found, proc.stderr
+        assert "Try resources.max_cost: " in proc.stderr and "GiB" not in proc.stderr
+
+
+def test_sql_on_an_unknown_table_lists_the_tables_and_views(tmp_path: Path) -> None:
+    assert run(tmp_path, "jobs").returncode == 0  # creates and migrates the database
+    proc = run(tmp_path, "sql", "SELECT * FROM jobs")
+    assert proc.returncode == 2
+    db = tmp_path / ".local" / "share" / "orch" / "orch.db"
+    import sqlite3
+
+    with sqlite3.connect(db) as con:
+        names = {kind: sorted(n for k, n in con.execute(
+            "SELECT type, name FROM sqlite_master WHERE name NOT LIKE 'sqlite%' "
+            "AND name != 'alembic_version'") if k == kind) for kind in ("table", "view")}
+    listed = re.search(r"orch's tables: (.*); views: (.*) \(their columns: docs/schema\.md\)",
+                       proc.stderr)
+    assert listed, proc.stderr
+    assert sorted(listed.group(1).split(", ")) == names["table"]
+    assert sorted(listed.group(2).split(", ")) == names["view"]
+    assert proc.stderr.startswith("error: query failed: no such table: jobs; ")
+    helptext = " ".join(run(tmp_path, "sql", "-h").stdout.split())
+    assert all(n in helptext for n in names["table"] + names["view"]), helptext
