@@ -52,3 +52,24 @@ def test_sql_on_an_unknown_table_lists_the_tables_and_views(tmp_path: Path) -> N
     assert proc.stderr.startswith("error: query failed: no such table: jobs; ")
     helptext = " ".join(run(tmp_path, "sql", "-h").stdout.split())
     assert all(n in helptext for n in names["table"] + names["view"]), helptext
+
+
+def test_jobs_status_filter_with_no_match_and_running(tmp_path: Path) -> None:
+    from orchestrator.records.store import open_store
+
+    db = f"sqlite:///{tmp_path / 'orch.db'}"
+    assert run(tmp_path, "sweep", "examples/sweep-sim.yml", ORCH_DB_URL=db).returncode == 0
+    proc = run(tmp_path, "jobs", "--status", "failed", ORCH_DB_URL=db)
+    assert (proc.returncode, proc.stdout) == (
+        0, "no jobs match --status failed; `orch jobs` lists them all\n")
+    store = open_store(db)
+    try:
+        taken = store.claim_next("worker:test:1", 600)  # as `orch worker` claims a job
+        assert taken is not None
+    finally:
+        store.close()
+    listed = run(tmp_path, "jobs", "--status", "running", "--json", ORCH_DB_URL=db)
+    assert listed.returncode == 0, listed.stderr
+    import json
+
+    assert [j["id"] for j in json.loads(listed.stdout)] == [taken.id]

@@ -80,7 +80,8 @@ def _job_dict(j: Any) -> dict[str, Any]:
 @app.command()
 def jobs(
     json_out: JsonFlag = False,
-    status: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="Only jobs in this state; `running`: every state a worker drives.")] = None,
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
@@ -91,10 +92,14 @@ def jobs(
     try:
         found = open_db().list_jobs(limit=limit, status=status)
     except InvalidValueError as exc:
-        fail(f"--status {status}: {exc}", EXIT_INVALID)
+        fail(f"--status {status}: {exc}; or running (every state a worker drives)",
+             EXIT_INVALID)
     rows = [_job_dict(j) for j in found]
     if json_out:
         print_json(rows)
+        return
+    if not rows and status is not None:
+        typer.echo(f"no jobs match --status {status}; `orch jobs` lists them all")
         return
     if not rows:
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")

@@ -33,7 +33,7 @@ from orchestrator.records.storetables import (
     to_micros,
     utcnow,
 )
-from orchestrator.records.sweeprules import Usage, gate, live_lease, usage_of
+from orchestrator.records.sweeprules import RUNNING_STATUSES, Usage, gate, live_lease, usage_of
 
 # How many queued jobs one claim looks at past gated ones.
 CLAIM_SCAN = 500
@@ -238,9 +238,12 @@ class JobsMixin(StoreBase):
         return job
 
     def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
-        """The newest `limit` jobs, optionally only those in `status`."""
+        """The newest `limit` jobs, optionally only those in `status` (`running`: every
+        state a worker drives, as the running column of `orch sweeps` counts)."""
         query = select(Job)
-        if status is not None:
+        if status == "running":
+            query = query.where(col(Job.status).in_(RUNNING_STATUSES))
+        elif status is not None:
             check_status(status)
             query = query.where(Job.status == status)
         query = query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).limit(limit)
