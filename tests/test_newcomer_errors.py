@@ -73,3 +73,33 @@ def test_jobs_status_filter_with_no_match_and_running(tmp_path: Path) -> None:
     import json
 
     assert [j["id"] for j in json.loads(listed.stdout)] == [taken.id]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_servers_hints_paste_and_a_refused_port_fails_at_once(tmp_path: Path) -> None:
+    import shlex
+
+    hint = run(tmp_path, "servers", "list").stdout
+    pasted = shlex.split(re.search(r"`(orch servers add [^`]+)`", hint).group(1))  # type: ignore[union-attr]
+    assert pasted[pasted.index("--gpu") + 1] == "H100 SXM"
+    # The hint as pasted, pointed at this machine's closed port instead of the placeholder H.
+    args = [a if a != "H" else "127.0.0.1" for a in pasted[1:]]
+    proc = run(tmp_path, *args, "--port", str(closed_port()))
+    assert proc.returncode == 3, proc.stderr
+    # One attempt, and what to check: not eight retries over ~20 s.
+    assert ("the connection was refused; check that sshd runs on the server and listens on "
+            "port") in proc.stderr
+    assert "attempts" not in proc.stderr
+    ambiguous = run(tmp_path, "servers", "add", "box", "--host", "127.0.0.1", "--gpu", "H100",
+                    "--monthly", "2190")
+    assert ambiguous.returncode == 2
+    choices = re.findall(r'--gpu "([^"]+)"', ambiguous.stderr)
+    assert sorted(choices) == ["H100 PCIe", "H100 SXM"], ambiguous.stderr

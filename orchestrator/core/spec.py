@@ -300,8 +300,9 @@ class ResourcesSpec(Strict):
         description="Interruptible (spot) machines: `allowed`, `required` or `never`.")
     gpus: AnyOrList = Field(
         default=None, examples=[["RTX 4090", "A100"]],
-        description="`any`, or the GPU models allowed (`orch servers add --gpu` spellings, "
-                    "e.g. RTX 4090, A100, H100).")
+        description="`any`, or the GPU models allowed: the catalog's names or a family "
+                    "(RTX 4090, A100; H100 = H100 SXM and H100 PCIe). `orch servers add "
+                    "--gpu` takes one exact model.")
     max_gpus: int = Field(default=8, ge=1, le=8, description="Most GPUs on one machine.",
                           examples=[8])
     gpu_count: int | None = Field(
