@@ -103,3 +103,20 @@ def test_servers_hints_paste_and_a_refused_port_fails_at_once(tmp_path: Path) ->
     assert ambiguous.returncode == 2
     choices = re.findall(r'--gpu "([^"]+)"', ambiguous.stderr)
     assert sorted(choices) == ["H100 PCIe", "H100 SXM"], ambiguous.stderr
+
+
+def test_help_is_plain_text_and_usage_errors_are_one_line(tmp_path: Path) -> None:
+    proc = run(tmp_path, "report", "-h")
+    assert "pip install 'orch[report]'" in " ".join(proc.stdout.split())
+    for args in (["jobs", "--bogus"], ["sql"], ["jobs", "--limit", "x"], ["nosuchcommand"]):
+        bad = run(tmp_path, *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: "), bad.stderr
+        assert "-h`" in bad.stderr and "│" not in bad.stderr
+    # Help paragraphs are wrapped as whole paragraphs at the terminal's width: no line of a
+    # paragraph but its last ends early (a docstring's own line break kept inside a rewrap).
+    worker = run(tmp_path, "worker", "-h", COLUMNS="80").stdout
+    description = worker.split("\n\n")[2]
+    lines = description.splitlines()
+    assert "loses its lease" in " ".join(description.split())
+    assert all(60 <= len(line) <= 80 for line in lines[:-1]), lines

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
 from orchestrator.cli import history as cli_history
@@ -31,6 +32,9 @@ app = typer.Typer(
     # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Plain help and errors: rich markup ate `[report]` in "pip install 'orch[report]'",
+    # drew usage errors as boxes, and kept docstring line breaks inside its own wrapping.
+    rich_markup_mode=None,
     # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -197,7 +201,19 @@ def main() -> None:
         sys.exit(2)
 
     try:
-        gh_style(typer.main.get_command(app))(prog_name="orch")
+        code = gh_style(typer.main.get_command(app))(prog_name="orch", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # `orch` alone: the help
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        # A usage error as every other error: one `error:` line, and where the usage is.
+        ctx = getattr(exc, "ctx", None)
+        where = f"; see `{ctx.command_path} -h`" if ctx is not None else ""
+        typer.echo(f"error: {exc.format_message().rstrip('.')}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
@@ -210,6 +226,8 @@ def main() -> None:
                    "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",
                    err=True)
         sys.exit(1)
+    # standalone_mode=False returns the exit code of `typer.Exit`/`ctx.exit` (None: 0).
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
