@@ -64,7 +64,7 @@ def servers_add(
     if len(matches) > 1:
         # A server has one exact model; quoted, as a shell needs a name with a space.
         which = " or ".join(f'--gpu "{m}"' for m in matches)
-        fail(f"--gpu {gpu!r} could be {len(matches)} models; say which: {which}",
+        fail(f"--gpu {gpu!r} is ambiguous ({len(matches)} models); say which: {which}",
              EXIT_INVALID)
     if not matches:
         known = ", ".join(f'"{g}"' if " " in g else g for g in catalog.gpus())
