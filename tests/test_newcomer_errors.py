@@ -120,3 +120,20 @@ def test_help_is_plain_text_and_usage_errors_are_one_line(tmp_path: Path) -> Non
     lines = description.splitlines()
     assert "loses its lease" in " ".join(description.split())
     assert all(60 <= len(line) <= 80 for line in lines[:-1]), lines
+
+
+def test_problems_the_schema_and_the_name_checks_find_come_at_once(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "examples", tmp_path / "ex")
+    job = tmp_path / "ex" / "quickstart.yml"
+    text = job.read_text().replace("learning_rate: 2.0e-4", "learning_rate: -1")
+    text = text.replace("  spot: allowed\n  providers: [sim]",
+                        "  spot: yes\n  providers: [simm]\n  gpus: [H1000]")
+    job.write_text(text)
+    proc = run(tmp_path, "plan", str(job))
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    keys = [re.match(rf"{re.escape(str(job))}:\d+ (\S+):", line) for line in lines[:-1]]
+    assert [k.group(1) for k in keys if k] == [
+        "training.learning_rate", "resources.spot", "resources.providers[0]",
+        "resources.gpus[0]"], proc.stderr
+    assert lines[-1] == f"{job}: 4 problems; nothing was done"
