@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -169,3 +170,23 @@ def test_sweep_cancel_stops_real_workers_at_once(tmp_path: Path, folder: Path) -
         for w in workers:
             if w.poll() is None:
                 w.kill()
+
+
+def test_sweep_show_at_80_columns_shows_the_swept_values(tmp_path: Path) -> None:
+    from termutil import run_tty, visible
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "TERM": "xterm",
+           "ORCH_DB_URL": f"sqlite:///{tmp_path / 'orch.db'}"}
+    assert orch(env, "sweep", "examples/sweep-sim.yml").returncode == 0
+    code, raw = run_tty(env, "sweep", "show", "sim-lr-sweep", cols=80)
+    assert code == 0
+    lines = visible(raw).splitlines()
+    header = next(line for line in lines if "job" in line.split())
+    assert "training.learnin" in header and "lora.r" in header, header
+    rows = [line for line in lines if re.search(r"j-[0-9a-f]{12} ", line)]
+    table_lines = [header, *rows]
+    assert len(rows) == 4 and all(len(line) <= 80 for line in table_lines), lines
+    values = [re.search(r"j-[0-9a-f]{12}\s+(\S+)\s+(\S+)", line).groups()  # type: ignore[union-attr]
+              for line in rows]
+    assert values == [("0.0001", "8"), ("0.0001", "16"), ("0.0002", "8"), ("0.0002", "16")]
+    assert not any("…" in line for line in rows), rows

@@ -55,8 +55,22 @@ def _load(path: Path) -> LoadedSweep:
 
 
 def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:g}"
-                     if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "-"
+    return ", ".join(f"{k}={_value(v)}" for k, v in params.items()) or "-"
+
+
+def _value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _headers(keys: list[str]) -> list[str]:
+    """The swept keys as column headers, their shared dotted prefix left out (`lora.r`,
+    `lora.alpha` -> `r`, `alpha`) unless that makes two alike."""
+    parts = [k.split(".") for k in keys]
+    common = 0
+    while all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:
+        common += 1
+    short = [".".join(p[common:]) for p in parts]
+    return short if len(set(short)) == len(short) else keys
 
 
 def _metric(value: float | None) -> str:
@@ -157,15 +171,21 @@ def _show(name: str, json_out: bool) -> None:
              f"max_parallel {status['max_parallel']})"]
     metric_name = obj["metric"] if obj else "metric"
     best_id = status["best"]["job_id"] if status["best"] else None
+    # One column per swept key, the key in the header: the values are what differs between
+    # runs, and `training.learning_rate=` in every row hid them at 80 columns.
+    keys = list(dict.fromkeys(k for r in status["runs"] for k in r["params"]))
     rows = []
     for r in status["runs"]:
         state = r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
         rows.append(["*" if r["job_id"] == best_id else "",
-                     "-" if r["index"] is None else r["index"], r["job_id"], _params(r["params"]),
+                     "-" if r["index"] is None else r["index"], r["job_id"],
+                     *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),
                      state, _metric(r["metric"]), usd(r["cost"]), usd(r["est_cost"])])
     if rows:
-        lines.append(table(["", "#", "job", "params", "state", metric_name, "cost", "est. cost"],
-                           rows, right=[1, 5, 6, 7], drop=[7, 1], states=[4]))
+        n = len(keys)
+        lines.append(table(["", "#", "job", *_headers(keys), "state", metric_name, "cost",
+                            "est. cost"], rows, right=[1, 4 + n, 5 + n, 6 + n],
+                           drop=[6 + n, 1], states=[3 + n]))
     if obj is None:
         lines.append("best: no objective in the sweep file")
     elif status["best"] is None:
