@@ -190,3 +190,25 @@ def test_sweep_show_at_80_columns_shows_the_swept_values(tmp_path: Path) -> None
               for line in rows]
     assert values == [("0.0001", "8"), ("0.0001", "16"), ("0.0002", "8"), ("0.0002", "16")]
     assert not any("…" in line for line in rows), rows
+
+
+def test_retry_failed_says_cancelled_runs_stay_cancelled(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+           "ORCH_DB_URL": f"sqlite:///{tmp_path / 'orch.db'}"}
+    assert orch(env, "sweep", "examples/sweep-sim.yml").returncode == 0
+    assert orch(env, "sweep", "cancel", "sim-lr-sweep").returncode == 0
+    proc = orch(env, "sweep", "examples/sweep-sim.yml", "--retry-failed")
+    assert proc.returncode == 0
+    assert ("note: examples/sweep-sim.yml: 4 cancelled runs stay cancelled: --retry-failed "
+            "queues failed runs only (a cancel is final)") in proc.stderr
+
+
+def test_hub_dataset_refusal_fills_in_the_local_folder(tmp_path: Path) -> None:
+    shutil.copytree(EXAMPLES, tmp_path / "ex")
+    job = tmp_path / "ex" / "quickstart.yml"
+    job.write_text(job.read_text().replace("path: data/train.jsonl",
+                                           "path: {hf: tatsu-lab/alpaca}\n  tokens: 100000"))
+    proc = orch({"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, "plan", str(job))
+    assert proc.returncode == 2
+    assert ("`hf download --repo-type dataset tatsu-lab/alpaca --local-dir data/alpaca`"
+            in proc.stderr), proc.stderr

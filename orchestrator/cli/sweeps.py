@@ -108,6 +108,11 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
                        err=True)
         for warning in report.warnings:
             typer.echo(f"warning: {file}: {warning}", err=True)
+        cancelled = report.counts.get("cancelled", 0)
+        if retry_failed and cancelled:
+            stay = "runs stay" if cancelled != 1 else "run stays"
+            typer.echo(f"note: {file}: {cancelled} cancelled {stay} cancelled: --retry-failed "
+                       "queues failed runs only (a cancel is final)", err=True)
         typer.echo(f"{report.summary()}\ndatabase: {describe_db()}")
     raise typer.Exit(code)
 

@@ -540,8 +540,8 @@ def _dataset(spec: JobSpec, base: Path, found: Problems) -> DatasetSize | None:
         found.add(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
                   "datasets are not downloaded by orch: download it with `hf download "
                   f"--repo-type dataset {'ORG/NAME' if bad else hf} "
-                  "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
-                  "(relative to the job file)")
+                  f"--local-dir data/{'NAME' if bad else hf.rsplit('/', 1)[-1]}`, then give "
+                  "the JSONL file's path in dataset.path (relative to the job file)")
         return None
     data_file = base / spec.dataset.path.local
     if data_file.is_dir() or not data_file.exists():
