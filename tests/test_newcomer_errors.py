@@ -72,7 +72,7 @@ def test_jobs_status_filter_with_no_match_and_running(tmp_path: Path) -> None:
     assert listed.returncode == 0, listed.stderr
     import json
 
-    assert [j["id"] for j in json.loads(listed.stdout)] == [taken.id]
+    assert [j["job_id"] for j in json.loads(listed.stdout)] == [taken.id]
 
 
 def closed_port() -> int:

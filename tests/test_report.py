@@ -91,7 +91,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                        capture_output=True)
     jobs = json.loads(subprocess.run([orch_exe(), "jobs", "--json"], env=env, check=True,
                                      capture_output=True, text=True).stdout)
-    return {"env": env, "tmp": tmp, "ids": [j["id"] for j in jobs]}
+    return {"env": env, "tmp": tmp, "ids": [j["job_id"] for j in jobs]}
 
 
 def report(history: dict[str, Any], *args: str, check: bool = True

@@ -72,7 +72,8 @@ def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.records.store import from_micros
 
     return {
-        "id": j.id, "name": j.name, "status": j.status, "method": j.method,
+        # `job_id`, as submit, show, cancel and the sweep commands say (one key per concept).
+        "job_id": j.id, "name": j.name, "status": j.status, "method": j.method,
         "base_model": j.base_model, "provider": j.provider, "gpu": j.gpu,
         "gpu_count": j.gpu_count, "interruptible": j.interruptible,
         "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
@@ -115,7 +116,7 @@ def jobs(
     typer.echo(table(
         ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
          "created"],
-        [[r["id"], r["name"], r["status"], r["method"],
+        [[r["job_id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
           money(r["est_cost"]), money(r["cost"]), human_time(j.created_at)]
          for r, j in zip(rows, found, strict=True)],

@@ -117,7 +117,7 @@ def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> No
         return
     if csv_out:
         dicts = [r.to_dict() for r in rows]
-        headers = ["id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
+        headers = ["job_id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
                    "spot", "cost", "amortised", "duration_s", "created_at", "started_at",
                    "finished_at"]
         print_csv(headers, [[d[h] for h in headers] for d in dicts])

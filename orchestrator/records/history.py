@@ -121,7 +121,7 @@ class HistoryRow:
             return None if t is None else to_text(t)
 
         return {
-            "id": self.id, "name": self.name, "status": self.status, "method": self.method,
+            "job_id": self.id, "name": self.name, "status": self.status, "method": self.method,
             "model": self.model, "provider": self.provider, "gpu": self.gpu,
             "gpu_count": self.gpu_count, "spot": self.spot, "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)), "duration_s": self.duration_s,
