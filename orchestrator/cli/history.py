@@ -7,6 +7,7 @@ about as fast as `orch --help`; heavier modules are imported inside the commands
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -198,7 +199,9 @@ def _cost_cmd(
                      shown, right=list(range(n - 5, n))))
     typer.echo("  cost = billed (metered and volume); amortised = share of monthly rents "
                "already paid, not in cost; spot savings = spot GPU-hours at the on-demand "
-               "catalog price minus what was charged")
+               "catalog price minus what was charged"
+               + ("; days, weeks and months are UTC (a job counts on the UTC day it was "
+                  "created)" if when else ""))
     for note in _cost_notes(unpriced):
         typer.echo(f"  note: {note}")
 
@@ -234,11 +237,14 @@ def _sql_cmd(
         fail(str(exc), exit_code(exc))
 
     def plain(v: object) -> object:
+        if isinstance(v, (dict, list)):  # PostgreSQL's json columns arrive parsed
+            return json.dumps(v, sort_keys=True)
         return v.hex() if isinstance(v, bytes) else v
 
     if json_out:
         print_json({"columns": list(result.columns),
-                   "rows": [[plain(v) for v in row] for row in result.rows]})
+                   "rows": [[v if isinstance(v, (dict, list)) else plain(v) for v in row]
+                            for row in result.rows]})
         return
     if csv_out:
         print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])

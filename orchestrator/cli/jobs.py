@@ -214,32 +214,41 @@ def worker(
     providers, notes = _providers(store)
     from orchestrator.core.paths import describe_db
 
-    # The database is named even with --quiet: a worker idling on the wrong database (an
-    # env file sourced without `export`) must say so in the journal at start.
-    typer.echo(f"worker {owner}: database {describe_db()}"
-               + ("" if quiet else f"; providers {', '.join(sorted(providers))}"), err=True)
-    if not quiet:
-        for note in notes:
-            typer.echo(f"note: {note}", err=True)
+    # The handler first: a SIGTERM right after the banner is a stop like any other.
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    current: list[str] = []  # the job being run, if any: what a stop has to say
     try:
-        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet)
+        # The database is named even with --quiet: a worker idling on the wrong database
+        # (an env file sourced without `export`) must say so in the journal at start.
+        typer.echo(f"worker {owner}: database {describe_db()}"
+                   + ("" if quiet else f"; providers {', '.join(sorted(providers))}"),
+                   err=True)
+        if not quiet:
+            for note in notes:
+                typer.echo(f"note: {note}", err=True)
+        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet,
+              current=current)
     except KeyboardInterrupt:
-        typer.echo("worker stopped (Ctrl-C); the current job was requeued", err=True)
+        typer.echo(f"worker stopped (Ctrl-C); {_stopped(current)}", err=True)
         raise typer.Exit(EXIT_CANCELLED) from None
     except BaseException as exc:
         from orchestrator.engine.runner import Terminated
 
         if isinstance(exc, Terminated):
-            typer.echo("worker stopped (SIGTERM); the current job was requeued", err=True)
+            typer.echo(f"worker stopped (SIGTERM); {_stopped(current)}", err=True)
             raise typer.Exit(143) from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stopped(current: list[str]) -> str:
+    return (f"job {current[0]} was requeued to resume" if current
+            else "it was idle: no job was running")
+
+
 def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
-          poll: float, quiet: bool) -> None:
+          poll: float, quiet: bool, current: list[str]) -> None:
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
 
@@ -258,8 +267,10 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
             continue
         if not quiet:
             typer.echo(f"{job.id} {job.name}: started", err=True)
+        current[:] = [job.id]
         finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
                              on_signal="requeue").run(job.id)
+        current.clear()
         if not quiet:
             typer.echo(f"{finished.id} {finished.name}: {finished.status}"
                        + (f" ({finished.failure_reason.splitlines()[0]})"
