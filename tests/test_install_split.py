@@ -57,3 +57,19 @@ def test_the_users_install_has_no_test_tools(tmp_path: Path) -> None:
     ci = extras_installed(tmp_path / "ci", "scripts/test")
     assert set(TEST_TOOLS) <= requirements(ci)
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash scripts/test")
+
+
+def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
+    # `orch` on the package index is someone else's project (orch 0.0.2); `pip download
+    # --no-deps orch-finetune` found no distribution (checked 2026-12-03). The command is `orch`.
+    import sys
+    from importlib.metadata import version
+
+    from orchestrator.cli.app import DISTRIBUTION
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION == "orch-finetune"
+    assert project["scripts"] == {"orch": "orchestrator.cli.app:main"}
+    out = subprocess.run([str(Path(sys.executable).parent / "orch"), "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == f"orch {version(DISTRIBUTION)}\n"

@@ -107,7 +107,7 @@ def test_servers_hints_paste_and_a_refused_port_fails_at_once(tmp_path: Path) ->
 
 def test_help_is_plain_text_and_usage_errors_are_one_line(tmp_path: Path) -> None:
     proc = run(tmp_path, "report", "-h")
-    assert "pip install 'orch[report]'" in " ".join(proc.stdout.split())
+    assert "pip install -e '.[report]'" in " ".join(proc.stdout.split())
     for args in (["jobs", "--bogus"], ["sql"], ["jobs", "--limit", "x"], ["nosuchcommand"]):
         bad = run(tmp_path, *args)
         assert bad.returncode == 2, (args, bad.stderr)

@@ -172,7 +172,7 @@ def test_without_plotly_the_error_says_how_to_install_it(history: dict[str, Any]
     proc = subprocess.run([sys.executable, "-c", code], env=history["env"], cwd=history["tmp"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "pip install 'orch[report]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install -e '.[report]'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (history["tmp"] / "never.html").exists()
 
 

@@ -32,7 +32,7 @@ app = typer.Typer(
     # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
     add_completion=True,
     pretty_exceptions_enable=False,
-    # Plain help and errors: rich markup ate `[report]` in "pip install 'orch[report]'",
+    # Plain help and errors: rich markup ate `[report]` in "pip install -e '.[report]'",
     # drew usage errors as boxes, and kept docstring line breaks inside its own wrapping.
     rich_markup_mode=None,
     # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
@@ -40,11 +40,16 @@ app = typer.Typer(
 )
 
 
+# pyproject.toml's project name (the command is `orch`; the name `orch` on the package index
+# belongs to an unrelated project).
+DISTRIBUTION = "orch-finetune"
+
+
 def _print_version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        typer.echo(f"orch {version('orch')}")
+        typer.echo(f"orch {version(DISTRIBUTION)}")
         raise typer.Exit()
 
 

@@ -1,6 +1,6 @@
 """`orch report [ID | --sweep NAME | --since 30d] -o report.html`: the history as pictures.
 
-Registered on the main Typer app by `register(app)`. plotly (the `orch[report]` extra) is
+Registered on the main Typer app by `register(app)`. plotly (the `orch-finetune[report]` extra) is
 imported only when the command runs, so no other command loads it.
 """
 
@@ -61,7 +61,7 @@ def _report_cmd(
     """One self-contained HTML file: loss curves, eval metrics, placements, costs.
 
     It opens in any browser with no network (the chart library is inside the file).
-    Needs the report extra: pip install 'orch[report]'.
+    Needs the report extra (in orch's checkout: .venv/bin/pip install -e '.[report]').
     """
     from orchestrator.cli.reportpage import ReportData, ReportError, cost_rows, render, run_data
     from orchestrator.core.paths import default_db_url

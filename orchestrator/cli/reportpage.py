@@ -1,7 +1,7 @@
 """`orch report`: one self-contained HTML file with loss curves, eval metrics, placements,
 cost breakdowns and cost per day/month with spot savings.
 
-Charts are drawn by plotly (the optional extra `orch[report]`), its JavaScript inlined so
+Charts are drawn by plotly (the optional extra `orch-finetune[report]`), its JavaScript inlined so
 the file opens with no network. plotly is imported only here, only when a report is made:
 no other command pays for it. Data is gathered first (`collect`), then rendered (`render`).
 """
@@ -18,7 +18,8 @@ from typing import Any
 
 from orchestrator.cli.term import human_time
 
-INSTALL_HINT = "orch report draws its charts with plotly: pip install 'orch[report]'"
+INSTALL_HINT = ("orch report draws its charts with plotly, the report extra: in orch's "
+                "checkout run .venv/bin/pip install -e '.[report]'")
 
 
 class ReportError(Exception):
