@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "axolotl": ("axolotl", "axolotl"),
     "vllm": ("vllm", "vllm"),
     "lm_eval": ("lm_eval", "lm_eval"),
+    "uv": ("uv", "uv"),
 }
 
 
