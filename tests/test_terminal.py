@@ -64,8 +64,10 @@ def _commands() -> list[list[str]]:
 def test_version() -> None:
     from importlib.metadata import version
 
+    from orchestrator.cli.app import DISTRIBUTION
+
     proc = piped(dict(os.environ), "--version")
-    assert proc.stdout.strip() == f"orch {version('orch')}"
+    assert proc.stdout.strip() == f"orch {version(DISTRIBUTION)}"
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
