@@ -225,8 +225,7 @@ def _sql_cmd(
     throughput_observation. Views: v_cost_per_month_provider, v_best_run_per_sweep,
     v_gpu_hours_per_model, v_interruptions_per_provider. Columns: docs/schema.md.
 
-    SQLite's built-in functions only (core, date, aggregate, window, math, JSON); at most
-    ORCH_SQL_TIMEOUT_S seconds (30) and ORCH_SQL_MAX_ROWS rows (10,000).
+    Built-in functions only; at most ORCH_SQL_TIMEOUT_S s (30) and ORCH_SQL_MAX_ROWS rows.
     """
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.history import HistoryError, run_sql
