@@ -328,8 +328,16 @@ def test_parse_progress() -> None:
            "{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 0.0002, 'epoch': 0.1}\n"
            "  10%|#         | 1/10 [00:01<00:09, 1.00it/s]\r  20%|##        | 2/10 [00:02<00:08]\n"
            "{'eval_loss': 9.9, 'epoch': 0.2}\n{'train_loss': 7.7}\n")
-    assert parse_progress(log) == Progress(2, 10, 2.5)
+    assert parse_progress(log) == Progress(2, 10, 2.5, ((1, 2.5),))
     assert parse_progress("no progress yet") == Progress(None, None, None)
+    # transformers: the bar reaches a step, tqdm.write clears it, prints the logs dict and
+    # draws the bar again at the same step; every step's loss is kept, not only the last.
+    hf = "".join(f"\r {10 * n}%|#| {n}/10 [00:0{n}<00:00]\r   \r{{'loss': {n / 10}, "
+                 f"'epoch': {n / 10}}}\n\r {10 * n}%|#| {n}/10 [00:0{n}<00:00]"
+                 for n in (3, 4, 5))
+    assert parse_progress(hf).losses == ((3, 0.3), (4, 0.4), (5, 0.5))
+    # A loss with no bar after it yet belongs to the next poll.
+    assert parse_progress(hf + "\r   \r{'loss': 0.6}\n").losses[-1] == (5, 0.5)
     assert parse_progress("{'loss': 1e-3}").loss == 0.001
 
 

@@ -63,8 +63,13 @@ def probe(host: str, port: int, user: str, key_path: Path, *, gpu: str, gpu_coun
     """
     try:
         key = ssh.parse_host_key(pinned) if pinned else ssh.trust_on_first_use(
-            host, port, timeout=timeout, deadline=timeout)
+            host, port, timeout=timeout, deadline=timeout, retry_refused=False)
     except ssh.HostUnreachable as exc:
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            raise ProbeError("unreachable", f"cannot reach {host}:{port} over SSH: the "
+                             "connection was refused; check that sshd runs on the server and "
+                             f"listens on port {port} (give the right one with --port) and "
+                             "that no firewall rejects it") from exc
         raise ProbeError("unreachable", f"cannot reach {host}:{port} over SSH: {exc}") from exc
     except ssh.SSHError as exc:
         raise ProbeError("unreachable", str(exc)) from exc

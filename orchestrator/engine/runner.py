@@ -107,6 +107,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
         job = self.store.get_job(job_id)
         self.job_id = job_id
         self.progress = Progress(job_id, job.status, job.attempt)
+        self._losses = {}
         try:
             # Checkpoint copies and training logs live under the data folder: the user's alone.
             private_dir(data_dir())

@@ -185,6 +185,7 @@ class RunnerCore:
     _watchdog: Watchdog
     _stalls: int
     _secrets_base: dict[int, str]  # instance row -> orch's directory on a kept server
+    _losses: dict[int, float]  # step -> training loss recorded as a metric in this run
 
     # --- implemented by the other parts (engine, teardown) ----------------------------------
 

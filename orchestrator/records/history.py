@@ -92,6 +92,7 @@ class Filters:
     sweep: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    ids: tuple[str, ...] = ()  # these jobs only (a report of one job or one sweep)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class HistoryRow:
             return None if t is None else to_text(t)
 
         return {
-            "id": self.id, "name": self.name, "status": self.status, "method": self.method,
+            "job_id": self.id, "name": self.name, "status": self.status, "method": self.method,
             "model": self.model, "provider": self.provider, "gpu": self.gpu,
             "gpu_count": self.gpu_count, "spot": self.spot, "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)), "duration_s": self.duration_s,
@@ -145,6 +146,8 @@ def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
         if bad:
             raise HistoryError(f"--status {bad[0]}: use one of {', '.join(JOB_STATUSES)}")
         terms.append(_in("j.status", "st", f.statuses, params))
+    if f.ids:
+        terms.append(_in("j.id", "id", f.ids, params))
     if f.methods:
         terms.append(_in("j.method", "me", f.methods, params))
     if f.providers:
@@ -249,12 +252,13 @@ class CostRow:
         """Plain JSON values (money as exact decimal strings)."""
         return {
             "bucket": self.bucket, "key": self.key, "jobs": self.jobs,
-            "gpu_hours": str(self.gpu_hours), "cost": str(dollars(self.cost_micros)),
+            "gpu_hours": str(self.gpu_hours), "gpu_seconds": self.gpu_seconds,
+            "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)),
             "spot_savings": None if self.savings_micros is None
             else str(dollars(self.savings_micros)),
             "spot_gpu_hours": str((Decimal(self.spot_gpu_seconds) / 3600).quantize(
-                Decimal("0.01"))),
+                Decimal("0.01"))), "spot_gpu_seconds": self.spot_gpu_seconds,
             "spot_unpriced_gpus": sorted(self.unpriced_gpus),
         }
 
@@ -330,14 +334,15 @@ def _rollup_sql(reader: Reader, dim: str | None, filters: Filters,
 def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
                 since: datetime | None = None, until: datetime | None = None,
                 now: datetime | None = None,
-                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+                prices: Mapping[str, Decimal] | None = None,
+                ids: Sequence[str] = ()) -> list[CostRow]:
     """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
 
     Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
     provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
     still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
     catalog price of that GPU minus what it was charged (its billed cost once terminated,
-    price × elapsed time while open).
+    price × elapsed time while open). `ids`: only these jobs (none: every job).
     """
     if when is not None and when not in TIME_BUCKETS:
         raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
@@ -348,7 +353,8 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
     now = now or datetime.now(UTC)
     prices = on_demand_prices() if prices is None else prices
     params: dict[str, Any] = {"now": to_text(now)}
-    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until), params)
+    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until,
+                                                         ids=tuple(ids)), params)
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:
