@@ -8,6 +8,7 @@ instances tagged with the job that no row knows.
 
 from __future__ import annotations
 
+import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from orchestrator.core import money, scheduler
@@ -31,6 +32,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     Requirements,
+    Simulated,
     TransientError,
     keeps_machine,
 )
@@ -181,6 +183,33 @@ class PlacementMixin(RunnerCore):
                                 "with `resources.providers: [sim]`")
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return list(ranking.placements)
+
+    def _check_before_renting(self) -> None:
+        """What can fail the job on any host fails it here, before anything is billed.
+
+        The base model's access on the Hub with the worker's `HF_TOKEN` (gated, private,
+        missing, wrong revision: `hubaccess`). Only while the job holds no instance and no
+        phase is durable: a takeover's host has (or is fetching) the model already.
+        """
+        from orchestrator.engine import hubaccess
+
+        if self._job().phase_done or any(r.terminated_at is None
+                                         for r in self.store.instances_of(self.job_id)):
+            return
+        usable = [self.providers[name] for name in self._usable()]
+        if not os.environ.get("HF_ENDPOINT") and usable and all(
+                isinstance(p, Simulated) for p in usable):
+            # The simulated cloud's hosts download from their `hf` stand-in, not from
+            # huggingface.co: asking the real Hub would judge a download that never happens.
+            return
+        base = self.inputs.loaded.spec.base_model
+        access = hubaccess.check_model(base.repo, base.revision,
+                                       os.environ.get("HF_TOKEN") or None)
+        if access.problem is not None:
+            raise JobFailed(f"before renting: {access.problem}")
+        if access.unchecked is not None:
+            self._event("hub.unchecked", f"base model access not checked before renting: "
+                        f"{access.unchecked}; the host's download will tell")
 
     def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
         placements = [p for p in self._candidates()

@@ -173,6 +173,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             self.inputs = load_inputs(job)
         except InputsError as exc:
             raise JobFailed(str(exc)) from exc
+        self._check_before_renting()
         tried: set[tuple[str, str]] = set()
         while True:
             job = self._job()
