@@ -22,9 +22,10 @@ from typing import Any
 
 from playbooks.base import Fault, Host, Step, StepFailed, last_line
 
-# The version NVIDIA's install guide pins (NVIDIA_CONTAINER_TOOLKIT_VERSION=1.17.8-1); one
-# version for all four packages, which depend on each other at equal versions.
-DEFAULT_VERSION = "1.17.8-1"
+# The current release in NVIDIA's versions list (cloud-native-docs `versions1.json`: 1.20.0;
+# the install guide's example pin, 1.17.8-1, is an older one still listed); one version for
+# all four packages, which depend on each other at equal versions.
+DEFAULT_VERSION = "1.20.0-1"
 PACKAGES = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
@@ -77,12 +78,15 @@ class _Run:
     pending: dict[str, str] | None = None
 
 
-def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str = KEYRING,
+def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = False, keyring: str = KEYRING,
           list_file: str = LIST_FILE, daemon_json: str = DAEMON_JSON) -> list[Step]:
     """The toolkit playbook at `version` (one list per run: the steps share its changes).
 
-    `cgroupfs=False` leaves Docker's cgroup driver alone (no `exec-opts` fix); the paths are
-    server paths, mapped with `host.paths` when the steps run.
+    `cgroupfs=True` also switches Docker to the cgroupfs driver (`exec-opts`): NVIDIA's
+    troubleshooting guide's workaround for containers losing their GPUs after a
+    `systemctl daemon-reload` under the systemd driver, not a step of its install guide, so
+    not done by default. The paths are server paths, mapped with `host.paths` when the
+    steps run.
     """
     if not _DEB_VERSION.fullmatch(version):
         raise ValueError(f"not a Debian package version: {version!r} (e.g. {DEFAULT_VERSION})")
@@ -132,6 +136,10 @@ class _Toolkit:
             _keyring_ok(host, self.keyring) and _list_ok(host, self.keyring, self.list_file))
 
     def install_prerequisites(self, host: Host) -> None:
+        # NVIDIA's guide runs `apt-get update` first: a fresh image has empty package lists
+        # and apt cannot locate even curl without them.
+        _apt(host, ["update"], "apt-get update", "check the host's apt sources and network "
+             "access")
         _apt(host, ["install", "-y", "--no-install-recommends", *_missing_prerequisites(host)],
              "installing the prerequisites (ca-certificates curl gnupg2)",
              "check the host's apt sources and network access")

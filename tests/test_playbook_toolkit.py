@@ -12,7 +12,7 @@ from playbooks.base import Fault, Host, PlaybookFailed, run_playbook
 from providers.simhost import SimHost
 
 STEPS = ["docker", "prerequisites", "keyring", "apt-list", "apt-update", "packages",
-         "runtime-configure", "cgroup-driver", "docker-restart", "verify"]
+         "runtime-configure", "docker-restart", "verify"]
 VERIFICATIONS = {"docker", "verify"}
 CHANGING = ("apt-install", "apt-update", "docker-restart", "nvidia-ctk-configure", "curl")
 
@@ -38,14 +38,18 @@ def test_fresh_host_installs_then_rerun_changes_nothing(playbook_host: PlaybookH
     assert "gnupg2" in sim.installed_packages()
     assert "nvidia" in runtimes(host)
     config = json.loads(sim.daemon_json_path.read_text())
-    assert "nvidia" in config["runtimes"] and config["exec-opts"] == [toolkit.CGROUPFS]
+    # NVIDIA's install guide does not touch the cgroup driver (cgroupfs is a troubleshooting
+    # workaround, asked for with cgroupfs=True).
+    assert "nvidia" in config["runtimes"] and "exec-opts" not in config
     assert sim.keyrings_dir.joinpath("nvidia-container-toolkit-keyring.gpg").read_bytes()[:1] \
         != b"-"
     listing = sim.apt_sources_dir.joinpath("nvidia-container-toolkit.list").read_text()
     assert f"deb [signed-by={host.paths(toolkit.KEYRING)}] https://" in listing
     first = counts(sim)
-    # Prerequisites and the toolkit were installed in one go each; Docker restarted once.
-    assert first["apt-install"] == 2 and first["apt-update"] == 1
+    # Prerequisites and the toolkit were installed in one go each, each after an `apt-get
+    # update` (a fresh image's lists are empty: installing curl first fails); Docker
+    # restarted once.
+    assert first["apt-install"] == 2 and first["apt-update"] == 2
     assert first["docker-restart"] == 1
 
     reports.clear()
@@ -63,7 +67,7 @@ def test_without_systemd_restarts_with_service_and_keeps_daemon_json_keys(
         "log-driver": "json-file", "log-opts": {"max-size": "10m"},
         "exec-opts": ["native.umask=normal", "native.cgroupdriver=systemd"],
         "data-root": "/mnt/nvme/docker"}))
-    run_playbook("toolkit", toolkit.steps(), host, reports)
+    run_playbook("toolkit", toolkit.steps(cgroupfs=True), host, reports)
     assert reports.outcomes()["docker-restart"] == "changed"
     assert "service docker restart" in sim.ssh_commands()
     config = json.loads(sim.daemon_json_path.read_text())
@@ -78,16 +82,15 @@ def test_preinstalled_toolkit_changes_nothing(playbook_host: PlaybookHostFactory
     sim, host = playbook_host(toolkit_preinstalled=toolkit.DEFAULT_VERSION)
     before = counts(sim)
     # The preinstalled host has the runtime but not the cgroup fix: without the fix asked
-    # for, every step is already done.
-    run_playbook("toolkit", toolkit.steps(cgroupfs=False), host, reports)
-    assert reports.outcomes() == {s: "ok" if s in VERIFICATIONS else "skipped"
-                                  for s in STEPS if s != "cgroup-driver"}
+    # for (the default), every step is already done.
+    run_playbook("toolkit", toolkit.steps(), host, reports)
+    assert reports.outcomes() == {s: "ok" if s in VERIFICATIONS else "skipped" for s in STEPS}
     assert counts(sim) == before
     assert "gnupg2" not in sim.installed_packages()  # not needed: the repo is set up
 
-    # With the fix (the default) only daemon.json and the restart it needs change.
+    # With the fix asked for, only daemon.json and the restart it needs change.
     reports.clear()
-    run_playbook("toolkit", toolkit.steps(), host, reports)
+    run_playbook("toolkit", toolkit.steps(cgroupfs=True), host, reports)
     changed = {s for s, outcome in reports.outcomes().items() if outcome == "changed"}
     assert changed == {"cgroup-driver", "docker-restart"}
     assert counts(sim) == before | {"docker-restart": before["docker-restart"] + 1}
@@ -100,6 +103,14 @@ def test_other_pinned_version_replaces_the_installed_one(playbook_host: Playbook
     assert reports.outcomes()["apt-update"] == "changed"
     assert reports.outcomes()["packages"] == "changed"
     assert {sim.installed_packages()[p] for p in toolkit.PACKAGES} == {toolkit.DEFAULT_VERSION}
+
+
+def test_the_default_pin_is_nvidias_current_release() -> None:
+    # cloud-native-docs container-toolkit versions1.json lists 1.20.0 as current
+    # (../shared/reference/real-hosts.md §9); the install guide's 1.17.8-1 is an older one.
+    assert toolkit.DEFAULT_VERSION == "1.20.0-1"
+    assert "cgroup-driver" not in [s.name for s in toolkit.steps()]
+    assert "cgroup-driver" in [s.name for s in toolkit.steps(cgroupfs=True)]
 
 
 def test_apt_failure_reports_stderr_tail(playbook_host: PlaybookHostFactory,

@@ -74,7 +74,8 @@ class SimHostOptions:
     has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
     has_systemd: bool = True
     preinstalled_packages: tuple[str, ...] = ("ca-certificates", "curl")
-    toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1")
+    toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1", "1.19.0-1",
+                                         "1.20.0-1")
     toolkit_preinstalled: str | None = None  # a version: toolkit installed and configured
     # disks
     nvme_mount: str | None = "/mnt/nvme"  # None: the host has no NVMe disk

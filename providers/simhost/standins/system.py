@@ -2,8 +2,9 @@
 
 The NVIDIA Container Toolkit install follows the real sequence: the four packages are only
 found after the NVIDIA apt list (signed-by a dearmored keyring) is in place and `apt-get
-update` ran; they depend on each other at equal versions, so pinning one leaves the others
-at the newest version and apt refuses, as real apt does.
+update` ran (any other package too: a fresh image's lists are empty); they depend on each
+other at equal versions, so pinning one leaves the others at the newest version and apt
+refuses, as real apt does.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ def _apt_install(host: Host, names: list[str], *, yes: bool, allow_downgrades: b
                 if version and version not in versions:
                     raise SimError(f"E: Version '{version}' for '{name}' was not found", 100)
                 requested[name] = version or candidate
+            elif name not in packages and host.read_json("apt_lists.json", None) is None:
+                # A fresh image's package lists are empty until `apt-get update`.
+                raise SimError(f"E: Unable to locate package {name}", 100)
             else:
                 requested[name] = version or packages.get(name, "sim-1")
         plan = dict(requested)
