@@ -69,34 +69,49 @@ class PipelineResult:
     reports: list[StepReport] = field(default_factory=list)
 
 
+def model_cache(job: PipelineJob, runner: train.Runner, paths: HostPaths) -> ModelCache:
+    """The base model's cache playbook as this kind of host runs `hf download`.
+
+    Neither kind has `hf` on the host OS's PATH: a container rental has it in the rented
+    image's venv (`NativeEnv.wrap` restores that environment), a Docker host in the trainer
+    image, run as a throwaway container.
+    """
+    cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
+    if runner == "docker":
+        cache.image = images.for_host(job.trainer_image, "docker")
+    else:
+        cache.wrap = train.NativeEnv.mapped(paths).wrap
+    return cache
+
+
 def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train.Runner]:
     """GPU check, then Container Toolkit (when the host has Docker) and the base model on NVMe.
 
-    The toolkit install (apt, a Docker restart) and the model download (the Hub to NVMe,
-    often tens of GB) do not touch each other, and both only wait on the network: they run
-    side by side over the one SSH connection, so the machine is not billed for them in turn.
-    Each thread uses SFTP channels of its own (playbooks/ssh/sftp.py): paramiko's SFTP client
-    cannot be shared between threads.
+    On a Docker host the download runs in a container, so it comes after the toolkit: the
+    toolkit's Docker restart stops every running container (and it would stop the
+    download). Disk discovery and the free-space check need no Docker and run beside the
+    toolkit install, each thread with SFTP channels of its own (playbooks/ssh/sftp.py).
     """
     run_playbook("gpu", gpu.steps(job.gpu), host, emit)
     runner = train.detect_runner(host)
-    cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
-    if runner != "docker":  # a container rental: `hf` is in the image's venv only
-        cache.wrap = train.NativeEnv.mapped(host.paths).wrap
+    cache = model_cache(job, runner, host.paths)
+    if runner != "docker":
         run_playbook("model_cache", cache.steps(), host, emit)
         return cache, runner
+    steps = cache.steps()
     # A Host of its own for the second thread: each playbook sets its step deadline on it.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-cache") as pool:
-        download = pool.submit(run_playbook, "model_cache", cache.steps(), replace(host), emit)
+        checks = pool.submit(run_playbook, "model_cache", steps[:-1], replace(host), emit)
         try:
             run_playbook("container_toolkit", container_toolkit.steps(job.toolkit_version),
                          host, emit)
         finally:
-            # Wait for the download either way, so no step outlives this call; a toolkit
-            # failure is raised in preference to the download's.
-            download_error = download.exception()
-        if download_error is not None:
-            raise download_error
+            # Wait for the checks either way, so no step outlives this call; a toolkit
+            # failure is raised in preference to theirs.
+            checks_error = checks.exception()
+        if checks_error is not None:
+            raise checks_error
+    run_playbook("model_cache", steps[-1:], host, emit)
     return cache, runner
 
 

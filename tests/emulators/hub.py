@@ -87,8 +87,9 @@ class HubEmulator:
     def __init__(self, tokens: tuple[str, ...] = (), *, open_models: bool = False) -> None:
         self.tokens = set(tokens)  # tokens the Hub knows; any other one is a 401
         self.repos: dict[tuple[str, str], Repo] = {}
-        # Any model repo not added is a public one with no files at `main` (the test
-        # suite's default Hub, so orch's pre-rental check of any base model passes).
+        # Any model repo not added is a public one with no files at `main`, and any token
+        # is an account's (the test suite's default Hub, so orch's pre-rental check of any
+        # base model passes).
         self.open_models = open_models
         self.requests: list[Recorded] = []
         self.slow = 0  # file bodies still to stall
@@ -160,7 +161,7 @@ class HubEmulator:
     def _find(self, h: BaseHTTPRequestHandler, record: Recorded, repo_type: str, rest: str,
               marker: str, token: str | None, body: bool) -> tuple[Repo, str] | None:
         """(repo, what follows `/marker/`) for `rest` = `{repo_id}/{marker}/...`, or answered."""
-        if token is not None and token not in self.tokens:
+        if token is not None and token not in self.tokens and not self.open_models:
             self._error(h, record, 401, INVALID_TOKEN, None, body)
             return None
         if marker == "auth-check" and rest.endswith("/auth-check"):

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import Host, SimError, say
+from .common import Host, SimError, container_to_host, say
 from .disks import logical_size, mount_for
 
 # What axolotl 0.18.0 pins (its pyproject.toml), so the images ship it.
@@ -262,10 +262,13 @@ def _download(host: Host, argv: list[str]) -> int:
         and (not includes or any(fnmatch.fnmatch(f[0], p) for p in includes))
         and not any(fnmatch.fnmatch(f[0], p) for p in excludes)
     ]
+    # In a container (`docker run` of the trainer image) paths go through its `-v` mounts.
     if "--local-dir" in flags:
-        target = host.writable(flags["--local-dir"])
+        target = host.writable(container_to_host(flags["--local-dir"]))
     else:
-        target = host.writable(_snapshot_dir(repo, revision, flags.get("--cache-dir")))
+        cache_dir = flags.get("--cache-dir")
+        target = host.writable(_snapshot_dir(repo, revision, None if cache_dir is None
+                                             else container_to_host(cache_dir)))
     target.mkdir(parents=True, exist_ok=True)
     partial_dir = target / ".cache" / "huggingface" / "download"
     opts = host.options
