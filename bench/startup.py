@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET = 8.0  # issue 11: `orch plan` within 8x a bare interpreter start
+TARGET = 10.0  # issue 24: `orch plan` within ~10x a bare interpreter start
 
 
 def measure(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
@@ -59,11 +59,14 @@ def exported(ref: str, into: Path) -> list[str]:
     archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    # The entry point moved twice: orchestrator/cli.py, orchestrator/entry.py, now the
-    # orchestrator.cli package; older refs keep working with --compare.
+    # The entry point moved: orchestrator/cli.py, orchestrator/entry.py, the
+    # orchestrator.cli.entry fast path, now the typer app itself; older refs keep working.
     o = into / "orchestrator"
-    entry = "orchestrator.cli.entry" if (o / "cli" / "entry.py").exists() else \
-        "orchestrator" + "." + ("entry" if (o / "entry.py").exists() else "cli")
+    if (o / "cli" / "app.py").exists():
+        entry = "orchestrator.cli.entry" if (o / "cli" / "entry.py").exists() \
+            else "orchestrator.cli.app"
+    else:
+        entry = "orchestrator" + "." + ("entry" if (o / "entry.py").exists() else "cli")
     return [sys.executable, "-c",
             f"import sys; sys.path.insert(0, {str(into)!r}); sys.argv[0] = 'orch'; "
             f"from {entry} import main; main()"]

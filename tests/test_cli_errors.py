@@ -44,7 +44,7 @@ IDS = [" ".join(path) for path, _ in COMMANDS]
 # name gets "x": still a bad argument, which is what these tests want).
 VALUES = {"file": str(EXAMPLES / "quickstart.yml"), "job_id": "j-000000000000",
           "name": "nosuch", "query": "SELECT 1", "host": "127.0.0.1", "gpu": "H100 SXM",
-          "monthly": "2190"}
+          "monthly": "2190", "kind": "job"}
 SWEEP_FILE = str(EXAMPLES / "sweep-lr.yml")
 
 

@@ -32,7 +32,7 @@ def test_committed_doc_is_what_the_generator_prints() -> None:
 def test_every_model_key_is_described() -> None:
     assert jobdoc.missing_descriptions() == []
     text = DOC.read_text()
-    for dotted, _, _ in jobdoc.walk(JobSpec, "job") + jobdoc.walk(SweepSpec, "sweep"):
+    for dotted, _ in jobdoc.walk(JobSpec, "job") + jobdoc.walk(SweepSpec, "sweep"):
         assert f"| `{dotted.rsplit('.', 1)[-1]}` |" in text, dotted
     for words in ("HF_TOKEN", "orch models", "architecture", "objective", "loguniform"):
         assert words in text

@@ -18,6 +18,7 @@ from orchestrator.cli import models as cli_models
 from orchestrator.cli import plan as cli_plan
 from orchestrator.cli import render as cli_render
 from orchestrator.cli import report as cli_report
+from orchestrator.cli import schemacmd as cli_schema
 from orchestrator.cli import servers as cli_servers
 from orchestrator.cli import sweeps as cli_sweeps
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
@@ -164,6 +165,7 @@ def _register() -> None:
     cli_models.register(app)
     cli_servers.register(app)
     cli_render.register(app)
+    cli_schema.register(app)
 
 
 _register()

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-# `orch plan` runs without typer (orchestrator.cli.entry), so these live in cli_plan; the other
-# commands take them from here.
+# Defined beside `orch plan` (the first command that needed them); the other commands take
+# them from here.
 from orchestrator.cli.plan import EXIT_INVALID, EXIT_NO_FIT, load, money, problems_exit
 
 if TYPE_CHECKING:

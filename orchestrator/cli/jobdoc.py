@@ -1,8 +1,8 @@
 """Generate docs/job-file.md from the file models, so the reference cannot drift.
 
-Keys, types, defaults and limits are read from JobSpec/SweepSpec; the words (what a key
-means, an example) live in ABOUT below, keyed by the dotted key, and a test fails when a
-model key has no entry or the committed file differs from what this prints:
+Keys, types, defaults, limits and the words (each field's `description` and `examples`) are
+read from JobSpec/SweepSpec; a test fails when a field has no description or the committed
+file differs from what this prints:
 
     python -m orchestrator.cli.jobdoc > docs/job-file.md
 """
@@ -14,132 +14,32 @@ import typing
 from decimal import Decimal
 from typing import Any, Literal, Union
 
-from orchestrator.core.architectures import LINEAR_MODULES, known_models
-from orchestrator.core.schema import FieldInfo, Model, submodel
-from orchestrator.core.spec import _SHAPES, DEFAULT_TRAINER_IMAGE, ArchitectureFields, JobSpec
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from orchestrator.core.architectures import known_models
+from orchestrator.core.spec import ArchitectureFields, JobSpec
+from orchestrator.core.specerrors import SHAPES, submodel
 from orchestrator.records.sweeps import Distribution, SweepSpec
 
-# dotted key -> (what it means, example value as YAML). "job." keys are the job file's,
-# "sweep." the sweep file's, "dist." a random distribution's.
-ABOUT: dict[str, tuple[str, str]] = {
-    "job.name": ("The job's name: letters, digits, `.`, `_`, `-`; shown by `orch jobs`.",
-                 "llama31-8b-alpaca-qlora"),
-    "job.base_model": ("The model to fine-tune: a known repo id (`orch models`), or a mapping "
-                       "with its shape for any other model.", "meta-llama/Llama-3.1-8B"),
-    "job.method": ("`qlora` (4-bit base + adapters), `lora` (16-bit base + adapters) or "
-                   "`full` (every weight trained).", "qlora"),
-    "job.lora": ("The adapters (ignored by `full`).", "{r: 16, alpha: 32}"),
-    "job.training": ("Trainer settings (passed to axolotl).", "{epochs: 2}"),
-    "job.dataset": ("The training data.", "{path: data/train.jsonl}"),
-    "job.eval": ("What to score after training (optional).",
-                 "{eval_set: data/eval.jsonl}"),
-    "job.resources": ("Where it may run and what it may cost.", "{spot: allowed}"),
-    "job.trainer": ("The training container.", f"{{image: {DEFAULT_TRAINER_IMAGE}}}"),
-    "job.base_model.repo": ("Hugging Face repo id. Gated repos (Llama) need `HF_TOKEN` in the "
-                            "environment of the orch process that runs the job.",
-                            "meta-llama/Llama-3.1-8B"),
-    "job.base_model.revision": ("Branch, tag or commit to download.", "main"),
-    "job.base_model.config": ("A local copy of the model's `config.json` (relative to the job "
-                              "file), read for its shape; not with `architecture`.",
-                              "models/my-model/config.json"),
-    "job.base_model.architecture": ("The model's shape, as its `config.json` names the fields; "
-                                    "not with `config`.", "{hidden_size: 4096, ...}"),
-    "job.base_model.architecture.hidden_size": ("Width of the residual stream.", "4096"),
-    "job.base_model.architecture.num_hidden_layers": ("Transformer blocks.", "32"),
-    "job.base_model.architecture.num_attention_heads": ("Query heads.", "32"),
-    "job.base_model.architecture.num_key_value_heads": (
-        "Key/value heads (grouped-query attention); null means as many as query heads.", "8"),
-    "job.base_model.architecture.intermediate_size": ("MLP width.", "14336"),
-    "job.base_model.architecture.vocab_size": ("Tokenizer vocabulary.", "128256"),
-    "job.base_model.architecture.tie_word_embeddings": (
-        "Input and output embeddings share one matrix.", "false"),
-    "job.base_model.architecture.qkv_bias": ("Biases on q/k/v projections (Qwen2).", "false"),
-    "job.base_model.architecture.head_dim": (
-        "Per-head width when it is not hidden_size / num_attention_heads.", "128"),
-    "job.lora.r": ("Adapter rank.", "16"),
-    "job.lora.alpha": ("Adapter scaling (alpha / r multiplies the update).", "32"),
-    "job.lora.dropout": ("Dropout on the adapter input.", "0.05"),
-    "job.lora.target": ("Which linear layers get adapters: `all-linear` or a list of "
-                        f"{', '.join(LINEAR_MODULES)}.", "[q_proj, v_proj]"),
-    "job.training.sequence_len": ("Tokens per training sequence.", "2048"),
-    "job.training.micro_batch_size": ("Sequences per GPU per step.", "2"),
-    "job.training.gradient_accumulation_steps": ("Micro-batches per optimizer step.", "4"),
-    "job.training.epochs": ("Passes over the dataset (fractions allowed).", "1"),
-    "job.training.learning_rate": ("Peak learning rate.", "2.0e-4"),
-    "job.training.optimizer": ("Optimizer; the 8-bit ones keep less state in GPU memory. "
-                               "`auto`: the planner picks the one that reaches the cheapest "
-                               "placement.", "adamw_8bit"),
-    "job.training.gradient_checkpointing": ("Recompute activations to save memory (`auto`: "
-                                            "on only when it reaches a cheaper placement; "
-                                            "its slowdown is counted).", "true"),
-    "job.training.cross_entropy": ("The loss kernel: `plain` materialises fp32 logits; `cut` "
-                                   "(axolotl's Cut Cross Entropy plugin) and `liger` (Liger's "
-                                   "fused linear cross-entropy) never do. `auto`: the planner "
-                                   "picks; docs/sizing.md has the sizes.", "auto"),
-    "job.training.activation_offloading": ("Offload activations to host RAM (needs gradient "
-                                           "checkpointing; slower). `auto`: on only when it "
-                                           "reaches a cheaper placement.", "auto"),
-    "job.training.packing": ("Pack short samples into full sequences.", "true"),
-    "job.dataset.path": ("A local JSONL file (relative to the job file; uploaded to the host). "
-                         "A Hugging Face dataset is not downloaded by orch: fetch it with "
-                         "`hf download --repo-type dataset ORG/NAME --local-dir data/NAME` "
-                         "and give the file.", "data/train.jsonl"),
-    "job.dataset.path.local": ("The JSONL file (what a plain string path means).",
-                               "data/train.jsonl"),
-    "job.dataset.path.hf": ("Refused (see `path`): a Hugging Face dataset id is named in the "
-                            "error's fix.", "tatsu-lab/alpaca"),
-    "job.dataset.path.split": ("Only with `hf` (refused).", "train"),
-    "job.dataset.format": ("`alpaca` rows (instruction/input/output) or `chat_template` rows "
-                           "(messages).", "alpaca"),
-    "job.dataset.tokens": ("Tokens in one epoch. Optional: estimated from the file's "
-                           "characters when not given.", "6000000"),
-    "job.eval.eval_set": ("A JSONL file of `{prompt, expected}` rows scored after training "
-                          "(exact match, contains).", "data/eval.jsonl"),
-    "job.eval.tasks": ("lm-eval task names to run after training.", "[hellaswag]"),
-    "job.resources.spot": ("Interruptible (spot) machines: `allowed`, `required` or "
-                           "`never`.", "allowed"),
-    "job.resources.gpus": ("`any`, or the GPU models allowed (`orch servers add --gpu` "
-                           "spellings, e.g. RTX 4090, A100, H100).", "[RTX 4090, A100]"),
-    "job.resources.max_gpus": ("Most GPUs on one machine.", "8"),
-    "job.resources.gpu_count": ("Exactly this many GPUs on one machine (a layout you need); "
-                                "at most `max_gpus`.", "2"),
-    "job.resources.servers": ("Only these registered servers (`orch servers list`) may run "
-                              "it.", "[box1]"),
-    "job.resources.providers": ("`any`, or the providers allowed: vastai, runpod, dedicated, "
-                                "sim (and the price catalogs cloud, dedicated-host for "
-                                "planning).", "[vastai, runpod]"),
-    "job.resources.max_price_per_hour": ("Most USD per machine-hour.", "2.50"),
-    "job.resources.max_cost": ("Most USD for the whole job.", "20"),
-    "job.resources.deadline_hours": ("Finish within this many hours (estimated).", "12"),
-    "job.resources.headroom": ("Fraction added to the peak memory estimate.", "0.2"),
-    "job.trainer.image": ("The axolotl image; pin a tag (`latest` is refused).",
-                          DEFAULT_TRAINER_IMAGE),
-    "job.trainer.extra": ("Raw axolotl config keys merged into the generated config.",
-                          "{warmup_steps: 10}"),
-    "sweep.name": ("The sweep's name; runs are named NAME-000, NAME-001, ...", "lr-sweep-8b"),
-    "sweep.base": ("The job file every run starts from, relative to the sweep file.",
-                   "qlora-8b.yml"),
-    "sweep.grid": ("Dotted job-file keys and their values; every combination runs.",
-                   "{training.learning_rate: [1.0e-4, 2.0e-4], lora.r: [8, 16]}"),
-    "sweep.random": ("Random samples on top of the grid.",
-                     "{n: 4, seed: 0, params: {training.learning_rate: "
-                     "{loguniform: [1.0e-5, 1.0e-3]}}}"),
-    "sweep.random.n": ("How many random runs.", "4"),
-    "sweep.random.seed": ("Seed: the same file always draws the same runs.", "0"),
-    "sweep.random.params": ("Dotted job-file keys and the distribution each is drawn from.",
-                            "{lora.r: {choice: [8, 16, 32]}}"),
-    "sweep.max_parallel": ("Runs of this sweep running at once.", "2"),
-    "sweep.budget": ("USD for the whole sweep; runs that would pass it are held back.", "25"),
-    "sweep.objective": ("The metric that picks the best run.",
-                        "{metric: eval.exact_match, goal: max}"),
-    "sweep.objective.metric": ("A metric a run reports (`orch show ID` lists them).",
-                               "eval.exact_match"),
-    "sweep.objective.goal": ("`max` or `min`.", "max"),
-    "dist.loguniform": ("`[lo, hi]`, log-uniform (lo > 0): learning rates.", "[1.0e-5, 1.0e-3]"),
-    "dist.uniform": ("`[lo, hi]`, uniform.", "[0.0, 0.1]"),
-    "dist.choice": ("A list of values, one picked.", "[8, 16, 32]"),
-    "dist.int": ("`[lo, hi]`, an integer, both ends included.", "[1, 3]"),
-}
+
+def example_text(value: Any) -> str:
+    """An example value as a job file writes it (YAML flow style)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ", ".join(example_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {example_text(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def about(field: FieldInfo) -> tuple[str, str]:
+    """(what a key means, an example as YAML) from the field's description and examples."""
+    example = example_text(field.examples[0]) if field.examples else ""
+    return field.description or "", example
 
 
 _SCALARS = {int: "integer", float: "number", bool: "true/false", str: "string",
@@ -188,8 +88,8 @@ def _default(field: FieldInfo) -> str:
     if field.is_required():
         return "**required**"
     if field.default_factory is not None:
-        value = field.default_factory()
-        return "see below" if isinstance(value, Model) else f"`{value!r}`"
+        value = field.get_default(call_default_factory=True)
+        return "see below" if isinstance(value, BaseModel) else f"`{value!r}`"
     value = field.default
     if value is None:
         return "`null`"
@@ -207,13 +107,13 @@ def _defaults_word(prefix: str, name: str, field: FieldInfo) -> str:
     return _default(field)
 
 
-def walk(model: type[Model], prefix: str) -> list[tuple[str, str, FieldInfo]]:
-    """(dotted key, ABOUT key, field) for every field, depth first."""
+def walk(model: type[BaseModel], prefix: str) -> list[tuple[str, FieldInfo]]:
+    """(dotted key, field) for every field, depth first."""
     rows = []
     for name, field in model.model_fields.items():
         key = field.alias or name
         dotted = f"{prefix}.{key}"
-        rows.append((dotted, dotted, field))
+        rows.append((dotted, field))
         sub = submodel(field.annotation)
         if sub is not None and sub is not Distribution:
             rows += walk(sub, dotted)
@@ -221,23 +121,23 @@ def walk(model: type[Model], prefix: str) -> list[tuple[str, str, FieldInfo]]:
 
 
 def missing_descriptions() -> list[str]:
-    """Model keys with no entry in ABOUT (the test asserts this is empty)."""
-    keys = [k for k, _, _ in walk(JobSpec, "job") + walk(SweepSpec, "sweep")]
-    keys += [f"dist.{f.alias or n}" for n, f in Distribution.model_fields.items()]
-    return [k for k in keys if k not in ABOUT]
+    """Fields with no description or example (the test asserts this is empty)."""
+    rows = walk(JobSpec, "job") + walk(SweepSpec, "sweep")
+    rows += [(f"dist.{f.alias or n}", f) for n, f in Distribution.model_fields.items()]
+    return [k for k, f in rows if not f.description or not f.examples]
 
 
-def _section(model: type[Model], prefix: str, title: str) -> list[str]:
+def _section(model: type[BaseModel], prefix: str, title: str) -> list[str]:
     out = [f"### {title}", "", "| Key | Type | Default | Limits | Meaning | Example |",
            "|---|---|---|---|---|---|"]
     for name, field in model.model_fields.items():
         key = field.alias or name
-        about, example = ABOUT.get(f"{prefix}.{key}", ("", ""))
-        # Keys whose validators accept more than the model's type say so in spec._SHAPES.
-        shape = _SHAPES.get(tuple(f"{prefix}.{key}".split(".")[1:])) if prefix.startswith(
+        meaning, example = about(field)
+        # Keys whose validators accept more than the model's type say so in specerrors.SHAPES.
+        shape = SHAPES.get(tuple(f"{prefix}.{key}".split(".")[1:])) if prefix.startswith(
             "job") else None
         out.append(f"| `{key}` | {shape or type_text(field.annotation)} | "
-                   f"{_defaults_word(prefix, key, field)} | {_limits(field)} | {about} | "
+                   f"{_defaults_word(prefix, key, field)} | {_limits(field)} | {meaning} | "
                    f"`{example}` |")
     out.append("")
     for name, field in model.model_fields.items():
@@ -275,6 +175,26 @@ def _job_part() -> list[str]:
         "method: qlora",
         "dataset: {path: data/train.jsonl}",
         "```",
+        "",
+        "### Checking a job file in your editor",
+        "",
+        "`orch schema job` (and `orch schema sweep`) prints the file's JSON Schema, generated",
+        "from the same models, with every key's meaning and an example. Editors with the YAML",
+        "language server (VS Code's YAML extension, Neovim, Helix, ...) validate and complete",
+        "a file that names the schema in its first line:",
+        "",
+        "```bash",
+        "orch schema job > orch-job.schema.json",
+        "orch schema sweep > orch-sweep.schema.json",
+        "```",
+        "",
+        "```yaml",
+        "# yaml-language-server: $schema=./orch-job.schema.json",
+        "name: llama31-8b-alpaca-qlora",
+        "```",
+        "",
+        "The schema checks keys, types, choices and bounds; `orch plan` also checks what a",
+        "schema cannot (files, model shapes, GPU and provider names, trainer image tags).",
         "",
         "## Job file keys",
         "",
@@ -356,8 +276,7 @@ def _sweep_part() -> list[str]:
         "",
         "| Key | Type | Meaning | Example |",
         "|---|---|---|---|",
-        *(f"| `{f.alias or n}` | {type_text(f.annotation)} | "
-          f"{ABOUT[f'dist.{f.alias or n}'][0]} | `{ABOUT[f'dist.{f.alias or n}'][1]}` |"
+        *(f"| `{f.alias or n}` | {type_text(f.annotation)} | {about(f)[0]} | `{about(f)[1]}` |"
           for n, f in Distribution.model_fields.items()),
         "",
     ]

@@ -1,10 +1,8 @@
-"""`orch plan`: load a job file, plan it, print the plan; without typer.
+"""`orch plan`: load a job file, plan it, print the plan (the typer command calls `run`).
 
-`orch plan` must start in a small multiple of a bare `python -c pass` (bench/startup.py).
-typer (and, through it, its click copy and its parameter adapters) and the other commands'
-modules cost more than planning itself, so `orchestrator.cli.entry` runs a plain
-`orch plan FILE [--json] [--all]` through `run` here directly; everything else, `--help`
-included, goes through the typer app in orchestrator.cli.app, whose `plan` command calls `run`.
+Planning needs neither the database layer (SQLModel) nor SSH nor HTTP: those are imported
+only by the commands that use them, which keeps `orch plan` within ~10x a bare
+`python -c pass` (bench/startup.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One place decides how a time reads to a human (local time with its zone), how a state is
 coloured (only on a terminal, never with NO_COLOR), and how wide the terminal is, so no
-command drifts. Standard library only: `orch plan` imports this on its fast path.
+command drifts. Standard library only (`orch plan` imports it).
 """
 
 from __future__ import annotations

@@ -1,20 +1,27 @@
-"""JobSpec and job-file loading with `file:line field: problem; fix` errors.
+"""JobSpec (pydantic v2) and job-file loading with `file:line field: problem; fix` errors.
 
-The models are orchestrator.core.schema models, not pydantic ones: `orch plan` starts in
-half the time without pydantic (schema.py says why); their errors are pydantic's error
-dicts, which `_describe` turns into words.
+What each key means lives on its field (`Field(description=..., examples=[...])`):
+docs/job-file.md and `orch schema job` (JSON Schema, for editors) are generated from it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from orchestrator.core import userfiles, yamlpos
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+
+from orchestrator.core import canonical, userfiles, yamlpos
 from orchestrator.core.architectures import (
     LINEAR_MODULES,
     Architecture,
@@ -24,7 +31,7 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
-from orchestrator.core.schema import After, Before, Field, Model, ValidationError, submodel
+from orchestrator.core.specerrors import closest, translate
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -46,6 +53,17 @@ MAX_VOCAB = 16_777_216
 MAX_STEPS = 1_000_000  # gradient accumulation steps
 # trainer.extra is passed to axolotl as YAML; its configs nest 2-3 levels.
 MAX_EXTRA_DEPTH = 8
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+
+
+class Strict(BaseModel):
+    """Base of the file models: unknown keys refused, no coercion, immutable."""
+
+    # inf and nan are never a meaningful setting; refused like any other bad number.
+    # validate_default: a default is stored as its field's type (`epochs` 1 as 1.0), so a
+    # key spelled out with its default value has the same canonical form, and spec hash.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
+                              validate_default=True)
 
 
 def to_decimal(value: Any) -> Any:
@@ -76,39 +94,67 @@ def _any_or_list(value: Any) -> Any:
     return value
 
 
-Money = Annotated[Decimal, Before(to_decimal), Field(gt=0, le=MAX_DOLLARS)]
-AnyOrList = Annotated[list[str] | None, Before(_any_or_list)]
+# json_schema_input_type: what a file may write (editors validate against the JSON Schema),
+# where a validator accepts more than the stored type.
+Money = Annotated[Decimal, BeforeValidator(to_decimal, json_schema_input_type=float | str),
+                  Field(gt=0, le=MAX_DOLLARS)]
+AnyOrList = Annotated[list[str] | None, BeforeValidator(
+    _any_or_list, json_schema_input_type=Literal["any"] | str | int | list[str | int])]
 
 
-class ArchitectureFields(Model):
+class ArchitectureFields(Strict):
     """A model shape given inline, as config.json names the fields."""
 
-    hidden_size: int = Field(gt=0, le=MAX_DIM)
-    num_hidden_layers: int = Field(gt=0, le=MAX_LAYERS)
-    num_attention_heads: int = Field(gt=0, le=MAX_HEADS)
-    num_key_value_heads: int | None = Field(default=None, gt=0, le=MAX_HEADS)
-    intermediate_size: int = Field(gt=0, le=MAX_DIM)
-    vocab_size: int = Field(gt=0, le=MAX_VOCAB)
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False
-    head_dim: int | None = Field(default=None, gt=0, le=MAX_DIM)
+    hidden_size: int = Field(gt=0, le=MAX_DIM, description="Width of the residual stream.",
+                             examples=[4096])
+    num_hidden_layers: int = Field(gt=0, le=MAX_LAYERS, description="Transformer blocks.",
+                                   examples=[32])
+    num_attention_heads: int = Field(gt=0, le=MAX_HEADS, description="Query heads.",
+                                     examples=[32])
+    num_key_value_heads: int | None = Field(
+        default=None, gt=0, le=MAX_HEADS, examples=[8],
+        description="Key/value heads (grouped-query attention); null means as many as query "
+                    "heads.")
+    intermediate_size: int = Field(gt=0, le=MAX_DIM, description="MLP width.",
+                                   examples=[14336])
+    vocab_size: int = Field(gt=0, le=MAX_VOCAB, description="Tokenizer vocabulary.",
+                            examples=[128256])
+    tie_word_embeddings: bool = Field(
+        default=False, description="Input and output embeddings share one matrix.",
+        examples=[False])
+    qkv_bias: bool = Field(default=False, description="Biases on q/k/v projections (Qwen2).",
+                           examples=[False])
+    head_dim: int | None = Field(
+        default=None, gt=0, le=MAX_DIM, examples=[128],
+        description="Per-head width when it is not hidden_size / num_attention_heads.")
 
 
-class BaseModelRef(Model):
+class BaseModelRef(Strict):
     """Which base model: a repo id, optionally with a revision and its shape."""
 
-    repo: str = Field(min_length=1)
-    revision: str = "main"
-    config: str | None = None
-    architecture: ArchitectureFields | None = None
+    repo: str = Field(min_length=1, examples=["meta-llama/Llama-3.1-8B"],
+                      description="Hugging Face repo id. Gated repos (Llama) need `HF_TOKEN` "
+                                  "in the environment of the orch process that runs the job.")
+    revision: str = Field(default="main", description="Branch, tag or commit to download.",
+                          examples=["main"])
+    config: str | None = Field(
+        default=None, examples=["models/my-model/config.json"],
+        description="A local copy of the model's `config.json` (relative to the job file), "
+                    "read for its shape; not with `architecture`.")
+    architecture: ArchitectureFields | None = Field(
+        default=None, examples=[{"hidden_size": 4096}],
+        description="The model's shape, as its `config.json` names the fields; not with "
+                    "`config`.")
 
-    @classmethod
-    def _prepare(cls, value: Any) -> Any:
-        return {"repo": value} if isinstance(value, str) else value
-
-    def _check(self) -> None:
+    @model_validator(mode="after")
+    def _one_shape(self) -> BaseModelRef:
         if self.config and self.architecture:
             raise ValueError("give either config or architecture, not both")
+        return self
+
+
+def _repo_string(value: Any) -> Any:
+    return {"repo": value} if isinstance(value, str) else value
 
 
 def _known_modules(value: list[str] | None) -> list[str] | None:
@@ -118,7 +164,7 @@ def _known_modules(value: list[str] | None) -> list[str] | None:
         raise ValueError("must name at least one module, or be all-linear")
     for name in value:
         if name not in LINEAR_MODULES:
-            close = _closest(name, LINEAR_MODULES, n=1)
+            close = closest(name, LINEAR_MODULES, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(
                 f"unknown module {name!r}{hint} (known: {', '.join(LINEAR_MODULES)}, "
@@ -127,12 +173,20 @@ def _known_modules(value: list[str] | None) -> list[str] | None:
     return value
 
 
-class LoraSpec(Model):
-    r: int = Field(default=16, gt=0, le=1024)
-    alpha: int = Field(default=32, gt=0, le=1_000_000)  # axolotl types lora_alpha as int
-    dropout: float = Field(default=0.05, ge=0, lt=1)
-    target: Annotated[list[str] | None, Before(lambda v: None if v == "all-linear" else v),
-                      After(_known_modules)] = None
+class LoraSpec(Strict):
+    r: int = Field(default=16, gt=0, le=1024, description="Adapter rank.", examples=[16])
+    # axolotl types lora_alpha as int
+    alpha: int = Field(default=32, gt=0, le=1_000_000, examples=[32],
+                       description="Adapter scaling (alpha / r multiplies the update).")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the adapter input.",
+                           examples=[0.05])
+    target: Annotated[list[str] | None, BeforeValidator(
+        lambda v: None if v == "all-linear" else v,
+        json_schema_input_type=Literal["all-linear"] | list[str]),
+        AfterValidator(_known_modules)] = Field(
+        default=None, examples=[["q_proj", "v_proj"]],
+        description="Which linear layers get adapters: `all-linear` or a list of "
+                    f"{', '.join(LINEAR_MODULES)}.")
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -152,20 +206,39 @@ def _auto_bool(value: Any) -> Any:
     raise ValueError(f"must be auto, true or false (got {value!r})")
 
 
-AutoBool = Annotated[Literal["auto"] | bool, Before(_auto_bool)]
+AutoBool = Annotated[Literal["auto"] | bool, BeforeValidator(_auto_bool)]
 
 
-class TrainingSpec(Model):
-    sequence_len: int = Field(default=2048, ge=16, le=1_048_576)
-    micro_batch_size: int = Field(default=2, gt=0, le=4096)
-    gradient_accumulation_steps: int = Field(default=4, gt=0, le=MAX_STEPS)
-    epochs: float = Field(default=1, gt=0, le=1000)
-    learning_rate: float = Field(default=2.0e-4, gt=0, lt=1)
-    optimizer: Optimizer = "auto"
-    gradient_checkpointing: AutoBool = "auto"
-    packing: bool = True
-    cross_entropy: Literal["auto", "plain", "cut", "liger"] = "auto"
-    activation_offloading: AutoBool = "auto"
+class TrainingSpec(Strict):
+    sequence_len: int = Field(default=2048, ge=16, le=1_048_576, examples=[2048],
+                              description="Tokens per training sequence.")
+    micro_batch_size: int = Field(default=2, gt=0, le=4096, examples=[2],
+                                  description="Sequences per GPU per step.")
+    gradient_accumulation_steps: int = Field(default=4, gt=0, le=MAX_STEPS, examples=[4],
+                                             description="Micro-batches per optimizer step.")
+    epochs: float = Field(default=1, gt=0, le=1000, examples=[1],
+                          description="Passes over the dataset (fractions allowed).")
+    learning_rate: float = Field(default=2.0e-4, gt=0, lt=1, description="Peak learning rate.",
+                                 examples=[2.0e-4])
+    optimizer: Optimizer = Field(
+        default="auto", examples=["adamw_8bit"],
+        description="Optimizer; the 8-bit ones keep less state in GPU memory. `auto`: the "
+                    "planner picks the one that reaches the cheapest placement.")
+    gradient_checkpointing: AutoBool = Field(
+        default="auto", examples=[True],
+        description="Recompute activations to save memory (`auto`: on only when it reaches a "
+                    "cheaper placement; its slowdown is counted).")
+    packing: bool = Field(default=True, description="Pack short samples into full sequences.",
+                          examples=[True])
+    cross_entropy: Literal["auto", "plain", "cut", "liger"] = Field(
+        default="auto", examples=["auto"],
+        description="The loss kernel: `plain` materialises fp32 logits; `cut` (axolotl's Cut "
+                    "Cross Entropy plugin) and `liger` (Liger's fused linear cross-entropy) "
+                    "never do. `auto`: the planner picks; docs/sizing.md has the sizes.")
+    activation_offloading: AutoBool = Field(
+        default="auto", examples=["auto"],
+        description="Offload activations to host RAM (needs gradient checkpointing; slower). "
+                    "`auto`: on only when it reaches a cheaper placement.")
 
 
 def _dataset_path(value: Any) -> Any:
@@ -174,48 +247,92 @@ def _dataset_path(value: Any) -> Any:
     return value
 
 
-class DatasetPath(Model):
+class DatasetPath(Strict):
     """A local file (uploaded to the host) or a Hugging Face dataset."""
 
-    local: str | None = None
-    hf: str | None = None
-    split: str = "train"
+    local: str | None = Field(default=None, examples=["data/train.jsonl"],
+                              description="The JSONL file (what a plain string path means).")
+    hf: str | None = Field(default=None, examples=["tatsu-lab/alpaca"],
+                           description="Refused (see `path`): a Hugging Face dataset id is "
+                                       "named in the error's fix.")
+    split: str = Field(default="train", description="Only with `hf` (refused).",
+                       examples=["train"])
 
-    def _check(self) -> None:
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DatasetPath:
         if (self.local is None) == (self.hf is None):
             raise ValueError("must be a local file path or {hf: org/name}")
+        return self
 
 
-class DatasetSpec(Model):
-    path: Annotated[DatasetPath, Before(_dataset_path)]
-    format: Literal["alpaca", "chat_template"] = "alpaca"
-    tokens: int | None = Field(default=None, gt=0, le=MAX_TOKENS)
+class DatasetSpec(Strict):
+    path: Annotated[DatasetPath, BeforeValidator(
+        _dataset_path, json_schema_input_type=str | DatasetPath)] = Field(
+        examples=["data/train.jsonl"],
+        description="A local JSONL file (relative to the job file; uploaded to the host). A "
+                    "Hugging Face dataset is not downloaded by orch: fetch it with `hf download "
+                    "--repo-type dataset ORG/NAME --local-dir data/NAME` and give the file.")
+    format: Literal["alpaca", "chat_template"] = Field(
+        default="alpaca", examples=["alpaca"],
+        description="`alpaca` rows (instruction/input/output) or `chat_template` rows "
+                    "(messages).")
+    tokens: int | None = Field(
+        default=None, gt=0, le=MAX_TOKENS, examples=[6000000],
+        description="Tokens in one epoch. Optional: estimated from the file's characters when "
+                    "not given.")
 
 
-class EvalSpec(Model):
-    eval_set: str | None = None
-    tasks: list[str] = Field(default_factory=list)
+class EvalSpec(Strict):
+    eval_set: str | None = Field(
+        default=None, examples=["data/eval.jsonl"],
+        description="A JSONL file of `{prompt, expected}` rows scored after training (exact "
+                    "match, contains).")
+    tasks: list[str] = Field(default_factory=list, examples=[["hellaswag"]],
+                             description="lm-eval task names to run after training.")
 
 
-class ResourcesSpec(Model):
-    spot: Literal["allowed", "required", "never"] = "allowed"
-    gpus: AnyOrList = None
-    max_gpus: int = Field(default=8, ge=1, le=8)
-    gpu_count: int | None = Field(default=None, ge=1, le=8)  # exactly N GPUs per machine
-    providers: AnyOrList = None
+ServerName = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class ResourcesSpec(Strict):
+    spot: Literal["allowed", "required", "never"] = Field(
+        default="allowed", examples=["allowed"],
+        description="Interruptible (spot) machines: `allowed`, `required` or `never`.")
+    gpus: AnyOrList = Field(
+        default=None, examples=[["RTX 4090", "A100"]],
+        description="`any`, or the GPU models allowed (`orch servers add --gpu` spellings, "
+                    "e.g. RTX 4090, A100, H100).")
+    max_gpus: int = Field(default=8, ge=1, le=8, description="Most GPUs on one machine.",
+                          examples=[8])
+    gpu_count: int | None = Field(
+        default=None, ge=1, le=8, examples=[2],
+        description="Exactly this many GPUs on one machine (a layout you need); at most "
+                    "`max_gpus`.")
+    providers: AnyOrList = Field(
+        default=None, examples=[["vastai", "runpod"]],
+        description="`any`, or the providers allowed: vastai, runpod, dedicated, sim (and the "
+                    "price catalogs cloud, dedicated-host for planning).")
     # Registered monthly servers (`orch servers add`) the job may run on; naming any limits
     # the job to those servers.
-    servers: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]] | None = (
-        Field(default=None, min_length=1))
-    max_price_per_hour: Money | None = None
-    max_cost: Money | None = None
-    deadline_hours: float | None = Field(default=None, gt=0, le=MAX_HOURS)
-    headroom: float = Field(default=0.2, ge=0, le=1)
+    servers: list[ServerName] | None = Field(
+        default=None, min_length=1, examples=[["box1"]],
+        description="Only these registered servers (`orch servers list`) may run it.")
+    max_price_per_hour: Money | None = Field(default=None, examples=[2.50],
+                                             description="Most USD per machine-hour.")
+    max_cost: Money | None = Field(default=None, description="Most USD for the whole job.",
+                                   examples=[20])
+    deadline_hours: float | None = Field(
+        default=None, gt=0, le=MAX_HOURS, examples=[12],
+        description="Finish within this many hours (estimated).")
+    headroom: float = Field(default=0.2, ge=0, le=1, examples=[0.2],
+                            description="Fraction added to the peak memory estimate.")
 
-    def _check(self) -> None:
+    @model_validator(mode="after")
+    def _count_within_max(self) -> ResourcesSpec:
         if self.gpu_count is not None and self.gpu_count > self.max_gpus:
             raise ValueError(f"gpu_count {self.gpu_count} is above max_gpus {self.max_gpus}; "
                              "raise max_gpus or lower gpu_count")
+        return self
 
 
 def _pinned(value: str) -> str:
@@ -241,9 +358,13 @@ def _shallow(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-class TrainerSpec(Model):
-    image: Annotated[str, After(_pinned)] = DEFAULT_TRAINER_IMAGE
-    extra: Annotated[dict[str, Any], After(_shallow)] = Field(default_factory=dict)
+class TrainerSpec(Strict):
+    image: Annotated[str, AfterValidator(_pinned)] = Field(
+        default=DEFAULT_TRAINER_IMAGE, examples=[DEFAULT_TRAINER_IMAGE],
+        description="The axolotl image; pin a tag (`latest` is refused).")
+    extra: Annotated[dict[str, Any], AfterValidator(_shallow)] = Field(
+        default_factory=dict, examples=[{"warmup_steps": 10}],
+        description="Raw axolotl config keys merged into the generated config.")
 
 
 def _depth(value: Any, limit: int = MAX_EXTRA_DEPTH + 1) -> int:
@@ -254,18 +375,37 @@ def _depth(value: Any, limit: int = MAX_EXTRA_DEPTH + 1) -> int:
     return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
-class JobSpec(Model):
+class JobSpec(Strict):
     """A job file, validated. Only name, base_model, method and dataset are required."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    base_model: BaseModelRef
-    method: Literal["qlora", "lora", "full"]
-    lora: LoraSpec = Field(default_factory=LoraSpec)
-    training: TrainingSpec = Field(default_factory=TrainingSpec)
-    dataset: DatasetSpec
-    eval: EvalSpec = Field(default_factory=EvalSpec)
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec)
-    trainer: TrainerSpec = Field(default_factory=TrainerSpec)
+    model_config = ConfigDict(title="orch job file")
+
+    name: str = Field(pattern=NAME_PATTERN, examples=["llama31-8b-alpaca-qlora"],
+                      description="The job's name: letters, digits, `.`, `_`, `-`; shown by "
+                                  "`orch jobs`.")
+    base_model: Annotated[BaseModelRef, BeforeValidator(
+        _repo_string, json_schema_input_type=str | BaseModelRef)] = Field(
+        examples=["meta-llama/Llama-3.1-8B"],
+        description="The model to fine-tune: a known repo id (`orch models`), or a mapping "
+                    "with its shape for any other model.")
+    method: Literal["qlora", "lora", "full"] = Field(
+        examples=["qlora"],
+        description="`qlora` (4-bit base + adapters), `lora` (16-bit base + adapters) or "
+                    "`full` (every weight trained).")
+    lora: LoraSpec = Field(default_factory=LoraSpec, examples=[{"r": 16, "alpha": 32}],
+                           description="The adapters (ignored by `full`).")
+    training: TrainingSpec = Field(default_factory=TrainingSpec, examples=[{"epochs": 2}],
+                                   description="Trainer settings (passed to axolotl).")
+    dataset: DatasetSpec = Field(examples=[{"path": "data/train.jsonl"}],
+                                 description="The training data.")
+    eval: EvalSpec = Field(default_factory=EvalSpec, examples=[{"eval_set": "data/eval.jsonl"}],
+                           description="What to score after training (optional).")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec,
+                                     examples=[{"spot": "allowed"}],
+                                     description="Where it may run and what it may cost.")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec,
+                                 examples=[{"image": DEFAULT_TRAINER_IMAGE}],
+                                 description="The training container.")
 
 
 @dataclass(frozen=True)
@@ -283,13 +423,6 @@ class LoadedJob:
         return spec_hash(self.spec)
 
 
-def _closest(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> list[str]:
-    """The `n` choices closest to a misspelt `word` (difflib's ratio of at least `cutoff`)."""
-    import difflib  # only a typo needs it: kept off `orch plan`'s start-up path
-
-    return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
-
-
 class SpecError(ValueError):
     """One or more problems in a job file, each as `file:line field: problem`."""
 
@@ -299,111 +432,8 @@ class SpecError(ValueError):
 
 
 def spec_hash(spec: JobSpec) -> str:
-    """sha256 of the spec's canonical JSON (sorted keys, defaults filled in)."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-# --- error translation ---------------------------------------------------------------------
-
-_TYPE_WORDS = {
-    "int_type": "an integer",
-    "int_parsing": "an integer",
-    "float_type": "a number",
-    "bool_type": "true or false",
-    "string_type": "a string",
-    "list_type": "a list",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "decimal_type": "a number",
-}
-
-
-def _model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
-    """The model class that validates the mapping at `loc`."""
-    model: type[Model] = JobSpec
-    for part in loc:
-        if isinstance(part, int):
-            return None
-        field = model.model_fields.get(part)
-        if field is None:
-            return None
-        sub = submodel(field.annotation)
-        if sub is None:
-            return None
-        model = sub
-    return model
-
-
-def _user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    # DatasetPath wraps a plain path string as {local: ...}; report it as `dataset.path`.
-    if loc[:3] == ("dataset", "path", "local"):
-        return loc[:2]
-    return loc
-
-
-# What a field accepts, for type errors on fields that take more than one shape.
-_SHAPES: dict[tuple[str | int, ...], str] = {
-    ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
-                     "config: path/to/config.json} or {repo: ..., architecture: {...}}",
-    ("dataset", "path"): "a JSONL file path (relative to the job file)",
-    ("lora", "target"): "all-linear or a list of module names such as [q_proj, v_proj]",
-    ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
-    ("resources", "providers"): "any or a list of provider names",
-}
-
-
-def _describe(err: dict[str, Any]) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    got = err.get("input")
-    loc = _user_loc(tuple(err["loc"]))
-    if kind in _TYPE_WORDS and loc in _SHAPES:
-        return f"must be {_SHAPES[loc]} (got {got!r})"
-    if kind == "finite_number":
-        return f"must be a finite number (got {got!r})"
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        choices = list(model.model_fields) if model else []
-        close = _closest(str(loc[-1]), choices, n=1, cutoff=0.6)
-        if close:
-            return f"unknown key; did you mean {close[0]!r}?"
-        return f"unknown key; allowed here: {', '.join(choices)}" if choices else "unknown key"
-    if kind == "missing":
-        return "required; add it (see examples/ for a complete job file)"
-    if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-              "less_than_equal": "<="}[kind]
-        bound = next(iter(ctx.values()))
-        if isinstance(bound, float) and bound.is_integer():
-            bound = int(bound)
-        return f"must be {op} {bound} (got {got!r})"
-    if kind == "literal_error":
-        expected = str(ctx.get("expected", "")).replace("'", "").replace(" or ", ", ")
-        close = _closest(str(got), [e.strip() for e in expected.split(",")], n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        return f"must be one of {expected} (got {got!r}){hint}"
-    if kind == "string_pattern_mismatch":
-        return (f"must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or "
-                f"digit (got {got!r})")
-    if kind == "string_too_short":
-        return "must not be empty"
-    if kind in _TYPE_WORDS:
-        return f"must be {_TYPE_WORDS[kind]} (got {got!r})"
-    if kind == "value_error":
-        return str(ctx.get("error", err["msg"]))
-    return str(err["msg"])
-
-
-def _translate(exc: ValidationError, filename: str, pos: yamlpos.Positions) -> list[str]:
-    out: list[tuple[int, str]] = []
-    for err in exc.errors():
-        loc = _user_loc(tuple(err["loc"]))
-        line = pos.line(loc)
-        where = yamlpos.dotted(loc) or "(top level)"
-        out.append((line, f"{filename}:{line} {where}: {_describe(dict(err))}"))
-    return [msg for _, msg in sorted(set(out))]
+    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled."""
+    return canonical.digest(spec.model_dump(mode="python"))
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -441,7 +471,7 @@ def load_job(path: str | Path) -> LoadedJob:
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(_translate(exc, name, pos)) from None
+        raise SpecError(translate(exc, JobSpec, name, pos)) from None
     return resolve(spec, path, pos)
 
 
@@ -548,14 +578,14 @@ def _names(spec: JobSpec, found: _Problems) -> None:
     for i, gpu in enumerate(spec.resources.gpus or []):
         if not catalog.resolve_gpu(gpu):
             known = list(catalog.gpus())
-            close = _closest(gpu, known, n=1, cutoff=0.5)
+            close = closest(gpu, known, n=1, cutoff=0.5)
             hint = f"did you mean {close[0]!r}? " if close else ""
             found.add(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
                       f"{', '.join(known)}")
     providers = catalog.provider_names()
     for i, prov in enumerate(spec.resources.providers or []):
         if prov not in providers:
-            close = _closest(prov, providers, n=1)
+            close = closest(prov, providers, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             found.add(("resources", "providers", i), f"unknown provider {prov!r}; {hint}"
                       f"known: {', '.join(providers)}")

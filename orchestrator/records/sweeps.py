@@ -15,7 +15,6 @@ import copy
 import difflib
 import hashlib
 import itertools
-import json
 import math
 import random as random_module
 from collections.abc import Iterable
@@ -23,10 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from orchestrator.core import canonical, specerrors, yamlpos
 from orchestrator.core import spec as jobspec
-from orchestrator.core import yamlpos
-from orchestrator.core.schema import Field, Model, ValidationError, submodel
-from orchestrator.core.spec import JobSpec, LoadedJob, Money, SpecError, read_mapping
+from orchestrator.core.spec import (
+    JobSpec,
+    LoadedJob,
+    Money,
+    SpecError,
+    Strict,
+    read_mapping,
+)
+from orchestrator.core.specerrors import submodel
 from orchestrator.records.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
@@ -45,15 +53,21 @@ Goal = Literal["max", "min"]
 # --- schema -------------------------------------------------------------------------------
 
 
-class Distribution(Model):
+class Distribution(Strict):
     """One random parameter: exactly one of loguniform, uniform, choice or int."""
 
-    loguniform: list[float] | None = None
-    uniform: list[float] | None = None
-    choice: list[Any] | None = None
-    int_: list[int] | None = Field(default=None, alias="int")
+    loguniform: list[float] | None = Field(
+        default=None, examples=[[1.0e-5, 1.0e-3]],
+        description="`[lo, hi]`, log-uniform (lo > 0): learning rates.")
+    uniform: list[float] | None = Field(default=None, description="`[lo, hi]`, uniform.",
+                                        examples=[[0.0, 0.1]])
+    choice: list[Any] | None = Field(default=None, description="A list of values, one picked.",
+                                     examples=[[8, 16, 32]])
+    int_: list[int] | None = Field(default=None, alias="int", examples=[[1, 3]],
+                                   description="`[lo, hi]`, an integer, both ends included.")
 
-    def _check(self) -> None:
+    @model_validator(mode="after")
+    def _bounds(self) -> Distribution:
         given = {k: v for k, v in (("loguniform", self.loguniform), ("uniform", self.uniform),
                                    ("choice", self.choice), ("int", self.int_)) if v is not None}
         if len(given) != 1:
@@ -63,7 +77,7 @@ class Distribution(Model):
         if kind == "choice":
             if not values:
                 raise ValueError("choice must list at least one value")
-            return
+            return self
         if len(values) != 2:
             raise ValueError(f"{kind} takes [lo, hi] (got {values!r})")
         lo, hi = values
@@ -75,6 +89,7 @@ class Distribution(Model):
             raise ValueError(f"{kind} needs lo < hi (got {values!r})")
         if kind == "loguniform" and lo <= 0:
             raise ValueError(f"loguniform needs lo > 0 (got {values!r})")
+        return self
 
     def sample(self, rng: random_module.Random) -> Any:
         """One value drawn with `rng`."""
@@ -93,31 +108,52 @@ def _round(x: float) -> float:
     return float(f"{x:.{SIGNIFICANT_DIGITS}g}")
 
 
-class RandomSpec(Model):
+class RandomSpec(Strict):
     """`n` samples drawn from `params` with `random.Random(seed)`."""
 
-    n: int = Field(default=0, ge=0)
-    seed: int = 0
-    params: dict[str, Distribution] = Field(default_factory=dict)
+    n: int = Field(default=0, ge=0, description="How many random runs.", examples=[4])
+    seed: int = Field(default=0, description="Seed: the same file always draws the same runs.",
+                      examples=[0])
+    params: dict[str, Distribution] = Field(
+        default_factory=dict, examples=[{"lora.r": {"choice": [8, 16, 32]}}],
+        description="Dotted job-file keys and the distribution each is drawn from.")
 
 
-class Objective(Model):
+class Objective(Strict):
     """Which metric ranks a sweep's runs, and whether higher or lower is better."""
 
-    metric: str = Field(min_length=1)
-    goal: Goal = "max"
+    metric: str = Field(min_length=1, examples=["eval.exact_match"],
+                        description="A metric a run reports (`orch show ID` lists them).")
+    goal: Goal = Field(default="max", description="`max` or `min`.", examples=["max"])
 
 
-class SweepSpec(Model):
+class SweepSpec(Strict):
     """A sweep file, validated (keys and values of the runs are checked by load_sweep)."""
 
-    name: str = Field(pattern=NAME_PATTERN)
-    base: str = Field(min_length=1)
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
-    random: RandomSpec = Field(default_factory=RandomSpec)
-    max_parallel: int = Field(default=4, ge=1)
-    budget: Money | None = None
-    objective: Objective | None = None
+    model_config = ConfigDict(title="orch sweep file")
+
+    name: str = Field(pattern=NAME_PATTERN, examples=["lr-sweep-8b"],
+                      description="The sweep's name; runs are named NAME-000, NAME-001, ...")
+    base: str = Field(min_length=1, examples=["qlora-8b.yml"],
+                      description="The job file every run starts from, relative to the sweep "
+                                  "file.")
+    grid: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        examples=[{"training.learning_rate": [1.0e-4, 2.0e-4], "lora.r": [8, 16]}],
+        description="Dotted job-file keys and their values; every combination runs.")
+    random: RandomSpec = Field(
+        default_factory=RandomSpec,
+        examples=[{"n": 4, "seed": 0,
+                   "params": {"training.learning_rate": {"loguniform": [1.0e-5, 1.0e-3]}}}],
+        description="Random samples on top of the grid.")
+    max_parallel: int = Field(default=4, ge=1, description="Runs of this sweep running at once.",
+                              examples=[2])
+    budget: Money | None = Field(
+        default=None, examples=[25],
+        description="USD for the whole sweep; runs that would pass it are held back.")
+    objective: Objective | None = Field(
+        default=None, examples=[{"metric": "eval.exact_match", "goal": "max"}],
+        description="The metric that picks the best run.")
 
 
 @dataclass(frozen=True)
@@ -143,16 +179,12 @@ class LoadedSweep:
     @property
     def spec_json(self) -> str:
         """The sweep spec as canonical JSON (what the `sweep` table stores)."""
-        return _canonical(self.spec.model_dump(mode="json", by_alias=True))
-
-
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return canonical.dumps(self.spec.model_dump(mode="python", by_alias=True))
 
 
 def sweep_key(sweep_name: str, spec_hash: str) -> str:
     """Idempotency key of one run: sha256 of the canonical JSON of the sweep name and hash."""
-    return hashlib.sha256(_canonical({"spec_hash": spec_hash, "sweep": sweep_name})
+    return hashlib.sha256(canonical.dumps({"spec_hash": spec_hash, "sweep": sweep_name})
                           .encode()).hexdigest()
 
 
@@ -163,7 +195,7 @@ def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> 
 
 # --- error translation -------------------------------------------------------------------
 
-def _sweep_model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
+def _sweep_model_at(loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     if loc == ():
         return SweepSpec
     if loc == ("random",):
@@ -175,7 +207,7 @@ def _sweep_model_at(loc: tuple[str | int, ...]) -> type[Model] | None:
     return None
 
 
-def _field_names(model: type[Model]) -> list[str]:
+def _field_names(model: type[BaseModel]) -> list[str]:
     return [f.alias or name for name, f in model.model_fields.items()]
 
 
@@ -200,7 +232,7 @@ def _describe(err: dict[str, Any]) -> str:
         return f"must be a list of values, e.g. [1.0e-4, 2.0e-4] (got {err.get('input')!r})"
     if kind == "dict_type" and loc in {("grid",), ("random", "params")}:
         return "must be a mapping of dotted job-file keys, e.g. training.learning_rate: ..."
-    return jobspec._describe(err)
+    return specerrors.describe(err, JobSpec)
 
 
 def _problem(filename: str, pos: yamlpos.Positions, loc: tuple[str | int, ...],
@@ -220,7 +252,7 @@ def check_key(key: str) -> str | None:
     parts = key.split(".")
     if not all(parts):
         return "must be a dotted job-file key such as training.learning_rate"
-    model: type[Model] = JobSpec
+    model: type[BaseModel] = JobSpec
     for i, part in enumerate(parts):
         fields = list(model.model_fields)
         if part not in fields:
@@ -385,12 +417,12 @@ def _resolve_key(job: JobSpec) -> str:
     # resolve() reads these parts only (model shape, dataset and eval files, GPU and provider
     # names, lora with method full); runs that differ elsewhere share one resolution, so a
     # large dataset is counted once per sweep rather than once per run.
-    return _canonical({
-        "base_model": job.base_model.model_dump(mode="json"),
+    return canonical.dumps({
+        "base_model": job.base_model.model_dump(mode="python"),
         "method": job.method,
         "lora_given": "lora" in job.model_fields_set,
-        "dataset": job.dataset.model_dump(mode="json"),
-        "eval": job.eval.model_dump(mode="json"),
+        "dataset": job.dataset.model_dump(mode="python"),
+        "eval": job.eval.model_dump(mode="python"),
         "gpus": job.resources.gpus,
         "providers": job.resources.providers,
     })
@@ -468,8 +500,8 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             job = JobSpec.model_validate(data)
         except ValidationError as exc:
             for err in exc.errors():
-                loc = jobspec._user_loc(tuple(err["loc"]))
-                problems.report(origins, loc, jobspec._describe(dict(err)), None)
+                loc = specerrors.user_loc(tuple(err["loc"]))
+                problems.report(origins, loc, specerrors.describe(dict(err), JobSpec), None)
             continue
         identity = jobspec.spec_hash(job)
         if identity in seen:
