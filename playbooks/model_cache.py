@@ -44,8 +44,10 @@ PLAYBOOK = "model_cache"
 MARGIN = 1.10
 
 # Where orch looks when no NVMe filesystem is mounted (server paths), in preference order
-# for equal free space. These are the mounts GPU rental images put their scratch disk on.
-USUAL_MOUNTS = ("/mnt", "/ephemeral", "/workspace", "/data")
+# for equal free space. These are the mounts GPU rental images put their scratch disk on;
+# `/workspace/data` is where orch mounts a RunPod job's volume (sized by the job), which a
+# look at `/workspace` alone would miss for the 50 GB container disk.
+USUAL_MOUNTS = ("/mnt", "/ephemeral", "/workspace/data", "/workspace", "/data")
 
 # Mount points of an NVMe device that are not a place for a model cache. Inside containers
 # lsblk also lists the host disk's bind mounts (/etc/hosts, /etc/resolv.conf).

@@ -17,7 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
+from playbooks import (
+    artifacts,
+    container_toolkit,
+    deliver,
+    evaluate,
+    gpu,
+    images,
+    merge,
+    train,
+)
 from playbooks.axolotl import TrainConfigInput
 from playbooks.base import (
     Emit,
@@ -52,7 +61,9 @@ class PipelineJob:
     trainer_image: str = train.DEFAULT_IMAGE
     vllm_image: str = DEFAULT_VLLM_IMAGE
     vllm_port: int = 8000
-    include_merged: bool = False
+    include_merged: bool = False  # the merged model is copied back too (output.local)
+    push_to_hub: deliver.HubTarget | None = None  # the result uploaded from the host
+    hub_endpoint: str | None = None  # HF_ENDPOINT where orch runs (None: huggingface.co)
     hf_token: str | None = field(default=None, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
@@ -76,11 +87,17 @@ def model_cache(job: PipelineJob, runner: train.Runner, paths: HostPaths) -> Mod
     image's venv (`NativeEnv.wrap` restores that environment), a Docker host in the trainer
     image, run as a throwaway container.
     """
-    cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
+    return cache_for(ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token),
+                     job.trainer_image, runner, train.NativeEnv.mapped(paths))
+
+
+def cache_for(cache: ModelCache, trainer_image: str, runner: train.Runner,
+              native: train.NativeEnv) -> ModelCache:
+    """`cache` set up to run `hf` where this kind of host has it (see `model_cache`)."""
     if runner == "docker":
-        cache.image = images.for_host(job.trainer_image, "docker")
+        cache.image = images.for_host(trainer_image, "docker")
     else:
-        cache.wrap = train.NativeEnv.mapped(paths).wrap
+        cache.wrap = native.wrap
     return cache
 
 
@@ -308,8 +325,25 @@ def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
                                             include_merged=job.include_merged)
     hooks.event("artifacts", f"{len(fetched.copied)} files copied to {job.artifacts_dir}",
                 {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
+    places = [{"what": "adapter" if run.train_job.adapter else "model", "where": "local",
+               "location": job.artifacts_dir}]
+    if job.include_merged:
+        places.append({"what": "merged", "where": "local",
+                       "location": f"{job.artifacts_dir}/{artifacts.MERGED}"})
+    if job.push_to_hub is not None:
+        target = job.push_to_hub
+        what = "merged model" if target.merged else "adapter"
+        hooks.event("deliver", f"uploading the {what} to {target.repo} on Hugging Face from "
+                    "the host")
+        upload = deliver.Upload(run.train_job, target, job.hf_token, job.hub_endpoint)
+        run_playbook("deliver", upload.steps(), run.host, hooks.emit)
+        places.append({"what": "merged" if target.merged else "adapter", "where": "hub",
+                       "location": upload.url or ""})
+    hooks.event("delivered", "; ".join(f"{p['what']}: {p['location']}" for p in places),
+                {"places": places})
     hooks.phase_done("artifacts", artifacts_dir=job.artifacts_dir)
     hooks.trained(run)
+
 
 
 def _evaluate(run: PipelineRun, hooks: Hooks) -> None:

@@ -78,8 +78,20 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "amortised_rent": str(from_micros(job.amortised_micros)),
         "est_cost": None if job.est_cost_micros is None else str(from_micros(job.est_cost_micros)),
         "artifacts_dir": job.artifacts_dir,
+        "delivered": delivered(store, job.id),
         "created_at": iso(job.created_at), "finished_at": iso(job.finished_at),
     }
+
+
+def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
+    """Where each artifact of the job is (the last `delivered` event: what, where, location)."""
+    import json
+
+    for event in reversed(store.events(job_id)):
+        if event.kind == "delivered":
+            places: list[dict[str, str]] = json.loads(event.data_json or "{}").get("places") or []
+            return places
+    return []
 
 
 def iso(value: Any) -> str | None:
@@ -110,7 +122,9 @@ def print_summary(s: dict[str, Any]) -> None:
     if s["est_cost"] is not None:
         cost += f"; estimated {usd(s['est_cost'])}"
     lines.append(cost)
-    if s["artifacts_dir"]:
+    if s["delivered"]:
+        lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]]
+    elif s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
     typer.echo("\n".join(prose(line, "    ") for line in lines))
 

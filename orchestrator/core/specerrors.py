@@ -9,6 +9,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator.core import yamlpos
 
+
 def closest(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> list[str]:
     """The `n` choices closest to a misspelt `word` (difflib's ratio of at least `cutoff`)."""
     import difflib  # only a typo needs it: kept off `orch plan`'s start-up path

@@ -137,7 +137,7 @@ class PlacementMixin(RunnerCore):
                 req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
                                    gpus=constraints.gpus, interruptible=spot,
                                    max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self.opts.disk_gb,
+                                   disk_gb=self._disk_gb(),
                                    min_cuda=images.min_cuda(
                                        self.inputs.loaded.spec.trainer.image))
                 try:
@@ -183,6 +183,12 @@ class PlacementMixin(RunnerCore):
                                 "with `resources.providers: [sim]`")
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return list(ranking.placements)
+
+    def _disk_gb(self) -> int:
+        """The disk (or volume) size asked of a provider: what this job needs, at least the
+        configured size."""
+        inputs = getattr(self, "inputs", None)
+        return self.opts.disk_gb if inputs is None else inputs.disk_gb(self.opts.disk_gb)
 
     def _check_before_renting(self) -> None:
         """What can fail the job on any host fails it here, before anything is billed.
@@ -242,7 +248,7 @@ class PlacementMixin(RunnerCore):
                 inst = provider.create(offer, self.public_key, self.job_id,
                                        image=images.for_host(
                                            self.inputs.loaded.spec.trainer.image, "container"),
-                                       disk_gb=self.opts.disk_gb)
+                                       disk_gb=self._disk_gb())
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
                 self._event("provision.capacity", f"{offer.provider} {offer.gpu} "

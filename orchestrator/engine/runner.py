@@ -282,7 +282,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             for name, provider in self.providers.items():
                 rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
                 if rate and name in used:
-                    storage += money.volume_cost(self.opts.disk_gb, rate,
+                    storage += money.volume_cost(self._disk_gb(), rate,
                                                  money.hours_between(job.started_at, now))
         return money.money(charged), storage, money.money(amortised)
 

@@ -10,6 +10,18 @@ read from its source (`_snapshot_download.py`, `file_download.py`, `hf_api.py`,
   (`X-Repo-Commit`, `ETag`, `Content-Length`); `GET` the same URL: its bytes, with `Range`
   honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`).
 
+What `hf upload` (the same version: `hf_api.create_repo`, `create_commit`, `_commit_api.py`,
+`lfs.py`) sends, with a token only (a write needs an account: 401 otherwise):
+
+- `POST /api/repos/create` `{name, organization, visibility?, type}`: 200 `{url}`; 409 when
+  the repo exists (the client's `exist_ok`); another account's namespace is a 403;
+- `POST /api/models/{repo}/preupload/{rev}`: each file's `uploadMode` (`lfs` for binary or
+  > 10 MB content, else `regular`), as the Hub decides it;
+- `POST /{repo}.git/info/lfs/objects/batch`: `basic` transfer, an `upload` href per object
+  not stored yet; `PUT /lfs/{oid}`: the bytes (checked against the oid);
+- `POST /api/models/{repo}/commit/{rev}` (NDJSON: header, `file` base64, `lfsFile` oid):
+  a new commit with those files; an `lfsFile` whose bytes never arrived is a 400.
+
 Errors carry the headers the real Hub sends and the client maps to exceptions
 (`X-Error-Code: RepoNotFound | RevisionNotFound | GatedRepo | EntryNotFound`,
 `X-Error-Message`, a JSON `{"error": ...}` body):
@@ -41,6 +53,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
+from . import hubwrite
 from .serve import LoopbackServer
 
 INVALID_TOKEN = "Invalid credentials in Authorization header"
@@ -57,6 +70,8 @@ class Repo:
     gated: bool = False
     accepted: set[str] = field(default_factory=set)  # tokens whose account may read it
     private: bool = False
+    owner: str | None = None  # the token that created it (may write)
+    commits: int = 0
 
     def hidden_from(self, token: str | None) -> bool:
         """A private repo is invisible to everyone but its readers."""
@@ -92,6 +107,8 @@ class HubEmulator:
         # base model passes).
         self.open_models = open_models
         self.requests: list[Recorded] = []
+        self.blobs: dict[str, bytes] = {}  # LFS objects by sha256
+        self.namespaces: dict[str, str] = {}  # token -> the account's user name
         self.slow = 0  # file bodies still to stall
         self.stall_s = 3.0
         self.truncated = 0  # file bodies still to cut halfway
@@ -102,7 +119,7 @@ class HubEmulator:
 
     def start(self) -> HubEmulator:
         self._server = LoopbackServer(lambda h: self._handle(h, body=h.command != "HEAD"),
-                                      ("GET", "HEAD"))
+                                      ("GET", "HEAD", "POST", "PUT"))
         return self
 
     def stop(self) -> None:
@@ -179,6 +196,9 @@ class HubEmulator:
 
     def _route(self, h: BaseHTTPRequestHandler, path: str, token: str | None, body: bool,
                record: Recorded) -> None:
+        if h.command in ("POST", "PUT"):
+            hubwrite.route(self, h, record, path, token)
+            return
         if path.startswith("/api/models/") or path.startswith("/api/datasets/"):
             _, _, kind, rest = path.split("/", 3)
             check = rest.endswith("/auth-check")

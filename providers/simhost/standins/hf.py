@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -401,7 +403,24 @@ def hf(host: Host, argv: list[str]) -> int:
     if argv[:1] in (["version"], ["--version"]):
         say(f"huggingface_hub version: {VERSION}")
         return 0
+    if argv[:1] == ["upload"]:
+        return _upload(argv[1:])
     raise SimError(f"simhost: `hf {' '.join(argv)}` is not simulated", 2)
+
+
+def _upload(args: list[str]) -> int:
+    """`hf upload`: the real client (huggingface_hub installed beside this interpreter, as
+    in the test environment), on the host's files, against `HF_ENDPOINT`. Uploading is not
+    simulated: the Hub (or its emulator) sees exactly what the real tool sends."""
+    real = Path(sys.executable).parent / "hf"
+    if not real.is_file():
+        raise SimError("simhost: `hf upload` runs the real huggingface_hub client, which is "
+                       f"not installed beside {sys.executable} (pip install huggingface_hub)",
+                       2)
+    # Folders and files named inside a container go through its `-v` mounts.
+    translated = [container_to_host(a) if a.startswith("/") else a for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIMHOST_")}
+    return subprocess.run([str(real), "upload", *translated], env=env, check=False).returncode
 
 
 def huggingface_cli(host: Host, argv: list[str]) -> int:
