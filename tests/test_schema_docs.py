@@ -128,15 +128,18 @@ def test_every_sqlite_only_example_has_a_postgresql_twin() -> None:
     assert not [q for q in pg_examples() if SQLITE_ONLY.search(q)]
 
 
-@pytest.mark.parametrize("query", examples() + pg_examples(),
-                         ids=lambda q: " ".join(q.split())[:60])
-def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str) -> None:
-    on_sqlite = history["url"].startswith("sqlite")
+def _runs_on(backend: str, query: str) -> bool:
+    # PostgreSQL twins run on PostgreSQL; SQLite-only spellings on SQLite; the rest on both.
     if query in pg_examples():
-        if on_sqlite:
-            pytest.skip("the PostgreSQL spelling of an example above")
-    elif not on_sqlite and SQLITE_ONLY.search(query):
-        pytest.skip("SQLite's spelling; its PostgreSQL twin runs here")
+        return backend != "sqlite"
+    return backend == "sqlite" or not SQLITE_ONLY.search(query)
+
+
+@pytest.mark.parametrize(("history", "query"), [
+    (backend, q) for backend in BACKENDS for q in examples() + pg_examples()
+    if _runs_on(backend, q)], indirect=["history"],
+    ids=lambda v: v if v in BACKENDS else " ".join(str(v).split())[:60])
+def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str) -> None:
     real_job = next(j["id"] for j in history["jobs"] if j["status"] == "succeeded")
     result = sql(history, query.replace(PLACEHOLDER_JOB, real_job))
     assert result["rows"], f"no rows: {query}"

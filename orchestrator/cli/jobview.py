@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -80,18 +81,55 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "artifacts_dir": job.artifacts_dir,
         "delivered": delivered(store, job.id),
         "created_at": iso(job.created_at), "finished_at": iso(job.finished_at),
+        **time_summary(job, store.instances_of(job.id)),
     }
 
 
 def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
     """Where each artifact of the job is (the last `delivered` event: what, where, location)."""
-    import json
-
     for event in reversed(store.events(job_id)):
         if event.kind == "delivered":
             places: list[dict[str, str]] = json.loads(event.data_json or "{}").get("places") or []
             return places
     return []
+
+
+def time_summary(job: Job, instances: list[Any]) -> dict[str, Any]:
+    """Estimated and actual hours: billed (every instance, create to terminate) and training.
+
+    The estimates are what the planner priced at submit (`est_hours`, and the training part
+    from the recorded placement); the actual figures come from the instance rows and the
+    trainer's own tokens and seconds. Hours are floats: they are not money.
+    """
+    from orchestrator.core.money import hours_between
+    from orchestrator.records.store import utcnow
+
+    now = utcnow()
+    billed = (float(sum(hours_between(r.created_at, r.terminated_at or now) for r in instances))
+              if instances else None)
+    placed = json.loads(job.placement_json or "{}").get("placement") or {}
+    train_s = job.train_seconds
+    return {
+        "est_hours": job.est_hours, "hours": billed,
+        "est_training_hours": placed.get("est_training_hours"),
+        "training_hours": None if train_s is None else train_s / 3600,
+        "tokens_per_s": job.tokens / train_s if job.tokens and train_s else None,
+        "throughput_source": placed.get("throughput_source"),
+    }
+
+
+def _versus(actual: float | Decimal, estimate: float | Decimal,
+            show: Callable[[Any], str]) -> str:
+    """`estimated E, +N %`: the estimate, and how far what happened was from it."""
+    off = f", {float(actual) / float(estimate) - 1:+.0%}" if float(estimate) > 0 else ""
+    return f"estimated {show(estimate)}{off}"
+
+
+def _hours(x: float) -> str:
+    """Hours for people: `1.25 h`, `5.2 min`, `12 s`."""
+    if x >= 0.1:
+        return f"{x:.2f} h"
+    return f"{x * 60:.1f} min" if x * 60 >= 1 else f"{x * 3600:.0f} s"
 
 
 def iso(value: Any) -> str | None:
@@ -120,13 +158,30 @@ def print_summary(s: dict[str, Any]) -> None:
     if Decimal(s["amortised_rent"]) > 0:
         cost += f"; monthly rent share {usd(s['amortised_rent'])} (already paid)"
     if s["est_cost"] is not None:
-        cost += f"; estimated {usd(s['est_cost'])}"
+        cost += "; " + _versus(Decimal(s["cost"]), Decimal(s["est_cost"]), usd)
     lines.append(cost)
+    if s["hours"] is not None:
+        lines.append(_time_line(s))
     if s["delivered"]:
         lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]]
     elif s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
     typer.echo("\n".join(prose(line, "    ") for line in lines))
+
+
+def _time_line(s: dict[str, Any]) -> str:
+    """`  time: 0.21 h billed (estimated 0.25 h, -16 %); training 7.2 min at 2,950 tokens/s
+    (estimated 9.0 min)`."""
+    line = f"  time: {_hours(s['hours'])} billed"
+    if s["est_hours"] is not None:
+        line += f" ({_versus(s['hours'], s['est_hours'], _hours)})"
+    if s["training_hours"] is not None:
+        line += f"; training {_hours(s['training_hours'])}"
+        if s["tokens_per_s"]:
+            line += f" at {s['tokens_per_s']:,.0f} tokens/s"
+        if s["est_training_hours"] is not None:
+            line += f" ({_versus(s['training_hours'], s['est_training_hours'], _hours)})"
+    return line
 
 
 def _kind(s: dict[str, Any]) -> str:

@@ -152,9 +152,7 @@ class _Search:
         # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower
         # bound), and the merge + eval after training (throughput.duration's terms).
         pull_bits = 0.0 if self.cached_on else model_bits / 1e9
-        after = (0.0 if w.method == "full"
-                 else model_bits / 4 / (throughput.MERGE_EVAL_GBPS * 1e9)) \
-            + throughput.MERGE_EVAL_FIXED_MIN * 60
+        after = throughput.merge_eval_seconds(w)
         trains: dict[tuple[str, int, int], float] = {}
         walks = []
         for g in book.groups:

@@ -16,6 +16,7 @@ def closest(word: str, choices: Any, n: int = 1, cutoff: float = 0.6) -> list[st
 
     return difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
 
+
 _TYPE_WORDS = {
     "int_type": "an integer",
     "int_parsing": "an integer",
@@ -29,6 +30,7 @@ _TYPE_WORDS = {
     "decimal_type": "a number",
 }
 
+
 def submodel(annotation: Any) -> type[BaseModel] | None:
     """The model class inside a field's type (`X`, `X | None`, `Annotated[X, ...]`), if any."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -38,6 +40,7 @@ def submodel(annotation: Any) -> type[BaseModel] | None:
         if found is not None:
             return found
     return None
+
 
 def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """The model class that validates the mapping at `loc` under `root`."""
@@ -54,6 +57,7 @@ def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseMod
         model = sub
     return model
 
+
 def user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     # DatasetPath wraps a plain path string as {local: ...}; report it as `dataset.path`.
     if loc[:3] == ("dataset", "path", "local"):
@@ -61,6 +65,8 @@ def user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     return loc
 
 # What a field accepts, for type errors on fields that take more than one shape.
+
+
 SHAPES: dict[tuple[str | int, ...], str] = {
     ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
                      "config: path/to/config.json} or {repo: ..., architecture: {...}}",
@@ -69,6 +75,7 @@ SHAPES: dict[tuple[str | int, ...], str] = {
     ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
     ("resources", "providers"): "any or a list of provider names",
 }
+
 
 def describe(err: dict[str, Any], root: type[BaseModel]) -> str:
     """One pydantic error of a file modelled by `root`, in words with the fix."""
@@ -111,6 +118,7 @@ def describe(err: dict[str, Any], root: type[BaseModel]) -> str:
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     return str(err["msg"])
+
 
 def translate(exc: ValidationError, root: type[BaseModel], filename: str,
               pos: yamlpos.Positions) -> list[str]:

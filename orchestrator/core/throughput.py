@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
 
 from orchestrator.core.sizing import Strategy, Workload, weight_bytes
+from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec, Offer
 
+# The published points the efficiencies below are fitted on (read by throughputcal.py too).
+PUBLISHED = Path(__file__).with_name("data") / "throughput.yaml"
+
 # Throughput cost of each saver, as a factor on training time (docs/sizing.md, "Savers"):
-# - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README).
+# - Cut Cross Entropy: "without sacrificing training speed" (apple/ml-cross-entropy README);
+#   torchtune's chunked loss measured +2 % tokens/s (torchtune@1814feb17 README "Optimization
+#   flags", 8998 -> 9174), counted as no change.
 # - Liger fused linear CE: its README reports +20 % throughput for the whole kernel set on
 #   8×A100 FSDP; orch enables only the loss kernel and claims no gain it cannot pin down.
-# - 8-bit AdamW: the optimizer step is a small part of a step and bitsandbytes' 8-bit Adam
-#   runs at the speed of 32-bit Adam (Dettmers et al. 2022, "8-bit Optimizers via
-#   Block-wise Quantization", Table 2).
-# - Gradient checkpointing: one more forward pass (+2N FLOPs per token), below.
-# - Activation offloading: streamed to host RAM and overlapped with compute on top of
-#   checkpointing; no published figure with a pinned config: an assumed 10 %.
+# - 8-bit AdamW: on adapters the optimizer step is a negligible part of a step (Dettmers et al.
+#   2022, Table 2: 8-bit Adam runs at 32-bit Adam's speed). On a full fine-tune it is not:
+#   torchtune measured 7309 -> 6960 tokens/s on Llama-3.2-3B (same table), a 1.05 factor.
+# - Gradient checkpointing: one more forward pass (+2N FLOPs per token), below; measured
+#   9174 -> 7210 (0.79; the formula says 0.75 for a full fine-tune).
+# - Activation offloading: measured 7309 -> 7301 tokens/s (-0.1 %, same table): no cost.
 CE_SLOWDOWN = {"plain": 1.0, "cut": 1.0, "liger": 1.0}
 OPTIMIZER_SLOWDOWN = {"adamw": 1.0, "adamw_8bit": 1.0, "paged_adamw_8bit": 1.0}
-ACTIVATION_OFFLOAD_SLOWDOWN = 1.10
+EIGHT_BIT_FULL_SLOWDOWN = 7309 / 6960
+ACTIVATION_OFFLOAD_SLOWDOWN = 1.0
 
 # Training FLOPs per token per parameter (sizing-facts.md, "Throughput and time"):
 # forward 2N; backward 4N for full fine-tunes, ~2N for adapters (input gradients only);
@@ -28,9 +37,19 @@ ACTIVATION_OFFLOAD_SLOWDOWN = 1.10
 FORWARD = 2
 BACKWARD = {"full": 4, "lora": 2, "qlora": 2}
 RECOMPUTE = 2
-# QLoRA dequantizes every 4-bit weight on each use: slower per FLOP than bf16 LoRA.
-# Calibrated with the GPUs' mfu so QLoRA 8B over 6M tokens ≈ 1.5 h on one RTX 4090.
-QLORA_DEQUANT_SLOWDOWN = 1.25
+# The sustained fraction of bf16 peak (gpus.yaml `mfu`, counted with the FLOPs above) is for
+# a tuned stack at hidden size 4,096, and grows with width: wider matmuls keep the tensor
+# cores busier. Fitted on the published points of data/throughput.yaml (docs/sizing.md,
+# "Throughput"): A100 3B (h 3,072) ~0.55, 70B (h 8,192) ~0.67, 405B (h 16,384) ~0.82 -> 0.25.
+REFERENCE_WIDTH = 4096
+WIDTH_EXPONENT = 0.25
+# QLoRA dequantizes every 4-bit weight on each use: measured at 0.78 (8B, RTX 4090) and 0.98
+# (3B, A100) of LoRA's tokens/s with the same config (torchtune READMEs): 0.88.
+QLORA_SPEED = 0.88
+# orch renders axolotl without torch.compile; torchtune measured compile at +27 % tokens/s
+# (1814feb17 "Optimization flags": + Compile, 7075 -> 8998). Tuned-stack points (compiled)
+# are compared without this factor, everything orch runs gets it.
+UNCOMPILED_SPEED = 7075 / 8998
 # Which scaling figure of the GPU's interconnect (providers/catalog/gpus.yaml) applies.
 STRATEGY_SCALING = {
     Strategy.SINGLE: (),
@@ -42,7 +61,9 @@ STRATEGY_SCALING = {
 # Weight reads per optimizer micro-step (forward, backward, recompute): the bandwidth floor.
 WEIGHT_PASSES = 3
 # Merging the adapter and starting vLLM for the eval: reading/writing the bf16 model a few
-# times at NVMe speed, plus a fixed allowance for the eval requests.
+# times at NVMe speed (an assumption), plus a fixed allowance for vLLM's start-up (59 s for a
+# small model with a warm compile cache, vllm-project/vllm#20264; ~3.5 min for 70B on 8 GPUs,
+# #19824) and the eval requests (docs/sizing.md, "Set-up time").
 MERGE_EVAL_GBPS = 1.0
 MERGE_EVAL_FIXED_MIN = 5.0
 
@@ -93,7 +114,7 @@ class Duration:
     model_pull: float
     training: float
     merge_eval: float
-    source: str  # "formula" or Measured.describe()
+    source: str  # formula_source(...) or Measured.describe()
 
     @property
     def total(self) -> float:
@@ -108,6 +129,8 @@ class Duration:
 def extra_slowdown(w: Workload) -> float:
     """The savers' time factor beyond checkpointing's recompute (which is in the FLOPs)."""
     factor = CE_SLOWDOWN[str(w.cross_entropy)] * OPTIMIZER_SLOWDOWN[str(w.optimizer)]
+    if w.method == "full" and str(w.optimizer) != "adamw":
+        factor *= EIGHT_BIT_FULL_SLOWDOWN
     return factor * (ACTIVATION_OFFLOAD_SLOWDOWN if w.activation_offloading is True else 1.0)
 
 
@@ -117,18 +140,28 @@ def flops_per_token(w: Workload) -> float:
     return per_param * w.arch.params
 
 
+def efficiency(w: Workload, gpu: GpuSpec, compiled: bool = False) -> float:
+    """The fraction of `gpu`'s bf16 peak one GPU sustains on `w` (FLOPs as counted here).
+
+    `compiled` is for published points measured with torch.compile; orch's runs are not.
+    """
+    width = (w.arch.hidden_size / REFERENCE_WIDTH) ** WIDTH_EXPONENT
+    e = min(1.0, gpu.mfu * width)  # no GPU beats its peak, however wide the model
+    if w.method == "qlora":
+        e *= QLORA_SPEED
+    return e if compiled else e * UNCOMPILED_SPEED
+
+
 def training_seconds(
     w: Workload, tokens: int, gpu: GpuSpec, gpu_count: int, strategy: Strategy,
-    measured_tokens_per_s: float | None = None,
+    measured_tokens_per_s: float | None = None, compiled: bool = False,
 ) -> float:
     """Seconds of training for `tokens` (all epochs), compute- or bandwidth-bound."""
     if measured_tokens_per_s:
         return tokens / measured_tokens_per_s
-    rate = gpu.bf16_tflops * 1e12 * gpu.mfu * gpu_count
+    rate = gpu.bf16_tflops * 1e12 * efficiency(w, gpu, compiled) * gpu_count
     for kind in STRATEGY_SCALING[strategy]:
         rate *= gpu.efficiency(kind)
-    if w.method == "qlora":
-        rate /= QLORA_DEQUANT_SLOWDOWN
     compute = tokens * flops_per_token(w) / rate * extra_slowdown(w)
     # Each micro-step streams all the weights a few times on every GPU: sharded layouts
     # gather each layer in full before using it, so sharding does not lower this floor.
@@ -142,6 +175,35 @@ def model_download_bytes(w: Workload) -> int:
     return w.arch.params * 2
 
 
+@cache
+def _published_runs() -> dict[str, int]:
+    """Asserted points of data/throughput.yaml per GPU model: what its `mfu` rests on."""
+    out: dict[str, int] = {}
+    for raw in load_data(PUBLISHED.read_text())["points"]:
+        if raw["asserted"]:
+            out[raw["gpu"]] = out.get(raw["gpu"], 0) + 1
+    return out
+
+
+def formula_source(gpu: str) -> str:
+    """How `orch plan` names a formula estimate on `gpu`: what it rests on."""
+    n = _published_runs().get(gpu, 0)
+    basis = (f"calibrated on {n} published runs on {gpu}" if n else
+             f"no published run on {gpu}: its efficiency is assumed (docs/sizing.md)")
+    return f"formula, {basis}; no finished job of yours with this GPU, count, method and size"
+
+
+def merge_eval_seconds(w: Workload) -> float:
+    """Seconds after training: merging an adapter into the base (read the bf16 base and write
+    the merged model: 2 x its bytes; a full fine-tune has nothing to merge), then the eval.
+
+    The one place this time is estimated: the scheduler, offer book and `orch plan` call it,
+    and the evaluation work (issue 19) is meant to refine it here.
+    """
+    merge = 0.0 if w.method == "full" else model_download_bytes(w) * 2 / (MERGE_EVAL_GBPS * 1e9)
+    return merge + MERGE_EVAL_FIXED_MIN * 60
+
+
 def duration(
     w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, strategy: Strategy,
     model_cached: bool = False, measured: Measured | None = None,
@@ -149,16 +211,15 @@ def duration(
     """Wall time of the whole job on `offer`: boot, model pull, training, merge + eval."""
     bf16 = model_download_bytes(w)
     pull = 0.0 if model_cached else bf16 * 8 / (offer.pull_gbps * 1e9)
-    merge = 0.0 if w.method == "full" else bf16 * 2 / (MERGE_EVAL_GBPS * 1e9)
     # A non-positive figure is a bad observation, not a GPU that never finishes.
     use = measured if measured is not None and measured.tokens_per_s > 0 else None
     train = training_seconds(w, tokens, gpu, offer.gpu_count, strategy,
                              use.tokens_per_s if use else None)
-    source = use.describe() if use else "formula"
+    source = use.describe() if use else formula_source(offer.gpu)
     return Duration(
         boot=offer.boot_minutes / 60,
         model_pull=pull / 3600,
         training=train / 3600,
-        merge_eval=(merge + MERGE_EVAL_FIXED_MIN * 60) / 3600,
+        merge_eval=merge_eval_seconds(w) / 3600,
         source=source,
     )
