@@ -11,9 +11,9 @@ from playbooks import container_toolkit as toolkit
 from playbooks.base import Fault, Host, PlaybookFailed, run_playbook
 from providers.simhost import SimHost
 
-STEPS = ["docker", "prerequisites", "keyring", "apt-list", "apt-update", "packages",
-         "runtime-configure", "docker-restart", "verify"]
-VERIFICATIONS = {"docker", "verify"}
+STEPS = ["docker", "privileges", "prerequisites", "keyring", "apt-list", "apt-update",
+         "packages", "runtime-configure", "docker-restart", "verify"]
+VERIFICATIONS = {"docker", "privileges", "verify"}
 CHANGING = ("apt-install", "apt-update", "docker-restart", "nvidia-ctk-configure", "curl")
 
 
@@ -105,6 +105,34 @@ def test_other_pinned_version_replaces_the_installed_one(playbook_host: Playbook
     assert {sim.installed_packages()[p] for p in toolkit.PACKAGES} == {toolkit.DEFAULT_VERSION}
 
 
+def test_a_login_with_passwordless_sudo_installs_through_sudo(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    """Issue 19 §4.3: the simulated server refuses apt-get, nvidia-ctk and systemctl from a
+    non-root user; orch runs them (and its writes under /etc) through `sudo -n`."""
+    sim, host = playbook_host(login="sudoer")
+    assert host.run(["apt-get", "update"]).exit_code == 100  # as the real apt: "are you root?"
+    run_playbook("toolkit", toolkit.steps(), host, reports)
+    assert reports.outcomes() == {s: "ok" if s in VERIFICATIONS else "changed" for s in STEPS}
+    ran = sim.ssh_commands()
+    for privileged in ("sudo -n env DEBIAN_FRONTEND=noninteractive apt-get",
+                       "sudo -n nvidia-ctk runtime configure", "sudo -n systemctl restart docker",
+                       "sudo -n install -D -m 644"):
+        assert any(c.startswith(privileged) for c in ran), privileged
+    assert "nvidia" in runtimes(host)
+    assert (sim.apt_sources_dir / "nvidia-container-toolkit.list").is_file()
+
+
+def test_a_login_without_sudo_stops_before_any_change(playbook_host: PlaybookHostFactory,
+                                                     reports: Reports) -> None:
+    sim, host = playbook_host(login="user")
+    with pytest.raises(PlaybookFailed) as info:
+        run_playbook("toolkit", toolkit.steps(), host, reports)
+    assert info.value.step == "privileges" and info.value.fault is Fault.HOST
+    assert "no passwordless sudo" in info.value.reason and "NOPASSWD" in info.value.reason
+    assert "a password is required" in info.value.reason
+    assert not sim.events("apt-install") and not sim.events("apt-update")
+
+
 def test_the_default_pin_is_nvidias_current_release() -> None:
     # cloud-native-docs container-toolkit versions1.json lists 1.20.0 as current
     # (../shared/reference/real-hosts.md §9); the install guide's 1.17.8-1 is an older one.
@@ -158,3 +186,13 @@ def test_pure_helpers() -> None:
             toolkit.steps(bad)
     assert toolkit.with_cgroupfs(None) == [toolkit.CGROUPFS]
     assert toolkit.with_cgroupfs(["a", "native.cgroupdriver=systemd"]) == ["a", toolkit.CGROUPFS]
+
+
+@pytest.mark.parametrize(("login", "expected"), [("root", "root"), ("sudoer", "sudo"),
+                                                 ("user", "none")])
+def test_servers_add_reports_the_logins_privileges(playbook_host: PlaybookHostFactory,
+                                                   login: str, expected: str) -> None:
+    from orchestrator.cli.serverprobe import privileges
+
+    _, host = playbook_host(login=login)
+    assert privileges(host) == expected

@@ -27,6 +27,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Stand-ins every host has on PATH.
 ALWAYS = (
+    "sudo",
+    "id",
     "apt-get",
     "apt",
     "dpkg-query",
@@ -385,3 +387,17 @@ def kill_process_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+# --- privileges --------------------------------------------------------------------------------
+
+
+def privileged(host: Host) -> bool:
+    """Whether this command runs as root: a root login, or under `sudo`."""
+    return host.options.get("login", "root") == "root" or os.environ.get("SIMHOST_SUDO") == "1"
+
+
+def require_root(host: Host, message: str, code: int) -> None:
+    """Refuse a privileged command as the real one refuses a non-root user."""
+    if not privileged(host):
+        raise SimError(message, code)
