@@ -93,6 +93,11 @@ def test_push_to_hub_uploads_the_merged_model_with_the_real_hf_client(
         assert shown.returncode == 0, shown.stderr
         assert {"what": "merged", "where": "hub", "location": url} in \
             json.loads(shown.stdout)["delivered"]
+        history = subprocess.run([str(orch), "history", "--json"], capture_output=True,
+                                 text=True, timeout=120)
+        assert history.returncode == 0, history.stderr
+        (row,) = [r for r in json.loads(history.stdout) if r["id"] == job_id]
+        assert {"what": "merged", "where": "hub", "location": url} in row["delivered"]
     finally:
         session_hub.repos.pop(("model", "my-org/tuned"), None)
 
