@@ -205,3 +205,14 @@ def test_runpod_volume_is_sized_for_the_model_and_holds_its_cache(
     # Before: a 100 GB volume and "need 155.2 GB free on /workspace/data, have 100.0 GB".
     assert job.status == "succeeded", job.failure_reason
     assert volume >= (141 * 1.1 + 141) * 10**9
+
+
+def test_the_disk_asked_of_a_provider_fits_the_model(tmp_path: Path) -> None:
+    """The offer search (Vast.ai `allocated_storage`, RunPod's volume, sim) asks for this."""
+    from orchestrator.engine.jobinputs import Inputs
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    small = Inputs(load_job(examples / "quickstart.yml"), 1, None, {})
+    big = Inputs(load_job(examples / "qlora-70b.yml"), 1, None, {})
+    assert small.disk_gb(100) == 100  # a 1B model: the configured default
+    assert big.disk_gb(100) >= 141 * 1.1 + 141 + 10  # cache, merged model, checkpoints
