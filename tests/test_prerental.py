@@ -133,3 +133,30 @@ def test_the_quickstart_on_sim_asks_no_hub_when_none_is_named(
     job = rig.run(cloud, job_id)
     assert job.status == "succeeded", job.failure_reason
     assert "hub.unchecked" not in rig.kinds(job_id)
+
+
+def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
+        session_hub: HubEmulator, tmp_path: Path) -> None:
+    """What the user sees: the foreground `orch submit` fails at once, saying what to do."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    shutil.copytree(examples / "data", tmp_path / "data")
+    job = tmp_path / "job.yml"
+    job.write_text((examples / "quickstart.yml").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "ORCH_DB_URL")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
+    repo = "meta-llama/Llama-3.2-1B"
+    session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "orch"), "submit", str(job)],
+                              env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        del session_hub.repos[("model", repo)]
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "before renting" in out and "is gated" in out and "HF_TOKEN" in out
+    assert "renting sim" not in out
