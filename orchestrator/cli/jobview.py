@@ -162,10 +162,11 @@ def print_summary(s: dict[str, Any]) -> None:
     lines.append(cost)
     if s["hours"] is not None:
         lines.append(_time_line(s))
-    if s["delivered"]:
-        lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]]
-    elif s["artifacts_dir"]:
+    # The artifacts directory, then what went elsewhere (a merged model's folder, the Hub).
+    if s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
+    lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]
+              if p["location"] != s["artifacts_dir"]]
     typer.echo("\n".join(prose(line, "    ") for line in lines))
 
 

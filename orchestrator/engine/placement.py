@@ -187,8 +187,7 @@ class PlacementMixin(RunnerCore):
     def _disk_gb(self) -> int:
         """The disk (or volume) size asked of a provider: what this job needs, at least the
         configured size."""
-        inputs = getattr(self, "inputs", None)
-        return self.opts.disk_gb if inputs is None else inputs.disk_gb(self.opts.disk_gb)
+        return self.opts.disk_gb if self._disk is None else self._disk
 
     def _check_before_renting(self) -> None:
         """What can fail the job on any host fails it here, before anything is billed.

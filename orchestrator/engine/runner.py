@@ -92,6 +92,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                                   else deadlines_from_env())
         self._stalls = 0
         self._secrets_base: dict[int, str] = {}  # instance row -> orch's directory on the host
+        self._disk: int | None = None
 
     def run(self, job_id: str) -> Job:
         """Drive the claimed job to succeeded, failed or cancelled (or requeued on SIGTERM)."""
@@ -173,6 +174,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             self.inputs = load_inputs(job)
         except InputsError as exc:
             raise JobFailed(str(exc)) from exc
+        self._disk = self.inputs.disk_gb(self.opts.disk_gb)
         self._check_before_renting()
         tried: set[tuple[str, str]] = set()
         while True:
