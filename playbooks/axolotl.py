@@ -166,6 +166,10 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
             raise ConfigError(f"strategy {c.strategy} needs the uploaded DeepSpeed config's "
                               f"absolute path (got {c.deepspeed_path!r})")
         cfg["deepspeed"] = c.deepspeed_path
+    if "offload" in c.strategy and "8bit" in cfg["optimizer"]:
+        # bitsandbytes 0.49.1 steps 8-bit state on the GPU only (core/sizing.py, compatible).
+        raise ConfigError(f"optimizer {c.optimizer} cannot run with its state offloaded to "
+                          f"the CPU (strategy {c.strategy}); use adamw")
     _savers(c, cfg)
     extra = dict(c.extra)
     if "plugins" in extra and "plugins" in cfg:
@@ -221,7 +225,12 @@ def deepspeed_config(strategy: str) -> dict[str, Any] | None:
     if strategy in ("fsdp+offload", "offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-        # 8-bit and paged optimizers are not on DeepSpeed's tested list with offload.
+        # The optimizer is the HF Trainer's (a client optimizer, not DeepSpeedCPUAdam):
+        # DeepSpeed's `_configure_optimizer` raises ZeRORuntimeException for it under
+        # ZeRO-Offload unless this is false [deepspeed runtime/engine.py; axolotl 0.18.0
+        # deepspeed_configs/zero3_bf16_cpuoffload_all.json sets it]. 8-bit optimizers never
+        # get here: bitsandbytes 0.49.1 has no CPU kernel for them (core/sizing.py).
+        config["zero_force_ds_cpu_optimizer"] = False
         config["zero_allow_untested_optimizer"] = True
     config.update({
         "bf16": {"enabled": "auto"},

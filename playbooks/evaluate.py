@@ -26,16 +26,20 @@ from .base import (
 from .evalscore import PLAYBOOK, EvalResult, EvalScores, run_lm_eval, score_eval_set
 from .evaluate_native import evaluate_native
 from .vllm import (
+    DEFAULT_SERVING,
     SERVED_NAME,
     ServerSpec,
+    Serving,
     _inspect,
     ensure_server,
+    host_engine_args,
     probe_once,
     server_running,
     server_spec,
     stop_server,
     wait_ready,
 )
+from .vllm_native import NativeServer
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +69,11 @@ class _Served:
     concurrency: int
     max_tokens: int
     lm_eval_timeout_s: float
+    serving: Serving = DEFAULT_SERVING
+    native: Callable[[Host], NativeServer] | None = None  # a container rental's server
     result: EvalResult = field(default_factory=EvalResult)
     _spec: ServerSpec | None = None
+    _native: NativeServer | None = None
     _scores: EvalScores | None = None
     _lm: tuple[dict[str, float], str] | None = None
 
@@ -74,8 +81,14 @@ class _Served:
         if self._spec is None:  # reads adapter_config.json once
             self._spec = server_spec(h, self.job_id, self.model_dir_host, self.layout,
                                      self.image, self.port, self.max_model_len,
-                                     self.served_name, self.lora)
+                                     self.served_name, self.lora, self.serving)
         return self._spec
+
+    def server(self, h: Host) -> NativeServer:
+        assert self.native is not None
+        if self._native is None:  # reads adapter_config.json once
+            self._native = self.native(h)
+        return self._native
 
     def score(self, h: Host) -> None:
         with ssh.tunnel(h.conn, self.port) as local:
@@ -88,16 +101,31 @@ class _Served:
                                output, self.served_name, self.lm_eval_timeout_s)
 
     def serve(self, h: Host) -> None:
-        ensure_server(h, self.spec(h))
+        if self.native is not None:
+            self.server(h).start(h)
+        else:
+            ensure_server(h, self.spec(h))
+
+    def running(self, h: Host) -> bool:
+        if self.native is not None:
+            return self.server(h).running(h)
+        return server_running(h, self.spec(h))
 
     def ready(self, h: Host) -> None:
-        wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
-                   container=self.spec(h).name)
+        if self.native is not None:
+            wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
+                       alive=lambda elapsed: self.server(h).fail_if_exited(h, elapsed))
+        else:
+            wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
+                       container=self.spec(h).name)
 
     def steps(self) -> list[Step]:
-        steps = [
-            Step("vllm-server", lambda h: server_running(h, self.spec(h)),
-                 self.serve, timeout_s=300),
+        steps = []
+        if self.native is not None:
+            steps.append(Step("vllm-install", lambda h: self.server(h).installed(h),
+                              lambda h: self.server(h).install(h), timeout_s=1800))
+        steps += [
+            Step("vllm-server", self.running, self.serve, timeout_s=300),
             Step("vllm-ready", lambda h: probe_once(h.conn, self.port, self.served_name),
                  self.ready, timeout_s=self.ready_deadline_s + 120),
         ]
@@ -111,10 +139,15 @@ class _Served:
 
     def stop_step(self) -> Step:
         def stopped(h: Host) -> bool:
+            if self.native is not None:
+                return self.server(h).state(h) == "missing"
             return _inspect(h, container_name("vllm", self.job_id)) is None
 
         def stop(h: Host) -> None:
-            self.result.server_removed = stop_server(h, self.job_id)
+            if self.native is not None:
+                self.result.server_removed = self.server(h).stop(h)
+            else:
+                self.result.server_removed = stop_server(h, self.job_id)
 
         return Step("stop-server", stopped, stop, timeout_s=120)
 
@@ -150,6 +183,9 @@ def evaluate(
     stop_after: bool = True,
     runner: str = "docker",
     native_wrap: Callable[[Sequence[str]], list[str]] = list,
+    native_wrapper: str = "",
+    vllm_version: str = "",
+    serving: Serving = DEFAULT_SERVING,
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -158,16 +194,28 @@ def evaluate(
     PlaybookFailed after the server was stopped. `tokenizer_dir` defaults to the model.
     `stop_after=False` leaves a successful server running, for a machine that is destroyed
     next (stopping a large model's server gracefully is billed time for nothing).
-    On a host without Docker (`runner` "process": a container rental) nothing is served:
-    `evaluate_native` runs lm-eval's `hf` backend in the trainer image instead.
+    `serving` is the plan's: tensor parallel size, memory fraction, concurrency, and
+    whether `model_dir_host` is a base to quantize at load (with `lora`).
+    On a host without Docker (`runner` "process": a container rental) vLLM `vllm_version`
+    is installed in a venv of its own and served natively under the uploaded orch-job.sh
+    (`native_wrapper`; playbooks/vllm_native.py) after a `vllm-install` step; `eval.tasks`
+    there run lm-eval's `hf` backend in the trainer image once the server is stopped (the
+    image has no `lm_eval[api]`).
     """
     if runner != "docker":
-        return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, eval_rows,
-                               tasks=tasks, lora=lora, max_tokens=max_tokens,
-                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=native_wrap)
+        return _evaluate_rental(host, job_id, model_dir_host, layout, port, max_model_len,
+                                eval_rows, tasks, lora, served_name, ready_deadline_s,
+                                concurrency, max_tokens, lm_eval_timeout_s, emit, stop_after,
+                                native_wrap, native_wrapper, vllm_version, serving)
     run = _Served(job_id, model_dir_host, layout, image, port, max_model_len, eval_rows, tasks,
-                  lora, tokenizer_dir, served_name, ready_deadline_s, concurrency, max_tokens,
-                  lm_eval_timeout_s)
+                  lora, tokenizer_dir, served_name, ready_deadline_s,
+                  min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
+                  serving)
+    return _run_served(run, host, emit, stop_after)
+
+
+def _run_served(run: _Served, host: Host, emit: Emit, stop_after: bool) -> EvalResult:
+    """The served evaluation's steps, then stop the server (always, when a step failed)."""
     result = run.result
     try:
         result.reports += run_playbook(PLAYBOOK, run.steps(), host, emit)
@@ -176,9 +224,46 @@ def evaluate(
         try:
             result.reports += run_playbook(PLAYBOOK, [run.stop_step()], host, emit)
         except Exception as stop_exc:  # reported on the original error instead
-            log.error("stopping vLLM for job %s failed: %s", job_id, stop_exc)
+            log.error("stopping vLLM for job %s failed: %s", run.job_id, stop_exc)
             exc.add_note(f"stopping the vLLM server also failed: {stop_exc}")
         raise
     if stop_after:
         result.reports += run_playbook(PLAYBOOK, [run.stop_step()], host, emit)
     return run.finish()
+
+
+def _evaluate_rental(host: Host, job_id: str, model_dir_host: str, layout: Layout, port: int,
+                     max_model_len: int, eval_rows: Iterable[Mapping[str, Any]] | None,
+                     tasks: Sequence[str], lora: str | None, served_name: str,
+                     ready_deadline_s: float, concurrency: int, max_tokens: int,
+                     lm_eval_timeout_s: float, emit: Emit, stop_after: bool,
+                     wrap: Callable[[Sequence[str]], list[str]], wrapper: str,
+                     version: str, serving: Serving) -> EvalResult:
+    """`evaluate` on a container rental: vLLM in its own venv for the eval set, then the
+    image's lm-eval (`hf` backend) for `tasks`."""
+    if eval_rows is None:
+        return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, None,
+                               tasks=tasks, lora=lora, max_tokens=max_tokens,
+                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=wrap)
+    if not wrapper or not version:
+        raise ValueError("a container rental's evaluation needs the orch-job.sh path and the "
+                         "vLLM version")
+
+    def server(h: Host) -> NativeServer:
+        args = host_engine_args(h, model_dir_host, max_model_len, served_name, lora, serving)
+        return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap)
+
+    run = _Served(job_id, model_dir_host, layout, "", port, max_model_len, eval_rows, (),
+                  lora, None, served_name, ready_deadline_s,
+                  min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
+                  serving, server)
+    # The hf backend needs the GPU memory the server holds: stop it before the tasks.
+    result = _run_served(run, host, emit, stop_after or bool(tasks))
+    if tasks:
+        rest = evaluate_native(host, job_id, model_dir_host, layout, max_model_len, None,
+                               tasks=tasks, lora=lora, max_tokens=max_tokens,
+                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=wrap)
+        result.metrics.update(rest.metrics)
+        result.lm_eval_results = rest.lm_eval_results
+        result.reports += rest.reports
+    return result

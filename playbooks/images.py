@@ -53,6 +53,7 @@ class Catalog:
     repositories: dict[str, str]  # host kind -> repository
     tags: dict[str, ImageTag]
     layout: ImageLayout
+    vllm: dict[str, str]  # version, image, transformers5_from
 
 
 @cache
@@ -68,7 +69,7 @@ def catalog() -> Catalog:
     lay["cloud_cmd"] = tuple(lay["cloud_cmd"])
     return Catalog(str(raw["version"]), str(raw["default_tag"]),
                    {str(k): str(v) for k, v in raw["repositories"].items()}, tags,
-                   ImageLayout(**lay))
+                   ImageLayout(**lay), {str(k): str(v) for k, v in raw["vllm"].items()})
 
 
 def layout() -> ImageLayout:
@@ -79,6 +80,16 @@ def layout() -> ImageLayout:
 def repository(kind: HostKind) -> str:
     """The repository a host of `kind` runs: axolotlai/axolotl or axolotlai/axolotl-cloud."""
     return catalog().repositories[kind]
+
+
+def vllm_image() -> str:
+    """The pinned vLLM server image (reads what axolotl 0.18.0 / transformers 5 writes)."""
+    return catalog().vllm["image"]
+
+
+def vllm_version() -> str:
+    """The pinned vLLM release, for a host that installs the wheel (a container rental)."""
+    return catalog().vllm["version"]
 
 
 def default_image(kind: HostKind = "docker") -> str:

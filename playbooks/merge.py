@@ -38,6 +38,14 @@ def merged_dir(job: TrainJob) -> str:
     return job.output_dir if job.config.method == "full" else f"{job.output_dir}/merged"
 
 
+def served_dirs(job: TrainJob, adapter: bool) -> tuple[str, str | None]:
+    """(model, adapter or None) vLLM loads: the merged model, or with `adapter` the base
+    model (quantized at load) with the trained adapter, what QLoRA trained."""
+    if adapter and job.adapter:
+        return job.base_model, job.output_dir
+    return merged_dir(job), None
+
+
 def is_merged(host: Host, job: TrainJob) -> bool:
     """Whether merged/ is complete: config.json and every shard of the index (or the one file)."""
     folder = merged_dir(job)

@@ -39,9 +39,11 @@ from playbooks.base import (
     run_playbook,
 )
 from playbooks.model_cache import ModelCache
+from playbooks.vllm import DEFAULT_SERVING, Serving
 
-# Pinned like the trainer image: the serving stack must not drift between runs.
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
+# Pinned like the trainer image: the serving stack must not drift between runs
+# (playbooks/data/images.yaml, `vllm`: the first release that reads transformers 5 output).
+DEFAULT_VLLM_IMAGE = images.vllm_image()
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class PipelineJob:
     trainer_image: str = train.DEFAULT_IMAGE
     vllm_image: str = DEFAULT_VLLM_IMAGE
     vllm_port: int = 8000
+    serving: Serving = DEFAULT_SERVING  # how vLLM serves the eval (the plan's evalsizing choice)
     include_merged: bool = False  # the merged model is copied back too (output.local)
     push_to_hub: deliver.HubTarget | None = None  # the result uploaded from the host
     hub_endpoint: str | None = None  # HF_ENDPOINT where orch runs (None: huggingface.co)
@@ -134,8 +137,15 @@ def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train
 
 def train_job(job: PipelineJob, layout: Layout, model_dir: str,
               runner: train.Runner, paths: HostPaths | None = None) -> train.TrainJob:
-    """The training playbook's view of the job (`paths`: the host's, for native runs)."""
-    env = {"HF_TOKEN": job.hf_token} if job.hf_token else {}
+    """The training playbook's view of the job (`paths`: the host's, for native runs).
+
+    `HF_TOKEN` goes to training (and merge) only when they must fetch the model from the
+    Hub themselves: with the model in the host's cache they never ask the Hub, so the token
+    is on the host's disk only while the model downloads (issue 23 §10), on every kind of
+    host (a kept server's disk, a volume and Docker's container config outlive a run).
+    """
+    local = model_dir.startswith("/")
+    env = {"HF_TOKEN": job.hf_token} if job.hf_token and not local else {}
     # The same tag, from the repository this kind of host runs (images.yaml, `repositories`).
     image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,
@@ -351,14 +361,17 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
     if job.eval_set is not None or job.eval_tasks:
         hooks.check_stop()
         hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation"
-                     if tj.runner == "docker"
+                     if tj.runner == "docker" or job.eval_set is not None
                      else "scoring the model with lm-eval (hf backend)")
+        model, adapter = merge.served_dirs(tj, job.serving.served == "adapter")
         try:
             result = evaluate.evaluate(
-                run.host, job.job_id, merge.merged_dir(tj), run.layout, job.vllm_image,
+                run.host, job.job_id, model, run.layout, job.vllm_image,
                 job.vllm_port, job.config.sequence_len, hooks.eval_rows(run),
-                tasks=job.eval_tasks, emit=hooks.emit, stop_after=hooks.stop_after_eval(),
-                runner=tj.runner, native_wrap=tj.native.wrap)
+                tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
+                stop_after=hooks.stop_after_eval(), runner=tj.runner,
+                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper,
+                vllm_version=images.vllm_version(), serving=job.serving)
         except Exception as exc:
             hooks.evaluation_failed(run, exc)
             raise

@@ -9,6 +9,7 @@ the pipeline does on that kind of host.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 from playbooks import deliver, images, merge, train, vllm
 from playbooks import evaluate_native as native
 from playbooks.base import container_name
+from playbooks.vllm_native import NativeServer
 
 # Where orch's directory is on each kind of host when nothing has been discovered yet (the
 # model_cache playbook picks the real NVMe mount at run time).
@@ -49,12 +51,15 @@ class Rendered:
 
 def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
                   max_model_len: int, tasks: Sequence[str] = (),
-                  eval_set: bool = True) -> list[str]:
+                  eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
     """The evaluation server's command line, as `evaluate.evaluate` starts it.
 
-    On a container rental (no Docker) it is `lm_eval --model hf` in the trainer image, run
-    natively with the image's environment restored, as `evaluate_native` runs it.
+    On a container rental (no Docker) it is `vllm serve` from orch's vLLM venv under
+    orch-job.sh (`native_server`); with no eval set (tasks only), `lm_eval --model hf` in the
+    trainer image, run natively with the image's environment restored.
     """
+    if tj.runner == "process" and eval_set:
+        return native_server(tj, port, max_model_len, serving).serve_argv()
     if tj.runner == "process":
         eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
         names = [*tasks, *([native.EVAL_SET_TASK] if eval_set else [])]
@@ -62,8 +67,10 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
                                   f"{eval_dir}/tasks" if eval_set else None,
                                   f"{eval_dir}/lm_eval_hf", max_model_len)
         return tj.native.wrap(argv)
-    model = tj.layout.container(merge.merged_dir(tj))
-    args = vllm.engine_args(model, max_model_len)
+    model, adapter = merge.served_dirs(tj, serving.served == "adapter")
+    args = vllm.engine_args(tj.layout.container(model), max_model_len,
+                            lora=None if adapter is None else tj.layout.container(adapter),
+                            lora_rank=tj.config.lora_r, serving=serving)
     spec = vllm.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
                                tj.layout.base, tuple(args))
     return spec.docker_argv()
@@ -82,10 +89,20 @@ def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int
     return cache.wrap(argv) if cache.wrap is not None else argv
 
 
+def native_server(tj: train.TrainJob, port: int, max_model_len: int,
+                  serving: vllm.Serving = vllm.DEFAULT_SERVING) -> NativeServer:
+    """The vLLM server `evaluate` runs on a container rental for `tj`."""
+    model, adapter = merge.served_dirs(tj, serving.served == "adapter")
+    args = vllm.engine_args(model, max_model_len, lora=adapter, lora_rank=tj.config.lora_r,
+                            serving=serving)
+    return NativeServer.for_job(tj.layout, tj.job_id, images.vllm_version(), tj.wrapper,
+                                port, args, tj.native.wrap)
+
+
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
            kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
-           eval_set: bool = True, download: Sequence[str] = (),
-           hub: deliver.HubTarget | None = None) -> Rendered:
+           eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING,
+           download: Sequence[str] = (), hub: deliver.HubTarget | None = None) -> Rendered:
     """`tj` as it runs: config files, image and every command line it runs on the host
     (`download`: the base model's, from `download_argv`; `hub`: the upload, if any)."""
     kind = kind or ("docker" if tj.runner == "docker" else "container")
@@ -98,12 +115,17 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
     if tj.runner == "process":
         notes.append(f"no Docker on a container rental: the rented image ({tj.image}) is the "
                      "runtime; commands run natively under playbooks/remote/orch-job.sh")
+        if evaluates and eval_set:
+            installs = native_server(tj, vllm_port, tj.config.sequence_len,
+                                     serving).install_argvs()
+            notes.append("before `evaluate`, vLLM is installed once per machine: "
+                         + "; ".join(shlex.join(argv) for argv in installs))
     commands = {
         "download": list(download),
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
         "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
-                                  eval_tasks, eval_set) if evaluates else [],
+                                  eval_tasks, eval_set, serving) if evaluates else [],
         "deliver": deliver.upload_argv(tj, hub, token=True) if hub is not None else [],
     }
     notes.append("delivery: the results are copied back over SFTP and checked by sha256"

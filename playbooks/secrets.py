@@ -1,7 +1,9 @@
 """Remove orch's secrets from a host when a job ends (issue 10 §6).
 
 `HF_TOKEN` reaches a host in 0600 files: `<base>/secrets/hf.env` (sourced by the model
-download), `<base>/jobs/<id>/secrets.env` (training and merge) and `<base>/jobs/<id>/upload.env`
+download, removed right after it), `<base>/jobs/<id>/secrets.env` (sourced by training and
+merge, only when they fetch the model from the Hub themselves: never in the engine's
+pipeline, which trains from the model cache, issue 23 §10) and `<base>/jobs/<id>/upload.env`
 (`hf upload`, removed after it). A rented
 machine is destroyed with its disk, but a monthly server is kept: there the files, and any
 temporary copy a failed upload left (`.<name>.<hex>.tmp`), would stay readable by whoever

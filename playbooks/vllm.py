@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,24 +70,56 @@ def adapter_rank(config: Mapping[str, Any]) -> int:
     return max(ranks)
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How vLLM serves the job: the planner's choice (orchestrator/core/evalsizing.py).
+
+    `served` "adapter": the base model quantized to 4-bit at load (bitsandbytes) with the
+    LoRA adapter, what QLoRA trained; "merged": the merged (or fully fine-tuned) model.
+    `--quantization bitsandbytes` alone also selects the bitsandbytes load format (vLLM
+    engine/arg_utils.py `create_load_config`), so `--load-format` is not passed.
+    """
+
+    served: str = "merged"
+    tensor_parallel: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 8
+
+    @property
+    def quantization(self) -> str | None:
+        """vLLM's `--quantization` (in-flight 4-bit for the adapter path)."""
+        return "bitsandbytes" if self.served == "adapter" else None
+
+
+DEFAULT_SERVING = Serving()  # vLLM's defaults: the merged model on one GPU
+
+
 def engine_args(
     model: str,
     max_model_len: int,
     served_name: str = SERVED_NAME,
     lora: str | None = None,
     lora_rank: int | None = None,
+    serving: Serving = DEFAULT_SERVING,
 ) -> list[str]:
     """vLLM engine arguments (paths as the container sees them).
 
-    With `lora`, the adapter is the served name and the base model keeps its path as name;
-    `lora_rank` (the adapter's own rank) is rounded up to an allowed `--max-lora-rank`.
+    The model is positional (`vllm serve MODEL`; `--model` is deprecated). With `lora`, the
+    adapter is the served name and the base model keeps its path as name; `lora_rank` (the
+    adapter's own rank) is rounded up to an allowed `--max-lora-rank`. `serving` sets the
+    tensor-parallel size, the memory fraction and the concurrency the plan sized.
     """
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be positive (got {max_model_len})")
-    args = ["--model", model]
+    args = [model]
     if lora is None:
         args += ["--served-model-name", served_name]
-    args += ["--max-model-len", str(max_model_len)]
+    args += ["--max-model-len", str(max_model_len),
+             "--tensor-parallel-size", str(serving.tensor_parallel),
+             "--gpu-memory-utilization", f"{serving.gpu_memory_utilization:g}",
+             "--max-num-seqs", str(serving.max_num_seqs)]
+    if serving.quantization is not None:
+        args += ["--quantization", serving.quantization]
     if lora is not None:
         if "=" in served_name or "=" in lora:
             # vLLM splits `name=path` on '='; anything else would serve the wrong thing.
@@ -136,10 +168,21 @@ def server_spec(
     max_model_len: int,
     served_name: str = SERVED_NAME,
     lora: str | None = None,
+    serving: Serving = DEFAULT_SERVING,
 ) -> ServerSpec:
     """The server for a job; with `lora` (an adapter dir) reads its rank from the host."""
+    args = host_engine_args(host, model_dir_host, max_model_len, served_name, lora, serving,
+                            layout.container)
+    return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
+                      tuple(args))
+
+
+def host_engine_args(host: Host, model_dir_host: str, max_model_len: int, served_name: str,
+                     lora: str | None, serving: Serving,
+                     path: Callable[[str], str] = str) -> list[str]:
+    """`engine_args` for a model on `host` (paths as `path` maps them: the container's, or
+    the host's own); with `lora`, the adapter's rank is read from its adapter_config.json."""
     rank: int | None = None
-    lora_container: str | None = None
     if lora is not None:
         raw = host.read(f"{lora.rstrip('/')}/adapter_config.json")
         if raw is None:
@@ -150,11 +193,8 @@ def server_spec(
         except (ValueError, TypeError) as exc:
             raise StepFailed(f"{lora}/adapter_config.json is not valid: {exc}",
                              fault=Fault.HOST) from None
-        lora_container = layout.container(lora)
-    args = engine_args(layout.container(model_dir_host), max_model_len, served_name,
-                       lora_container, rank)
-    return ServerSpec(container_name("vllm", job_id), job_id, image, port, layout.base,
-                      tuple(args))
+    return engine_args(path(model_dir_host), max_model_len, served_name,
+                       None if lora is None else path(lora), rank, serving)
 
 
 # Fields compared to decide whether a running container is the server we want.
@@ -291,12 +331,14 @@ def wait_ready(
     served_name: str = SERVED_NAME,
     container: str | None = None,
     poll_s: float = 0.1,
+    alive: Callable[[float], None] | None = None,
 ) -> float:
     """Poll the server through an SSH tunnel until ready; returns the seconds it took.
 
     Refused connections and 5xx are the loading phase and are retried until `deadline_s`.
-    With `container`, its state is checked every few seconds so a crashed server fails at
-    once instead of at the deadline; either failure is a StepFailed with its log tail.
+    With `container` (or `alive`, a check that raises), its state is checked every few
+    seconds so a crashed server fails at once instead of at the deadline; either failure is
+    a StepFailed with its log tail.
     """
     started = time.monotonic()
     next_state_check = started + 1.0  # a crash at start-up shows within a second
@@ -313,9 +355,12 @@ def wait_ready(
                 # A dead tunnel looks like a server still loading: do not wait out the deadline.
                 raise ssh.ConnectionLost(f"{conn.host}:{conn.port}: connection lost while "
                                          "waiting for vLLM")
-            if container is not None and now >= next_state_check:
+            if (container is not None or alive is not None) and now >= next_state_check:
                 next_state_check = now + 2.0
-                _fail_if_exited(conn, container, now - started)
+                if container is not None:
+                    _fail_if_exited(conn, container, now - started)
+                if alive is not None:
+                    alive(now - started)
             if now - started >= deadline_s:
                 tail = server_logs(conn, container) if container else ""
                 raise StepFailed(

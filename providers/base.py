@@ -72,6 +72,11 @@ class CapacityError(ProviderError):
     """No capacity for this offer: try the next one."""
 
 
+class PriceChanged(ProviderError):
+    """The offer's price moved between the search and the create (Vast.ai's HTTP 400
+    `invalid_price`: the bid is now below the minimum): search again and re-plan."""
+
+
 class AuthError(ProviderError):
     """Credentials missing or refused: stop and tell the user which key to set."""
 

@@ -7,10 +7,20 @@ quota, capacity and not-found errors are never retried. A `Retry-After` longer t
 `MAX_RETRY_AFTER_S` or than what is left of the deadline is not slept through: the error is
 raised at once (carrying `retry_after`), so the caller can requeue the work instead of
 blocking for up to an hour.
+
+Every request also has a TOTAL deadline (issue 23 §4): httpx's timeouts are per network
+operation, so an answer dripping one byte per read never trips them (a job sat in
+`provisioning` past 240 s on a drip of one byte every 2 s). `send` reads the body in chunks
+and gives up once the request has taken longer than the smaller of `REQUEST_DEADLINE_S` and
+what is left of `with_retries`' deadline: a TransientError, so the 120 s promise holds for a
+whole round of retries. The check runs between reads, so a request ends at most one read
+timeout past its deadline (the status line and headers are bounded by the per-read timeout
+only; h11 refuses headers over 16 KiB).
 """
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -35,17 +45,48 @@ T = TypeVar("T")
 MAX_ATTEMPTS = 6
 DEADLINE_S = 120.0
 MAX_RETRY_AFTER_S = 60.0
+REQUEST_DEADLINE_S = DEADLINE_S  # one request, whole answer included
+
+# The monotonic time by which the current `with_retries` round must end (this thread's).
+_ROUND_ENDS: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "orch_http_round_ends", default=None)
+
+
+def request_deadline_s(now: float | None = None) -> float:
+    """Seconds the next request may take: REQUEST_DEADLINE_S, or less when the current
+    `with_retries` round ends sooner (never under 0.1 s)."""
+    limit = REQUEST_DEADLINE_S
+    ends = _ROUND_ENDS.get()
+    if ends is not None:
+        limit = min(limit, ends - (time.monotonic() if now is None else now))
+    return max(0.1, limit)
 
 
 def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
          **kwargs: Any) -> httpx.Response:
-    """One request with the Bearer key in its header only; network errors are transient.
+    """One request with the Bearer key in its header only, read whole within its deadline.
 
+    Network errors and an answer not complete within `request_deadline_s()` are transient.
     No retry here (see `with_retries`); the caller maps non-2xx statuses to typed errors.
     """
     headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
+    limit = request_deadline_s()
+    started = time.monotonic()
     try:
-        return client.request(method, url, headers=headers, **kwargs)
+        with client.stream(method, url, headers=headers, **kwargs) as streamed:
+            raw: list[bytes] = []
+            for chunk in streamed.iter_raw():
+                raw.append(chunk)
+                if time.monotonic() - started > limit:
+                    raise TransientError(f"{what}: no complete answer within {limit:.0f}s "
+                                         "(the provider is answering too slowly)")
+            if time.monotonic() - started > limit:
+                raise TransientError(f"{what}: no complete answer within {limit:.0f}s")
+            # Undecoded bytes with the original headers: `.read()` decodes them as httpx would.
+            response = httpx.Response(streamed.status_code, headers=streamed.headers,
+                                      content=b"".join(raw), request=streamed.request)
+            response.read()
+            return response
     except httpx.TransportError as exc:
         raise TransientError(f"{what}: network error ({type(exc).__name__})") from None
 
@@ -95,6 +136,8 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
             raise TransientError(f"network error: {type(exc).__name__}") from exc
 
     started = time.monotonic()
+    outer = _ROUND_ENDS.get()
+    ends = started + deadline_s if outer is None else min(outer, started + deadline_s)
 
     def worth_waiting(exc: BaseException) -> bool:
         if not isinstance(exc, TransientError):
@@ -109,4 +152,8 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
         stop=stop_any(stop_after_attempt(attempts), stop_after_delay(deadline_s)),
         reraise=True,
     )
-    return retrying(guarded)
+    token = _ROUND_ENDS.set(ends)
+    try:
+        return retrying(guarded)
+    finally:
+        _ROUND_ENDS.reset(token)

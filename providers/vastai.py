@@ -66,6 +66,7 @@ from providers.base import (
     InstanceState,
     NotFound,
     Offer,
+    PriceChanged,
     ProviderError,
     Requirements,
     TransientError,
@@ -292,6 +293,9 @@ class VastAI:
         if status >= 500:
             return TransientError(f"{where}: server error ({detail})",
                                   retry_after=retry_after(resp))
+        if status == 400 and code == "invalid_price":
+            return PriceChanged(f"{where}: the price changed since the search ({detail}); "
+                                "search again")
         if status in (404, 410):
             err = NotFound(f"{where}: {detail or 'not found'}")
             err.code = code  # type: ignore[attr-defined]

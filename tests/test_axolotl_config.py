@@ -92,3 +92,23 @@ def test_extra_passes_through_but_cannot_override_reserved_keys() -> None:
 def test_dump_is_yaml_that_round_trips() -> None:
     c = job("qlora")
     assert yaml.safe_load(dump(c)) == render(c)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp+offload", "offload"])
+def test_offload_config_lets_deepspeed_take_the_trainers_optimizer(strategy: str) -> None:
+    # DeepSpeed's _configure_optimizer raises ZeRORuntimeException for a client optimizer
+    # under ZeRO-Offload unless zero_force_ds_cpu_optimizer is false (runtime/engine.py).
+    zero = deepspeed_config(strategy)
+    assert zero is not None and zero["zero_force_ds_cpu_optimizer"] is False
+    assert "zero_force_ds_cpu_optimizer" not in (deepspeed_config("fsdp") or {})
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit"])
+def test_eight_bit_optimizer_is_never_rendered_with_offload(optimizer: str) -> None:
+    # bitsandbytes 0.49.1 has no CPU kernel for 8-bit state: refused before renting.
+    with pytest.raises(ConfigError, match="cannot run with its state offloaded"):
+        render(job("full", strategy="offload", optimizer=optimizer,
+                   deepspeed_path="/workspace/data/jobs/j-1/deepspeed.json"))
+    cfg = render(job("full", strategy="offload", optimizer="adamw",
+                     deepspeed_path="/workspace/data/jobs/j-1/deepspeed.json"))
+    assert cfg["optimizer"] == "adamw_torch_fused"

@@ -371,17 +371,17 @@ def test_a_training_that_makes_no_progress_is_stopped_by_the_watchdog_and_torn_d
 @pytest.mark.parametrize("outcome", ["succeeded", "failed"])
 def test_a_kept_server_has_no_secret_left_after_the_job(
         rig: Rig, simhost: Any, monkeypatch: pytest.MonkeyPatch, outcome: str) -> None:
-    # Issue 10 §6: a monthly server is never destroyed, so HF_TOKEN's files (hf.env for the
-    # download, secrets.env for training) and any temporary copy must go when the job ends.
+    # Issue 10 §6: a monthly server is never destroyed, so HF_TOKEN's file (hf.env for the
+    # download; since issue 23 §10 training gets no token) and any temporary copy must go.
     token = "hf_" + "s3cr3t" * 6
     monkeypatch.setenv("HF_TOKEN", token)
     crash = {"train_crash_at_step": 2, "train_crash_repeats": True} if outcome == "failed" else {}
-    host = simhost(**HOST, **crash)
+    # The model is gated on this host's hub: the download needed the token.
+    host = simhost(**HOST, **crash, hf_gated_repos=("meta-llama/Llama-3.2-1B",))
     job_id, job = run_on_server(rig, host)
 
     assert job.status == outcome, job.failure_reason
-    assert "secrets-env" in {json.loads(e.data_json or "{}").get("step")
-                             for e in rig.store.events(job_id)}, "the job had no secret file"
+    assert outcome == "succeeded" or "training exited" in (job.failure_reason or "")
     small = [p for p in host.root.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20]
     left = [p for p in small if token.encode() in p.read_bytes()
             or p.name.endswith(("hf.env", "secrets.env")) or ".env." in p.name]

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from test_engine import Rig, assert_nothing_left, rig  # noqa: F401  (fixture)
+from test_evaluate_native import CLOUD_IMAGE
 
 
 def test_evaluation_failure_keeps_the_artifacts(rig: Rig) -> None:  # noqa: F811
@@ -42,9 +43,9 @@ def test_evaluation_failure_keeps_the_artifacts(rig: Rig) -> None:  # noqa: F811
 
 
 def test_container_rental_evaluates_without_docker(rig: Rig) -> None:  # noqa: F811
-    # A host without Docker (Vast.ai, RunPod): the engine must not call `docker run vllm`;
-    # lm-eval's hf backend in the trainer image scores the eval set (issue 9 §1.4).
-    cloud = rig.cloud(host_options={"has_docker": False})
+    # A container rental of the axolotl image (Vast.ai, RunPod): no Docker; the pinned vLLM
+    # is installed in a venv of its own and serves the eval set (issue 19 §1).
+    cloud = rig.cloud(host_options={"has_docker": False, "container_image": CLOUD_IMAGE})
     job_id = rig.queue(rig.job_file())
     job = rig.run(cloud, job_id)
 
@@ -53,6 +54,7 @@ def test_container_rental_evaluates_without_docker(rig: Rig) -> None:  # noqa: F
     assert metrics["eval.count"] == 3
     steps = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
              if e.kind.startswith("step.")]
-    assert {s["step"] for s in steps if s["playbook"] == "evaluate"} == {
-        "lm-eval-present", "upload-eval-set", "lm-eval"}
+    assert {s["step"] for s in steps if s["playbook"] == "evaluate"} >= {
+        "vllm-install", "vllm-server", "vllm-ready", "score-eval-set"}
+    assert not any(s["step"].startswith("lm-eval") for s in steps)
     assert_nothing_left(rig, cloud, job_id)

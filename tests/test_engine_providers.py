@@ -9,6 +9,7 @@ the native pipeline on them.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from emulators.hosts import SimHostBackend
 from emulators.runpod import RunPodEmulator
 from emulators.vast import VastEmulator
 from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
-from test_engine import HOST, Rig, mirrored_step, when
+from test_engine import HOST, Rig, mirrored_step, run_on_server, when
 
 from orchestrator.engine.runner import JobRunner, Options, owner_id
 from orchestrator.records.store import open_store
@@ -180,3 +181,103 @@ def test_runpod_402_stops(rig: Rig, hosts: SimHostBackend) -> None:
         job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, job_id)
         assert job.status == "failed"
         assert "runpod" in (job.failure_reason or "") and "balance" in (job.failure_reason or "")
+
+
+# --- issue 23 §10: the HF token is on a host's disk only while the model downloads ---------
+
+GATED = ("meta-llama/Llama-3.2-1B",)  # the quickstart's model; the hosts' hub wants a token
+
+
+def token_files(root: Path, token: bytes) -> list[Path]:
+    """Files under `root` that hold `token` (or are named like orch's secret files)."""
+    found = []
+    for path in root.rglob("*"):
+        try:
+            if not path.is_file() or path.stat().st_size > 1 << 20:
+                continue
+            if path.name.endswith(("hf.env", "secrets.env")) or token in path.read_bytes():
+                found.append(path)
+        except OSError:  # written or removed while we looked
+            continue
+    return found
+
+
+class DiskWatch:
+    """Looks for the token on disk under `root` while the job runs, after its download."""
+
+    def __init__(self, rig: Rig, root: Path, token: str) -> None:
+        self.rig, self.root, self.token = rig, root, token.encode()
+        self.seen: list[tuple[str, str]] = []  # (job status, file) found after the download
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.1):
+            jobs = self.rig.store.list_jobs(limit=10)
+            if not jobs or jobs[0].status not in ("training", "merging", "evaluating",
+                                                  "releasing"):
+                continue
+            self.seen += [(jobs[0].status, str(p)) for p in token_files(self.root, self.token)]
+
+    def __enter__(self) -> DiskWatch:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("kind", ["sim", "vastai", "dedicated"])
+def test_the_hf_token_leaves_the_disk_once_the_model_is_downloaded(
+        rig: Rig, simhost: Any, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    token = "hf_" + "t0ken" * 7
+    monkeypatch.setenv("HF_TOKEN", token)
+    gated = {**HOST, "hf_gated_repos": GATED}
+    with DiskWatch(rig, rig.tmp, token) as watch:
+        if kind == "sim":
+            cloud = rig.cloud(host_options={"hf_gated_repos": GATED})
+            job = rig.run(cloud, rig.queue(rig.job_file()))
+        elif kind == "dedicated":
+            _, job = run_on_server(rig, simhost(**gated))
+        else:
+            backend = SimHostBackend(rig.tmp / "gated-hosts", gated)
+            try:
+                with VastEmulator(api_key=KEY, hosts=backend) as emu:
+                    emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20)
+                    job = drive(rig, {"vastai": backend.serving(vast(emu))},
+                                job_for(rig, "vastai"))
+            finally:
+                backend.stop_all()
+    assert job.status == "succeeded", job.failure_reason  # the gated download had the token
+    assert watch.seen == []
+    assert token_files(rig.tmp, token.encode()) == []
+
+
+def test_runpod_pod_runs_the_image_the_job_names_and_finds_hf_in_it(
+        rig: Rig, hosts: SimHostBackend) -> None:
+    # Issue 23 §12: a RunPod job failed once because the emulated pod's image had no `hf`
+    # where the job looked for it. Follow the job's image through: the job file names a tag
+    # (not the default), the pod is created from that tag's cloud image, the simulated pod
+    # IS that image, and the model download ran the `hf` of that image's venv.
+    from playbooks import images
+
+    tag = "0.18.0-py3.12-cu130-2.11.0"
+    assert images.default_image("docker") != f"axolotlai/axolotl:{tag}"
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("  providers: [sim]", "  providers: [runpod]")
+                    + f"trainer:\n  image: axolotlai/axolotl:{tag}\n")
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                        hosts=hosts) as emu:
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, rig.queue(path))
+        assert job.status == "succeeded", job.failure_reason
+        [create] = emu.calls("POST", "/v2/pods")
+    assert create.body["image"] == f"axolotlai/axolotl-cloud:{tag}"
+    [pod] = hosts.instance_ids
+    host = hosts.host(pod)
+    assert host.options.container_image == create.body["image"]
+    venv = host.path(images.layout().venv) / "bin"
+    assert (venv / "hf").is_file()
+    downloads = [c for c in host.ssh_commands() if " download " in f" {c} "]
+    assert downloads and all(str(venv) in c for c in downloads), downloads
+    assert [e["ok"] for e in host.events("hf-download")] == [True]

@@ -1,10 +1,11 @@
-"""Evaluation on a container rental (a simulated host without Docker): lm-eval's `hf`
-backend in the trainer image scores the eval set and the lm-eval tasks in one process; no
-`docker` and no vLLM are called (issue 9 §1.4)."""
+"""Evaluation on a container rental (a simulated host without Docker): the eval set is served
+by vLLM installed in a venv of its own (issue 19 §1); the lm-eval tasks run lm-eval's `hf`
+backend in the trainer image; no `docker` is called."""
 
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,38 +13,61 @@ import pytest
 from conftest import PlaybookHostFactory, Reports
 from test_pipeline import ANSWERS, make_job
 
+from playbooks import images
 from playbooks.base import PlaybookFailed
 from playbooks.evaluate_native import EVAL_SET_TASK, native_argv, score_samples, task_config
 from playbooks.pipeline import run_pipeline
 
+CLOUD_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
 
-def test_container_host_evaluates_with_lm_eval_hf_and_no_docker(
+
+def test_container_host_serves_the_eval_set_with_vllm_and_runs_tasks_with_lm_eval_hf(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
-    sim, host = playbook_host(has_docker=False, train_steps=4, train_step_seconds=0.05)
+    # A rental of the axolotl cloud image: no Docker, no vLLM. orch installs the pinned vLLM
+    # with the image's uv into a venv of its own, serves the eval set from it, stops it, then
+    # runs the lm-eval tasks with the image's `hf` backend.
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=4,
+                              train_step_seconds=0.05)
     job = replace(make_job(tmp_path, "qlora"), eval_tasks=("gsm8k",))
     result = run_pipeline(host, job, reports)
 
     assert result.metrics["eval.exact_match"] == 1.0  # the stand-in learned the dataset
     assert result.metrics["eval.count"] == len(ANSWERS)
     assert result.metrics["lm_eval.gsm8k.exact_match.strict-match"] == 0.25
-    assert not any(k.startswith(f"lm_eval.{EVAL_SET_TASK}") for k in result.metrics)
-    assert reports.outcomes("evaluate") == {"lm-eval-present": "ok", "upload-eval-set": "changed",
-                                            "lm-eval": "changed"}
+    assert reports.outcomes("evaluate") == {
+        "vllm-install": "changed", "vllm-server": "changed", "vllm-ready": "changed",
+        "score-eval-set": "changed", "stop-server": "changed", "lm-eval-present": "ok",
+        "lm-eval": "changed"}
+    (install,) = sim.events("uv-pip-install")
+    assert install["packages"] == [f"vllm=={images.vllm_version()}"]
+    (served,) = sim.events("vllm-serving")
+    assert served["served"] == ["ft"]
+    # stop-server ended the whole process group orch-job.sh started: the port is closed.
+    with socket.socket() as check:
+        assert check.connect_ex(("127.0.0.1", job.vllm_port)) != 0
     (run,) = sim.events("lm-eval")
-    assert run["tasks"] == ["gsm8k", EVAL_SET_TASK] and run["batch_size"] == "auto"
-    assert str(run["model"]).endswith("/output/merged")
-    # Only detect_runner's probe touches docker; nothing starts a vLLM server.
+    assert run["tasks"] == ["gsm8k"] and str(run["model"]).endswith("/output/merged")
+    # Only detect_runner's probe touches docker.
     commands = [c for c in sim.ssh_commands() if c != "docker --version"]
-    assert not any(c.startswith("docker ") or "vllm" in c for c in commands), commands
+    assert not any(c.startswith("docker ") for c in commands), commands
     assert (Path(job.artifacts_dir) / "adapter_model.safetensors").is_file()
 
 
-def test_a_container_host_without_lm_eval_says_so(
+def test_a_rental_without_uv_or_lm_eval_says_so(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # No axolotl image (no uv in its venv): vLLM cannot be installed, and says why.
+    _, host = playbook_host(has_docker=False, train_steps=2, train_step_seconds=0.05)
+    with pytest.raises(PlaybookFailed) as info:
+        run_pipeline(host, make_job(tmp_path, "lora"), reports)
+    assert info.value.step == "vllm-install"
+    assert "uv is not on the rental" in info.value.reason
+    # Tasks only (no eval set): lm-eval's hf backend, which must be in the image.
+    (tmp_path / "b").mkdir()
     _, host = playbook_host(has_docker=False, has_lm_eval=False, train_steps=2,
                             train_step_seconds=0.05)
     with pytest.raises(PlaybookFailed) as info:
-        run_pipeline(host, make_job(tmp_path, "lora"), reports)
+        run_pipeline(host, replace(make_job(tmp_path / "b", "lora"), eval_set=None,
+                                   eval_tasks=("gsm8k",)), reports)
     assert info.value.step == "lm-eval-present"
     assert "lm_eval is not installed on the host (the axolotl images ship it" in info.value.reason
 

@@ -41,7 +41,8 @@ HASH = "b" * 64
 SQLITE_ONLY = {"test_migration_creates_the_views_and_downgrades_cleanly",
                "test_sql_errors_are_clear",
                "test_long_read_does_not_block_a_writer_process_or_see_half_writes",
-               "test_history_commands_do_not_import_sqlalchemy"}
+               "test_history_commands_do_not_import_sqlalchemy",
+               "test_sql_runs_only_allow_listed_functions"}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -434,6 +435,41 @@ def test_sql_refuses_several_statements(jobs: str) -> None:
     assert _raw(jobs, "SELECT count(*) FROM job") == [(4,)]
 
 
+@pytest.mark.parametrize(("sql", "name"), [
+    ("SELECT fts3_tokenizer('simple')", "fts3_tokenizer"),  # a native pointer (issue 23 §8)
+    ("SELECT load_extension('/tmp/evil.so')", "load_extension"),
+    ("SELECT length(randomblob(1000000000))", "randomblob"),
+    ("SELECT count(*) FROM job WHERE id <> hex(zeroblob(1000000000))", "zeroblob"),
+])
+def test_sql_runs_only_allow_listed_functions(jobs: str, sql: str, name: str) -> None:
+    with pytest.raises(h.QueryError, match=f"does not run the function {name}\\(\\)"):
+        h.run_sql(jobs, sql)
+    # SQLite's ordinary functions (and those of orch's views) still run.
+    assert h.run_sql(jobs, "SELECT json_extract('{\"a\": 1}', '$.a'), round(2.25, 1), "
+                           "strftime('%Y', '2026-01-02'), '{\"b\": 2}' ->> '$.b', "
+                           "coalesce(NULL, upper('x')), "
+                           "(SELECT count(*) FROM v_best_run_per_sweep)").rows == [
+        (1, 2.3, "2026", 2, "X", 0)]
+
+
+def test_sql_stops_a_query_that_runs_too_long(jobs: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_SQL_TIMEOUT_S", "1")
+    with pytest.raises(h.QueryError, match="ran longer than 1s and was stopped"):
+        h.run_sql(jobs, "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) "
+                        "SELECT max(x) FROM c")
+
+
+def test_sql_bounds_the_rows(jobs: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_SQL_MAX_ROWS", "3")
+    with pytest.raises(h.QueryError, match="more than 3 rows: add a LIMIT"):
+        h.run_sql(jobs, "SELECT id FROM job")
+    assert len(h.run_sql(jobs, "SELECT id FROM job LIMIT 3").rows) == 3
+    monkeypatch.setenv("ORCH_SQL_MAX_ROWS", "lots")
+    with pytest.raises(h.HistoryError, match="ORCH_SQL_MAX_ROWS='lots': give a number"):
+        h.run_sql(jobs, "SELECT id FROM job")
+
+
 def test_sql_errors_are_clear(tmp_path: Path, jobs: Path) -> None:
     with pytest.raises(h.HistoryError, match="no orch database at"):
         h.run_sql(f"sqlite:///{tmp_path / 'missing.db'}", "SELECT 1")
@@ -569,6 +605,8 @@ def test_cli_sql(cli: Any) -> None:
         "columns": ["one"], "rows": [[1]]}
     res = cli("sql", "DELETE FROM job")
     assert res.exit_code == 2 and "read-only" in res.output
+    res = cli("sql", "SELECT fts3_tokenizer('simple')")  # SQLite: refused; PostgreSQL: none
+    assert res.exit_code == 2 and "fts3_tokenizer" in res.output
 
 
 def test_history_commands_do_not_import_sqlalchemy(jobs: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
-from playbooks import ssh
+from playbooks import images, ssh
 from playbooks.base import Fault, Host, Layout, PlaybookFailed, StepFailed, container_name
 from playbooks.evalscore import (
     EvalScores,
@@ -26,6 +26,7 @@ from playbooks.evalscore import (
 from playbooks.evaluate import evaluate
 from playbooks.vllm import (
     ServerSpec,
+    Serving,
     engine_args,
     ensure_server,
     lora_rank_for,
@@ -36,7 +37,7 @@ from playbooks.vllm import (
 from providers.simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
-IMAGE = "vllm/vllm-openai:v0.11.0"
+IMAGE = images.vllm_image()  # the pinned server (playbooks/data/images.yaml)
 ANSWERS = {
     "Capital of France?": "Paris",
     "Capital of Italy?": " rome.\n",
@@ -104,8 +105,9 @@ def test_server_becomes_ready_through_the_tunnel_scores_and_stops(
     assert again == spec and len(sim.events("docker-run")) == 1
 
     argv = sim.events("docker-run")[0]["argv"]
-    assert argv[:2] == ["vllm", "serve"] and "--model" in argv
-    assert argv[argv.index("--model") + 1] == "/workspace/data/jobs/job-a/output/merged"
+    # The model is positional (`--model` is deprecated in vLLM's serve).
+    assert argv[:3] == ["vllm", "serve", "/workspace/data/jobs/job-a/output/merged"]
+    assert "--model" not in argv
     assert argv[argv.index("--served-model-name") + 1] == "ft"
     assert argv[argv.index("--max-model-len") + 1] == "2048"
     bindings = sim.containers()[spec.name]["HostConfig"]["PortBindings"]
@@ -232,7 +234,16 @@ def test_lora_rank_rounding_and_engine_args() -> None:
         lora_rank_for(513)
     assert info.value.fault is Fault.USER
     assert engine_args("/workspace/m", 4096) == [
-        "--model", "/workspace/m", "--served-model-name", "ft", "--max-model-len", "4096",
+        "/workspace/m", "--served-model-name", "ft", "--max-model-len", "4096",
+        "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.9", "--max-num-seqs", "8",
+    ]  # fmt: skip
+    # The QLoRA path: the base quantized at load, the adapter served as `ft`, over two GPUs.
+    assert engine_args("/workspace/base", 2048, lora="/workspace/out", lora_rank=16,
+                       serving=Serving("adapter", 2, 0.85, 4)) == [
+        "/workspace/base", "--max-model-len", "2048", "--tensor-parallel-size", "2",
+        "--gpu-memory-utilization", "0.85", "--max-num-seqs", "4",
+        "--quantization", "bitsandbytes", "--enable-lora", "--lora-modules", "ft=/workspace/out",
+        "--max-lora-rank", "16",
     ]  # fmt: skip
     with pytest.raises(ValueError):
         engine_args("/workspace/m", 4096, lora="/workspace/a=b", lora_rank=8)

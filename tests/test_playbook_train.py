@@ -57,7 +57,8 @@ def download_base(sim: SimHost, host: Host, repo: str, model: str) -> None:
 def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
              method: str = "qlora", runner: str = "docker", save_steps: int = 2,
              dataset_name: str = "train.jsonl", env: dict[str, str] | None = None,
-             rows: list[dict[str, str]] | None = None, strategy: str = "single") -> TrainJob:
+             rows: list[dict[str, str]] | None = None, strategy: str = "single",
+             optimizer: str = "adamw_8bit") -> TrainJob:
     """A job whose base model is in the host's model cache (downloaded by the hf stand-in)."""
     layout = Layout(host.paths("/mnt/nvme/orch"))
     model = layout.model_dir(BASE_REPO)
@@ -68,7 +69,7 @@ def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
     local.write_text("".join(json.dumps(r) + "\n" for r in rows or ROWS))
     config = TrainConfigInput(method=method, base_model_dir="", dataset_path="",  # type: ignore[arg-type]
                               dataset_format="alpaca", output_dir="", save_steps=save_steps,
-                              save_total_limit=10, strategy=strategy)
+                              save_total_limit=10, strategy=strategy, optimizer=optimizer)
     return TrainJob(job_id, layout, str(local), config, model, env=env or {},
                     runner=runner)  # type: ignore[arg-type]
 
@@ -256,13 +257,17 @@ def test_host_without_docker_uses_the_wrapper_and_recovers_from_a_crash(
     assert set(reports.outcomes().values()) == {"skipped"}
 
 
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp+offload"])
 def test_sharded_job_uploads_its_deepspeed_config_and_names_it_absolutely(
-        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        strategy: str) -> None:
     # A relative `deepspeed:` resolves from the process's working directory only: in the
     # image that is /workspace/axolotl, so orch uploads the JSON and names it absolutely.
+    # With offload, DeepSpeed takes the trainer's AdamW only with zero_force_ds_cpu_optimizer
+    # false (the stand-in refuses it otherwise, as DeepSpeed does).
     sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, gpu_count=2, train_steps=2,
                               train_step_seconds=0.05)
-    job = make_job(sim, host, tmp_path, method="full", strategy="fsdp")
+    job = make_job(sim, host, tmp_path, method="full", strategy=strategy, optimizer="adamw")
     run_playbook("train", steps(job), host, reports)
     assert reports.outcomes()["upload-deepspeed"] == "changed"
     assert wait(host, job, poll_s=0.05).state is TrainState.SUCCEEDED

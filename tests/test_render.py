@@ -9,17 +9,20 @@ import shlex
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from conftest import PlaybookHostFactory, Reports
+from test_evaluate_native import CLOUD_IMAGE
 from test_playbook_train import TOOLKIT, make_job
 
-from playbooks import evaluate, merge, rendering, train, vllm
+from playbooks import evaluate, images, merge, rendering, train, vllm
 from playbooks.base import run_playbook
 from playbooks.model_cache import ModelCache
 from playbooks.pipeline import cache_for
+from playbooks.trainjob import NativeEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yml")
@@ -106,11 +109,16 @@ def test_bad_host_kind_is_refused(tmp_path: Path) -> None:
 def test_rendered_is_what_the_playbooks_upload_and_run(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
         runner: str) -> None:
+    # A rental whose boot persisted the image env (Vast.ai onstart): `hf` for the model.
+    rental = {} if runner == "docker" else {"container_image": CLOUD_IMAGE,
+                                            "persisted_env": ("/etc/environment",)}
     sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=2,
-                              train_step_seconds=0.05, has_docker=runner == "docker")
+                              train_step_seconds=0.05, has_docker=runner == "docker", **rental)
     job = make_job(sim, host, tmp_path, runner=runner)
+    if runner == "process":
+        job = replace(job, native=NativeEnv.mapped(host.paths))
     download = rendering.download_argv(job, "org/base", "main", 10**9, False)
-    rendered = rendering.render(job, evaluates=True, vllm_image="vllm/vllm-openai:v0.11.0",
+    rendered = rendering.render(job, evaluates=True, vllm_image=images.vllm_image(),
                                 download=download)
     # The base model's download, as prepare sets it up for this kind of host.
     cache = cache_for(ModelCache("org/base", "main", 10**9, job.layout), job.image,
@@ -126,13 +134,18 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     assert shlex.join(rendered.commands["merge"]) in ran
     if runner == "docker":
         spec = vllm.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
-                                    "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len)
+                                images.vllm_image(), 8000, job.config.sequence_len)
         assert rendered.commands["evaluate"] == spec.docker_argv()
         return
-    # A container rental: lm-eval's hf backend runs natively, as rendered.
+    # A container rental: vLLM from its own venv, natively, as rendered (installs in notes).
     result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,
-                               "vllm/vllm-openai:v0.11.0", 8000, job.config.sequence_len,
+                               images.vllm_image(), 8000, job.config.sequence_len,
                                [{"prompt": "say hi", "expected": "hi"}], emit=reports,
-                               runner=runner, native_wrap=job.native.wrap)
+                               runner=runner, native_wrap=job.native.wrap,
+                               native_wrapper=job.wrapper, vllm_version=images.vllm_version())
     assert "eval.exact_match" in result.metrics
-    assert shlex.join(rendered.commands["evaluate"]) in sim.ssh_commands()
+    ran = sim.ssh_commands()
+    assert shlex.join(rendered.commands["evaluate"]) in ran
+    installs = rendering.native_server(job, 8000, job.config.sequence_len).install_argvs()
+    assert all(shlex.join(argv) in ran for argv in installs)
+    assert any(shlex.join(installs[1]) in note for note in rendered.notes)

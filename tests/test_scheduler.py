@@ -186,8 +186,11 @@ def _oracle_cost(w: Workload, offers: list[Offer], c: Constraints) -> Decimal | 
             continue
         hours = [throughput.duration(w, TOKENS, o, GPUS[o.gpu], strategy).total
                  for strategy in sizing.candidate_strategies(o.gpu_count)
-                 if sizing.estimate(w, o.gpu_count, strategy).fits(o.gpu_memory_bytes,
-                                                                   o.ram_bytes)]
+                 # 8-bit optimizer state cannot be offloaded (bitsandbytes 0.49.1: GPU only)
+                 if not (strategy in (sizing.Strategy.OFFLOAD, sizing.Strategy.SHARDED_OFFLOAD)
+                         and w.optimizer in ("adamw_8bit", "paged_adamw_8bit"))
+                 and sizing.estimate(w, o.gpu_count, strategy).fits(o.gpu_memory_bytes,
+                                                                    o.ram_bytes)]
         for h in hours:
             cost = money.job_cost(o, h)
             # A new monthly rental's price per hour is its commitment over the job's hours

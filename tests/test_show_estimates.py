@@ -11,6 +11,7 @@ import os
 import re
 import sqlite3
 import subprocess
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,9 @@ def test_show_json_has_estimated_and_actual_hours_and_cost(finished: dict[str, A
     assert shown["est_hours"] == est_hours > 0
     assert shown["hours"] == pytest.approx(sum(s for (s,) in spans), rel=1e-3)
     assert 0 < shown["hours"] < est_hours  # the simulated run is seconds, the plan is not
-    assert shown["est_cost"] == str(est_micros / 1_000_000)
-    assert shown["cost"] == str(cost_micros / 1_000_000)
+    # Money is a decimal string; compare values, not spellings ("0.000260" is 260 micro-USD).
+    assert Decimal(shown["est_cost"]) == Decimal(est_micros) / 1_000_000
+    assert Decimal(shown["cost"]) == Decimal(cost_micros) / 1_000_000
     assert shown["training_hours"] == pytest.approx(train_s / 3600)
     assert shown["tokens_per_s"] == pytest.approx(tokens / train_s)
     # The quickstart's data set is tiny: the training estimate is a fraction of the total.

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from playbooks import images
 from playbooks.ssh import (
     CommandFailed,
     ConnectionFactory,
@@ -30,6 +31,7 @@ from providers.simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
 IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
+VLLM_IMAGE = images.vllm_image()  # the pinned server (playbooks/data/images.yaml)
 TOOLKIT = "1.17.8-1"
 GPGKEY = "https://nvidia.github.io/libnvidia-container/gpgkey"
 LIST = "https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list"
@@ -393,6 +395,15 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
         merged / "model.safetensors.index.json"
     ).is_file()
 
+    # axolotl 0.18.0 saves the tokenizer with transformers 5 ("TokenizersBackend"), which
+    # the transformers 4 of vLLM before 0.19.1 cannot load.
+    assert json.loads((merged / "tokenizer_config.json").read_text())["tokenizer_class"] \
+        == "TokenizersBackend"
+    old = run(conn, ["docker", "run", "--rm", "--gpus", "all", "-v", f"{job / 'out'}:/models",
+                     "vllm/vllm-openai:v0.11.0", "/models/merged"], 30)
+    assert old.exit_code == 1
+    assert "Tokenizer class TokenizersBackend does not exist" in old.stdout + old.stderr
+
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -401,8 +412,7 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
         [
             "docker", "run", "-d", "--name", "job4-serve", "--runtime", "nvidia", "--gpus", "all",
             "--ipc=host", "-p", f"127.0.0.1:{port}:8000", "-v", f"{job / 'out'}:/models",
-            "vllm/vllm-openai:v0.11.0", "--model", "/models/merged", "--served-model-name", "ft",
-            "--max-model-len", "2048",
+            VLLM_IMAGE, "/models/merged", "--served-model-name", "ft", "--max-model-len", "2048",
         ],
         30,
     ).check()  # fmt: skip
@@ -434,6 +444,53 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
     run(conn, ["docker", "rm", "-f", "job4-serve"], 30).check()
     with socket.socket() as check:
         assert check.connect_ex(("127.0.0.1", port)) != 0  # the server is gone with its container
+
+
+# meta-llama/Llama-3.1-70B's config.json (orchestrator/core/data/models.yaml) and bf16 size.
+L70_CONFIG = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+              "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+              "vocab_size": 128256, "tie_word_embeddings": False}
+L70_BYTES = 70_553_706_496 * 2
+
+
+def test_vllm_checks_the_model_against_the_gpus_memory(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory
+) -> None:
+    # A bf16 70B (~141 GB) cannot load on one 80 GB GPU; quantized to 4-bit at load, or over
+    # two GPUs with tensor parallelism, it can; more GPUs than the machine has is refused.
+    host = simhost(toolkit_preinstalled=TOOLKIT, gpu_count=2, vllm_startup_seconds=0.0,
+                   model_config=L70_CONFIG, model_size_bytes=L70_BYTES)
+    conn = connect(ssh_factory, host)
+    run(conn, ["hf", "download", "meta-llama/Llama-3.1-70B", "--local-dir",
+               f"{host.nvme_path}/base"], 30).check()
+    serve = ["docker", "run", "--rm", "--gpus", "all", "-v", f"{host.nvme_path}:/models",
+             VLLM_IMAGE, "/models/base", "--max-model-len", "2048"]
+
+    def fails(*flags: str) -> str:
+        result = run(conn, [*serve, *flags], 30)
+        assert result.exit_code == 1, result
+        return result.stdout + result.stderr
+
+    assert "torch.OutOfMemoryError: CUDA out of memory" in fails()
+    assert "exceeds the total number of available GPUs" in fails("--tensor-parallel-size", "4")
+    assert "KV cache is needed" in fails("--quantization", "bitsandbytes",
+                                         "--max-model-len", "2000000")
+    for served, flags in enumerate((["--quantization", "bitsandbytes"],
+                                    ["--tensor-parallel-size", "2"]), start=1):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        run(conn, ["docker", "run", "-d", "--name", "ok", "--gpus", "all", "-v",
+                   f"{host.nvme_path}:/models", "-p", f"127.0.0.1:{port}:8000", VLLM_IMAGE,
+                   "/models/base",
+                   "--max-model-len", "2048", *flags], 30).check()
+        deadline = time.monotonic() + 15
+        while len(host.events("vllm-serving")) < served:  # past the checks, listening
+            state = run(conn, ["docker", "inspect", "-f", "{{.State.Status}}", "ok"], 30)
+            assert state.stdout.strip() == "running", run(conn, ["docker", "logs", "ok"], 30)
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        run(conn, ["docker", "rm", "-f", "ok"], 30).check()
 
 
 def test_docker_refuses_an_unpublished_trainer_tag_like_the_registry(
@@ -493,6 +550,37 @@ def test_relative_deepspeed_path_fails_from_the_images_working_directory(
     config.write_text(config.read_text().replace(
         "deepspeed: deepspeed_configs/zero3_bf16.json", "deepspeed: /workspace/data/ds/zero3.json"))
     run(conn, docker, 60).check()
+
+
+@pytest.mark.parametrize(("ds", "optimizer", "error"), [
+    ({}, "adamw_torch_fused", "ZeRORuntimeException: You are using ZeRO-Offload with a client "
+     "provided optimizer (<class 'torch.optim.adamw.AdamW'>)"),
+    ({"zero_force_ds_cpu_optimizer": False}, "adamw_bnb_8bit",
+     "All input tensors need to be on the same GPU"),
+    ({"zero_force_ds_cpu_optimizer": False}, "adamw_torch_fused", None),
+])
+def test_deepspeed_offload_refuses_what_deepspeed_and_bitsandbytes_refuse(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path,
+    ds: dict[str, object], optimizer: str, error: str | None,
+) -> None:
+    # deepspeed runtime/engine.py _configure_optimizer; bitsandbytes 0.49.1 functional.is_on_gpu.
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    job = write_job(conn, host, tmp_path, "off", steps=2)
+    zero = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "cpu"}}, **ds}
+    (job / "zero3.json").write_text(json.dumps(zero))
+    config = job / "config.yml"
+    config.write_text(config.read_text() + "deepspeed: /workspace/data/off/zero3.json\n"
+                      f"optimizer: {optimizer}\n")
+    docker = ["docker", "run", "--rm", "--gpus", "all", "-v",
+              f"{host.nvme_path}:/workspace/data", IMAGE, "axolotl", "train",
+              "/workspace/data/off/config.yml"]
+    result = run(conn, docker, 60)
+    if error is None:
+        result.check()
+    else:
+        assert result.exit_code == 1 and error in result.stderr + result.stdout
 
 
 def test_several_hosts_at_once(simhost: SimHostFactory, ssh_factory: ConnectionFactory) -> None:

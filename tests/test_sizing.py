@@ -195,3 +195,30 @@ def test_properties(w: Workload, gpus: int) -> None:
     assert by_method["qlora"] < by_method["lora"]
     if w.lora_r <= 64:
         assert by_method["lora"] <= by_method["full"]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw_8bit", "paged_adamw_8bit"])
+def test_eight_bit_optimizer_state_is_never_offloaded(optimizer: str) -> None:
+    # bitsandbytes 0.49.1 (axolotl 0.18.0) steps 8-bit state on the GPU only; ZeRO-Offload
+    # keeps it on the CPU. An 8B full fine-tune on one 48 GiB GPU fits only by offloading,
+    # and then with plain AdamW: with an 8-bit optimizer nothing may offload its state.
+    from orchestrator.core import savers
+    from providers import catalog
+
+    w = Workload(arch("meta-llama/Llama-3.1-8B"), "full", optimizer=optimizer)  # type: ignore[arg-type]
+    assert not sizing.compatible(w, Strategy.OFFLOAD)
+    assert not sizing.compatible(w, Strategy.SHARDED_OFFLOAD)
+    for count in (1, 2, 8):
+        got = sizing.fit(w, count, 48 * GIB, host_ram_bytes=4096 * GIB)
+        assert got is None or got.strategy not in sizing.OFFLOAD_STRATEGIES
+    auto = replace(w, optimizer="auto")
+    h100 = catalog.gpus()["H100 SXM"]
+    for count in (1, 2, 8):
+        for lay in savers.layouts(auto, count, h100.scaling):
+            est = lay.estimate
+            assert est.workload is not None
+            assert sizing.compatible(est.workload, est.strategy)
+    assert savers.fit(w, 1, 48 * GIB, 4096 * GIB, h100) is None
+    one = savers.fit(auto, 1, 48 * GIB, 4096 * GIB, h100)
+    assert one is not None and one.strategy is Strategy.OFFLOAD
+    assert one.workload is not None and one.workload.optimizer == "adamw"

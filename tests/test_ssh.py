@@ -130,6 +130,50 @@ def test_trust_on_first_use_returns_the_host_key(
     assert run(conn, ["true"], timeout=30).ok
 
 
+def test_a_host_that_never_sends_its_banner_is_unreachable_after_three_tries(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory
+) -> None:
+    # Accepts TCP, never says a word (issue 23 §3); the deadline is far away.
+    from emulators.blackhole import BlackHole
+
+    with BlackHole() as hole:
+        port = int(hole.url.split(":")[2].split("/")[0])
+        with pytest.raises(HostUnreachable) as raised:
+            trust_on_first_use("127.0.0.1", port, timeout=0.5, deadline=600)
+        assert raised.value.attempts == 3 and "no SSH banner" in str(raised.value)
+        host = simhost()
+        known = parse_host_key(host.host_key)
+        factory = ConnectionFactory(ssh_factory.key_filename, connect_timeout=0.5,
+                                    connect_deadline=600)
+        with pytest.raises(HostUnreachable) as raised:
+            factory.connect("127.0.0.1", port, host.user, known)
+        assert raised.value.attempts == 3
+    assert hole.connections == 6
+
+
+@pytest.mark.parametrize("after", [60_000, 200_000, 600_000])
+def test_a_reset_mid_upload_is_a_lost_connection_not_a_file_error(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path, after: int
+) -> None:
+    # Issue 23 §2: an RST in the middle of an SFTP upload surfaced as "upload ... failed:
+    # Socket is closed", a plain SSHError the engine took for a host fault. It must be
+    # ConnectionLost (the engine connects again and re-runs the step).
+    from emulators.tcpfault import FaultyProxy
+
+    host = simhost()
+    proxy = FaultyProxy((host.host, host.port), [("reset", after)])
+    try:
+        conn = ssh_factory.connect("127.0.0.1", proxy.port, host.user, host.host_key)
+        local = tmp_path / "big.bin"
+        local.write_bytes(os.urandom(1 << 20))
+        with pytest.raises(ConnectionLost):
+            put_file(conn, local, str(host.path("/tmp/big.bin")))
+        assert proxy.resets == 1
+        assert not host.path("/tmp/big.bin").exists()
+    finally:
+        proxy.stop()
+
+
 def test_changed_host_key_is_refused_before_authentication(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:

@@ -627,3 +627,71 @@ def test_metric_upsert_on_every_backend(store: Store) -> None:
         store.add_metrics(job.id, {"eval.score": value})
     got = sorted((m.name, m.step, m.value) for m in store.metrics(job.id))
     assert got == [("eval.score", None, 2.0), ("train.loss", 5, 2.0)]
+
+
+# --- local files are the user's alone (issue 23 §9) ----------------------------------------
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["fresh", "made-by-an-older-orch"])
+def test_sqlite_files_and_data_folder_are_private_whatever_the_umask(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, older: bool) -> None:
+    import os
+    import stat
+
+    from orchestrator.core.paths import data_dir
+    from orchestrator.engine import trainlog
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    folder = data_dir()
+    if older:  # what orch created under umask 022 before: world-readable
+        folder.mkdir(parents=True, mode=0o755)
+        (folder / "orch.db").touch(mode=0o644)
+        folder.chmod(0o755)
+        (folder / "orch.db").chmod(0o644)
+    umask = os.umask(0o022)
+    try:
+        store = open_store(f"sqlite:///{folder / 'orch.db'}")
+        try:
+            store.list_jobs()  # the schema was written at open: -wal and -shm exist
+            trainlog.save("j-000000000001", "step 1 loss 2.0\n")
+            files = {name: stat.S_IMODE((folder / name).stat().st_mode)
+                     for name in ("orch.db", "orch.db-wal", "orch.db-shm")}
+        finally:
+            store.close()
+    finally:
+        os.umask(umask)
+    assert files == {"orch.db": 0o600, "orch.db-wal": 0o600, "orch.db-shm": 0o600}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    log = trainlog.log_path("j-000000000001")
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+# --- the team queue on PostgreSQL (issue 23 §11) -------------------------------------------
+
+
+def test_a_claim_skips_the_row_another_worker_is_claiming_instead_of_waiting(
+        pg_server: Any) -> None:
+    s = open_store(pg_server.create_database())
+    try:
+        first = s.create_job(**_job_kwargs())
+        second = s.create_job(**_job_kwargs())
+        # Another worker's claim transaction holds the oldest queued row.
+        other = s.engine.connect()
+        tx = other.begin()
+        other.exec_driver_sql("SELECT id FROM job WHERE id = %(id)s FOR UPDATE",
+                              {"id": first.id})
+        got: list[Any] = []
+        claimer = threading.Thread(target=lambda: got.append(s.claim_next("w2", 30)),
+                                   daemon=True)
+        claimer.start()
+        claimer.join(timeout=30)
+        waited = claimer.is_alive()
+        tx.rollback()
+        other.close()
+        claimer.join(timeout=30)
+        assert not waited, "the claim queued up behind another worker's row lock"
+        assert got and got[0] is not None and got[0].id == second.id
+        assert s.get_job(first.id).status == "queued"
+    finally:
+        s.close()

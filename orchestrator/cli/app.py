@@ -124,7 +124,7 @@ def reconcile(
     from orchestrator.engine.recovery import idle_grace_s
     from orchestrator.engine.wiring import configured_providers
 
-    store = open_db()
+    store = open_db(repair=False)
     try:
         grace = idle_grace_s()
     except ValueError as exc:
@@ -187,6 +187,13 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:  # a defect: one line for the user, the traceback on request
         import os
+
+        # A locked or full database is no defect: its own line. (The store's module is
+        # loaded whenever one was raised; looked up here to keep `orch --help` light.)
+        tables = sys.modules.get("orchestrator.records.storetables")
+        if tables is not None and isinstance(exc, tables.DatabaseBusy | tables.DatabaseFull):
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(1)
 
         if os.environ.get("ORCH_DEBUG"):
             raise

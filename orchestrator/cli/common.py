@@ -64,15 +64,36 @@ def one_format(json_out: bool, csv_out: bool) -> None:
         fail("--json and --csv: choose one output format", EXIT_INVALID)
 
 
-def open_db() -> Store:
-    """The store at ORCH_DB_URL (migrated); exit 1 or 2 (a bad URL) with one line if not."""
+def open_db(*, repair: bool = True) -> Store:
+    """The store at ORCH_DB_URL (migrated); exit 1 or 2 (a bad URL) with one line if not.
+
+    With `repair`, jobs whose worker's lease lapsed are requeued first (`orch reconcile`
+    opens without it: it does that itself, and reports it, or only reports it in a dry run).
+    """
     from orchestrator.cli.exits import exit_code
     from orchestrator.records.store import StoreError, open_store
 
     try:
-        return open_store()
+        store = open_store()
     except StoreError as exc:
         fail(str(exc), exit_code(exc))
+    if repair:
+        _repair(store)
+    return store
+
+
+def _repair(store: Store) -> None:
+    """Requeue the jobs whose worker died or stopped on a full or locked database: the next
+    orch command repairs that state, not only `orch reconcile` (issue 23 §7). Best effort:
+    a read-only role, or a database still full, leaves it to the next one."""
+    from sqlalchemy.exc import DBAPIError
+
+    from orchestrator.records.store import StoreError
+
+    try:
+        store.requeue_lapsed()
+    except (StoreError, DBAPIError):
+        pass
 
 
 def open_history() -> Reader | None:

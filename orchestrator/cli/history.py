@@ -216,7 +216,11 @@ def _sql_cmd(
     json_out: JsonFlag = False,
     csv_out: CsvFlag = False,
 ) -> None:
-    """Run one read-only SQL query on the history (writes are refused)."""
+    """Run one read-only SQL query on the history (writes are refused).
+
+    SQLite's built-in functions only (core, date, aggregate, window, math, JSON); at most
+    ORCH_SQL_TIMEOUT_S seconds (30) and ORCH_SQL_MAX_ROWS rows (10,000).
+    """
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.history import HistoryError, run_sql
 

@@ -237,24 +237,31 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
           poll: float, quiet: bool) -> None:
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
+    from orchestrator.records.store import DatabaseBusy, DatabaseFull
 
     done = 0
     while True:
-        for stale in store.expired_leases():
-            store.requeue(stale.id, f"worker {stale.lease_owner} lost its lease while "
-                          f"the job was {stale.status}; {owner} resumes it")
-        quick_job = _next_is_sim(store)
-        opts = engine_options(quick=quick_job)
-        job = store.claim_next(owner, opts.lease_s)
-        if job is None:
-            if once:
-                break
+        try:
+            store.requeue_lapsed(f"; {owner} resumes it")
+            quick_job = _next_is_sim(store)
+            opts = engine_options(quick=quick_job)
+            job = store.claim_next(owner, opts.lease_s)
+            if job is None:
+                if once:
+                    break
+                time.sleep(poll)
+                continue
+            if not quiet:
+                typer.echo(f"{job.id} {job.name}: started", err=True)
+            finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
+                                 on_signal="requeue").run(job.id)
+        except DatabaseBusy as exc:  # a lock held past the whole wait: never the worker's end
+            typer.echo(f"worker: {exc}; its job's instances were terminated and the job "
+                       "requeued (or it is when its lease lapses); going on", err=True)
             time.sleep(poll)
             continue
-        if not quiet:
-            typer.echo(f"{job.id} {job.name}: started", err=True)
-        finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
-                             on_signal="requeue").run(job.id)
+        except DatabaseFull as exc:  # nothing can be recorded: stop, one line
+            fail(f"worker stopped: {exc}", 1)
         if not quiet:
             typer.echo(f"{finished.id} {finished.name}: {finished.status}"
                        + (f" ({finished.failure_reason.splitlines()[0]})"
@@ -425,14 +432,14 @@ def cancel(
         return
     deadline = time.monotonic() + max(0.0, wait)
     while job.status not in FINAL_STATUSES:
-        if _orphaned(job):
+        if _orphaned(store, job):
             _cancel_orphan(store, job)
         if time.monotonic() > deadline:
             break
         time.sleep(0.3)
         job = store.get_job(job_id)
     left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
-    if left and job.status == "cancelled" and _orphaned(job):
+    if left and job.status == "cancelled" and _orphaned(store, job):
         # A requeued job no worker has adopted yet still holds its instance: nobody
         # else will tear it down.
         from orchestrator.engine.recovery import teardown_open
@@ -488,10 +495,8 @@ def _next_is_sim(store: Store) -> bool:
     return bool(queued) and _sim_only(queued[0])
 
 
-def _orphaned(job: Job) -> bool:
-    from orchestrator.records.store import utcnow
-
-    return job.lease_expires_at is None or job.lease_expires_at < utcnow()
+def _orphaned(store: Store, job: Job) -> bool:
+    return job.lease_expires_at is None or job.lease_expires_at < store.now()
 
 
 def _cancel_orphan(store: Store, job: Job) -> None:

@@ -120,6 +120,7 @@ def render_plan(plan: Plan, limit: int) -> None:
     out += ["", prose(f"Chosen: {chosen}: {plan.to_dict(0)['why']}"),
             prose(f"Throughput: {plan.chosen.duration.source}"),
             prose(f"Delivery: {plan.delivery.describe()}")]
+    out += eval_lines(plan)
     if plan.ranking.rejected:
         out.append(prose("Left out: " + "; ".join(f"{k} {r}" for r, k in
                                                  sorted(plan.ranking.rejected.items()))))
@@ -128,6 +129,26 @@ def render_plan(plan: Plan, limit: int) -> None:
         out.append(prose(f"Not planned, price not published: {names} "
                          "(register one you rent with `orch servers add`)"))
     print("\n".join(out))
+
+
+def eval_lines(plan: Plan) -> list[str]:
+    """The evaluation's placement: where vLLM serves what, memory per GPU, hours, dollars."""
+    from orchestrator.cli.term import prose
+
+    if plan.workload is None or plan.evaluation is None:
+        from orchestrator.core.planning import eval_work
+
+        if eval_work(plan.job) is None:
+            return []
+        return [prose("Evaluation: no machine orch plans holds the served model; lower "
+                      "training.sequence_len or use method qlora")]
+    e = plan.evaluation
+    est = e.estimate
+    parts = ", ".join(f"{name} {_gib(v)}" for name, v in est.components.items())
+    return [prose(f"Evaluation (vLLM, {e.placement} machine): {e.why}; "
+                  f"{e.offer.gpu} x{est.tensor_parallel} of {_gib(e.offer.gpu_memory_bytes)}, "
+                  f"{e.hours:.2f} h, {money(e.cost)} ({parts}; at "
+                  f"gpu_memory_utilization {est.utilization:g})")]
 
 
 def servers_for_plan() -> list[Any]:

@@ -27,7 +27,7 @@ HostOpt = Annotated[str, typer.Option(
 def render_job(file: Path, host: str) -> Any:
     """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
     from orchestrator.core.planning import total_tokens
-    from orchestrator.engine.jobinputs import Inputs, train_config
+    from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
     from playbooks import images, rendering
     from playbooks.base import Layout
     from playbooks.deliver import HubTarget
@@ -63,7 +63,9 @@ def render_job(file: Path, host: str) -> Any:
                                 vllm_image=DEFAULT_VLLM_IMAGE, kind=kind,
                                 eval_tasks=tuple(spec.eval.tasks),
                                 eval_set=spec.eval.eval_set is not None,
-                                download=download, hub=hub)
+                                download=download, hub=hub,
+                                serving=serving_for(job, est.gpu_count,
+                                                    plan.chosen.offer.gpu_memory_bytes))
     rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
                           f"x{est.gpu_count}, strategy {est.strategy.value}")
     return rendered

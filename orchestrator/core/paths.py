@@ -18,3 +18,34 @@ def default_db_url() -> str:
     """`ORCH_DB_URL` if set, else SQLite at `$XDG_DATA_HOME/orch/orch.db` (~/.local/share)."""
     url = os.environ.get("ORCH_DB_URL", "").strip()
     return url or f"sqlite:///{data_dir() / 'orch.db'}"
+
+
+# orch's local files hold host addresses, pinned host keys, job specs and training output:
+# they are the user's alone whatever the umask (issue 23 §9).
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def private_dir(path: Path, *, fix: bool = True) -> Path:
+    """Create `path` (and its parents) with mode 0700; with `fix`, also take group and
+    other access away from an existing one (orch's own folders, made by an older orch)."""
+    if not path.is_dir():
+        # mkdir's mode applies to the last part only, and the umask still masks it.
+        path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        path.chmod(PRIVATE_DIR_MODE)
+    elif fix and path.stat().st_mode & 0o077:
+        path.chmod(PRIVATE_DIR_MODE)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create `path` empty with mode 0600 if missing, else take group and other access away."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(PRIVATE_FILE_MODE)
+    else:
+        os.close(fd)
+        path.chmod(PRIVATE_FILE_MODE)  # the umask cannot have added bits, but may have cleared
+    return path

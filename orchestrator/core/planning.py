@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.core import savers, scheduler
+from orchestrator.core import evalsizing, savers, scheduler
 from orchestrator.core.delivery import Delivery, plan_delivery
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
@@ -22,6 +22,9 @@ from providers.dedicated import RegisteredServer, server_offers
 
 # Adapters with live offers; the engine asks them, `orch plan` uses the catalog for them.
 LIVE_PROVIDERS = frozenset({"vastai", "runpod"})
+# Whose machines are containers of the trainer image (no Docker): the live ones and the
+# per-second catalog that stands in for them. Their evaluation installs vLLM first.
+CONTAINER_RENTALS = LIVE_PROVIDERS | {"cloud"}
 
 __all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
 
@@ -37,6 +40,8 @@ class Plan:
     unpriced: tuple[catalog.UnpricedTier, ...]
     # Each saver "auto" turned on, and the cheapest placement without it (None: no fit).
     without_savers: tuple[tuple[Choice, Placement | None], ...] = ()
+    # Where vLLM serves the evaluation (None: the job has no eval, or nothing holds it).
+    evaluation: evalsizing.EvalPlan | None = None
 
     @property
     def estimate(self) -> MemoryEstimate:
@@ -72,6 +77,7 @@ class Plan:
             "feasible": len(self.ranking.placements),
             "rejected": dict(self.ranking.rejected),
             "unpriced_tiers": [f"{u.provider}:{u.name}" for u in self.unpriced],
+            "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
             "why": why(self),
             "delivery": self.delivery.to_dict(),
         }
@@ -173,8 +179,28 @@ def make_plan(
         off = savers.without(w, choice.name)
         without.append((choice, scheduler.rank(off, tokens, offers, gpus, constraints,
                                                measured=measured).chosen))
+    evaluation = None
+    work = eval_work(job)
+    if work is not None:
+        evaluation = evalsizing.place(work, chosen.offer, offers, gpus,
+                                      lambda o: o.provider in CONTAINER_RENTALS)
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
-                without_savers=tuple(without))
+                without_savers=tuple(without), evaluation=evaluation)
+
+
+def eval_work(job: LoadedJob) -> evalsizing.EvalWork | None:
+    """What the job's evaluation serves and generates (None: the job has no eval)."""
+    e, s = job.spec.eval, job.spec
+    if e.eval_set is None and not e.tasks:
+        return None
+    rows = 0
+    if e.eval_set is not None:
+        from orchestrator.core.userfiles import lines
+
+        rows = sum(1 for line in lines(job.path.parent / e.eval_set) if line.strip())
+    lora = 0 if s.method == "full" else job.architecture.lora_params(s.lora.r, s.lora.modules)
+    return evalsizing.EvalWork(job.architecture, s.method, s.training.sequence_len, rows,
+                               len(e.tasks), s.lora.r, lora)
 
 
 def saver_lines(plan: Plan) -> list[str]:

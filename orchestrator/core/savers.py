@@ -101,7 +101,7 @@ def _estimates(w: Workload, gpu_count: int) -> tuple[tuple[float, MemoryEstimate
                      key=lambda sv: len(sizing.savers_on(sv[1])))
     return tuple((factor, sizing.estimate(v, gpu_count, strategy))
                  for strategy in sizing.candidate_strategies(gpu_count)
-                 for factor, v in ordered)
+                 for factor, v in ordered if sizing.compatible(v, strategy))
 
 
 @lru_cache(maxsize=4096)

@@ -296,6 +296,19 @@ def method_is_adapter(method: Method) -> bool:
     return method in ("lora", "qlora")
 
 
+# bitsandbytes' 8-bit optimizers step only on GPU tensors: 0.49.1 (axolotl 0.18.0's pin)
+# registers `optimizer_update_8bit_blockwise` for CUDA and XPU only and its `is_on_gpu`
+# refuses CPU tensors, which is where ZeRO-Offload keeps the optimizer state. CPU support
+# came later (bitsandbytes PR #1901, 2026-03). So the planner never combines them.
+EIGHT_BIT_OPTIMIZERS = frozenset({"adamw_8bit", "paged_adamw_8bit"})
+OFFLOAD_STRATEGIES = frozenset({Strategy.OFFLOAD, Strategy.SHARDED_OFFLOAD})
+
+
+def compatible(w: Workload, strategy: Strategy) -> bool:
+    """Whether `w`'s optimizer can run under `strategy` (8-bit state cannot be offloaded)."""
+    return not (strategy in OFFLOAD_STRATEGIES and w.optimizer in EIGHT_BIT_OPTIMIZERS)
+
+
 def candidate_strategies(gpu_count: int) -> tuple[Strategy, ...]:
     """Strategies to try on `gpu_count` GPUs, fastest first."""
     if gpu_count == 1:
@@ -308,6 +321,8 @@ def fit(
 ) -> MemoryEstimate | None:
     """The fastest strategy under which `w` fits these GPUs, or None."""
     for strategy in candidate_strategies(gpu_count):
+        if not compatible(w, strategy):
+            continue
         est = estimate(w, gpu_count, strategy)
         if est.fits(gpu_memory_bytes, host_ram_bytes):
             return est

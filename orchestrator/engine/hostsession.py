@@ -13,6 +13,14 @@ import ipaddress
 import socket
 import time
 
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
 from orchestrator.core import throughput
 from orchestrator.engine import recovery, trainlog
 from orchestrator.engine.runner_core import (
@@ -46,6 +54,18 @@ from providers.base import (
 # Statuses whose start is a crash-test failpoint (ORCH_FAILPOINT=<status>).
 _FAILPOINTS = frozenset({"training", "merging", "evaluating"})
 
+# Times one attempt connects again after its SSH connection dropped (issue 23 §2).
+SSH_RETRIES = 3
+
+
+def connection_dropped(exc: BaseException) -> bool:
+    """Whether `exc` is an SSH connection that dropped under a command or transfer (a reset,
+    a broken pipe): connecting again and re-running the idempotent step may work. Not a
+    host that never answered (`HostUnreachable`: re-placed) nor a step's own timeout."""
+    if isinstance(exc, PlaybookFailed):
+        exc = exc.__cause__ if exc.__cause__ is not None else exc
+    return isinstance(exc, ssh.ConnectionLost)
+
 
 def _is_loopback(host: str) -> bool:
     try:
@@ -62,6 +82,39 @@ def _free_port() -> int:
 
 class SessionMixin(RunnerCore):
     """Connecting and running the pipeline (the middle of a `JobRunner` attempt)."""
+
+    def _session(self, row_id: int, provider: Provider, inst: Instance) -> None:
+        """Connect and run the pipeline; connect again after a dropped connection.
+
+        A reset or broken connection to a host the provider still runs is not the host's
+        fault: connect again and run the pipeline again, at most SSH_RETRIES times (every
+        step checks before it acts, finished phases are skipped and training is reattached
+        by job id, so only the interrupted step is redone). A host that stays unreachable,
+        or drops the connection every time, is released and the job re-placed.
+        """
+        def again(exc: BaseException) -> bool:
+            return (connection_dropped(exc) and self._stop is None
+                    and self._instance_lost(provider, inst) is None)
+
+        def before_sleep(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            self._event("ssh.reconnect", f"{describe_failure(exc) if exc else '?'}; "
+                        f"connecting to {inst.provider} instance {inst.instance_id} again "
+                        f"(retry {state.attempt_number} of {SSH_RETRIES})",
+                        {"instance": inst.instance_id, "retry": state.attempt_number})
+
+        try:
+            for attempt in Retrying(retry=retry_if_exception(again),
+                                    stop=stop_after_attempt(SSH_RETRIES + 1),
+                                    wait=wait_exponential(multiplier=0.5, max=5),
+                                    before_sleep=before_sleep, reraise=True):
+                with attempt:
+                    self._pipeline(self._connect(row_id, provider, inst), row_id, provider,
+                                   inst)
+        except Exception as exc:
+            if again(exc):  # dropped every time: the host's network is not usable
+                raise self._unreachable(row_id, inst, exc) from exc
+            raise
 
     def _connect(self, row_id: int, provider: Provider, inst: Instance) -> Host:
         """Wait until the instance runs, pin its host key, open SSH: the pipeline's Host."""
@@ -90,8 +143,11 @@ class SessionMixin(RunnerCore):
         kept = keeps_machine(provider)
         host_key = inst.host_key or self._known_host_key(row_id, inst, kept)
         if host_key is None:
-            host_key = ssh.format_host_key(ssh.trust_on_first_use(
-                inst.ssh_host, inst.ssh_port, deadline=self.opts.connect_deadline_s))
+            try:
+                host_key = ssh.format_host_key(ssh.trust_on_first_use(
+                    inst.ssh_host, inst.ssh_port, deadline=self.opts.connect_deadline_s))
+            except ssh.HostUnreachable as exc:  # e.g. TCP accepted, no SSH banner ever
+                raise self._unreachable(row_id, inst, exc) from exc
             if kept is not None:  # the server outlives the job: its registry pins the key
                 self.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
         self.store.update_instance(row_id, host=inst.ssh_host, port=inst.ssh_port,
@@ -101,14 +157,18 @@ class SessionMixin(RunnerCore):
         try:
             conn = self._factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, host_key)
         except ssh.HostUnreachable as exc:
-            self._release(row_id, "unreachable")
-            raise Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
-                        f"failed: {exc}") from exc
+            raise self._unreachable(row_id, inst, exc) from exc
         self._event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
                     f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
         # Simulated machines keep the server's filesystem under a directory and their
         # provider says where; a real provider has no such capability: paths as they are.
         return Host(conn, HostPaths(host_root(provider, inst)), command_timeout=3600)
+
+    def _unreachable(self, row_id: int, inst: Instance, exc: Exception) -> Stop:
+        """A host that stays unreachable over SSH: release it; the job is re-placed."""
+        self._release(row_id, "unreachable")
+        return Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
+                    f"failed: {exc}")
 
     def _known_host_key(self, row_id: int, inst: Instance,
                         kept: KeepsMachine | None) -> str | None:

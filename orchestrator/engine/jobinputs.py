@@ -109,6 +109,7 @@ class Inputs:
         out = spec.output
         hub = None if out.push_to_hub is None else HubTarget(
             out.push_to_hub, private=out.private, merged=out.merged)
+        serving = serving_for(self.loaded, count, spec_gpu.memory_bytes if spec_gpu else None)
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
@@ -120,9 +121,26 @@ class Inputs:
             eval_set=None if spec.eval.eval_set is None
             else str(self.loaded.path.parent / spec.eval.eval_set),
             eval_tasks=tuple(spec.eval.tasks), trainer_image=spec.trainer.image,
-            vllm_port=vllm_port, hf_token=token, poll_s=poll_s,
+            vllm_port=vllm_port, serving=serving, hf_token=token, poll_s=poll_s,
             include_merged=out.merged_local(), push_to_hub=hub,
             hub_endpoint=os.environ.get("HF_ENDPOINT") or None)  # fmt: skip
+
+
+def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None) -> Any:
+    """How vLLM serves the job's eval on these GPUs (a playbooks.vllm.Serving): the plan's
+    evalsizing choice; vLLM's defaults (merged, one GPU) when nothing fits or the GPU is
+    unknown, so the server itself says why it cannot start."""
+    from orchestrator.core import evalsizing
+    from orchestrator.core.planning import eval_work
+    from playbooks.vllm import Serving
+
+    work = eval_work(loaded)
+    if work is None or gpu_memory_bytes is None:
+        return Serving()
+    est = evalsizing.fit(work, gpu_count, gpu_memory_bytes)
+    if est is None:
+        return Serving()
+    return Serving(est.served, est.tensor_parallel, est.utilization, work.concurrency)
 
 
 def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Workload) -> Any:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
 from orchestrator.core import money, scheduler
 from orchestrator.core.planning import constraints_from, total_tokens, workload_from
 from orchestrator.engine import recovery
@@ -28,6 +30,7 @@ from providers.base import (
     NotFound,
     Offer,
     OptInOnly,
+    PriceChanged,
     Provider,
     ProviderError,
     QuotaError,
@@ -36,6 +39,13 @@ from providers.base import (
     TransientError,
     keeps_machine,
 )
+
+# Searches in a row whose chosen offer changed price before the create (issue 23 §5).
+REPRICE_ROUNDS = 3
+
+
+class _Repriced(Exception):
+    """Internal: an offer's price moved between the search and the create."""
 
 
 def _placing(offer: Offer, provider: Provider) -> str:
@@ -217,6 +227,21 @@ class PlacementMixin(RunnerCore):
                         f"{access.unchecked}; the host's download will tell")
 
     def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
+        """Rent the cheapest fitting placement not `tried`; search again (a bounded number
+        of times) when a price changed between the search and the create, so the new
+        prices are re-planned within the job's limits (max price, budget)."""
+        try:
+            for attempt in Retrying(retry=retry_if_exception_type(_Repriced),
+                                    stop=stop_after_attempt(REPRICE_ROUNDS), reraise=True):
+                with attempt:
+                    return self._place_once(tried)
+        except _Repriced as exc:
+            raise recovery.ProvidersUnavailable(
+                f"prices kept changing between search and create ({REPRICE_ROUNDS} searches; "
+                f"last: {exc})") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _place_once(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
         placements = [p for p in self._candidates()
                       if (p.offer.provider, p.offer.offer_id) not in tried]
         failures: list[str] = []
@@ -262,6 +287,8 @@ class PlacementMixin(RunnerCore):
                 self._orphan_sweep(provider, offer.provider)
                 self._close_row(row.id, "failed")
                 continue
+            except PriceChanged as exc:
+                raise self._repriced(row.id, offer, tried, exc) from exc
             except (AuthError, BalanceError, QuotaError) as exc:
                 self._close_row(row.id, "failed")
                 raise JobFailed(f"{offer.provider}: {exc}") from exc
@@ -290,6 +317,16 @@ class PlacementMixin(RunnerCore):
                                                 + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
+
+    def _repriced(self, row_id: int, offer: Offer, tried: set[tuple[str, str]],
+                  exc: PriceChanged) -> _Repriced:
+        """The offer's price moved before the create: close the row, search again."""
+        # Not a verdict on the offer: it may still be the cheapest at its new price.
+        tried.discard((offer.provider, offer.offer_id))
+        self._close_row(row_id, "price_changed")
+        self._event("provision.price_changed", f"{offer.provider} {offer.gpu} "
+                    f"x{offer.gpu_count}: {exc}; searching the offers again")
+        return _Repriced(str(exc))
 
     def _orphan_sweep(self, provider: Provider, name: str) -> None:
         """Terminate instances tagged with this job that no instance row knows: a create

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.records.store import FINAL_STATUSES, Store, utcnow
+from orchestrator.records.store import FINAL_STATUSES, Store
 from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
 
 
@@ -59,7 +59,8 @@ def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str,
                              "since it was requeued; its checkpoints stay on its volume")
     recorded = {r.provider_instance_id for r in store.instances_of(job_id)
                 if r.provider == inst.provider}
-    lapsed = job.lease_expires_at is None or job.lease_expires_at < utcnow()
+    # The database's clock (PostgreSQL's): this machine's may be off (issue 23 §6).
+    lapsed = job.lease_expires_at is None or job.lease_expires_at < store.now()
     if inst.instance_id not in recorded and lapsed:
         # Created, but the process died before writing its id down, and nobody drives the
         # job now: the next attempt rents a fresh machine, so this one only costs money.

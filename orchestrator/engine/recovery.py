@@ -224,6 +224,7 @@ def unowned_idle(store: Store, grace_s: float, now: datetime | None = None) -> l
     """Jobs nobody drives (queued without a live lease) that still hold an open instance
     row and were requeued more than `grace_s` ago: their instances only cost money now."""
     now = now or utcnow()
+    lease_now = store.now()  # leases are judged by the database's clock (issue 23 §6)
     out = []
     seen: set[str] = set()
     for row in store.open_instances():
@@ -233,7 +234,7 @@ def unowned_idle(store: Store, grace_s: float, now: datetime | None = None) -> l
         job = store.find_job(row.job_id)
         if job is None or job.status not in ("queued", "interrupted"):
             continue
-        if job.lease_expires_at is not None and job.lease_expires_at > now:
+        if job.lease_expires_at is not None and job.lease_expires_at > lease_now:
             continue  # its worker is re-placing it
         if job.updated_at + timedelta(seconds=grace_s) > now:
             continue

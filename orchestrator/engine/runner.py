@@ -32,6 +32,7 @@ from decimal import Decimal
 from typing import Any
 
 from orchestrator.core import money
+from orchestrator.core.paths import data_dir, private_dir
 from orchestrator.engine import recovery
 from orchestrator.engine.hostsession import SessionMixin
 from orchestrator.engine.jobinputs import InputsError, load_inputs
@@ -53,7 +54,15 @@ from orchestrator.engine.runner_core import (
 )
 from orchestrator.engine.teardown import TeardownMixin
 from orchestrator.engine.watchdog import Watchdog, deadlines_from_env
-from orchestrator.records.store import Job, LeaseLost, Store, to_micros, utcnow
+from orchestrator.records.store import (
+    DatabaseBusy,
+    DatabaseFull,
+    Job,
+    LeaseLost,
+    Store,
+    to_micros,
+    utcnow,
+)
 from playbooks.ssh import ConnectionFactory
 from providers.base import Offer, Provider, Volumes
 
@@ -100,9 +109,11 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
         self.job_id = job_id
         self.progress = Progress(job_id, job.status, job.attempt)
         try:
+            # Checkpoint copies and training logs live under the data folder: the user's alone.
+            private_dir(data_dir())
             key_path, self.public_key = ensure_key(self.opts.ssh_key)
         except Exception as exc:  # OSError, CalledProcessError: fail the job, do not strand it
-            return self._fail_early(f"cannot create orch's SSH key: {exc}")
+            return self._fail_early(f"cannot create orch's data folder or SSH key: {exc}")
         self._factory = ConnectionFactory(key_path, connect_timeout=10,
                                           connect_deadline=self.opts.connect_deadline_s)
         done = threading.Event()
@@ -110,8 +121,13 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                                    name=f"orch-monitor-{job_id}")
         monitor.start()
         outcome: tuple[str, str] = ("failed", "the engine stopped unexpectedly")
+        db_error: DatabaseBusy | DatabaseFull | None = None
         try:
             outcome = self._drive()
+        except (DatabaseBusy, DatabaseFull) as exc:
+            # Nothing can be recorded: tear the instances down (money first), requeue the job
+            # if the database lets us, and let the caller report it (issue 23 §1, §7).
+            outcome, db_error = ("database", str(exc)), exc
         except LeaseLost:
             outcome = ("lost", "another worker took the job over")
         except JobFailed as exc:
@@ -133,7 +149,9 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             done.set()
             self._teardown_all(outcome[0])
             self._factory.close_all()
-            self._finish(*outcome)
+            db_error = self._finish(*outcome) or db_error
+        if db_error is not None:
+            raise db_error
         return self.store.get_job(job_id)
 
     def _fail_early(self, reason: str) -> Job:
@@ -142,9 +160,24 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             self._set("failed", reason, {"reason": reason}, failure_reason=reason)
         return self.store.get_job(self.job_id)
 
-    def _finish(self, kind: str, reason: str) -> None:
+    def _finish(self, kind: str, reason: str) -> DatabaseBusy | DatabaseFull | None:
+        """Record how the attempt ended; the database error that prevented it, if any (the
+        job then keeps its lease until it lapses, and the next orch process requeues it)."""
+        try:
+            self._record_end(kind, reason)
+        except (DatabaseBusy, DatabaseFull) as exc:
+            # The caller reports `exc` (one line); the job's lease lapses and the next orch
+            # process that opens the database requeues it.
+            log.info("job %s: could not record its end (%s): %s", self.job_id, kind, exc)
+            return exc
+        return None
+
+    def _record_end(self, kind: str, reason: str) -> None:
         if kind in ("lost", "succeeded"):
             return
+        if kind == "database":
+            # Rows whose instance was terminated while the database refused the write.
+            self._teardown_all(kind)
         cost, storage, amortised = self._costs()
         fields: dict[str, Any] = {"cost_micros": to_micros(cost + storage),
                                   "storage_micros": to_micros(storage),
@@ -155,9 +188,9 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                           lease_owner=None, lease_expires_at=None, not_before=self._not_before,
                           **fields)
                 return
-            if kind == "requeue":
-                self._set("interrupted", f"worker stopping: {reason}; requeued to resume",
-                          **fields)
+            if kind in ("requeue", "database"):
+                why = "worker stopping" if kind == "requeue" else "database unavailable"
+                self._set("interrupted", f"{why}: {reason}; requeued to resume", **fields)
                 self._set("queued", "waiting for a worker to resume it", lease_owner=None,
                           lease_expires_at=None, attempt=self._job().attempt + 1)
                 return
@@ -196,8 +229,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                 tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
             try:
-                host = self._connect(row_id, provider, inst)
-                self._pipeline(host, row_id, provider, inst)
+                self._session(row_id, provider, inst)
             except Stop as stop:
                 if stop.kind == "stalled":
                     self._stalled(row_id, provider, inst, stop)
@@ -207,7 +239,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                 self._interrupted(row_id, provider, inst, str(stop))
                 continue
             except Exception as exc:
-                if isinstance(exc, JobFailed | LeaseLost):
+                if isinstance(exc, JobFailed | LeaseLost | DatabaseBusy | DatabaseFull):
                     raise
                 stalled = self._stop
                 if stalled is not None and stalled.kind == "stalled":

@@ -31,7 +31,7 @@ from orchestrator.core.paths import data_dir
 from orchestrator.engine import recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.watchdog import Watchdog
-from orchestrator.records.store import Job, LeaseLost, Store
+from orchestrator.records.store import Job, LeaseLost, Store, StoreError
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
 from playbooks.ssh import ConnectionFactory
@@ -235,7 +235,10 @@ class RunnerCore:
                                            f"{watching[1]} {inst.state.value}: "
                                            f"{inst.message or inst.raw_status}"), watching)
                 self._notify()
-            except Exception:  # the monitor must outlive a database hiccup
+            except StoreError as exc:  # the monitor outlives a locked or full database; the
+                # pipeline's next write meets the same error and reports it, once
+                log.info("monitor of job %s: %s", self.job_id, exc)
+            except Exception:  # and any other hiccup
                 log.exception("monitor of job %s", self.job_id)
 
     def _signal(self, stop: Stop, about: tuple[str, str] | None = None) -> None:

@@ -13,6 +13,7 @@ import time
 
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, Stop, checkpoint_dir, log
+from orchestrator.records.store import DatabaseBusy, DatabaseFull
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers.base import (
@@ -129,7 +130,12 @@ class TeardownMixin(RunnerCore):
         for row_id in list(self._held):
             try:
                 self._release(row_id, {"succeeded": "released", "cancelled": "cancelled",
-                                       "requeue": "interrupted"}.get(outcome, "failed"))
+                                       "requeue": "interrupted", "database": "interrupted"}
+                              .get(outcome, "failed"))
+            except (DatabaseBusy, DatabaseFull) as exc:
+                # Terminated, but its row could not be closed: the next attempt's adoption
+                # (or `orch reconcile`) closes it once the database takes writes again.
+                log.info("instance row %s: terminated, row left open: %s", row_id, exc)
             except Exception:  # keep tearing the others down; reconcile finds what is left
                 log.exception("teardown of instance row %s", row_id)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator.core.paths import data_dir
+from orchestrator.core.paths import PRIVATE_FILE_MODE, data_dir, private_dir
 
 MAX_LINES = 1000
 
@@ -58,7 +58,11 @@ def save(job_id: str, tail_text: str) -> None:
         return
     lines = (kept + new)[-MAX_LINES:]
     path = log_path(job_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    # The trainer's output names hosts and paths: the user's alone, whatever the umask.
+    private_dir(path.parent.parent)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    with open(fd, "w", encoding="utf-8") as out:
+        out.write("".join(f"{line}\n" for line in lines))
     os.replace(tmp, path)

@@ -1,14 +1,21 @@
 """`orch sql`: one read-only query, refused unless it only reads (SQLite and others).
 
 On SQLite the query runs on a `mode=ro` connection with an authorizer that denies every
-statement kind but reads; on other databases in a READ ONLY transaction that is always rolled
-back. Split from `history` (which re-exports `run_sql`, `single_statement`, `SqlResult`).
+statement kind but reads, and every function but the allow-listed built-ins (issue 23 §8:
+`fts3_tokenizer('simple')` returned a native pointer, `load_extension` loads code); on other
+databases in a READ ONLY transaction that is always rolled back. Every query is bounded:
+`ORCH_SQL_TIMEOUT_S` seconds (default 30; SQLite: a progress handler interrupts it,
+PostgreSQL: `statement_timeout`), `ORCH_SQL_MAX_ROWS` rows (default 10,000) and, on SQLite,
+10 MB per string or blob (`SQLITE_LIMIT_LENGTH`), each with a message that says what to do.
+Split from `history` (which re-exports `run_sql`, `single_statement`, `SqlResult`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +28,78 @@ _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ,
                               sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE})
 
 
-def _authorize(action: int, _a: str | None, _b: str | None, _db: str | None,
-               _trigger: str | None) -> int:
-    return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+# The SQL functions a query may call: SQLite's built-in core, date, aggregate, window, math
+# and JSON functions (sqlite.org/lang_corefunc.html, lang_datefunc.html, lang_aggfunc.html,
+# windowfunctions.html, lang_mathfunc.html, json1.html), less those that reach outside the
+# query (load_extension), hand out native pointers (fts3_tokenizer) or allocate at will
+# (randomblob, zeroblob). Anything else (an extension's function, a future built-in) is
+# refused until it is added here.
+ALLOWED_FUNCTIONS = frozenset("""
+    abs char coalesce concat concat_ws format glob hex ifnull iif instr length like
+    likelihood likely lower ltrim max min nullif octet_length printf quote random replace
+    round rtrim sign soundex sqlite_version substr substring trim typeof unhex unicode
+    unlikely upper
+    date time datetime julianday unixepoch strftime timediff
+    avg count group_concat string_agg sum total
+    row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value
+    nth_value
+    acos acosh asin asinh atan atan2 atanh ceil ceiling cos cosh degrees exp floor ln log
+    log10 log2 mod pi pow power radians sin sinh sqrt tan tanh trunc
+    json jsonb json_array json_array_length json_error_position json_extract jsonb_extract
+    json_insert json_object json_patch json_pretty json_quote json_remove json_replace
+    json_set json_type json_valid json_group_array json_group_object json_each json_tree
+    -> ->>
+""".split())
+MAX_LENGTH = 10_000_000  # bytes per string or blob a query may build (SQLite)
+
+
+def _limit(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise HistoryError(f"{name}={raw!r}: give a number") from None
+    if value <= 0:
+        raise HistoryError(f"{name} must be > 0 (got {raw})")
+    return value
+
+
+def timeout_s() -> float:
+    """Seconds one `orch sql` query may run: ORCH_SQL_TIMEOUT_S, default 30."""
+    return _limit("ORCH_SQL_TIMEOUT_S", 30.0)
+
+
+def max_rows() -> int:
+    """Rows one `orch sql` query may return: ORCH_SQL_MAX_ROWS, default 10,000."""
+    return int(_limit("ORCH_SQL_MAX_ROWS", 10_000))
+
+
+class _Authorizer:
+    """SQLite's authorizer callback: reads and allow-listed functions only; remembers the
+    first function it refused, for the message."""
+
+    def __init__(self) -> None:
+        self.denied_function: str | None = None
+
+    def __call__(self, action: int, _a: str | None, name: str | None, _db: str | None,
+                 _trigger: str | None) -> int:
+        if action == sqlite3.SQLITE_FUNCTION:
+            if (name or "").lower() in ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            self.denied_function = self.denied_function or name
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK if action in _ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+def _too_many_rows(limit: int) -> QueryError:
+    return QueryError(f"the query returns more than {limit:,} rows: add a LIMIT, or "
+                      "aggregate (GROUP BY); ORCH_SQL_MAX_ROWS raises the bound")
+
+
+def _too_slow(limit: float) -> QueryError:
+    return QueryError(f"the query ran longer than {limit:g}s and was stopped: narrow it (a "
+                      "WHERE on an indexed column, a LIMIT, a recursive CTE that ends); "
+                      "ORCH_SQL_TIMEOUT_S raises the bound")
 
 
 def single_statement(sql: str) -> str:
@@ -95,13 +171,25 @@ def run_sql(url: str, sql: str) -> SqlResult:
         con = _ro_connect(path)
     except sqlite3.Error as exc:
         raise HistoryError(f"cannot open {path} read-only: {exc}") from exc
+    limit_s, limit_rows = timeout_s(), max_rows()
     try:
-        con.set_authorizer(_authorize)
+        authorizer = _Authorizer()
+        con.set_authorizer(authorizer)
+        con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LENGTH)
+        deadline = time.monotonic() + limit_s
+        # Called every 10,000 virtual-machine steps; non-zero interrupts the statement.
+        con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
             cur = con.execute(query)
-            rows = cur.fetchall()
+            rows = cur.fetchmany(limit_rows + 1)
         except sqlite3.DatabaseError as exc:
             msg = str(exc)
+            if msg == "interrupted":
+                raise _too_slow(limit_s) from None
+            if "not authorized" in msg and (denied := authorizer.denied_function):
+                raise QueryError(f"orch sql does not run the function {denied}(): only "
+                                 "SQLite's built-in core, date, aggregate, window, math and "
+                                 "JSON functions are allowed (`orch sql --help`)") from None
             if any(s in msg for s in ("not authorized", "authorization denied", "readonly",
                                         "read-only")):
                 raise _refusal(query, msg) from None
@@ -118,6 +206,8 @@ def run_sql(url: str, sql: str) -> SqlResult:
         columns = tuple(c[0] for c in cur.description or ())
         if not columns:
             raise _refusal(query, "it returns no rows")
+        if len(rows) > limit_rows:
+            raise _too_many_rows(limit_rows)
         return SqlResult(columns, rows)
     finally:
         con.close()
@@ -149,13 +239,20 @@ def _run_sql_engine(url: str, query: str) -> SqlResult:
         store = open_store(url)
     except StoreError as exc:
         raise HistoryError(str(exc)) from exc
+    limit_s, limit_rows = timeout_s(), max_rows()
     try:
         with store.engine.connect() as conn:
             if store.engine.dialect.name == "postgresql":
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                # LOCAL: for this transaction only (it is always rolled back).
+                conn.exec_driver_sql(f"SET LOCAL statement_timeout = {int(limit_s * 1000)}")
             try:
                 result = conn.exec_driver_sql(query.replace("%", "%%"))
+                rows = [tuple(r) for r in result.fetchmany(limit_rows + 1)] \
+                    if result.returns_rows else []
             except DBAPIError as exc:
+                if "statement timeout" in str(exc.orig):
+                    raise _too_slow(limit_s) from None
                 if "read-only" in str(exc.orig):
                     raise _refusal(query, str(exc.orig).strip()) from None
                 # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
@@ -166,7 +263,9 @@ def _run_sql_engine(url: str, query: str) -> SqlResult:
                 raise fault(f"query failed: {str(exc.orig).strip()}") from None
             if not result.returns_rows:
                 raise _refusal(query, "it returns no rows")
-            out = SqlResult(tuple(result.keys()), [tuple(r) for r in result])
+            if len(rows) > limit_rows:
+                raise _too_many_rows(limit_rows)
+            out = SqlResult(tuple(result.keys()), rows)
             conn.rollback()
             return out
     finally:

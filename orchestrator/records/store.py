@@ -23,13 +23,23 @@ from orchestrator.core.money import from_micros
 # Re-exported: callers of the store find the default URL here too.
 from orchestrator.core.paths import default_db_url
 from orchestrator.records.storejobs import JobsMixin, claim_in, claim_next_gated
-from orchestrator.records.storeopen import BUSY_TIMEOUT_MS, SCHEMA_HEAD, make_engine, migrations_dir
+from orchestrator.records.storeopen import (
+    BUSY_TIMEOUT_MS,
+    LOCK_WAIT_S,
+    SCHEMA_HEAD,
+    db_now,
+    lock_wait_s,
+    make_engine,
+    migrations_dir,
+)
 from orchestrator.records.storerun import RecordsMixin
 from orchestrator.records.storeservers import ServersMixin
 from orchestrator.records.storetables import (
     BILLINGS,
     SERVER_STATUSES,
     AlreadyExists,
+    DatabaseBusy,
+    DatabaseFull,
     DatabaseURLError,
     Event,
     IllegalTransition,
@@ -67,10 +77,11 @@ def open_store(url: str | None = None) -> Store:
 
 __all__ = [
     "ACTIVE_STATUSES", "BILLINGS", "BUSY_TIMEOUT_MS", "FINAL_STATUSES", "JOB_STATUSES",
-    "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "DatabaseURLError", "Event",
+    "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "DatabaseBusy",
+    "DatabaseFull", "DatabaseURLError", "Event",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
     "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "claim_in",
-    "claim_next_gated", "default_db_url", "from_micros", "migrations_dir", "new_job_id",
-    "new_sweep_id", "open_store", "to_micros", "utcnow",
+    "claim_next_gated", "db_now", "default_db_url", "from_micros", "lock_wait_s",
+    "migrations_dir", "new_job_id", "new_sweep_id", "open_store", "to_micros", "utcnow",
 ]

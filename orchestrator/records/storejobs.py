@@ -17,7 +17,7 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator.core.jobstatus import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, allowed, why_not
-from orchestrator.records.storeopen import StoreBase
+from orchestrator.records.storeopen import StoreBase, db_now
 from orchestrator.records.storetables import (
     BILLINGS,
     Event,
@@ -33,9 +33,9 @@ from orchestrator.records.storetables import (
     to_micros,
     utcnow,
 )
-from orchestrator.records.sweeprules import Usage, gate, live_lease, usage_of
+from orchestrator.records.sweeprules import Usage, gate, usage_of
 
-# How many queued jobs one claim looks at past gated ones.
+# How many queued jobs one claim looks at past gated ones (one row at a time).
 CLAIM_SCAN = 500
 
 
@@ -112,35 +112,65 @@ def sweep_usage(session: Session, sweep_id: str, now: datetime) -> Usage | None:
     return usage_of(sweep.spec_json, sweep.budget_micros, jobs, now)
 
 
+def _next_claimable(session: Session, now: datetime, gated_sweeps: set[str],
+                    gated_jobs: set[str]) -> Job | None:
+    """The oldest queued job that nobody holds and that may start now, locked for this
+    transaction; rows another worker is claiming are skipped, not waited for."""
+    query = select(Job).where(
+        Job.status == "queued", col(Job.cancel_requested_at).is_(None),
+        # A job briefly queued while its worker re-places it is still that worker's.
+        or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now),
+        # Requeued with a backoff after a provider outage: not yet.
+        or_(col(Job.not_before).is_(None), col(Job.not_before) <= now))
+    if gated_sweeps:
+        query = query.where(or_(col(Job.sweep_id).is_(None),
+                                col(Job.sweep_id).not_in(sorted(gated_sweeps))))
+    if gated_jobs:
+        query = query.where(col(Job.id).not_in(sorted(gated_jobs)))
+    # One row at a time, FOR UPDATE SKIP LOCKED on PostgreSQL (SQLite, where BEGIN IMMEDIATE
+    # already serialises writers, ignores it): workers no longer queue up behind the lock of
+    # the oldest row, and a scan never locks rows it does not claim.
+    query = (query.order_by(col(Job.created_at), col(Job.id)).limit(1)
+             .with_for_update(skip_locked=True))
+    return session.exec(query).first()
+
+
 def claim_next_gated(store: StoreBase, owner: str, lease_s: float) -> Job | None:
     """Claim the oldest queued job that may start now (sweep gates), or None.
 
     A sweep job held back by the sweep's gate (`sweeprules.gate`) is skipped and the next
-    one tried. The gate and the claim are one write transaction (BEGIN IMMEDIATE on SQLite;
-    the sweep row is locked FOR UPDATE elsewhere), so two workers cannot both start the job
-    that breaks max_parallel or the budget. A queued job whose lease is still live is being
-    re-placed by its worker after an interruption and is not claimed.
+    one tried (its whole sweep when the sweep runs `max_parallel` jobs). The gate and the
+    claim are one write transaction (BEGIN IMMEDIATE on SQLite; the sweep row is locked FOR
+    UPDATE elsewhere), so two workers cannot both start the job that breaks max_parallel or
+    the budget. A queued job whose lease is still live is being re-placed by its worker after
+    an interruption and is not claimed. Lease times are the database's (`db_now`).
     """
-    now = utcnow()
     with store.transaction() as session:
-        query = (select(Job).where(Job.status == "queued",
-                                   col(Job.cancel_requested_at).is_(None))
-                 .order_by(col(Job.created_at), col(Job.id)).limit(CLAIM_SCAN))
+        now = db_now(session)
         usage: dict[str, Usage | None] = {}
-        for job in list(session.exec(query)):
-            if live_lease(job, now):
-                continue
+        gated_sweeps: set[str] = set()
+        gated_jobs: set[str] = set()
+        for _ in range(CLAIM_SCAN):
+            job = _next_claimable(session, now, gated_sweeps, gated_jobs)
+            if job is None:
+                return None
             if job.sweep_id is not None:
                 if job.sweep_id not in usage:
                     # Serialise claims per sweep on databases with row locks (no-op on SQLite).
                     session.exec(select(Sweep.id).where(Sweep.id == job.sweep_id)
                                  .with_for_update()).first()
                     usage[job.sweep_id] = sweep_usage(session, job.sweep_id, now)
-                if gate(usage[job.sweep_id], job) is not None:
+                why = gate(usage[job.sweep_id], job)
+                if why == "max_parallel":
+                    gated_sweeps.add(job.sweep_id)
+                    continue
+                if why is not None:
+                    gated_jobs.add(job.id)
                     continue
             claimed = claim_in(session, job.id, owner, lease_s, now)
             if claimed is not None:
                 return claimed
+            gated_jobs.add(job.id)  # changed under us (cancelled): try the next one
     return None
 
 
@@ -248,13 +278,24 @@ class JobsMixin(StoreBase):
             return list(session.exec(query))
 
     def expired_leases(self, now: datetime | None = None) -> list[Job]:
-        """Jobs in a running state whose worker's lease ran out (the worker died)."""
-        now = now or utcnow()
+        """Jobs in a running state whose worker's lease ran out (the worker died), judged
+        by the database's clock unless `now` is given."""
         with self.session() as session:
+            now = now or db_now(session)
             query = select(Job).where(col(Job.status).in_(ACTIVE_STATUSES),
                                       col(Job.lease_expires_at).is_not(None),
                                       col(Job.lease_expires_at) < now)
             return list(session.exec(query))
+
+    def requeue_lapsed(self, note: str = "") -> list[Job]:
+        """Requeue every job whose worker's lease lapsed (the worker died, or stopped on a
+        locked or full database before it could record the end); the jobs requeued."""
+        done = []
+        for job in self.expired_leases():
+            if self.requeue(job.id, f"worker {job.lease_owner or '?'} lost its lease while "
+                                    f"the job was {job.status}{note}"):
+                done.append(job)
+        return done
 
     def requeue(self, job_id: str, reason: str) -> bool:
         """Put a job whose worker died back in the queue (to resume); False if it moved on."""
@@ -271,7 +312,7 @@ class JobsMixin(StoreBase):
     def claim_job(self, job_id: str, owner: str, lease_s: float) -> Job | None:
         """Take a queued job for `owner` (one conditional UPDATE); None if someone else has it."""
         with self.transaction() as session:
-            return claim_in(session, job_id, owner, lease_s, utcnow())
+            return claim_in(session, job_id, owner, lease_s, db_now(session))
 
     def claim_next(self, owner: str, lease_s: float) -> Job | None:
         """Claim the oldest queued job that may start now, or None.
@@ -283,8 +324,8 @@ class JobsMixin(StoreBase):
 
     def renew_lease(self, job_id: str, owner: str, lease_s: float) -> Job | None:
         """Extend `owner`'s lease; None when the job is no longer `owner`'s."""
-        now = utcnow()
         with self.transaction() as session:
+            now = db_now(session)
             result = session.execute(
                 update(Job)
                 .where(col(Job.id) == job_id, col(Job.lease_owner) == owner)
@@ -335,7 +376,7 @@ class JobsMixin(StoreBase):
             job = session.get(Job, job_id)
             if job is None or job.status in FINAL_STATUSES:
                 return False
-            if job.lease_expires_at is not None and job.lease_expires_at > now:
+            if job.lease_expires_at is not None and job.lease_expires_at > db_now(session):
                 return False
             _state(session, job, JobStatus.CANCELLED, now, reason)
             return True

@@ -1,25 +1,41 @@
 """Opening the orch database: engine, SQLite pragmas, schema upgrade, transactions.
 
 SQLite by default, WAL mode, one writer at a time with a busy timeout, and Alembic
-migrations applied at open. Alembic is imported only when the schema is missing or behind:
-every CLI command that touches the database pays for opening it, and a plain `SELECT` on
-`alembic_version` is far cheaper than loading the migration machinery.
+migrations applied at open. A writer that finds the SQLite file locked waits (SQLite's busy
+handler, then tenacity) up to `lock_wait_s()` in all before `DatabaseBusy`; a full disk is
+`DatabaseFull`: both are one clear line, never a driver traceback (issue 23 §1, §7). Lease
+times come from `db_now`: PostgreSQL's own clock, so workers on machines whose clocks
+disagree still agree on when a lease lapsed (§6). The SQLite file, its -wal/-shm and the
+folder made for it are private to the user (0600/0700, §9).
+
+Alembic is imported only when the schema is missing or behind: every CLI command that
+touches the database pays for opening it, and a plain `SELECT` on `alembic_version` is far
+cheaper than loading the migration machinery.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
-from orchestrator.core.paths import default_db_url
-from orchestrator.records.storetables import DatabaseURLError, StoreError
+from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
+from orchestrator.records.storetables import (
+    DatabaseBusy,
+    DatabaseFull,
+    DatabaseURLError,
+    StoreError,
+    utcnow,
+)
 
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
@@ -27,6 +43,10 @@ from orchestrator.records.storetables import DatabaseURLError, StoreError
 SCHEMA_HEAD = "0006"
 # Long enough for a second writer to wait out the first one's short transaction.
 BUSY_TIMEOUT_MS = 10_000
+# How long a writer waits for the SQLite write lock in all (SQLite's busy handler, retried by
+# tenacity) before DatabaseBusy: long enough for any transaction orch makes and for a backup
+# or a hand-held `BEGIN IMMEDIATE`; ORCH_DB_LOCK_WAIT_S overrides it.
+LOCK_WAIT_S = 300.0
 # Execution option that makes the SQLite BEGIN take the write lock up front.
 _IMMEDIATE = "orch_begin_immediate"
 
@@ -39,8 +59,10 @@ def _sqlite_setup(engine: Engine) -> None:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            # busy_timeout first: switching a fresh file to WAL needs a lock too.
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # busy_timeout first: switching a fresh file to WAL needs a lock too. Never
+            # longer than the whole wait, so a short ORCH_DB_LOCK_WAIT_S holds.
+            busy_ms = min(BUSY_TIMEOUT_MS, int(lock_wait_s() * 1000))
+            cur.execute(f"PRAGMA busy_timeout={busy_ms}")
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA foreign_keys=ON")
         finally:
@@ -55,6 +77,68 @@ def _sqlite_setup(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             conn.exec_driver_sql("BEGIN")
+
+
+def lock_wait_s() -> float:
+    """LOCK_WAIT_S, or ORCH_DB_LOCK_WAIT_S when set (seconds > 0)."""
+    raw = os.environ.get("ORCH_DB_LOCK_WAIT_S", "").strip()
+    if not raw:
+        return LOCK_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise StoreError(f"ORCH_DB_LOCK_WAIT_S={raw!r}: give the seconds a writer waits for "
+                         f"the database lock, a number > 0 (default {LOCK_WAIT_S:.0f})")
+    return value
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    return getattr(exc, "orig", None) or exc
+
+
+def is_locked(exc: BaseException) -> bool:
+    """SQLite's "database is locked" (SQLITE_BUSY/LOCKED): waiting longer can help."""
+    orig = _driver_error(exc)
+    name = str(getattr(orig, "sqlite_errorname", ""))
+    return (isinstance(exc, OperationalError) and (
+        name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in str(orig)))
+
+
+def is_full(exc: BaseException) -> bool:
+    """The disk under the database is full: SQLITE_FULL, or PostgreSQL's disk_full (53100)."""
+    orig = _driver_error(exc)
+    return (getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL"
+            or getattr(orig, "sqlstate", "") == "53100"
+            or "database or disk is full" in str(orig))
+
+
+def _where(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
+
+
+def full_error(engine: Engine, exc: BaseException) -> DatabaseFull:
+    """The one line a full disk under the database is reported with."""
+    reason = str(_driver_error(exc)).strip().splitlines()[0]
+    return DatabaseFull(
+        f"the disk under the database {_where(engine)} is full ({reason}): nothing more "
+        "can be recorded. Free space there; the next orch command that opens the database "
+        "requeues the jobs this left unfinished (their instances were terminated)")
+
+
+def db_now(session: Session) -> datetime:
+    """The time leases are measured in: the database server's clock on PostgreSQL.
+
+    Workers on several machines share one PostgreSQL but not one clock: a lease written by
+    one machine's clock and judged by another's lapses early or late by their skew. On
+    SQLite the file is local to one machine (SQLite does not support network file systems),
+    so every process sharing it reads the same clock: this machine's.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        value = session.execute(text("SELECT clock_timestamp()")).scalar_one()
+        return value.astimezone(UTC)
+    return utcnow()
 
 
 def _schema_version(engine: Engine) -> list[str]:
@@ -96,6 +180,18 @@ def _upgrade(engine: Engine) -> None:
 
 
 
+def _private_sqlite(path: Path) -> None:
+    """The database file 0600 before SQLite opens it (SQLite then creates -wal and -shm with
+    the database file's permissions), and a folder orch creates for it 0700."""
+    folder = path.parent
+    # orch's own data folder is made private even if an older orch created it; a folder
+    # the user chose for ORCH_DB_URL is only created private, never changed.
+    private_dir(folder, fix=folder == data_dir())
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if name == path or name.exists():
+            private_file(name)
+
+
 def make_engine(url: str | None = None) -> Engine:
     """The engine of the database at `url` (created if needed), its schema upgraded to head."""
     url = url or default_db_url()
@@ -105,7 +201,7 @@ def make_engine(url: str | None = None) -> Engine:
         parsed = make_url(url)
         is_sqlite = parsed.get_backend_name() == "sqlite"
         if is_sqlite and parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _private_sqlite(Path(parsed.database))
         engine = create_engine(url)
     except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
         # The URL itself is not echoed: it may hold a password.
@@ -156,9 +252,56 @@ class StoreBase:
         with Session(self.engine, expire_on_commit=False) as session:
             yield session
 
+    def now(self) -> datetime:
+        """The database's time (`db_now`): what leases are written and judged in."""
+        with self.session() as session:
+            return db_now(session)
+
     @contextmanager
     def transaction(self) -> Iterator[Session]:
-        """One write transaction: commits on success, rolls everything back on error."""
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
-            session.connection(execution_options={_IMMEDIATE: True})
-            yield session
+        """One write transaction: commits on success, rolls everything back on error.
+
+        The write lock is taken first (BEGIN IMMEDIATE on SQLite) and its wait retried up to
+        `lock_wait_s()`; then DatabaseBusy. A full disk anywhere in it is DatabaseFull.
+        """
+        session = self._begin_write()
+        try:
+            with session:
+                try:
+                    yield session
+                    session.commit()
+                except BaseException:
+                    session.rollback()
+                    raise
+        except OperationalError as exc:
+            if is_full(exc):
+                raise full_error(self.engine, exc) from exc
+            raise
+
+    def _begin_write(self) -> Session:
+        """A session holding the write lock, waiting out other writers (tenacity)."""
+        wait_s = lock_wait_s()
+        retrying = Retrying(retry=retry_if_exception(is_locked), stop=stop_after_delay(wait_s),
+                            wait=wait_random_exponential(multiplier=0.05, max=1.0),
+                            reraise=True)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    session = Session(self.engine, expire_on_commit=False)
+                    try:
+                        session.begin()
+                        session.connection(execution_options={_IMMEDIATE: True})
+                    except BaseException:
+                        session.close()
+                        raise
+        except OperationalError as exc:
+            if is_locked(exc):
+                raise DatabaseBusy(
+                    f"the database {_where(self.engine)} stayed locked by another process "
+                    f"for {wait_s:.0f}s (ORCH_DB_LOCK_WAIT_S): a long transaction or a "
+                    "backup holds its write lock; find it with `fuser` on the file and let "
+                    "it finish") from exc
+            if is_full(exc):
+                raise full_error(self.engine, exc) from exc
+            raise
+        return session

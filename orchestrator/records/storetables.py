@@ -72,6 +72,14 @@ class LeaseLost(StoreError):
     """The job is no longer driven by this worker (its lease expired and another took it)."""
 
 
+class DatabaseBusy(StoreError):
+    """Another process held the SQLite write lock past orch's whole wait (`lock_wait_s`)."""
+
+
+class DatabaseFull(StoreError):
+    """The disk (or file system) under the database is full: no write can be recorded."""
+
+
 
 # --- helpers -----------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@
 #   orch-job.sh status DIR               prints one line: running | exited CODE | lost | missing
 #   orch-job.sh poll   DIR N             the status line, then the last N lines of DIR/log
 #   orch-job.sh clear  DIR               forget the finished run in DIR (the log is kept)
+#   orch-job.sh stop   DIR               end a running run: SIGTERM to its session's process
+#                                        group, SIGKILL after 10 s; then forget it
 #   orch-job.sh run    DIR CMD [ARG...]  (internal) the detached part: pid, log, exit code
 #
 # DIR holds `pid` ("PID STARTTIME"), `log` (stdout and stderr, appended) and `exit_code`
@@ -51,7 +53,7 @@ status() {
 }
 
 mode=${1:-}
-[ $# -ge 2 ] || { echo "usage: orch-job.sh start|status|poll|clear|run DIR ..." >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: orch-job.sh start|status|poll|clear|stop|run DIR ..." >&2; exit 2; }
 shift
 dir=$1
 shift
@@ -95,6 +97,20 @@ clear)
     if [ ! -f "$dir/exit_code" ] && alive "$dir"; then
         echo "orch-job.sh: the run in $dir is still running" >&2
         exit 3
+    fi
+    rm -f "$dir/pid" "$dir/exit_code"
+    ;;
+stop)
+    # `start` made the run a session (and process group) leader: its pid is the group id.
+    if alive "$dir"; then
+        read -r pid _started < "$dir/pid"
+        kill -TERM "-$pid" 2>/dev/null  # dash: no `--` before a negative pid
+        i=0
+        while alive "$dir" && [ "$i" -lt 200 ]; do
+            i=$((i + 1))
+            sleep 0.05
+        done
+        alive "$dir" && kill -KILL "-$pid" 2>/dev/null
     fi
     rm -f "$dir/pid" "$dir/exit_code"
     ;;

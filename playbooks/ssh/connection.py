@@ -19,7 +19,8 @@ from types import TracebackType
 import paramiko
 from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, stop_any
+from tenacity.stop import stop_base
 
 from playbooks.ssh.errors import AuthenticationFailed, HostKeyMismatch, HostUnreachable, SSHError
 from playbooks.ssh.hostkeys import (
@@ -58,10 +59,55 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     if isinstance(exc, paramiko.SSHException):
-        # sshd still booting, or at MaxStartups, closes before its banner.
+        # sshd still booting, or at MaxStartups, closes before its banner. "No existing
+        # session": paramiko's `Transport.start_client(timeout=...)` returns WITHOUT an error
+        # when the timeout passes before the key exchange is done (paramiko 5.1.0
+        # transport.py), and the next call says this: a host that accepted TCP and never
+        # sent its banner (issue 23 §3), i.e. one not reachable over SSH (yet).
         text = str(exc)
-        return "Error reading SSH protocol banner" in text or "Connection reset" in text
+        return any(sign in text for sign in ("Error reading SSH protocol banner",
+                                             "Connection reset", "No existing session"))
     return False
+
+
+# A host that accepted TCP and sent no SSH banner this many times in a row is unreachable
+# now, whatever is left of the connect deadline (meant for a host still booting, whose port
+# refuses or closes at once): a silent one is broken, and re-placing it beats waiting
+# (issue 23 §3).
+SILENT_TRIES = 3
+
+
+def is_silent(exc: BaseException) -> bool:
+    """Whether an attempt failed because the host said nothing (no banner, no key exchange)."""
+    text = str(exc)
+    if isinstance(exc, TimeoutError):
+        return "no SSH banner" in text
+    if not isinstance(exc, paramiko.SSHException):
+        return False
+    # paramiko's transport thread reports a banner read that timed out (rather than one
+    # the server closed: EOFError) as "Error reading SSH protocol banner", raised while
+    # handling the socket timeout.
+    return "No existing session" in text or (
+        "Error reading SSH protocol banner" in text
+        and isinstance(exc.__context__ or exc.__cause__, TimeoutError))
+
+
+def _why(exc: BaseException) -> str:
+    if is_silent(exc):
+        return f"it accepts TCP connections but sends no SSH banner ({exc})"
+    return str(exc)
+
+
+class _SilentStop(stop_base):
+    """A tenacity stop condition: SILENT_TRIES silent attempts in a row."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, state: RetryCallState) -> bool:
+        exc = state.outcome.exception() if state.outcome else None
+        self.count = self.count + 1 if exc is not None and is_silent(exc) else 0
+        return self.count >= SILENT_TRIES
 
 
 # --- the factory -----------------------------------------------------------------------------
@@ -201,7 +247,7 @@ class ConnectionFactory:
         try:
             for trial in Retrying(
                 retry=retry_if_exception(is_transient),
-                stop=stop_after_delay(self.connect_deadline),
+                stop=stop_any(stop_after_delay(self.connect_deadline), _SilentStop()),
                 wait=wait,
                 before_sleep=before_sleep,
                 reraise=True,
@@ -224,7 +270,7 @@ class ConnectionFactory:
             if is_transient(exc):
                 raise HostUnreachable(
                     f"ssh {host}:{port} unreachable after {attempts} attempts in {elapsed:.1f}s: "
-                    f"{exc}",
+                    f"{_why(exc)}",
                     attempts,
                 ) from exc
             if isinstance(exc, paramiko.SSHException) and "host key" in str(exc).lower():
@@ -257,11 +303,15 @@ def trust_on_first_use(
     def fetch() -> paramiko.PKey:
         nonlocal attempts
         attempts += 1
-        sock = socket.create_connection((host, port), timeout=timeout)
+        limit = max(0.1, min(timeout, deadline - (time.monotonic() - started)))
+        sock = socket.create_connection((host, port), timeout=limit)
         transport = paramiko.Transport(sock)
         try:
-            transport.banner_timeout = timeout
-            transport.start_client(timeout=timeout)
+            transport.banner_timeout = limit
+            transport.start_client(timeout=limit)
+            if not (transport.is_active() and transport.initial_kex_done):
+                # start_client's timeout passed silently (see `is_transient`).
+                raise TimeoutError(f"no SSH banner or key exchange within {limit:.1f}s")
             key: paramiko.PKey = transport.get_remote_server_key()
             return key
         finally:
@@ -270,7 +320,7 @@ def trust_on_first_use(
     try:
         for trial in Retrying(
             retry=retry_if_exception(is_transient),
-            stop=stop_after_delay(deadline),
+            stop=stop_any(stop_after_delay(deadline), _SilentStop()),
             wait=lambda s: min(5.0, 0.2 * 2 ** (s.attempt_number - 1)),
             reraise=True,
         ):
@@ -280,7 +330,8 @@ def trust_on_first_use(
         if is_transient(exc):
             elapsed = time.monotonic() - started
             raise HostUnreachable(
-                f"ssh {host}:{port} unreachable after {attempts} attempts in {elapsed:.1f}s: {exc}",
+                f"ssh {host}:{port} unreachable after {attempts} attempts in {elapsed:.1f}s: "
+                f"{_why(exc)}",
                 attempts,
             ) from exc
         raise SSHError(f"ssh {host}:{port}: could not read the host key: {exc}") from exc

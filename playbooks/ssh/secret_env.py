@@ -66,7 +66,7 @@ def write_secret_env(conn: Connection, path: str, mapping: Mapping[str, str],
                     handle.write(content.encode())
                 _replace(sftp, tmp, str(target))
             except OSError as exc:
-                _reraise_stall(exc)
+                _reraise_stall(exc, sftp)
                 with contextlib.suppress(OSError):
                     sftp.remove(tmp)
                 raise SSHError(f"writing secret env file {conn.host}:{path} failed: "

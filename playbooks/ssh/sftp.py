@@ -83,6 +83,10 @@ def _sftp(conn: Connection, what: str, timeout: float | None = None
     client = _open_sftp(conn, limit)
     try:
         yield client
+    except _Dropped as exc:
+        _drop_sftp(conn)
+        raise ConnectionLost(f"{what} on {conn.host}:{conn.port}: connection lost: "
+                             f"{exc.__cause__}") from exc.__cause__
     except _Stalled as exc:
         _drop_sftp(conn)
         raise CommandTimeout(f"{what} on {conn.host}:{conn.port}: no reply over SFTP within "
@@ -101,10 +105,24 @@ class _Stalled(Exception):
     """Internal: an SFTP reply timed out inside a helper's own `except OSError`."""
 
 
-def _reraise_stall(exc: BaseException) -> None:
-    """Inside `except OSError`: a timeout is not a file error, let `_sftp` report it."""
+class _Dropped(Exception):
+    """Internal: the channel closed under an SFTP call (a reset connection, issue 23 §2)."""
+
+
+def _reraise_stall(exc: BaseException, sftp: paramiko.SFTPClient | None = None) -> None:
+    """Inside `except OSError`: a timeout or a dropped connection is not a file error, let
+    `_sftp` report it (CommandTimeout, ConnectionLost: the engine reconnects and retries).
+
+    paramiko reports a connection reset mid-transfer as a plain `OSError("Socket is
+    closed")` from the channel: what tells it apart from a file error is the closed channel.
+    """
     if isinstance(exc, TimeoutError):
         raise _Stalled() from exc
+    if sftp is not None:
+        channel = sftp.get_channel()
+        transport = channel.get_transport() if channel is not None else None
+        if channel is None or channel.closed or transport is None or not transport.is_active():
+            raise _Dropped() from exc
 
 
 def stat(conn: Connection, remote: str, timeout: float | None = None
@@ -180,7 +198,7 @@ def put_file(conn: Connection, local: str | Path, remote: str, mode: int | None 
                     sftp.chmod(tmp, mode)
                 _replace(sftp, tmp, remote)
             except OSError as exc:
-                _reraise_stall(exc)
+                _reraise_stall(exc, sftp)
                 with contextlib.suppress(OSError):
                     sftp.remove(tmp)
                 raise SSHError(f"upload to {conn.host}:{remote} failed: {exc}") from exc
@@ -200,7 +218,7 @@ def get_file(conn: Connection, remote: str, local: str | Path,
                 sftp.get(remote, str(tmp))
                 tmp.replace(target)
             except OSError as exc:
-                _reraise_stall(exc)
+                _reraise_stall(exc, sftp)
                 raise SSHError(f"download of {conn.host}:{remote} failed: {exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
@@ -216,7 +234,7 @@ def read_file(conn: Connection, remote: str, timeout: float | None = None) -> by
         except FileNotFoundError:
             return None
         except OSError as exc:
-            _reraise_stall(exc)
+            _reraise_stall(exc, sftp)
             raise SSHError(f"reading {conn.host}:{remote} failed: {exc}") from exc
 
 

@@ -170,6 +170,8 @@ class VastEmulator:
         self.failing_contracts: set[int] = set()
         self.drop_creates = 0
         self.stall_creates: list[float] = []  # seconds to hold each next create's answer
+        self.drips: list[Fault] = []  # answers sent one byte at a time (`drip_next`)
+        self.reprices: list[tuple[int, dict[str, Any]]] = []  # applied at the next create
         self.lock = threading.RLock()
         self._next_id = 9001
         self._server: ThreadingHTTPServer | None = None
@@ -272,6 +274,20 @@ class VastEmulator:
         with self.lock:
             self.stall_creates += [seconds] * count
 
+    def drip_next(self, count: int, interval_s: float, *, method: str | None = None,
+                  path: str | None = None) -> None:
+        """The next `count` matching answers come one byte every `interval_s` seconds (a
+        slow-dripping load balancer: every read gets a byte before a per-read timeout)."""
+        with self.lock:
+            self.drips.append(Fault(count, 0, "", "", {"interval": str(interval_s)},
+                                    method, path))
+
+    def reprice_before_create(self, offer_id: int, **fields: Any) -> None:
+        """Change the offer (e.g. its `min_bid`) just before the next create on it is
+        judged: the market moved between orch's search and its create."""
+        with self.lock:
+            self.reprices.append((int(offer_id), fields))
+
     def preempt(self, instance_id: int | str) -> None:
         """Outbid the instance: cur_state == intended_status == next_state == "stopped".
 
@@ -362,7 +378,31 @@ class VastEmulator:
             h.connection.shutdown(2)
             return
         status, doc = result
+        with self.lock:
+            drip = next((d for d in self.drips if d.matches(h.command, path)), None)
+            if drip is not None:
+                drip.count -= 1
+                if drip.count <= 0:
+                    self.drips.remove(drip)
+        if drip is not None:
+            self._drip(h, status, json.dumps(doc).encode(), float(drip.headers["interval"]))
+            return
         self._json(h, status, doc)
+
+    @staticmethod
+    def _drip(h: BaseHTTPRequestHandler, status: int, data: bytes, interval_s: float) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        try:
+            h.wfile.flush()
+            for i in range(len(data)):
+                time.sleep(interval_s)
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+        except OSError:  # the client gave up: what a real server sees too
+            h.close_connection = True
 
     def _route_v1(self, method: str, route: list[str],
                   query: dict[str, list[str]]) -> tuple[int, Any]:
@@ -441,6 +481,9 @@ class VastEmulator:
 
     def _create(self, ask: str, body: dict[str, Any]) -> tuple[int, Any] | None:
         offer = next((o for o in self.offers if str(o["id"]) == ask), None)
+        for moved in [r for r in self.reprices if offer is not None and r[0] == offer["id"]]:
+            self.reprices.remove(moved)
+            offer.update(moved[1])  # type: ignore[union-attr]
         if offer is None or self._rented(offer):
             return 404, {"success": False, "error": "no_such_ask",
                          "msg": f"Instance type {ask} is no longer available"}

@@ -33,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "lm_eval": ("lm_eval", "lm_eval"),
     "sudo": ("system", "sudo"),
     "id": ("system", "id_cmd"),
+    "uv": ("uv", "uv"),
 }
 
 

@@ -244,6 +244,52 @@ def _check_deepspeed(config: dict[str, Any]) -> None:
             f"dictionary, but received: {value}",
             1,
         )
+    try:
+        ds = json.loads(Path(path).read_text() or "{}")
+    except json.JSONDecodeError as exc:
+        raise SimError(f"json.decoder.JSONDecodeError: {exc} ({value})", 1) from None
+    _check_offload(ds if isinstance(ds, dict) else {}, str(config.get("optimizer") or ""))
+
+
+# The optimizer class bitsandbytes builds for each 8-bit `optimizer:` value (HF Trainer).
+_BNB_CLASS = {"adamw_8bit": "AdamW8bit", "adamw_bnb_8bit": "AdamW8bit",
+              "paged_adamw_8bit": "PagedAdamW8bit"}
+
+
+def _check_offload(ds: dict[str, Any], optimizer: str) -> None:
+    """ZeRO-Offload of the optimizer state, as DeepSpeed and bitsandbytes meet it.
+
+    The HF Trainer hands DeepSpeed its own optimizer (no `optimizer` section in the JSON),
+    which DeepSpeed's `_configure_optimizer` refuses under offload unless
+    `zero_force_ds_cpu_optimizer` is false [deepspeed runtime/engine.py]. Past that, an
+    8-bit bitsandbytes optimizer steps on the CPU-resident fp32 partition, and
+    bitsandbytes 0.49.1 (axolotl 0.18.0's pin) has no CPU kernel: `is_on_gpu` raises.
+    """
+    zero = ds.get("zero_optimization") or {}
+    offload = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+    if not offload or "optimizer" in ds:
+        return
+    name = _BNB_CLASS.get(optimizer, "AdamW")
+    module = "bitsandbytes.optim.adamw" if optimizer in _BNB_CLASS else "torch.optim.adamw"
+    if ds.get("zero_force_ds_cpu_optimizer", True) is not False:
+        raise SimError(
+            "deepspeed.runtime.zero.utils.ZeRORuntimeException: You are using ZeRO-Offload "
+            f"with a client provided optimizer (<class '{module}.{name}'>) which in most "
+            "cases will yield poor performance. Please either use "
+            "deepspeed.ops.adam.DeepSpeedCPUAdam or set an optimizer in your ds-config "
+            "(https://www.deepspeed.ai/docs/config-json/#optimizer-parameters). If you really "
+            "want to use a custom optimizer w. ZeRO-Offload and understand the performance "
+            "impacts you can also set <\"zero_force_ds_cpu_optimizer\": false> in your "
+            "configuration file.",
+            1,
+        )
+    if optimizer in _BNB_CLASS:
+        raise SimError(
+            "RuntimeError: All input tensors need to be on the same GPU, but found some "
+            "tensors to not be on a GPU (bitsandbytes 8-bit optimizer state offloaded to "
+            "the CPU by ZeRO-Offload)",
+            1,
+        )
 
 
 def train(host: Host, argv: list[str]) -> int:
@@ -420,6 +466,11 @@ def merge_lora(host: Host, argv: list[str]) -> int:
             shutil.copyfile(source, merged / name)
         else:
             write_atomic(merged / name, content)
+    # axolotl 0.18.0 saves with transformers 5.14.1, which names its tokenizer class
+    # TokenizersBackend: transformers 4 (vLLM before 0.19.1) cannot load it (real-hosts.md).
+    tok_config = json.loads((merged / "tokenizer_config.json").read_text())
+    tok_config["tokenizer_class"] = "TokenizersBackend"
+    write_atomic(merged / "tokenizer_config.json", json.dumps(tok_config, indent=2))
     for name, content, _logical in weight_files(
         model_config, 2, int(host.options["model_size_bytes"])
     ):

@@ -44,7 +44,9 @@ ALWAYS = (
     "vllm",
 )
 #: Stand-ins that exist only when the host has the thing (driver, Docker, toolkit).
-CONDITIONAL = ("nvidia-smi", "docker", "nvidia-ctk", "lm_eval")
+# `uv` is never on a host's own PATH (Ubuntu has none; the axolotl images have it in their
+# venv): listed so that a uv on the build machine is masked.
+CONDITIONAL = ("nvidia-smi", "docker", "nvidia-ctk", "lm_eval", "uv")
 
 
 class SimError(Exception):

@@ -35,8 +35,9 @@ from .common import (
 
 AXOLOTL_SOURCE = "/workspace/axolotl"
 AXOLOTL_VENV = "/workspace/axolotl-venv"
-#: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency).
-AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval")
+#: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency; the
+#: uv images install everything with uv: axolotl docker/Dockerfile-uv runs `uv pip`).
+AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval", "uv")
 #: The variables cloud-entrypoint.sh dumps to /etc/rp_environment (prefixes, and PATH).
 RP_ENVIRONMENT_PREFIXES = ("HF_", "BNB_", "CUDA_", "NCCL_", "NV", "RUNPOD_")
 

@@ -555,6 +555,8 @@ def _run(host: Host, args: list[str]) -> int:
         if gpus or "NVIDIA_VISIBLE_DEVICES" in env and runtime == "nvidia":
             env["SIMHOST_GPUS"] = ",".join(gpus) or env["NVIDIA_VISIBLE_DEVICES"]
         env["SIMHOST_PORTS"] = json.dumps({str(cp): hp for _ip, hp, cp in ports})
+        if _is_vllm(image):  # the release the image tag names (v0.11.0 -> 0.11.0)
+            env["SIMHOST_VLLM_VERSION"] = image.rpartition(":")[2]
         entrypoint = _flag(flags, "--entrypoint")
         image_workdir = ""
         if entrypoint:

@@ -49,6 +49,11 @@ def published(image: str) -> bool:
     return repo in repositories().values() and tag in _blocks()["tags"]
 
 
+def vllm() -> dict[str, str]:
+    """The pinned vLLM release: version, image, transformers5_from."""
+    return _blocks()["vllm"]
+
+
 def layout(key: str) -> str:
     """A path of the images' layout (workdir, venv, entrypoint, cloud_entrypoint, ...)."""
     return _blocks()["layout"][key]

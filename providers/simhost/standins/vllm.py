@@ -21,9 +21,83 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from . import images
 from .common import Host, SimError, container_to_host, say
+from .disks import logical_size
 
 _LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}
+GIB = 1024**3
+# What vLLM holds besides weights and KV cache: CUDA context, graphs, the profile run's
+# activations (orch's estimate, docs/sizing.md "Evaluation", is larger; the stand-in only
+# refuses what cannot possibly load).
+_OVERHEAD = 1.5 * GIB
+
+
+# transformers' LlamaConfig defaults (configuration_llama.py), for fields a config leaves out.
+_LLAMA_DEFAULTS = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "vocab_size": 32000}
+
+
+def _version() -> tuple[int, ...]:
+    """The vLLM release this process is: the image tag or the installed wheel's version
+    (SIMHOST_VLLM_VERSION), else the release orch pins (playbooks/data/images.yaml)."""
+    raw = os.environ.get("SIMHOST_VLLM_VERSION") or images.vllm()["version"]
+    try:
+        return tuple(int(p) for p in raw.lstrip("v").split(".")[:3])
+    except ValueError:  # `latest` and other moving tags: the newest
+        return (99,)
+
+
+def _check_tokenizer(model_dir: Path, model: str) -> None:
+    """transformers 4 (every vLLM before 0.19.1) cannot load what transformers 5 saved."""
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return
+    cls = json.loads(path.read_text()).get("tokenizer_class")
+    first5 = tuple(int(p) for p in images.vllm()["transformers5_from"].split("."))
+    if cls == "TokenizersBackend" and _version() < first5:
+        raise SimError(f"ValueError: Tokenizer class {cls} does not exist or is not currently "
+                       f"imported. (loading the tokenizer of {model} with transformers 4)", 1)
+
+
+def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int,
+                  utilization: float, max_len: int, lora_bytes: int) -> None:
+    """The model's weights and one sequence's KV cache must fit the simulated GPUs."""
+    gpus = int(host.options["gpu_count"])
+    if tp > gpus:
+        raise SimError(f"ValueError: The number of required GPUs ({tp}) exceeds the total "
+                       f"number of available GPUs ({gpus}) on this node", 1)
+    # A config.json that leaves a field out gets transformers' LlamaConfig default for it.
+    config = {**_LLAMA_DEFAULTS, **json.loads((model_dir / "config.json").read_text())}
+    layers, hidden = int(config["num_hidden_layers"]), int(config["hidden_size"])
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    weights = sum(logical_size(f) for f in model_dir.glob("*.safetensors"))
+    if quantization == "bitsandbytes":
+        # Linear layers to 4-bit (+ double-quantized scales); embeddings, head, norms bf16.
+        inter, vocab = int(config["intermediate_size"]), int(config["vocab_size"])
+        linear = layers * (hidden * (heads + 2 * kv_heads) * head_dim
+                           + heads * head_dim * hidden + 3 * hidden * inter)
+        rest = max(0, weights // 2 - linear)
+        weights = int(linear * (0.5 + 0.127 / 8) + rest * 2) or vocab
+    budget = int(host.options["gpu_memory_mib"]) * 1024**2 * utilization
+    per_gpu = (weights + lora_bytes) / tp + _OVERHEAD
+    if per_gpu > budget:
+        raise SimError(
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{(per_gpu - _OVERHEAD) / GIB:.2f} GiB. GPU 0 has a total capacity of "
+            f"{int(host.options['gpu_memory_mib']) / 1024:.2f} GiB (loading {weights / GIB:.1f}"
+            f" GiB of weights over {tp} GPU(s) at gpu_memory_utilization {utilization:g})", 1)
+    kv = 2 * layers * kv_heads * head_dim * 2 * max_len / tp
+    if per_gpu + kv > budget:
+        free = (budget - per_gpu) / GIB
+        raise SimError(
+            f"ValueError: To serve at least one request with the models's max seq len "
+            f"({max_len}), ({kv / GIB:.2f} GiB KV cache is needed, which is larger than the "
+            f"available KV cache memory ({free:.2f} GiB). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+            "engine.", 1)
 
 
 class _Server(ThreadingHTTPServer):
@@ -54,6 +128,9 @@ def _answerer(host: Host, model_dirs: list[Path]) -> Any:
 
 def vllm(host: Host, argv: list[str]) -> int:
     """`vllm serve [MODEL] [--model M] [--served-model-name N] [--port P] ...`."""
+    if argv[:1] in (["--version"], ["-v"]):
+        say(".".join(str(p) for p in _version()))
+        return 0
     if argv[:1] != ["serve"]:
         raise SimError(f"simhost: `vllm {' '.join(argv)}` is not simulated (vllm serve only)", 2)
     model: str | None = None
@@ -64,6 +141,9 @@ def vllm(host: Host, argv: list[str]) -> int:
     loras: dict[str, str] = {}
     enable_lora = False
     max_rank = 16
+    tp = 1
+    utilization = 0.9
+    quantization: str | None = None
     args = list(argv[1:])
     while args:
         arg = args.pop(0)
@@ -84,6 +164,12 @@ def vllm(host: Host, argv: list[str]) -> int:
             api_key = val()
         elif key == "--max-model-len":
             max_len = int(val())
+        elif key in ("--tensor-parallel-size", "-tp"):
+            tp = int(val())
+        elif key == "--gpu-memory-utilization":
+            utilization = float(val())
+        elif key == "--quantization":
+            quantization = val()
         elif key == "--enable-lora":
             enable_lora = True
         elif key == "--max-lora-rank":
@@ -113,16 +199,20 @@ def vllm(host: Host, argv: list[str]) -> int:
     model_dir = Path(container_to_host(model))
     if not (model_dir / "config.json").is_file():
         raise SimError(f"ValueError: No supported config format found in {model}", 1)
+    _check_tokenizer(model_dir, model)
     lora_dirs = {name: Path(container_to_host(path)) for name, path in loras.items()}
+    lora_bytes = 0
     for name, folder in lora_dirs.items():
         if not (folder / "adapter_model.safetensors").is_file():
             raise SimError(f"ValueError: LoRA module {name}: no adapter in {loras[name]}", 1)
+        lora_bytes += logical_size(folder / "adapter_model.safetensors")
         config = json.loads((folder / "adapter_config.json").read_text())
         if int(config.get("r", 16)) > max_rank:
             raise SimError(
                 f"ValueError: LoRA rank {config.get('r')} is greater than max_lora_rank {max_rank}",
                 1,
             )
+    _check_memory(host, model_dir, quantization, tp, utilization, max_len, lora_bytes)
     served = names or [model]
     base_answer = _answerer(host, [model_dir])
     answers = {name: base_answer for name in served}

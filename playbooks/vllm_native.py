@@ -1,0 +1,114 @@
+"""vLLM on a container rental (Vast.ai, RunPod): installed in a venv of its own, run detached.
+
+A rental is a container of the axolotl image: there is no Docker to start `vllm/vllm-openai`
+in, and the image has no vLLM (real-hosts.md §1, §6). So orch installs the same vLLM
+release the Docker hosts run (playbooks/data/images.yaml, `vllm`) with the image's `uv`
+into a venv of its own under the job layout (never into the axolotl venv: vLLM brings its
+own torch), and runs `vllm serve` there under `playbooks/remote/orch-job.sh` (setsid, pid
+and exit-code files), listening on the rental's 127.0.0.1 only and reached through the SSH
+tunnel as on a Docker host. docs/playbooks.md ("Evaluation on container rentals") has the
+design and its cost; the venv lives on the job's disk, so a takeover on the same machine
+(or a volume) finds it installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .base import Fault, Host, Layout, StepFailed, last_line
+
+Wrap = Callable[[Sequence[str]], list[str]]
+PYTHON = "3.12"  # the axolotl images' Python (images.yaml tags), for uv's venv
+
+
+@dataclass(frozen=True)
+class NativeServer:
+    """One job's vLLM process on a container rental."""
+
+    venv: str  # host path of the vLLM venv
+    version: str  # the vllm release to install
+    run_dir: str  # orch-job.sh's pid / log / exit_code for the server
+    wrapper: str  # the uploaded orch-job.sh
+    port: int  # on the rental's 127.0.0.1
+    args: tuple[str, ...]  # engine arguments (host paths)
+    wrap: Wrap  # restores the image's environment (its PATH has `uv`)
+
+    @classmethod
+    def for_job(cls, layout: Layout, job_id: str, version: str, wrapper: str, port: int,
+                args: Sequence[str], wrap: Wrap) -> NativeServer:
+        """The server of `job_id`, with the venv shared by the jobs of this layout."""
+        return cls(f"{layout.base}/vllm-venv/{version}", version,
+                   f"{layout.job_dir(job_id)}/run/vllm", wrapper, port, tuple(args), wrap)
+
+    @property
+    def vllm(self) -> str:
+        return f"{self.venv}/bin/vllm"
+
+    def install_argvs(self) -> list[list[str]]:
+        """`uv venv` then `uv pip install vllm==VERSION` into it (through the image's env)."""
+        return [self.wrap(["uv", "venv", "--python", PYTHON, self.venv]),
+                self.wrap(["uv", "pip", "install", "--python", f"{self.venv}/bin/python",
+                           f"vllm=={self.version}"])]
+
+    def installed(self, host: Host) -> bool:
+        """Whether the venv holds this vLLM release (`vllm --version`)."""
+        result = host.run([self.vllm, "--version"])
+        return result.ok and result.stdout.strip().splitlines()[-1:] == [self.version]
+
+    def install(self, host: Host) -> None:
+        if not host.run(self.wrap(["sh", "-c", "command -v uv"])).ok:
+            raise StepFailed("uv is not on the rental (the axolotl uv images ship it in their "
+                             "venv: is the job's image one of them?); orch installs vLLM "
+                             "with it", fault=Fault.HOST)
+        for argv in self.install_argvs():
+            host.must(argv, f"installing vLLM {self.version} on the rental", fault=Fault.HOST,
+                      timeout=1800)
+        if not self.installed(host):
+            raise StepFailed(f"vLLM {self.version} was installed in {self.venv} but "
+                             "`vllm --version` does not say so", fault=Fault.HOST)
+
+    def serve_argv(self) -> list[str]:
+        """`vllm serve` started detached by orch-job.sh, on 127.0.0.1 only, offline."""
+        return ["sh", self.wrapper, "start", self.run_dir, "env", "HF_HUB_OFFLINE=1",
+                self.vllm, "serve", *self.args, "--host", "127.0.0.1", "--port",
+                str(self.port)]
+
+    def state(self, host: Host) -> str:
+        """orch-job.sh's status line: running | exited CODE | lost | missing."""
+        script = '[ -f "$1" ] || { echo missing; exit 0; }; exec sh "$@"'
+        result = host.run(["sh", "-c", script, "sh", self.wrapper, "status", self.run_dir])
+        return result.stdout.strip() if result.ok else "missing"
+
+    def running(self, host: Host) -> bool:
+        return self.state(host) == "running"
+
+    def start(self, host: Host) -> None:
+        """Start the server unless it runs; a finished or lost run is cleared first."""
+        state = self.state(host)
+        if state == "running":
+            return
+        if state != "missing":
+            host.must(["sh", self.wrapper, "stop", self.run_dir], "clearing the old vLLM run")
+        host.must(self.serve_argv(), "starting vLLM", fault=Fault.HOST)
+
+    def log_tail(self, host: Host, lines: int = 50) -> str:
+        result = host.run(["tail", "-n", str(lines), f"{self.run_dir}/log"])
+        return (result.stdout or result.stderr).strip() or "(vLLM logged nothing)"
+
+    def fail_if_exited(self, host: Host, elapsed: float) -> None:
+        """Raise with the log's tail when the server is no longer running."""
+        state = self.state(host)
+        if state == "running":
+            return
+        tail = self.log_tail(host)
+        raise StepFailed(f"vLLM on the rental stopped while loading ({state}, after "
+                         f"{elapsed:.0f}s): {last_line(tail)}", fault=Fault.HOST, stderr=tail)
+
+    def stop(self, host: Host) -> bool:
+        """End the server (absent is fine); True when one was running."""
+        was = self.running(host)
+        script = '[ -f "$1" ] || exit 0; exec sh "$@"'
+        host.must(["sh", "-c", script, "sh", self.wrapper, "stop", self.run_dir],
+                  "stopping vLLM")
+        return was
