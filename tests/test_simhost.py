@@ -461,8 +461,10 @@ def test_vllm_checks_the_model_against_the_gpus_memory(
     host = simhost(toolkit_preinstalled=TOOLKIT, gpu_count=2, vllm_startup_seconds=0.0,
                    model_config=L70_CONFIG, model_size_bytes=L70_BYTES)
     conn = connect(ssh_factory, host)
-    run(conn, ["hf", "download", "meta-llama/Llama-3.1-70B", "--local-dir",
-               f"{host.nvme_path}/base"], 30).check()
+    # A Docker host's OS has no `hf`: the trainer image has it (as orch runs it).
+    run(conn, ["docker", "run", "--rm", "-v", f"{host.nvme_path}:/workspace/data", IMAGE,
+               "hf", "download", "meta-llama/Llama-3.1-70B", "--local-dir",
+               "/workspace/data/base"], 60).check()
     serve = ["docker", "run", "--rm", "--gpus", "all", "-v", f"{host.nvme_path}:/models",
              VLLM_IMAGE, "/models/base", "--max-model-len", "2048"]
 
