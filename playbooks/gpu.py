@@ -25,10 +25,13 @@ QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
 # Catalog name -> the product names nvidia-smi prints for it (`--query-gpu=name`), matched
 # whole, ignoring case and repeated spaces. Source: the names NVIDIA's drivers report on
 # these boards as seen in nvidia-smi output on cloud hosts (R470+ drivers prefix
-# "NVIDIA "; older ones print "GeForce RTX 3090" without it). Variants that are different
-# products (RTX 3090 Ti, RTX 4090 D, H100 NVL, H200 NVL, A100 40GB) deliberately do not
-# match: an offer for one is not fulfilled by the other. B300 names are not yet settled
-# across driver releases ("NVIDIA B300 SXM6 AC" is one), so any "NVIDIA B300 ..." matches.
+# "NVIDIA "; older ones print "GeForce RTX 3090" without it). RunPod's GPU type ids are these
+# names (docs.runpod.io/references/gpu-types); the rest are the names NVIDIA's drivers give
+# the boards (A100-PCIE-40GB, A10, RTX PRO 4000/5000 Blackwell, RTX 5070 Ti). Each pattern is
+# matched whole, so a variant that is another product (RTX 4090 D vs RTX 4090, H100 NVL vs
+# H100 PCIe, A100 40GB vs 80GB) never fulfils an offer for its neighbour. B300 names are not
+# yet settled across driver releases ("NVIDIA B300 SXM6 AC" is one), so any "NVIDIA B300 ..."
+# matches.
 NVIDIA_SMI_NAMES: dict[str, tuple[str, ...]] = {
     "RTX 3090": (r"(NVIDIA )?GeForce RTX 3090",),
     "RTX 4090": (r"(NVIDIA )?GeForce RTX 4090",),
@@ -39,6 +42,40 @@ NVIDIA_SMI_NAMES: dict[str, tuple[str, ...]] = {
     "H200": (r"NVIDIA H200",),
     "B200": (r"NVIDIA B200",),
     "B300": (r"NVIDIA B300( .*)?",),
+    "A100 40GB": (r"NVIDIA A100-PCIE-40GB", r"NVIDIA A100-SXM4-40GB"),
+    "A30": (r"NVIDIA A30",),
+    "A40": (r"NVIDIA A40",),
+    "A10": (r"NVIDIA A10",),
+    "L4": (r"NVIDIA L4",),
+    "L40": (r"NVIDIA L40",),
+    "L40S": (r"NVIDIA L40S",),
+    "H100 NVL": (r"NVIDIA H100 NVL",),
+    "H200 NVL": (r"NVIDIA H200 NVL",),
+    "RTX A6000": (r"NVIDIA RTX A6000",),
+    "RTX A5000": (r"NVIDIA RTX A5000",),
+    "RTX A4500": (r"NVIDIA RTX A4500",),
+    "RTX A4000": (r"NVIDIA RTX A4000",),
+    "RTX A2000": (r"NVIDIA RTX A2000( 12GB)?",),
+    "RTX 6000 Ada": (r"NVIDIA RTX 6000 Ada Generation",),
+    "RTX 5000 Ada": (r"NVIDIA RTX 5000 Ada Generation",),
+    "RTX 4000 Ada": (r"NVIDIA RTX 4000 Ada Generation",),
+    "RTX 4000 SFF Ada": (r"NVIDIA RTX 4000 SFF Ada Generation",),
+    "RTX 2000 Ada": (r"NVIDIA RTX 2000 Ada Generation",),
+    "RTX PRO 6000": (r"NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                     r"NVIDIA RTX PRO 6000 Blackwell Workstation Edition"),
+    "RTX PRO 6000 Max-Q": (r"NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition",),
+    "RTX PRO 5000": (r"NVIDIA RTX PRO 5000 Blackwell",),
+    "RTX PRO 4500": (r"NVIDIA RTX PRO 4500 Blackwell",),
+    "RTX PRO 4000": (r"NVIDIA RTX PRO 4000 Blackwell",),
+    "RTX 3090 Ti": (r"(NVIDIA )?GeForce RTX 3090 Ti",),
+    "RTX 3080 Ti": (r"(NVIDIA )?GeForce RTX 3080 Ti",),
+    "RTX 3080": (r"(NVIDIA )?GeForce RTX 3080",),
+    "RTX 3070": (r"(NVIDIA )?GeForce RTX 3070",),
+    "RTX 4080 SUPER": (r"NVIDIA GeForce RTX 4080 SUPER",),
+    "RTX 4080": (r"NVIDIA GeForce RTX 4080",),
+    "RTX 4070 Ti": (r"NVIDIA GeForce RTX 4070 Ti",),
+    "RTX 5080": (r"NVIDIA GeForce RTX 5080",),
+    "RTX 5070 Ti": (r"NVIDIA GeForce RTX 5070 Ti",),
 }
 
 _PATTERNS: dict[str, tuple[re.Pattern[str], ...]] = {

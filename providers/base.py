@@ -29,6 +29,8 @@ class GpuSpec:
     # Multi-GPU efficiency by strategy kind ("ddp", "fsdp", "offload") for this interconnect.
     scaling: tuple[tuple[str, float], ...] = ()
     aliases: tuple[str, ...] = ()
+    compute_capability: str = ""  # CUDA compute capability, "8.9"
+    source: str = ""  # where the figures come from (gpus.yaml `source`)
 
     def efficiency(self, kind: str) -> float:
         """Fraction of linear speed-up for `kind` (1.0 when not listed)."""
@@ -215,6 +217,16 @@ class Provider(Protocol):
     def terminate(self, instance_id: str) -> None:
         """Destroy the instance; one that is already gone counts as success."""
         ...
+
+
+@runtime_checkable
+class ReportsSkipped(Protocol):
+    """An adapter that says which offers its last `offers()` call left out because their GPU
+    is not one orch plans on (`providers/catalog/gpus.yaml`): the provider's GPU name → how
+    many offers. The caller reports them, so a GPU the catalog lacks is never dropped
+    silently."""
+
+    skipped: dict[str, int]
 
 
 @runtime_checkable

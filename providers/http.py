@@ -13,9 +13,9 @@ operation, so an answer dripping one byte per read never trips them (a job sat i
 `provisioning` past 240 s on a drip of one byte every 2 s). `send` reads the body in chunks
 and gives up once the request has taken longer than the smaller of `REQUEST_DEADLINE_S` and
 what is left of `with_retries`' deadline: a TransientError, so the 120 s promise holds for a
-whole round of retries. The check runs between reads, so a request ends at most one read
-timeout past its deadline (the status line and headers are bounded by the per-read timeout
-only; h11 refuses headers over 16 KiB).
+whole round of retries. The check runs between reads, and each read's timeout is capped at
+that deadline too, so a body ends at most one (capped) read past it; the status line and
+headers are bounded per read only (h11 refuses headers over 16 KiB).
 """
 
 from __future__ import annotations
@@ -62,6 +62,13 @@ def request_deadline_s(now: float | None = None) -> float:
     return max(0.1, limit)
 
 
+def _capped(timeout: httpx.Timeout, limit: float) -> httpx.Timeout:
+    def cap(value: float | None) -> float:
+        return limit if value is None else min(value, limit)
+    return httpx.Timeout(connect=cap(timeout.connect), read=cap(timeout.read),
+                         write=cap(timeout.write), pool=cap(timeout.pool))
+
+
 def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
          **kwargs: Any) -> httpx.Response:
     """One request with the Bearer key in its header only, read whole within its deadline.
@@ -72,6 +79,8 @@ def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
     headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
     limit = request_deadline_s()
     started = time.monotonic()
+    # No single network operation may outlast the whole request's deadline either.
+    kwargs.setdefault("timeout", _capped(client.timeout, limit))
     try:
         with client.stream(method, url, headers=headers, **kwargs) as streamed:
             raw: list[bytes] = []

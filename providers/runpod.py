@@ -156,6 +156,8 @@ class RunPod:
         self.default_image = default_image
         self.boot_minutes = boot_minutes
         self._min_cuda: dict[str, str] = {}  # offer id -> the CUDA its search asked for
+        # GPU ids the last `offers()` left out as not planned (ReportsSkipped): id -> 1.
+        self.skipped: dict[str, int] = {}
 
     def __repr__(self) -> str:
         return f"RunPod(base_url={self._base!r})"
@@ -279,11 +281,15 @@ class RunPod:
         rows = body.get("gpus", []) if isinstance(body, dict) else []
         specs = catalog.gpus()
         found: list[Offer] = []
+        self.skipped = {}
         for row in rows:
             if not isinstance(row, dict) or row.get("availability", "NONE") == "NONE":
                 continue
             gpu = canonical_gpu(row.get("id"), row.get("name"))
-            if gpu is None or (req.gpus is not None and gpu not in req.gpus):
+            if gpu is None:
+                self.skipped[str(row.get("id"))] = 1
+                continue
+            if req.gpus is not None and gpu not in req.gpus:
                 continue
             spec = specs.get(gpu)
             memory = spec.memory_bytes if spec else int(row.get("memory") or 0) * _GIB

@@ -106,10 +106,11 @@ def canonical_gpu(vast_name: str | None, gpu_ram_mb: float | int | None) -> str 
     """Our canonical GPU name for a Vast `gpu_name` with `gpu_ram` MB, or None if unknown."""
     if not vast_name:
         return None
-    for canonical, (names, min_ram) in GPU_MAP.items():
-        if vast_name in names and (gpu_ram_mb or 0) >= min_ram:
-            return canonical
-    return None
+    # One name can cover several models told apart by memory (A100 40GB / 80GB): the model
+    # with the highest memory floor the offer reaches.
+    hits = [(min_ram, canonical) for canonical, (names, min_ram) in GPU_MAP.items()
+            if vast_name in names and (gpu_ram_mb or 0) >= min_ram]
+    return max(hits)[1] if hits else None
 
 
 def dec(value: Any) -> Decimal | None:
@@ -227,6 +228,8 @@ class VastAI:
         # (to recognise our own instance after a lost create response).
         self._bids: dict[str, Decimal] = {}
         self._machines: dict[str, str] = {}
+        # Offers the last `offers()` left out for a GPU orch does not plan (ReportsSkipped).
+        self.skipped: dict[str, int] = {}
 
     @classmethod
     def from_credentials(cls, **kwargs: Any) -> VastAI | None:
@@ -346,10 +349,15 @@ class VastAI:
         """Live offers for `req`: on-demand, bid (interruptible) or both, cheapest first."""
         kinds = {True: [BID], False: [ON_DEMAND], None: [ON_DEMAND, BID]}[req.interruptible]
         found: list[Offer] = []
+        self.skipped = {}
         for kind in kinds:
             doc = self._call("POST", "/bundles/", self._query(req, kind))
             rows = doc.get("offers") if isinstance(doc, dict) else None
             for row in rows or []:
+                if canonical_gpu(row.get("gpu_name"), row.get("gpu_ram")) is None:
+                    name = str(row.get("gpu_name") or "(no gpu_name)")
+                    self.skipped[name] = self.skipped.get(name, 0) + 1
+                    continue
                 offer = self._offer(row, req, interruptible=(kind == BID))
                 if offer is not None:
                     found.append(offer)

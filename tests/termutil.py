@@ -24,8 +24,9 @@ def orch_exe() -> str:
 
 
 def run_tty(env: dict[str, str], *args: str, cols: int = 80, rows: int = 40,
-            timeout: float = 120) -> tuple[int, str]:
-    """`orch ARGS` with stdin/stdout/stderr on a pty `cols` wide; (exit code, raw output)."""
+            timeout: float = 120, typed: str = "") -> tuple[int, str]:
+    """`orch ARGS` with stdin/stdout/stderr on a pty `cols` wide; (exit code, raw output).
+    `typed` is typed at the terminal up front (it waits in the line buffer to be read)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     # No COLUMNS: the width must come from the terminal itself.
@@ -33,6 +34,8 @@ def run_tty(env: dict[str, str], *args: str, cols: int = 80, rows: int = 40,
     proc = subprocess.Popen([orch_exe(), *args], stdin=slave, stdout=slave, stderr=slave,
                             env=env, cwd=ROOT, close_fds=True)
     os.close(slave)
+    if typed:
+        os.write(master, typed.encode())
     chunks: list[bytes] = []
     end = time.monotonic() + timeout
     try:

@@ -162,7 +162,7 @@ def test_servers_and_dry_run_submit(env: dict[str, str], simhost: Any,
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--gpu", "A10"], "is not a known GPU"),
+    (["--gpu", "T4"], "is not a known GPU"),
     (["--gpu", "H100"], "is ambiguous"),
     (["--gpu", "H200", "--monthly", "-5"], "--monthly must be > 0"),
     (["--gpu", "H200", "--monthly", "abc"], "--monthly 'abc'"),

@@ -82,6 +82,17 @@ def test_vast_spot_job_succeeds_and_is_destroyed(rig: Rig, hosts: SimHostBackend
         # The price charged is what Vast.ai reported (bid + storage), not the catalog's.
         assert row.price_per_hour_micros > 200_000
         assert emu.instances == {}
+        # The job was queued on the catalog's estimate: the engine says the market differs.
+        moved = [e.message for e in rig.store.events(job_id) if e.kind == "placement.changed"]
+        assert len(moved) == 1 and moved[0].startswith("the market moved since the plan: "
+                                                       "planned vastai ")
+        assert "now vastai RTX 4090 x1 at $" in moved[0]
+        # What the search saw is price history (`orch prices`), spot and on-demand.
+        from orchestrator.records import prices
+
+        seen = prices.history(rig.store, ["RTX 4090", "A100 80GB"])
+        assert {(s.gpu, s.interruptible) for s in seen} == {
+            (g, spot) for g in ("RTX 4090", "A100 80GB") for spot in (True, False)}
         # A finished run on a real provider teaches the planner its throughput.
         from orchestrator.records.readonly import measured_throughput
 

@@ -1,4 +1,5 @@
-"""The fast decision (offerbook.best) picks exactly what the full ranking ranks first."""
+"""The fast decision (offerbook.best, offerbook.top) picks exactly what the full ranking ranks
+first (the k first, in its order)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core import scheduler
 from orchestrator.core.architectures import lookup
-from orchestrator.core.offerbook import OfferBook, best
+from orchestrator.core.offerbook import OfferBook, best, top
 from orchestrator.core.scheduler import Constraints
 from orchestrator.core.sizing import Workload
 from orchestrator.core.throughput import Measured, size_class
@@ -85,9 +86,13 @@ def test_best_is_the_rankings_first(w: Workload, offers: list[Offer], c: Constra
                     for g, n, rate in data.draw(st.lists(st.tuples(
                         st.sampled_from(sorted(GPUS)), st.sampled_from([1, 2, 4, 8]),
                         st.sampled_from([0.0, 500.0, 5000.0])), max_size=4))}
-    expected = scheduler.rank(w, TOKENS, offers, GPUS, c, cached, measured).chosen
-    got = best(w, TOKENS, OfferBook.of(offers), GPUS, c, cached, measured)
-    assert got == expected
+    ranking = scheduler.rank(w, TOKENS, offers, GPUS, c, cached, measured)
+    book = OfferBook.of(offers)
+    got = best(w, TOKENS, book, GPUS, c, cached, measured)
+    assert got == ranking.chosen
+    # The engine's retry list: the ranking's k first, in its order.
+    k = data.draw(st.integers(1, 6))
+    assert top(w, TOKENS, book, GPUS, k, c, cached, measured) == list(ranking.placements[:k])
 
 
 def test_best_agrees_at_market_scale() -> None:
@@ -104,4 +109,26 @@ def test_best_agrees_at_market_scale() -> None:
                      rnd.choice(["qlora", "lora", "full"]),
                      sequence_len=rnd.choice([1024, 2048, 4096]),
                      cross_entropy=rnd.choice(["auto", "plain"]))
-        assert best(w, TOKENS, book, GPUS) == scheduler.rank(w, TOKENS, offers, GPUS).chosen
+        ranking = scheduler.rank(w, TOKENS, offers, GPUS)
+        assert best(w, TOKENS, book, GPUS) == ranking.chosen
+        assert top(w, TOKENS, book, GPUS, 5) == list(ranking.placements[:5])
+
+
+def test_the_training_floor_is_below_every_layouts_time() -> None:
+    """`offerbook` skips groups by `throughput.training_seconds_floor`: it must never exceed
+    the training time of any layout and saver choice the scheduler may pick."""
+    from orchestrator.core import savers, throughput
+
+    for repo in ("meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-32B"):
+        for method in ("qlora", "lora", "full"):
+            w = Workload(lookup(repo).architecture, method, sequence_len=2048,
+                         optimizer="auto", gradient_checkpointing="auto",
+                         cross_entropy="auto", activation_offloading="auto")
+            for gpu in GPUS.values():
+                for count in (1, 8):
+                    floor = throughput.training_seconds_floor(w, TOKENS, gpu, count)
+                    for layout in savers.layouts(w, count, gpu.scaling):
+                        est = layout.estimate
+                        exact = throughput.training_seconds(est.workload or w, TOKENS, gpu,
+                                                            count, est.strategy)
+                        assert floor <= exact * (1 + 1e-12), (repo, method, gpu.name, count)

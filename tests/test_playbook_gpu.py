@@ -105,8 +105,16 @@ def test_catalog_names_from_nvidia_smi() -> None:
     }
     for smi, model in names.items():
         assert catalog_model(smi) == model, smi
-    for other in ["NVIDIA A100-SXM4-40GB", "NVIDIA GeForce RTX 3090 Ti", "NVIDIA H100 NVL",
-                  "NVIDIA GeForce RTX 4090 D", "NVIDIA L40S", "NVIDIA H200 NVL"]:
+    # A variant that is another product is that product, never its neighbour (an offer
+    # for an H100 PCIe is not fulfilled by an H100 NVL).
+    variants = {"NVIDIA A100-SXM4-40GB": "A100 40GB", "NVIDIA GeForce RTX 3090 Ti": "RTX 3090 Ti",
+                "NVIDIA H100 NVL": "H100 NVL", "NVIDIA L40S": "L40S", "NVIDIA L40": "L40",
+                "NVIDIA H200 NVL": "H200 NVL", "NVIDIA A10": "A10",
+                "NVIDIA GeForce RTX 4080 SUPER": "RTX 4080 SUPER"}
+    for smi, model in variants.items():
+        assert catalog_model(smi) == model, smi
+    for other in ["NVIDIA GeForce RTX 4090 D", "Tesla V100-SXM2-32GB",
+                  "NVIDIA RTX PRO 6000 Blackwell Server Edition MIG 1g.24gb"]:
         assert catalog_model(other) is None, other
 
 

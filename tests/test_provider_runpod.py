@@ -99,10 +99,10 @@ def test_every_mapped_gpu_passes_the_hosts_inventory_check() -> None:
 
     for runpod_id, model in GPU_NAMES.items():
         assert catalog_model(runpod_id) == model, runpod_id
-    # H100 NVL (94 GB, NVLink-bridged pairs) is a product of its own, not in the catalog:
-    # it is left out of the offers rather than sold as an H100 PCIe.
-    assert canonical_gpu("NVIDIA H100 NVL") is None
-    assert canonical_gpu("NVIDIA H200 NVL") is None
+    # H100 NVL (94 GB, NVLink-bridged pairs) is a product of its own: its own model, never
+    # sold as an H100 PCIe.
+    assert canonical_gpu("NVIDIA H100 NVL") == "H100 NVL"
+    assert canonical_gpu("NVIDIA H200 NVL") == "H200 NVL"
 
 
 def test_offers_mapping_filtering_and_price(rp: RunPod, emu: RunPodEmulator) -> None:

@@ -99,11 +99,15 @@ def test_offers_a100_80gb_mapping_and_both_kinds(vast: VastEmulator) -> None:
     api = adapter(vast)
     found = api.offers(req(gpus=frozenset({"A100 80GB"}), min_gpu_memory_bytes=40 * GIB))
     sent = vast.requests_to("POST", "/api/v0/bundles/")[-1].json
-    assert sent["gpu_name"] == {"in": ["A100 PCIE", "A100 SXM4"]}
+    # vast-cli 1.9.1 knows three A100 names (vastai/data/query.py).
+    assert sent["gpu_name"] == {"in": ["A100 PCIE", "A100 SXM", "A100 SXM4"]}
     # The 40 GB A100 PCIE is not an "A100 80GB"; both on-demand and bid offers come back.
     assert {(o.offer_id, o.interruptible) for o in found} == {("3", False), ("3", True)}
     assert all(o.gpu == "A100 80GB" for o in found)
     assert found[0].interruptible  # cheapest first
+    # It is an "A100 40GB", its own model.
+    forty = api.offers(req(gpus=frozenset({"A100 40GB"}), interruptible=False))
+    assert [(o.offer_id, o.gpu) for o in forty] == [("4", "A100 40GB")]
 
 
 def test_offers_max_price_and_count(vast: VastEmulator) -> None:

@@ -244,11 +244,18 @@ def test_chat_template_tokens_are_estimated(tmp_path: Path) -> None:
 
 
 def test_gpu_and_provider_names_are_checked(tmp_path: Path) -> None:
-    text = MINIMAL + "resources:\n  gpus: [h100, A10]\n  providers: [clod]\n"
+    text = MINIMAL + "resources:\n  gpus: [h100, T4]\n  providers: [clod]\n"
     found = problems(write(tmp_path, text))
-    assert any(":7 resources.gpus[1]: unknown GPU 'A10'" in p for p in found)
+    assert any(":7 resources.gpus[1]: unknown GPU 'T4'" in p for p in found)
     assert any(":8 resources.providers[0]: unknown provider 'clod'; did you mean 'cloud'?" in p
                for p in found)
+
+
+def test_the_48_gb_class_is_known(tmp_path: Path) -> None:
+    """Issue 20: `resources.gpus: [L40S]` was refused as an unknown GPU."""
+    text = MINIMAL + "resources:\n  gpus: [L40S, RTX A6000, rtx 6000 ada, A40]\n"
+    job = load_job(write(tmp_path, text))
+    assert job.spec.resources.gpus == ["L40S", "RTX A6000", "rtx 6000 ada", "A40"]
 
 
 def test_unpinned_trainer_image_is_refused(tmp_path: Path) -> None:

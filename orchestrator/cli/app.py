@@ -62,6 +62,40 @@ def plan(
     cli_plan.run(file, json_out, all_rows)
 
 
+@app.command()
+def offers(
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="Only this GPU model (e.g. L40S).")] = None,
+    min_memory: Annotated[float, typer.Option(
+        "--min-memory", help="Only GPUs with at least this many GiB each.")] = 0.0,
+    provider: Annotated[str | None, typer.Option(
+        "--provider", help="Only this provider (vastai, runpod, cloud, ...).")] = None,
+    spot: Annotated[bool | None, typer.Option(
+        "--spot/--on-demand", help="Only interruptible, or only on-demand, offers.",
+        show_default=False)] = None,
+    count: Annotated[int, typer.Option("--count", help="GPUs per machine: 1, 2, 4 or 8.")] = 1,
+    json_out: JsonFlag = False,
+) -> None:
+    """The market, cheapest first: live offers with API keys, the price catalogs without."""
+    from orchestrator.cli import offers as cli_offers
+
+    cli_offers.run(cli_offers.filters(gpu, min_memory, provider, spot, count), json_out)
+
+
+@app.command()
+def prices(
+    gpu: Annotated[str, typer.Argument(help="The GPU model (e.g. L40S, \"RTX 4090\").")],
+    since: Annotated[str | None, typer.Option(
+        help="Seen at or after: ISO date/time (UTC) like 2026-11-01, or a span like 30d.")
+    ] = None,
+    json_out: JsonFlag = False,
+) -> None:
+    """Prices searches have seen for a GPU: median, range and latest per provider and kind."""
+    from orchestrator.cli import offers as cli_offers
+
+    cli_offers.prices_run(gpu, since, json_out)
+
+
 def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.cli.term import iso_utc
     from orchestrator.records.store import from_micros

@@ -218,8 +218,7 @@ def _sql_cmd(
 ) -> None:
     """Run one read-only SQL query on the history (writes are refused).
 
-    SQLite's built-in functions only (core, date, aggregate, window, math, JSON); at most
-    ORCH_SQL_TIMEOUT_S seconds (30) and ORCH_SQL_MAX_ROWS rows (10,000).
+    Built-in functions only; at most ORCH_SQL_TIMEOUT_S s (30) and ORCH_SQL_MAX_ROWS rows.
     """
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.history import HistoryError, run_sql

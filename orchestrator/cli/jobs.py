@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from orchestrator.cli import plan as cli_plan
 from orchestrator.cli.common import (
     EXIT_CANCELLED,
     EXIT_FAILED,
@@ -37,6 +38,8 @@ from orchestrator.cli.jobview import (
 )
 
 if TYPE_CHECKING:
+    from orchestrator.core.planning import Plan
+    from orchestrator.engine.market import Market
     from orchestrator.engine.runner import Options
     from orchestrator.records.store import Job, Store
 
@@ -109,8 +112,11 @@ def submit(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Plan and record the job as "
                                           "'planned'; start nothing.")] = False,
     json_out: JsonFlag = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Rent without asking (asked only "
+                                      "on a terminal, never with --json).")] = False,
 ) -> None:
     """Plan a job and run it in the foreground with live progress (or --detach)."""
+    from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
     from orchestrator.engine.submission import record_job
 
@@ -122,8 +128,17 @@ def submit(
     require_runners(store, file, [loaded.spec.resources.providers])
     if not (dry_run or detach):
         providers, notes = _providers(store)
+    market = None if dry_run else cli_plan.live_market(loaded)
+    if market is not None and market.answered:
+        from orchestrator.records import prices
+
+        prices.record(store, market.offers)  # price history (`orch prices`)
     try:
-        row, plan = record_job(store, loaded, status=status,
+        live = list(market.offers) if market is not None and market.answered else None
+        plan = make_plan(loaded, store.registered(), live=live)
+        if not (dry_run or yes or json_out):
+            confirm(plan, market)
+        row, plan = record_job(store, loaded, status=status, plan=plan,
                                message="dry run: nothing started" if dry_run else None)
     except NoFit as exc:
         fail(f"{file}: {exc}", EXIT_NO_FIT)
@@ -143,6 +158,28 @@ def submit(
     if not json_out:
         typer.echo(head)
     _run_here(store, row, providers, notes, json_out)
+
+
+def confirm(plan: Plan, market: Market | None) -> None:
+    """On a terminal, show what will be rented and what it should cost, and ask (as `sky
+    launch` does); not on a pipe, under cron or a worker. The simulated cloud spends nothing
+    and is not asked about. A "no" exits 1 with nothing recorded."""
+    import sys
+
+    from orchestrator.cli.term import is_tty
+
+    o, p = plan.chosen.offer, plan.chosen
+    if o.provider == "sim" or not (is_tty() and is_tty(sys.stdin)):
+        return
+    rate = (f"{money(o.price_per_hour)}/h" if o.price_per_hour is not None else
+            f"{money(o.monthly_price)}/month" if o.monthly_price is not None else "no rate")
+    kind = "registered server" if o.registered else "spot" if o.interruptible else "on-demand"
+    typer.echo(f"Placement: {o.provider} {o.gpu} x{o.gpu_count} ({kind}) at {rate}; "
+               f"est. {p.est_hours:.2f} h, {money(p.est_cost)} for the job")
+    typer.echo(cli_plan.offers_line(market))
+    if not typer.confirm("Rent it and run the job?", default=False):
+        typer.echo("not submitted; nothing was recorded or rented", err=True)
+        raise typer.Exit(1)
 
 
 def _run_here(store: Store, row: Job, providers: dict[str, Any], notes: list[str],

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
     from orchestrator.core.spec import LoadedJob
+    from orchestrator.engine.market import Market
 
 # Exit codes scripts can rely on.
 EXIT_INVALID = 2  # a job file or argument is wrong
@@ -45,13 +46,16 @@ def load(path: Path) -> LoadedJob:
         problems_exit(path, exc.problems)
 
 
-def plan_job(job: LoadedJob, servers: list[Any]) -> Plan:
+def plan_job(job: LoadedJob, servers: list[Any], market: Market | None = None) -> Plan:
+    """`job` planned on `market`'s live offers when some provider answered, else on the
+    price catalogs; exits EXIT_NO_FIT (with the gap) when nothing fits."""
     from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
     from orchestrator.records.readonly import measured_throughput
 
+    live = list(market.offers) if market is not None and market.answered else None
     try:
-        return make_plan(job, servers, without_db(measured_throughput, {}))
+        return make_plan(job, servers, without_db(measured_throughput, {}), live)
     except NoFit as exc:
         _err(f"error: {job.path}: {exc}")
         raise SystemExit(EXIT_NO_FIT) from None
@@ -189,20 +193,56 @@ def runs_on(plan: Plan, who: Any) -> str:
             f"(the {o.provider} catalog's prices above are an estimate)")
 
 
+def live_market(job: LoadedJob) -> Market | None:
+    """The live offers of the clouds with a key that the job may use (None: no such cloud),
+    asked within `market.DEADLINE_S`."""
+    from orchestrator.engine.runnable import cloud_keys
+
+    named = job.spec.resources.providers
+    keys, _notes = cloud_keys()
+    if not any(named is None or name in named for name in keys):
+        return None
+    from orchestrator.core.planning import DISK_GB, constraints_from, requirements
+    from orchestrator.engine.market import clouds, search
+    from playbooks.images import min_cuda
+
+    providers, _ = clouds(named)
+    reqs = requirements(constraints_from(job), DISK_GB, min_cuda(job.spec.trainer.image))
+    return search(providers, reqs)
+
+
+def offers_line(market: Market | None) -> str:
+    """Which offers the plan ranked: live (from whom) or the price catalogs (and why)."""
+    if market is None:
+        return ("Offers: the price catalogs (estimates; no API key for a cloud this job may "
+                "use: set VAST_API_KEY or RUNPOD_API_KEY for live offers)")
+    notes = f"; {'; '.join(market.notes)}" if market.notes else ""
+    if not market.answered:
+        return f"Offers: the price catalogs (estimates): no live offers{notes}"
+    return (f"Offers: live, {len(market.offers)} from {', '.join(market.answered)} just now"
+            + notes)
+
+
 def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
     from orchestrator.engine.runnable import runners
 
     job = load(file)
     servers = servers_for_plan()
-    result = plan_job(job, servers)
+    market = live_market(job)
+    result = plan_job(job, servers, market)
     who = runners(job.spec.resources.providers, bool(servers))
     if json_out:
+        live = market is not None and bool(market.answered)
         print(json.dumps({**result.to_dict(alternatives=10_000 if all_rows else 20),
-                          "runs_on": list(who.providers), "runs_on_notes": list(who.notes)},
+                          "runs_on": list(who.providers), "runs_on_notes": list(who.notes),
+                          "offers_source": "live" if live else "catalog",
+                          "offers_from": list(market.answered) if market else [],
+                          "offers_notes": list(market.notes) if market else []},
                          indent=2, default=str))
     else:
         render_plan(result, 10_000 if all_rows else 12)
         from orchestrator.cli.term import prose
 
+        print(prose(offers_line(market)))
         print(prose(runs_on(result, who)))

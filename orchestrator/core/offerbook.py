@@ -12,7 +12,9 @@ in tests/test_offerbook.py); only the work differs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import bisect
+import heapq
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -38,6 +40,11 @@ class _Group:
     prices: tuple[float, ...]
     min_boot_h: float
     max_pull_gbps: float
+    index: int  # its place in the book: a stable tie-break
+    # The cheapest price times the least boot, and over the fastest pull: the parts of the
+    # group's cheap bound that no job changes (`_Search.walks`).
+    boot_cost: float
+    pull_cost: float
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class OfferBook:
 
     groups: tuple[_Group, ...]
     others: tuple[Offer, ...]  # monthly and registered offers: priced one by one
+    # The groups by (GPU, count), what training time depends on besides the layout.
+    by_model: tuple[tuple[str, int, tuple[_Group, ...]], ...] = ()
 
     @classmethod
     def of(cls, offers: Iterable[Offer]) -> OfferBook:
@@ -57,15 +66,19 @@ class OfferBook:
                 continue
             by_key.setdefault((o.gpu, o.gpu_count, o.gpu_memory_bytes, o.ram_bytes),
                               []).append(o)
-        groups = []
+        groups: list[_Group] = []
+        by_model: dict[tuple[str, int], list[_Group]] = {}
         for (gpu, count, mem, ram), members in by_key.items():
             members.sort(key=lambda o: (o.price_per_hour, o.offer_id))
-            groups.append(_Group(
-                gpu, count, mem, ram, tuple(members),
-                tuple(float(o.price_per_hour or 0) for o in members),
-                min(o.boot_minutes for o in members) / 60,
-                max(o.pull_gbps for o in members)))
-        return cls(tuple(groups), tuple(others))
+            prices = tuple(float(o.price_per_hour or 0) for o in members)
+            boot_h = min(o.boot_minutes for o in members) / 60
+            pull = max(o.pull_gbps for o in members)
+            g = _Group(gpu, count, mem, ram, tuple(members), prices, boot_h, pull,
+                       len(groups), prices[0] * boot_h, prices[0] / pull)
+            groups.append(g)
+            by_model.setdefault((gpu, count), []).append(g)
+        return cls(tuple(groups), tuple(others),
+                   tuple((gpu, count, tuple(gs)) for (gpu, count), gs in by_model.items()))
 
 
 def best(
@@ -78,26 +91,38 @@ def best(
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
 ) -> Placement | None:
     """The placement `scheduler.rank` would rank first, or None when nothing is feasible."""
-    search = _Search(w, tokens, gpus, constraints, cached_on, measured)
+    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured)
+    return found[0] if found else None
+
+
+def top(
+    w: Workload,
+    tokens: int,
+    book: OfferBook,
+    gpus: Mapping[str, GpuSpec],
+    k: int,
+    constraints: Constraints = Constraints(),
+    cached_on: frozenset[str] = frozenset(),
+    measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+) -> list[Placement]:
+    """The `k` placements `scheduler.rank` would rank first, in its order (fewer when fewer
+    are feasible): the engine's retry list. The walk stops once a lower bound on the next
+    offer's cost exceeds the k-th best exact cost found so far."""
+    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k)
     for offer in book.others:
         if constraint_failure(offer, constraints) is None:
             gpu = gpus[offer.gpu]
             est = search.fit(offer, gpu)
             if est is not None:
                 search.consider(offer, est, gpu)
-    bound = float("inf")
-    for first, hours, g, est, gpu in search.walks(book):
-        if first * (1 - _SLACK) - _ROUNDING > bound:
-            break  # every later group starts dearer still
+    for hours, g, est, gpu in search.walks(book):
         for price, offer in zip(g.prices, g.offers, strict=True):
-            if price * hours * (1 - _SLACK) - _ROUNDING > bound:
+            if price * hours * (1 - _SLACK) - _ROUNDING > search.bound:
                 break
             if constraint_failure(offer, constraints) is not None:
                 continue
-            cost = search.consider(offer, est, gpu)
-            if cost is not None and cost < bound:
-                bound = cost
-    return search.winner
+            search.consider(offer, est, gpu)
+    return [p for _key, p in search.kept]
 
 
 class _Search:
@@ -107,14 +132,16 @@ class _Search:
     def __init__(self, w: Workload, tokens: int, gpus: Mapping[str, GpuSpec],
                  c: Constraints, cached_on: frozenset[str],
                  measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-                 ) -> None:
+                 k: int = 1) -> None:
         self.w, self.tokens, self.gpus, self.c = w, tokens, gpus, c
         self.cached_on, self.measured = cached_on, measured
         self.layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
         self.fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
         self.times: dict[tuple[object, ...], throughput.Duration] = {}
-        self.winner: Placement | None = None
-        self.winner_key: tuple[Decimal, float, str, str, int] | None = None
+        self.k = max(1, k)
+        # The best placements so far, by `Placement.sort_key`, at most k of them.
+        self.kept: list[tuple[tuple[Decimal, float, str, str, int], Placement]] = []
+        self.bound = float("inf")  # the k-th best cost once k are kept
 
     def fit(self, offer: Offer, gpu: GpuSpec) -> MemoryEstimate | None:
         """The first layout (savers included) that fits `offer`, worked out once per shape."""
@@ -127,25 +154,30 @@ class _Search:
                                               offer.ram_bytes)
         return self.fits[key]
 
-    def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> float | None:
-        """Price `offer` exactly; keep it if it beats the winner; its cost as a float."""
+    def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> None:
+        """Price `offer` exactly; keep it if it is among the k best so far."""
         dur = timed(self.w, self.tokens, offer, gpu, est, self.cached_on, self.measured,
                     self.times)
         placed = priced(offer, est, dur, self.c)
         if isinstance(placed, str):
-            return None
+            return
         key = placed.sort_key()
-        if self.winner_key is None or key < self.winner_key:
-            self.winner, self.winner_key = placed, key
-        return float(placed.est_cost)
+        if len(self.kept) == self.k and key >= self.kept[-1][0]:
+            return
+        bisect.insort(self.kept, (key, placed), key=lambda kp: kp[0])
+        del self.kept[self.k:]
+        if len(self.kept) == self.k:
+            self.bound = float(self.kept[-1][0][0])
 
-    def walks(self, book: OfferBook) -> list[tuple[float, float, _Group, MemoryEstimate,
-                                                     GpuSpec]]:
-        """The groups the job fits, each with a lower bound on its cheapest offer's cost
-        and on its hours, cheapest bound first.
+    def walks(self, book: OfferBook) -> Iterator[tuple[float, _Group, MemoryEstimate, GpuSpec]]:
+        """The groups the job fits, each with a lower bound on its hours, in the order of a
+        cheap lower bound on their cheapest offer's cost; ends once that bound passes the
+        k-th best cost found (`self.bound`, which falls as the caller prices offers).
 
-        A group's least possible hours: training (the same for all its offers) plus the
-        smallest boot and pull any of its offers has, plus merge and eval.
+        The cheap bound needs no sizing: the group's least price x (its least boot and pull,
+        merge and eval, and `throughput.training_seconds_floor`). Only the groups it does not
+        rule out are sized (`fit`) and timed exactly, so a market of many GPU models costs
+        a job little more than one of few.
         """
         w, c = self.w, self.c
         model_bits = throughput.model_download_bytes(w) * 8
@@ -153,14 +185,23 @@ class _Search:
         # bound), and the merge + eval after training (throughput.duration's terms).
         pull_bits = 0.0 if self.cached_on else model_bits / 1e9
         after = throughput.merge_eval_seconds(w)
+        pull_h, after_h = pull_bits / 3600, after / 3600
+        cheap = []
+        floor_of = self._floors()
+        for name, count, groups in book.by_model:
+            if count > c.max_gpus or (c.gpu_count is not None and count != c.gpu_count):
+                continue
+            if c.gpus is not None and name not in c.gpus:
+                continue
+            rest = after_h + floor_of(name, count)
+            cheap += [(g.boot_cost + pull_h * g.pull_cost + g.prices[0] * rest, g.index, g)
+                      for g in groups]
+        heapq.heapify(cheap)  # popped lazily: most groups are never reached
         trains: dict[tuple[str, int, int], float] = {}
-        walks = []
-        for g in book.groups:
-            if g.gpu_count > c.max_gpus or (c.gpu_count is not None
-                                            and g.gpu_count != c.gpu_count):
-                continue
-            if c.gpus is not None and g.gpu not in c.gpus:
-                continue
+        while cheap:
+            low, _i, g = heapq.heappop(cheap)
+            if low * (1 - _SLACK) - _ROUNDING > self.bound:
+                return  # every later group starts dearer still
             gpu = self.gpus[g.gpu]
             est = self.fit(g.offers[0], gpu)
             if est is None:
@@ -170,10 +211,23 @@ class _Search:
             if train is None:
                 train = trains[tkey] = training_hours(g.gpu, g.gpu_count, est, gpu, w,
                                                       self.tokens, self.measured)
-            dur = g.min_boot_h + train + (pull_bits / g.max_pull_gbps + after) / 3600
-            walks.append((g.prices[0] * dur, dur, g, est, gpu))
-        walks.sort(key=lambda x: x[0])
-        return walks
+            yield g.min_boot_h + pull_h / g.max_pull_gbps + after_h + train, g, est, gpu
+
+    def _floors(self) -> Callable[[str, int], float]:
+        """A lower bound on training hours on (GPU, count) under any layout: a learned rate
+        where one is known (it does not depend on the layout), else the formula's floor
+        (`throughput.training_seconds_floor`, which scales as 1 / count)."""
+        one = {name: throughput.training_seconds_floor(self.w, self.tokens, gpu, 1) / 3600
+               for name, gpu in self.gpus.items()}
+
+        def floor(name: str, count: int) -> float:
+            learned = (self.measured.get(throughput.measured_key(self.w, name, count))
+                       if self.measured else None)
+            if learned is not None and learned.tokens_per_s > 0:
+                return self.tokens / learned.tokens_per_s / 3600
+            return one[name] / count
+
+        return floor
 
 
 def training_hours(name: str, count: int, est: MemoryEstimate, gpu: GpuSpec, w: Workload,

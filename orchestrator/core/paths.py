@@ -33,9 +33,15 @@ def private_dir(path: Path, *, fix: bool = True) -> Path:
         # mkdir's mode applies to the last part only, and the umask still masks it.
         path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         path.chmod(PRIVATE_DIR_MODE)
-    elif fix and path.stat().st_mode & 0o077:
+    elif fix and _shared_and_mine(path):
         path.chmod(PRIVATE_DIR_MODE)
     return path
+
+
+def _shared_and_mine(path: Path) -> bool:
+    # Another user's file (a shared setup someone chose) is left as it is: not ours to change.
+    st = path.stat()
+    return bool(st.st_mode & 0o077) and st.st_uid == os.getuid()
 
 
 def private_file(path: Path) -> Path:
@@ -43,7 +49,7 @@ def private_file(path: Path) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
     except FileExistsError:
-        if path.stat().st_mode & 0o077:
+        if _shared_and_mine(path):
             path.chmod(PRIVATE_FILE_MODE)
     else:
         os.close(fd)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.core import evalsizing, savers, scheduler
+from orchestrator.core import evalsizing, offerbook, savers, scheduler
 from orchestrator.core.delivery import Delivery, plan_delivery
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
@@ -17,11 +17,13 @@ from orchestrator.core.sizing import MemoryEstimate, Workload
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
 from providers import catalog
-from providers.base import Billing, Offer
+from providers.base import Billing, Offer, Requirements
 from providers.dedicated import RegisteredServer, server_offers
 
-# Adapters with live offers; the engine asks them, `orch plan` uses the catalog for them.
+# Adapters with live offers; the engine asks them, `orch plan` too when a key is configured
+# (the catalog stands in for them otherwise).
 LIVE_PROVIDERS = frozenset({"vastai", "runpod"})
+DISK_GB = 100  # the disk a rental is searched and priced with (engine Options.disk_gb)
 # Whose machines are containers of the trainer image (no Docker): the live ones and the
 # per-second catalog that stands in for them. Their evaluation installs vLLM first.
 CONTAINER_RENTALS = LIVE_PROVIDERS | {"cloud"}
@@ -149,36 +151,55 @@ def constraints_from(job: LoadedJob) -> Constraints:
     )
 
 
+def requirements(c: Constraints, disk_gb: int, min_cuda: str | None) -> list[Requirements]:
+    """What to ask a live provider for a job with constraints `c`: one search per GPU count
+    it allows (1, 2, 4, 8), any memory (the scheduler sizes), its spot rule and price cap."""
+    spot = {"required": True, "never": False}.get(c.spot)
+    return [Requirements(gpu_count=n, min_gpu_memory_bytes=0, gpus=c.gpus, interruptible=spot,
+                         max_price_per_hour=c.max_price_per_hour, disk_gb=disk_gb,
+                         min_cuda=min_cuda)
+            for n in (1, 2, 4, 8) if n <= c.max_gpus]
+
+
 def make_plan(
     job: LoadedJob,
     servers: list[RegisteredServer] | None = None,
     measured: Mapping[MeasuredKey, Measured] | None = None,
+    live: Sequence[Offer] | None = None,
 ) -> Plan:
-    """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits."""
+    """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits.
+
+    `live`: offers the configured clouds returned just now. They replace the price catalogs,
+    which are estimates of a market nobody can rent from; without them the catalogs (and
+    the per-second one standing in for a named live provider) are planned.
+    """
     w = workload_from(job)
     cat = catalog.load()
-    offers = [*cat.offers, *server_offers(servers or [])]
     named = job.spec.resources.providers
+    offers = [*(live if live is not None else cat.offers), *server_offers(servers or [])]
     if named and "sim" in named:
         # The simulated cloud is planned only for jobs that ask for it (never by accident).
         from providers.sim import catalog_offers
 
         offers += catalog_offers()
-    for live in sorted(set(named or ()) & LIVE_PROVIDERS):
+    for cloud in sorted(set(named or ()) & LIVE_PROVIDERS) if live is None else ():
         # Without credentials the per-second catalog stands in for a live provider's
         # prices; at run time the engine ranks that provider's real offers instead.
-        offers += [replace(o, provider=live) for o in cat.offers if o.provider == "cloud"]
+        offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
     tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
     chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
     # bought (a cheaper GPU, or nothing but a fit at all).
+    # A decision each, not a table: the offer book's pruned walk over one index.
     without: list[tuple[Choice, Placement | None]] = []
+    book: offerbook.OfferBook | None = None
     for choice in savers_choices(w, chosen.estimate):
         if choice.value == savers.BASELINE[choice.name]:
             continue
+        book = book or offerbook.OfferBook.of(offers)
         off = savers.without(w, choice.name)
-        without.append((choice, scheduler.rank(off, tokens, offers, gpus, constraints,
-                                               measured=measured).chosen))
+        without.append((choice, offerbook.best(off, tokens, book, gpus, constraints,
+                                               measured=measured)))
     evaluation = None
     work = eval_work(job)
     if work is not None:

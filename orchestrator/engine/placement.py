@@ -8,15 +8,22 @@ instances tagged with the job that no row knows.
 
 from __future__ import annotations
 
+import json
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
-from orchestrator.core import money, scheduler
-from orchestrator.core.planning import constraints_from, total_tokens, workload_from
+from orchestrator.core import money, offerbook, scheduler
+from orchestrator.core.planning import (
+    constraints_from,
+    requirements,
+    total_tokens,
+    workload_from,
+)
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
+from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
 from providers import catalog
@@ -34,7 +41,7 @@ from providers.base import (
     Provider,
     ProviderError,
     QuotaError,
-    Requirements,
+    ReportsSkipped,
     Simulated,
     TransientError,
     keeps_machine,
@@ -123,8 +130,10 @@ class PlacementMixin(RunnerCore):
         except ProviderError:
             return []
 
-    def _candidates(self) -> list[scheduler.Placement]:
-        """Placements over live offers of the job's providers, cheapest first."""
+    def _candidates(self, k: int) -> list[scheduler.Placement]:
+        """The `k` cheapest placements over live offers of the job's providers, cheapest
+        first (the retry list: `offerbook.top`, not the full ranking, which only a table
+        needs)."""
         loaded = self.inputs.loaded
         constraints = constraints_from(loaded)
         named = constraints.providers
@@ -139,45 +148,21 @@ class PlacementMixin(RunnerCore):
                 unavailable.append(f"{name}: unavailable (an outage seen moments ago; asked "
                                    f"again in {down:.0f}s)")
                 continue
-            answered = True
-            for count in (1, 2, 4, 8):
-                if count > constraints.max_gpus:
-                    break
-                spot = {"required": True, "never": False}.get(constraints.spot)
-                req = Requirements(gpu_count=count, min_gpu_memory_bytes=0,
-                                   gpus=constraints.gpus, interruptible=spot,
-                                   max_price_per_hour=constraints.max_price_per_hour,
-                                   disk_gb=self._disk_gb(),
-                                   min_cuda=images.min_cuda(
-                                       self.inputs.loaded.spec.trainer.image))
-                try:
-                    offers += provider.offers(req)
-                except (AuthError, BalanceError, QuotaError) as exc:
-                    notes.append(f"{name}: {exc}")
-                    break
-                except TransientError as exc:  # after the adapter's retries: an outage
-                    unavailable.append(f"{name}: provider unavailable ({exc})")
-                    if exc.retry_after is not None:
-                        asked_wait = max(asked_wait or 0.0, exc.retry_after)
-                    recovery.OUTAGES.mark(provider, max(self.opts.backoff_s,
-                                                        exc.retry_after or 0.0))
-                    answered = False
-                    break
-                except ProviderError as exc:
-                    notes.append(f"{name}: offers unavailable ({exc})")
-                    break
-            if answered:
-                recovery.OUTAGES.clear(provider)
+            found, wait = self._offers_of(name, provider, constraints, notes, unavailable)
+            offers += found
+            if wait is not None:
+                asked_wait = max(asked_wait or 0.0, wait)
         for note in notes + unavailable:
             self._event("offers.note", note)
         # Dedicated servers answer every GPU count they can serve: keep each offer once
         # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
-        w = workload_from(loaded)
-        ranking = scheduler.rank(w, total_tokens(loaded), offers, catalog.gpus(), constraints,
-                                 measured=self.inputs.measured)
-        if not ranking.placements:
+        prices.record(self.store, offers)  # price history (`orch prices`)
+        w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
+        placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers), gpus, k,
+                                   constraints, measured=self.inputs.measured)
+        if not placements:
             if unavailable:
                 # Not a verdict on the job: what the unavailable providers offer is unknown.
                 raise recovery.ProvidersUnavailable("; ".join(unavailable + notes),
@@ -191,8 +176,44 @@ class PlacementMixin(RunnerCore):
                                 + "; add credentials (VAST_API_KEY, RUNPOD_API_KEY), register "
                                 "a server with `orch servers add`, or try the simulated cloud "
                                 "with `resources.providers: [sim]`")
+            # Why nothing fits needs every offer's reason: the full ranking, on failure only.
+            ranking = scheduler.rank(w, tokens, offers, gpus, constraints,
+                                     measured=self.inputs.measured)
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
-        return list(ranking.placements)
+        return placements
+
+    def _offers_of(self, name: str, provider: Provider, constraints: scheduler.Constraints,
+                   notes: list[str], unavailable: list[str]) -> tuple[list[Offer], float | None]:
+        """`provider`'s offers for every GPU count the job allows, and the Retry-After it
+        asked for (None: none); problems go to `notes` (a verdict) or `unavailable` (an
+        outage), GPUs orch does not plan to `notes` by name."""
+        offers: list[Offer] = []
+        skipped: dict[str, int] = {}
+        answered, wait = True, None
+        for req in requirements(constraints, self._disk_gb(),
+                                images.min_cuda(self.inputs.loaded.spec.trainer.image)):
+            try:
+                offers += provider.offers(req)
+                if isinstance(provider, ReportsSkipped):
+                    for gpu_name, n in provider.skipped.items():
+                        skipped[gpu_name] = skipped.get(gpu_name, 0) + n
+            except (AuthError, BalanceError, QuotaError) as exc:
+                notes.append(f"{name}: {exc}")
+                break
+            except TransientError as exc:  # after the adapter's retries: an outage
+                unavailable.append(f"{name}: provider unavailable ({exc})")
+                wait = exc.retry_after
+                recovery.OUTAGES.mark(provider, max(self.opts.backoff_s, exc.retry_after or 0.0))
+                answered = False
+                break
+            except ProviderError as exc:
+                notes.append(f"{name}: offers unavailable ({exc})")
+                break
+        if answered:
+            recovery.OUTAGES.clear(provider)
+        if skipped:
+            notes.append(catalog.skipped_note(name, skipped))
+        return offers, wait
 
     def _disk_gb(self) -> int:
         """The disk (or volume) size asked of a provider: what this job needs, at least the
@@ -242,8 +263,11 @@ class PlacementMixin(RunnerCore):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _place_once(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
-        placements = [p for p in self._candidates()
+        # Enough of the cheapest that `max_placements` remain once those tried are left out.
+        placements = [p for p in self._candidates(self.opts.max_placements + len(tried))
                       if (p.offer.provider, p.offer.offer_id) not in tried]
+        if placements and not tried:
+            self._note_moved(placements[0])
         failures: list[str] = []
         transient = 0
         for placement in placements[: self.opts.max_placements]:
@@ -317,6 +341,24 @@ class PlacementMixin(RunnerCore):
                                                 + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
+
+    def _note_moved(self, first: scheduler.Placement) -> None:
+        """Say so when the cheapest placement now is not the one `orch plan`/`submit`
+        recorded: the market moved (or the plan ranked the price catalogs)."""
+        try:
+            planned = json.loads(self._job().placement_json or "{}").get("placement") or {}
+        except ValueError:
+            return
+        o = first.offer
+        if not planned or (planned.get("provider"), planned.get("offer_id")) == (
+                o.provider, o.offer_id):
+            return
+        self._event("placement.changed",
+                    f"the market moved since the plan: planned {planned.get('provider')} "
+                    f"{planned.get('gpu')} x{planned.get('gpu_count')} at "
+                    f"{money.usd(planned.get('est_cost'))}, now {o.provider} {o.gpu} "
+                    f"x{o.gpu_count} at {money.usd(first.est_cost)}",
+                    {"planned": planned, "now": first.to_dict()})
 
     def _repriced(self, row_id: int, offer: Offer, tried: set[tuple[str, str]],
                   exc: PriceChanged) -> _Repriced:

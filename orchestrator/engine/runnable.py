@@ -16,6 +16,11 @@ from providers import credentials
 
 # Adapters that rent machines through an API key, in the order notes name them.
 CLOUDS = ("vastai", "runpod")
+# `orch reconcile` sweeps every provider: one that does not answer must not hold it up for
+# the adapters' full retry budget (minutes), so it gets short timeouts and few retries and
+# reports the provider as an error instead; the next run tries again. `orch offers` and
+# `orch plan` ask with the same settings (engine/market.py).
+QUICK_HTTP = {"timeout_s": 5.0, "attempts": 2, "deadline_s": 10.0}
 # What to configure when nothing can run a job (README: "Providers").
 HOW_TO_CONFIGURE = ("Set VAST_API_KEY or RUNPOD_API_KEY, register a server with `orch servers "
                     "add`, or try the simulated cloud with `resources.providers: [sim]` (see "

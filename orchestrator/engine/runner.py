@@ -193,6 +193,10 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                 self._set("interrupted", f"{why}: {reason}; requeued to resume", **fields)
                 self._set("queued", "waiting for a worker to resume it", lease_owner=None,
                           lease_expires_at=None, attempt=self._job().attempt + 1)
+                if kind == "database":
+                    # The database takes writes again: close the rows of the instances
+                    # terminated while it did not (else the resuming worker does).
+                    self._teardown_all(kind)
                 return
             status = "cancelled" if kind == "cancelled" else "failed"
             self._set(status, reason, {"reason": reason},

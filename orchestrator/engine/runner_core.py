@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.paths import data_dir
+from orchestrator.core.planning import DISK_GB
 from orchestrator.engine import recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.watchdog import Watchdog
@@ -62,7 +63,7 @@ class Options:
     lease_s: float = 60.0
     max_placements: int = 5  # offers tried per attempt (capacity errors, dead hosts)
     max_attempts: int = 6  # interruptions survived before the job is failed
-    disk_gb: int = 100
+    disk_gb: int = DISK_GB
     ssh_key: Path | None = None  # default: data_dir()/ssh/id_ed25519, created on first use
     # Per-phase no-progress deadlines (orchestrator/engine/watchdog.py); None: defaults +
     # ORCH_STALL_*.

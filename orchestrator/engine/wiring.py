@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from orchestrator.core.paths import data_dir
+from orchestrator.engine.market import cloud
+from orchestrator.engine.runnable import QUICK_HTTP as QUICK_HTTP  # re-exported (tests)
 from orchestrator.engine.runnable import cloud_keys
 from orchestrator.records.store import Store
 from providers.base import Provider
@@ -60,10 +61,6 @@ def sim_from_env() -> Provider:
                     preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
 
 
-# `orch reconcile` sweeps every provider: one that does not answer must not hold it up for
-# the adapters' full retry budget (minutes), so it gets short timeouts and few retries and
-# reports the provider as an error instead; the next run tries again.
-QUICK_HTTP = {"timeout_s": 5.0, "attempts": 2, "deadline_s": 10.0}
 
 
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False
@@ -76,16 +73,5 @@ def configured_providers(store: Store, *, sim: bool | None = None, quick: bool =
         found["sim"] = sim_from_env()
     keys, notes = cloud_keys()
     for name, key in keys.items():
-        url = os.environ.get(f"ORCH_{name.upper()}_URL")
-        kwargs: dict[str, Any] = {"base_url": url} if url else {}
-        if quick:
-            kwargs.update(QUICK_HTTP)
-        if name == "vastai":
-            from providers.vastai import VastAI
-
-            found[name] = VastAI(key, **kwargs)
-        else:
-            from providers.runpod import RunPod
-
-            found[name] = RunPod(key, **kwargs)
+        found[name] = cloud(name, key, quick)
     return found, notes

@@ -212,7 +212,7 @@ def make_engine(url: str | None = None) -> Engine:
                          "not installed; install it in orch's environment (for PostgreSQL: "
                          "pip install 'orch[postgres]')") from None
     except OSError as exc:
-        raise StoreError(f"cannot create the database folder for {parsed.database}: "
+        raise StoreError(f"cannot create the database file or its folder {parsed.database}: "
                          f"{exc.strerror or exc}{fix}") from None
     if is_sqlite:
         _sqlite_setup(engine)

@@ -50,6 +50,8 @@ def gpus() -> dict[str, GpuSpec]:
             interconnect=f["interconnect"],
             scaling=tuple((k, float(v)) for k, v in scaling[f["interconnect"]].items()),
             aliases=tuple(str(a) for a in f.get("aliases", [])),
+            compute_capability=str(f["compute_capability"]),
+            source=str(f["source"]),
         )
         for name, f in raw.items()
     }
@@ -70,6 +72,26 @@ def min_gpu_ram_mb(provider: str) -> dict[str, int]:
     its names to count as that model (gpus.yaml `<provider>_min_gpu_ram_mb`)."""
     key = f"{provider}_min_gpu_ram_mb"
     return {name: int(f[key]) for name, f in _gpu_doc()["gpus"].items() if key in f}
+
+
+@cache
+def left_out(provider: str) -> dict[str, str]:
+    """`provider`'s GPU names that orch does not plan on → why (gpus.yaml `left_out`)."""
+    return {str(n): str(entry["reason"]) for entry in _gpu_doc().get("left_out", [])
+            for n in entry.get(provider, [])}
+
+
+def skip_reason(provider: str, name: str) -> str:
+    """Why an offer of `provider`'s GPU `name` is not planned: a listed reason, or unknown."""
+    return left_out(provider).get(name, "unknown to providers/catalog/gpus.yaml")
+
+
+def skipped_note(provider: str, skipped: dict[str, int]) -> str:
+    """One line naming the offers `provider` sold of GPUs orch does not plan, and why."""
+    total = sum(skipped.values())
+    parts = [f"{name} x{n} ({skip_reason(provider, name)})" for name, n in sorted(skipped.items())]
+    return (f"{provider}: {total} offer{'s' if total != 1 else ''} skipped, GPU not planned: "
+            + "; ".join(parts))
 
 
 def resolve_gpu(name: str) -> list[str]:

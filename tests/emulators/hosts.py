@@ -82,6 +82,9 @@ def nvidia_smi_gpu(gpu_name: str) -> tuple[str, int | None]:
         return gpu_name, memory
     if model in NVIDIA_SMI_NAMES:
         return NVIDIA_SMI_NAMES[model], memory
+    runpod_ids = catalog.spellings("runpod").get(model or "")
+    if runpod_ids:  # RunPod's ids are the names nvidia-smi prints ("RTX 6000Ada" on Vast)
+        return runpod_ids[0], memory
     return f"NVIDIA {gpu_name}", memory
 
 

@@ -1,0 +1,104 @@
+"""Live offers for what the CLI shows (`orch offers`, `orch plan`), asked within a time bound.
+
+The engine asks providers itself (`placement`, with its outage bookkeeping); a command that
+only shows the market must answer promptly even when a provider does not: each configured
+cloud is asked in its own thread, with the adapters' short HTTP settings
+(`runnable.QUICK_HTTP`), and whatever has not answered by the deadline is left out with a
+note saying so. Offers of GPUs orch does not plan are counted and named, never dropped
+silently (`providers.base.ReportsSkipped`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from providers import catalog
+from providers.base import Offer, Provider, ProviderError, ReportsSkipped, Requirements
+
+DEADLINE_S = 15.0  # the whole search; a provider slower than this is left out
+
+
+@dataclass(frozen=True)
+class Market:
+    """What a search saw: offers, the providers that answered, notes on the others."""
+
+    offers: tuple[Offer, ...] = ()
+    answered: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    # provider -> its GPU name -> offers skipped (a GPU orch does not plan)
+    skipped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def cloud(name: str, key: str, quick: bool = False) -> Provider:
+    """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
+    when set (emulators); `quick`: short HTTP timeouts and few retries."""
+    import os
+
+    from orchestrator.engine.runnable import QUICK_HTTP
+
+    url = os.environ.get(f"ORCH_{name.upper()}_URL")
+    kwargs: dict[str, Any] = {"base_url": url} if url else {}
+    if quick:
+        kwargs.update(QUICK_HTTP)
+    if name == "vastai":
+        from providers.vastai import VastAI
+
+        return VastAI(key, **kwargs)
+    from providers.runpod import RunPod
+
+    return RunPod(key, **kwargs)
+
+
+def clouds(named: Sequence[str] | None = None) -> tuple[dict[str, Provider], list[str]]:
+    """The clouds with credentials here (quick HTTP settings), limited to `named` (None:
+    all), and notes on those without a key."""
+    from orchestrator.engine.runnable import cloud_keys
+
+    keys, notes = cloud_keys()
+    return {name: cloud(name, key, quick=True) for name, key in keys.items()
+            if named is None or name in named}, notes
+
+
+def _ask(provider: Provider, reqs: Sequence[Requirements]) -> tuple[list[Offer], dict[str, int]]:
+    offers: list[Offer] = []
+    skipped: dict[str, int] = {}
+    for req in reqs:
+        offers += provider.offers(req)
+        if isinstance(provider, ReportsSkipped):
+            for name, n in provider.skipped.items():
+                skipped[name] = skipped.get(name, 0) + n
+    return offers, skipped
+
+
+def search(providers: Mapping[str, Provider], reqs: Sequence[Requirements],
+           deadline_s: float = DEADLINE_S) -> Market:
+    """Every provider's offers for each of `reqs`, all asked at once, within `deadline_s`."""
+    if not providers:
+        return Market()
+    pool = ThreadPoolExecutor(max_workers=len(providers), thread_name_prefix="orch-market")
+    futures = {name: pool.submit(_ask, p, reqs) for name, p in sorted(providers.items())}
+    wait(futures.values(), timeout=deadline_s)
+    pool.shutdown(wait=False, cancel_futures=True)
+    offers: list[Offer] = []
+    answered: list[str] = []
+    notes: list[str] = []
+    skipped: dict[str, dict[str, int]] = {}
+    for name, fut in futures.items():
+        if not fut.done():
+            notes.append(f"{name}: no answer within {deadline_s:g} s; left out")
+            continue
+        try:
+            found, skipped_here = fut.result()
+        except ProviderError as exc:
+            notes.append(f"{name}: offers unavailable ({exc})")
+            continue
+        answered.append(name)
+        # A Vast.ai machine's spot and on-demand offers share an id: both are kept.
+        offers += {(o.offer_id, o.gpu_count, o.interruptible): o for o in found}.values()
+        if skipped_here:
+            skipped[name] = skipped_here
+            notes.append(catalog.skipped_note(name, skipped_here))
+    return Market(tuple(offers), tuple(answered), tuple(notes), skipped)
