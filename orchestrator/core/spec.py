@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -31,8 +30,10 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.specerrors import Problems, closest, translate
 from orchestrator.core.specnames import check_names, with_name_problems
+from orchestrator.core.strictmodel import Strict
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -55,16 +56,6 @@ MAX_STEPS = 1_000_000  # gradient accumulation steps
 # trainer.extra is passed to axolotl as YAML; its configs nest 2-3 levels.
 MAX_EXTRA_DEPTH = 8
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-
-
-class Strict(BaseModel):
-    """Base of the file models: unknown keys refused, no coercion, immutable."""
-
-    # inf and nan are never a meaningful setting; refused like any other bad number.
-    # validate_default: a default is stored as its field's type (`epochs` 1 as 1.0), so a
-    # key spelled out with its default value has the same canonical form, and spec hash.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
-                              validate_default=True)
 
 
 def to_decimal(value: Any) -> Any:
@@ -408,6 +399,11 @@ class JobSpec(Strict):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec,
                                  examples=[{"image": DEFAULT_TRAINER_IMAGE}],
                                  description="The training container.")
+    output: OutputSpec = Field(default_factory=OutputSpec,
+                               examples=[{"merged": True, "push_to_hub": "my-org/my-model"}],
+                               description="What the job delivers and where: the adapter "
+                                           "(always), the merged model, this machine, a "
+                                           "Hugging Face repo.")
 
 
 @dataclass(frozen=True)
@@ -434,8 +430,15 @@ class SpecError(ValueError):
 
 
 def spec_hash(spec: JobSpec) -> str:
-    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled."""
-    return canonical.digest(spec.model_dump(mode="python"))
+    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled.
+
+    `output` counts only when it is not the default: it came after hashes were recorded,
+    and a job that does not set it is the same job as before.
+    """
+    data = spec.model_dump(mode="python")
+    if spec.output == OutputSpec():
+        data.pop("output")
+    return canonical.digest(data)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -486,6 +489,9 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     arch = _architecture(spec, path.parent, found)
     if spec.method == "full" and "lora" in spec.model_fields_set:
         found.add(("lora",), "only used by method qlora or lora; remove it for a full fine-tune")
+    for loc, msg in output_problems(spec.output, spec.method,
+                                    None if arch is None else arch.params):
+        found.add(loc, msg)
     dataset = _dataset(spec, path.parent, found)
     if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
         found.add(("training", "epochs"), f"{dataset.tokens:,} tokens x "

@@ -11,8 +11,9 @@ are re-exported here for the CLI modules that import them from `history`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -114,6 +115,8 @@ class HistoryRow:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # Where each artifact is (the job's last `delivered` event: what, where, location).
+    delivered: tuple[dict[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: money as exact decimal strings, times as UTC ISO text."""
@@ -126,7 +129,7 @@ class HistoryRow:
             "gpu_count": self.gpu_count, "spot": self.spot, "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)), "duration_s": self.duration_s,
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
+            "finished_at": iso(self.finished_at), "delivered": list(self.delivered),
         }
 
 
@@ -222,7 +225,24 @@ def history(reader: Reader | None, filters: Filters, *, sort: str = "created",
             cost_micros=int(r[9] or 0), amortised_micros=int(r[10] or 0),
             duration_s=None if r[11] is None else max(0, int(r[11])), created_at=created,
             started_at=parse_stored(r[13]), finished_at=parse_stored(r[14])))
-    return out
+    return _with_deliveries(reader, out)
+
+
+def _with_deliveries(reader: Reader, rows: list[HistoryRow]) -> list[HistoryRow]:
+    """`rows` with where each job's artifacts are: one query for the rows shown (their
+    `delivered` events), never a subquery per job of the whole table."""
+    if not rows:
+        return rows
+    params = {f"j{i}": r.id for i, r in enumerate(rows)}
+    names = ", ".join(f":{k}" for k in params)
+    found: dict[str, tuple[dict[str, str], ...]] = {}
+    for job_id, data in reader.rows(f"SELECT job_id, data_json FROM event WHERE kind = "
+                                    f"'delivered' AND job_id IN ({names}) ORDER BY id", params):
+        try:
+            found[job_id] = tuple((json.loads(data or "{}") or {}).get("places") or ())
+        except ValueError:
+            continue
+    return [replace(r, delivered=found[r.id]) if r.id in found else r for r in rows]
 
 
 # --- cost rollups ------------------------------------------------------------------------
