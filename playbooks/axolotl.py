@@ -60,8 +60,20 @@ FROM_JOB_FILE = {
 }
 
 
+# axolotl 0.18.0's deprecated attention flags (utils/schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL):
+# with the `attn_implementation` orch renders, axolotl refuses them ("cannot be combined
+# with legacy attention flags").
+LEGACY_ATTENTION = {"xformers_attention": "xformers", "sage_attention": "sage",
+                    "flex_attention": "flex_attention", "flash_attention": "flash_attention_2",
+                    "sdp_attention": "sdpa", "eager_attention": "eager"}
+
+
 def extra_clash(key: str) -> str | None:
     """Why `trainer.extra` may not set `key` (with the fix), or None when it may."""
+    if key in LEGACY_ATTENTION:
+        return (f"deprecated in axolotl 0.18.0 and refused beside attn_implementation; set "
+                f"attn_implementation: {LEGACY_ATTENTION[key]} instead (the image must have "
+                "that backend: the 0.18.0 images have no flash-attn)")
     if key in RESERVED:
         return ("set by orch and cannot be overridden (resume and artifacts depend on it); "
                 "remove it")
@@ -126,7 +138,14 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
         "optimizer": (FSDP2_OPTIMIZERS if c.strategy in FSDP2 else OPTIMIZERS)[c.optimizer],
         "gradient_checkpointing": c.gradient_checkpointing,
         "bf16": "auto",
-        "flash_attention": True,
+        # axolotl 0.18.0 deprecates `flash_attention: true` for `attn_implementation`, and its
+        # images do not install flash-attn (BASE_EXTRAS = deepspeed, optimizers, ray), so
+        # flash_attention_2 would send transformers to the Hub for a kernel. sdpa is built
+        # into torch and keeps packed samples apart (`attn_decontaminates_packing`: a block-
+        # diagonal mask, or varlen attention on torch >= 2.10). Source: axolotl v0.18.0
+        # utils/schemas/config.py (attn_implementation, normalize_attn_implementation),
+        # utils/schemas/enums.py, docker/Dockerfile-uv.
+        "attn_implementation": "sdpa",
         "save_steps": c.save_steps,
         "save_total_limit": c.save_total_limit,
         # Resume picks the newest checkpoint-N (after orch moved a partial one aside).

@@ -87,6 +87,9 @@ class Host:
     conn: Connection
     paths: HostPaths = field(default_factory=HostPaths)
     command_timeout: float = 600.0
+    # A login that is not root: privileged commands go through `sudo -n` (never prompts;
+    # set by the toolkit playbook's `privileges` check, or by whoever knows the login).
+    sudo: bool = False
     # Set by the runner while a step runs, so commands use the step's timeout.
     _deadline: float | None = field(default=None, repr=False)
 
@@ -123,6 +126,24 @@ class Host:
         finally:
             with contextlib.suppress(OSError):
                 os.unlink(local)
+
+    def privileged(self, argv: Sequence[str]) -> list[str]:
+        """`argv` as root: itself for a root login, else through `sudo -n`."""
+        return ["sudo", "-n", *argv] if self.sudo else list(argv)
+
+    def put_text_privileged(self, text: str, remote: str, mode: int = 0o644) -> None:
+        """`put_text` to a root-owned place (under /etc): SFTP writes as the login user, so
+        a non-root login uploads to its home and `sudo -n install`s the file there."""
+        if not self.sudo:
+            self.put_text(text, remote, mode=mode)
+            return
+        staged = self.paths(f"/tmp/.orch-{os.getpid()}-{PurePosixPath(remote).name}")
+        self.put_text(text, staged, mode=0o600)
+        try:
+            self.must(self.privileged(["install", "-D", "-m", f"{mode:o}", staged, remote]),
+                      f"installing {remote}")
+        finally:
+            self.run(["rm", "-f", staged])
 
     def stat(self, path: str) -> paramiko.SFTPAttributes | None:
         """A host path's SFTP attributes, or None when it does not exist."""

@@ -22,9 +22,10 @@ from typing import Any
 
 from playbooks.base import Fault, Host, Step, StepFailed, last_line
 
-# The version NVIDIA's install guide pins (NVIDIA_CONTAINER_TOOLKIT_VERSION=1.17.8-1); one
-# version for all four packages, which depend on each other at equal versions.
-DEFAULT_VERSION = "1.17.8-1"
+# The current release in NVIDIA's versions list (cloud-native-docs `versions1.json`: 1.20.0;
+# the install guide's example pin, 1.17.8-1, is an older one still listed); one version for
+# all four packages, which depend on each other at equal versions.
+DEFAULT_VERSION = "1.20.0-1"
 PACKAGES = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
@@ -77,18 +78,22 @@ class _Run:
     pending: dict[str, str] | None = None
 
 
-def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = True, keyring: str = KEYRING,
+def steps(version: str = DEFAULT_VERSION, *, cgroupfs: bool = False, keyring: str = KEYRING,
           list_file: str = LIST_FILE, daemon_json: str = DAEMON_JSON) -> list[Step]:
     """The toolkit playbook at `version` (one list per run: the steps share its changes).
 
-    `cgroupfs=False` leaves Docker's cgroup driver alone (no `exec-opts` fix); the paths are
-    server paths, mapped with `host.paths` when the steps run.
+    `cgroupfs=True` also switches Docker to the cgroupfs driver (`exec-opts`): NVIDIA's
+    troubleshooting guide's workaround for containers losing their GPUs after a
+    `systemctl daemon-reload` under the systemd driver, not a step of its install guide, so
+    not done by default. The paths are server paths, mapped with `host.paths` when the
+    steps run.
     """
     if not _DEB_VERSION.fullmatch(version):
         raise ValueError(f"not a Debian package version: {version!r} (e.g. {DEFAULT_VERSION})")
     t = _Toolkit(version, cgroupfs, keyring, list_file, daemon_json)
     playbook = [
         Step("docker", t.docker_present, timeout_s=60),
+        Step("privileges", t.privileges, timeout_s=60),
         Step("prerequisites", t.prerequisites_ok, t.install_prerequisites, timeout_s=600),
         Step("keyring", lambda h: _keyring_ok(h, keyring), t.add_keyring, timeout_s=180),
         Step("apt-list", lambda h: _list_ok(h, keyring, list_file), t.write_list, timeout_s=180),
@@ -125,6 +130,10 @@ class _Toolkit:
                 "Docker.", fault=Fault.HOST, stderr=result.stderr)
         return True
 
+    def privileges(self, host: Host) -> bool:
+        """Root, or passwordless sudo (then every privileged step runs `sudo -n`)."""
+        return check_privileges(host)
+
     def prerequisites_ok(self, host: Host) -> bool:
         # Only fetching and dearmoring the key needs them: a host whose repository is set
         # up already (toolkit preinstalled) gets no install it does not need.
@@ -132,13 +141,18 @@ class _Toolkit:
             _keyring_ok(host, self.keyring) and _list_ok(host, self.keyring, self.list_file))
 
     def install_prerequisites(self, host: Host) -> None:
+        # NVIDIA's guide runs `apt-get update` first: a fresh image has empty package lists
+        # and apt cannot locate even curl without them.
+        _apt(host, ["update"], "apt-get update", "check the host's apt sources and network "
+             "access")
         _apt(host, ["install", "-y", "--no-install-recommends", *_missing_prerequisites(host)],
              "installing the prerequisites (ca-certificates curl gnupg2)",
              "check the host's apt sources and network access")
 
     def add_keyring(self, host: Host) -> None:
         target = host.paths(self.keyring)
-        result = host.run(["sh", "-c", _KEYRING_SCRIPT, "sh", GPGKEY_URL, target], timeout=120)
+        result = host.run(host.privileged(["sh", "-c", _KEYRING_SCRIPT, "sh", GPGKEY_URL,
+                                           target]), timeout=120)
         if not result.ok:
             raise StepFailed(
                 f"fetching NVIDIA's signing key failed (exit {result.exit_code}): "
@@ -156,7 +170,7 @@ class _Toolkit:
         if REPO not in text:
             raise StepFailed(f"{LIST_URL} returned no NVIDIA repository line: "
                              f"{last_line(result.stdout)}", fault=Fault.TRANSIENT)
-        host.put_text(text, host.paths(self.list_file), mode=0o644)
+        host.put_text_privileged(text, host.paths(self.list_file), mode=0o644)
         self.run.list_changed = True
 
     def lists_fresh(self, host: Host) -> bool:
@@ -189,8 +203,8 @@ class _Toolkit:
         return isinstance(runtimes, dict) and "nvidia" in runtimes
 
     def configure_runtime(self, host: Host) -> None:
-        host.must(["nvidia-ctk", "runtime", "configure", "--runtime=docker",
-                   f"--config={host.paths(self.daemon_json)}"],
+        host.must(host.privileged(["nvidia-ctk", "runtime", "configure", "--runtime=docker",
+                                   f"--config={host.paths(self.daemon_json)}"]),
                   f"`nvidia-ctk runtime configure --runtime=docker` (fix {self.daemon_json})")
         self.run.daemon_json_changed = True
 
@@ -201,7 +215,8 @@ class _Toolkit:
     def fix_cgroup(self, host: Host) -> None:
         config = _daemon_config(host, self.daemon_json)
         config["exec-opts"] = with_cgroupfs(config.get("exec-opts"))
-        host.put_text(json.dumps(config, indent=4) + "\n", host.paths(self.daemon_json), mode=0o644)
+        host.put_text_privileged(json.dumps(config, indent=4) + "\n",
+                                 host.paths(self.daemon_json), mode=0o644)
         self.run.daemon_json_changed = True
 
     def docker_current(self, host: Host) -> bool:
@@ -223,6 +238,28 @@ class _Toolkit:
                 "on the host) and that `docker info` lists the nvidia runtime.",
                 fault=Fault.HOST, stderr=result.stderr)
         return True
+
+
+def check_privileges(host: Host) -> bool:
+    """Set `host.sudo` for a non-root login with passwordless sudo; StepFailed without it.
+
+    apt-get, nvidia-ctk's write to /etc/docker/daemon.json, the Docker restart and the
+    apt list and keyring under /etc and /usr/share need root.
+    """
+    uid = host.run(["id", "-u"], timeout=30)
+    if uid.ok and uid.stdout.strip() == "0":
+        host.sudo = False
+        return True
+    probe = host.run(["sudo", "-n", "true"], timeout=30)
+    if not probe.ok:
+        raise StepFailed(
+            "the SSH login is not root and has no passwordless sudo (`sudo -n true`: "
+            f"{last_line(probe.stderr or probe.stdout) or 'exit ' + str(probe.exit_code)}): "
+            "installing the NVIDIA Container Toolkit needs root. Log in as root, or give the "
+            "user passwordless sudo (a sudoers line `USER ALL=(ALL) NOPASSWD:ALL`)",
+            fault=Fault.HOST, stderr=probe.stderr)
+    host.sudo = True
+    return True
 
 
 # --- pure helpers ----------------------------------------------------------------------------
@@ -330,7 +367,7 @@ def _docker_runtime_state(host: Host) -> tuple[dict[str, Any], str]:
 
 
 def _apt(host: Host, args: list[str], what: str, hint: str, timeout: float = 600) -> None:
-    result = host.run([*_APT, *args], timeout=timeout)
+    result = host.run(host.privileged([*_APT, *args]), timeout=timeout)
     if not result.ok:
         raise StepFailed(f"{what} failed (exit {result.exit_code}): "
                          f"{last_line(result.stderr or result.stdout)}. What to do: {hint}.",
@@ -343,11 +380,11 @@ _NO_SYSTEMD = ("has not been booted with systemd", "Failed to connect to bus",
 
 def _restart_docker(host: Host) -> None:
     """`systemctl restart docker`; without systemd (container rentals) `service docker restart`."""
-    result = host.run(["systemctl", "restart", "docker"], timeout=240)
+    result = host.run(host.privileged(["systemctl", "restart", "docker"]), timeout=240)
     if result.ok:
         return
     if result.exit_code == 127 or any(s in result.stderr for s in _NO_SYSTEMD):
-        result = host.run(["service", "docker", "restart"], timeout=240)
+        result = host.run(host.privileged(["service", "docker", "restart"]), timeout=240)
         if result.ok:
             return
     raise StepFailed(f"restarting Docker failed (exit {result.exit_code}): "

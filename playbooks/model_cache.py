@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from playbooks import ssh
-from playbooks.base import Fault, Host, Layout, Step, StepFailed, last_line
+from playbooks.base import CONTAINER_ROOT, Fault, Host, Layout, Step, StepFailed, last_line
 from playbooks.hfrepo import repo_id_problem
 
 PLAYBOOK = "model_cache"
@@ -44,8 +44,10 @@ PLAYBOOK = "model_cache"
 MARGIN = 1.10
 
 # Where orch looks when no NVMe filesystem is mounted (server paths), in preference order
-# for equal free space. These are the mounts GPU rental images put their scratch disk on.
-USUAL_MOUNTS = ("/mnt", "/ephemeral", "/workspace", "/data")
+# for equal free space. These are the mounts GPU rental images put their scratch disk on;
+# `/workspace/data` is where orch mounts a RunPod job's volume (sized by the job), which a
+# look at `/workspace` alone would miss for the 50 GB container disk.
+USUAL_MOUNTS = ("/mnt", "/ephemeral", "/workspace/data", "/workspace", "/data")
 
 # Mount points of an NVMe device that are not a place for a model cache. Inside containers
 # lsblk also lists the host disk's bind mounts (/etc/hosts, /etc/resolv.conf).
@@ -366,6 +368,10 @@ class ModelCache:
     # On a container rental `hf` is in the trainer image's venv, which `ssh host cmd` does
     # not see: the pipeline passes `train.NativeEnv.wrap` to restore the image's environment.
     wrap: Callable[[Sequence[str]], list[str]] | None = field(default=None, repr=False)
+    # On a Docker host (a monthly server) the host OS has no `hf` (Ubuntu ships none): the
+    # download runs in a throwaway container of this image (the trainer image, which ships
+    # huggingface_hub), with the layout mounted at CONTAINER_ROOT as for training.
+    image: str | None = None
     # The result of the last completeness test, used once by the next check that needs it:
     # `free-space` and the runner's re-check after `apply` would otherwise repeat the
     # listing a moment later, one SSH round trip each.
@@ -464,20 +470,28 @@ class ModelCache:
 
     def download_argv(self) -> list[str]:
         """The download command (no secret in it: the token comes from the env file)."""
-        return [
+        layout = self._layout()
+        inside = layout.container if self.image is not None else str
+        argv = [
             "env",
-            f"HF_HOME={self.hf_home}",
+            f"HF_HOME={inside(self.hf_home)}",
             "HF_XET_HIGH_PERFORMANCE=1",
             # Progress bars would bury the error in the stderr tail of a failed download.
             "HF_HUB_DISABLE_PROGRESS_BARS=1",
             # hf >= 1.x asks PyPI for a newer version on each run and prints a hint.
             "HF_HUB_DISABLE_UPDATE_CHECK=1",
             "hf", "download", self.repo,
-            f"--local-dir={self.model_dir}",
+            f"--local-dir={inside(self.model_dir)}",
             # `--revision=R` as one word: a value starting with '-' can never become a flag.
             f"--revision={self.revision}",
             *(f"--exclude={pattern}" for pattern in EXCLUDE),
         ]
+        if self.image is None:
+            return argv
+        # `-e HF_TOKEN` passes the sourced env file's value by name, never on the argv.
+        token = ["-e", "HF_TOKEN"] if self.hf_token else []
+        return ["docker", "run", "--rm", "--label", "orch.role=model-download",
+                "-v", f"{layout.base}:{CONTAINER_ROOT}", *token, self.image, *argv]
 
     def _download(self, host: Host) -> None:
         env_file: str | None = None

@@ -17,7 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from playbooks import artifacts, container_toolkit, evaluate, gpu, images, merge, train
+from playbooks import (
+    artifacts,
+    container_toolkit,
+    deliver,
+    evaluate,
+    gpu,
+    images,
+    merge,
+    train,
+)
 from playbooks.axolotl import TrainConfigInput
 from playbooks.base import (
     Emit,
@@ -55,7 +64,9 @@ class PipelineJob:
     vllm_image: str = DEFAULT_VLLM_IMAGE
     vllm_port: int = 8000
     serving: Serving = DEFAULT_SERVING  # how vLLM serves the eval (the plan's evalsizing choice)
-    include_merged: bool = False
+    include_merged: bool = False  # the merged model is copied back too (output.local)
+    push_to_hub: deliver.HubTarget | None = None  # the result uploaded from the host
+    hub_endpoint: str | None = None  # HF_ENDPOINT where orch runs (None: huggingface.co)
     hf_token: str | None = field(default=None, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
@@ -72,34 +83,55 @@ class PipelineResult:
     reports: list[StepReport] = field(default_factory=list)
 
 
+def model_cache(job: PipelineJob, runner: train.Runner, paths: HostPaths) -> ModelCache:
+    """The base model's cache playbook as this kind of host runs `hf download`.
+
+    Neither kind has `hf` on the host OS's PATH: a container rental has it in the rented
+    image's venv (`NativeEnv.wrap` restores that environment), a Docker host in the trainer
+    image, run as a throwaway container.
+    """
+    return cache_for(ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token),
+                     job.trainer_image, runner, train.NativeEnv.mapped(paths))
+
+
+def cache_for(cache: ModelCache, trainer_image: str, runner: train.Runner,
+              native: train.NativeEnv) -> ModelCache:
+    """`cache` set up to run `hf` where this kind of host has it (see `model_cache`)."""
+    if runner == "docker":
+        cache.image = images.for_host(trainer_image, "docker")
+    else:
+        cache.wrap = native.wrap
+    return cache
+
+
 def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train.Runner]:
     """GPU check, then Container Toolkit (when the host has Docker) and the base model on NVMe.
 
-    The toolkit install (apt, a Docker restart) and the model download (the Hub to NVMe,
-    often tens of GB) do not touch each other, and both only wait on the network: they run
-    side by side over the one SSH connection, so the machine is not billed for them in turn.
-    Each thread uses SFTP channels of its own (playbooks/ssh/sftp.py): paramiko's SFTP client
-    cannot be shared between threads.
+    On a Docker host the download runs in a container, so it comes after the toolkit: the
+    toolkit's Docker restart stops every running container (and it would stop the
+    download). Disk discovery and the free-space check need no Docker and run beside the
+    toolkit install, each thread with SFTP channels of its own (playbooks/ssh/sftp.py).
     """
     run_playbook("gpu", gpu.steps(job.gpu), host, emit)
     runner = train.detect_runner(host)
-    cache = ModelCache(job.repo, job.revision, job.model_bytes, hf_token=job.hf_token)
-    if runner != "docker":  # a container rental: `hf` is in the image's venv only
-        cache.wrap = train.NativeEnv.mapped(host.paths).wrap
+    cache = model_cache(job, runner, host.paths)
+    if runner != "docker":
         run_playbook("model_cache", cache.steps(), host, emit)
         return cache, runner
+    steps = cache.steps()
     # A Host of its own for the second thread: each playbook sets its step deadline on it.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-cache") as pool:
-        download = pool.submit(run_playbook, "model_cache", cache.steps(), replace(host), emit)
+        checks = pool.submit(run_playbook, "model_cache", steps[:-1], replace(host), emit)
         try:
             run_playbook("container_toolkit", container_toolkit.steps(job.toolkit_version),
                          host, emit)
         finally:
-            # Wait for the download either way, so no step outlives this call; a toolkit
-            # failure is raised in preference to the download's.
-            download_error = download.exception()
-        if download_error is not None:
-            raise download_error
+            # Wait for the checks either way, so no step outlives this call; a toolkit
+            # failure is raised in preference to theirs.
+            checks_error = checks.exception()
+        if checks_error is not None:
+            raise checks_error
+    run_playbook("model_cache", steps[-1:], host, emit)
     return cache, runner
 
 
@@ -303,8 +335,25 @@ def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
                                             include_merged=job.include_merged)
     hooks.event("artifacts", f"{len(fetched.copied)} files copied to {job.artifacts_dir}",
                 {"copied": len(fetched.copied), "skipped": len(fetched.skipped)})
+    places = [{"what": "adapter" if run.train_job.adapter else "model", "where": "local",
+               "location": job.artifacts_dir}]
+    if job.include_merged:
+        places.append({"what": "merged", "where": "local",
+                       "location": f"{job.artifacts_dir}/{artifacts.MERGED}"})
+    if job.push_to_hub is not None:
+        target = job.push_to_hub
+        what = "merged model" if target.merged else "adapter"
+        hooks.event("deliver", f"uploading the {what} to {target.repo} on Hugging Face from "
+                    "the host")
+        upload = deliver.Upload(run.train_job, target, job.hf_token, job.hub_endpoint)
+        run_playbook("deliver", upload.steps(), run.host, hooks.emit)
+        places.append({"what": "merged" if target.merged else "adapter", "where": "hub",
+                       "location": upload.url or ""})
+    hooks.event("delivered", "; ".join(f"{p['what']}: {p['location']}" for p in places),
+                {"places": places})
     hooks.phase_done("artifacts", artifacts_dir=job.artifacts_dir)
     hooks.trained(run)
+
 
 
 def _evaluate(run: PipelineRun, hooks: Hooks) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
+from playbooks import deliver, images, merge, train, vllm
 from playbooks import evaluate_native as native
-from playbooks import images, merge, train, vllm
 from playbooks.base import container_name
 from playbooks.vllm_native import NativeServer
 
@@ -37,7 +37,8 @@ class Rendered:
     image: str
     axolotl_config: dict[str, Any]
     files: dict[str, str]  # host path -> contents of every file uploaded besides the data
-    commands: dict[str, list[str]]  # train, merge, evaluate -> argv ([] = not run)
+    commands: dict[str, list[str]]  # download, train, merge, evaluate, deliver -> argv
+    # ([] = not run)
     layout_base: str
     notes: list[str] = field(default_factory=list)
 
@@ -75,6 +76,19 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
     return spec.docker_argv()
 
 
+def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int,
+                  token: bool) -> list[str]:
+    """The base model's download, as `pipeline.prepare` runs it on this kind of host."""
+    from playbooks.model_cache import ModelCache
+    from playbooks.pipeline import cache_for
+
+    cache = ModelCache(repo, revision, model_bytes, tj.layout,
+                       hf_token="(from the environment)" if token else None)
+    cache = cache_for(cache, tj.image, tj.runner, tj.native)
+    argv = cache.download_argv()
+    return cache.wrap(argv) if cache.wrap is not None else argv
+
+
 def native_server(tj: train.TrainJob, port: int, max_model_len: int,
                   serving: vllm.Serving = vllm.DEFAULT_SERVING) -> NativeServer:
     """The vLLM server `evaluate` runs on a container rental for `tj`."""
@@ -87,8 +101,10 @@ def native_server(tj: train.TrainJob, port: int, max_model_len: int,
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
            kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
-           eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> Rendered:
-    """`tj` as it runs: config files, image and the train/merge/evaluate command lines."""
+           eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING,
+           download: Sequence[str] = (), hub: deliver.HubTarget | None = None) -> Rendered:
+    """`tj` as it runs: config files, image and every command line it runs on the host
+    (`download`: the base model's, from `download_argv`; `hub`: the upload, if any)."""
     kind = kind or ("docker" if tj.runner == "docker" else "container")
     config_text = train.render_config(tj)
     files = {tj.config_file: config_text}
@@ -105,10 +121,15 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
             notes.append("before `evaluate`, vLLM is installed once per machine: "
                          + "; ".join(shlex.join(argv) for argv in installs))
     commands = {
+        "download": list(download),
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
         "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
                                   eval_tasks, eval_set, serving) if evaluates else [],
+        "deliver": deliver.upload_argv(tj, hub, token=True) if hub is not None else [],
     }
+    notes.append("delivery: the results are copied back over SFTP and checked by sha256"
+                 + ("" if hub is None else f"; {hub.repo} gets the "
+                    f"{'merged model' if hub.merged else 'adapter'} from the host"))
     return Rendered(kind, tj.image, yaml.safe_load(config_text), files, commands,
                     tj.layout.base, notes)

@@ -254,6 +254,9 @@ class Progress:
     step: int | None = None
     total: int | None = None
     loss: float | None = None
+    # Every (step, loss) the tail holds: polls are further apart than steps, and the latest
+    # loss alone lost the others (`orch show` summarised steps 3-6 of a 6-step run).
+    losses: tuple[tuple[int, float], ...] = ()
 
 
 # The HF/tqdm training bar: `' 25%|##     | 2/8 [00:01<00:03, 2.0it/s]'`. Bars with a label
@@ -265,17 +268,29 @@ _LOSS = re.compile(r"'loss':\s*'?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
 
 
 def parse_progress(text: str) -> Progress:
-    """The last training step/total and the last loss found in a log tail."""
+    """The last training step/total, the last loss, and each loss with its step.
+
+    A loss belongs to the step of the next bar line: transformers' ProgressCallback writes
+    the logs dict with `tqdm.write` after the bar reached that step, which redraws the bar
+    (same step) below it; the simulated trainer prints the dict just before that bar. A
+    loss with no bar after it yet waits for the next poll.
+    """
     step = total = None
     loss = None
+    pending: list[float] = []
+    losses: dict[int, float] = {}
     for line in re.split(r"[\r\n]+", text):  # tqdm redraws with \r
         bar = _BAR.match(line)
         if bar:
             step, total = int(bar.group(1)), int(bar.group(2))
+            if pending:
+                losses[step] = pending[-1]
+                pending.clear()
         found = _LOSS.search(line)
         if found:
             loss = float(found.group(1))
-    return Progress(step, total, loss)
+            pending.append(loss)
+    return Progress(step, total, loss, tuple(sorted(losses.items())))
 
 
 @dataclass(frozen=True)
@@ -384,7 +399,7 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
     read, so the caller can keep the trainer's output without another round trip.
     """
     handle = job.handle("train")
-    reported: int | None = None
+    reported: tuple[int, tuple[tuple[int, float], ...]] | None = None
     loss: float | None = None
     while True:
         current, text = handle.poll(host, tail_lines)
@@ -393,8 +408,8 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
         progress = parse_progress(text)
         # The loss is logged less often than the bar moves: keep the last one seen.
         loss = progress.loss if progress.loss is not None else loss
-        if progress.step is not None and progress.step != reported:
-            reported = progress.step
+        if progress.step is not None and (progress.step, progress.losses) != reported:
+            reported = progress.step, progress.losses
             if on_progress is not None:
                 on_progress(replace(progress, loss=loss))
         if current.state is not TrainState.RUNNING:

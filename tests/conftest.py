@@ -140,6 +140,33 @@ def sim_hosts(tmp_path: Path) -> Iterator[Any]:
         backend.stop_all()
 
 
+# --- the Hugging Face Hub every test's orch asks -------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_hub() -> Iterator[Any]:
+    """A Hub emulator for the whole session, in `HF_ENDPOINT` (subprocesses inherit it).
+
+    orch asks the Hub about the base model before renting (orchestrator/engine/hubaccess.py);
+    without this every engine test would ask huggingface.co. Any model repo is public here
+    unless a test adds it (gated, private) with `hub.add_repo`; remove what you add.
+    """
+    import os
+
+    from emulators.hub import HubEmulator
+
+    with HubEmulator(open_models=True) as emulator:
+        before = os.environ.get("HF_ENDPOINT")
+        os.environ["HF_ENDPOINT"] = emulator.url
+        try:
+            yield emulator
+        finally:
+            if before is None:
+                os.environ.pop("HF_ENDPOINT", None)
+            else:
+                os.environ["HF_ENDPOINT"] = before
+
+
 # --- databases: SQLite and a real PostgreSQL server --------------------------------------
 
 BACKENDS = ("sqlite", "postgresql")

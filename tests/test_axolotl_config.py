@@ -27,6 +27,16 @@ def test_qlora_keys() -> None:
     assert "deepspeed" not in cfg
 
 
+def test_attention_is_sdpa_not_the_deprecated_flash_flag() -> None:
+    """axolotl 0.18.0 deprecates `flash_attention` and its images have no flash-attn."""
+    cfg = render(job("qlora"))
+    assert cfg["attn_implementation"] == "sdpa" and "flash_attention" not in cfg
+    with pytest.raises(ConfigError, match="attn_implementation: flash_attention_2 instead"):
+        render(job("qlora", extra={"flash_attention": True}))
+    assert render(job("qlora", extra={"attn_implementation": "eager"}))[
+        "attn_implementation"] == "eager"
+
+
 def test_lora_without_4bit_and_module_list() -> None:
     cfg = render(job("lora", lora_target=("q_proj", "v_proj")))
     assert cfg["adapter"] == "lora" and "load_in_4bit" not in cfg

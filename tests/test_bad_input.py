@@ -38,8 +38,9 @@ def job_file(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def env_for(tmp_path: Path) -> dict[str, str]:
-    return {"XDG_DATA_HOME": str(tmp_path / "xdg"), "ORCH_DB_URL": ""}
+def env_for(tmp_path: Path) -> dict[str, str | None]:
+    # None: ORCH_DB_URL unset (the default SQLite file); an empty value is an error.
+    return {"XDG_DATA_HOME": str(tmp_path / "xdg"), "ORCH_DB_URL": None}
 
 
 def invoke(tmp_path: Path, *args: str) -> Result:
@@ -146,7 +147,7 @@ def test_trainer_extra_may_add_keys(tmp_path: Path) -> None:
 
 def orch_process(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-    env = {**os.environ, **env_for(tmp_path)}
+    env = {k: v for k, v in {**os.environ, **env_for(tmp_path)}.items() if v is not None}
 
     def limit_memory() -> None:  # 2 GiB of address space: plenty for orch, not for /dev/zero
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))

@@ -142,7 +142,7 @@ def test_servers_and_dry_run_submit(env: dict[str, str], simhost: Any,
     assert sub["status"] == "planned" and sub["placement"]["offer_id"] == "server:box1"
 
     jobs = json.loads(orch(env, "jobs", "--json").stdout)
-    assert [j["id"] for j in jobs] == [sub["job_id"]]
+    assert [j["job_id"] for j in jobs] == [sub["job_id"]]
     assert jobs[0]["status"] == "planned" and jobs[0]["gpu"] == "H100 SXM"
     assert jobs[0]["created_at"].endswith("Z")
     assert sub["job_id"] in orch(env, "jobs").stdout

@@ -63,7 +63,7 @@ def base_args(path: list[str], cmd: Any) -> list[str]:
 
 def run(tmp_path: Path, args: list[str], **env: str) -> Result:
     result = CliRunner().invoke(app, args, env={"XDG_DATA_HOME": str(tmp_path / "xdg"),
-                                                "ORCH_DB_URL": "", "VAST_API_KEY": "",
+                                                "ORCH_DB_URL": None, "VAST_API_KEY": "",
                                                 "RUNPOD_API_KEY": "", **env})
     assert result.exception is None or isinstance(result.exception, SystemExit), (
         f"orch {' '.join(args)} raised {result.exception!r}\n{result.output}")

@@ -204,7 +204,7 @@ def test_readme_first_command_flow(env: dict[str, str]) -> None:
         assert line in run.stdout, run.stdout
     job_id = one_job(env)
     jobs = json.loads(orch(env, "jobs", "--json").stdout)
-    assert [(j["id"], j["status"]) for j in jobs] == [(job_id, "succeeded")]
+    assert [(j["job_id"], j["status"]) for j in jobs] == [(job_id, "succeeded")]
     assert float(jobs[0]["cost"]) > 0
     reconcile = orch(env, "reconcile", "--dry-run")
     assert reconcile.returncode == 0 and reconcile.stdout.startswith("nothing to do")

@@ -166,9 +166,10 @@ class Folder:
         (root / "train.jsonl").write_text(json.dumps(ROW) + "\n")
         (root / "eval.jsonl").write_text(json.dumps(EVAL_ROW) + "\n")
         os.mkfifo(root / "fifo")
-        self.env = {"XDG_DATA_HOME": str(root / "xdg"), "ORCH_DB_URL": "",
-                    "XDG_CONFIG_HOME": str(root / "config"), "VAST_API_KEY": "",
-                    "RUNPOD_API_KEY": ""}
+        # ORCH_DB_URL None: unset (an empty value is an error of its own).
+        self.env: dict[str, str | None] = {
+            "XDG_DATA_HOME": str(root / "xdg"), "ORCH_DB_URL": None,
+            "XDG_CONFIG_HOME": str(root / "config"), "VAST_API_KEY": "", "RUNPOD_API_KEY": ""}
 
     def rows(self) -> tuple[int, int]:
         db = self.root / "xdg" / "orch" / "orch.db"
@@ -296,7 +297,8 @@ def test_hostile_files_as_real_processes(tmp_path: Path, kind: str, text: str) -
     commands = ([["plan", str(path)], ["submit", "--dry-run", str(path)]] if kind == "job"
                 else [["sweep", "--dry-run", "--json", str(path)], ["sweep", str(path)]])
     for args in commands:
-        proc = subprocess.run([exe, *args], env={**os.environ, **folder.env},
+        env = {k: v for k, v in {**os.environ, **folder.env}.items() if v is not None}
+        proc = subprocess.run([exe, *args], env=env,
                               capture_output=True, text=True, timeout=HANG_S,
                               preexec_fn=limit_memory)
         assert proc.returncode == 2, (args, proc.returncode, proc.stderr)

@@ -174,7 +174,8 @@ def test_the_stand_in_prints_what_the_real_client_prints(
         hub: HubEmulator, tmp_path: Path, playbook_host: PlaybookHostFactory, case: str,
         args: list[str], token: str | None) -> None:
     real = hf_download(hub, tmp_path, *args, token=token)
-    sim, host = playbook_host(hf_gated_repos=("org/gated",), hf_repos_not_found=("org/missing",),
+    sim, host = playbook_host(has_docker=False, hf_gated_repos=("org/gated",),
+                              hf_repos_not_found=("org/missing",),
                               hf_revisions_not_found=("nope",), hf_token=GOOD)
     env = [f"HF_ENDPOINT={hub.url}"] + ([f"HF_TOKEN={token}"] if token else [])
     stand_in = host.run(["env", *env, "hf", "download", *args,
@@ -185,7 +186,7 @@ def test_the_stand_in_prints_what_the_real_client_prints(
 
 def test_the_stand_in_cut_download_ends_like_the_real_one(
         playbook_host: PlaybookHostFactory) -> None:
-    sim, host = playbook_host(download_failures=1)
+    sim, host = playbook_host(download_failures=1, has_docker=False)
     cut = host.run(["env", "HF_HUB_DISABLE_PROGRESS_BARS=1", "hf", "download", "org/model",
                     f"--local-dir={sim.root}/out"])
     assert cut.exit_code == 1 and cut.stdout == ""
@@ -221,7 +222,7 @@ def test_long_names_and_git_endings() -> None:
 def test_the_stand_in_success_output_is_the_real_one(
         hub: HubEmulator, tmp_path: Path, playbook_host: PlaybookHostFactory) -> None:
     real = hf_download(hub, tmp_path, "org/model")
-    sim, host = playbook_host()
+    sim, host = playbook_host(has_docker=False)
     out = f"{sim.root}/out"
     stand_in = host.run(["env", "HF_HUB_DISABLE_PROGRESS_BARS=1", "hf", "download",
                          "org/model", f"--local-dir={out}"])

@@ -571,10 +571,10 @@ def test_cli_history_table_json_csv(cli: Any) -> None:
     assert lines[0].split()[:3] == ["id", "name", "status"]
     assert lines[1].split()[0] == "j-a" and "$5.00" in lines[1] and "H100 SXM x1" in lines[1]
     data = json.loads(cli("history", "--json", "--gpu", "A100").output)
-    assert [d["id"] for d in data] == ["j-c"] and data[0]["cost"] == "9.000000"
+    assert [d["job_id"] for d in data] == ["j-c"] and data[0]["cost"] == "9.000000"
     out = cli("history", "--csv", "--provider", "runpod").output.splitlines()
-    assert out[0].startswith("id,name,status,method,model,provider,gpu,gpu_count,spot,cost")
-    assert out[1].startswith("j-b,j-b,failed,lora,Qwen/Qwen2.5-7B,runpod,H100 PCIe,1,False,")
+    assert out[0].startswith("job_id,name,status,method,model,provider,gpu,gpu_count,spot,cost")
+    assert out[1].startswith("j-b,j-b,failed,lora,Qwen/Qwen2.5-7B,runpod,H100 PCIe,1,false,")
 
 
 def test_cli_history_bad_flags(cli: Any) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PlaybookHostFactory
+from test_playbook_train import download_base
 
 from playbooks.artifacts import MANIFEST, fetch, read_manifest
 from playbooks.base import Fault, Host, Layout, StepFailed
@@ -31,7 +32,7 @@ def train_and_merge(sim: SimHost, host: Host, job: str) -> tuple[Layout, Path]:
     layout = Layout(f"{sim.nvme_path}/orch")
     repo = "meta-llama/Llama-3.2-1B"
     base = Path(layout.model_dir(repo))
-    host.must(["hf", "download", repo, "--local-dir", str(base)], "downloading the base model")
+    download_base(sim, host, repo, str(base))
     data = Path(layout.data_file(job, "train.jsonl"))
     data.parent.mkdir(parents=True)
     data.write_text(json.dumps({"instruction": "Say hi", "input": "", "output": "hi"}) + "\n")

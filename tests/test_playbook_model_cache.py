@@ -59,6 +59,18 @@ def shards_of(model_dir: Path) -> set[str]:
 # --- over SSH --------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def playbook_host(playbook_host: PlaybookHostFactory) -> PlaybookHostFactory:
+    """Hosts whose OS has `hf` on its PATH (no Docker) unless a test says otherwise: the
+    Docker host, where `hf` runs in the trainer image, is tested at the end of the file."""
+    def make(options: Any = None, **fields: Any) -> tuple[Any, Host]:
+        if options is None:
+            fields.setdefault("has_docker", False)
+        return playbook_host(options, **fields)
+
+    return make
+
+
 def test_fresh_download_then_reuse_on_a_new_connection(
         playbook_host: PlaybookHostFactory, reports: Reports,
         ssh_factory: ConnectionFactory) -> None:
@@ -373,3 +385,29 @@ def test_classify_download_errors() -> None:
     assert fault("Error: Access denied. Model 'o/r' requires approval.") is Fault.USER
     assert fault("Error: Revision not found in model 'o/r'.") is Fault.USER
     assert fault("Error: File not found in model 'o/r'.") is Fault.USER
+
+
+# --- a Docker host: no `hf` on the host OS ---------------------------------------------------
+
+IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
+
+
+def test_a_docker_host_has_no_hf_and_downloads_in_the_trainer_image(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    """Ubuntu ships no `hf`: bare, the download fails; in the trainer image it works, with
+    the token passed by name from the sourced env file (never on the command line)."""
+    sim, host = playbook_host(has_docker=True, hf_gated_repos=(REPO,), hf_token=TOKEN)
+    assert host.run(["hf", "version"]).exit_code == 127
+    error = fail(cache(token=TOKEN, attempts=1), host, reports)
+    assert error.step == "download" and "`hf` CLI is not installed" in error.reason
+
+    mc = cache(token=TOKEN, image=IMAGE)
+    assert run(mc, host, reports)["download"] == "changed"
+    argv = mc.download_argv()
+    assert argv[:3] == ["docker", "run", "--rm"] and IMAGE in argv
+    assert mc.layout is not None
+    inside = mc.layout.container(mc.model_dir)
+    assert inside.startswith("/workspace/data/models/") and f"--local-dir={inside}" in argv
+    assert ["-e", "HF_TOKEN"] == argv[argv.index("-e"):argv.index("-e") + 2]
+    assert TOKEN not in " ".join(sim.ssh_commands())
+    assert not mc.missing(host)

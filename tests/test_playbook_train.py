@@ -44,6 +44,16 @@ BASE_REPO = "Qwen/Qwen2.5-0.5B"
 ROWS = [{"instruction": "Say hi", "input": "", "output": "hi"}]
 
 
+def download_base(sim: SimHost, host: Host, repo: str, model: str) -> None:
+    """Put a base model in the host's cache. A Docker host's OS has no `hf` (orch runs it in
+    the trainer image: playbooks/model_cache.py); this setup runs the image's stand-in
+    directly, so no container or image pull shows in the events the tests count."""
+    hf = "hf"
+    if host.run(["docker", "--version"]).ok:
+        hf = str(sim.dir / "image-bin" / "hf")
+    host.must([hf, "download", repo, "--local-dir", model], "hf download")
+
+
 def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
              method: str = "qlora", runner: str = "docker", save_steps: int = 2,
              dataset_name: str = "train.jsonl", env: dict[str, str] | None = None,
@@ -53,7 +63,7 @@ def make_job(sim: SimHost, host: Host, tmp_path: Path, job_id: str = "j-1", *,
     layout = Layout(host.paths("/mnt/nvme/orch"))
     model = layout.model_dir(BASE_REPO)
     if not (Path(model) / "config.json").exists():
-        host.must(["hf", "download", BASE_REPO, "--local-dir", model], "hf download")
+        download_base(sim, host, BASE_REPO, model)
     local = tmp_path / "local" / dataset_name
     local.parent.mkdir(parents=True, exist_ok=True)
     local.write_text("".join(json.dumps(r) + "\n" for r in rows or ROWS))
@@ -345,8 +355,16 @@ def test_parse_progress() -> None:
            "{'loss': 2.5, 'grad_norm': 1.0, 'learning_rate': 0.0002, 'epoch': 0.1}\n"
            "  10%|#         | 1/10 [00:01<00:09, 1.00it/s]\r  20%|##        | 2/10 [00:02<00:08]\n"
            "{'eval_loss': 9.9, 'epoch': 0.2}\n{'train_loss': 7.7}\n")
-    assert parse_progress(log) == Progress(2, 10, 2.5)
+    assert parse_progress(log) == Progress(2, 10, 2.5, ((1, 2.5),))
     assert parse_progress("no progress yet") == Progress(None, None, None)
+    # transformers: the bar reaches a step, tqdm.write clears it, prints the logs dict and
+    # draws the bar again at the same step; every step's loss is kept, not only the last.
+    hf = "".join(f"\r {10 * n}%|#| {n}/10 [00:0{n}<00:00]\r   \r{{'loss': {n / 10}, "
+                 f"'epoch': {n / 10}}}\n\r {10 * n}%|#| {n}/10 [00:0{n}<00:00]"
+                 for n in (3, 4, 5))
+    assert parse_progress(hf).losses == ((3, 0.3), (4, 0.4), (5, 0.5))
+    # A loss with no bar after it yet belongs to the next poll.
+    assert parse_progress(hf + "\r   \r{'loss': 0.6}\n").losses[-1] == (5, 0.5)
     assert parse_progress("{'loss': 1e-3}").loss == 0.001
 
 

@@ -20,6 +20,8 @@ from test_playbook_train import TOOLKIT, make_job
 
 from playbooks import evaluate, images, merge, rendering, train, vllm
 from playbooks.base import run_playbook
+from playbooks.model_cache import ModelCache
+from playbooks.pipeline import cache_for
 from playbooks.trainjob import NativeEnv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +50,14 @@ def test_every_example_renders_on_both_host_kinds(tmp_path: Path, example: Path,
     assert out["image"] == f"{repo}:0.18.0-py3.12-cu130-2.12.0"
     cfg = out["axolotl_config"]
     assert cfg["output_dir"].startswith("/")
-    assert set(out["commands"]) == {"train", "merge", "evaluate"}
+    assert set(out["commands"]) == {"download", "train", "merge", "evaluate", "deliver"}
+    download = out["commands"]["download"]
+    assert "hf" in download and "download" in download
+    if host == "docker":
+        # No bare hf or lm_eval on a Docker host: the host OS has neither (issue 19 §4.2).
+        assert download[:3] == ["docker", "run", "--rm"] and out["image"] in download
+        for name, argv in out["commands"].items():
+            assert not argv or argv[0] not in ("hf", "lm_eval", "env"), name
     train_argv = out["commands"]["train"]
     if host == "docker":
         assert train_argv[:3] == ["docker", "run", "-d"] and out["image"] in train_argv
@@ -63,6 +72,26 @@ def test_every_example_renders_on_both_host_kinds(tmp_path: Path, example: Path,
     written = yaml.safe_load((tmp_path / "out" / "config.yml").read_text())
     assert written == cfg
     assert json.loads((tmp_path / "out" / "render.json").read_text()) == out
+
+
+@pytest.mark.parametrize("host", ["docker", "container"])
+def test_the_delivery_to_the_hub_is_rendered(tmp_path: Path, host: str) -> None:
+    job = tmp_path / "job.yml"
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "data")
+    job.write_text((ROOT / "examples" / "quickstart.yml").read_text()
+                   + "output: {merged: true, push_to_hub: my-org/tuned}\n")
+    proc = orch(tmp_path, "render", str(job), "--host", host, "--json")
+    assert proc.returncode == 0, proc.stderr
+    deliver = json.loads(proc.stdout)["commands"]["deliver"]
+    assert deliver[deliver.index("upload") - 1:deliver.index("upload") + 2] == [
+        "hf", "upload", "my-org/tuned"]
+    assert "--private" in deliver and "HF_TOKEN" not in " ".join(deliver).replace(
+        "-e HF_TOKEN", "")
+    if host == "docker":
+        assert deliver[:3] == ["docker", "run", "--rm"]
+        assert "/workspace/data/jobs/quickstart-llama32-1b/output/merged" in deliver
+    else:
+        assert "/workspace/orch/jobs/quickstart-llama32-1b/output/merged" in deliver
 
 
 def test_sweep_file_points_at_its_base_job(tmp_path: Path) -> None:
@@ -88,7 +117,14 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     job = make_job(sim, host, tmp_path, runner=runner)
     if runner == "process":
         job = replace(job, native=NativeEnv.mapped(host.paths))
-    rendered = rendering.render(job, evaluates=True, vllm_image=images.vllm_image())
+    download = rendering.download_argv(job, "org/base", "main", 10**9, False)
+    rendered = rendering.render(job, evaluates=True, vllm_image=images.vllm_image(),
+                                download=download)
+    # The base model's download, as prepare sets it up for this kind of host.
+    cache = cache_for(ModelCache("org/base", "main", 10**9, job.layout), job.image,
+                      job.runner, job.native)
+    run_playbook("model_cache", cache.steps(), host, reports)
+    assert shlex.join(rendered.commands["download"]) in sim.ssh_commands()
     run_playbook("train", train.steps(job), host, reports)
     assert train.wait(host, job, poll_s=0.05).state is train.TrainState.SUCCEEDED
     run_playbook("merge", merge.steps(job, poll_s=0.05), host, reports)

@@ -91,7 +91,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                        capture_output=True)
     jobs = json.loads(subprocess.run([orch_exe(), "jobs", "--json"], env=env, check=True,
                                      capture_output=True, text=True).stdout)
-    return {"env": env, "tmp": tmp, "ids": [j["id"] for j in jobs]}
+    return {"env": env, "tmp": tmp, "ids": [j["job_id"] for j in jobs]}
 
 
 def report(history: dict[str, Any], *args: str, check: bool = True
@@ -172,7 +172,7 @@ def test_without_plotly_the_error_says_how_to_install_it(history: dict[str, Any]
     proc = subprocess.run([sys.executable, "-c", code], env=history["env"], cwd=history["tmp"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
-    assert "pip install 'orch[report]'" in proc.stderr and "Traceback" not in proc.stderr
+    assert "pip install -e '.[report]'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (history["tmp"] / "never.html").exists()
 
 
@@ -191,3 +191,30 @@ def test_other_commands_never_import_plotly(history: dict[str, Any]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], env=history["env"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=True)
     assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
+def rollup_table(page: str, heading: str) -> list[dict[str, str]]:
+    """The rows of the table under `heading` (e.g. "Cost per day") as header → cell."""
+    part = page.split(f"<h2>{heading}</h2>", 1)[1].split("</table>", 1)[0]
+    heads = re.findall(r"<th>(.*?)</th>", part)
+    rows = re.findall(r"<tr>((?:<td>.*?</td>)+)</tr>", part)
+    return [dict(zip(heads, re.findall(r"<td>(.*?)</td>", r), strict=True)) for r in rows]
+
+
+def test_a_job_or_sweep_report_counts_only_its_own_jobs(history: dict[str, Any]) -> None:
+    # One more job outside the sweep, so that "every job in the database" differs from both.
+    subprocess.run([orch_exe(), "submit", "examples/quickstart.yml"], env=history["env"],
+                   cwd=ROOT, check=True, timeout=300, capture_output=True)
+    for args, jobs in ((["--sweep", "qs-lr"], 2), ([history["ids"][0]], 1)):
+        out = history["tmp"] / "scoped.html"
+        report(history, *args, "-o", str(out))
+        page = out.read_text()
+        billed = re.search(r"(\d+) runs?, (\$[0-9.]+) billed", page)
+        assert billed and int(billed.group(1)) == jobs
+        for heading in ("Cost per day", "Cost per month"):
+            rows = rollup_table(page, heading)
+            assert sum(int(r["jobs"]) for r in rows) == jobs, (args, heading, rows)
+        everything = history["tmp"] / "all.html"
+        report(history, "--since", "1d", "-o", str(everything))
+        assert sum(int(r["jobs"]) for r in rollup_table(everything.read_text(),
+                                                         "Cost per day")) == 3

@@ -143,7 +143,8 @@ def test_no_fit_from_constraints_says_which_and_how_to_fix() -> None:
     assert "provider not in resources.providers" in msg and "orch servers add" in msg
     with pytest.raises(NoFit) as info:
         choose(w, Constraints(max_cost=Decimal("0.001")))
-    assert "Try a higher resources.max_cost" in str(info.value)
+    assert "the cheapest that fits costs $" in str(info.value)
+    assert "Try resources.max_cost: " in str(info.value)
     assert "shorter training.sequence_len" not in str(info.value)
 
 

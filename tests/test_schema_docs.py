@@ -140,7 +140,7 @@ def _runs_on(backend: str, query: str) -> bool:
     if _runs_on(backend, q)], indirect=["history"],
     ids=lambda v: v if v in BACKENDS else " ".join(str(v).split())[:60])
 def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str) -> None:
-    real_job = next(j["id"] for j in history["jobs"] if j["status"] == "succeeded")
+    real_job = next(j["job_id"] for j in history["jobs"] if j["status"] == "succeeded")
     result = sql(history, query.replace(PLACEHOLDER_JOB, real_job))
     assert result["rows"], f"no rows: {query}"
 

@@ -33,7 +33,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
         env.pop(name, None)
     orch(env, "submit", "examples/quickstart.yml")
-    job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["id"]
+    job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["job_id"]
     db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
     return {"env": env, "id": job_id, "db": db}
 

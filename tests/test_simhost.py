@@ -218,7 +218,8 @@ def test_hf_download_writes_a_complete_index_with_the_token_from_an_env_file(
 ) -> None:
     repo = "meta-llama/Llama-3.2-1B"
     token = "hf_sim_t0ken'$x"
-    host = simhost(hf_gated_repos=(repo,), hf_token=token, model_shards=3)
+    # A host without Docker has `hf` on its OS; a Docker host has none (next test).
+    host = simhost(hf_gated_repos=(repo,), hf_token=token, model_shards=3, has_docker=False)
     conn = connect(ssh_factory, host)
     assert host.nvme_path is not None
     target = host.nvme_path / "models" / "meta-llama--Llama-3.2-1B" / "main"
@@ -250,7 +251,7 @@ def test_hf_download_writes_a_complete_index_with_the_token_from_an_env_file(
 def test_hf_download_failure_then_resume(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:
-    host = simhost(download_failures=1, download_fail_after_files=6)
+    host = simhost(download_failures=1, download_fail_after_files=6, has_docker=False)
     conn = connect(ssh_factory, host)
     target = f"{host.nvme_path}/models/base"
     download = ["hf", "download", "Qwen/Qwen2.5-0.5B", "--local-dir", target]
@@ -270,7 +271,8 @@ def test_hf_download_failure_then_resume(
 def test_full_disk_is_reported_and_stops_the_download(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:
-    host = simhost(disk_free_bytes=1_000_000_000, model_size_bytes=4_000_000_000)
+    host = simhost(disk_free_bytes=1_000_000_000, model_size_bytes=4_000_000_000,
+                   has_docker=False)
     conn = connect(ssh_factory, host)
     df = run(conn, ["df", "-B1", "--output=source,fstype,size,avail,target"], 30).check()
     rows = [line.split() for line in df.stdout.splitlines()[1:]]
@@ -376,9 +378,11 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
 ) -> None:
     host = simhost(toolkit_preinstalled=TOOLKIT, vllm_startup_seconds=0.5)
     conn = connect(ssh_factory, host)
-    run(
-        conn, ["hf", "download", "Qwen/Qwen2.5-0.5B", "--local-dir", f"{host.nvme_path}/base"], 30
-    ).check()
+    # No `hf` on a Docker host's OS: the trainer image has it.
+    assert run(conn, ["hf", "version"], 30).exit_code == 127
+    volume = f"{host.nvme_path}:/workspace/data"
+    run(conn, ["docker", "run", "--rm", "-v", volume, IMAGE, "hf", "download",
+               "Qwen/Qwen2.5-0.5B", "--local-dir", "/workspace/data/base"], 60).check()
     rows = [{"instruction": "What is the capital of France?", "input": "", "output": "Paris"}]
     job = write_job(conn, host, tmp_path, "job4", steps=2, base_model="/workspace/data/base",
                     rows=rows)
@@ -457,8 +461,10 @@ def test_vllm_checks_the_model_against_the_gpus_memory(
     host = simhost(toolkit_preinstalled=TOOLKIT, gpu_count=2, vllm_startup_seconds=0.0,
                    model_config=L70_CONFIG, model_size_bytes=L70_BYTES)
     conn = connect(ssh_factory, host)
-    run(conn, ["hf", "download", "meta-llama/Llama-3.1-70B", "--local-dir",
-               f"{host.nvme_path}/base"], 30).check()
+    # A Docker host's OS has no `hf`: the trainer image has it (as orch runs it).
+    run(conn, ["docker", "run", "--rm", "-v", f"{host.nvme_path}:/workspace/data", IMAGE,
+               "hf", "download", "meta-llama/Llama-3.1-70B", "--local-dir",
+               "/workspace/data/base"], 60).check()
     serve = ["docker", "run", "--rm", "--gpus", "all", "-v", f"{host.nvme_path}:/models",
              VLLM_IMAGE, "/models/base", "--max-model-len", "2048"]
 

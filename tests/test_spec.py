@@ -201,7 +201,7 @@ def test_hf_datasets_are_refused_before_renting(tmp_path: Path) -> None:
         (msg,) = problems(path)
         assert msg.startswith(f"{path}:5 dataset.path.hf: Hugging Face datasets are not "
                               "downloaded by orch: download it with `hf download --repo-type "
-                              "dataset tatsu-lab/alpaca --local-dir data/NAME`"), msg
+                              "dataset tatsu-lab/alpaca --local-dir data/alpaca`"), msg
 
 
 @pytest.mark.parametrize("repo", ["org/a;touch x", "org/--x", "a/b/c", "org/-x", "org/x.git",

@@ -267,7 +267,7 @@ def test_over_budget_estimate_is_submitted_and_said(env: dict[str, str], folder:
     path = sweep_file(folder, budget="0.015")
     proc = orch(env, "sweep", str(path))
     assert proc.returncode == 0
-    assert proc.stdout.strip().endswith("; over budget: 2 runs held back")
+    assert proc.stdout.splitlines()[0].endswith("; over budget: 2 runs held back")
     assert len(jobs_of(store)) == 4
     report = json.loads(orch(env, "sweep", str(path), "--json").stdout)
     assert (report["over_budget"], report["held_back"]) == (True, 2)

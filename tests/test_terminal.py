@@ -47,7 +47,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert code == 0, out
         runs[cols] = out
     jobs = json.loads(piped(env, "jobs", "--json").stdout)
-    return {"env": env, "runs": runs, "ids": [j["id"] for j in jobs]}
+    return {"env": env, "runs": runs, "ids": [j["job_id"] for j in jobs]}
 
 
 def _commands() -> list[list[str]]:
@@ -64,8 +64,10 @@ def _commands() -> list[list[str]]:
 def test_version() -> None:
     from importlib.metadata import version
 
+    from orchestrator.cli.app import DISTRIBUTION
+
     proc = piped(dict(os.environ), "--version")
-    assert proc.stdout.strip() == f"orch {version('orch')}"
+    assert proc.stdout.strip() == f"orch {version(DISTRIBUTION)}"
 
 
 @pytest.mark.parametrize("flag", ["-h", "--help"])
@@ -209,7 +211,7 @@ def test_logs_train_follows_a_running_job(tmp_path: Path) -> None:
                 break
             time.sleep(0.2)
         assert job.get("status") == "training", job  # caught while training runs
-        follow = piped(env, "logs", job["id"], "--train", "-f").stdout
+        follow = piped(env, "logs", job["job_id"], "--train", "-f").stdout
     finally:
         submit.wait(timeout=120)
     assert "Training completed" in follow and follow.count("{'loss':") == 12

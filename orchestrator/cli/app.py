@@ -6,10 +6,12 @@ them: `orch plan` must start in a small multiple of a bare `python -c pass`.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
+import click
 import typer
 
 from orchestrator.cli import history as cli_history
@@ -30,16 +32,24 @@ app = typer.Typer(
     # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
     add_completion=True,
     pretty_exceptions_enable=False,
+    # Plain help and errors: rich markup ate `[report]` in "pip install -e '.[report]'",
+    # drew usage errors as boxes, and kept docstring line breaks inside its own wrapping.
+    rich_markup_mode=None,
     # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+# pyproject.toml's project name (the command is `orch`; the name `orch` on the package index
+# belongs to an unrelated project).
+DISTRIBUTION = "orch-finetune"
 
 
 def _print_version(value: bool) -> None:
     if value:
         from importlib.metadata import version
 
-        typer.echo(f"orch {version('orch')}")
+        typer.echo(f"orch {version(DISTRIBUTION)}")
         raise typer.Exit()
 
 
@@ -101,7 +111,8 @@ def _job_dict(j: Any) -> dict[str, Any]:
     from orchestrator.records.store import from_micros
 
     return {
-        "id": j.id, "name": j.name, "status": j.status, "method": j.method,
+        # `job_id`, as submit, show, cancel and the sweep commands say (one key per concept).
+        "job_id": j.id, "name": j.name, "status": j.status, "method": j.method,
         "base_model": j.base_model, "provider": j.provider, "gpu": j.gpu,
         "gpu_count": j.gpu_count, "interruptible": j.interruptible,
         "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
@@ -113,7 +124,8 @@ def _job_dict(j: Any) -> dict[str, Any]:
 @app.command()
 def jobs(
     json_out: JsonFlag = False,
-    status: Annotated[str | None, typer.Option(help="Only jobs in this state.")] = None,
+    status: Annotated[str | None, typer.Option(
+        help="Only jobs in this state; `running`: every state a worker drives.")] = None,
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
@@ -124,10 +136,14 @@ def jobs(
     try:
         found = open_db().list_jobs(limit=limit, status=status)
     except InvalidValueError as exc:
-        fail(f"--status {status}: {exc}", EXIT_INVALID)
+        fail(f"--status {status}: {exc}; or running (every state a worker drives)",
+             EXIT_INVALID)
     rows = [_job_dict(j) for j in found]
     if json_out:
         print_json(rows)
+        return
+    if not rows and status is not None:
+        typer.echo(f"no jobs match --status {status}; `orch jobs` lists them all")
         return
     if not rows:
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
@@ -139,7 +155,7 @@ def jobs(
     typer.echo(table(
         ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
          "created"],
-        [[r["id"], r["name"], r["status"], r["method"],
+        [[r["job_id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
           money(r["est_cost"]), money(r["cost"]), human_time(j.created_at)]
          for r, j in zip(rows, found, strict=True)],
@@ -166,9 +182,13 @@ def reconcile(
     providers, notes = configured_providers(store, quick=True)
     report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
                            scrub=cli_servers.scrubber())
+    from orchestrator.core.paths import describe_db
+
     if json_out:
-        print_json({"dry_run": dry_run, "providers": sorted(providers), "notes": notes,
-                   "actions": [a.__dict__ for a in report.actions]})
+        # One object on one line, so `orch reconcile --json >> log.jsonl` from cron is JSONL.
+        typer.echo(json.dumps({"database": describe_db(), "dry_run": dry_run,
+                               "providers": sorted(providers), "notes": notes,
+                               "actions": [a.__dict__ for a in report.actions]}, default=str))
         return
     for note in notes:
         typer.echo(f"note: {note}", err=True)
@@ -176,7 +196,7 @@ def reconcile(
     if not acted:
         kept = len(report.actions)
         typer.echo(f"nothing to do ({kept} instance{'s' if kept != 1 else ''} in use; "
-                   f"checked {', '.join(sorted(providers))})")
+                   f"checked {', '.join(sorted(providers))})\ndatabase: {describe_db()}")
         return
     from orchestrator.cli.tables import table
 
@@ -187,6 +207,7 @@ def reconcile(
     typer.echo(table(["action", "provider", "instance", "job", "why"],
                      [[verb.get(a.kind, a.kind), a.provider, a.instance_id or "-",
                        a.job_id or "-", a.reason] for a in acted]))
+    typer.echo(f"database: {describe_db()}")
     if any(a.kind == "error" for a in acted):
         raise typer.Exit(1)
 
@@ -213,9 +234,26 @@ def main() -> None:
     # probe expects) at ERROR; the engine reports what matters as job events.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     from orchestrator.cli.helpstyle import gh_style
+    from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
+
+    if blank_db_url() and sys.argv[1:] and not {"--help", "-h"} & set(sys.argv[1:]):
+        typer.echo(f"error: {BLANK_DB_URL}", err=True)
+        sys.exit(2)
 
     try:
-        gh_style(typer.main.get_command(app))(prog_name="orch")
+        code = gh_style(typer.main.get_command(app))(prog_name="orch", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # `orch` alone: the help
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        # A usage error as every other error: one `error:` line, and where the usage is.
+        ctx = getattr(exc, "ctx", None)
+        where = f"; see `{ctx.command_path} -h`" if ctx is not None else ""
+        typer.echo(f"error: {exc.format_message().rstrip('.')}{where}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
@@ -235,6 +273,8 @@ def main() -> None:
                    "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",
                    err=True)
         sys.exit(1)
+    # standalone_mode=False returns the exit code of `typer.Exit`/`ctx.exit` (None: 0).
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

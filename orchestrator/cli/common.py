@@ -55,7 +55,9 @@ def print_csv(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
     """A header row, then `rows`; None becomes an empty cell."""
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(headers)
-    out.writerows(["" if c is None else c for c in row] for row in rows)
+    # Booleans as JSON and SQL tools spell them (Python's csv writes `True`).
+    out.writerows(["" if c is None else str(c).lower() if isinstance(c, bool) else c
+                   for c in row] for row in rows)
 
 
 def one_format(json_out: bool, csv_out: bool) -> None:

@@ -7,6 +7,7 @@ about as fast as `orch --help`; heavier modules are imported inside the commands
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -121,7 +122,7 @@ def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> No
         return
     if csv_out:
         dicts = [r.to_dict() for r in rows]
-        headers = ["id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
+        headers = ["job_id", "name", "status", "method", "model", "provider", "gpu", "gpu_count",
                    "spot", "cost", "amortised", "duration_s", "created_at", "started_at",
                    "finished_at"]
         print_csv(headers, [[d[h] for h in headers] for d in dicts])
@@ -202,7 +203,9 @@ def _cost_cmd(
                      shown, right=list(range(n - 5, n))))
     typer.echo("  cost = billed (metered and volume); amortised = share of monthly rents "
                "already paid, not in cost; spot savings = spot GPU-hours at the on-demand "
-               "catalog price minus what was charged")
+               "catalog price minus what was charged"
+               + ("; days, weeks and months are UTC (a job counts on the UTC day it was "
+                  "created)" if when else ""))
     for note in _cost_notes(unpriced):
         typer.echo(f"  note: {note}")
 
@@ -222,6 +225,10 @@ def _sql_cmd(
 ) -> None:
     """Run one read-only SQL query on the history (writes are refused).
 
+    Tables: job, instance, event, metric, sweep, server, price_observation,
+    throughput_observation. Views: v_cost_per_month_provider, v_best_run_per_sweep,
+    v_gpu_hours_per_model, v_interruptions_per_provider. Columns: docs/schema.md.
+
     Built-in functions only; at most ORCH_SQL_TIMEOUT_S s (30) and ORCH_SQL_MAX_ROWS rows.
     """
     from orchestrator.core.paths import default_db_url
@@ -236,11 +243,14 @@ def _sql_cmd(
         fail(str(exc), exit_code(exc))
 
     def plain(v: object) -> object:
+        if isinstance(v, (dict, list)):  # PostgreSQL's json columns arrive parsed
+            return json.dumps(v, sort_keys=True)
         return v.hex() if isinstance(v, bytes) else v
 
     if json_out:
         print_json({"columns": list(result.columns),
-                   "rows": [[plain(v) for v in row] for row in result.rows]})
+                   "rows": [[v if isinstance(v, (dict, list)) else plain(v) for v in row]
+                            for row in result.rows]})
         return
     if csv_out:
         print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])

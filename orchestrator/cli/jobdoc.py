@@ -236,6 +236,15 @@ def _models_part() -> list[str]:
         "database, events or logs. A missing or rejected token fails the job with a message",
         "saying which.",
         "",
+        "Before renting anything, the engine asks the Hub (`HF_ENDPOINT`, else",
+        "huggingface.co) with that token whether the base model can be downloaded: a gated",
+        "model whose licence the account has not accepted, a private or missing repo, an",
+        "unknown revision or a rejected token fail the job at once, with `hf`'s own words",
+        "and what to do (orchestrator/engine/hubaccess.py). A Hub that does not answer is",
+        "no verdict: the job goes on and the host's download decides. Jobs that may run only",
+        "on the simulated cloud ask no Hub unless `HF_ENDPOINT` is set (their hosts download",
+        "from a stand-in).",
+        "",
     ]
 
 

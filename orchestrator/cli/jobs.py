@@ -249,29 +249,43 @@ def worker(
     store = open_db()
     owner = owner_id("worker")
     providers, notes = _providers(store)
-    if not quiet:
-        typer.echo(f"worker {owner}: providers {', '.join(sorted(providers))}", err=True)
-        for note in notes:
-            typer.echo(f"note: {note}", err=True)
+    from orchestrator.core.paths import describe_db
+
+    # The handler first: a SIGTERM right after the banner is a stop like any other.
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    current: list[str] = []  # the job being run, if any: what a stop has to say
     try:
-        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet)
+        # The database is named even with --quiet: a worker idling on the wrong database
+        # (an env file sourced without `export`) must say so in the journal at start.
+        typer.echo(f"worker {owner}: database {describe_db()}"
+                   + ("" if quiet else f"; providers {', '.join(sorted(providers))}"),
+                   err=True)
+        if not quiet:
+            for note in notes:
+                typer.echo(f"note: {note}", err=True)
+        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet,
+              current=current)
     except KeyboardInterrupt:
-        typer.echo("worker stopped (Ctrl-C); the current job was requeued", err=True)
+        typer.echo(f"worker stopped (Ctrl-C); {_stopped(current)}", err=True)
         raise typer.Exit(EXIT_CANCELLED) from None
     except BaseException as exc:
         from orchestrator.engine.runner import Terminated
 
         if isinstance(exc, Terminated):
-            typer.echo("worker stopped (SIGTERM); the current job was requeued", err=True)
+            typer.echo(f"worker stopped (SIGTERM); {_stopped(current)}", err=True)
             raise typer.Exit(143) from None
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stopped(current: list[str]) -> str:
+    return (f"job {current[0]} was requeued to resume" if current
+            else "it was idle: no job was running")
+
+
 def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
-          poll: float, quiet: bool) -> None:
+          poll: float, quiet: bool, current: list[str]) -> None:
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
     from orchestrator.records.store import DatabaseBusy, DatabaseFull
@@ -290,8 +304,10 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
                 continue
             if not quiet:
                 typer.echo(f"{job.id} {job.name}: started", err=True)
+            current[:] = [job.id]
             finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
                                  on_signal="requeue").run(job.id)
+            current.clear()
         except DatabaseBusy as exc:  # a lock held past the whole wait: never the worker's end
             typer.echo(f"worker: {exc}; its job's instances were terminated and the job "
                        "requeued (or it is when its lease lapses); going on", err=True)
@@ -460,7 +476,7 @@ def cancel(
         before = store.get_job(job_id).status
         job = store.request_cancel(job_id)
     except NotFoundError as exc:
-        fail(str(exc), EXIT_NOT_FOUND)
+        fail(_sweep_hint(store, job_id) or str(exc), EXIT_NOT_FOUND)
     if before in FINAL_STATUSES:
         if json_out:
             print_json({"job_id": job_id, "status": before, "instances_left": []})
@@ -492,6 +508,19 @@ def cancel(
             if left else ""))
     if job.status != "cancelled" and job.status not in FINAL_STATUSES:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _sweep_hint(store: Store, name: str) -> str | None:
+    """What to run when `orch cancel` was given a sweep's name rather than a job id."""
+    from sqlmodel import select
+
+    from orchestrator.records.store import Sweep
+
+    with store.session() as session:
+        if session.exec(select(Sweep.id).where(Sweep.name == name)).first() is None:
+            return None
+    return (f"{name!r} is a sweep, not a job id; cancel all its queued and running runs with "
+            f"`orch sweep cancel {name}`")
 
 
 def register(app: typer.Typer) -> None:

@@ -79,9 +79,19 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "amortised_rent": str(from_micros(job.amortised_micros)),
         "est_cost": None if job.est_cost_micros is None else str(from_micros(job.est_cost_micros)),
         "artifacts_dir": job.artifacts_dir,
+        "delivered": delivered(store, job.id),
         "created_at": iso(job.created_at), "finished_at": iso(job.finished_at),
         **time_summary(job, store.instances_of(job.id)),
     }
+
+
+def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
+    """Where each artifact of the job is (the last `delivered` event: what, where, location)."""
+    for event in reversed(store.events(job_id)):
+        if event.kind == "delivered":
+            places: list[dict[str, str]] = json.loads(event.data_json or "{}").get("places") or []
+            return places
+    return []
 
 
 def time_summary(job: Job, instances: list[Any]) -> dict[str, Any]:
@@ -152,8 +162,11 @@ def print_summary(s: dict[str, Any]) -> None:
     lines.append(cost)
     if s["hours"] is not None:
         lines.append(_time_line(s))
+    # The artifacts directory, then what went elsewhere (a merged model's folder, the Hub).
     if s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
+    lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]
+              if p["location"] != s["artifacts_dir"]]
     typer.echo("\n".join(prose(line, "    ") for line in lines))
 
 

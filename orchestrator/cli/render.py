@@ -30,6 +30,7 @@ def render_job(file: Path, host: str) -> Any:
     from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
     from playbooks import images, rendering
     from playbooks.base import Layout
+    from playbooks.deliver import HubTarget
     from playbooks.pipeline import DEFAULT_VLLM_IMAGE
     from playbooks.train import TrainJob
 
@@ -53,10 +54,16 @@ def render_job(file: Path, host: str) -> Any:
                                                              spec.base_model.revision),
                   image=images.for_host(spec.trainer.image, kind), env=env,
                   runner="docker" if kind == "docker" else "process")
+    out = spec.output
+    hub = None if out.push_to_hub is None else HubTarget(out.push_to_hub, out.private,
+                                                         out.merged)
+    download = rendering.download_argv(tj, spec.base_model.repo, spec.base_model.revision,
+                                       job.architecture.params * 2, bool(env))
     rendered = rendering.render(tj, evaluates=bool(spec.eval.eval_set or spec.eval.tasks),
                                 vllm_image=DEFAULT_VLLM_IMAGE, kind=kind,
                                 eval_tasks=tuple(spec.eval.tasks),
                                 eval_set=spec.eval.eval_set is not None,
+                                download=download, hub=hub,
                                 serving=serving_for(job, est.gpu_count,
                                                     plan.chosen.offer.gpu_memory_bytes))
     rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
@@ -99,7 +106,7 @@ def render_cmd(
         "-o", "--out", help="Also write the config files and render.json here.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Show exactly what would run: axolotl config, image, train/merge/evaluate commands."""
+    """Show exactly what would run: axolotl config, image, every command on the host."""
     rendered = render_job(file, host)
     written = write_dir(rendered, out) if out is not None else []
     if json_out:

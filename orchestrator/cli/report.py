@@ -1,6 +1,6 @@
 """`orch report [ID | --sweep NAME | --since 30d] -o report.html`: the history as pictures.
 
-Registered on the main Typer app by `register(app)`. plotly (the `orch[report]` extra) is
+Registered on the main Typer app by `register(app)`. plotly (the `orch-finetune[report]` extra) is
 imported only when the command runs, so no other command loads it.
 """
 
@@ -61,7 +61,7 @@ def _report_cmd(
     """One self-contained HTML file: loss curves, eval metrics, placements, costs.
 
     It opens in any browser with no network (the chart library is inside the file).
-    Needs the report extra: pip install 'orch[report]'.
+    Needs the report extra (in orch's checkout: .venv/bin/pip install -e '.[report]').
     """
     from orchestrator.cli.reportpage import ReportData, ReportError, cost_rows, render, run_data
     from orchestrator.core.paths import default_db_url
@@ -90,14 +90,16 @@ def _report_cmd(
         runs = [run_data(store, j, sweeps.get(j.sweep_id or "")) for j in jobs]
     finally:
         store.close()
-    # Costs per day/month over the selection's period (30 days back for one job or sweep).
+    # Costs per day/month of the selection: for one job or one sweep, of its jobs only (the
+    # header's total and the charts must add up to the same money).
     first = min(j.created_at for j in jobs)
     period = min(start, first if first.tzinfo else first.replace(tzinfo=UTC))
+    only = [j.id for j in jobs] if job_id is not None or sweep is not None else []
     reader = open_reader(default_db_url())
     try:
         data = ReportData(title=title, generated_at=now, runs=runs,
-                          per_day=cost_rows(reader, "day", period, now),
-                          per_month=cost_rows(reader, "month", period, now))
+                          per_day=cost_rows(reader, "day", period, now, only),
+                          per_month=cost_rows(reader, "month", period, now, only))
     except HistoryError as exc:
         fail(str(exc))
     finally:

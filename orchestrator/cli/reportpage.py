@@ -1,7 +1,7 @@
 """`orch report`: one self-contained HTML file with loss curves, eval metrics, placements,
 cost breakdowns and cost per day/month with spot savings.
 
-Charts are drawn by plotly (the optional extra `orch[report]`), its JavaScript inlined so
+Charts are drawn by plotly (the optional extra `orch-finetune[report]`), its JavaScript inlined so
 the file opens with no network. plotly is imported only here, only when a report is made:
 no other command pays for it. Data is gathered first (`collect`), then rendered (`render`).
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -17,7 +18,8 @@ from typing import Any
 
 from orchestrator.cli.term import human_time
 
-INSTALL_HINT = "orch report draws its charts with plotly: pip install 'orch[report]'"
+INSTALL_HINT = ("orch report draws its charts with plotly, the report extra: in orch's "
+                "checkout run .venv/bin/pip install -e '.[report]'")
 
 
 class ReportError(Exception):
@@ -80,14 +82,16 @@ def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
         metrics=metrics)
 
 
-def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime
-              ) -> list[dict[str, Any]]:
-    """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts."""
+def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime,
+              ids: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts, of
+    the jobs `ids` (none: every job since `since`)."""
     from orchestrator.records.history import cost_rollup
 
     if reader is None:
         return []
-    return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now)]
+    return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now,
+                                             ids=ids)]
 
 
 # --- rendering --------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class ServerFacts:
     cuda: str | None = None
     docker: str | None = None
     toolkit: str | None = None
+    privileges: str | None = None  # root | sudo (passwordless) | none
     cache_mount: str | None = None
     cache_nvme: bool = False
     cache_free_bytes: int | None = None
@@ -63,8 +64,13 @@ def probe(host: str, port: int, user: str, key_path: Path, *, gpu: str, gpu_coun
     """
     try:
         key = ssh.parse_host_key(pinned) if pinned else ssh.trust_on_first_use(
-            host, port, timeout=timeout, deadline=timeout)
+            host, port, timeout=timeout, deadline=timeout, retry_refused=False)
     except ssh.HostUnreachable as exc:
+        if isinstance(exc.__cause__, ConnectionRefusedError):
+            raise ProbeError("unreachable", f"cannot reach {host}:{port} over SSH: the "
+                             "connection was refused; check that sshd runs on the server and "
+                             f"listens on port {port} (give the right one with --port) and "
+                             "that no firewall rejects it") from exc
         raise ProbeError("unreachable", f"cannot reach {host}:{port} over SSH: {exc}") from exc
     except ssh.SSHError as exc:
         raise ProbeError("unreachable", str(exc)) from exc
@@ -143,7 +149,16 @@ def _gpus(host: Host, facts: ServerFacts, expected: GpuExpectation) -> None:
     facts.cuda = found.group(1) if found else None
 
 
+def privileges(host: Host) -> str:
+    """`root`, `sudo` (passwordless) or `none`: what orch's privileged steps can use."""
+    uid = host.run(["id", "-u"], timeout=30)
+    if uid.ok and uid.stdout.strip() == "0":
+        return "root"
+    return "sudo" if host.run(["sudo", "-n", "true"], timeout=30).ok else "none"
+
+
 def _software(host: Host, facts: ServerFacts) -> None:
+    facts.privileges = privileges(host)
     docker = host.run(["docker", "--version"], timeout=30)
     facts.docker = docker.stdout.strip() if docker.ok else None
     toolkit = host.run(["nvidia-ctk", "--version"], timeout=30)
@@ -155,6 +170,10 @@ def _software(host: Host, facts: ServerFacts) -> None:
     elif facts.toolkit is None:
         facts.notes.append("the NVIDIA Container Toolkit is not installed: the first job "
                            "installs it (apt, then a Docker restart)")
+        if facts.privileges == "none":
+            facts.notes.append("the login is not root and has no passwordless sudo: the "
+                               "first job cannot install the toolkit; log in as root, give "
+                               "the user `NOPASSWD` sudo, or install the toolkit yourself")
 
 
 def _disk(host: Host, facts: ServerFacts) -> None:

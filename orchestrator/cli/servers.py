@@ -61,10 +61,14 @@ def servers_add(
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
         fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
     matches = catalog.resolve_gpu(gpu)
-    if len(matches) != 1:
-        known = ", ".join(catalog.gpus())
-        what = "is ambiguous" if matches else "is not a known GPU"
-        fail(f"--gpu {gpu!r} {what}; use one of: {known}", EXIT_INVALID)
+    if len(matches) > 1:
+        # A server has one exact model; quoted, as a shell needs a name with a space.
+        which = " or ".join(f'--gpu "{m}"' for m in matches)
+        fail(f"--gpu {gpu!r} is ambiguous ({len(matches)} models); say which: {which}",
+             EXIT_INVALID)
+    if not matches:
+        known = ", ".join(f'"{g}"' if " " in g else g for g in catalog.gpus())
+        fail(f"--gpu {gpu!r} is not a known GPU; use one of: {known}", EXIT_INVALID)
     if not 1 <= gpus <= 8:
         fail(f"--gpus must be 1..8 (got {gpus})", EXIT_INVALID)
     if not 1 <= port <= 65535:
@@ -184,7 +188,7 @@ def servers_list(json_out: JsonFlag = False) -> None:
         return
     if not rows:
         typer.echo("no servers registered; add one with `orch servers add NAME --host H "
-                   "--gpu H100 SXM --monthly 2190`")
+                   "--gpu 'H100 SXM' --monthly 2190`")
         return
     from orchestrator.cli.tables import table
 

@@ -3,7 +3,8 @@
 `orch sweep FILE` is meant for cron: it validates the whole sweep first (every problem, as
 `file:line key: problem`, exit 2, nothing written), then records the sweep and queues each
 run not yet recorded for `orch worker`; running it again, or twice at once, queues nothing
-twice. Output is one summary line (or `--json`); `--quiet` prints nothing on an idle tick.
+twice. Output is one summary line and the database used (or `--json`); `--quiet` prints
+nothing on an idle tick.
 
 Exit codes: 0 done (also when the estimate exceeds the budget: the runs are queued and the
 budget gate holds back those that would exceed it, which the summary says); 2 the sweep
@@ -54,8 +55,22 @@ def _load(path: Path) -> LoadedSweep:
 
 
 def _params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v:g}"
-                     if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "-"
+    return ", ".join(f"{k}={_value(v)}" for k, v in params.items()) or "-"
+
+
+def _value(v: Any) -> str:
+    return repr(v) if isinstance(v, str) else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _headers(keys: list[str]) -> list[str]:
+    """The swept keys as column headers, their shared dotted prefix left out (`lora.r`,
+    `lora.alpha` -> `r`, `alpha`) unless that makes two alike."""
+    parts = [k.split(".") for k in keys]
+    common = 0
+    while all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:
+        common += 1
+    short = [".".join(p[common:]) for p in parts]
+    return short if len(set(short)) == len(short) else keys
 
 
 def _metric(value: float | None) -> str:
@@ -83,13 +98,22 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     code = EXIT_NO_FIT if nofit else EXIT_OK
     if quiet and report.idle:
         raise typer.Exit(code)
+    from orchestrator.core.paths import describe_db
+
     if json_out:
-        print_json(report.to_dict())
+        print_json({**report.to_dict(), "database": describe_db()})
     else:
         for r in nofit:
             typer.echo(f"{file}: run {r.index} ({_params(r.params)}) fits nowhere: {r.message}",
                        err=True)
-        typer.echo(report.summary())
+        for warning in report.warnings:
+            typer.echo(f"warning: {file}: {warning}", err=True)
+        cancelled = report.counts.get("cancelled", 0)
+        if retry_failed and cancelled:
+            stay = "runs stay" if cancelled != 1 else "run stays"
+            typer.echo(f"note: {file}: {cancelled} cancelled {stay} cancelled: --retry-failed "
+                       "queues failed runs only (a cancel is final)", err=True)
+        typer.echo(f"{report.summary()}\ndatabase: {describe_db()}")
     raise typer.Exit(code)
 
 
@@ -152,15 +176,21 @@ def _show(name: str, json_out: bool) -> None:
              f"max_parallel {status['max_parallel']})"]
     metric_name = obj["metric"] if obj else "metric"
     best_id = status["best"]["job_id"] if status["best"] else None
+    # One column per swept key, the key in the header: the values are what differs between
+    # runs, and `training.learning_rate=` in every row hid them at 80 columns.
+    keys = list(dict.fromkeys(k for r in status["runs"] for k in r["params"]))
     rows = []
     for r in status["runs"]:
         state = r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
         rows.append(["*" if r["job_id"] == best_id else "",
-                     "-" if r["index"] is None else r["index"], r["job_id"], _params(r["params"]),
+                     "-" if r["index"] is None else r["index"], r["job_id"],
+                     *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),
                      state, _metric(r["metric"]), usd(r["cost"]), usd(r["est_cost"])])
     if rows:
-        lines.append(table(["", "#", "job", "params", "state", metric_name, "cost", "est. cost"],
-                           rows, right=[1, 5, 6, 7], drop=[7, 1], states=[4]))
+        n = len(keys)
+        lines.append(table(["", "#", "job", *_headers(keys), "state", metric_name, "cost",
+                            "est. cost"], rows, right=[1, 4 + n, 5 + n, 6 + n],
+                           drop=[6 + n, 1], states=[3 + n]))
     if obj is None:
         lines.append("best: no objective in the sweep file")
     elif status["best"] is None:
@@ -175,11 +205,33 @@ def _show(name: str, json_out: bool) -> None:
     typer.echo("\n".join(lines))
 
 
+def _cancel(name: str, json_out: bool) -> None:
+    """Cancel every queued and running run of sweep `name` in one transaction."""
+    from orchestrator.records.store import NotFoundError
+    from orchestrator.records.sweepstore import cancel_sweep
+
+    store = open_db()
+    try:
+        result = cancel_sweep(store, name)
+    except NotFoundError as exc:
+        fail(str(exc), EXIT_NOT_FOUND)
+    finally:
+        store.close()
+    if json_out:
+        print_json(result)
+        return
+    n, m = len(result["cancelled"]), len(result["stopping"])
+    typer.echo(f"{name}: {n} run{'s' if n != 1 else ''} cancelled"
+               + (f", {m} running run{'s' if m != 1 else ''} stopping (their workers tear the "
+                  "instances down; `orch sweep show " + name + "` follows them)" if m else "")
+               + ("" if n or m else " (nothing was queued or running)"))
+
+
 def sweep(
     file: Annotated[str, typer.Argument(
-        help="The sweep file; or `show` followed by a sweep's name.")],
+        help="The sweep file; or `show` or `cancel` followed by a sweep's name.")],
     name: Annotated[str | None, typer.Argument(
-        help="With `show`: the sweep to show.", show_default=False)] = None,
+        help="With `show` or `cancel`: the sweep's name.", show_default=False)] = None,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed", help="Queue failed runs again (cancelled ones stay).")] = False,
     json_out: JsonFlag = False,
@@ -193,16 +245,17 @@ def sweep(
 
     Exit codes: 0 ok (also over budget: runs past it are held back), 2 invalid file,
     3 some runs fit no offer or nothing here can run them, 1 other errors.
-    `orch sweep show NAME` shows a sweep.
+    `orch sweep show NAME` shows a sweep; `orch sweep cancel NAME` cancels its queued and
+    running runs at once (a later `orch sweep FILE` does not queue them again).
     """
-    if file == "show" and name is not None:
+    if file in ("show", "cancel") and name is not None:
         if retry_failed or quiet or dry_run:
-            fail("`orch sweep show NAME` takes only --json", EXIT_INVALID)
-        _show(name, json_out)
+            fail(f"`orch sweep {file} NAME` takes only --json", EXIT_INVALID)
+        (_show if file == "show" else _cancel)(name, json_out)
         return
-    if file == "show":
-        fail("give the sweep's name: `orch sweep show NAME` (names: `orch sweeps`); a "
-             "sweep file named `show` is `./show`", EXIT_INVALID)
+    if file in ("show", "cancel"):
+        fail(f"give the sweep's name: `orch sweep {file} NAME` (names: `orch sweeps`); a "
+             f"sweep file named `{file}` is `./{file}`", EXIT_INVALID)
     if name is not None:
         fail(f"unexpected argument {name!r}: give one sweep file (or `show NAME`)",
              EXIT_INVALID)
@@ -216,7 +269,7 @@ def sweep_show(
     _show(name, json_out)
 
 def sweeps(json_out: JsonFlag = False) -> None:
-    """List sweeps: runs, done/running/queued/failed, spent/budget, best run."""
+    """List sweeps: runs, done/running/queued/failed/cancelled, spent/budget, best run."""
     from orchestrator.cli.tables import table
     from orchestrator.core.money import usd
 
@@ -225,7 +278,7 @@ def sweeps(json_out: JsonFlag = False) -> None:
         print_json(rows)
         return
     if not rows:
-        typer.echo(f"no sweeps yet; try `orch sweep {Path('examples') / 'sweep-lr.yml'}`")
+        typer.echo(f"no sweeps yet; try `orch sweep {Path('examples') / 'sweep-sim.yml'}`")
         return
     out = []
     for s in rows:
@@ -235,9 +288,9 @@ def sweeps(json_out: JsonFlag = False) -> None:
         best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
                                       f"{_metric(b['metric'])}")
         out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
-                    c["failed"], spent, best])
-    typer.echo(table(["name", "runs", "done", "running", "queued", "failed",
-                      "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6],
+                    c["failed"], c["cancelled"], spent, best])
+    typer.echo(table(["name", "runs", "done", "running", "queued", "failed", "cancelled",
+                      "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6, 7],
                      drop=[3, 4, 2]))
 
 

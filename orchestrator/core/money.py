@@ -201,10 +201,14 @@ def volume_cost(disk_gb: int | Decimal, per_gb_month: Decimal,
 
 
 def usd(value: Decimal | str | None) -> str:
-    """Dollars for people: cents from $1 up, four decimals below (spot rates are $0.074/h)."""
+    """Dollars for people: cents from $1 up, four decimals below (spot rates are $0.074/h),
+    rounded half up (away from zero: $1.005 is $1.01), the rule of the SQL in
+    docs/schema.md (SQLite's printf and round, PostgreSQL's round and to_char)."""
     if value is None:
         return "-"
     d = Decimal(str(value))
+    places = Decimal("0.01") if abs(d) >= 1 else Decimal("0.0001")
+    d = d.quantize(places, rounding=ROUND_HALF_UP)
     return f"${d:,.2f}" if abs(d) >= 1 else f"${d:.4f}"
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 from orchestrator.core import evalsizing, offerbook, savers, scheduler
+from orchestrator.core.delivery import Delivery, plan_delivery
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
 from orchestrator.core.savers import choices as savers_choices
@@ -81,7 +83,15 @@ class Plan:
             "unpriced_tiers": [f"{u.provider}:{u.name}" for u in self.unpriced],
             "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
             "why": why(self),
+            "delivery": self.delivery.to_dict(),
         }
+
+    @property
+    def delivery(self) -> Delivery:
+        """What the job delivers and where, with its time and cost on the chosen host."""
+        c = self.chosen
+        hourly = c.est_cost / Decimal(str(c.est_hours)) if c.est_hours > 0 else Decimal(0)
+        return plan_delivery(self.job, self.workload.trainable_params, hourly)
 
 
 def estimate_dict(est: MemoryEstimate) -> dict[str, Any]:

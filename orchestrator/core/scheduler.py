@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
+from dataclasses import dataclass, field, replace
+from decimal import ROUND_CEILING, Decimal
 
 from orchestrator.core import money, savers, sizing, throughput
 from orchestrator.core.sizing import GIB, MemoryEstimate, Workload
@@ -76,6 +76,9 @@ class Ranking:
 
     placements: tuple[Placement, ...]
     rejected: Mapping[str, int] = field(default_factory=dict)  # reason -> offers
+    # The cheapest placement that fit but cost more than resources.max_cost: when the
+    # budget is what left everything out, the error leads with it.
+    over_budget: Placement | None = None
 
     @property
     def chosen(self) -> Placement | None:
@@ -125,6 +128,7 @@ def rank(
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
+    over_budget: Placement | None = None
     # Offers repeat the same few shapes; size and time each shape once, price each offer.
     fit_cache: dict[tuple[object, ...], MemoryEstimate | None] = {}
     time_cache: dict[tuple[object, ...], throughput.Duration] = {}
@@ -150,10 +154,15 @@ def rank(
         placed = priced(offer, est, dur, constraints)
         if isinstance(placed, str):
             rejected[placed] += 1
+            if placed == OVER_BUDGET:
+                unlimited = priced(offer, est, dur, replace(constraints, max_cost=None))
+                if isinstance(unlimited, Placement) and (
+                        over_budget is None or unlimited.sort_key() < over_budget.sort_key()):
+                    over_budget = unlimited
             continue
         placements.append(placed)
     placements.sort(key=Placement.sort_key)
-    return Ranking(tuple(placements), dict(rejected))
+    return Ranking(tuple(placements), dict(rejected), over_budget)
 
 
 def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstimate,
@@ -185,7 +194,7 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
         return "slower than resources.deadline_hours"
     cost = money.job_cost(offer, dur.total)
     if c.max_cost is not None and cost > c.max_cost:
-        return "above resources.max_cost"
+        return OVER_BUDGET
     if (c.max_price_per_hour is not None and offer.price_per_hour is None
             and cost / Decimal(repr(dur.total)) > c.max_price_per_hour):
         # A new monthly rental has no hourly price; what it costs this job per hour
@@ -240,6 +249,7 @@ def choose(
 NO_MEMORY = "does not fit in GPU memory"
 WRONG_COUNT = "GPU count does not suit resources.layout"
 NO_RAM = "host RAM unknown, and resources.layout offloads to it"
+OVER_BUDGET = "above resources.max_cost"
 # What to change for each reason an offer was left out.
 _ADVICE = {
     NO_MEMORY: "a shorter training.sequence_len, a smaller micro_batch_size, method qlora, "
@@ -263,7 +273,21 @@ _ADVICE = {
 
 def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
                    constraints: Constraints) -> str:
-    """Why nothing was placed: the smallest need, the largest eligible offer, what to change."""
+    """Why nothing was placed: the smallest need, the largest eligible offer, what to change.
+
+    When offers fit but all cost more than resources.max_cost, the money comes first: the
+    memory figures do not say what to change then.
+    """
+    cheapest = ranking.over_budget
+    if cheapest is not None and constraints.max_cost is not None:
+        o = cheapest.offer
+        reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items()))
+        return (f"no placement fits resources.max_cost: the cheapest that fits costs "
+                f"{money.usd(cheapest.est_cost)} > max_cost "
+                f"{money.usd(constraints.max_cost)} ({o.gpu} x{o.gpu_count}, {o.provider}, "
+                f"{cheapest.est_hours:.2f} h). Try resources.max_cost: "
+                f"{_round_up_cents(cheapest.est_cost)} or more, or fewer training.epochs. "
+                f"Left out: {reasons}.")
     need = smallest_need(w, constraints.max_gpus, constraints.gpu_count)
     plural = "s" if need.gpu_count > 1 else ""
     need_txt = (f"the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "
@@ -283,3 +307,8 @@ def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
     tail = f" Try {'; or '.join(advice)}." if advice else ""
     pinned = f"resources.layout {w.layout}: " if w.layout != "auto" else ""
     return f"{pinned}no placement fits: {need_txt}; {offer_txt}. Left out: {reasons}.{tail}"
+
+
+def _round_up_cents(value: Decimal) -> str:
+    """The smallest whole-cent budget that covers `value` (what to write in the job file)."""
+    return str(value.quantize(Decimal("0.01"), rounding=ROUND_CEILING))

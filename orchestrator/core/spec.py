@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -31,8 +30,11 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
-from orchestrator.core.specerrors import closest, translate
+from orchestrator.core.specerrors import Problems, closest, translate
+from orchestrator.core.specnames import check_names, with_name_problems
+from orchestrator.core.strictmodel import Strict
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -55,16 +57,6 @@ MAX_STEPS = 1_000_000  # gradient accumulation steps
 # trainer.extra is passed to axolotl as YAML; its configs nest 2-3 levels.
 MAX_EXTRA_DEPTH = 8
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-
-
-class Strict(BaseModel):
-    """Base of the file models: unknown keys refused, no coercion, immutable."""
-
-    # inf and nan are never a meaningful setting; refused like any other bad number.
-    # validate_default: a default is stored as its field's type (`epochs` 1 as 1.0), so a
-    # key spelled out with its default value has the same canonical form, and spec hash.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
-                              validate_default=True)
 
 
 def to_decimal(value: Any) -> Any:
@@ -301,8 +293,9 @@ class ResourcesSpec(Strict):
         description="Interruptible (spot) machines: `allowed`, `required` or `never`.")
     gpus: AnyOrList = Field(
         default=None, examples=[["RTX 4090", "A100"]],
-        description="`any`, or the GPU models allowed (`orch servers add --gpu` spellings, "
-                    "e.g. RTX 4090, A100, H100).")
+        description="`any`, or the GPU models allowed: the catalog's names or a family "
+                    "(RTX 4090, A100; H100 = H100 SXM and H100 PCIe). `orch servers add "
+                    "--gpu` takes one exact model.")
     max_gpus: int = Field(default=8, ge=1, le=8, description="Most GPUs on one machine.",
                           examples=[8])
     gpu_count: int | None = Field(
@@ -412,6 +405,11 @@ class JobSpec(Strict):
     trainer: TrainerSpec = Field(default_factory=TrainerSpec,
                                  examples=[{"image": DEFAULT_TRAINER_IMAGE}],
                                  description="The training container.")
+    output: OutputSpec = Field(default_factory=OutputSpec,
+                               examples=[{"merged": True, "push_to_hub": "my-org/my-model"}],
+                               description="What the job delivers and where: the adapter "
+                                           "(always), the merged model, this machine, a "
+                                           "Hugging Face repo.")
 
 
 @dataclass(frozen=True)
@@ -438,8 +436,15 @@ class SpecError(ValueError):
 
 
 def spec_hash(spec: JobSpec) -> str:
-    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled."""
-    return canonical.digest(canonical.without_later_defaults(spec.model_dump(mode="python")))
+    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled.
+
+    `output` counts only when it is not the default: it came after hashes were recorded,
+    and a job that does not set it is the same job as before.
+    """
+    data = spec.model_dump(mode="python")
+    if spec.output == OutputSpec():
+        data.pop("output")
+    return canonical.digest(canonical.without_later_defaults(data))
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -477,16 +482,22 @@ def load_job(path: str | Path) -> LoadedJob:
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(translate(exc, JobSpec, name, pos)) from None
+        # With the schema's errors, the name checks that need no valid spec, so that a file
+        # with problems in several places hears of all of them at once (README).
+        raise SpecError(with_name_problems(translate(exc, JobSpec, name, pos), raw, name,
+                                            pos)) from None
     return resolve(spec, path, pos)
 
 
 def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> LoadedJob:
     """Check what the schema cannot (files, model shape, GPU and provider names)."""
-    found = _Problems(str(path), pos or yamlpos.Positions())
+    found = Problems(str(path), pos or yamlpos.Positions())
     arch = _architecture(spec, path.parent, found)
     if spec.method == "full" and "lora" in spec.model_fields_set:
         found.add(("lora",), "only used by method qlora or lora; remove it for a full fine-tune")
+    for loc, msg in output_problems(spec.output, spec.method,
+                                    None if arch is None else arch.params):
+        found.add(loc, msg)
     dataset = _dataset(spec, path.parent, found)
     if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
         found.add(("training", "epochs"), f"{dataset.tokens:,} tokens x "
@@ -499,7 +510,8 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
                       "of {prompt, expected} rows (relative to the job file)")
         else:
             found.extend(("eval", "eval_set"), check_eval_set(eval_file))
-    _names(spec, found)
+    check_names(spec.trainer.extra, list(spec.resources.gpus or []),
+                list(spec.resources.providers or []), found)
     if found.items or arch is None or dataset is None:
         # By line, keeping the file's own order within a line (dataset rows, say).
         ordered = sorted(dict.fromkeys(found.items), key=lambda p: p[0])
@@ -507,23 +519,7 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
 
 
-class _Problems:
-    """Problems found in one job file, each with the line of the field it is about."""
-
-    def __init__(self, name: str, pos: yamlpos.Positions) -> None:
-        self.name, self.pos = name, pos
-        self.items: list[tuple[int, str]] = []
-
-    def add(self, loc: tuple[str | int, ...], msg: str) -> None:
-        line = self.pos.line(loc)
-        self.items.append((line, f"{self.name}:{line} {yamlpos.dotted(loc)}: {msg}"))
-
-    def extend(self, loc: tuple[str | int, ...], messages: list[str]) -> None:
-        """Messages that already name their file and line (a data file's rows)."""
-        self.items.extend((self.pos.line(loc), m) for m in messages)
-
-
-def _architecture(spec: JobSpec, base: Path, found: _Problems) -> Architecture | None:
+def _architecture(spec: JobSpec, base: Path, found: Problems) -> Architecture | None:
     """The base model's shape: given, from a config.json, or from the known models."""
     ref = spec.base_model
     loc: tuple[str | int, ...] = ("base_model",)
@@ -546,7 +542,7 @@ def _architecture(spec: JobSpec, base: Path, found: _Problems) -> Architecture |
     return None
 
 
-def _dataset(spec: JobSpec, base: Path, found: _Problems) -> DatasetSize | None:
+def _dataset(spec: JobSpec, base: Path, found: Problems) -> DatasetSize | None:
     """The training file's size, after checking its rows; Hub datasets are refused."""
     if spec.dataset.path.local is None:
         # Refused before renting: the host pipeline uploads a local JSONL file only, and
@@ -556,8 +552,8 @@ def _dataset(spec: JobSpec, base: Path, found: _Problems) -> DatasetSize | None:
         found.add(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
                   "datasets are not downloaded by orch: download it with `hf download "
                   f"--repo-type dataset {'ORG/NAME' if bad else hf} "
-                  "--local-dir data/NAME`, then give the JSONL file's path in dataset.path "
-                  "(relative to the job file)")
+                  f"--local-dir data/{'NAME' if bad else hf.rsplit('/', 1)[-1]}`, then give "
+                  "the JSONL file's path in dataset.path (relative to the job file)")
         return None
     data_file = base / spec.dataset.path.local
     if data_file.is_dir() or not data_file.exists():
@@ -570,28 +566,3 @@ def _dataset(spec: JobSpec, base: Path, found: _Problems) -> DatasetSize | None:
     except DatasetError as exc:
         found.extend(("dataset", "path"), exc.problems)
     return None
-
-
-def _names(spec: JobSpec, found: _Problems) -> None:
-    """trainer.extra keys orch sets itself, and unknown GPU and provider names."""
-    from playbooks.axolotl import extra_clash
-    from providers import catalog  # data only; kept here so the schema stays import-light
-
-    for key in spec.trainer.extra:
-        why = extra_clash(key)
-        if why:
-            found.add(("trainer", "extra", key), why)
-    for i, gpu in enumerate(spec.resources.gpus or []):
-        if not catalog.resolve_gpu(gpu):
-            known = list(catalog.gpus())
-            close = closest(gpu, known, n=1, cutoff=0.5)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            found.add(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
-                      f"{', '.join(known)}")
-    providers = catalog.provider_names()
-    for i, prov in enumerate(spec.resources.providers or []):
-        if prov not in providers:
-            close = closest(prov, providers, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            found.add(("resources", "providers", i), f"unknown provider {prov!r}; {hint}"
-                      f"known: {', '.join(providers)}")

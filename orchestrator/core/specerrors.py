@@ -130,3 +130,19 @@ def translate(exc: ValidationError, root: type[BaseModel], filename: str,
         where = yamlpos.dotted(loc) or "(top level)"
         out.append((line, f"{filename}:{line} {where}: {describe(dict(err), root)}"))
     return [msg for _, msg in sorted(set(out))]
+
+
+class Problems:
+    """Problems found in one job file, each with the line of the field it is about."""
+
+    def __init__(self, name: str, pos: yamlpos.Positions) -> None:
+        self.name, self.pos = name, pos
+        self.items: list[tuple[int, str]] = []
+
+    def add(self, loc: tuple[str | int, ...], msg: str) -> None:
+        line = self.pos.line(loc)
+        self.items.append((line, f"{self.name}:{line} {yamlpos.dotted(loc)}: {msg}"))
+
+    def extend(self, loc: tuple[str | int, ...], messages: list[str]) -> None:
+        """Messages that already name their file and line (a data file's rows)."""
+        self.items.extend((self.pos.line(loc), m) for m in messages)

@@ -202,11 +202,14 @@ class SessionMixin(RunnerCore):
 
     def _on_train_progress(self, p: train.Progress) -> None:
         assert self.progress is not None
-        if p.step == self.progress.step and p.loss == self.progress.loss:
+        new = [(step, loss) for step, loss in p.losses
+               if self._losses.get(step) != loss]
+        if p.step == self.progress.step and p.loss == self.progress.loss and not new:
             return  # each short wait reports the current step again
         self.progress.step, self.progress.total, self.progress.loss = p.step, p.total, p.loss
-        if p.loss is not None:
-            self.store.add_metrics(self.job_id, {"train.loss": p.loss}, step=p.step)
+        for step, loss in new:  # every step's loss the log showed, not only the latest
+            self.store.add_metrics(self.job_id, {"train.loss": loss}, step=step)
+            self._losses[step] = loss
         self._event("train.progress", f"step {p.step}/{p.total}"
                     + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
                     {"step": p.step, "total": p.total, "loss": p.loss})

@@ -10,6 +10,7 @@ names them. Secrets (HF_TOKEN) come from the worker's environment, never from th
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,16 @@ class Inputs:
         # Regular files only, streamed: resolve() checked it, but it may have changed since.
         return [json.loads(line) for line in lines(path) if line.strip()]
 
+    def disk_gb(self, minimum: int) -> int:
+        """Disk (GB) the job's host needs: the base model's cache (x1.1, as the model_cache
+        playbook checks), the merged model beside it, and 10 GB for checkpoints, the data
+        and the image's caches. A RunPod volume is created at this size, and the model
+        cache goes on it (a 70B model would fill the 50 GB container disk)."""
+        model = self.loaded.architecture.params * 2  # bf16 safetensors
+        merged = model if self.loaded.spec.method != "full" else 0
+        need = model * 1.1 + merged + 10e9
+        return max(minimum, math.ceil(need / 1e9))
+
     def save_steps(self, gpu_count: int) -> int:
         """Checkpoint interval in optimizer steps: about one per CHECKPOINT_EVERY_S."""
         t = self.loaded.spec.training
@@ -75,6 +86,7 @@ class Inputs:
         from orchestrator.core import savers
         from orchestrator.core.planning import workload_from
         from playbooks import images
+        from playbooks.deliver import HubTarget
         from playbooks.gpu import GpuExpectation
         from playbooks.pipeline import PipelineJob
         from providers import catalog
@@ -103,6 +115,9 @@ class Inputs:
                               "are not uploaded by orch yet; download it to a JSONL file and "
                               "give its path in dataset.path")
         token = os.environ.get("HF_TOKEN") or None
+        out = spec.output
+        hub = None if out.push_to_hub is None else HubTarget(
+            out.push_to_hub, private=out.private, merged=out.merged)
         serving = serving_for(self.loaded, count, spec_gpu.memory_bytes if spec_gpu else None)
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
@@ -115,7 +130,9 @@ class Inputs:
             eval_set=None if spec.eval.eval_set is None
             else str(self.loaded.path.parent / spec.eval.eval_set),
             eval_tasks=tuple(spec.eval.tasks), trainer_image=spec.trainer.image,
-            vllm_port=vllm_port, serving=serving, hf_token=token, poll_s=poll_s)  # fmt: skip
+            vllm_port=vllm_port, serving=serving, hf_token=token, poll_s=poll_s,
+            include_merged=out.merged_local(), push_to_hub=hub,
+            hub_endpoint=os.environ.get("HF_ENDPOINT") or None)  # fmt: skip
 
 
 def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None) -> Any:

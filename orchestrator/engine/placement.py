@@ -9,6 +9,7 @@ instances tagged with the job that no row knows.
 from __future__ import annotations
 
 import json
+import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
@@ -41,6 +42,7 @@ from providers.base import (
     ProviderError,
     QuotaError,
     ReportsSkipped,
+    Simulated,
     TransientError,
     keeps_machine,
 )
@@ -188,7 +190,7 @@ class PlacementMixin(RunnerCore):
         offers: list[Offer] = []
         skipped: dict[str, int] = {}
         answered, wait = True, None
-        for req in requirements(constraints, self.opts.disk_gb,
+        for req in requirements(constraints, self._disk_gb(),
                                 images.min_cuda(self.inputs.loaded.spec.trainer.image)):
             try:
                 offers += provider.offers(req)
@@ -212,6 +214,38 @@ class PlacementMixin(RunnerCore):
         if skipped:
             notes.append(catalog.skipped_note(name, skipped))
         return offers, wait
+
+    def _disk_gb(self) -> int:
+        """The disk (or volume) size asked of a provider: what this job needs, at least the
+        configured size."""
+        return self.opts.disk_gb if self._disk is None else self._disk
+
+    def _check_before_renting(self) -> None:
+        """What can fail the job on any host fails it here, before anything is billed.
+
+        The base model's access on the Hub with the worker's `HF_TOKEN` (gated, private,
+        missing, wrong revision: `hubaccess`). Only while the job holds no instance and no
+        phase is durable: a takeover's host has (or is fetching) the model already.
+        """
+        from orchestrator.engine import hubaccess
+
+        if self._job().phase_done or any(r.terminated_at is None
+                                         for r in self.store.instances_of(self.job_id)):
+            return
+        usable = [self.providers[name] for name in self._usable()]
+        if not os.environ.get("HF_ENDPOINT") and usable and all(
+                isinstance(p, Simulated) for p in usable):
+            # The simulated cloud's hosts download from their `hf` stand-in, not from
+            # huggingface.co: asking the real Hub would judge a download that never happens.
+            return
+        base = self.inputs.loaded.spec.base_model
+        access = hubaccess.check_model(base.repo, base.revision,
+                                       os.environ.get("HF_TOKEN") or None)
+        if access.problem is not None:
+            raise JobFailed(f"before renting: {access.problem}")
+        if access.unchecked is not None:
+            self._event("hub.unchecked", f"base model access not checked before renting: "
+                        f"{access.unchecked}; the host's download will tell")
 
     def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
         """Rent the cheapest fitting placement not `tried`; search again (a bounded number
@@ -262,7 +296,7 @@ class PlacementMixin(RunnerCore):
                 inst = provider.create(offer, self.public_key, self.job_id,
                                        image=images.for_host(
                                            self.inputs.loaded.spec.trainer.image, "container"),
-                                       disk_gb=self.opts.disk_gb)
+                                       disk_gb=self._disk_gb())
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
                 self._event("provision.capacity", f"{offer.provider} {offer.gpu} "

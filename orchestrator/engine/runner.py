@@ -101,12 +101,14 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
                                   else deadlines_from_env())
         self._stalls = 0
         self._secrets_base: dict[int, str] = {}  # instance row -> orch's directory on the host
+        self._disk: int | None = None
 
     def run(self, job_id: str) -> Job:
         """Drive the claimed job to succeeded, failed or cancelled (or requeued on SIGTERM)."""
         job = self.store.get_job(job_id)
         self.job_id = job_id
         self.progress = Progress(job_id, job.status, job.attempt)
+        self._losses = {}
         try:
             # Checkpoint copies and training logs live under the data folder: the user's alone.
             private_dir(data_dir())
@@ -210,6 +212,8 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             self.inputs = load_inputs(job)
         except InputsError as exc:
             raise JobFailed(str(exc)) from exc
+        self._disk = self.inputs.disk_gb(self.opts.disk_gb)
+        self._check_before_renting()
         tried: set[tuple[str, str]] = set()
         while True:
             job = self._job()
@@ -317,7 +321,7 @@ class JobRunner(PlacementMixin, SessionMixin, TeardownMixin):
             for name, provider in self.providers.items():
                 rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
                 if rate and name in used:
-                    storage += money.volume_cost(self.opts.disk_gb, rate,
+                    storage += money.volume_cost(self._disk_gb(), rate,
                                                  money.hours_between(job.started_at, now))
         return money.money(charged), storage, money.money(amortised)
 

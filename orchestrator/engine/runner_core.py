@@ -175,6 +175,7 @@ class RunnerCore:
     on_signal: str  # cancel (orch submit) | requeue (orch worker)
     job_id: str
     inputs: Inputs  # the job's file, model and data, loaded once per run
+    _disk: int | None  # GB of disk the job needs (set with `inputs`); None: not loaded
     public_key: str
     progress: Progress | None
     _stop: Stop | None
@@ -185,6 +186,7 @@ class RunnerCore:
     _watchdog: Watchdog
     _stalls: int
     _secrets_base: dict[int, str]  # instance row -> orch's directory on a kept server
+    _losses: dict[int, float]  # step -> training loss recorded as a metric in this run
 
     # --- implemented by the other parts (engine, teardown) ----------------------------------
 

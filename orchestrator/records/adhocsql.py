@@ -153,6 +153,23 @@ def _refusal(sql: str, detail: str) -> ReadOnlyError:
     )
 
 
+# orch's tables and views, for the error of a query that names another
+# (tests/test_newcomer_errors.py compares them with a freshly migrated database).
+TABLES = ("job", "instance", "event", "metric", "sweep", "server", "price_observation",
+          "throughput_observation")
+VIEWS = ("v_cost_per_month_provider", "v_best_run_per_sweep", "v_gpu_hours_per_model",
+         "v_interruptions_per_provider")
+WHAT_IS_THERE = (f"orch's tables: {', '.join(TABLES)}; views: {', '.join(VIEWS)} "
+                 "(their columns: docs/schema.md)")
+
+
+def _unknown_table(msg: str) -> str:
+    """`msg`, plus what orch's database holds when the query named a table it lacks."""
+    if "no such table" in msg or ("relation" in msg and "does not exist" in msg):
+        return f"{msg}; {WHAT_IS_THERE}"
+    return msg
+
+
 def run_sql(url: str, sql: str) -> SqlResult:
     """Run one read-only query against the database at `url`.
 
@@ -196,6 +213,8 @@ def run_sql(url: str, sql: str) -> SqlResult:
             if "no such table: v_" in msg:
                 msg += ("; orch's views arrive with schema 0003: run any orch command that "
                         "opens the database (e.g. `orch jobs`) to upgrade it")
+            else:
+                msg = _unknown_table(msg)
             # A locked or unreadable database is not the query's fault.
             fault = (HistoryError if any(s in msg for s in ("locked", "busy", "disk", "malformed",
                                                             "unable to open", "table: v_"))
@@ -260,7 +279,8 @@ def _run_sql_engine(url: str, query: str) -> SqlResult:
 
                 # Syntax errors, unknown tables and columns are ProgrammingErrors in DB-API.
                 fault = QueryError if isinstance(exc, ProgrammingError) else HistoryError
-                raise fault(f"query failed: {str(exc.orig).strip()}") from None
+                raise fault(f"query failed: {_unknown_table(str(exc.orig).strip())}"
+                            ) from None
             if not result.returns_rows:
                 raise _refusal(query, "it returns no rows")
             if len(rows) > limit_rows:

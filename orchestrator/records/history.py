@@ -11,8 +11,9 @@ are re-exported here for the CLI modules that import them from `history`.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -93,6 +94,7 @@ class Filters:
     sweep: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    ids: tuple[str, ...] = ()  # these jobs only (a report of one job or one sweep)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,8 @@ class HistoryRow:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # Where each artifact is (the job's last `delivered` event: what, where, location).
+    delivered: tuple[dict[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON values: money as exact decimal strings, times as UTC ISO text."""
@@ -121,12 +125,12 @@ class HistoryRow:
             return None if t is None else to_text(t)
 
         return {
-            "id": self.id, "name": self.name, "status": self.status, "method": self.method,
+            "job_id": self.id, "name": self.name, "status": self.status, "method": self.method,
             "model": self.model, "provider": self.provider, "gpu": self.gpu,
             "gpu_count": self.gpu_count, "spot": self.spot, "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)), "duration_s": self.duration_s,
             "created_at": iso(self.created_at), "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
+            "finished_at": iso(self.finished_at), "delivered": list(self.delivered),
         }
 
 
@@ -167,6 +171,8 @@ def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
         if bad:
             raise HistoryError(f"--status {bad[0]}: use one of {', '.join(JOB_STATUSES)}")
         terms.append(_in("j.status", "st", f.statuses, params))
+    if f.ids:
+        terms.append(_in("j.id", "id", f.ids, params))
     if f.methods:
         terms.append(_in("j.method", "me", f.methods, params))
     if f.providers:
@@ -243,7 +249,24 @@ def history(reader: Reader | None, filters: Filters, *, sort: str = "created",
             cost_micros=int(r[9] or 0), amortised_micros=int(r[10] or 0),
             duration_s=None if r[11] is None else max(0, int(r[11])), created_at=created,
             started_at=parse_stored(r[13]), finished_at=parse_stored(r[14])))
-    return out
+    return _with_deliveries(reader, out)
+
+
+def _with_deliveries(reader: Reader, rows: list[HistoryRow]) -> list[HistoryRow]:
+    """`rows` with where each job's artifacts are: one query for the rows shown (their
+    `delivered` events), never a subquery per job of the whole table."""
+    if not rows:
+        return rows
+    params = {f"j{i}": r.id for i, r in enumerate(rows)}
+    names = ", ".join(f":{k}" for k in params)
+    found: dict[str, tuple[dict[str, str], ...]] = {}
+    for job_id, data in reader.rows(f"SELECT job_id, data_json FROM event WHERE kind = "
+                                    f"'delivered' AND job_id IN ({names}) ORDER BY id", params):
+        try:
+            found[job_id] = tuple((json.loads(data or "{}") or {}).get("places") or ())
+        except ValueError:
+            continue
+    return [replace(r, delivered=found[r.id]) if r.id in found else r for r in rows]
 
 
 # --- cost rollups ------------------------------------------------------------------------
@@ -273,12 +296,13 @@ class CostRow:
         """Plain JSON values (money as exact decimal strings)."""
         return {
             "bucket": self.bucket, "key": self.key, "jobs": self.jobs,
-            "gpu_hours": str(self.gpu_hours), "cost": str(dollars(self.cost_micros)),
+            "gpu_hours": str(self.gpu_hours), "gpu_seconds": self.gpu_seconds,
+            "cost": str(dollars(self.cost_micros)),
             "amortised": str(dollars(self.amortised_micros)),
             "spot_savings": None if self.savings_micros is None
             else str(dollars(self.savings_micros)),
             "spot_gpu_hours": str((Decimal(self.spot_gpu_seconds) / 3600).quantize(
-                Decimal("0.01"))),
+                Decimal("0.01"))), "spot_gpu_seconds": self.spot_gpu_seconds,
             "spot_unpriced_gpus": sorted(self.unpriced_gpus),
         }
 
@@ -354,14 +378,15 @@ def _rollup_sql(reader: Reader, dim: str | None, filters: Filters,
 def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
                 since: datetime | None = None, until: datetime | None = None,
                 now: datetime | None = None,
-                prices: Mapping[str, Decimal] | None = None) -> list[CostRow]:
+                prices: Mapping[str, Decimal] | None = None,
+                ids: Sequence[str] = ()) -> list[CostRow]:
     """Jobs, GPU-hours, cost, amortised rent and spot savings per bucket and/or dimension.
 
     Jobs fall in the bucket of their `created_at` (UTC; ISO weeks) and under their own
     provider/GPU/sweep/method; GPU-hours come from their instances (until now for those
     still open). Savings are per spot instance: its GPU-hours at the cheapest on-demand
     catalog price of that GPU minus what it was charged (its billed cost once terminated,
-    price × elapsed time while open).
+    price × elapsed time while open). `ids`: only these jobs (none: every job).
     """
     if when is not None and when not in TIME_BUCKETS:
         raise HistoryError(f"--by {when}: use one of {', '.join(TIME_BUCKETS)}")
@@ -372,7 +397,8 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
     now = now or datetime.now(UTC)
     prices = on_demand_prices() if prices is None else prices
     params: dict[str, Any] = {"now": to_text(now)}
-    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until), params)
+    job_sql, inst_sql = _rollup_sql(reader, dim, Filters(since=since, until=until,
+                                                         ids=tuple(ids)), params)
     groups: dict[tuple[str | None, str | None], CostRow] = {}
 
     def row(day: str, key: Any) -> CostRow:

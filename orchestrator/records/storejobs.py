@@ -33,7 +33,7 @@ from orchestrator.records.storetables import (
     to_micros,
     utcnow,
 )
-from orchestrator.records.sweeprules import Usage, gate, usage_of
+from orchestrator.records.sweeprules import RUNNING_STATUSES, Usage, gate, usage_of
 
 # How many queued jobs one claim looks at past gated ones (one row at a time).
 CLAIM_SCAN = 500
@@ -268,9 +268,12 @@ class JobsMixin(StoreBase):
         return job
 
     def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
-        """The newest `limit` jobs, optionally only those in `status`."""
+        """The newest `limit` jobs, optionally only those in `status` (`running`: every
+        state a worker drives, as the running column of `orch sweeps` counts)."""
         query = select(Job)
-        if status is not None:
+        if status == "running":
+            query = query.where(col(Job.status).in_(RUNNING_STATUSES))
+        elif status is not None:
             check_status(status)
             query = query.where(Job.status == status)
         query = query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).limit(limit)
@@ -368,6 +371,29 @@ class JobsMixin(StoreBase):
                                   message="cancel requested; the worker tears down"))
             job.updated_at = now
             return job
+
+    def cancel_sweep_runs(self, sweep_id: str, reason: str) -> tuple[list[str], list[str]]:
+        """Cancel every unfinished run of a sweep in ONE write transaction: (cancelled now,
+        flagged for their workers to stop). The first statement flags every unfinished run
+        with one UPDATE, which takes their row locks, so no worker can claim one of them
+        from then on (a claim requires `cancel_requested_at IS NULL`): cancelling run by run
+        raced with workers that claimed, and billed, the next run meanwhile."""
+        now = utcnow()
+        unfinished = (col(Job.sweep_id) == sweep_id) & col(Job.status).not_in(FINAL_STATUSES)
+        with self.transaction() as session:
+            session.execute(update(Job).where(unfinished, col(Job.cancel_requested_at).is_(None))
+                            .values(cancel_requested_at=now))
+            cancelled, flagged = [], []
+            for job in session.exec(select(Job).where(unfinished).order_by(col(Job.id))):
+                if job.status in ("queued", "planned", "interrupted"):
+                    _state(session, job, JobStatus.CANCELLED, now, reason)
+                    cancelled.append(job.id)
+                else:
+                    session.add(Event(job_id=job.id, at=now, kind="cancel.requested",
+                                      message=f"{reason}; the worker tears down"))
+                    job.updated_at = now
+                    flagged.append(job.id)
+            return cancelled, flagged
 
     def cancel_orphan(self, job_id: str, reason: str) -> bool:
         """Cancel a job nobody drives (lease expired or none); False if a worker holds it."""

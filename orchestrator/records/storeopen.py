@@ -209,8 +209,8 @@ def make_engine(url: str | None = None) -> Engine:
                                f"({str(exc).splitlines()[0]}){fix}") from None
     except ImportError as exc:  # the dialect's driver (psycopg for PostgreSQL) is missing
         raise StoreError(f"ORCH_DB_URL needs the Python driver {exc.name or 'for it'}, which is "
-                         "not installed; install it in orch's environment (for PostgreSQL: "
-                         "pip install 'orch[postgres]')") from None
+                         "not installed; install it in orch's environment (for PostgreSQL, in "
+                         "orch's checkout: .venv/bin/pip install -e '.[postgres]')") from None
     except OSError as exc:
         raise StoreError(f"cannot create the database file or its folder {parsed.database}: "
                          f"{exc.strerror or exc}{fix}") from None

@@ -44,6 +44,7 @@ class JobRow:
     provider: str | None
     gpu: str | None
     gpu_count: int | None
+    finished_at: datetime | None = None
 
 
 # A store `Job` (the claim path, other databases) or a `JobRow` (sqlite3): both have the

@@ -27,6 +27,7 @@ from sqlmodel import Session, col, select
 from orchestrator.core.money import usd
 from orchestrator.core.planning import make_plan
 from orchestrator.core.scheduler import NoFit
+from orchestrator.core.spec import spec_hash
 from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
     Event,
@@ -108,6 +109,8 @@ class SubmitReport:
     duplicates: int = 0  # grid points dropped because another had the same resolved spec
     # Cost of the sweep's jobs that are not runs of this file (the grid was trimmed since).
     other_spent_micros: int = 0
+    # What changed since the sweep was last submitted (an edited grid or base file).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -195,7 +198,7 @@ class SubmitReport:
             "spent": str(from_micros(self.spent_micros)),
             "estimated": str(from_micros(self.estimated_micros)),
             "over_budget": self.over_budget, "held_back": self.held_back,
-            "duplicates": self.duplicates,
+            "duplicates": self.duplicates, "warnings": self.warnings,
             "runs": [r.to_dict() for r in self.runs],
         }
 
@@ -207,6 +210,15 @@ def _budget_micros(loaded: LoadedSweep) -> int | None:
 
 def _find_sweep(session: Session, name: str) -> Sweep | None:
     return session.exec(select(Sweep).where(Sweep.name == name)).first()
+
+
+def _sweep_named(session: Session, name: str) -> Sweep:
+    """Sweep `name`; NotFoundError naming the known sweeps when there is none."""
+    sweep = _find_sweep(session, name)
+    if sweep is None:
+        known = [s for s in session.exec(select(Sweep.name).order_by(col(Sweep.name)))]
+        raise NotFoundError(str(not_found(name, known)))
+    return sweep
 
 
 def upsert_sweep(store: Store, name: str, spec_json: str, budget_micros: int | None) -> str:
@@ -282,16 +294,21 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
         return True
 
 
-def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Any) -> Job:
-    """Insert the run's queued job and its first event; IntegrityError if its key exists."""
+def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Any,
+                name: str) -> Job:
+    """Insert the run's queued job (named `name`) and its first event; IntegrityError if its
+    key exists. The key stays the sweep file's (`run.sweep_key`), so a later tick finds it."""
     placement = plan.to_dict(alternatives=10_000)
     placement["job_file"] = str(run.job.path.resolve())
     p = plan.chosen
     now = utcnow()
     spec = run.job.spec
+    if name != spec.name:
+        spec = type(spec).model_validate({**spec.model_dump(mode="json", by_alias=True),
+                                          "name": name})
     job = Job(
         name=spec.name, status="queued", method=spec.method, base_model=spec.base_model.repo,
-        spec_json=spec.model_dump_json(), spec_hash=run.job.spec_hash, sweep_id=sweep_id,
+        spec_json=spec.model_dump_json(), spec_hash=spec_hash(spec), sweep_id=sweep_id,
         sweep_key=run.sweep_key, provider=p.offer.provider, gpu=p.offer.gpu,
         gpu_count=p.offer.gpu_count, billing=p.offer.billing.value,
         interruptible=p.offer.interruptible, est_hours=p.est_hours,
@@ -327,9 +344,10 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
     """
     spec = loaded.spec
     budget = _budget_micros(loaded)
+    with store.session() as session:
+        row = _find_sweep(session, spec.name)
+    before = _Recorded.of(store, row)
     if dry_run:
-        with store.session() as session:
-            row = _find_sweep(session, spec.name)
         sweep_id = None if row is None else row.id
     else:
         sweep_id = upsert_sweep(store, spec.name, loaded.spec_json, budget)
@@ -369,7 +387,7 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
             continue
         assert sweep_id is not None
         try:
-            created = _insert_run(store, sweep_id, spec.name, run, plan)
+            created = _insert_run(store, sweep_id, spec.name, run, plan, before.name_for(run))
         except IntegrityError:
             found = _job_by_key(store, run.sweep_key)
             if found is None:
@@ -377,13 +395,83 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
             report.runs.append(_existing(run, found))
             continue
         report.runs.append(_existing(run, created, "new"))
-    if sweep_id is not None:
-        keys = {r.sweep_key for r in loaded.runs}
-        with store.session() as session:
-            others = session.exec(select(Job.sweep_key, Job.cost_micros)
-                                  .where(Job.sweep_id == sweep_id)).all()
-        report.other_spent_micros = sum(c for k, c in others if k not in keys)
+    keys = {r.sweep_key for r in loaded.runs}
+    report.other_spent_micros = sum(j.cost_micros for j in before.jobs if j.sweep_key not in keys)
+    report.warnings = before.changes(loaded)
     return report
+
+
+@dataclass
+class _Recorded:
+    """What the database held of a sweep before this submit: its file and its jobs."""
+
+    spec_json: str | None
+    jobs: list[Job]
+    given: set[str] = field(default_factory=set)  # names this submit gave to new runs
+
+    @classmethod
+    def of(cls, store: Store, row: Sweep | None) -> _Recorded:
+        if row is None:
+            return cls(None, [])
+        with store.session() as session:
+            jobs = list(session.exec(select(Job).where(Job.sweep_id == row.id)
+                                     .order_by(col(Job.created_at), col(Job.id))))
+        return cls(row.spec_json, jobs)
+
+    def name_for(self, run: SweepRun) -> str:
+        """The run's name `<sweep>-<index>`, or, when an earlier grid gave that name to
+        another run, the next number no job of the sweep has: names stay unique."""
+        name = run.job.spec.name
+        taken = {j.name for j in self.jobs if j.sweep_key != run.sweep_key} | self.given
+        if name not in taken:
+            return name
+        prefix = name.rsplit("-", 1)[0]
+        numbers = [int(n.rsplit("-", 1)[1]) for n in taken | {name}
+                   if n.startswith(prefix + "-") and n.rsplit("-", 1)[1].isdigit()]
+        fresh = f"{prefix}-{max(numbers) + 1:03d}"
+        self.given.add(fresh)
+        return fresh
+
+    def changes(self, loaded: LoadedSweep) -> list[str]:
+        """Warnings: runs recorded earlier that the file no longer has, and what changed."""
+        keys = {r.sweep_key for r in loaded.runs}
+        stale = [j for j in self.jobs if j.sweep_key not in keys]
+        if not stale:
+            return []
+        what = _diff(json.loads(self.spec_json or "{}"), json.loads(loaded.spec_json),
+                     ("grid", "random"))
+        if what:
+            what = f"changed in the sweep file: {what}"
+        else:  # the sweep file is the same: the base job file changed
+            old = json.loads(stale[-1].spec_json)
+            what = _diff(old, loaded.runs[0].job.spec.model_dump(mode="json"),
+                         ("name", *loaded.runs[0].params), base=True)
+            what = f"changed in the base job file: {what or 'its resolved values'}"
+        spent = sum(j.cost_micros for j in stale)
+        n = len(stale)
+        return [f"{n} run{'s' if n != 1 else ''} recorded earlier {'are' if n != 1 else 'is'} "
+                f"not in the sweep any more ({what}): "
+                f"{', '.join(j.name for j in stale[:8])}{' ...' if n > 8 else ''}; "
+                f"they stay in this sweep's spent ({usd(from_micros(spent))}) and best"]
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...],
+          base: bool = False) -> str:
+    """`key: old -> new` for the dotted keys that differ: inside `keys` (a sweep file's grid)
+    or, with `base`, outside them (a base job file, whose grid keys vary by design)."""
+    a, b = _flat(old), _flat(new)
+    inside = [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)
+              and any(k == p or k.startswith(p + ".") for p in keys) != base]
+    return "; ".join(f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in inside[:6])
 
 
 # --- the gate --------------------------------------------------------------------------------
@@ -428,10 +516,7 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
     """
     now = utcnow()
     with store.session() as session:
-        sweep = _find_sweep(session, name)
-        if sweep is None:
-            known = [s for s in session.exec(select(Sweep.name).order_by(col(Sweep.name)))]
-            raise NotFoundError(str(not_found(name, known)))
+        sweep = _sweep_named(session, name)
         jobs = list(session.exec(select(Job).where(Job.sweep_id == sweep.id)
                                  .order_by(col(Job.created_at), col(Job.id))))
         ids = [j.id for j in jobs]
@@ -449,6 +534,21 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
                             metrics=metrics, now=now)
 
 
+def cancel_sweep(store: Store, name: str) -> dict[str, Any]:
+    """Cancel sweep `name`'s queued and running runs at once (`Store.cancel_sweep_runs`).
+
+    Running runs whose worker is gone (lease expired) are cancelled too, as `orch cancel`
+    does; their instances are left to `orch reconcile`. NotFoundError for an unknown name.
+    """
+    with store.session() as session:
+        sweep = _sweep_named(session, name)
+    cancelled, flagged = store.cancel_sweep_runs(sweep.id, f"sweep {name} cancelled")
+    orphans = [j for j in flagged if store.cancel_orphan(j, f"sweep {name} cancelled; "
+                                                          "no worker held the job")]
+    return {"sweep": name, "sweep_id": sweep.id, "cancelled": cancelled + orphans,
+            "stopping": [j for j in flagged if j not in orphans]}
+
+
 def list_sweeps(store: Store) -> list[dict[str, Any]]:
     """Every sweep's status (as `sweep_status`), by name."""
     with store.session() as session:
@@ -457,7 +557,7 @@ def list_sweeps(store: Store) -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "RUNNING_STATUSES", "STATES", "RunReport", "SubmitReport", "claim_next_gated",
+    "RUNNING_STATUSES", "STATES", "RunReport", "SubmitReport", "cancel_sweep", "claim_next_gated",
     "is_running", "list_sweeps", "requeue_failed", "run_state", "submit_sweep",
     "sweep_gate", "sweep_status", "upsert_sweep",
 ]

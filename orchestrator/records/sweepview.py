@@ -89,7 +89,11 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
     runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
     best: dict[str, Any] | None = None
     if objective is not None:
-        done = [(r["job_id"], r["metric"]) for r in runs if r["state"] == "done"]
+        # Ties go to the run that finished first, then the smaller id: the rule of
+        # v_best_run_per_sweep and of the best-run queries in docs/schema.md.
+        finished = {j.id: j.finished_at for j in jobs}
+        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "done"),
+                      key=lambda d: (finished[d[0]] is None, finished[d[0]] or now, d[0]))
         best_id = best_of(done, objective["goal"])
         if best_id is not None:
             b = next(r for r in runs if r["job_id"] == best_id)
@@ -119,7 +123,7 @@ def not_found(name: str, known: Sequence[str]) -> SweepNotFound:
 # --- reading with sqlite3 ----------------------------------------------------------------------
 
 _JOB_COLUMNS = ("id, name, status, lease_owner, lease_expires_at, cost_micros, "
-                "est_cost_micros, failure_reason, provider, gpu, gpu_count")
+                "est_cost_micros, failure_reason, provider, gpu, gpu_count, finished_at")
 
 
 def sweep_status(reader: Reader | None, name: str,
@@ -137,7 +141,8 @@ def sweep_status(reader: Reader | None, name: str,
     params = {"sid": sweep_id}
     jobs = [JobRow(r[0], r[1], r[2], r[3], parse_stored(r[4]), int(r[5] or 0),
                    None if r[6] is None else int(r[6]), r[7], r[8], r[9],
-                   None if r[10] is None else int(r[10]))
+                   None if r[10] is None else int(r[10]),
+                   None if r[11] is None else parse_stored(r[11]))
             for r in reader.rows(f"SELECT {_JOB_COLUMNS} FROM job WHERE sweep_id = :sid "
                                  "ORDER BY created_at, id", params)]
     first = first_event_data(reader.rows(

@@ -290,12 +290,15 @@ class ConnectionFactory:
 
 
 def trust_on_first_use(
-    host: str, port: int = 22, *, timeout: float = 10.0, deadline: float = 60.0
+    host: str, port: int = 22, *, timeout: float = 10.0, deadline: float = 60.0,
+    retry_refused: bool = True,
 ) -> paramiko.PKey:
     """The host key the server presents now, for the caller to record and pin from then on.
 
     Only call this at first contact with a host reached over a trusted path (right after the
-    provider created it); afterwards connect with the recorded key.
+    provider created it); afterwards connect with the recorded key. `retry_refused` False:
+    a refused connection fails at once (a server already running, as one a user registers,
+    that refuses does not start listening by waiting; a booting instance may).
     """
     started = time.monotonic()
     attempts = 0
@@ -319,7 +322,8 @@ def trust_on_first_use(
 
     try:
         for trial in Retrying(
-            retry=retry_if_exception(is_transient),
+            retry=retry_if_exception(lambda e: is_transient(e) and (
+                retry_refused or not isinstance(e, ConnectionRefusedError))),
             stop=stop_any(stop_after_delay(deadline), _SilentStop()),
             wait=lambda s: min(5.0, 0.2 * 2 ** (s.attempt_number - 1)),
             reraise=True,

@@ -73,8 +73,13 @@ class SimHostOptions:
     has_docker: bool = True
     has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
     has_systemd: bool = True
+    # Who the SSH login is: "root"; "sudoer" (a user with passwordless sudo); "user" (no
+    # sudo rights). Not root, privileged commands (apt-get, nvidia-ctk runtime configure,
+    # systemctl, service) are refused unless run through `sudo`.
+    login: str = "root"
     preinstalled_packages: tuple[str, ...] = ("ca-certificates", "curl")
-    toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1")
+    toolkit_versions: tuple[str, ...] = ("1.17.8-1", "1.18.0-1", "1.18.1-1", "1.19.0-1",
+                                         "1.20.0-1")
     toolkit_preinstalled: str | None = None  # a version: toolkit installed and configured
     # disks
     nvme_mount: str | None = "/mnt/nvme"  # None: the host has no NVMe disk

@@ -10,13 +10,29 @@ read from its source (`_snapshot_download.py`, `file_download.py`, `hf_api.py`,
   (`X-Repo-Commit`, `ETag`, `Content-Length`); `GET` the same URL: its bytes, with `Range`
   honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`).
 
+What `hf upload` (the same version: `hf_api.create_repo`, `create_commit`, `_commit_api.py`,
+`lfs.py`) sends, with a token only (a write needs an account: 401 otherwise):
+
+- `POST /api/repos/create` `{name, organization, visibility?, type}`: 200 `{url}`; 409 when
+  the repo exists (the client's `exist_ok`); another account's namespace is a 403;
+- `POST /api/models/{repo}/preupload/{rev}`: each file's `uploadMode` (`lfs` for binary or
+  > 10 MB content, else `regular`), as the Hub decides it;
+- `POST /{repo}.git/info/lfs/objects/batch`: `basic` transfer, an `upload` href per object
+  not stored yet; `PUT /lfs/{oid}`: the bytes (checked against the oid);
+- `POST /api/models/{repo}/commit/{rev}` (NDJSON: header, `file` base64, `lfsFile` oid):
+  a new commit with those files; an `lfsFile` whose bytes never arrived is a 400.
+
 Errors carry the headers the real Hub sends and the client maps to exceptions
 (`X-Error-Code: RepoNotFound | RevisionNotFound | GatedRepo | EntryNotFound`,
 `X-Error-Message`, a JSON `{"error": ...}` body):
 
+- `GET /api/{models|datasets}/{repo}/auth-check`: what `HfApi.auth_check` asks (200 when
+  the token may read the repo); orch asks it from the controller before renting;
 - missing repo: 401 without a token, 404 with one (the Hub hides private repos that way);
-- gated repo: the info is public, every file answers 401 without a token, 403 with a token
-  of an account that has not accepted the licence;
+- private repo: exactly a missing repo's answers (info, auth-check, files) unless the token's
+  account may read it (`accepted`);
+- gated repo: the info is public; auth-check and every file answer 401 without a token,
+  403 with a token of an account that has not accepted the licence;
 - unknown revision: 404 `RevisionNotFound`;
 - a token the Hub does not know: 401 "Invalid credentials in Authorization header", no code;
 - `slow`: the next N file bodies stall (longer than the client's read timeout) before the
@@ -37,6 +53,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
+from . import hubwrite
 from .serve import LoopbackServer
 
 INVALID_TOKEN = "Invalid credentials in Authorization header"
@@ -51,7 +68,14 @@ class Repo:
     files: dict[str, bytes]
     revisions: tuple[str, ...] = ("main",)
     gated: bool = False
-    accepted: set[str] = field(default_factory=set)  # tokens whose account accepted the gate
+    accepted: set[str] = field(default_factory=set)  # tokens whose account may read it
+    private: bool = False
+    owner: str | None = None  # the token that created it (may write)
+    commits: int = 0
+
+    def hidden_from(self, token: str | None) -> bool:
+        """A private repo is invisible to everyone but its readers."""
+        return self.private and token not in self.accepted
 
     def commit(self, revision: str) -> str | None:
         """The commit a revision name (or a commit hash itself) points at."""
@@ -75,10 +99,16 @@ class Recorded:
 class HubEmulator:
     """The Hub's download endpoints with faults; see the module docstring."""
 
-    def __init__(self, tokens: tuple[str, ...] = ()) -> None:
+    def __init__(self, tokens: tuple[str, ...] = (), *, open_models: bool = False) -> None:
         self.tokens = set(tokens)  # tokens the Hub knows; any other one is a 401
         self.repos: dict[tuple[str, str], Repo] = {}
+        # Any model repo not added is a public one with no files at `main`, and any token
+        # is an account's (the test suite's default Hub, so orch's pre-rental check of any
+        # base model passes).
+        self.open_models = open_models
         self.requests: list[Recorded] = []
+        self.blobs: dict[str, bytes] = {}  # LFS objects by sha256
+        self.namespaces: dict[str, str] = {}  # token -> the account's user name
         self.slow = 0  # file bodies still to stall
         self.stall_s = 3.0
         self.truncated = 0  # file bodies still to cut halfway
@@ -89,7 +119,7 @@ class HubEmulator:
 
     def start(self) -> HubEmulator:
         self._server = LoopbackServer(lambda h: self._handle(h, body=h.command != "HEAD"),
-                                      ("GET", "HEAD"))
+                                      ("GET", "HEAD", "POST", "PUT"))
         return self
 
     def stop(self) -> None:
@@ -112,8 +142,8 @@ class HubEmulator:
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, repo_type: str = "model",
                  revisions: tuple[str, ...] = ("main",), gated: bool = False,
-                 accepted: tuple[str, ...] = ()) -> Repo:
-        repo = Repo(repo_id, repo_type, dict(files), revisions, gated, set(accepted))
+                 accepted: tuple[str, ...] = (), private: bool = False) -> Repo:
+        repo = Repo(repo_id, repo_type, dict(files), revisions, gated, set(accepted), private)
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
@@ -148,12 +178,17 @@ class HubEmulator:
     def _find(self, h: BaseHTTPRequestHandler, record: Recorded, repo_type: str, rest: str,
               marker: str, token: str | None, body: bool) -> tuple[Repo, str] | None:
         """(repo, what follows `/marker/`) for `rest` = `{repo_id}/{marker}/...`, or answered."""
-        if token is not None and token not in self.tokens:
+        if token is not None and token not in self.tokens and not self.open_models:
             self._error(h, record, 401, INVALID_TOKEN, None, body)
             return None
-        repo_id, sep, tail = rest.partition(f"/{marker}/")
+        if marker == "auth-check" and rest.endswith("/auth-check"):
+            repo_id, sep, tail = rest[: -len("/auth-check")], "/", ""
+        else:
+            repo_id, sep, tail = rest.partition(f"/{marker}/")
         repo = self.repos.get((repo_type, repo_id)) if sep else None
-        if repo is None:
+        if repo is None and sep and self.open_models and repo_type == "model":
+            repo = Repo(repo_id, repo_type, {})
+        if repo is None or repo.hidden_from(token):
             self._error(h, record, 404 if token else 401, "Repository not found",
                         "RepoNotFound", body)
             return None
@@ -161,10 +196,17 @@ class HubEmulator:
 
     def _route(self, h: BaseHTTPRequestHandler, path: str, token: str | None, body: bool,
                record: Recorded) -> None:
+        if h.command in ("POST", "PUT"):
+            hubwrite.route(self, h, record, path, token)
+            return
         if path.startswith("/api/models/") or path.startswith("/api/datasets/"):
             _, _, kind, rest = path.split("/", 3)
-            found = self._find(h, record, kind[:-1], rest, "revision", token, body)
-            if found is not None:
+            check = rest.endswith("/auth-check")
+            found = self._find(h, record, kind[:-1], rest,
+                               "auth-check" if check else "revision", token, body)
+            if found is not None and check:
+                self._auth_check(h, record, found[0], token, body)
+            elif found is not None:
                 self._info(h, record, *found, body)
             return
         repo_type, rest = ("dataset", path[len("/datasets/"):]) \
@@ -180,10 +222,36 @@ class HubEmulator:
             self._error(h, record, 404, f"Invalid rev id: {revision}", "RevisionNotFound", body)
             return
         info = {"_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
-                "private": False, "gated": "manual" if repo.gated else False,
+                "private": repo.private, "gated": "manual" if repo.gated else False,
                 "disabled": False, "sha": sha,
                 "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
-        raw = json.dumps(info).encode()
+        self._json(h, record, info, body)
+
+    def _gate(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo,
+              token: str | None, body: bool) -> bool:
+        """Answer the gate's refusal and return True, or False when `token` may pass."""
+        if not repo.gated or token in repo.accepted:
+            return False
+        kind = repo.repo_type
+        if token is None:
+            message = (f"Access to {kind} {repo.repo_id} is restricted. You must have "
+                       "access to it and be authenticated to access it. Please log in.")
+        else:
+            message = (f"Access to {kind} {repo.repo_id} is restricted and you are not in "
+                       f"the authorized list. Visit https://huggingface.co/{repo.repo_id} "
+                       "to ask for access.")
+        self._error(h, record, 403 if token else 401, message, "GatedRepo", body)
+        return True
+
+    def _auth_check(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo,
+                    token: str | None, body: bool) -> None:
+        if self._gate(h, record, repo, token, body):
+            return
+        self._json(h, record, {"accessRequest": None}, body)
+
+    def _json(self, h: BaseHTTPRequestHandler, record: Recorded, value: object,
+              body: bool) -> None:
+        raw = json.dumps(value).encode()
         record.status = 200
         h.send_response(200)
         h.send_header("Content-Type", "application/json; charset=utf-8")
@@ -195,16 +263,7 @@ class HubEmulator:
     def _file(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo, tail: str,
               token: str | None, body: bool) -> None:
         revision, _, name = tail.partition("/")
-        kind = repo.repo_type
-        if repo.gated and token not in repo.accepted:
-            if token is None:
-                message = (f"Access to {kind} {repo.repo_id} is restricted. You must have "
-                           "access to it and be authenticated to access it. Please log in.")
-            else:
-                message = (f"Access to {kind} {repo.repo_id} is restricted and you are not in "
-                           f"the authorized list. Visit https://huggingface.co/{repo.repo_id} "
-                           "to ask for access.")
-            self._error(h, record, 403 if token else 401, message, "GatedRepo", body)
+        if self._gate(h, record, repo, token, body):
             return
         sha = repo.commit(revision)
         if sha is None:

@@ -272,8 +272,11 @@ class RunPodEmulator:
             return
         persistent = (pod.doc.get("mounts") or {}).get("persistent") or {}
         mount = persistent.get("path")
-        container = {"container_image": image, "volume_mount": mount, "nvme_mount": mount,
-                     "persisted_env": ("/etc/rp_environment",)}
+        container: dict[str, object] = {
+            "container_image": image, "volume_mount": mount, "nvme_mount": mount,
+            "persisted_env": ("/etc/rp_environment",)}
+        if persistent.get("size"):  # the volume is as large as the create asked (GB)
+            container["disk_total_bytes"] = int(persistent["size"]) * 10**9
         try:
             host, port, user = self.hosts.start(str(pod.doc["id"]), key,
                                                 str(pod.doc["gpu"]["id"]),

@@ -31,6 +31,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "axolotl": ("axolotl", "axolotl"),
     "vllm": ("vllm", "vllm"),
     "lm_eval": ("lm_eval", "lm_eval"),
+    "sudo": ("system", "sudo"),
+    "id": ("system", "id_cmd"),
     "uv": ("uv", "uv"),
 }
 

@@ -27,6 +27,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 #: Stand-ins every host has on PATH.
 ALWAYS = (
+    "sudo",
+    "id",
     "apt-get",
     "apt",
     "dpkg-query",
@@ -231,9 +233,33 @@ def is_container(host: Host) -> bool:
     return bool(host.options.get("container_image"))
 
 
+# A Docker host (a monthly server on Ubuntu) has no Hugging Face CLI on its OS: the trainer
+# image has it (real-hosts.md §9), and containers of that image get it (`image_bin`).
+DOCKER_HOST_LACKS = ("hf", "huggingface-cli")
+# What the axolotl images' venv provides (standins/container.AXOLOTL_VENV_COMMANDS).
+AXOLOTL_IMAGE_COMMANDS = ("axolotl", "hf", "huggingface-cli", "lm_eval")
+
+
 def base_path_excludes(host: Host) -> tuple[str, ...]:
     """Stand-ins that must not be on the host's base PATH (only inside the image)."""
-    return IMAGE_ONLY if is_container(host) else ()
+    if is_container(host):
+        return IMAGE_ONLY
+    return DOCKER_HOST_LACKS if host.options["has_docker"] else ()
+
+
+def image_bin(host: Host) -> Path:
+    """The axolotl image's commands for containers that `docker run` starts from it."""
+    return host.dir / "image-bin"
+
+
+def _write_image_bin(host: Host, python: str) -> None:
+    folder = image_bin(host)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in AXOLOTL_IMAGE_COMMANDS:
+        script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
+        target = folder / name
+        if not target.exists() or target.read_text() != script:
+            write_atomic(target, script, 0o755)
 
 
 
@@ -256,6 +282,8 @@ def refresh_bin(host: Host) -> None:
     wanted -= set(base_path_excludes(host))
     host.bin.mkdir(parents=True, exist_ok=True)
     python = shlex.quote(sys.executable)
+    if opts["has_docker"]:
+        _write_image_bin(host, python)
     for name in ALWAYS + CONDITIONAL:
         target = host.bin / name
         if name in wanted:
@@ -361,3 +389,17 @@ def kill_process_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+# --- privileges --------------------------------------------------------------------------------
+
+
+def privileged(host: Host) -> bool:
+    """Whether this command runs as root: a root login, or under `sudo`."""
+    return host.options.get("login", "root") == "root" or os.environ.get("SIMHOST_SUDO") == "1"
+
+
+def require_root(host: Host, message: str, code: int) -> None:
+    """Refuse a privileged command as the real one refuses a non-root user."""
+    if not privileged(host):
+        raise SimError(message, code)

@@ -34,6 +34,7 @@ from .common import (
     SimError,
     alive,
     container_to_host,
+    image_bin,
     is_within,
     kill_process_group,
     process_starttime,
@@ -549,6 +550,8 @@ def _run(host: Host, args: list[str]) -> int:
             say(f"{image}: Pulling from simhost", err=True)
             _pull(host, image)
         env, env_names = _container_env(host, name, flags, mounts, rootfs)
+        if catalog.is_axolotl(image):  # the image's venv is first on its PATH
+            env["PATH"] = f"{image_bin(host)}:{env['PATH']}"
         if gpus or "NVIDIA_VISIBLE_DEVICES" in env and runtime == "nvidia":
             env["SIMHOST_GPUS"] = ",".join(gpus) or env["NVIDIA_VISIBLE_DEVICES"]
         env["SIMHOST_PORTS"] = json.dumps({str(cp): hp for _ip, hp, cp in ports})

@@ -12,11 +12,13 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .common import Host, SimError, say
+from .common import Host, SimError, container_to_host, say
 from .disks import logical_size, mount_for
 
 # What axolotl 0.18.0 pins (its pyproject.toml), so the images ship it.
@@ -262,10 +264,13 @@ def _download(host: Host, argv: list[str]) -> int:
         and (not includes or any(fnmatch.fnmatch(f[0], p) for p in includes))
         and not any(fnmatch.fnmatch(f[0], p) for p in excludes)
     ]
+    # In a container (`docker run` of the trainer image) paths go through its `-v` mounts.
     if "--local-dir" in flags:
-        target = host.writable(flags["--local-dir"])
+        target = host.writable(container_to_host(flags["--local-dir"]))
     else:
-        target = host.writable(_snapshot_dir(repo, revision, flags.get("--cache-dir")))
+        cache_dir = flags.get("--cache-dir")
+        target = host.writable(_snapshot_dir(repo, revision, None if cache_dir is None
+                                             else container_to_host(cache_dir)))
     target.mkdir(parents=True, exist_ok=True)
     partial_dir = target / ".cache" / "huggingface" / "download"
     opts = host.options
@@ -398,7 +403,24 @@ def hf(host: Host, argv: list[str]) -> int:
     if argv[:1] in (["version"], ["--version"]):
         say(f"huggingface_hub version: {VERSION}")
         return 0
+    if argv[:1] == ["upload"]:
+        return _upload(argv[1:])
     raise SimError(f"simhost: `hf {' '.join(argv)}` is not simulated", 2)
+
+
+def _upload(args: list[str]) -> int:
+    """`hf upload`: the real client (huggingface_hub installed beside this interpreter, as
+    in the test environment), on the host's files, against `HF_ENDPOINT`. Uploading is not
+    simulated: the Hub (or its emulator) sees exactly what the real tool sends."""
+    real = Path(sys.executable).parent / "hf"
+    if not real.is_file():
+        raise SimError("simhost: `hf upload` runs the real huggingface_hub client, which is "
+                       f"not installed beside {sys.executable} (pip install huggingface_hub)",
+                       2)
+    # Folders and files named inside a container go through its `-v` mounts.
+    translated = [container_to_host(a) if a.startswith("/") else a for a in args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIMHOST_")}
+    return subprocess.run([str(real), "upload", *translated], env=env, check=False).returncode
 
 
 def huggingface_cli(host: Host, argv: list[str]) -> int:

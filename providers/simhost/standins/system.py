@@ -2,8 +2,9 @@
 
 The NVIDIA Container Toolkit install follows the real sequence: the four packages are only
 found after the NVIDIA apt list (signed-by a dearmored keyring) is in place and `apt-get
-update` ran; they depend on each other at equal versions, so pinning one leaves the others
-at the newest version and apt refuses, as real apt does.
+update` ran (any other package too: a fresh image's lists are empty); they depend on each
+other at equal versions, so pinning one leaves the others at the newest version and apt
+refuses, as real apt does.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import os
 import re
 import sys
 from functools import partial
 from pathlib import Path
 
 from . import docker
-from .common import Host, SimError, is_within, refresh_bin, say, write_atomic
+from .common import Host, SimError, is_within, refresh_bin, require_root, say, write_atomic
 
 TOOLKIT_PACKAGES = (
     "nvidia-container-toolkit",
@@ -127,6 +129,13 @@ def apt_get(host: Host, argv: list[str]) -> int:
     if not words:
         raise SimError("E: Invalid operation", 100)
     verb, names = words[0], words[1:]
+    if verb in ("update", "install", "remove", "purge"):
+        # What apt prints to a non-root user (it needs the dpkg or lists lock).
+        what = ("directory /var/lib/apt/lists/" if verb == "update"
+                else "the administration directory (/var/lib/dpkg/)")
+        lock = "/var/lib/apt/lists/lock" if verb == "update" else "/var/lib/dpkg/lock-frontend"
+        require_root(host, f"E: Could not open lock file {lock} - open (13: Permission "
+                     f"denied)\nE: Unable to lock {what}, are you root?", 100)
     if verb == "update":
         return _apt_update(host)
     if verb in ("remove", "purge"):
@@ -159,6 +168,9 @@ def _apt_install(host: Host, names: list[str], *, yes: bool, allow_downgrades: b
                 if version and version not in versions:
                     raise SimError(f"E: Version '{version}' for '{name}' was not found", 100)
                 requested[name] = version or candidate
+            elif name not in packages and host.read_json("apt_lists.json", None) is None:
+                # A fresh image's package lists are empty until `apt-get update`.
+                raise SimError(f"E: Unable to locate package {name}", 100)
             else:
                 requested[name] = version or packages.get(name, "sim-1")
         plan = dict(requested)
@@ -284,6 +296,9 @@ def nvidia_ctk(host: Host, argv: list[str]) -> int:
         return 0
     if argv[:2] != ["runtime", "configure"]:
         raise SimError(f"simhost: `nvidia-ctk {' '.join(argv)}` is not simulated", 1)
+    require_root(host, "ERRO[0000] unable to flush config: unable to open "
+                 "/etc/docker/daemon.json for writing: open /etc/docker/daemon.json: "
+                 "permission denied", 1)
     runtime = "docker"
     config = "/etc/docker/daemon.json"
     default = False
@@ -365,6 +380,11 @@ def systemctl(host: Host, argv: list[str]) -> int:
     if not words:
         raise SimError("simhost: systemctl needs a verb", 1)
     verb, units = words[0], [u.removesuffix(".service") for u in words[1:]]
+    if verb not in ("is-active", "status"):
+        unit = (units or ["daemon"])[0]
+        require_root(host, f"Failed to {verb} {unit}.service: Interactive authentication "
+                     "required.\nSee system logs and 'systemctl status "
+                     f"{unit}.service' for details.", 1)
     if verb == "daemon-reload":
         host.event("daemon-reload", reason="systemctl")
         return 0
@@ -387,6 +407,8 @@ def service(host: Host, argv: list[str]) -> int:
     unit, verb = argv[0], argv[1]
     if unit != "docker":
         raise SimError(f"{unit}: unrecognized service", 1)
+    if verb != "status":
+        require_root(host, f" * {verb.capitalize()}ing Docker: docker: permission denied", 1)
     return _docker_unit(host, verb)
 
 
@@ -523,4 +545,33 @@ def gpg(host: Host, argv: list[str]) -> int:
             2,
         )
     write_atomic(target, packet)
+    return 0
+
+
+def sudo(host: Host, argv: list[str]) -> int:
+    """`sudo [-n] CMD...`: runs CMD as root for a root or passwordless-sudo login."""
+    args = list(argv)
+    while args and args[0].startswith("-"):
+        args.pop(0)  # -n (never prompt): orch always passes it
+    if not args:
+        raise SimError("usage: sudo -n command [args...]", 1)
+    if host.options.get("login", "root") == "user":
+        raise SimError("sudo: a password is required", 1)
+    env = {**os.environ, "SIMHOST_SUDO": "1"}
+    try:
+        os.execvpe(args[0], args, env)
+    except FileNotFoundError:
+        raise SimError(f"sudo: {args[0]}: command not found", 1) from None
+
+
+def id_cmd(host: Host, argv: list[str]) -> int:
+    """`id -u` / `id -un`: the login's uid and name (0/root for a root login)."""
+    root = host.options.get("login", "root") == "root" or os.environ.get("SIMHOST_SUDO") == "1"
+    if argv == ["-u"]:
+        say("0" if root else "1000")
+    elif argv in (["-un"], ["-nu"]):
+        say("root" if root else "orch")
+    else:
+        say("uid=0(root) gid=0(root) groups=0(root)" if root
+            else "uid=1000(orch) gid=1000(orch) groups=1000(orch),27(sudo),999(docker)")
     return 0

@@ -1,0 +1,75 @@
+"""The user's install brings no test tools; `scripts/test` (CI's entry) brings them (issue
+25, item 17). scripts/install runs for real in a copy of the repository's layout; only its pip
+is a recorder (a real install downloads for minutes), and what each extra pulls in is read
+from pyproject.toml, the file pip reads."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_TOOLS = ("pytest", "hypothesis", "ruff", "mypy")
+
+
+def fake_checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "orch"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "install", root / "scripts" / "install")
+    shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    for name, body in (("python", "exit 0"), ("orch", "exit 0"), ("ruff", "exit 0"),
+                       ("mypy", "exit 0"), ("pytest", "exit 0"),
+                       ("pip", f'echo "$*" >> {tmp_path}/pip.log')):
+        exe = bin_dir / name
+        exe.write_text(f"#!/bin/sh\n{body}\n")
+        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return root
+
+
+def extras_installed(tmp_path: Path, *command: str) -> set[str]:
+    tmp_path.mkdir()
+    root = fake_checkout(tmp_path)
+    subprocess.run(["bash", *command], cwd=root, check=True, capture_output=True, timeout=120,
+                   env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    found = re.findall(r"-e \.\[([a-z,]+)\]", (tmp_path / "pip.log").read_text())
+    assert len(found) == 1, found
+    return set(found[0].split(","))
+
+
+def requirements(extras: set[str]) -> set[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = [*project["dependencies"],
+             *(r for e in extras for r in project["optional-dependencies"][e])]
+    return {re.split(r"[<>=\[ ;]", n, maxsplit=1)[0].lower() for n in names}
+
+
+def test_the_users_install_has_no_test_tools(tmp_path: Path) -> None:
+    user = extras_installed(tmp_path / "user", "scripts/install")
+    assert not requirements(user) & set(TEST_TOOLS), user
+    # CI's entry (.ci/run -> scripts/test) still gets every test tool.
+    ci = extras_installed(tmp_path / "ci", "scripts/test")
+    assert set(TEST_TOOLS) <= requirements(ci)
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash scripts/test")
+
+
+def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
+    # `orch` on the package index is someone else's project (orch 0.0.2); `pip download
+    # --no-deps orch-finetune` found no distribution (checked 2026-12-03). The command is `orch`.
+    import sys
+    from importlib.metadata import version
+
+    from orchestrator.cli.app import DISTRIBUTION
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DISTRIBUTION == "orch-finetune"
+    assert project["scripts"] == {"orch": "orchestrator.cli.app:main"}
+    out = subprocess.run([str(Path(sys.executable).parent / "orch"), "--version"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out == f"orch {version(DISTRIBUTION)}\n"

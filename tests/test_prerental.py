@@ -1,0 +1,162 @@
+"""Knowable failures are caught before renting (issue 19 §3): the base model's access on the
+Hub, asked from the controller with the user's token.
+
+The texts are checked against the real huggingface_hub 1.17.0 client: the same emulator
+answers `HfApi.model_info`/`HfApi.auth_check`, and what orch says the `hf` CLI would print is
+what the CLI's own formatter (`huggingface_hub.cli._errors.format_known_exception`) prints
+for the exception the real client raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from emulators.hub import HubEmulator
+from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
+
+from orchestrator.engine import hubaccess
+
+GOOD, OTHER, BAD = "hf_good_token", "hf_other_token", "hf_unknown_token"
+
+
+@pytest.fixture(scope="module")
+def hubm() -> Iterator[HubEmulator]:
+    with HubEmulator(tokens=(GOOD, OTHER)) as emulator:
+        emulator.add_repo("org/model", {"config.json": b"{}"}, revisions=("main", "v1"))
+        emulator.add_repo("org/gated", {"config.json": b"{}"}, gated=True, accepted=(GOOD,))
+        emulator.add_repo("org/private", {"config.json": b"{}"}, private=True,
+                          accepted=(GOOD,))
+        yield emulator
+
+
+def real_client_text(hub: HubEmulator, repo: str, revision: str, token: str | None) -> str:
+    """What `hf` prints for the first refusal of model_info then auth_check (real client)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.cli._errors import format_known_exception
+
+    api = HfApi(endpoint=hub.url, token=token or False)
+    try:
+        api.model_info(repo, revision=revision)
+        api.auth_check(repo)
+    except Exception as exc:  # the client's own exception types
+        text = format_known_exception(exc)
+        assert text is not None, exc
+        return text
+    return ""
+
+
+CASES = [  # repo, revision, token, words the advice must contain
+    ("org/gated", "main", None, ["is gated", "accept its licence", "HF_TOKEN"]),
+    ("org/gated", "main", OTHER, ["has no access", "accept the licence"]),
+    ("org/private", "main", None, ["no model repo", "private repo needs HF_TOKEN"]),
+    ("org/private", "main", OTHER, ["no model repo", "cannot see it"]),
+    ("org/missing", "main", GOOD, ["no model repo", "fix the repo id in base_model"]),
+    ("org/model", "v2", GOOD, ["has no revision 'v2'", "fix base_model's revision"]),
+]
+
+
+@pytest.mark.parametrize(("repo", "revision", "token", "advice"), CASES)
+def test_each_refusal_is_the_hf_cli_text_and_says_what_to_do(
+        hubm: HubEmulator, monkeypatch: pytest.MonkeyPatch, repo: str, revision: str,
+        token: str | None, advice: list[str]) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hubm.url)
+    access = hubaccess.check_model(repo, revision, token)
+    assert access.problem is not None and access.unchecked is None
+    expected = real_client_text(hubm, repo, revision, token)
+    assert expected and access.problem.endswith(f"`hf` says: {expected}")
+    for words in advice:
+        assert words in access.problem
+
+
+@pytest.mark.parametrize(("repo", "revision", "token"), [
+    ("org/model", "main", None), ("org/model", "v1", GOOD), ("org/gated", "main", GOOD),
+    ("org/private", "main", GOOD)])
+def test_access_that_the_real_client_grants_passes(hubm: HubEmulator,
+                                                   monkeypatch: pytest.MonkeyPatch, repo: str,
+                                                   revision: str, token: str | None) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hubm.url)
+    assert real_client_text(hubm, repo, revision, token) == ""
+    assert hubaccess.check_model(repo, revision, token) == hubaccess.Access()
+
+
+def test_a_token_the_hub_does_not_know_is_named(hubm: HubEmulator,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", hubm.url)
+    access = hubaccess.check_model("org/model", "main", BAD)
+    assert access.problem is not None and "rejected HF_TOKEN" in access.problem
+
+
+def test_a_hub_that_does_not_answer_is_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    access = hubaccess.check_model("org/model", "main", None,
+                                   client=httpx.Client(timeout=2.0))
+    assert access.problem is None and access.unchecked is not None
+    assert "did not answer" in access.unchecked
+
+
+def test_a_gated_base_model_without_access_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The engine (the same path as `orch submit`/`orch worker`): nothing is rented."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    repo = "meta-llama/Llama-3.2-1B"
+    session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
+    try:
+        cloud = rig.cloud()
+        job_id = rig.queue(rig.job_file())
+        job = rig.run(cloud, job_id)
+    finally:
+        del session_hub.repos[("model", repo)]
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason.startswith("before renting: ") and "is gated" in reason
+    assert "HF_TOKEN" in reason and "huggingface.co/meta-llama/Llama-3.2-1B" in reason
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+    assert rig.states(job_id) == ["provisioning", "failed"]  # the claim's, then this
+
+
+def test_the_quickstart_on_sim_asks_no_hub_when_none_is_named(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # noqa: F811
+    """Without HF_ENDPOINT a sim-only job's hosts download from their stand-in: the real Hub
+    (unreachable here) is never asked."""
+    monkeypatch.delenv("HF_ENDPOINT")
+    cloud = rig.cloud()
+    job_id = rig.queue(rig.job_file())
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    assert "hub.unchecked" not in rig.kinds(job_id)
+
+
+def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
+        session_hub: HubEmulator, tmp_path: Path) -> None:
+    """What the user sees: the foreground `orch submit` fails at once, saying what to do."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    shutil.copytree(examples / "data", tmp_path / "data")
+    job = tmp_path / "job.yml"
+    job.write_text((examples / "quickstart.yml").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "ORCH_DB_URL")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
+    repo = "meta-llama/Llama-3.2-1B"
+    session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
+    try:
+        done = subprocess.run([str(Path(sys.executable).parent / "orch"), "submit", str(job)],
+                              env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        del session_hub.repos[("model", repo)]
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "before renting" in out and "is gated" in out and "HF_TOKEN" in out
+    assert "renting sim" not in out
