@@ -126,6 +126,6 @@ def test_cli_history_layout(db: tuple[Store, str], monkeypatch: pytest.MonkeyPat
     register(app)
     res = CliRunner().invoke(app, ["history", "--layout", "fsdp2", "--json"])
     assert res.exit_code == 0, res.output
-    assert [r["id"] for r in json.loads(res.output)] == ["j-fsdp2new0"]
+    assert [r["job_id"] for r in json.loads(res.output)] == ["j-fsdp2new0"]
     bad = CliRunner().invoke(app, ["history", "--layout", "megatron"])
     assert bad.exit_code != 0 and "--layout megatron: use one of" in bad.output
