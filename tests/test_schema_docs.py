@@ -67,11 +67,10 @@ def _variant(tmp: Path, name: str, resources: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
-def history(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-            ) -> dict[str, Any]:
+def _make_history(backend: str, request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("schema")
-    url = database_url(request.param, tmp, request)
+    url = database_url(backend, tmp, request)
     env = {**os.environ, "XDG_DATA_HOME": str(tmp / "xdg"), "ORCH_DB_URL": url,
            "ORCH_SIM_TRAIN_STEPS": "4", "ORCH_POLL_S": "0.1"}
     _orch(env, "submit", "examples/quickstart.yml")
@@ -128,6 +127,25 @@ def test_every_sqlite_only_example_has_a_postgresql_twin() -> None:
     assert not [q for q in pg_examples() if SQLITE_ONLY.search(q)]
 
 
+# One history per backend and module (each runs several simulated jobs); tests that check
+# both take `history`, the documented examples take the backend they are written for.
+@pytest.fixture(scope="module")
+def sqlite_history(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _make_history("sqlite", request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def postgresql_history(request: pytest.FixtureRequest,
+                       tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _make_history("postgresql", request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def history(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return dict(request.getfixturevalue(f"{request.param}_history"))
+
+
 def _runs_on(backend: str, query: str) -> bool:
     # PostgreSQL twins run on PostgreSQL; SQLite-only spellings on SQLite; the rest on both.
     if query in pg_examples():
@@ -135,11 +153,13 @@ def _runs_on(backend: str, query: str) -> bool:
     return backend == "sqlite" or not SQLITE_ONLY.search(query)
 
 
-@pytest.mark.parametrize(("history", "query"), [
+@pytest.mark.parametrize(("backend", "query"), [
     (backend, q) for backend in BACKENDS for q in examples() + pg_examples()
-    if _runs_on(backend, q)], indirect=["history"],
+    if _runs_on(backend, q)],
     ids=lambda v: v if v in BACKENDS else " ".join(str(v).split())[:60])
-def test_every_example_runs_and_returns_rows(history: dict[str, Any], query: str) -> None:
+def test_every_example_runs_and_returns_rows(request: pytest.FixtureRequest, backend: str,
+                                             query: str) -> None:
+    history = request.getfixturevalue(f"{backend}_history")
     real_job = next(j["job_id"] for j in history["jobs"] if j["status"] == "succeeded")
     result = sql(history, query.replace(PLACEHOLDER_JOB, real_job))
     assert result["rows"], f"no rows: {query}"
