@@ -96,7 +96,7 @@ def test_push_to_hub_uploads_the_merged_model_with_the_real_hf_client(
         history = subprocess.run([str(orch), "history", "--json"], capture_output=True,
                                  text=True, timeout=120)
         assert history.returncode == 0, history.stderr
-        (row,) = [r for r in json.loads(history.stdout) if r["id"] == job_id]
+        (row,) = [r for r in json.loads(history.stdout) if r["job_id"] == job_id]
         assert {"what": "merged", "where": "hub", "location": url} in row["delivered"]
     finally:
         session_hub.repos.pop(("model", "my-org/tuned"), None)

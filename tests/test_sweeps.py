@@ -227,7 +227,7 @@ def test_unknown_keys_name_the_line_and_the_valid_keys(folder: Path) -> None:
         "gradient_accumulation_steps, epochs, learning_rate, optimizer, "
         "gradient_checkpointing, packing, cross_entropy, activation_offloading",
         f"{path}:5 grid.bogus: not a job-file key; a job file has: name, base_model, method, "
-        "lora, training, dataset, eval, resources, trainer",
+        "lora, training, dataset, eval, resources, trainer, output",
         f"{path}:6 grid.resources.max_gpus.x: resources.max_gpus is a single value, not a "
         "section; override it as a whole",
         f"{path}:7 objective.goal: must be one of max, min (got 'maximum'); did you mean "
