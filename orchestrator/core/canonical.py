@@ -26,6 +26,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -63,18 +64,24 @@ def _key(key: Any) -> str:
     return str(plain(key))
 
 
-# Job-file fields added after spec hashes were first recorded, with the default that keeps
-# the old behaviour: at that default they are left out of the hashed form, so every recorded
-# hash (a sweep's record of work already paid for) stays the identity of the same job.
-ADDED_LATER: dict[tuple[str, str], object] = {("resources", "layout"): "auto"}
+def without_defaults(data: dict[str, Any],
+                     defaults: Mapping[tuple[str, ...], object]) -> dict[str, Any]:
+    """`data` without the fields at `defaults`' paths that hold the given default value.
 
-
-def without_later_defaults(spec: dict[str, Any]) -> dict[str, Any]:
-    """A dumped job spec without the ADDED_LATER fields that hold their default."""
-    out = {key: dict(value) if isinstance(value, dict) else value for key, value in spec.items()}
-    for (section, key), default in ADDED_LATER.items():
-        if isinstance(out.get(section), dict) and out[section].get(key) == default:
-            del out[section][key]
+    For fields added after identities were first recorded: at their default they are left
+    out of the hashed form, so every recorded hash stays the identity of the same thing.
+    """
+    out = dict(data)
+    for path, default in defaults.items():
+        parent = out
+        for key in path[:-1]:
+            if not isinstance(parent.get(key), dict):
+                break
+            parent[key] = dict(parent[key])
+            parent = parent[key]
+        else:
+            if path[-1] in parent and parent[path[-1]] == default:
+                del parent[path[-1]]
     return out
 
 

@@ -435,16 +435,20 @@ class SpecError(ValueError):
         self.problems = problems
 
 
-def spec_hash(spec: JobSpec) -> str:
-    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled.
+# Job-file fields added after spec hashes were first recorded, with the default that keeps
+# the old behaviour: at that default they are left out of the hashed form, so every recorded
+# hash (a sweep's record of work already paid for) stays the identity of the same job.
+ADDED_LATER: dict[tuple[str, ...], object] = {
+    ("resources", "layout"): "auto",
+    ("output",): OutputSpec().model_dump(mode="python"),
+}
 
-    `output` counts only when it is not the default: it came after hashes were recorded,
-    and a job that does not set it is the same job as before.
-    """
-    data = spec.model_dump(mode="python")
-    if spec.output == OutputSpec():
-        data.pop("output")
-    return canonical.digest(canonical.without_later_defaults(data))
+
+def spec_hash(spec: JobSpec) -> str:
+    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled,
+    fields added later left out at their default (ADDED_LATER)."""
+    data = canonical.without_defaults(spec.model_dump(mode="python"), ADDED_LATER)
+    return canonical.digest(data)
 
 
 # --- loading --------------------------------------------------------------------------------
