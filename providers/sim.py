@@ -1,7 +1,7 @@
 """`sim`: a simulated per-second GPU cloud on this machine, for trying orch with no account.
 
 Its offers are the static catalog's per-second GPU models at the catalog's prices; its
-instances are simulated GPU hosts (`providers.simhost`: a real sshd on 127.0.0.1 with a
+instances are simulated GPU hosts (`simhost`: a real sshd on 127.0.0.1 with a
 stand-in GPU stack) under `<state_dir>/instances/<id>/`. It can be told to be out of
 capacity (`capacity`), slow to boot (`boot_seconds`) and to preempt spot instances
 (`preempt_after_s`, or `preempt(id)`).
@@ -60,7 +60,7 @@ from providers.base import (
 )
 
 if TYPE_CHECKING:
-    from providers.simhost import SimHost
+    from simhost import SimHost
 
 # Catalog name → the product name the simulated nvidia-smi prints for it (what
 # playbooks/gpu.py matches), from gpus.yaml's `spellings: sim`.
@@ -188,7 +188,7 @@ class SimCloud:
                disk_gb: int = 100) -> Instance:
         """Boot a simulated host for `offer`, tagged `tag_for(job_id)`; CapacityError if full."""
         from providers.catalog import gpus as gpu_specs
-        from providers.simhost import SimHost, SimHostError, SimHostOptions
+        from simhost import SimHost, SimHostError, SimHostOptions
 
         if offer.provider != self.name:
             raise ValueError(f"sim: offer {offer.offer_id!r} is from {offer.provider!r}, not sim")
@@ -319,8 +319,8 @@ class SimCloud:
         return "the simulated cloud runs only jobs that name it in resources.providers"
 
     def simulated_by(self) -> str:
-        """`Simulated`: its hosts are providers/simhost stand-ins."""
-        return "providers/simhost"
+        """`Simulated`: its hosts are simhost stand-ins."""
+        return "simhost"
 
     # --- volumes -------------------------------------------------------------------------------
 
@@ -484,7 +484,7 @@ class SimCloud:
 
     def _stop_host(self, record: dict[str, Any]) -> None:
         """Power the host off, whichever process started it (its processes carry its id)."""
-        from providers.simhost import SimHost
+        from simhost import SimHost
 
         with self._thread_lock:
             host = self._hosts.pop(record["id"], None)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import KeyPair
 
-from providers.simhost import SimHost
+from simhost import SimHost
 
 ROOT = Path(__file__).resolve().parent.parent
 SimHostFactory = Callable[..., SimHost]

@@ -2,7 +2,7 @@
 
 An emulator given `hosts=` (a `HostBackend`) boots a host when it creates an instance, reports
 that host's SSH endpoint once the instance is running, and powers the host off when the
-instance is preempted or destroyed. `SimHostBackend` implements it with `providers.simhost`
+instance is preempted or destroyed. `SimHostBackend` implements it with `simhost`
 (a real sshd on 127.0.0.1 with stand-in nvidia-smi/docker/axolotl/vllm)::
 
     backend = SimHostBackend(tmp_path / "hosts", {"train_steps": 3})
@@ -28,7 +28,7 @@ from pathlib import Path
 from queue import Queue
 from typing import Any, Protocol, TypeVar
 
-from providers.simhost import SimHost, SimHostOptions
+from simhost import SimHost, SimHostOptions
 
 T = TypeVar("T")
 _MIB = 1024**2

@@ -11,7 +11,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[3] / "playbooks" / "data" / "images.yaml"
+DATA = Path(__file__).resolve().parents[2] / "playbooks" / "data" / "images.yaml"
 # The registry namespace whose tags are checked against the data file.
 AXOLOTL_NAMESPACE = "axolotlai/"
 

@@ -1,7 +1,7 @@
 """A simulated GPU host (real sshd on loopback + stand-in GPU stack) for tests and `sim`.
 
 `SimHost`, `SimHostOptions` and `SimHostError` load on first use, so the stand-in commands
-(which import `providers.simhost.standins`) start quickly.
+(which import `simhost.standins`) start quickly.
 """
 
 from __future__ import annotations

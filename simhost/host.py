@@ -409,7 +409,7 @@ exec "${{SHELL:-/bin/sh}}" -c "$SSH_ORIGINAL_COMMAND"
         }
         setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
         root_login = "PermitRootLogin prohibit-password\n" if os.geteuid() == 0 else ""
-        config = f"""# sshd of a simulated GPU host (providers/simhost)
+        config = f"""# sshd of a simulated GPU host (simhost)
 Port {port}
 ListenAddress 127.0.0.1
 AddressFamily inet

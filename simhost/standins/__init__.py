@@ -1,6 +1,6 @@
 """The commands of a simulated GPU host (`nvidia-smi`, `docker`, `apt-get`, `hf`, ...).
 
-Each script in `providers/simhost/bin/` calls `main(name, argv)`. Stdlib only; state lives in
+Each script in `simhost/bin/` calls `main(name, argv)`. Stdlib only; state lives in
 the host directory named by `SIMHOST_DIR`, so what one command changes the next one sees.
 """
 
