@@ -508,10 +508,10 @@ class SimCloud:
     def _spawn_watchdog(self, instance_id: str, at: float) -> None:
         """A detached process that preempts the instance at `at`, outliving this one."""
         self._watchdog_pidfile(instance_id).parent.mkdir(parents=True, exist_ok=True)
-        repo = str(Path(__file__).resolve().parents[1])
+        repo = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
-        args = [sys.executable, "-m", "providers.sim", "preempt-at",
+        args = [sys.executable, "-m", "providers.sim.compute", "preempt-at",
                 str(self.state_dir), instance_id, repr(at)]
         # Double fork (sh backgrounds it and exits): the watchdog is never our zombie.
         launcher = "\"$@\" </dev/null >/dev/null 2>&1 &"
@@ -577,10 +577,10 @@ def _watchdog(state_dir: str, instance_id: str, at: float) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m providers.sim preempt-at STATE_DIR ID EPOCH` (the preemption watchdog)."""
+    """`python -m providers.sim.compute preempt-at STATE_DIR ID EPOCH` (the preemption watchdog)."""
     if len(argv) == 4 and argv[0] == "preempt-at":
         return _watchdog(argv[1], argv[2], float(argv[3]))
-    print("usage: python -m providers.sim preempt-at STATE_DIR INSTANCE_ID EPOCH",
+    print("usage: python -m providers.sim.compute preempt-at STATE_DIR INSTANCE_ID EPOCH",
           file=sys.stderr)
     return 2
 
