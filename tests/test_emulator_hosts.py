@@ -22,8 +22,8 @@ from emulators.vast import VastEmulator
 
 from playbooks.ssh import ConnectionFactory, HostUnreachable, run, trust_on_first_use
 from providers.base import CapacityError, Instance, InstanceState, NotFound, Requirements
-from providers.runpod import RunPod
-from providers.vastai import VastAI, _onstart
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import VastAI, _onstart
 
 KEY = "emu-hosts-api-key-0123456789"
 GIB = 1024**3

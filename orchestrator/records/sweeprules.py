@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 from orchestrator.core.jobstatus import ACTIVE_STATUSES
 
 if TYPE_CHECKING:
-    from orchestrator.records.storetables import Job
+    from orchestrator.records.store.tables import Job
 
 # States in which a job counts against max_parallel: a worker drives it (an interrupted job is
 # being re-placed by its worker).

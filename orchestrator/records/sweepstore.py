@@ -42,7 +42,7 @@ from orchestrator.records.store import (
     to_micros,
     utcnow,
 )
-from orchestrator.records.storejobs import check_move, sweep_usage
+from orchestrator.records.store.jobs import check_move, sweep_usage
 from orchestrator.records.sweeps import LoadedSweep, SweepRun
 from orchestrator.records.sweepview import (
     RUNNING_STATUSES,

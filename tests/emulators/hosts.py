@@ -71,10 +71,10 @@ def nvidia_smi_gpu(gpu_name: str) -> tuple[str, int | None]:
 
     RunPod's GPU ids are NVIDIA's product names already ("NVIDIA GeForce RTX 4090"), so an
     "NVIDIA ..." name is reported as it is; a Vast name ("H100 SXM") goes through the catalog
-    model to `providers.sim.NVIDIA_SMI_NAMES`. Memory comes from the catalog's GPU spec.
+    model to `providers.sim.compute.NVIDIA_SMI_NAMES`. Memory comes from the catalog's GPU spec.
     """
     from providers import catalog
-    from providers.sim import NVIDIA_SMI_NAMES
+    from providers.sim.compute import NVIDIA_SMI_NAMES
 
     model = canonical_gpu(gpu_name)
     memory = catalog.gpus()[model].memory_bytes // _MIB if model else None

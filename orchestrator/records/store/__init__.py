@@ -22,8 +22,7 @@ from orchestrator.core.money import from_micros
 
 # Re-exported: callers of the store find the default URL here too.
 from orchestrator.core.paths import default_db_url
-from orchestrator.records.storejobs import JobsMixin, claim_in, claim_next_gated
-from orchestrator.records.storeopen import (
+from orchestrator.records.store.database import (
     BUSY_TIMEOUT_MS,
     LOCK_WAIT_S,
     SCHEMA_HEAD,
@@ -32,9 +31,10 @@ from orchestrator.records.storeopen import (
     make_engine,
     migrations_dir,
 )
-from orchestrator.records.storerun import RecordsMixin
-from orchestrator.records.storeservers import ServersMixin
-from orchestrator.records.storetables import (
+from orchestrator.records.store.jobs import JobsMixin, claim_in, claim_next_gated
+from orchestrator.records.store.run import RecordsMixin
+from orchestrator.records.store.servers import ServersMixin
+from orchestrator.records.store.tables import (
     BILLINGS,
     SERVER_STATUSES,
     AlreadyExists,

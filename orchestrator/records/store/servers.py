@@ -13,8 +13,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from orchestrator.core.money import from_micros
-from orchestrator.records.storeopen import StoreBase
-from orchestrator.records.storetables import (
+from orchestrator.records.store.database import StoreBase
+from orchestrator.records.store.tables import (
     AlreadyExists,
     InvalidValueError,
     NotFoundError,
@@ -23,7 +23,7 @@ from orchestrator.records.storetables import (
     to_micros,
     utcnow,
 )
-from providers.dedicated import RegisteredServer
+from providers.dedicated.compute import RegisteredServer
 
 
 class ServersMixin(StoreBase):

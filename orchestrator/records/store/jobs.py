@@ -17,8 +17,8 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from orchestrator.core.jobstatus import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, allowed, why_not
-from orchestrator.records.storeopen import StoreBase, db_now
-from orchestrator.records.storetables import (
+from orchestrator.records.store.database import StoreBase, db_now
+from orchestrator.records.store.tables import (
     BILLINGS,
     Event,
     IllegalTransition,

@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlmodel import col, select
 
-from orchestrator.records.storeopen import StoreBase
-from orchestrator.records.storetables import (
+from orchestrator.records.store.database import StoreBase
+from orchestrator.records.store.tables import (
     Event,
     Instance,
     Job,

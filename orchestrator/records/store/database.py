@@ -29,7 +29,7 @@ from sqlmodel import Session
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
 from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
-from orchestrator.records.storetables import (
+from orchestrator.records.store.tables import (
     DatabaseBusy,
     DatabaseFull,
     DatabaseURLError,
@@ -153,7 +153,7 @@ def _schema_version(engine: Engine) -> list[str]:
 
 def migrations_dir() -> Path:
     """Return the directory of the Alembic environment (the `migrations` package)."""
-    return Path(__file__).resolve().parents[2] / "migrations"
+    return Path(__file__).resolve().parents[3] / "migrations"
 
 
 def _upgrade(engine: Engine) -> None:
