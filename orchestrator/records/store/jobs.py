@@ -33,7 +33,7 @@ from orchestrator.records.store.tables import (
     to_micros,
     utcnow,
 )
-from orchestrator.records.sweeprules import RUNNING_STATUSES, Usage, gate, usage_of
+from orchestrator.records.sweep.rules import RUNNING_STATUSES, Usage, gate, usage_of
 
 # How many queued jobs one claim looks at past gated ones (one row at a time).
 CLAIM_SCAN = 500
@@ -321,7 +321,7 @@ class JobsMixin(StoreBase):
         """Claim the oldest queued job that may start now, or None.
 
         Sweep jobs wait while their sweep runs `max_parallel` jobs or the next one would
-        exceed its budget (orchestrator.records.sweeprules); those are skipped, not blocking others.
+        exceed its budget (records/sweep/rules.py); those are skipped, not blocking others.
         """
         return claim_next_gated(self, owner, lease_s)
 

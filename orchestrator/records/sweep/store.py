@@ -28,6 +28,7 @@ from orchestrator.core.money import usd
 from orchestrator.core.planning import make_plan
 from orchestrator.core.scheduler import NoFit
 from orchestrator.core.spec import spec_hash
+from orchestrator.core.sweepspec import LoadedSweep, SweepRun
 from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
     Event,
@@ -43,8 +44,7 @@ from orchestrator.records.store import (
     utcnow,
 )
 from orchestrator.records.store.jobs import check_move, sweep_usage
-from orchestrator.records.sweeps import LoadedSweep, SweepRun
-from orchestrator.records.sweepview import (
+from orchestrator.records.sweep.view import (
     RUNNING_STATUSES,
     build_status,
     first_event_data,

@@ -17,7 +17,6 @@ import hashlib
 import itertools
 import math
 import random as random_module
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +34,6 @@ from orchestrator.core.spec import (
     read_mapping,
 )
 from orchestrator.core.specerrors import submodel
-from orchestrator.records.sweeprules import best_of
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
 MAX_RUNS = 1000
@@ -186,11 +184,6 @@ def sweep_key(sweep_name: str, spec_hash: str) -> str:
     """Idempotency key of one run: sha256 of the canonical JSON of the sweep name and hash."""
     return hashlib.sha256(canonical.dumps({"spec_hash": spec_hash, "sweep": sweep_name})
                           .encode()).hexdigest()
-
-
-def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> str | None:
-    """The run id with the best metric for `objective` (ties: the earliest); None if none."""
-    return best_of(rows, objective.goal)
 
 
 # --- error translation -------------------------------------------------------------------
@@ -558,5 +551,5 @@ def _parse_dotted(text: str) -> tuple[str | int, ...]:
 
 __all__ = [
     "MAX_RUNS", "Distribution", "LoadedSweep", "Objective", "RandomSpec",
-    "SweepRun", "SweepSpec", "best_run", "check_key", "load_sweep", "sweep_key",
+    "SweepRun", "SweepSpec", "check_key", "load_sweep", "sweep_key",
 ]

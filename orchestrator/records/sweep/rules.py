@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Union
 from orchestrator.core.jobstatus import ACTIVE_STATUSES
 
 if TYPE_CHECKING:
+    from orchestrator.core.sweepspec import Objective
     from orchestrator.records.store.tables import Job
 
 # States in which a job counts against max_parallel: a worker drives it (an interrupted job is
@@ -160,3 +161,6 @@ def best_of(rows: Iterable[tuple[str, float | None]], goal: str) -> str | None:
     return None if best is None else best[0]
 
 
+def best_run(rows: Iterable[tuple[str, float | None]], objective: Objective) -> str | None:
+    """The run id with the best metric for `objective` (ties: the earliest); None if none."""
+    return best_of(rows, objective.goal)

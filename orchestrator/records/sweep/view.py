@@ -20,7 +20,7 @@ from typing import Any
 from orchestrator.core.jobstatus import ACTIVE_STATUSES
 from orchestrator.core.money import dollars_text
 from orchestrator.records.historyread import Reader, parse_stored
-from orchestrator.records.sweeprules import (
+from orchestrator.records.sweep.rules import (
     RUNNING_STATUSES,
     JobLike,
     JobRow,
