@@ -2,14 +2,14 @@
 
 The database is the product's memory (DESIGN.md "Storage"). The store is assembled from
 parts, each a module of its own:
-- `storetables`: the tables, the UTC time column type, the errors, small helpers;
-- `storeopen`: engine, SQLite pragmas, schema upgrade at open, sessions and transactions;
-- `storeservers`: registered monthly servers;
-- `storejobs`: jobs, claims (with the sweep gate), leases, status changes;
-- `storerun`: events, instances, metrics, throughput.
-Imports point one way: store → storejobs/storeservers/storerun → storeopen → storetables →
-money/jobstatus; the sweep rules (`sweeprules`) are a leaf the claim path uses. Nothing in
-the store imports the sweep, history or CLI modules. The names below are re-exported so
+- `tables`: the tables, the UTC time column type, the errors, small helpers;
+- `database`: engine, SQLite pragmas, schema upgrade at open, sessions and transactions;
+- `servers`: registered monthly servers;
+- `jobs`: jobs, claims (with the sweep gate), leases, status changes;
+- `run`: events, instances, metrics, throughput.
+Imports point one way: this package → jobs/servers/run → database → tables →
+money/jobstatus; the sweep rules (`records.sweep.rules`) are a leaf the claim path uses.
+Nothing in the store imports the sweep, history or CLI modules. The names below are re-exported so
 callers keep importing them from `orchestrator.records.store`.
 """
 

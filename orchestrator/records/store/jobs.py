@@ -138,7 +138,7 @@ def _next_claimable(session: Session, now: datetime, gated_sweeps: set[str],
 def claim_next_gated(store: StoreBase, owner: str, lease_s: float) -> Job | None:
     """Claim the oldest queued job that may start now (sweep gates), or None.
 
-    A sweep job held back by the sweep's gate (`sweeprules.gate`) is skipped and the next
+    A sweep job held back by the sweep's gate (`sweep.rules.gate`) is skipped and the next
     one tried (its whole sweep when the sweep runs `max_parallel` jobs). The gate and the
     claim are one write transaction (BEGIN IMMEDIATE on SQLite; the sweep row is locked FOR
     UPDATE elsewhere), so two workers cannot both start the job that breaks max_parallel or

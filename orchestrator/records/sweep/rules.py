@@ -1,7 +1,7 @@
 """A sweep's rules, shared by the claim path and the status views (standard library only).
 
 Run states, the `max_parallel` / budget gate, and the objective's best run. The store's claim
-(`storejobs.claim_next_gated`) and `orch sweep show` (`sweepview`) both decide with these
+(`store.jobs.claim_next_gated`) and `orch sweep show` (`sweep.view`) both decide with these
 functions, so what the status says is waiting is what the claim holds back. Imports nothing
 heavier than `jobstatus`: the claim path is in the store, the views must start fast.
 
@@ -115,7 +115,7 @@ def usage_of(spec_json: str, budget_micros: int | None, jobs: Iterable[JobLike],
 
 
 def gate(usage: Usage | None, job: JobLike) -> str | None:
-    """Why `job` must wait: "max_parallel", "budget", or None (see sweepstore.sweep_gate)."""
+    """Why `job` must wait: "max_parallel", "budget", or None (see sweep.store.sweep_gate)."""
     if usage is None:
         return None
     others = usage.running - {job.id}

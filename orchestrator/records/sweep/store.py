@@ -6,7 +6,7 @@ unique index, so a second insert of the same run fails with IntegrityError, whic
 there already" and is reported as the existing job's state.
 
 `sweep_gate` says why a queued sweep job must wait now (`max_parallel` or `budget`); the
-claim applies the same gate (`storejobs.claim_next_gated`, re-exported here) in the same write
+claim applies the same gate (`store.jobs.claim_next_gated`, re-exported here) in the same write
 transaction as the claim so that two workers cannot both start the job that breaks a limit.
 
 Money is integer micro-dollars throughout; dollars only for display.
@@ -510,8 +510,8 @@ def _final_metrics(session: Session, job_ids: list[str], name: str) -> dict[str,
 def sweep_status(store: Store, name: str) -> dict[str, Any]:
     """A sweep's runs (params, state, metric, cost) and its best run by the objective.
 
-    Through the store (any database); on SQLite the CLI reads `sweepview.sweep_status`
-    with sqlite3 instead, and both build the same dict (`sweepview.build_status`).
+    Through the store (any database); on SQLite the CLI reads `sweep.view.sweep_status`
+    with sqlite3 instead, and both build the same dict (`sweep.view.build_status`).
     NotFoundError when no sweep has that name.
     """
     now = utcnow()

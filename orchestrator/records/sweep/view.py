@@ -3,9 +3,9 @@
 The status of a sweep is built here from plain job rows, whatever read them: on SQLite the
 commands read through `orchestrator.records.historyread`'s read-only sqlite3 reader (no SQLModel or
 SQLAlchemy import, ~0.5 s saved per call, and no file or schema is ever created); other
-databases go through the store (`sweepstore.sweep_status`), which hands its ORM rows to the
-same `build_status`. The run states and the budget/max_parallel gate are `sweeprules`', shared
-with the claim path (`storejobs.claim_next_gated`), so the status and the claim agree.
+databases go through the store (`sweep.store.sweep_status`), which hands its ORM rows to the
+same `build_status`. The run states and the budget/max_parallel gate are `sweep.rules`', shared
+with the claim path (`store.jobs.claim_next_gated`), so the status and the claim agree.
 
 Money is integer micro-dollars until display.
 """
