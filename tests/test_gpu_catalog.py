@@ -117,6 +117,13 @@ def vast() -> Iterator[VastEmulator]:
         yield emu
 
 
+def test_a_stored_gpu_name_maps_to_the_catalogs_unless_unknown_or_ambiguous() -> None:
+    assert catalog.canonical_name("A100 80GB") == "A100 80GB"  # already the catalog's
+    assert catalog.canonical_name("rtx a6000") == "RTX A6000"  # an alias, one model
+    assert catalog.canonical_name("H100") == "H100"  # both H100 variants: left as stored
+    assert catalog.canonical_name("Tesla V100") == "Tesla V100"  # not in the catalog
+
+
 def test_vast_offers_of_every_covered_gpu_reach_the_ranking(vast: VastEmulator) -> None:
     specs = catalog.gpus()
     offer_id = 0
