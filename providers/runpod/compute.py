@@ -19,9 +19,10 @@ only (no SFTP, no `ssh host cmd` output), useless to orch. We deliberately do NO
 `PUT /account/ssh-keys`: it *replaces* the account's whole key set, so calling it would
 silently remove the keys the user (or another orch job) relies on.
 
-Errors are RFC 9457 problem documents `{title, status, detail, errors?}`, mapped by status
-(see `_raise_for`). Every call goes through `providers.http.with_retries`, which retries only
-`TransientError` (429 honouring `Retry-After`, 5xx, network errors).
+The requests and the typed error for each answer (RFC 9457 problem documents, mapped by
+status) are `api_client.RunPodApi`'s. Every call goes through its retry policy
+(`providers.http.with_retries`), which retries only `TransientError` (429 honouring
+`Retry-After`, 5xx, network errors).
 
 The API key travels only in the `Authorization` header: it is never put in URLs, bodies,
 messages or `repr`, and any echo of it in a provider message is scrubbed.
@@ -31,18 +32,16 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any
 
 import httpx
 
 from providers import catalog
+from providers.apiclient import ApiProvider
 from providers.base import (
-    AuthError,
-    BalanceError,
     Billing,
-    CapacityError,
     Instance,
     InstanceState,
     NotFound,
@@ -53,11 +52,9 @@ from providers.base import (
     job_of,
     tag_for,
 )
-from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, with_retries
+from providers.http import DEADLINE_S, MAX_ATTEMPTS
+from providers.runpod.api_client import DEFAULT_BASE_URL, RateLimited, RunPodApi
 
-T = TypeVar("T")
-
-DEFAULT_BASE_URL = "https://api.runpod.io/v2"
 # The trainer's cloud image (axolotl v0.18.0, uv build): its entrypoint starts sshd from
 # PUBLIC_KEY (real-hosts.md §1). Callers normally pass the job's image; this is the fallback.
 DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
@@ -95,10 +92,6 @@ STATES: dict[str, InstanceState] = {
 }
 
 
-class RateLimited(TransientError):
-    """A 429: the request was refused before doing anything (safe to re-send as is)."""
-
-
 def canonical_gpu(gpu_id: str | None, name: str | None = None) -> str | None:
     """Our canonical GPU name for a RunPod GPU id/display name, or None when unknown."""
     for raw in (gpu_id, name):
@@ -122,14 +115,7 @@ def _decimal(value: Any) -> Decimal | None:
         return None
 
 
-def _ratelimit_reset(response: httpx.Response) -> float | None:
-    """Seconds until the window resets, from an IETF `RateLimit` header (`t=` or `reset=`)."""
-    value = response.headers.get("RateLimit", "")
-    match = re.search(r"(?:^|[;,\s])(?:t|reset)=(\d+(?:\.\d+)?)", value)
-    return float(match.group(1)) if match else None
-
-
-class RunPod:
+class RunPod(ApiProvider[RunPodApi]):
     """The RunPod provider (on-demand pods, per-second billing); see the module docstring."""
 
     name = "runpod"
@@ -145,121 +131,14 @@ class RunPod:
                  initial_backoff_s: float = 0.5, max_backoff_s: float = 20.0,
                  default_image: str = DEFAULT_IMAGE, boot_minutes: float = 5.0) -> None:
         """`client` may be shared; the key is sent per request, never set on the client."""
-        if not api_key:
-            raise AuthError("no RunPod API key: set RUNPOD_API_KEY")
-        self._key = api_key
-        self._base = base_url.rstrip("/")
-        self._client = client or httpx.Client(timeout=timeout_s)
-        self._owns_client = client is None
-        self._attempts, self._deadline_s = attempts, deadline_s
-        self._backoff = (initial_backoff_s, max_backoff_s)
+        self._api = RunPodApi(api_key, base_url, client, timeout_s=timeout_s,
+                              attempts=attempts, deadline_s=deadline_s,
+                              initial_s=initial_backoff_s, max_wait_s=max_backoff_s)
         self.default_image = default_image
         self.boot_minutes = boot_minutes
         self._min_cuda: dict[str, str] = {}  # offer id -> the CUDA its search asked for
         # GPU ids the last `offers()` left out as not planned (ReportsSkipped): id -> 1.
         self.skipped: dict[str, int] = {}
-
-    def __repr__(self) -> str:
-        return f"RunPod(base_url={self._base!r})"
-
-    def close(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> RunPod:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    # -- HTTP ---------------------------------------------------------------------------
-
-    def _scrub(self, text: str) -> str:
-        return redact(text, self._key)
-
-    def _send(self, method: str, path: str, *, what: str, json: Any = None,
-              params: dict[str, str] | None = None) -> httpx.Response:
-        """One request, mapped to a typed error when it fails (no retry here)."""
-        response = send(self._client, method, self._base + path, self._key, f"RunPod {what}",
-                        json=json, params=params)
-        self._raise_for(response, what)
-        return response
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        return with_retries(fn, attempts=self._attempts, deadline_s=self._deadline_s,
-                            initial_s=self._backoff[0], max_wait_s=self._backoff[1])
-
-    def _request(self, method: str, path: str, *, what: str, json: Any = None,
-                 params: dict[str, str] | None = None) -> httpx.Response:
-        return self._call(lambda: self._send(method, path, what=what, json=json, params=params))
-
-    def _raise_for(self, response: httpx.Response, what: str) -> None:
-        """Map a non-2xx RFC 9457 response to the typed error the engine acts on.
-
-        400 (rule violation / no capacity) and 403 (no access to that pool) on `create` are
-        CapacityError: the engine moves on to the next offer. Elsewhere 400 is a plain
-        ProviderError and 403 an AuthError (the key lacks a permission). 401 AuthError,
-        402 BalanceError, 404 NotFound, 422 ProviderError (never retried), 429 and 5xx
-        TransientError with the server's `Retry-After` (or the `RateLimit` reset).
-        """
-        status = response.status_code
-        if status < 400:
-            return
-        message = self._problem(response, what)
-        if status == 401:
-            raise AuthError(f"{message}; set RUNPOD_API_KEY (or `runpod = KEY` in the "
-                            "orch credentials file) to a valid RunPod API key")
-        if status == 402:
-            raise BalanceError(f"{message}; RunPod requires at least one hour of credit for "
-                               "the pod's hourly price before it deploys: add credit")
-        if status == 404:
-            raise NotFound(message)
-        if status == 429 or status >= 500:
-            hint = retry_after(response)
-            if hint is None and status == 429:
-                hint = _ratelimit_reset(response)
-            if status == 429:
-                raise RateLimited(message, retry_after=hint)
-            raise TransientError(message, retry_after=hint)
-        if what.startswith("create"):
-            if status == 400:
-                raise CapacityError(message)
-            if status == 403:
-                raise CapacityError(f"{message} (no access to this pool: skipped)")
-        if status == 403:
-            raise AuthError(f"{message}; the RunPod API key lacks this permission")
-        raise ProviderError(message)  # 400 outside create, 409, 422 validation, ...
-
-    def _problem(self, response: httpx.Response, what: str) -> str:
-        """`RunPod <what>: <status> <title>: <detail> [errors]`, scrubbed of the key."""
-        title = detail = ""
-        errors: Any = None
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            title = str(body.get("title") or "")
-            detail = str(body.get("detail") or "")
-            errors = body.get("errors")
-        else:
-            detail = response.text[:200].strip()
-        text = f"RunPod {what}: HTTP {response.status_code}"
-        if title:
-            text += f" {title}"
-        if detail:
-            text += f": {detail}"
-        if errors:
-            text += f" {errors}"
-        return self._scrub(text)
-
-    @staticmethod
-    def _json(response: httpx.Response, what: str) -> Any:
-        try:
-            return response.json()
-        except ValueError:
-            raise ProviderError(f"RunPod {what}: response is not JSON") from None
 
     # -- Provider protocol --------------------------------------------------------------
 
@@ -276,8 +155,7 @@ class RunPod:
         if req.min_cuda is not None:
             # Availability counts only machines whose driver supports the image's CUDA.
             params["minCudaVersion"] = req.min_cuda
-        response = self._request("GET", "/catalog/gpus", what="offers", params=params)
-        body = self._json(response, "offers")
+        body = self._api.retrying(partial(self._api.gpus, params))
         rows = body.get("gpus", []) if isinstance(body, dict) else []
         specs = catalog.gpus()
         found: list[Offer] = []
@@ -354,7 +232,7 @@ class RunPod:
                     return existing[0]
             sent[0] = True
             try:
-                response = self._send("POST", "/pods", what=f"create {name}", json=body)
+                pod = self._api.create_pod(name, body)
             except TransientError as exc:
                 # A 429 was rejected before anything was made; 5xx/network may have made it.
                 sent[0] = not isinstance(exc, RateLimited)
@@ -362,40 +240,35 @@ class RunPod:
             except ProviderError:
                 sent[0] = False
                 raise
-            pod = self._json(response, "create")
             if not isinstance(pod, dict) or not pod.get("id"):
                 raise ProviderError("RunPod create: response has no pod id")
             return self._instance(pod)
 
-        return self._call(attempt)
+        return self._api.retrying(attempt)
 
     def get(self, instance_id: str) -> Instance:
         """The pod's state; NotFound when RunPod no longer knows it."""
-        response = self._request("GET", f"/pods/{_segment(instance_id)}",
-                                 what=f"get {instance_id}")
-        pod = self._json(response, "get")
+        pod = self._api.retrying(partial(self._api.pod, instance_id))
         if not isinstance(pod, dict):
             raise ProviderError("RunPod get: response is not a pod")
         return self._instance(pod)
 
     def list(self, job_id: str | None = None) -> builtins.list[Instance]:
         """Pods whose name carries orch's tag (for `job_id`, or all of orch's)."""
-        return self._call(lambda: [i for i in self._list_once()
-                                   if job_id is None or i.job_id == job_id])
+        return self._api.retrying(lambda: [i for i in self._list_once()
+                                           if job_id is None or i.job_id == job_id])
 
     def terminate(self, instance_id: str) -> None:
         """Delete the pod (204); 404 means already gone, which is success."""
         try:
-            self._request("DELETE", f"/pods/{_segment(instance_id)}",
-                          what=f"terminate {instance_id}")
+            self._api.retrying(partial(self._api.delete_pod, instance_id))
         except NotFound:
             return
 
     # -- helpers ------------------------------------------------------------------------
 
     def _list_once(self) -> builtins.list[Instance]:
-        response = self._send("GET", "/pods", what="list")
-        body = self._json(response, "list")
+        body = self._api.pods()
         pods = body.get("pods", []) if isinstance(body, dict) else []
         return [self._instance(p) for p in pods
                 if isinstance(p, dict) and job_of(p.get("name")) is not None]
@@ -418,7 +291,7 @@ class RunPod:
             ssh_port=int(port) if port else None,
             ssh_user=ssh.get("username") or "root",
             raw_status=raw,
-            message=self._scrub(str(pod.get("message") or "")),
+            message=self._api.redact(str(pod.get("message") or "")),
         )
 
 
@@ -433,10 +306,3 @@ def _direct_ssh(pod: dict[str, Any]) -> dict[str, Any]:
                 and port.get("ip") and port.get("public")):
             return {"host": port["ip"], "port": port["public"], "username": "root"}
     return {}
-
-
-def _segment(instance_id: str) -> str:
-    """A pod id as one URL path segment (ids are alphanumeric; refuse anything else)."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]+", instance_id):
-        raise NotFound(f"not a RunPod pod id: {instance_id!r}")
-    return instance_id

@@ -24,9 +24,10 @@ The image's environment is not visible to SSH sessions on Vast (the SSH runtypes
 image's ENTRYPOINT; sessions start from sshd's defaults): the onstart script persists it
 with `env >> /etc/environment`, which logins read (pam_env), as Vast's own images do.
 
-Every call goes through `providers.http.with_retries` (TransientError only). The API key is
-sent only in the `Authorization: Bearer` header; it is never logged, put in a URL, or
-included in an exception message (any text echoed back by the server is redacted).
+The requests and the typed error for each answer are `api_client.VastApi`'s; every call
+goes through its retry policy (`providers.http.with_retries`, TransientError only). The API
+key is sent only in the `Authorization: Bearer` header; it is never logged, put in a URL,
+or included in an exception message (any text echoed back by the server is redacted).
 
 SSH keys: the job's public key is injected through the instance's `onstart` script (appended
 to `/root/.ssh/authorized_keys`), not through `POST /ssh/`, which would add it to the whole
@@ -47,39 +48,32 @@ State mapping (`actual_status` / `intended_status` / `cur_state` / `next_state`)
 
 from __future__ import annotations
 
-import json
 import shlex
-from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from functools import partial
+from typing import Any
 
 import httpx
 
 from providers import catalog
+from providers.apiclient import ApiProvider
 from providers.base import (
-    AuthError,
-    BalanceError,
     Billing,
     CapacityError,
     Instance,
     InstanceState,
     NotFound,
     Offer,
-    PriceChanged,
     ProviderError,
     Requirements,
-    TransientError,
     cuda_at_least,
     job_of,
     tag_for,
 )
 from providers.credentials import api_key as credential
-from providers.http import DEADLINE_S, MAX_ATTEMPTS, redact, retry_after, send, with_retries
+from providers.http import DEADLINE_S, MAX_ATTEMPTS
+from providers.vastai.api_client import DEFAULT_BASE_URL, VastApi
 
-T = TypeVar("T")
-
-DEFAULT_BASE_URL = "https://console.vast.ai/api/v0"
 # The trainer image (axolotl v0.18.0, uv build; real-hosts.md §1). Callers normally pass the
 # job's image to `create`; this is only the fallback.
 DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
@@ -87,7 +81,6 @@ DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
 RUNTYPE = "ssh_direc ssh_proxy"
 # Search `type` values (vast-cli `search offers --type`; "interruptible" is sent as "bid").
 ON_DEMAND, BID = "on-demand", "bid"
-LIST_PAGE = 25  # the v1 listing's largest page (vast-cli: "max instances per page (1-25)")
 MIN_DISK_GB = 8  # Vast rejects smaller disks
 _MIB = 1024**2
 _GB = 1000**3
@@ -180,13 +173,7 @@ def _onstart(ssh_public_key: str) -> str:
             "chmod 600 /root/.ssh/authorized_keys")
 
 
-def v1_url(base_url: str) -> str:
-    """The `/api/v1` root next to a `/api/v0` base URL (the paginated instance listing)."""
-    parts = urlsplit(base_url)
-    return urlunsplit((parts.scheme, parts.netloc, "/api/v1", "", ""))
-
-
-class VastAI:
+class VastAI(ApiProvider[VastApi]):
     """The Vast.ai provider (implements `providers.base.Provider`).
 
     `offers()` searches `type: on-demand` and/or `type: bid` depending on
@@ -208,15 +195,8 @@ class VastAI:
                  bid_markup: Decimal = Decimal(0), min_reliability: float | None = None,
                  verified_only: bool = True, limit: int = 64, boot_minutes: float = 5.0,
                  pull_gbps: float = 2.0) -> None:
-        if not api_key:
-            raise AuthError("no Vast.ai API key: set VAST_API_KEY")
-        self._key = api_key
-        self._base = base_url.rstrip("/")
-        self._v1 = v1_url(self._base)
-        self._client = client or httpx.Client(timeout=timeout_s)
-        self._owns_client = client is None
-        self._retry = {"attempts": attempts, "initial_s": initial_s, "max_wait_s": max_wait_s,
-                       "deadline_s": deadline_s}
+        self._api = VastApi(api_key, base_url, client, timeout_s=timeout_s, attempts=attempts,
+                           initial_s=initial_s, max_wait_s=max_wait_s, deadline_s=deadline_s)
         self.default_image = default_image
         self.bid_markup = bid_markup
         self.min_reliability = min_reliability
@@ -236,83 +216,6 @@ class VastAI:
         """An adapter with the key from VAST_API_KEY or the credentials file; None if unset."""
         key = credential("vastai")
         return cls(key, **kwargs) if key else None
-
-    def close(self) -> None:
-        """Close the HTTP client if this adapter created it."""
-        if self._owns_client:
-            self._client.close()
-
-    def __enter__(self) -> VastAI:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __repr__(self) -> str:  # never show the key
-        return f"VastAI(base_url={self._base!r})"
-
-    # -- HTTP ---------------------------------------------------------------------------
-
-    def _redact(self, text: str) -> str:
-        return redact(text, self._key)
-
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
-                 params: dict[str, Any] | None = None, root: str | None = None) -> Any:
-        """One HTTP call; returns the parsed JSON or raises the typed error for its status."""
-        resp = send(self._client, method, f"{root or self._base}{path}", self._key,
-                    f"Vast.ai {method} {path}", json=body, params=params)
-        if resp.is_success:
-            try:
-                return resp.json()
-            except ValueError:
-                raise TransientError(f"Vast.ai {method} {path}: unreadable response") from None
-        raise self._error(method, path, resp)
-
-    def _error(self, method: str, path: str, resp: httpx.Response) -> ProviderError:
-        """The typed error for a non-2xx response (message redacted, short)."""
-        status = resp.status_code
-        code, msg = "", resp.text.strip()
-        try:
-            doc = resp.json()
-        except ValueError:
-            doc = None
-        if isinstance(doc, dict):
-            code = str(doc.get("error") or "")
-            msg = str(doc.get("msg") or doc.get("message") or doc.get("error") or "")
-        detail = self._redact(f"{code}: {msg}" if code and msg != code else (msg or code))[:300]
-        where = f"Vast.ai {method} {path} → HTTP {status}"
-        if status == 401:
-            return AuthError(f"{where}: the API key was refused ({detail}); set VAST_API_KEY "
-                             "or `vastai = KEY` in the orch credentials file")
-        if status == 403:  # a scoped key without the permission this call needs
-            return AuthError(f"{where}: the API key may not do this ({detail}); set "
-                             "VAST_API_KEY to a key with instance and search permissions")
-        if status == 402:
-            return BalanceError(f"{where}: not enough Vast.ai credit ({detail}); add credit "
-                                "at console.vast.ai")
-        if status == 429:
-            return TransientError(f"{where}: rate limited ({detail or 'too many requests'})",
-                                  retry_after=retry_after(resp))
-        if status >= 500:
-            return TransientError(f"{where}: server error ({detail})",
-                                  retry_after=retry_after(resp))
-        if status == 400 and code == "invalid_price":
-            return PriceChanged(f"{where}: the price changed since the search ({detail}); "
-                                "search again")
-        if status in (404, 410):
-            err = NotFound(f"{where}: {detail or 'not found'}")
-            err.code = code  # type: ignore[attr-defined]
-            return err
-        return ProviderError(f"{where}: {detail or 'request rejected'}")
-
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self._retrying(lambda: self._request(method, path, body))
-
-    def _retrying(self, call: Callable[[], T]) -> T:
-        return with_retries(call, attempts=int(self._retry["attempts"]),
-                            initial_s=float(self._retry["initial_s"]),
-                            max_wait_s=float(self._retry["max_wait_s"]),
-                            deadline_s=float(self._retry["deadline_s"]))
 
     # -- offers -------------------------------------------------------------------------
 
@@ -351,7 +254,7 @@ class VastAI:
         found: list[Offer] = []
         self.skipped = {}
         for kind in kinds:
-            doc = self._call("POST", "/bundles/", self._query(req, kind))
+            doc = self._api.retrying(partial(self._api.search, self._query(req, kind)))
             rows = doc.get("offers") if isinstance(doc, dict) else None
             for row in rows or []:
                 if canonical_gpu(row.get("gpu_name"), row.get("gpu_ram")) is None:
@@ -439,7 +342,6 @@ class VastAI:
             "runtype": RUNTYPE,
             "cancel_unavail": True,
         }
-        path = f"/asks/{offer.offer_id}/"
         tries = 0
 
         def attempt() -> Any:
@@ -449,10 +351,10 @@ class VastAI:
                 existing = self._adoptable(job_id, offer.offer_id)
                 if existing is not None:
                     return existing
-            return self._request("PUT", path, body)
+            return self._api.rent(offer.offer_id, body)
 
         try:
-            doc = self._retrying(attempt)
+            doc = self._api.retrying(attempt)
         except NotFound as exc:
             raise CapacityError(f"Vast.ai offer {offer.offer_id} is gone "
                                 f"({getattr(exc, 'code', '') or 'no_such_ask'})") from None
@@ -462,7 +364,7 @@ class VastAI:
         if not (isinstance(doc, dict) and doc.get("success")) or not contract:
             if contract:  # created stopped: destroy it, or it bills storage forever
                 self.terminate(str(contract))
-            reason = self._redact(str((doc or {}).get("msg") or (doc or {}).get("error")
+            reason = self._api.redact(str((doc or {}).get("msg") or (doc or {}).get("error")
                                       or "not started")) if isinstance(doc, dict) else "?"
             raise CapacityError(f"Vast.ai offer {offer.offer_id} could not be rented: {reason}")
         return Instance(
@@ -495,13 +397,12 @@ class VastAI:
             label=inst.get("label"), gpu=gpu, gpu_count=int(inst.get("num_gpus") or 0),
             interruptible=bool(inst.get("is_bid")), price_per_hour=dec(inst.get("dph_total")),
             ssh_host=host, ssh_port=port, ssh_user="root", raw_status=raw,
-            message=self._redact(str(inst.get("status_msg") or "")),
+            message=self._api.redact(str(inst.get("status_msg") or "")),
         )
 
     def get(self, instance_id: str) -> Instance:
         """GET /instances/{id}/ (`{"instances": {one object}}`); NotFound when gone."""
-        path = f"/instances/{instance_id}/"
-        doc = self._retrying(lambda: self._request("GET", path, params={"owner": "me"}))
+        doc = self._api.retrying(lambda: self._api.instance(instance_id))
         inst = doc.get("instances") if isinstance(doc, dict) else None
         if isinstance(inst, list):  # tolerate the list shape
             inst = next((i for i in inst if str(i.get("id")) == str(instance_id)), None)
@@ -511,24 +412,18 @@ class VastAI:
 
     def _rows(self, select: dict[str, Any]) -> list[dict[str, Any]]:
         """Every instance row matching `select`, page by page (GET /api/v1/instances/)."""
-        params: dict[str, Any] = {"select_filters": json.dumps(select),
-                                  "order_by": json.dumps([{"col": "id", "dir": "asc"}]),
-                                  "limit": LIST_PAGE}
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
+        after: str | None = None
         while True:
-            doc = self._page(dict(params))
+            doc = self._api.retrying(partial(self._api.instances_page, select, after))
             found = doc.get("instances") if isinstance(doc, dict) else None
             rows.extend(r for r in found or [] if isinstance(r, dict))
             token = doc.get("next_token") if isinstance(doc, dict) else None
             if not token or not found or str(token) in seen:  # a repeated token would loop
                 return rows
             seen.add(str(token))
-            params["after_token"] = str(token)
-
-    def _page(self, params: dict[str, Any]) -> Any:
-        return self._retrying(lambda: self._request("GET", "/instances/", params=params,
-                                                    root=self._v1))
+            after = str(token)
 
     def list(self, job_id: str | None = None) -> list[Instance]:
         """The instances labelled as orch's (for `job_id`, or all), from every page of the
@@ -545,11 +440,11 @@ class VastAI:
     def terminate(self, instance_id: str) -> None:
         """DELETE /instances/{id}/; an instance that is already gone counts as success."""
         try:
-            doc = self._call("DELETE", f"/instances/{instance_id}/")
+            doc = self._api.retrying(lambda: self._api.destroy(instance_id))
         except NotFound:
             return
         if isinstance(doc, dict) and doc.get("success") is False:
             if doc.get("error") == "no_such_instance":
                 return
             raise ProviderError(f"Vast.ai could not destroy instance {instance_id}: "
-                                f"{self._redact(str(doc.get('msg') or doc.get('error')))}")
+                                f"{self._api.redact(str(doc.get('msg') or doc.get('error')))}")
