@@ -56,14 +56,16 @@ class HostBackend(Protocol):
 
 def canonical_gpu(gpu_name: str) -> str | None:
     """The catalog model of an emulator GPU name (Vast `gpu_name` or RunPod GPU id), or None."""
-    from providers import catalog, runpod, vastai
+    from providers import catalog
+    from providers.runpod.compute import canonical_gpu as runpod_gpu
+    from providers.vastai.compute import GPU_MAP
 
     if gpu_name in catalog.gpus():
         return gpu_name
-    for model, (names, _min_ram) in vastai.GPU_MAP.items():
+    for model, (names, _min_ram) in GPU_MAP.items():
         if gpu_name in names:
             return model
-    return runpod.canonical_gpu(gpu_name)
+    return runpod_gpu(gpu_name)
 
 
 def nvidia_smi_gpu(gpu_name: str) -> tuple[str, int | None]:
