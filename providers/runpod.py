@@ -43,6 +43,7 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
+    ContainerRental,
     Instance,
     InstanceState,
     NotFound,
@@ -129,15 +130,11 @@ def _ratelimit_reset(response: httpx.Response) -> float | None:
     return float(match.group(1)) if match else None
 
 
-class RunPod:
+class RunPod(ContainerRental):
     """The RunPod provider (on-demand pods, per-second billing); see the module docstring."""
 
     name = "runpod"
     billing = Billing.PER_SECOND
-
-    def rents_containers(self) -> bool:
-        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
-        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,

@@ -62,6 +62,7 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
+    ContainerRental,
     Instance,
     InstanceState,
     NotFound,
@@ -186,7 +187,7 @@ def v1_url(base_url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/api/v1", "", ""))
 
 
-class VastAI:
+class VastAI(ContainerRental):
     """The Vast.ai provider (implements `providers.base.Provider`).
 
     `offers()` searches `type: on-demand` and/or `type: bid` depending on
@@ -196,10 +197,6 @@ class VastAI:
 
     name = "vastai"
     billing = Billing.PER_SECOND
-
-    def rents_containers(self) -> bool:
-        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
-        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,
