@@ -154,7 +154,8 @@ def ensure_key(path: Path | None = None) -> tuple[Path, str]:
     return path, pub.read_text().strip()
 
 
-def instance_cost(row: Any, until: datetime | None = None) -> tuple[Decimal, Decimal]:
+def instance_cost(row: money.CostedInstance,
+                  until: datetime | None = None) -> tuple[Decimal, Decimal]:
     """(charged, amortised) for an instance row from create to terminate (or `until`)."""
     return money.instance_cost(row, until or utcnow())
 
