@@ -93,7 +93,7 @@ class HostSession:
         self.teardown = teardown
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
 
-    def __call__(self, placed: Placed) -> None:
+    def run(self, placed: Placed) -> None:
         """Connect and run the pipeline; connect again after a dropped connection.
 
         A reset or broken connection to a host the provider still runs is not the host's
@@ -108,12 +108,12 @@ class HostSession:
             return (connection_dropped(exc) and self.state.stop is None
                     and self.teardown.instance_lost(placed) is None)
 
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
+        def before_sleep(retry: RetryCallState) -> None:
+            exc = retry.outcome.exception() if retry.outcome else None
             self.ledger.event("ssh.reconnect", f"{describe_failure(exc) if exc else '?'}; "
                               f"connecting to {inst.provider} instance {inst.instance_id} again "
-                              f"(retry {state.attempt_number} of {SSH_RETRIES})",
-                              {"instance": inst.instance_id, "retry": state.attempt_number})
+                              f"(retry {retry.attempt_number} of {SSH_RETRIES})",
+                              {"instance": inst.instance_id, "retry": retry.attempt_number})
 
         try:
             for attempt in Retrying(retry=retry_if_exception(again),

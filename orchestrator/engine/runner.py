@@ -245,7 +245,7 @@ class JobRunner:
         """Run the pipeline on the placed instance: True when it finished, False when the
         attempt was lost (interrupted or stalled) and the job is to be re-placed."""
         try:
-            session(placed)
+            session.run(placed)
         except Stop as stop:
             if stop.kind == "stalled":
                 teardown.stalled(placed, stop)
