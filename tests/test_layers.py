@@ -1,6 +1,6 @@
 """The layers of docs/architecture.md, enforced: imports only point down, and never loop.
 
-Every `import` and `from ... import` in orchestrator/, providers/ and playbooks/ counts,
+Every `import` and `from ... import` in orchestrator/, providers/, playbooks/ and simhost/ counts,
 at module level and inside functions alike (a function-level import that closes a loop
 is still a loop; it only fails later). Sizes: no function over MAX_FUNCTION_LINES and no
 module over MAX_MODULE_LINES, except where the module's docstring gives a reason in a
@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "providers", "playbooks")
+PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
 # Bottom to top: a module may import its own layer and the ones before it.
 LAYERS = (
+    "simhost",              # the simulated cloud's hosts (sshd + stand-ins); imports nothing
     "playbooks.ssh",        # SSH/SFTP to a host: argv only, pinned host keys; a leaf
     "providers",            # clouds and monthly servers behind one interface; catalogs
     "playbooks",            # what runs on a GPU host, step by step; the trainer's config
@@ -27,8 +28,11 @@ LAYERS = (
     "orchestrator.engine",  # running a job: placement, the pipeline, recovery, teardown
     "orchestrator.cli",     # the `orch` commands
 )
+# Packages only some layers may import: the simulated host is the `sim` provider's machinery,
+# reached through its adapter; the engine, the playbooks and the CLI never name it.
+ONLY_FROM = {"simhost": ("simhost", "providers.sim")}
 # Stand-ins for the tools of a GPU host and the migrations are not application layers.
-SIZE_EXEMPT = ("providers/simhost/",)
+SIZE_EXEMPT = ("simhost/",)
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 
@@ -92,7 +96,15 @@ def backward_arrows(root: Path) -> list[str]:
             elif there > here:
                 bad.append(f"{path.relative_to(root)}:{line}: {name} ({LAYERS[here]}) imports "
                            f"{target} ({LAYERS[there]}), a layer above it")
+            elif not _may_import(name, target):
+                bad.append(f"{path.relative_to(root)}:{line}: {name} imports {target}, which "
+                           f"only {' and '.join(ONLY_FROM[LAYERS[there]])} may import")
     return bad
+
+
+def _may_import(name: str, target: str) -> bool:
+    allowed = ONLY_FROM.get(LAYERS[layer(target)])
+    return allowed is None or any(name == a or name.startswith(a + ".") for a in allowed)
 
 
 def cycles(root: Path) -> list[list[str]]:
@@ -188,11 +200,18 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
         "orchestrator/engine/b.py": "from orchestrator.core import a\n",
         "playbooks/ssh/c.py": "from ..train import t\n",
         "playbooks/train.py": "from playbooks.ssh import c\n\ndef g():\n" + long_body,
+        # The engine reaching for the simulated host instead of asking the sim provider.
+        "orchestrator/engine/d.py": "from simhost.host import SimHost\n",
+        "providers/sim/compute.py": "from simhost import host\n",
+        "simhost/host.py": "",
     })
     arrows = backward_arrows(root)
     assert any("orchestrator.core.a (orchestrator.core) imports orchestrator.engine.b" in a
                for a in arrows)
     assert any("playbooks.ssh.c (playbooks.ssh) imports playbooks.train" in a for a in arrows)
+    assert [a for a in arrows if "simhost" in a] == [
+        "orchestrator/engine/d.py:1: orchestrator.engine.d imports simhost.host, which only "
+        "simhost and providers.sim may import"]
     assert sorted(cycles(root)) == [["orchestrator.core.a", "orchestrator.engine.b"],
                                     ["playbooks.ssh.c", "playbooks.train"]]
     assert any("g() is 81 lines" in s for s in oversized(root))
@@ -200,7 +219,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
 
 @pytest.mark.parametrize("name, expected", [
     ("playbooks.ssh.sftp", "playbooks.ssh"), ("playbooks.train", "playbooks"),
-    ("orchestrator.cli.jobs", "orchestrator.cli"), ("providers.simhost.host", "providers"),
+    ("orchestrator.cli.jobs", "orchestrator.cli"), ("simhost.host", "simhost"),
+    ("providers.sim", "providers"),
 ])
 def test_layers_are_matched_by_the_longest_prefix(name: str, expected: str) -> None:
     assert LAYERS[layer(name)] == expected
