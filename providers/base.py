@@ -258,6 +258,7 @@ def host_root(provider: object, instance: Instance) -> str:
 # has. Protocols (rather than flags on `Provider`) keep every capability's members together
 # with its meaning, let mypy check an adapter against what it claims, and let a wrapper that
 # forwards attributes (the emulators' `WithHostPaths`) carry its provider's capabilities.
+# A capability with no members is a marker class instead (below).
 
 
 @runtime_checkable
@@ -293,33 +294,32 @@ class Volumes(Protocol):
         ...
 
 
-@runtime_checkable
-class OptInOnly(Protocol):
-    """Only jobs that name this provider in `resources.providers` are placed on it."""
-
-    def opt_in_note(self) -> str:
-        """Why it is opt-in (shown nowhere yet; documents the capability's reason)."""
-        ...
+# Markers: a capability that is only a fact about the provider, with nothing to call, is a
+# nominal base class the adapter inherits (`class SimCloud(OptInOnly, Simulated)`), not a
+# dummy method that returns True: an empty Protocol would match every object. A wrapper
+# that forwards attributes does not carry a marker; it inherits the marker to declare it.
 
 
-@runtime_checkable
-class Simulated(Protocol):
-    """The machines run stand-ins at whatever speed they are told: what runs there measures
-    no hardware, so no throughput is recorded from it."""
+class OptInOnly:
+    """Marker: only jobs that name this provider in `resources.providers` are placed on it
+    (a simulated cloud must never take a real job by being cheapest)."""
 
-    def simulated_by(self) -> str:
-        """What simulates the machines (for messages)."""
-        ...
+    __slots__ = ()
 
 
-@runtime_checkable
-class ContainerRental(Protocol):
-    """Instances are containers started from the image `create` is given (no Docker on the
-    host), as opposed to a full machine that runs the trainer image in Docker."""
+class Simulated:
+    """Marker: the machines run stand-ins at whatever speed they are told: what runs there
+    measures no hardware, so no throughput is recorded from it, and no Hub is asked before
+    renting (the hosts download from a stand-in)."""
 
-    def rents_containers(self) -> bool:
-        """True (a method, so that `isinstance` can see the capability)."""
-        ...
+    __slots__ = ()
+
+
+class ContainerRental:
+    """Marker: instances are containers started from the image `create` is given (no Docker
+    on the host), as opposed to a full machine that runs the trainer image in Docker."""
+
+    __slots__ = ()
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ they hold no provider name, no private id format and no attribute probe.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -58,4 +59,41 @@ def test_the_engine_names_no_provider_and_probes_no_attribute() -> None:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):
                 found.append(f"{path.name}:{number}: {line.strip()}")
+    assert found == []
+
+
+MARKERS = (OptInOnly, Simulated, ContainerRental)
+
+
+def test_a_capability_with_nothing_to_call_is_a_nominal_marker() -> None:
+    class LooksLikeOne:  # the dummy methods these markers once were
+        def rents_containers(self) -> bool:
+            return True
+
+        def opt_in_note(self) -> str:
+            return "opt-in"
+
+        def simulated_by(self) -> str:
+            return "stand-ins"
+
+    assert [m.__name__ for m in MARKERS if isinstance(LooksLikeOne(), m)] == []
+    # Declared by inheriting, as the adapters do.
+    assert isinstance(type("Declared", (ContainerRental,), {})(), ContainerRental)
+
+
+def test_no_method_is_a_dummy_that_only_returns_true() -> None:
+    """A method of a provider (or of the engine) with no argument but self whose whole body
+    is `return True` is a capability flag in disguise: declare a marker class
+    (providers.base) instead. (playbooks' `Hooks` defaults are values a driver overrides.)"""
+    found = []
+    for package in ("providers", "orchestrator"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.FunctionDef) or len(node.args.args) != 1:
+                    continue
+                body = [s for s in node.body if not (isinstance(s, ast.Expr)
+                                                     and isinstance(s.value, ast.Constant))]
+                if len(body) == 1 and isinstance(body[0], ast.Return) and \
+                        isinstance(body[0].value, ast.Constant) and body[0].value.value is True:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
     assert found == []

@@ -1,10 +1,11 @@
 """The host session of one attempt: connect to the instance, run the job's phases on it.
 
-The session part of `orchestrator.engine.runner.JobRunner` (see `runner_core`): wait for the
-instance, pin its host key (in the server registry too when the provider keeps the machine),
-open SSH, and run `playbooks.pipeline.PHASES` with `JobHooks`, which persist each phase in
-the job's record (status, `phase_done`, metrics, throughput), mirror checkpoints when the
-provider has no volume, keep the training log, and turn failures into the engine's verdicts.
+`HostSession`, a collaborator of `orchestrator.engine.runner.JobRunner` over the run's shared
+state (`runner_core.RunState`): wait for the instance, pin its host key (in the server registry
+too when the provider keeps the machine), open SSH, and run `playbooks.pipeline.PHASES` with
+`JobHooks`, which persist each phase in the job's record (status, `phase_done`, metrics,
+throughput), mirror checkpoints when the provider has no volume, keep the training log, and
+turn failures into the engine's verdicts.
 """
 
 from __future__ import annotations
@@ -23,18 +24,21 @@ from tenacity import (
 
 from orchestrator.core import throughput
 from orchestrator.engine import recovery, trainlog
+from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     EVAL_AGAIN,
     LOST,
     PHASES,
     JobFailed,
-    RunnerCore,
+    Placed,
+    RunState,
     Stop,
     checkpoint_dir,
     describe_failure,
     failpoint,
     log,
 )
+from orchestrator.engine.teardown import Teardown
 from orchestrator.records.store import LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
@@ -43,7 +47,6 @@ from providers.base import (
     Instance,
     KeepsMachine,
     NotFound,
-    Provider,
     Simulated,
     TransientError,
     Volumes,
@@ -80,10 +83,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class SessionMixin(RunnerCore):
-    """Connecting and running the pipeline (the middle of a `JobRunner` attempt)."""
+class HostSession:
+    """Connecting and running the pipeline (the middle of an attempt)."""
 
-    def _session(self, row_id: int, provider: Provider, inst: Instance) -> None:
+    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown) -> None:
+        self.state = state
+        self.ledger = state.ledger
+        self.inputs = inputs
+        self.teardown = teardown
+        self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
+
+    def run(self, placed: Placed) -> None:
         """Connect and run the pipeline; connect again after a dropped connection.
 
         A reset or broken connection to a host the provider still runs is not the host's
@@ -92,16 +102,18 @@ class SessionMixin(RunnerCore):
         by job id, so only the interrupted step is redone). A host that stays unreachable,
         or drops the connection every time, is released and the job re-placed.
         """
-        def again(exc: BaseException) -> bool:
-            return (connection_dropped(exc) and self._stop is None
-                    and self._instance_lost(provider, inst) is None)
+        inst = placed.inst
 
-        def before_sleep(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            self._event("ssh.reconnect", f"{describe_failure(exc) if exc else '?'}; "
-                        f"connecting to {inst.provider} instance {inst.instance_id} again "
-                        f"(retry {state.attempt_number} of {SSH_RETRIES})",
-                        {"instance": inst.instance_id, "retry": state.attempt_number})
+        def again(exc: BaseException) -> bool:
+            return (connection_dropped(exc) and self.state.stop is None
+                    and self.teardown.instance_lost(placed) is None)
+
+        def before_sleep(retry: RetryCallState) -> None:
+            exc = retry.outcome.exception() if retry.outcome else None
+            self.ledger.event("ssh.reconnect", f"{describe_failure(exc) if exc else '?'}; "
+                              f"connecting to {inst.provider} instance {inst.instance_id} again "
+                              f"(retry {retry.attempt_number} of {SSH_RETRIES})",
+                              {"instance": inst.instance_id, "retry": retry.attempt_number})
 
         try:
             for attempt in Retrying(retry=retry_if_exception(again),
@@ -109,34 +121,34 @@ class SessionMixin(RunnerCore):
                                     wait=wait_exponential(multiplier=0.5, max=5),
                                     before_sleep=before_sleep, reraise=True):
                 with attempt:
-                    self._pipeline(self._connect(row_id, provider, inst), row_id, provider,
-                                   inst)
+                    self._pipeline(self._connect(placed), placed)
         except Exception as exc:
             if again(exc):  # dropped every time: the host's network is not usable
-                raise self._unreachable(row_id, inst, exc) from exc
+                raise self._unreachable(placed, exc) from exc
             raise
 
-    def _connect(self, row_id: int, provider: Provider, inst: Instance) -> Host:
+    def _connect(self, placed: Placed) -> Host:
         """Wait until the instance runs, pin its host key, open SSH: the pipeline's Host."""
-        self._set("connecting", f"waiting for {inst.provider} instance {inst.instance_id}")
-        self._watching = None
-        deadline = time.monotonic() + self.opts.boot_deadline_s
+        row_id, provider, inst = placed.row_id, placed.provider, placed.inst
+        self.ledger.set("connecting", f"waiting for {inst.provider} instance {inst.instance_id}")
+        self.state.watching = None
+        deadline = time.monotonic() + self.state.opts.boot_deadline_s
         while not inst.reachable:
-            self._check_stop()
+            self.state.check_stop()
             if inst.state in LOST:
                 why = inst.message or inst.raw_status
                 raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
-                            f"{inst.state.value} before it booted: {why}")
+                           f"{inst.state.value} before it booted: {why}")
             if time.monotonic() > deadline:
-                self._release(row_id, "unreachable")
+                self.teardown.release(row_id, "unreachable")
                 raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} not "
-                            f"running after {self.opts.boot_deadline_s:.0f}s")
-            time.sleep(min(1.0, self.opts.watch_s))
+                           f"running after {self.state.opts.boot_deadline_s:.0f}s")
+            time.sleep(min(1.0, self.state.opts.watch_s))
             try:
                 inst = provider.get(inst.instance_id)
             except NotFound as exc:
                 raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
-                            "vanished while booting") from exc
+                           "vanished while booting") from exc
             except TransientError:
                 continue
         assert inst.ssh_host and inst.ssh_port
@@ -145,178 +157,183 @@ class SessionMixin(RunnerCore):
         if host_key is None:
             try:
                 host_key = ssh.format_host_key(ssh.trust_on_first_use(
-                    inst.ssh_host, inst.ssh_port, deadline=self.opts.connect_deadline_s))
+                    inst.ssh_host, inst.ssh_port, deadline=self.state.opts.connect_deadline_s))
             except ssh.HostUnreachable as exc:  # e.g. TCP accepted, no SSH banner ever
-                raise self._unreachable(row_id, inst, exc) from exc
+                raise self._unreachable(placed, exc) from exc
             if kept is not None:  # the server outlives the job: its registry pins the key
-                self.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
-        self.store.update_instance(row_id, host=inst.ssh_host, port=inst.ssh_port,
-                                   ssh_user=inst.ssh_user, host_key=host_key,
-                                   state=inst.state.value)
-        self._watching = (inst.provider, inst.instance_id)
+                self.state.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
+        self.state.store.update_instance(row_id, host=inst.ssh_host, port=inst.ssh_port,
+                                         ssh_user=inst.ssh_user, host_key=host_key,
+                                         state=inst.state.value)
+        self.state.watching = (inst.provider, inst.instance_id)
         try:
-            conn = self._factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, host_key)
+            conn = self.state.factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user,
+                                              host_key)
         except ssh.HostUnreachable as exc:
-            raise self._unreachable(row_id, inst, exc) from exc
-        self._event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
-                    f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
+            raise self._unreachable(placed, exc) from exc
+        self.ledger.event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
+                          f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
         # Simulated machines keep the server's filesystem under a directory and their
         # provider says where; a real provider has no such capability: paths as they are.
         return Host(conn, HostPaths(host_root(provider, inst)), command_timeout=3600)
 
-    def _unreachable(self, row_id: int, inst: Instance, exc: Exception) -> Stop:
+    def _unreachable(self, placed: Placed, exc: Exception) -> Stop:
         """A host that stays unreachable over SSH: release it; the job is re-placed."""
-        self._release(row_id, "unreachable")
+        inst = placed.inst
+        self.teardown.release(placed.row_id, "unreachable")
         return Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
                     f"failed: {exc}")
 
     def _known_host_key(self, row_id: int, inst: Instance,
                         kept: KeepsMachine | None) -> str | None:
-        for row in self.store.instances_of(self.job_id):
+        for row in self.state.store.instances_of(self.state.job_id):
             if row.id == row_id and row.host_key:
                 return row.host_key
         if kept is not None:
             name = kept.server_name(inst.instance_id)
-            for server in self.store.list_servers():
+            for server in self.state.store.list_servers():
                 if server.name == name:
                     return server.host_key
         return None
 
-    def _pipeline(self, host: Host, row_id: int, provider: Provider, inst: Instance) -> None:
+    def _pipeline(self, host: Host, placed: Placed) -> None:
         """Run the job's phases on `host`, resuming after those a takeover found done."""
-        job = self._job()
-        kept = keeps_machine(provider) is not None
+        inst = placed.inst
+        job = self.ledger.job()
+        kept = keeps_machine(placed.provider) is not None
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(inst.ssh_host or "") else 8000,
-                                      poll_s=self.opts.poll_s,
+                                      poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
                                       exact_count=not kept)
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
-        pipeline.run_phases(run, JobHooks(self, row_id, provider, inst))
-        self._check_stop()
-        self._set("releasing", "artifacts copied to " + pj.artifacts_dir
-                  + "; releasing the instance")
+        pipeline.run_phases(run, JobHooks(self, placed))
+        self.state.check_stop()
+        self.ledger.set("releasing", "artifacts copied to " + pj.artifacts_dir
+                        + "; releasing the instance")
         failpoint("releasing")
 
-    def _on_train_progress(self, p: train.Progress) -> None:
-        assert self.progress is not None
+    def on_train_progress(self, p: train.Progress) -> None:
+        progress = self.ledger.progress
         new = [(step, loss) for step, loss in p.losses
-               if self._losses.get(step) != loss]
-        if p.step == self.progress.step and p.loss == self.progress.loss and not new:
+               if self.losses.get(step) != loss]
+        if p.step == progress.step and p.loss == progress.loss and not new:
             return  # each short wait reports the current step again
-        self.progress.step, self.progress.total, self.progress.loss = p.step, p.total, p.loss
+        progress.step, progress.total, progress.loss = p.step, p.total, p.loss
         for step, loss in new:  # every step's loss the log showed, not only the latest
-            self.store.add_metrics(self.job_id, {"train.loss": loss}, step=step)
-            self._losses[step] = loss
-        self._event("train.progress", f"step {p.step}/{p.total}"
-                    + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
-                    {"step": p.step, "total": p.total, "loss": p.loss})
-        self._notify()
+            self.state.store.add_metrics(self.state.job_id, {"train.loss": loss}, step=step)
+            self.losses[step] = loss
+        self.ledger.event("train.progress", f"step {p.step}/{p.total}"
+                          + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
+                          {"step": p.step, "total": p.total, "loss": p.loss})
+        self.ledger.notify()
 
-    def _emit(self, report: StepReport) -> None:
-        self._watchdog.progress()  # a playbook step completed
-        self.store.add_event(self.job_id, report.kind, f"{report.playbook}/{report.step}"
-                             + (f": {report.message}" if report.message else ""), report.data())
+    def emit(self, report: StepReport) -> None:
+        self.ledger.watchdog.progress()  # a playbook step completed
+        self.state.store.add_event(self.state.job_id, report.kind,
+                                   f"{report.playbook}/{report.step}"
+                                   + (f": {report.message}" if report.message else ""),
+                                   report.data())
 
 
 class JobHooks(pipeline.Hooks):
     """`playbooks.pipeline.Hooks` for a job the engine drives on one instance."""
 
-    def __init__(self, runner: SessionMixin, row_id: int, provider: Provider,
-                 inst: Instance) -> None:
-        self.r = runner
-        self.row_id = row_id
-        self.provider = provider
-        self.inst = inst
-        self.kept = keeps_machine(provider)
+    def __init__(self, session: HostSession, placed: Placed) -> None:
+        self.session = session
+        self.ledger = session.ledger
+        self.inputs = session.inputs
+        self.placed = placed
+        self.provider = placed.provider
+        self.inst = placed.inst
+        self.kept = keeps_machine(placed.provider)
         # No volume: the job's checkpoints are kept here, copied off the host as they come.
-        self.mirrored = not isinstance(provider, Volumes)
-        self.local = checkpoint_dir(runner.job_id)
+        self.mirrored = not isinstance(placed.provider, Volumes)
+        self.local = checkpoint_dir(self.ledger.job_id)
         self.next_mirror = 0
-        opts = runner.opts
+        opts = session.state.opts
         self.wait_s: float | None = max(opts.watch_s, opts.poll_s)
 
     def check_stop(self) -> None:
-        self.r._check_stop()
+        self.session.state.check_stop()
 
     def status(self, status: str, message: str, **fields: object) -> None:
         if status == "merging":  # training done: what it measured goes with it
-            fields["tokens"] = self.r.inputs.tokens
-        self.r._set(status, message, None, **fields)
+            fields["tokens"] = self.inputs.tokens
+        self.ledger.set(status, message, None, **fields)
         if status in _FAILPOINTS:
             failpoint(status)
 
     def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
-        self.r._event(kind, message, data)
+        self.ledger.event(kind, message, data)
 
     def emit(self, report: StepReport) -> None:
-        self.r._emit(report)
+        self.session.emit(report)
 
     def phase_done(self, phase: str, **fields: object) -> None:
-        self.r.store.update_job_fields(self.r.job_id, phase_done=phase, **fields)
+        self.ledger.store.update_job_fields(self.ledger.job_id, phase_done=phase, **fields)
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         if exc.playbook == "gpu" and self.kept is not None:
             # Not chosen again until fixed: `orch servers check NAME` clears it.
             name = self.kept.server_name(self.inst.instance_id)
-            self.r.store.record_server_check(name, error=exc.reason)
-            self.r._event("server.failed_check", f"server {name} failed its GPU check and "
-                          f"will not be used until `orch servers check {name}` passes: "
-                          f"{exc.reason}")
+            self.ledger.store.record_server_check(name, error=exc.reason)
+            self.ledger.event("server.failed_check", f"server {name} failed its GPU check and "
+                              f"will not be used until `orch servers check {name}` passes: "
+                              f"{exc.reason}")
 
     def prepared(self, run: PipelineRun) -> None:
         if self.kept is not None:  # a server we keep: its secrets go when the job ends
-            self.r._secrets_base[self.row_id] = run.layout.base
+            self.session.state.secrets_base[self.placed.row_id] = run.layout.base
 
     def restore(self, run: PipelineRun) -> None:
         if not self.mirrored:
             return
         restored = checkpoints.restore(run.host, run.train_job, self.local)
         if restored is not None:
-            self.r._event("checkpoint.restored", f"uploaded checkpoint-{restored} from the "
-                          "local copy to the new instance", {"step": restored})
+            self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from the "
+                              "local copy to the new instance", {"step": restored})
 
     def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
-        progress = self.r.progress
-        reached = progress.step if progress else None  # on the lost instance
+        reached = self.ledger.progress.step  # on the lost instance
         lost = info.lost_steps or 0
         if reached is not None:
             # A fresh machine has no log of the earlier run: count from what we saw.
             lost = max(lost, reached - info.step)
         if info.step or lost:
-            self.r._event("resume", f"resuming from step {info.step} "
-                          f"({info.checkpoint or 'no checkpoint'}); {lost} steps to redo",
-                          {"step": info.step, "lost_steps": lost,
-                           "moved_aside": list(info.moved_aside)})
+            self.ledger.event("resume", f"resuming from step {info.step} "
+                              f"({info.checkpoint or 'no checkpoint'}); {lost} steps to redo",
+                              {"step": info.step, "lost_steps": lost,
+                               "moved_aside": list(info.moved_aside)})
         if lost:
-            self.r._set("training", f"resumed from step {info.step}",
-                        lost_steps=self.r._job().lost_steps + lost)
+            self.ledger.set("training", f"resumed from step {info.step}",
+                            lost_steps=self.ledger.job().lost_steps + lost)
 
     def mirror(self, run: PipelineRun) -> None:
-        step = self.r.progress.step if self.r.progress else None
+        step = self.ledger.progress.step
         if not self.mirrored or step is None or step < self.next_mirror:
             return
         self.next_mirror = step + max(1, run.job.config.save_steps)
         copied = checkpoints.mirror(run.host, run.train_job, self.local)
         if copied is not None and copied.copied:
-            self.r._event("checkpoint.mirrored", f"checkpoint-{copied.step} copied off the "
-                          f"host ({copied.bytes / 1e6:.1f} MB)", {"step": copied.step,
-                                                                  "bytes": copied.bytes})
+            self.ledger.event("checkpoint.mirrored", f"checkpoint-{copied.step} copied off the "
+                              f"host ({copied.bytes / 1e6:.1f} MB)", {"step": copied.step,
+                                                                      "bytes": copied.bytes})
 
     def train_progress(self, progress: train.Progress) -> None:
-        self.r._on_train_progress(progress)
+        self.session.on_train_progress(progress)
 
     def train_log(self, text: str) -> None:
         # `orch logs ID --train` reads this copy; it outlives the instance.
         try:
-            trainlog.save(self.r.job_id, text)
+            trainlog.save(self.ledger.job_id, text)
         except OSError as exc:  # a full disk must not fail the job
-            log.warning("cannot keep the training log of %s: %s", self.r.job_id, exc)
+            log.warning("cannot keep the training log of %s: %s", self.ledger.job_id, exc)
 
     def training_failed(self, run: PipelineRun) -> None:
-        if self.r._instance_lost(self.provider, self.inst) is None:
+        if self.session.teardown.instance_lost(self.placed) is None:
             status = run.status
             code = status.exit_code if status is not None else None
             tail = train.log_tail(run.host, run.train_job, 30).strip()[-1500:]
@@ -326,35 +343,35 @@ class JobHooks(pipeline.Hooks):
     def trained(self, run: PipelineRun) -> None:
         # Only an uninterrupted run on a real machine measures the hardware: a simulated
         # cloud trains at whatever speed its stand-in is told to.
-        job = self.r._job()
+        job = self.ledger.job()
         seconds = run.train_seconds
         if isinstance(self.provider, Simulated) or job.interruptions or seconds <= 0 \
                 or not job.gpu:
             return
-        inputs = self.r.inputs
+        inputs = self.inputs
         size = throughput.size_class(inputs.loaded.architecture.params)
-        self.r.store.add_throughput(self.r.job_id, job.gpu, job.gpu_count or 1, job.method,
-                                    size, inputs.tokens / seconds)
+        self.ledger.store.add_throughput(self.ledger.job_id, job.gpu, job.gpu_count or 1,
+                                         job.method, size, inputs.tokens / seconds)
 
     def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
-        return self.r.inputs.eval_rows()
+        return self.inputs.eval_rows()
 
     def evaluated(self, run: PipelineRun) -> None:
         if run.metrics:
-            self.r.store.add_metrics(self.r.job_id, run.metrics)
-            self.r._event("metrics", ", ".join(f"{k}={v:g}" for k, v in
-                                               sorted(run.metrics.items())),
+            self.ledger.store.add_metrics(self.ledger.job_id, run.metrics)
+            self.ledger.event("metrics", ", ".join(f"{k}={v:g}" for k, v in
+                                                   sorted(run.metrics.items())),
                           dict(run.metrics))
 
     def evaluation_failed(self, run: PipelineRun, exc: Exception) -> None:
         """A failure fails the job, keeping its artifacts; a lost host is an interruption."""
         if isinstance(exc, JobFailed | LeaseLost | Stop) or \
-                self.r._instance_lost(self.provider, self.inst) is not None:
+                self.session.teardown.instance_lost(self.placed) is not None:
             return  # raised as it is: not the evaluation's fault
         artifacts_dir = run.job.artifacts_dir
         reason = (f"evaluation failed: {describe_failure(exc)}\nThe trained model is kept "
                   f"in {artifacts_dir}. {EVAL_AGAIN}")
-        self.r._event("evaluation.failed", reason, {"artifacts_dir": artifacts_dir})
+        self.ledger.event("evaluation.failed", reason, {"artifacts_dir": artifacts_dir})
         raise JobFailed(reason) from exc
 
     def stop_after_eval(self) -> bool:

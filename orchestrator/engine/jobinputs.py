@@ -14,16 +14,19 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.paths import data_dir
-from orchestrator.core.sizing import Workload
+from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.records.store import Job
 from providers.base import Instance
 
 if TYPE_CHECKING:
+    from orchestrator.core.throughput import Measured, MeasuredKey
+    from playbooks.axolotl import TrainConfigInput
     from playbooks.pipeline import PipelineJob
+    from playbooks.vllm import Serving
 
 # Checkpoints bound the work an interruption loses; aim for one every this many seconds.
 CHECKPOINT_EVERY_S = 15 * 60
@@ -44,7 +47,7 @@ class Inputs:
     loaded: LoadedJob
     tokens: int
     est_train_hours: float | None
-    measured: dict[Any, Any]
+    measured: dict[MeasuredKey, Measured]  # throughput learned from finished jobs
 
     def eval_rows(self) -> list[dict[str, Any]] | None:
         """The eval set's rows, or None when the job has no eval set."""
@@ -135,8 +138,8 @@ class Inputs:
             hub_endpoint=os.environ.get("HF_ENDPOINT") or None)  # fmt: skip
 
 
-def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None) -> Any:
-    """How vLLM serves the job's eval on these GPUs (a playbooks.vllm.Serving): the plan's
+def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None) -> Serving:
+    """How vLLM serves the job's eval on these GPUs: the plan's
     evalsizing choice; vLLM's defaults (merged, one GPU) when nothing fits or the GPU is
     unknown, so the server itself says why it cannot start."""
     from orchestrator.core import evalsizing
@@ -152,8 +155,9 @@ def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None)
     return Serving(est.served, est.tensor_parallel, est.utilization, work.concurrency)
 
 
-def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Workload) -> Any:
-    """The job's axolotl inputs (a playbooks.axolotl.TrainConfigInput; paths left empty).
+def train_config(spec: JobSpec, strategy: str, save_steps: int,
+                 settings: Workload) -> TrainConfigInput:
+    """The job's axolotl inputs (paths left empty: the host's layout fills them).
 
     One function for the engine and `orch render`, so what is rendered is what runs.
     `settings` is the planner's resolved workload: the memory savers it turned on.
@@ -161,6 +165,7 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Worklo
     from playbooks.axolotl import TrainConfigInput
 
     t, lora = spec.training, spec.lora
+    cross_entropy = _resolved(settings.cross_entropy)
     return TrainConfigInput(
         method=spec.method, base_model_dir="", dataset_path="",
         dataset_format=spec.dataset.format, output_dir="",
@@ -168,12 +173,20 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int, settings: Worklo
         gradient_accumulation_steps=t.gradient_accumulation_steps, epochs=t.epochs,
         learning_rate=t.learning_rate, optimizer=str(settings.optimizer),
         gradient_checkpointing=settings.gradient_checkpointing is True, packing=t.packing,
-        cross_entropy=settings.cross_entropy,  # type: ignore[arg-type]  # resolved: no "auto"
+        cross_entropy=cross_entropy,
         activation_offloading=settings.activation_offloading is True,
         lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         lora_target=None if lora.target is None else tuple(lora.target),
         strategy=strategy, save_steps=save_steps,
         extra=dict(spec.trainer.extra))  # fmt: skip
+
+
+def _resolved(cross_entropy: CrossEntropy | Literal["auto"]) -> CrossEntropy:
+    """The planner's choice; "auto" here means a workload the planner did not resolve."""
+    if cross_entropy == "auto":
+        raise ValueError("train_config needs the planner's resolved workload "
+                         "(savers.fit or savers.fallback), not the requested one")
+    return cross_entropy
 
 
 def artifacts_dir(job_id: str) -> Path:
@@ -212,7 +225,7 @@ def load_inputs(job: Job) -> Inputs:
                   measured_throughput())
 
 
-def measured_throughput() -> dict[Any, Any]:
+def measured_throughput() -> dict[MeasuredKey, Measured]:
     """Throughput learned from finished jobs (empty until the history has some)."""
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.readonly import measured_throughput

@@ -1,9 +1,9 @@
 """Where a job runs: adopt its instance after a takeover, or rank live offers and rent one.
 
-The placement part of `orchestrator.engine.runner.JobRunner` (see `runner_core`): the
-providers a job may use (an opt-in provider only when the job names it), their offers ranked by the
-scheduler, provisioning with the instance row written before `create`, and the sweep of
-instances tagged with the job that no row knows.
+`Placement`, a collaborator of `orchestrator.engine.runner.JobRunner` over the run's shared
+state (`runner_core.RunState`): the providers a job may use (an opt-in provider only when the
+job names it), their offers ranked by the scheduler, provisioning with the instance row written
+before `create`, and the sweep of instances tagged with the job that no row knows.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.engine import recovery
-from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, failpoint, log
+from orchestrator.engine.jobinputs import Inputs
+from orchestrator.engine.runner_core import LOST, JobFailed, Placed, RunState, failpoint, log
+from orchestrator.engine.teardown import Teardown
 from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
@@ -32,7 +34,6 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
-    Instance,
     KeepsMachine,
     NotFound,
     Offer,
@@ -66,55 +67,70 @@ def _placing(offer: Offer, provider: Provider) -> str:
             f"({'spot' if offer.interruptible else 'on-demand'})")
 
 
-class PlacementMixin(RunnerCore):
-    """Adopting, ranking and renting (the first part of a `JobRunner` attempt)."""
+def hourly_rate(offer: Offer) -> Decimal | None:
+    """An offer's hourly price; a monthly server's is its amortisation rate."""
+    hourly = offer.price_per_hour
+    if hourly is None and offer.monthly_price is not None:
+        hourly = offer.monthly_price / money.HOURS_PER_MONTH
+    return hourly
 
-    def _adopt(self) -> tuple[int, Provider, Instance] | None:
+
+class Placement:
+    """Adopting, ranking and renting (the first part of an attempt)."""
+
+    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown) -> None:
+        self.state = state
+        self.ledger = state.ledger
+        self.inputs = inputs
+        self.teardown = teardown
+
+    def adopt(self) -> Placed | None:
         """After a takeover: reuse the job's instance if it is still running, else clean up."""
-        rows = [r for r in self.store.instances_of(self.job_id) if r.terminated_at is None]
-        adopted: tuple[int, Provider, Instance] | None = None
+        rows = [r for r in self.state.store.instances_of(self.state.job_id)
+                if r.terminated_at is None]
+        adopted: Placed | None = None
         for row in rows:
-            provider = self.providers.get(row.provider)
+            provider = self.state.providers.get(row.provider)
             if provider is None or row.id is None:
                 continue
             if row.provider_instance_id is None:
                 # Created, maybe, but the id never reached the database: find it by its tag.
                 found = self._tagged(provider, row.provider)
                 if not found:
-                    self._close_row(row.id, "failed")
+                    self.teardown.close_row(row.id, "failed")
                     continue
-                row = self.store.update_instance(row.id, provider_instance_id=found[0])
+                row = self.state.store.update_instance(row.id, provider_instance_id=found[0])
             assert row.provider_instance_id is not None and row.id is not None
             try:
                 inst = provider.get(row.provider_instance_id)
             except NotFound:
-                self._close_row(row.id, "interrupted")
+                self.teardown.close_row(row.id, "interrupted")
                 continue
             except ProviderError:
                 inst = None
-            self._held[row.id] = (row.provider, row.provider_instance_id)
+            self.state.held[row.id] = (row.provider, row.provider_instance_id)
             if adopted is None and inst is not None and inst.state not in LOST:
-                self._event("instance.adopted", f"reattaching to {row.provider} instance "
-                            f"{row.provider_instance_id} after a takeover")
-                adopted = (row.id, provider, inst)
+                self.ledger.event("instance.adopted", f"reattaching to {row.provider} instance "
+                                  f"{row.provider_instance_id} after a takeover")
+                adopted = Placed(row.id, provider, inst)
             else:
-                self._release(row.id, "interrupted")
+                self.teardown.release(row.id, "interrupted")
         # Instances tagged with this job that no row knows (a crash inside create). Only
         # the providers this job can use or has used are asked: another provider being down
         # must not stall this job (sweeping those is `orch reconcile`'s work).
-        mine = set(self._usable()) | {r.provider for r in rows}
-        for name, provider in self.providers.items():
+        mine = set(self.usable()) | {r.provider for r in rows}
+        for name, provider in self.state.providers.items():
             if name in mine:
                 self._orphan_sweep(provider, name)
         return adopted
 
-    def _usable(self) -> list[str]:
+    def usable(self) -> list[str]:
         """The configured providers this job may be placed on."""
         named = constraints_from(self.inputs.loaded).providers
-        return [name for name in self.providers
+        return [name for name in self.state.providers
                 if (named is None or name in named)
                 # an opt-in provider (the simulated cloud) only runs jobs that name it
-                and not (isinstance(self.providers[name], OptInOnly)
+                and not (isinstance(self.state.providers[name], OptInOnly)
                          and (named is None or name not in named))]
 
     def _tagged(self, provider: Provider, name: str) -> list[str]:
@@ -123,9 +139,9 @@ class PlacementMixin(RunnerCore):
         if recovery.OUTAGES.down(provider):
             return []  # a provider in an outage is swept by `orch reconcile` later
         try:
-            return [i.instance_id for i in provider.list(self.job_id)]
+            return [i.instance_id for i in provider.list(self.state.job_id)]
         except TransientError:
-            recovery.OUTAGES.mark(provider, self.opts.backoff_s)
+            recovery.OUTAGES.mark(provider, self.state.opts.backoff_s)
             return []
         except ProviderError:
             return []
@@ -141,8 +157,8 @@ class PlacementMixin(RunnerCore):
         notes: list[str] = []
         unavailable: list[str] = []
         asked_wait: float | None = None  # the longest Retry-After a provider sent
-        for name in self._usable():
-            provider = self.providers[name]
+        for name in self.usable():
+            provider = self.state.providers[name]
             down = recovery.OUTAGES.down(provider)
             if down:
                 unavailable.append(f"{name}: unavailable (an outage seen moments ago; asked "
@@ -153,12 +169,12 @@ class PlacementMixin(RunnerCore):
             if wait is not None:
                 asked_wait = max(asked_wait or 0.0, wait)
         for note in notes + unavailable:
-            self._event("offers.note", note)
+            self.ledger.event("offers.note", note)
         # Dedicated servers answer every GPU count they can serve: keep each offer once
         # (a Vast.ai machine's spot and on-demand offers share an id: both are kept).
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
-        prices.record(self.store, offers)  # price history (`orch prices`)
+        prices.record(self.state.store, offers)  # price history (`orch prices`)
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers), gpus, k,
                                    constraints, measured=self.inputs.measured)
@@ -169,8 +185,8 @@ class PlacementMixin(RunnerCore):
                                                     retry_after=asked_wait)
             if not offers:
                 which = ", ".join(sorted(named)) if named else ", ".join(
-                    n for n in sorted(self.providers)
-                    if not isinstance(self.providers[n], OptInOnly))
+                    n for n in sorted(self.state.providers)
+                    if not isinstance(self.state.providers[n], OptInOnly))
                 raise JobFailed(f"no offers from {which or 'any provider'}"
                                 + (f" ({'; '.join(notes)})" if notes else "")
                                 + "; add credentials (VAST_API_KEY, RUNPOD_API_KEY), register "
@@ -190,7 +206,7 @@ class PlacementMixin(RunnerCore):
         offers: list[Offer] = []
         skipped: dict[str, int] = {}
         answered, wait = True, None
-        for req in requirements(constraints, self._disk_gb(),
+        for req in requirements(constraints, self.ledger.disk_gb,
                                 images.min_cuda(self.inputs.loaded.spec.trainer.image)):
             try:
                 offers += provider.offers(req)
@@ -203,7 +219,8 @@ class PlacementMixin(RunnerCore):
             except TransientError as exc:  # after the adapter's retries: an outage
                 unavailable.append(f"{name}: provider unavailable ({exc})")
                 wait = exc.retry_after
-                recovery.OUTAGES.mark(provider, max(self.opts.backoff_s, exc.retry_after or 0.0))
+                recovery.OUTAGES.mark(provider, max(self.state.opts.backoff_s,
+                                                    exc.retry_after or 0.0))
                 answered = False
                 break
             except ProviderError as exc:
@@ -215,12 +232,7 @@ class PlacementMixin(RunnerCore):
             notes.append(catalog.skipped_note(name, skipped))
         return offers, wait
 
-    def _disk_gb(self) -> int:
-        """The disk (or volume) size asked of a provider: what this job needs, at least the
-        configured size."""
-        return self.opts.disk_gb if self._disk is None else self._disk
-
-    def _check_before_renting(self) -> None:
+    def check_before_renting(self) -> None:
         """What can fail the job on any host fails it here, before anything is billed.
 
         The base model's access on the Hub with the worker's `HF_TOKEN` (gated, private,
@@ -229,10 +241,10 @@ class PlacementMixin(RunnerCore):
         """
         from orchestrator.engine import hubaccess
 
-        if self._job().phase_done or any(r.terminated_at is None
-                                         for r in self.store.instances_of(self.job_id)):
+        rows = self.state.store.instances_of(self.state.job_id)
+        if self.ledger.job().phase_done or any(r.terminated_at is None for r in rows):
             return
-        usable = [self.providers[name] for name in self._usable()]
+        usable = [self.state.providers[name] for name in self.usable()]
         if not os.environ.get("HF_ENDPOINT") and usable and all(
                 isinstance(p, Simulated) for p in usable):
             # The simulated cloud's hosts download from their `hf` stand-in, not from
@@ -244,10 +256,10 @@ class PlacementMixin(RunnerCore):
         if access.problem is not None:
             raise JobFailed(f"before renting: {access.problem}")
         if access.unchecked is not None:
-            self._event("hub.unchecked", f"base model access not checked before renting: "
-                        f"{access.unchecked}; the host's download will tell")
+            self.ledger.event("hub.unchecked", f"base model access not checked before renting: "
+                              f"{access.unchecked}; the host's download will tell")
 
-    def _place(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
+    def place(self, tried: set[tuple[str, str]]) -> Placed:
         """Rent the cheapest fitting placement not `tried`; search again (a bounded number
         of times) when a price changed between the search and the create, so the new
         prices are re-planned within the job's limits (max price, budget)."""
@@ -262,79 +274,79 @@ class PlacementMixin(RunnerCore):
                 f"last: {exc})") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _place_once(self, tried: set[tuple[str, str]]) -> tuple[int, Provider, Instance]:
+    def _place_once(self, tried: set[tuple[str, str]]) -> Placed:
         # Enough of the cheapest that `max_placements` remain once those tried are left out.
-        placements = [p for p in self._candidates(self.opts.max_placements + len(tried))
+        placements = [p for p in self._candidates(self.state.opts.max_placements + len(tried))
                       if (p.offer.provider, p.offer.offer_id) not in tried]
         if placements and not tried:
             self._note_moved(placements[0])
         failures: list[str] = []
         transient = 0
-        for placement in placements[: self.opts.max_placements]:
+        for placement in placements[: self.state.opts.max_placements]:
             offer = placement.offer
             tried.add((offer.provider, offer.offer_id))
-            provider = self.providers[offer.provider]
-            self._check_stop()
-            job = self._set("provisioning", _placing(offer, provider),
-                            {"placement": placement.to_dict()},
-                            provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
-                            billing=offer.billing.value, interruptible=offer.interruptible,
-                            est_hours=placement.est_hours,
-                            est_cost_micros=to_micros(placement.est_cost,
-                                                      rounding=ROUND_HALF_EVEN))
-            hourly = self._hourly_rate(offer)  # a monthly server's: its amortisation rate
-            row = self.store.add_instance(
-                self.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
+            provider = self.state.providers[offer.provider]
+            self.state.check_stop()
+            job = self.ledger.set("provisioning", _placing(offer, provider),
+                                  {"placement": placement.to_dict()},
+                                  provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
+                                  billing=offer.billing.value, interruptible=offer.interruptible,
+                                  est_hours=placement.est_hours,
+                                  est_cost_micros=to_micros(placement.est_cost,
+                                                            rounding=ROUND_HALF_EVEN))
+            hourly = hourly_rate(offer)  # a monthly server's: its amortisation rate
+            row = self.state.store.add_instance(
+                self.state.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
                 gpu_count=offer.gpu_count, billing=offer.billing.value,
                 interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
                 attempt=job.attempt)
             assert row.id is not None
-            self._held[row.id] = (offer.provider, None)
+            self.state.held[row.id] = (offer.provider, None)
             try:
                 # A rental is created from the image it runs: the cloud variant (sshd on
                 # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
-                inst = provider.create(offer, self.public_key, self.job_id,
+                inst = provider.create(offer, self.state.public_key, self.state.job_id,
                                        image=images.for_host(
                                            self.inputs.loaded.spec.trainer.image, "container"),
-                                       disk_gb=self._disk_gb())
+                                       disk_gb=self.ledger.disk_gb)
             except CapacityError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
-                self._event("provision.capacity", f"{offer.provider} {offer.gpu} "
-                            f"x{offer.gpu_count}: {exc}; trying the next offer")
-                self._close_row(row.id, "capacity")
+                self.ledger.event("provision.capacity", f"{offer.provider} {offer.gpu} "
+                                  f"x{offer.gpu_count}: {exc}; trying the next offer")
+                self.teardown.close_row(row.id, "capacity")
                 continue
             except TransientError as exc:
                 failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
                 transient += 1
-                self._event("provision.transient", f"{offer.provider}: {exc} (after retries); "
-                            "trying the next offer")
+                self.ledger.event("provision.transient", f"{offer.provider}: {exc} (after "
+                                  "retries); trying the next offer")
                 self._orphan_sweep(provider, offer.provider)
-                self._close_row(row.id, "failed")
+                self.teardown.close_row(row.id, "failed")
                 continue
             except PriceChanged as exc:
                 raise self._repriced(row.id, offer, tried, exc) from exc
             except (AuthError, BalanceError, QuotaError) as exc:
-                self._close_row(row.id, "failed")
+                self.teardown.close_row(row.id, "failed")
                 raise JobFailed(f"{offer.provider}: {exc}") from exc
             failpoint("after-create")
             price = inst.price_per_hour if inst.price_per_hour is not None else hourly
             if offer.billing is Billing.MONTHLY:
                 price = hourly  # the rent is paid: the row keeps the amortisation rate
-            self.store.update_instance(
+            self.state.store.update_instance(
                 row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
                 price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
-            self._held[row.id] = (offer.provider, inst.instance_id)
-            self._event("instance.created",
-                        f"registered server {inst.instance_id} claimed (rent already paid: no "
-                        f"marginal cost; {money.usd(price)}/h amortised)"
-                        if offer.registered else f"{offer.provider} instance "
-                        f"{inst.instance_id} at {money.usd(price)}/h",
-                        {"instance": inst.instance_id, "price_per_hour": str(price)})
+            self.state.held[row.id] = (offer.provider, inst.instance_id)
+            self.ledger.event("instance.created",
+                              f"registered server {inst.instance_id} claimed (rent already paid: "
+                              f"no marginal cost; {money.usd(price)}/h amortised)"
+                              if offer.registered else f"{offer.provider} instance "
+                              f"{inst.instance_id} at {money.usd(price)}/h",
+                              {"instance": inst.instance_id, "price_per_hour": str(price)})
             # Placed: the outage (if any) is over, and phases done on an earlier instance
             # are not on this one.
-            self.store.update_job_fields(self.job_id, outage_since=None, not_before=None,
-                                         phase_done=None)
-            return row.id, provider, inst
+            self.state.store.update_job_fields(self.state.job_id, outage_since=None,
+                                               not_before=None, phase_done=None)
+            return Placed(row.id, provider, inst)
         if failures and transient == len(failures):
             raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
                                                 "providers are unavailable: "
@@ -346,46 +358,46 @@ class PlacementMixin(RunnerCore):
         """Say so when the cheapest placement now is not the one `orch plan`/`submit`
         recorded: the market moved (or the plan ranked the price catalogs)."""
         try:
-            planned = json.loads(self._job().placement_json or "{}").get("placement") or {}
+            planned = json.loads(self.ledger.job().placement_json or "{}").get("placement") or {}
         except ValueError:
             return
         o = first.offer
         if not planned or (planned.get("provider"), planned.get("offer_id")) == (
                 o.provider, o.offer_id):
             return
-        self._event("placement.changed",
-                    f"the market moved since the plan: planned {planned.get('provider')} "
-                    f"{planned.get('gpu')} x{planned.get('gpu_count')} at "
-                    f"{money.usd(planned.get('est_cost'))}, now {o.provider} {o.gpu} "
-                    f"x{o.gpu_count} at {money.usd(first.est_cost)}",
-                    {"planned": planned, "now": first.to_dict()})
+        self.ledger.event("placement.changed",
+                          f"the market moved since the plan: planned {planned.get('provider')} "
+                          f"{planned.get('gpu')} x{planned.get('gpu_count')} at "
+                          f"{money.usd(planned.get('est_cost'))}, now {o.provider} {o.gpu} "
+                          f"x{o.gpu_count} at {money.usd(first.est_cost)}",
+                          {"planned": planned, "now": first.to_dict()})
 
     def _repriced(self, row_id: int, offer: Offer, tried: set[tuple[str, str]],
                   exc: PriceChanged) -> _Repriced:
         """The offer's price moved before the create: close the row, search again."""
         # Not a verdict on the offer: it may still be the cheapest at its new price.
         tried.discard((offer.provider, offer.offer_id))
-        self._close_row(row_id, "price_changed")
-        self._event("provision.price_changed", f"{offer.provider} {offer.gpu} "
-                    f"x{offer.gpu_count}: {exc}; searching the offers again")
+        self.teardown.close_row(row_id, "price_changed")
+        self.ledger.event("provision.price_changed", f"{offer.provider} {offer.gpu} "
+                          f"x{offer.gpu_count}: {exc}; searching the offers again")
         return _Repriced(str(exc))
 
     def _orphan_sweep(self, provider: Provider, name: str) -> None:
         """Terminate instances tagged with this job that no instance row knows: a create
         that failed after retries, or a crash inside create, may still have rented one."""
-        known = {r.provider_instance_id for r in self.store.instances_of(self.job_id)}
+        known = {r.provider_instance_id for r in self.state.store.instances_of(self.state.job_id)}
         for iid in self._tagged(provider, name):
             if iid not in known:
-                self._event("instance.orphan", f"terminating untracked {name} instance "
-                            f"{iid} tagged with this job")
+                self.ledger.event("instance.orphan", f"terminating untracked {name} instance "
+                                  f"{iid} tagged with this job")
                 try:
                     provider.terminate(iid)
                 except ProviderError as exc:
                     # Still rented, still billed: say so; `orch reconcile` sweeps it by tag.
                     log.warning("job %s: cannot terminate untracked %s instance %s: %s",
-                                self.job_id, name, iid, exc)
-                    self._event("instance.orphan_left", f"could not terminate untracked "
-                                f"{name} instance {iid}: {exc}; it may still be billed: run "
-                                "`orch reconcile` (it retries), or terminate it in the "
-                                f"{name} console", {"instance": iid, "provider": name})
+                                self.state.job_id, name, iid, exc)
+                    self.ledger.event("instance.orphan_left", f"could not terminate untracked "
+                                      f"{name} instance {iid}: {exc}; it may still be billed: run "
+                                      "`orch reconcile` (it retries), or terminate it in the "
+                                      f"{name} console", {"instance": iid, "provider": name})
 

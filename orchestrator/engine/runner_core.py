@@ -1,11 +1,14 @@
-"""What every part of a job's runner shares: its options, its stop signals, its bookkeeping.
+"""What the collaborators of a job's runner share: options, the run's state, its bookkeeping.
 
-`orchestrator.engine.runner.JobRunner` is assembled from the parts in `placement`, `hostsession` and
-`teardown`, each a mixin over `RunnerCore`: the state they share (the store, the providers, the
-stop signal, the instances held) and the bookkeeping every part uses (status changes, events,
-progress) live here, with the monitor thread that renews the lease and raises the stop
-signals (cancel, lease lost, stalled, instance lost). Methods one part calls in another are
-declared here and implemented there.
+`orchestrator.engine.runner.JobRunner` drives one claimed job with three collaborators,
+`placement.Placement`, `hostsession.HostSession` and `teardown.Teardown`. What they share is
+one explicit object per run, `RunState` (the instances held, the stop signal, the SSH
+connections, the secrets left on kept servers), with its `Ledger` (the job's record: status
+changes, events, progress, cost so far); the instance one placement holds is a `Placed`. The
+monitor thread that renews the lease and raises the stop signals (cancel, lease lost,
+stalled, instance lost) is `monitor` here. Each collaborator is handed what it uses when it
+is built: teardown needs only the run's state; placement and the host session also the
+job's inputs and the teardown (to release what they cannot use).
 """
 
 from __future__ import annotations
@@ -27,16 +30,16 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import money
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
 from orchestrator.engine import recovery
-from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.watchdog import Watchdog
-from orchestrator.records.store import Job, LeaseLost, Store, StoreError
+from orchestrator.records.store import Job, LeaseLost, Store, StoreError, utcnow
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
 from playbooks.ssh import ConnectionFactory
-from providers.base import Instance, InstanceState, NotFound, Offer, Provider
+from providers.base import Instance, InstanceState, NotFound, Provider, Volumes
 
 log = logging.getLogger("orchestrator.engine.runner")
 
@@ -151,6 +154,12 @@ def ensure_key(path: Path | None = None) -> tuple[Path, str]:
     return path, pub.read_text().strip()
 
 
+def instance_cost(row: money.CostedInstance,
+                  until: datetime | None = None) -> tuple[Decimal, Decimal]:
+    """(charged, amortised) for an instance row from create to terminate (or `until`)."""
+    return money.instance_cost(row, until or utcnow())
+
+
 def checkpoint_dir(job_id: str) -> Path:
     """Local copies of a job's newest checkpoint (providers without a volume)."""
     return data_dir() / "checkpoints" / job_id
@@ -164,135 +173,182 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-class RunnerCore:
-    """The state and bookkeeping shared by the runner's parts (see module doc)."""
+@dataclass(frozen=True)
+class Placed:
+    """The instance one placement holds: its row in the store, its provider, the instance."""
 
-    store: Store
-    providers: dict[str, Provider]
-    owner: str
-    opts: Options
-    on_progress: Callable[[Progress], None] | None
-    on_signal: str  # cancel (orch submit) | requeue (orch worker)
-    job_id: str
-    inputs: Inputs  # the job's file, model and data, loaded once per run
-    _disk: int | None  # GB of disk the job needs (set with `inputs`); None: not loaded
-    public_key: str
-    progress: Progress | None
-    _stop: Stop | None
-    _stop_lock: threading.Lock
-    _factory: ConnectionFactory
-    _watching: tuple[str, str] | None  # (provider, instance id) the monitor watches
-    _held: dict[int, tuple[str, str | None]]  # instance row -> (provider, id)
-    _watchdog: Watchdog
-    _stalls: int
-    _secrets_base: dict[int, str]  # instance row -> orch's directory on a kept server
-    _losses: dict[int, float]  # step -> training loss recorded as a metric in this run
+    row_id: int
+    provider: Provider
+    inst: Instance
 
-    # --- implemented by the other parts (engine, teardown) ----------------------------------
 
-    def _costs(self) -> tuple[Decimal, Decimal, Decimal]:
-        raise NotImplementedError
+class Ledger:
+    """The job's record as this run writes it: status changes, events, progress, cost so far.
 
-    def _hourly_rate(self, offer: Offer) -> Decimal | None:
-        raise NotImplementedError
+    Every change goes to the store first; the watchdog hears of it (a status starts a
+    phase's deadline, an event is progress) and the live display (`on_progress`) is told.
+    """
 
-    def _close_row(self, row_id: int, reason: str) -> None:
-        raise NotImplementedError
+    def __init__(self, store: Store, job_id: str, owner: str, providers: Mapping[str, Provider],
+                 watchdog: Watchdog, progress: Progress,
+                 on_progress: Callable[[Progress], None] | None, disk_gb: int) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.owner = owner
+        self.providers = providers
+        self.watchdog = watchdog
+        self.progress = progress
+        self.on_progress = on_progress
+        # GB of disk (or volume) asked of a provider: the configured size until the job's
+        # inputs are loaded, then what the job needs (at least that): volumes are billed by it.
+        self.disk_gb = disk_gb
 
-    def _release(self, row_id: int, reason: str) -> None:
-        raise NotImplementedError
+    def job(self) -> Job:
+        return self.store.get_job(self.job_id)
 
-    def _instance_lost(self, provider: Provider, inst: Instance) -> str | None:
-        raise NotImplementedError
+    def set(self, status: str, message: str = "", data: dict[str, Any] | None = None,
+            **fields: Any) -> Job:
+        job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
+        self.watchdog.phase(status)
+        self.progress.status = status
+        self.progress.attempt = job.attempt
+        self.progress.message = message
+        self.notify()
+        return job
 
-    # --- the monitor thread ---------------------------------------------------------------------
+    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        self.store.add_event(self.job_id, kind, message, data)
+        self.watchdog.progress()
+        if kind != "train.progress":
+            self.progress.message = message
+            self.notify()
 
-    def _monitor(self, done: threading.Event) -> None:
-        period = max(0.2, min(self.opts.watch_s, self.opts.lease_s / 3))
-        last_lease = 0.0
-        while not done.wait(period):
-            try:
-                if time.monotonic() - last_lease >= self.opts.lease_s / 3:
-                    job = self.store.renew_lease(self.job_id, self.owner, self.opts.lease_s)
-                    last_lease = time.monotonic()
-                    if job is None:
-                        self._signal(Stop("lost", "lease lost"))
-                        return
-                    if job.cancel_requested_at is not None:
-                        self._signal(Stop("cancelled", "cancelled by `orch cancel`"))
-                stalled = self._watchdog.overdue()
-                if stalled is not None:
-                    self._signal(Stop("stalled", stalled))
-                watching = self._watching
-                if watching is not None:
-                    provider = self.providers[watching[0]]
-                    try:
-                        inst = provider.get(watching[1])
-                    except NotFound:
-                        self._signal(Stop("interrupted", f"{watching[0]} instance "
-                                           f"{watching[1]} is gone"), watching)
-                        continue
-                    if inst.state in LOST:
-                        self._signal(Stop("interrupted", f"{watching[0]} instance "
-                                           f"{watching[1]} {inst.state.value}: "
-                                           f"{inst.message or inst.raw_status}"), watching)
-                self._notify()
-            except StoreError as exc:  # the monitor outlives a locked or full database; the
-                # pipeline's next write meets the same error and reports it, once
-                log.info("monitor of job %s: %s", self.job_id, exc)
-            except Exception:  # and any other hiccup
-                log.exception("monitor of job %s", self.job_id)
+    def notify(self) -> None:
+        if self.on_progress is None:
+            return
+        try:
+            cost, storage, _ = self.costs()
+            self.progress.cost = cost + storage
+            self.on_progress(self.progress)
+        except Exception:
+            log.debug("progress display failed", exc_info=True)
 
-    def _signal(self, stop: Stop, about: tuple[str, str] | None = None) -> None:
+    def costs(self) -> tuple[Decimal, Decimal, Decimal]:
+        """(compute charged, volume storage, amortised rent) of the job so far."""
+        charged = amortised = Decimal(0)
+        now = utcnow()
+        rows = self.store.instances_of(self.job_id)
+        for row in rows:
+            c, a = instance_cost(row, now)
+            charged += c
+            amortised += a
+        storage = Decimal(0)
+        job = self.job()
+        if job.started_at is not None:
+            used = {r.provider for r in rows}
+            for name, provider in self.providers.items():
+                rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
+                if rate and name in used:
+                    storage += money.volume_cost(self.disk_gb, rate,
+                                                 money.hours_between(job.started_at, now))
+        return money.money(charged), storage, money.money(amortised)
+
+
+class RunState:
+    """What placement, host session and teardown share while this process runs one claimed
+    job (one `JobRunner.run`, over as many placements as interruptions need: the job's
+    `attempt` counts those).
+
+    The stop signal is raised by the monitor thread and read by the pipeline's thread: both
+    go through `signal` / `check_stop` / `clear_stop` under one lock.
+    """
+
+    def __init__(self, ledger: Ledger, providers: Mapping[str, Provider], opts: Options,
+                 public_key: str, factory: ConnectionFactory) -> None:
+        self.ledger = ledger
+        self.store = ledger.store
+        self.job_id = ledger.job_id
+        self.providers = dict(providers)
+        self.opts = opts
+        self.public_key = public_key  # orch's key, authorised on every instance rented
+        self.factory = factory  # every SSH connection of the run (closed to stop at once)
+        self.stop: Stop | None = None
+        self._stop_lock = threading.Lock()
+        self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
+        self.held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
+        self.secrets_base: dict[int, str] = {}  # instance row -> orch's directory on a kept server
+
+    def signal(self, stop: Stop, about: tuple[str, str] | None = None) -> None:
+        """Stop the pipeline (the first signal wins): its SSH connections close at once."""
         with self._stop_lock:
-            if self._stop is not None:
+            if self.stop is not None:
                 return
-            if about is not None and self._watching != about:
+            if about is not None and self.watching != about:
                 # The engine already handled this instance's loss and moved on (a slow
-                # provider.get raced `_interrupted`): a stale report must not stop the next
-                # placement, which failed the job on a busy machine (issue 10 §8).
+                # provider.get raced `Teardown.interrupted`): a stale report must not stop the
+                # next placement, which failed the job on a busy machine (issue 10 §8).
                 return
-            self._stop = stop
-        self._watching = None
+            self.stop = stop
+        self.watching = None
         # Whatever the pipeline is blocked on over SSH fails now instead of at its timeout.
-        self._factory.close_all()
+        self.factory.close_all()
 
-    def _check_stop(self) -> None:
-        stop = self._stop
+    def check_stop(self) -> None:
+        stop = self.stop
         if stop is None:
             return
         if stop.kind == "lost":
             raise LeaseLost(str(stop))
         raise stop
 
-    def _job(self) -> Job:
-        return self.store.get_job(self.job_id)
+    def clear_stop(self, *, unwatch: bool = False) -> None:
+        """Forget the stop signal (handled); with `unwatch`, also the instance watched, in the
+        same step, so that a late report about that instance is ignored."""
+        with self._stop_lock:
+            self.stop = None
+            if unwatch:
+                self.watching = None
 
-    def _set(self, status: str, message: str = "", data: dict[str, Any] | None = None,
-             **fields: Any) -> Job:
-        job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
-        self._watchdog.phase(status)
-        if self.progress is not None:
-            self.progress.status = status
-            self.progress.attempt = job.attempt
-            self.progress.message = message
-            self._notify()
-        return job
 
-    def _event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        self.store.add_event(self.job_id, kind, message, data)
-        self._watchdog.progress()
-        if self.progress is not None and kind != "train.progress":
-            self.progress.message = message
-            self._notify()
-
-    def _notify(self) -> None:
-        if self.on_progress is None or self.progress is None:
-            return
+def monitor(state: RunState, done: threading.Event) -> None:
+    """The monitor thread: renew the lease, and signal a cancel, a lost lease, a stall or a
+    lost instance to the pipeline, until `done`."""
+    opts, ledger = state.opts, state.ledger
+    period = max(0.2, min(opts.watch_s, opts.lease_s / 3))
+    last_lease = 0.0
+    while not done.wait(period):
         try:
-            cost, storage, _ = self._costs()
-            self.progress.cost = cost + storage
-            self.on_progress(self.progress)
-        except Exception:
-            log.debug("progress display failed", exc_info=True)
+            if time.monotonic() - last_lease >= opts.lease_s / 3:
+                job = state.store.renew_lease(state.job_id, ledger.owner, opts.lease_s)
+                last_lease = time.monotonic()
+                if job is None:
+                    state.signal(Stop("lost", "lease lost"))
+                    return
+                if job.cancel_requested_at is not None:
+                    state.signal(Stop("cancelled", "cancelled by `orch cancel`"))
+            stalled = ledger.watchdog.overdue()
+            if stalled is not None:
+                state.signal(Stop("stalled", stalled))
+            watching = state.watching
+            if watching is not None and not _watch(state, watching):
+                continue
+            ledger.notify()
+        except StoreError as exc:  # the monitor outlives a locked or full database; the
+            # pipeline's next write meets the same error and reports it, once
+            log.info("monitor of job %s: %s", state.job_id, exc)
+        except Exception:  # and any other hiccup
+            log.exception("monitor of job %s", state.job_id)
 
+
+def _watch(state: RunState, watching: tuple[str, str]) -> bool:
+    """Ask the provider about the watched instance and signal its loss; False: it is gone."""
+    name, iid = watching
+    try:
+        inst = state.providers[name].get(iid)
+    except NotFound:
+        state.signal(Stop("interrupted", f"{name} instance {iid} is gone"), watching)
+        return False
+    if inst.state in LOST:
+        state.signal(Stop("interrupted", f"{name} instance {iid} {inst.state.value}: "
+                        f"{inst.message or inst.raw_status}"), watching)
+    return True

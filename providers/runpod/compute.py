@@ -42,6 +42,7 @@ from providers import catalog
 from providers.apiclient import ApiProvider
 from providers.base import (
     Billing,
+    ContainerRental,
     Instance,
     InstanceState,
     NotFound,
@@ -115,15 +116,11 @@ def _decimal(value: Any) -> Decimal | None:
         return None
 
 
-class RunPod(ApiProvider[RunPodApi]):
+class RunPod(ApiProvider[RunPodApi], ContainerRental):
     """The RunPod provider (on-demand pods, per-second billing); see the module docstring."""
 
     name = "runpod"
     billing = Billing.PER_SECOND
-
-    def rents_containers(self) -> bool:
-        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
-        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,

@@ -53,8 +53,10 @@ from providers.base import (
     InstanceState,
     NotFound,
     Offer,
+    OptInOnly,
     ProviderError,
     Requirements,
+    Simulated,
     job_of,
     tag_for,
 )
@@ -126,7 +128,7 @@ class _Settings:
     preempt_after_s: float | None
 
 
-class SimCloud:
+class SimCloud(OptInOnly, Simulated):
     """A simulated per-second cloud whose instances are simulated GPU hosts (see module doc)."""
 
     name = "sim"
@@ -311,16 +313,6 @@ class SimCloud:
         # Where `create` put the host; known without reading the state (an instance that was
         # terminated meanwhile fails at its first command, not here).
         return str((self.state_dir / "instances" / instance.instance_id).resolve() / "root")
-
-    # --- capabilities (providers.base) ----------------------------------------------------------
-
-    def opt_in_note(self) -> str:
-        """`OptInOnly`: a simulated cloud must never take a real job by being cheapest."""
-        return "the simulated cloud runs only jobs that name it in resources.providers"
-
-    def simulated_by(self) -> str:
-        """`Simulated`: its hosts are simhost stand-ins."""
-        return "simhost"
 
     # --- volumes -------------------------------------------------------------------------------
 

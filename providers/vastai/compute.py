@@ -60,6 +60,7 @@ from providers.apiclient import ApiProvider
 from providers.base import (
     Billing,
     CapacityError,
+    ContainerRental,
     Instance,
     InstanceState,
     NotFound,
@@ -173,7 +174,7 @@ def _onstart(ssh_public_key: str) -> str:
             "chmod 600 /root/.ssh/authorized_keys")
 
 
-class VastAI(ApiProvider[VastApi]):
+class VastAI(ApiProvider[VastApi], ContainerRental):
     """The Vast.ai provider (implements `providers.base.Provider`).
 
     `offers()` searches `type: on-demand` and/or `type: bid` depending on
@@ -183,10 +184,6 @@ class VastAI(ApiProvider[VastApi]):
 
     name = "vastai"
     billing = Billing.PER_SECOND
-
-    def rents_containers(self) -> bool:
-        """`providers.base.ContainerRental`: a pod/instance is a container from our image."""
-        return True
 
     def __init__(self, api_key: str, base_url: str = DEFAULT_BASE_URL,
                  client: httpx.Client | None = None, *, timeout_s: float = 30.0,
