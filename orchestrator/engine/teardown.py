@@ -9,13 +9,13 @@ job's volumes at its end. Failures that leave money at stake are events, never s
 from __future__ import annotations
 
 import shutil
-import time
 
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import LOST, JobFailed, RunnerCore, Stop, checkpoint_dir, log
 from orchestrator.records.store import DatabaseBusy, DatabaseFull
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
+from providers import retried
 from providers.base import (
     Instance,
     KeepsMachine,
@@ -34,18 +34,13 @@ class TeardownMixin(RunnerCore):
         if self._stop is not None and self._stop.kind == "interrupted":
             return str(self._stop)
         self._check_stop()
-        for _ in range(3):
-            try:
-                now = provider.get(inst.instance_id)
-            except NotFound:
-                return f"{inst.provider} instance {inst.instance_id} is gone"
-            except ProviderError:
-                time.sleep(1)
-                continue
-            if now.state in LOST:
-                return (f"{inst.provider} instance {inst.instance_id} {now.state.value}: "
-                        f"{now.message or now.raw_status}")
-            return None
+        try:
+            now = retried.look_up(provider, inst.instance_id)
+        except NotFound:
+            return f"{inst.provider} instance {inst.instance_id} is gone"
+        if now is not None and now.state in LOST:
+            return (f"{inst.provider} instance {inst.instance_id} {now.state.value}: "
+                    f"{now.message or now.raw_status}")
         return None
 
     def _stalled(self, row_id: int, provider: Provider, inst: Instance, stop: Stop) -> None:
@@ -82,18 +77,12 @@ class TeardownMixin(RunnerCore):
         if kept:
             self._scrub_secrets(row_id)
         if iid is not None and provider is not None:
-            for attempt in range(3):
-                try:
-                    provider.terminate(iid)
-                    break
-                except NotFound:
-                    break
-                except ProviderError as exc:
-                    if attempt == 2:
-                        self._event("teardown.failed", f"could not terminate {name} {iid}: "
-                                    f"{exc}; `orch reconcile` will retry")
-                        return
-                    time.sleep(1 + attempt)
+            try:
+                retried.terminate(provider, iid)
+            except ProviderError as exc:
+                self._event("teardown.failed", f"could not terminate {name} {iid}: "
+                            f"{exc}; `orch reconcile` will retry")
+                return
         self._close_row(row_id, reason)
         self._held.pop(row_id, None)
         self._event("instance.released" if kept else "instance.terminated",
