@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.core.spec import load_job  # noqa: E402
 from orchestrator.engine.submission import record_job  # noqa: E402
 from orchestrator.records.store import open_store  # noqa: E402
-from providers.sim import SimCloud  # noqa: E402
+from providers.sim.compute import SimCloud  # noqa: E402
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 

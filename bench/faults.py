@@ -124,7 +124,7 @@ class SimEnv:
                               capture_output=True, text=True, timeout=300)
 
     def live(self) -> int:
-        from providers.sim import SimCloud
+        from providers.sim.compute import SimCloud
 
         return len(SimCloud(Path(self.env["XDG_DATA_HOME"]) / "orch" / "sim").list())
 
@@ -219,7 +219,7 @@ def outage(tmp: Path, seconds: float = 15.0, jobs: int = 3) -> Result:
     """A `seconds`-long run of 503s on Vast.ai offer search while a worker has `jobs`
     queued; the worker loop (claim, run, sleep --poll when nothing may start) runs on."""
     from orchestrator.engine.runner import JobRunner, Options, owner_id
-    from providers.vastai import VastAI
+    from providers.vastai.compute import VastAI
 
     store, hosts, emu, _ = _vast_rig(tmp)
     try:
@@ -267,7 +267,7 @@ def outage(tmp: Path, seconds: float = 15.0, jobs: int = 3) -> Result:
 def long_retry_after(tmp: Path) -> Result:
     """429 with Retry-After: 3600 on offer search: requeued at once, not slept through."""
     from orchestrator.engine.runner import JobRunner, Options, owner_id
-    from providers.vastai import VastAI
+    from providers.vastai.compute import VastAI
 
     store, hosts, emu, _ = _vast_rig(tmp)
     try:
@@ -296,8 +296,8 @@ def black_hole(tmp: Path) -> Result:
 
     from orchestrator.engine.runner import JobRunner, Options, ensure_key, owner_id
     from orchestrator.records.store import open_store
-    from providers.sim import SimCloud
-    from providers.vastai import VastAI
+    from providers.sim.compute import SimCloud
+    from providers.vastai.compute import VastAI
 
     os.environ["XDG_DATA_HOME"] = str(tmp / "xdg")
     store = open_store(f"sqlite:///{tmp / 'orch.db'}")
@@ -336,7 +336,7 @@ def _sim_rig(tmp: Path, steps: int = 40) -> tuple[Any, Any, Path]:
     """A SQLite store, a sim cloud whose jobs train ~steps/4 s, and orch's key under tmp."""
     from orchestrator.engine.runner import ensure_key
     from orchestrator.records.store import open_store
-    from providers.sim import SimCloud
+    from providers.sim.compute import SimCloud
 
     os.environ["XDG_DATA_HOME"] = str(tmp / "xdg")
     store = open_store(f"sqlite:///{tmp / 'orch.db'}")
@@ -406,7 +406,7 @@ def clock_ahead(tmp: Path, skew_s: int = 120) -> Result:
 
     from orchestrator.engine.runner import JobRunner, Options, ensure_key, owner_id
     from orchestrator.records.store import open_store
-    from providers.sim import SimCloud
+    from providers.sim.compute import SimCloud
 
     server = pgserver.start()
     try:
@@ -515,7 +515,7 @@ def _net_rig(tmp: Path, plans: list[list[Any]]) -> tuple[Any, Any, Any]:
 def _drive(store: Any, emu: Any, hosts: Any, job_id: str, **adapter: Any) -> tuple[Any, float]:
     """Claim and run one job as `orch worker` does, with the real retry policy."""
     from orchestrator.engine.runner import JobRunner, Options, owner_id
-    from providers.vastai import VastAI
+    from providers.vastai.compute import VastAI
 
     owner = owner_id("worker")
     store.claim_job(job_id, owner, 5)

@@ -132,7 +132,7 @@ def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:
         for p in procs:
             p.wait(timeout=1800)
         wall = time.monotonic() - started
-        from providers.sim import SimCloud
+        from providers.sim.compute import SimCloud
 
         SimCloud(tmp / "orch" / "sim").terminate_all()
     claimed, dupes, latency = _claims_of(url)

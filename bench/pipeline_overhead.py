@@ -31,7 +31,7 @@ from playbooks.base import Host, HostPaths, StepReport  # noqa: E402
 from playbooks.gpu import GpuExpectation  # noqa: E402
 from playbooks.pipeline import PipelineJob, run_pipeline  # noqa: E402
 from playbooks.ssh import ConnectionFactory  # noqa: E402
-from providers.simhost import SimHost, SimHostOptions  # noqa: E402
+from simhost import SimHost, SimHostOptions  # noqa: E402
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from providers.simhost import SimHost, SimHostOptions
+from simhost import SimHost, SimHostOptions
 
 
 @dataclass(frozen=True)

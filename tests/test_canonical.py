@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core import canonical
 from orchestrator.core.spec import JobSpec, spec_hash
-from orchestrator.records.sweeps import SweepSpec, load_sweep
+from orchestrator.core.sweepspec import SweepSpec, load_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,9 +21,9 @@ from providers.base import (
     Simulated,
     Volumes,
 )
-from providers.dedicated import Dedicated, offer_id
-from providers.runpod import RunPod
-from providers.vastai import VastAI
+from providers.dedicated.compute import Dedicated, offer_id
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import VastAI
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPABILITIES = (KeepsMachine, Volumes, OptInOnly, Simulated, ContainerRental, HostKeyReporting,

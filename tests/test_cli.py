@@ -189,7 +189,7 @@ def test_submit_with_no_provider_says_what_to_do(env: dict[str, str]) -> None:
 
 def test_reconcile_terminates_a_sim_orphan(env: dict[str, str], ssh_keypair: Any) -> None:
     from providers.base import Requirements
-    from providers.sim import SimCloud
+    from providers.sim.compute import SimCloud
 
     cloud = SimCloud(Path(env["XDG_DATA_HOME"]) / "orch" / "sim")
     try:

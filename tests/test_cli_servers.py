@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from conftest import KeyPair
 
-from providers.simhost import SimHost
+from simhost import SimHost
 
 ROOT = Path(__file__).resolve().parent.parent
 SimHostFactory = Callable[..., SimHost]
@@ -166,7 +166,7 @@ def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked
     from orchestrator.engine.submission import record_job
     from orchestrator.records.store import open_store
     from providers.base import Requirements
-    from providers.dedicated import Dedicated
+    from providers.dedicated.compute import Dedicated
 
     give_orch_key(env, ssh_keypair)
     monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])

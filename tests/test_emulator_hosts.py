@@ -1,7 +1,7 @@
 """Emulated Vast.ai / RunPod instances that are real simulated GPU hosts, reached over SSH.
 
 The adapters talk to the emulators over HTTP exactly as in the adapter tests; with `hosts=`
-the emulators boot a `providers.simhost` host per instance, so the instance's reported SSH
+the emulators boot a `simhost` host per instance, so the instance's reported SSH
 endpoint answers with a real sshd whose `nvidia-smi` names the rented GPU.
 """
 
@@ -22,8 +22,8 @@ from emulators.vast import VastEmulator
 
 from playbooks.ssh import ConnectionFactory, HostUnreachable, run, trust_on_first_use
 from providers.base import CapacityError, Instance, InstanceState, NotFound, Requirements
-from providers.runpod import RunPod
-from providers.vastai import VastAI, _onstart
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import VastAI, _onstart
 
 KEY = "emu-hosts-api-key-0123456789"
 GIB = 1024**3
@@ -415,7 +415,7 @@ def test_runpod_image_without_public_key_support_never_answers_ssh(
 
 
 def test_which_images_ship_the_axolotl_venv_and_what_a_volume_hides() -> None:
-    from providers.simhost.standins.container import hidden, is_axolotl_image
+    from simhost.standins.container import hidden, is_axolotl_image
 
     for image in ("axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0",
                   "axolotlai/axolotl:0.18.0-latest", "docker.io/axolotlai/axolotl-cloud-uv:x",

@@ -26,7 +26,7 @@ from orchestrator.core.spec import load_job
 from orchestrator.engine.runner import JobRunner, Options, owner_id
 from orchestrator.engine.submission import record_job
 from orchestrator.records.store import Store, open_store
-from providers.sim import SimCloud
+from providers.sim.compute import SimCloud
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 HOST = {"train_steps": 6, "train_step_seconds": 0.15, "vllm_startup_seconds": 0.2,
@@ -298,7 +298,7 @@ def run_on_server(rig: Rig, host: Any) -> tuple[str, Any]:
     """Register simulated `host` as monthly server box1 and run a job there: (job id, job)."""
     from decimal import Decimal
 
-    from providers.dedicated import Dedicated
+    from providers.dedicated.compute import Dedicated
 
     rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
                          gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from providers.sim import SimCloud
+from providers.sim.compute import SimCloud
 
 ROOT = Path(__file__).resolve().parent.parent
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"

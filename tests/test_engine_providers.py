@@ -24,8 +24,8 @@ from test_engine import HOST, Rig, mirrored_step, run_on_server, when
 
 from orchestrator.engine.runner import JobRunner, Options, owner_id
 from orchestrator.records.store import open_store
-from providers.runpod import RunPod
-from providers.vastai import VastAI
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import VastAI
 
 KEY = "engine-emulator-key-0123456789"
 

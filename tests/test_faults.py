@@ -44,8 +44,8 @@ from orchestrator.engine.reconcile import reconcile
 from orchestrator.engine.runner import JobRunner, Options, owner_id
 from orchestrator.records.store import Store, open_store, utcnow
 from providers.base import Requirements
-from providers.sim import SimCloud
-from providers.vastai import VastAI
+from providers.sim.compute import SimCloud
+from providers.vastai.compute import VastAI
 
 BUNDLES = "/api/v0/bundles"
 

@@ -23,8 +23,8 @@ from orchestrator.core.sizing import Workload
 from playbooks.gpu import catalog_model
 from providers import catalog
 from providers.base import ReportsSkipped, Requirements
-from providers.runpod import RunPod
-from providers.vastai import GPU_MAP, VastAI, canonical_gpu
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import GPU_MAP, VastAI, canonical_gpu
 
 # RunPod's GPU type ids: docs.runpod.io/references/gpu-types ("Table last generated:
 # 2026-02-12"; runpod/docs references/gpu-types.mdx at a900806e, 2026-08-20).
@@ -71,7 +71,7 @@ def test_every_entry_has_its_figures_and_source() -> None:
 
 
 def test_every_runpod_id_is_covered_or_left_out_with_a_reason() -> None:
-    from providers.runpod import canonical_gpu as runpod_gpu
+    from providers.runpod.compute import canonical_gpu as runpod_gpu
 
     left = catalog.left_out("runpod")
     for gpu_id in RUNPOD_IDS:
@@ -115,6 +115,13 @@ def _tiny() -> Workload:
 def vast() -> Iterator[VastEmulator]:
     with VastEmulator(api_key="vast-k") as emu:
         yield emu
+
+
+def test_a_stored_gpu_name_maps_to_the_catalogs_unless_unknown_or_ambiguous() -> None:
+    assert catalog.canonical_name("A100 80GB") == "A100 80GB"  # already the catalog's
+    assert catalog.canonical_name("rtx a6000") == "RTX A6000"  # an alias, one model
+    assert catalog.canonical_name("H100") == "H100"  # both H100 variants: left as stored
+    assert catalog.canonical_name("Tesla V100") == "Tesla V100"  # not in the catalog
 
 
 def test_vast_offers_of_every_covered_gpu_reach_the_ranking(vast: VastEmulator) -> None:

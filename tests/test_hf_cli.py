@@ -56,7 +56,7 @@ def hf_download(hub: HubEmulator, tmp: Path, *args: str,
 def test_the_pinned_client_is_what_axolotl_ships() -> None:
     from huggingface_hub import __version__
 
-    from providers.simhost.standins.hf import VERSION
+    from simhost.standins.hf import VERSION
 
     assert __version__ == VERSION == "1.17.0"
 

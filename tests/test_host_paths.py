@@ -13,9 +13,9 @@ from pathlib import Path
 from test_engine import Rig, rig  # noqa: F401 - the fixture
 
 from providers.base import HostPathMapping, Instance, InstanceState, host_root
-from providers.dedicated import Dedicated
-from providers.runpod import RunPod
-from providers.vastai import VastAI
+from providers.dedicated.compute import Dedicated
+from providers.runpod.compute import RunPod
+from providers.vastai.compute import VastAI
 
 
 def _instance(provider: str, instance_id: str) -> Instance:

@@ -13,7 +13,7 @@ from termutil import ROOT, orch_exe
 from orchestrator.cli import jobdoc
 from orchestrator.core.architectures import known_models
 from orchestrator.core.spec import JobSpec, load_job
-from orchestrator.records.sweeps import SweepSpec
+from orchestrator.core.sweepspec import SweepSpec
 
 DOC = ROOT / "docs" / "job-file.md"
 

@@ -16,7 +16,7 @@ from orchestrator.records.store import (
     Store,
     open_store,
 )
-from orchestrator.records.sweepstore import requeue_failed
+from orchestrator.records.sweep.store import requeue_failed
 
 OWNER = "worker-1"
 

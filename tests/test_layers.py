@@ -1,10 +1,11 @@
 """The layers of docs/architecture.md, enforced: imports only point down, and never loop.
 
-Every `import` and `from ... import` in orchestrator/, providers/ and playbooks/ counts,
-at module level and inside functions alike (a function-level import that closes a loop
-is still a loop; it only fails later). Sizes: no function over MAX_FUNCTION_LINES and no
-module over MAX_MODULE_LINES, except where the module's docstring gives a reason in a
-line starting "Size:".
+Every `import` and `from ... import` in orchestrator/, providers/, playbooks/ and simhost/
+counts, at module level and inside functions alike (a function-level import that closes a
+loop is still a loop; it only fails later). Within a layer, some siblings must not know
+each other: a provider's folder another's, the store the sweep and history modules. Sizes:
+no function over MAX_FUNCTION_LINES and no module over MAX_MODULE_LINES, except where the
+module's docstring gives a reason in a line starting "Size:".
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("orchestrator", "providers", "playbooks")
+PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
 # Bottom to top: a module may import its own layer and the ones before it.
 LAYERS = (
     "orchestrator.retrying",  # the one retry policy (tenacity); imports nothing of ours
+    "simhost",              # the simulated cloud's hosts (sshd + stand-ins); imports nothing
     "playbooks.ssh",        # SSH/SFTP to a host: argv only, pinned host keys; a leaf
     "providers",            # clouds and monthly servers behind one interface; catalogs
     "playbooks",            # what runs on a GPU host, step by step; the trainer's config
@@ -28,8 +30,19 @@ LAYERS = (
     "orchestrator.engine",  # running a job: placement, the pipeline, recovery, teardown
     "orchestrator.cli",     # the `orch` commands
 )
+# Packages only some layers may import: the simulated host is the `sim` provider's machinery,
+# reached through its adapter; the engine, the playbooks and the CLI never name it.
+ONLY_FROM = {"simhost": ("simhost", "providers.sim")}
+# Within a layer, packages that may reach only some of their siblings: (importer, scope,
+# what in scope it may import). The store is the bottom of records: it imports none of the
+# sweep, history or SQL modules, only the sweep's rules (run states and the gate), a leaf
+# its claim path shares with `orch sweep show`.
+SIBLING_RULES = (
+    ("orchestrator.records.store", "orchestrator.records",
+     ("orchestrator.records.store", "orchestrator.records.sweep.rules")),
+)
 # Stand-ins for the tools of a GPU host and the migrations are not application layers.
-SIZE_EXEMPT = ("providers/simhost/",)
+SIZE_EXEMPT = ("simhost/",)
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 600
 
@@ -93,6 +106,49 @@ def backward_arrows(root: Path) -> list[str]:
             elif there > here:
                 bad.append(f"{path.relative_to(root)}:{line}: {name} ({LAYERS[here]}) imports "
                            f"{target} ({LAYERS[there]}), a layer above it")
+            elif not _may_import(name, target):
+                bad.append(f"{path.relative_to(root)}:{line}: {name} imports {target}, which "
+                           f"only {' and '.join(ONLY_FROM[LAYERS[there]])} may import")
+    return bad
+
+
+def _may_import(name: str, target: str) -> bool:
+    allowed = ONLY_FROM.get(LAYERS[layer(target)])
+    return allowed is None or any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def provider_folders(root: Path) -> list[str]:
+    """providers/<name>/ with a compute.py: one provider each (the adapter and its client)."""
+    return sorted(f"providers.{p.parent.name}" for p in (root / "providers").glob("*/compute.py"))
+
+
+def sideways(root: Path) -> list[str]:
+    """Imports between siblings that must not know each other: one provider's folder and
+    another's (the shared provider modules name no folder), and SIBLING_RULES."""
+    known = modules(root)
+    folders = provider_folders(root)
+
+    def folder_of(module: str) -> str | None:
+        return next((f for f in folders if _within(module, f)), None)
+
+    bad = []
+    for name, path in known.items():
+        for target, line in imports(name, path, known):
+            why = None
+            there = folder_of(target)
+            if _within(name, "providers") and there is not None and there != folder_of(name):
+                why = ("provider folders are independent of each other, and the shared "
+                       "provider modules name none of them")
+            for importer, scope, allowed in SIBLING_RULES:
+                if _within(name, importer) and _within(target, scope) \
+                        and not any(_within(target, a) for a in allowed):
+                    why = f"{importer} may reach only {' and '.join(allowed)} in {scope}"
+            if why:
+                bad.append(f"{path.relative_to(root)}:{line}: {name} imports {target}: {why}")
     return bad
 
 
@@ -161,6 +217,12 @@ def test_every_module_is_in_a_layer_and_imports_only_downwards() -> None:
     assert backward_arrows(ROOT) == []
 
 
+def test_siblings_that_must_not_know_each_other_do_not() -> None:
+    assert provider_folders(ROOT) == ["providers.dedicated", "providers.runpod", "providers.sim",
+                                      "providers.vastai"]
+    assert sideways(ROOT) == []
+
+
 def test_no_import_cycles() -> None:
     assert cycles(ROOT) == []
 
@@ -189,11 +251,36 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
         "orchestrator/engine/b.py": "from orchestrator.core import a\n",
         "playbooks/ssh/c.py": "from ..train import t\n",
         "playbooks/train.py": "from playbooks.ssh import c\n\ndef g():\n" + long_body,
+        # The engine reaching for the simulated host instead of asking the sim provider.
+        "orchestrator/engine/d.py": "from simhost.host import SimHost\n",
+        "providers/sim/compute.py": "from simhost import host\n",
+        "simhost/host.py": "",
+        # One provider reaching into another's folder; the shared interface naming one.
+        "providers/vastai/compute.py": "from providers.sim import compute\n"
+                                       "from providers import base\n",
+        "providers/base.py": "from providers.sim.compute import x\n",
+        # The store reaching up to history; its claim path's sweep rules are allowed.
+        "orchestrator/records/store/jobs.py": "from orchestrator.records import history\n"
+                                              "from orchestrator.records.sweep.rules import g\n",
+        "orchestrator/records/history.py": "",
+        "orchestrator/records/sweep/rules.py": "",
     })
     arrows = backward_arrows(root)
     assert any("orchestrator.core.a (orchestrator.core) imports orchestrator.engine.b" in a
                for a in arrows)
     assert any("playbooks.ssh.c (playbooks.ssh) imports playbooks.train" in a for a in arrows)
+    assert sideways(root) == [
+        "orchestrator/records/store/jobs.py:1: orchestrator.records.store.jobs imports "
+        "orchestrator.records.history: orchestrator.records.store may reach only "
+        "orchestrator.records.store and orchestrator.records.sweep.rules in orchestrator.records",
+        "providers/base.py:1: providers.base imports providers.sim.compute: provider folders "
+        "are independent of each other, and the shared provider modules name none of them",
+        "providers/vastai/compute.py:1: providers.vastai.compute imports providers.sim.compute: "
+        "provider folders are independent of each other, and the shared provider modules name "
+        "none of them"]
+    assert [a for a in arrows if "simhost" in a] == [
+        "orchestrator/engine/d.py:1: orchestrator.engine.d imports simhost.host, which only "
+        "simhost and providers.sim may import"]
     assert sorted(cycles(root)) == [["orchestrator.core.a", "orchestrator.engine.b"],
                                     ["playbooks.ssh.c", "playbooks.train"]]
     assert any("g() is 81 lines" in s for s in oversized(root))
@@ -201,8 +288,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
 
 @pytest.mark.parametrize("name, expected", [
     ("playbooks.ssh.sftp", "playbooks.ssh"), ("playbooks.train", "playbooks"),
-    ("orchestrator.cli.jobs", "orchestrator.cli"), ("providers.simhost.host", "providers"),
-    ("orchestrator.retrying", "orchestrator.retrying"),
+    ("orchestrator.cli.jobs", "orchestrator.cli"), ("simhost.host", "simhost"),
+    ("providers.sim", "providers"), ("orchestrator.retrying", "orchestrator.retrying"),
 ])
 def test_layers_are_matched_by_the_longest_prefix(name: str, expected: str) -> None:
     assert LAYERS[layer(name)] == expected

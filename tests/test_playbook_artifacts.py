@@ -12,7 +12,7 @@ from test_playbook_train import download_base
 
 from playbooks.artifacts import MANIFEST, fetch, read_manifest
 from playbooks.base import Fault, Host, Layout, StepFailed
-from providers.simhost import SimHost
+from simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
 IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"

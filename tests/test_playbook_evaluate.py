@@ -34,7 +34,7 @@ from playbooks.vllm import (
     stop_server,
     wait_ready,
 )
-from providers.simhost import SimHost
+from simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
 IMAGE = images.vllm_image()  # the pinned server (playbooks/data/images.yaml)

@@ -12,7 +12,7 @@ from test_playbook_train import TOOLKIT, make_job
 
 from playbooks import merge, train
 from playbooks.base import Host, PlaybookFailed, run_playbook
-from providers.simhost import SimHost
+from simhost import SimHost
 
 
 def trained(playbook_host: PlaybookHostFactory, tmp_path: Path, method: str,

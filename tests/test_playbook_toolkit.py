@@ -9,7 +9,7 @@ from conftest import PlaybookHostFactory, Reports
 
 from playbooks import container_toolkit as toolkit
 from playbooks.base import Fault, Host, PlaybookFailed, run_playbook
-from providers.simhost import SimHost
+from simhost import SimHost
 
 STEPS = ["docker", "privileges", "prerequisites", "keyring", "apt-list", "apt-update",
          "packages", "runtime-configure", "docker-restart", "verify"]

@@ -37,7 +37,7 @@ from playbooks.train import (
     train_argv,
     wait,
 )
-from providers.simhost import SimHost
+from simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
 BASE_REPO = "Qwen/Qwen2.5-0.5B"

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.records.store import Store, open_store
 from providers.base import CapacityError, InstanceState, NotFound, Requirements
-from providers.dedicated import Dedicated, offer_id
+from providers.dedicated.compute import Dedicated, offer_id
 
 GIB = 1024**3
 

@@ -22,7 +22,7 @@ from providers.base import (
     TransientError,
     tag_for,
 )
-from providers.runpod import RunPod, canonical_gpu
+from providers.runpod.compute import RunPod, canonical_gpu
 
 KEY = "rp-secret-KEY-0123456789abcdef"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOrchTestKey orch-test"
@@ -95,7 +95,7 @@ def test_every_mapped_gpu_passes_the_hosts_inventory_check() -> None:
     catalog model must be accepted as that model by the GPU playbook, or orch rents a pod
     that it then refuses (H100 NVL used to be mapped to H100 PCIe)."""
     from playbooks.gpu import catalog_model
-    from providers.runpod import GPU_NAMES
+    from providers.runpod.compute import GPU_NAMES
 
     for runpod_id, model in GPU_NAMES.items():
         assert catalog_model(runpod_id) == model, runpod_id

@@ -30,7 +30,7 @@ from providers.base import (
     tag_for,
 )
 from providers.catalog import load
-from providers.sim import SimCloud
+from providers.sim.compute import SimCloud
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
@@ -160,7 +160,7 @@ def test_hosts_outlive_the_creating_process_and_terminate_from_another_one(
     script = textwrap.dedent(f"""
         from pathlib import Path
         from providers.base import Requirements
-        from providers.sim import SimCloud
+        from providers.sim.compute import SimCloud
         cloud = SimCloud(Path({str(state_dir)!r}))
         [offer] = cloud.offers(Requirements(1, 0, gpus=frozenset({{"RTX 3090"}})))
         print(cloud.create(offer, {ssh_keypair.public!r}, "job-9").instance_id)

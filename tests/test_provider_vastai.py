@@ -20,7 +20,7 @@ from providers.base import (
     Requirements,
     TransientError,
 )
-from providers.vastai import VastAI
+from providers.vastai.compute import VastAI
 
 KEY = "sekrit-vast-key-0123456789"
 GIB = 1024**3

@@ -15,9 +15,9 @@ from orchestrator.engine.reconcile import reconcile
 from orchestrator.records.store import Instance as InstanceRow
 from orchestrator.records.store import Job, Store, open_store, utcnow
 from providers.base import InstanceState, NotFound, Requirements
-from providers.dedicated import Dedicated
-from providers.sim import SimCloud
-from providers.vastai import VastAI
+from providers.dedicated.compute import Dedicated
+from providers.sim.compute import SimCloud
+from providers.vastai.compute import VastAI
 
 
 @pytest.fixture

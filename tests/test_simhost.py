@@ -27,7 +27,7 @@ from playbooks.ssh import (
     tunnel,
     write_secret_env,
 )
-from providers.simhost import SimHost
+from simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
 IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"

@@ -37,7 +37,7 @@ from playbooks.ssh import (
     trust_on_first_use,
     write_secret_env,
 )
-from providers.simhost import SimHost
+from simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
 

@@ -19,7 +19,7 @@ import pytest
 
 from playbooks import ssh
 from playbooks.ssh import ConnectionFactory, read_file, write_secret_env
-from providers.simhost import SimHost
+from simhost import SimHost
 
 SimHostFactory = Callable[..., SimHost]
 ROUNDS = 150

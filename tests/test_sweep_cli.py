@@ -19,9 +19,9 @@ import pytest
 from conftest import BACKENDS, database_url
 from sqlmodel import col, select
 
+from orchestrator.core.sweepspec import load_sweep
 from orchestrator.records.store import Event, Job, Store, Sweep, open_store, utcnow
-from orchestrator.records.sweeps import load_sweep
-from orchestrator.records.sweepstore import (
+from orchestrator.records.sweep.store import (
     claim_next_gated,
     submit_sweep,
     sweep_gate,
@@ -395,7 +395,7 @@ def test_sweep_show_errors(env: dict[str, str], folder: Path) -> None:
 def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
         folder: Path, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """The race itself: both ticks looked before either inserted; the unique index decides."""
-    from orchestrator.records import sweepstore
+    from orchestrator.records.sweep import store as sweepstore
 
     path = sweep_file(folder)
     jobs = submit(store, path)
@@ -412,7 +412,7 @@ def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
 
 def _both(store: Store, env: dict[str, str], name: str) -> tuple[Any, Any]:
     from orchestrator.records.history import open_reader
-    from orchestrator.records.sweepview import sweep_status as sqlite_status
+    from orchestrator.records.sweep.view import sweep_status as sqlite_status
 
     reader = open_reader(env["ORCH_DB_URL"])
     assert reader is not None
@@ -440,8 +440,8 @@ def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
     assert by_sqlite["best"]["job_id"] == jobs[1].id and by_sqlite["best"]["metric"] == 0.4
 
     from orchestrator.records.history import open_reader
-    from orchestrator.records.sweepstore import list_sweeps
-    from orchestrator.records.sweepview import list_sweeps as sqlite_list
+    from orchestrator.records.sweep.store import list_sweeps
+    from orchestrator.records.sweep.view import list_sweeps as sqlite_list
 
     reader = open_reader(env["ORCH_DB_URL"])
     try:
@@ -453,8 +453,8 @@ def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
 
 def test_sqlite_status_objective_matches_pydantic(env: dict[str, str], folder: Path,
                                                   store: Store) -> None:
-    from orchestrator.records.sweeps import Objective
-    from orchestrator.records.sweepview import objective_of
+    from orchestrator.core.sweepspec import Objective
+    from orchestrator.records.sweep.view import objective_of
 
     for raw in ({"metric": "m"}, {"metric": "m", "goal": "min"}, {"metric": ""},
                 {"metric": "m", "goal": "up"}, {"metric": 1}, {"metric": "m", "x": 1},
@@ -468,7 +468,7 @@ def test_sqlite_status_objective_matches_pydantic(env: dict[str, str], folder: P
 
 def test_active_statuses_copy_matches_the_store() -> None:
     from orchestrator.records.store import ACTIVE_STATUSES
-    from orchestrator.records.sweepview import ACTIVE_STATUSES as copy
+    from orchestrator.records.sweep.view import ACTIVE_STATUSES as copy
 
     # The copy is now an import; what can drift is its meaning. A sweep counts a run as
     # active while a worker drives it: docs/schema.md's job-states table (lifecycle order)

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core import sweepspec as sweeps
 from orchestrator.core.spec import SpecError, load_job, spec_hash
-from orchestrator.records import sweeps
-from orchestrator.records.sweeps import MAX_RUNS, Objective, best_run, load_sweep, sweep_key
+from orchestrator.core.sweepspec import MAX_RUNS, Objective, load_sweep, sweep_key
+from orchestrator.records.sweep.rules import best_run
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -173,7 +174,7 @@ def test_name_is_indexed_unless_overridden(folder: Path) -> None:
 
 def test_sweep_key_is_stable_across_processes() -> None:
     here = sweep_key("lr-sweep", "ab" * 32)
-    code = ("from orchestrator.records.sweeps import sweep_key; "
+    code = ("from orchestrator.core.sweepspec import sweep_key; "
             f"print(sweep_key('lr-sweep', '{'ab' * 32}'))")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, cwd=Path(__file__).resolve().parent.parent).stdout.strip()

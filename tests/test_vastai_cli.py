@@ -22,7 +22,7 @@ import pytest
 from emulators.vast import Recorded, VastEmulator
 
 from providers.base import Requirements
-from providers.vastai import VastAI
+from providers.vastai.compute import VastAI
 
 KEY = "vast-cli-key-0123456789abcdef"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHVhc3RDTElUZXN0S2V5MDEyMzQ1Njc4OWFiY2RlZg cli"

@@ -20,14 +20,13 @@ from orchestrator.cli.tables import table
 from orchestrator.core.money import (
     HOURS_PER_MONTH,
     breakeven_hours,
-    canonical_gpu,
-    catalog_offers,
     cheapest_hourly,
     dollars,
     money,
     per_gpu_hour,
     usd,
 )
+from providers import catalog
 
 _HOURS = Decimal("0.01")
 _RATIO = Decimal("0.0001")
@@ -220,7 +219,7 @@ def _server_advice(s: ServerUsage, price: HourlyPrice | None,
 def catalog_monthly() -> dict[str, MonthlyOption]:
     """Cheapest priced monthly catalog tier per GPU class (by price per GPU)."""
     best: dict[str, MonthlyOption] = {}
-    for o in catalog_offers():
+    for o in catalog.load().offers:
         if o.billing.value != "monthly" or o.monthly_price is None or o.registered:
             continue
         cand = MonthlyOption(o.gpu, o.gpu_count, o.monthly_price,
@@ -236,7 +235,7 @@ def catalog_hourly() -> dict[str, HourlyPrice]:
     # On-demand first: a dedicated server is not interruptible, so spot is a fallback.
     return {gpu: HourlyPrice(per_gpu_hour(o), f"catalog {o.provider} "
                              f"{'spot' if o.interruptible else 'on-demand'}")
-            for gpu, o in cheapest_hourly(catalog_offers()).items()}
+            for gpu, o in cheapest_hourly(catalog.load().offers).items()}
 
 
 # --- text --------------------------------------------------------------------------------
@@ -299,6 +298,6 @@ def render_lines(a: Advice) -> list[str]:
 # Re-exported for `cli_history` (which reads them through this module): `money` holds them.
 __all__ = [
     "Advice", "GpuAdvice", "HourlyPrice", "MeteredUsage", "MonthlyOption", "ServerAdvice",
-    "ServerUsage", "advise", "canonical_gpu", "catalog_hourly", "catalog_monthly", "dollars",
+    "ServerUsage", "advise", "catalog_hourly", "catalog_monthly", "dollars",
     "hours", "render_lines",
 ]

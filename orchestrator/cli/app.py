@@ -262,7 +262,7 @@ def main() -> None:
 
         # A locked or full database is no defect: its own line. (The store's module is
         # loaded whenever one was raised; looked up here to keep `orch --help` light.)
-        tables = sys.modules.get("orchestrator.records.storetables")
+        tables = sys.modules.get("orchestrator.records.store.tables")
         if tables is not None and isinstance(exc, tables.DatabaseBusy | tables.DatabaseFull):
             typer.echo(f"error: {exc}", err=True)
             sys.exit(1)

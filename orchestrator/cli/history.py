@@ -287,6 +287,7 @@ def advise_from_history(reader: Reader | None, days: int, now: datetime) -> Any:
     """Load the window's usage and prices at the edge, then call the pure advise()."""
     from orchestrator.cli import advise as adv
     from orchestrator.records.history import metered_usage, server_usage
+    from providers import catalog
 
     since = now - timedelta(days=days)
     metered = metered_usage(reader, since, now) if reader else []
@@ -294,7 +295,7 @@ def advise_from_history(reader: Reader | None, days: int, now: datetime) -> Any:
     # Instances may carry a provider's spelling (`H100-SXM`): merge by the catalog's name.
     merged: dict[str, tuple[int, int]] = {}
     for gpu, secs, micros in metered:
-        name = adv.canonical_gpu(gpu)
+        name = catalog.canonical_name(gpu)
         s0, m0 = merged.get(name, (0, 0))
         merged[name] = (s0 + secs, m0 + micros)
     return adv.advise(

@@ -19,7 +19,7 @@ def json_schema(kind: Kind) -> dict[str, Any]:
     if kind is Kind.job:
         from orchestrator.core.spec import JobSpec as model
     else:
-        from orchestrator.records.sweeps import SweepSpec as model  # type: ignore[assignment]
+        from orchestrator.core.sweepspec import SweepSpec as model  # type: ignore[assignment]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             **model.model_json_schema()}
 

@@ -39,14 +39,14 @@ from orchestrator.cli.common import (
 )
 
 if TYPE_CHECKING:
-    from orchestrator.records.sweeps import LoadedSweep
+    from orchestrator.core.sweepspec import LoadedSweep
 
 EXIT_OK = 0
 
 
 def _load(path: Path) -> LoadedSweep:
     from orchestrator.core.spec import SpecError
-    from orchestrator.records.sweeps import load_sweep
+    from orchestrator.core.sweepspec import load_sweep
 
     try:
         return load_sweep(path)
@@ -81,7 +81,7 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.records.store import StoreError
-    from orchestrator.records.sweepstore import submit_sweep
+    from orchestrator.records.sweep.store import submit_sweep
 
     loaded = _load(file)
     store = open_db()
@@ -126,7 +126,7 @@ def _read_sqlite() -> bool:
 
 def _status(name: str) -> dict[str, Any]:
     if _read_sqlite():
-        from orchestrator.records.sweepview import SweepNotFound, sweep_status
+        from orchestrator.records.sweep.view import SweepNotFound, sweep_status
 
         with history_reader(EXIT_ERROR) as reader:
             try:
@@ -134,7 +134,7 @@ def _status(name: str) -> dict[str, Any]:
             except SweepNotFound as exc:
                 fail(str(exc), EXIT_NOT_FOUND)
     from orchestrator.records.store import NotFoundError
-    from orchestrator.records.sweepstore import sweep_status as store_status
+    from orchestrator.records.sweep.store import sweep_status as store_status
 
     store = open_db()
     try:
@@ -147,11 +147,11 @@ def _status(name: str) -> dict[str, Any]:
 
 def _all() -> list[dict[str, Any]]:
     if _read_sqlite():
-        from orchestrator.records.sweepview import list_sweeps
+        from orchestrator.records.sweep.view import list_sweeps
 
         with history_reader(EXIT_ERROR) as reader:
             return list_sweeps(reader)
-    from orchestrator.records.sweepstore import list_sweeps as store_list
+    from orchestrator.records.sweep.store import list_sweeps as store_list
 
     store = open_db()
     try:
@@ -208,7 +208,7 @@ def _show(name: str, json_out: bool) -> None:
 def _cancel(name: str, json_out: bool) -> None:
     """Cancel every queued and running run of sweep `name` in one transaction."""
     from orchestrator.records.store import NotFoundError
-    from orchestrator.records.sweepstore import cancel_sweep
+    from orchestrator.records.sweep.store import cancel_sweep
 
     store = open_db()
     try:

@@ -3,7 +3,7 @@
 `JobStatus` is a `StrEnum`, so a member equals its stored text (`JobStatus.QUEUED ==
 "queued"`) and rows written before the enum existed read the same. `TRANSITIONS` lists, for
 each status, the statuses a job may move to from it; the store checks every status change
-against it in one place (`storejobs.enter`), so a bug that would, say, revive a succeeded job
+against it in one place (`store.jobs.enter`), so a bug that would, say, revive a succeeded job
 fails loudly instead of writing it.
 
 The table is what the code does (engine, recovery, `orch cancel`, sweeps' retry):

@@ -1,4 +1,4 @@
-"""Money in one place (pure): micro-dollars, billing, instance and storage cost, catalog prices.
+"""Money in one place (pure): micro-dollars, billing, instance and storage cost, offer prices.
 
 Money is integer micro-dollars in the database and Decimal dollars in computations; floats
 never carry money. Billing math follows each provider's granularity: per-second and
@@ -10,7 +10,7 @@ they read the offer catalog (YAML) lazily so importing this module stays cheap.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from typing import Protocol
@@ -212,26 +212,7 @@ def usd(value: Decimal | str | None) -> str:
     return f"${d:,.2f}" if abs(d) >= 1 else f"${d:.4f}"
 
 
-# --- catalog prices (the edge: reads the offer catalog) -----------------------------------
-
-
-def canonical_gpu(name: str) -> str:
-    """The catalog's name for a stored GPU name (unchanged when unknown or ambiguous)."""
-    # Imported here, not at the top: loading the catalog module is start-up cost that only
-    # the commands pricing against the catalog should pay.
-    from providers import catalog
-
-    if name in catalog.gpus():
-        return name
-    hits = catalog.resolve_gpu(name)
-    return hits[0] if len(hits) == 1 else name
-
-
-def catalog_offers() -> list[Offer]:
-    """Every offer of the catalog (priced or not)."""
-    from providers import catalog  # start-up laziness, as in canonical_gpu
-
-    return list(catalog.load().offers)
+# --- prices of offers ---------------------------------------------------------------------
 
 
 def cheapest_hourly(offers: Iterable[Offer]) -> dict[str, Offer]:
@@ -253,10 +234,3 @@ def per_gpu_hour(offer: Offer) -> Decimal:
     """A metered offer's price per GPU-hour."""
     assert offer.price_per_hour is not None
     return offer.price_per_hour / offer.gpu_count
-
-
-def price_of(gpu: str, prices: Mapping[str, Decimal]) -> Decimal | None:
-    """The price of a stored GPU name (canonical, or an unambiguous alias) in `prices`."""
-    if gpu in prices:
-        return prices[gpu]
-    return prices.get(canonical_gpu(gpu))

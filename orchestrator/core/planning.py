@@ -18,7 +18,7 @@ from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
 from providers import catalog
 from providers.base import Billing, Offer, Requirements
-from providers.dedicated import RegisteredServer, server_offers
+from providers.dedicated.compute import RegisteredServer, server_offers
 
 # Adapters with live offers; the engine asks them, `orch plan` too when a key is configured
 # (the catalog stands in for them otherwise).
@@ -182,7 +182,7 @@ def make_plan(
     offers = [*(live if live is not None else cat.offers), *server_offers(servers or [])]
     if named and "sim" in named:
         # The simulated cloud is planned only for jobs that ask for it (never by accident).
-        from providers.sim import catalog_offers
+        from providers.sim.compute import catalog_offers
 
         offers += catalog_offers()
     for cloud in sorted(set(named or ()) & LIVE_PROVIDERS) if live is None else ():

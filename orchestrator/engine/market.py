@@ -44,10 +44,10 @@ def cloud(name: str, key: str, quick: bool = False) -> Provider:
     if quick:
         kwargs.update(QUICK_HTTP)
     if name == "vastai":
-        from providers.vastai import VastAI
+        from providers.vastai.compute import VastAI
 
         return VastAI(key, **kwargs)
-    from providers.runpod import RunPod
+    from providers.runpod.compute import RunPod
 
     return RunPod(key, **kwargs)
 

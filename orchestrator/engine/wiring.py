@@ -41,7 +41,7 @@ def sim_from_env() -> Provider:
     PCIe=2": live instances per GPU model), ORCH_SIM_TRAIN_STEPS / ORCH_SIM_STEP_S (how long
     the stand-in trainer runs).
     """
-    from providers.sim import SimCloud
+    from providers.sim.compute import SimCloud
 
     capacity: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in os.environ.get("ORCH_SIM_CAPACITY",
@@ -66,7 +66,7 @@ def sim_from_env() -> Provider:
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False
                          ) -> tuple[dict[str, Provider], list[str]]:
     """(name -> provider, notes about the ones left out); `quick`: short HTTP timeouts."""
-    from providers.dedicated import Dedicated
+    from providers.dedicated.compute import Dedicated
 
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
     if sim or (sim is None and sim_state_dir().exists()):

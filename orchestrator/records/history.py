@@ -22,12 +22,10 @@ from orchestrator.core.jobstatus import JOB_STATUSES
 from orchestrator.core.money import (
     METERED,
     accrued_micros,
-    catalog_offers,
     cheapest_hourly,
     dollars,
     hourly_cost_micros,
     per_gpu_hour,
-    price_of,
 )
 from orchestrator.records.adhocsql import SqlResult, run_sql, single_statement
 from orchestrator.records.historyread import (
@@ -140,6 +138,15 @@ def gpu_names(value: str) -> list[str]:
     from providers import catalog
 
     return sorted({value, *catalog.resolve_gpu(value)})
+
+
+def _price_of(gpu: str, prices: Mapping[str, Decimal]) -> Decimal | None:
+    """The price of a stored GPU name (canonical, or an unambiguous alias) in `prices`."""
+    if gpu in prices:
+        return prices[gpu]
+    from providers import catalog  # start-up laziness, as in gpu_names
+
+    return prices.get(catalog.canonical_name(gpu))
 
 
 def planned_layout(dialect: str) -> str:
@@ -309,7 +316,9 @@ class CostRow:
 
 def on_demand_prices() -> dict[str, Decimal]:
     """Cheapest on-demand metered catalog price per GPU-hour, by canonical GPU name."""
-    return {gpu: per_gpu_hour(o) for gpu, o in cheapest_hourly(catalog_offers()).items()
+    from providers import catalog  # start-up laziness, as in gpu_names
+
+    return {gpu: per_gpu_hour(o) for gpu, o in cheapest_hourly(catalog.load().offers).items()
             if not o.interruptible}
 
 
@@ -424,7 +433,7 @@ def cost_rollup(reader: Reader | None, *, when: str | None, dim: str | None,
             continue
         r.spot_gpu_seconds += gpu_secs
         if gpu not in gpu_prices:
-            gpu_prices[gpu] = price_of(gpu, prices)
+            gpu_prices[gpu] = _price_of(gpu, prices)
         price = gpu_prices[gpu]
         if price is None:
             r.unpriced_gpus.add(gpu)

@@ -3,7 +3,7 @@
 On SQLite a `mode=ro` sqlite3 connection (no SQLModel/SQLAlchemy import, ~0.5 s saved per
 command, and no file or schema is ever created); other databases (`ORCH_DB_URL` = PostgreSQL)
 through the store's engine with the same SQL. Also the time formats those commands parse and
-the errors they report. `history`, `adhocsql` and `sweepview` read through this.
+the errors they report. `history`, `adhocsql` and `sweep.view` read through this.
 """
 
 from __future__ import annotations

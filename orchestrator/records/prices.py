@@ -16,8 +16,8 @@ from decimal import ROUND_HALF_EVEN
 
 from sqlmodel import col, select
 
-from orchestrator.records.storeopen import StoreBase
-from orchestrator.records.storetables import PriceObservation, to_micros, utcnow
+from orchestrator.records.store.database import StoreBase
+from orchestrator.records.store.tables import PriceObservation, to_micros, utcnow
 from providers.base import Offer
 
 _Key = tuple[str, str, int, bool]  # provider, gpu, gpu_count, interruptible

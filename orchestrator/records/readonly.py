@@ -14,7 +14,7 @@ from urllib.parse import unquote
 
 from orchestrator.core.money import dollars_trimmed
 from orchestrator.core.throughput import Measured, MeasuredKey
-from providers.dedicated import RegisteredServer
+from providers.dedicated.compute import RegisteredServer
 
 # Only recent jobs speak for a key: drivers, images and the trainer change over time.
 MEASURED_WINDOW = 20

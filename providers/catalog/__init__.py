@@ -101,6 +101,14 @@ def resolve_gpu(name: str) -> list[str]:
     return hits
 
 
+def canonical_name(name: str) -> str:
+    """The catalog's name for a stored GPU name (unchanged when unknown or ambiguous)."""
+    if name in gpus():
+        return name
+    hits = resolve_gpu(name)
+    return hits[0] if len(hits) == 1 else name
+
+
 @dataclass(frozen=True)
 class UnpricedTier:
     """A catalog tier whose price the source does not publish (never planned as-is)."""

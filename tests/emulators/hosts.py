@@ -2,7 +2,7 @@
 
 An emulator given `hosts=` (a `HostBackend`) boots a host when it creates an instance, reports
 that host's SSH endpoint once the instance is running, and powers the host off when the
-instance is preempted or destroyed. `SimHostBackend` implements it with `providers.simhost`
+instance is preempted or destroyed. `SimHostBackend` implements it with `simhost`
 (a real sshd on 127.0.0.1 with stand-in nvidia-smi/docker/axolotl/vllm)::
 
     backend = SimHostBackend(tmp_path / "hosts", {"train_steps": 3})
@@ -28,7 +28,7 @@ from pathlib import Path
 from queue import Queue
 from typing import Any, Protocol, TypeVar
 
-from providers.simhost import SimHost, SimHostOptions
+from simhost import SimHost, SimHostOptions
 
 T = TypeVar("T")
 _MIB = 1024**2
@@ -56,14 +56,16 @@ class HostBackend(Protocol):
 
 def canonical_gpu(gpu_name: str) -> str | None:
     """The catalog model of an emulator GPU name (Vast `gpu_name` or RunPod GPU id), or None."""
-    from providers import catalog, runpod, vastai
+    from providers import catalog
+    from providers.runpod.compute import canonical_gpu as runpod_gpu
+    from providers.vastai.compute import GPU_MAP
 
     if gpu_name in catalog.gpus():
         return gpu_name
-    for model, (names, _min_ram) in vastai.GPU_MAP.items():
+    for model, (names, _min_ram) in GPU_MAP.items():
         if gpu_name in names:
             return model
-    return runpod.canonical_gpu(gpu_name)
+    return runpod_gpu(gpu_name)
 
 
 def nvidia_smi_gpu(gpu_name: str) -> tuple[str, int | None]:
@@ -71,10 +73,10 @@ def nvidia_smi_gpu(gpu_name: str) -> tuple[str, int | None]:
 
     RunPod's GPU ids are NVIDIA's product names already ("NVIDIA GeForce RTX 4090"), so an
     "NVIDIA ..." name is reported as it is; a Vast name ("H100 SXM") goes through the catalog
-    model to `providers.sim.NVIDIA_SMI_NAMES`. Memory comes from the catalog's GPU spec.
+    model to `providers.sim.compute.NVIDIA_SMI_NAMES`. Memory comes from the catalog's GPU spec.
     """
     from providers import catalog
-    from providers.sim import NVIDIA_SMI_NAMES
+    from providers.sim.compute import NVIDIA_SMI_NAMES
 
     model = canonical_gpu(gpu_name)
     memory = catalog.gpus()[model].memory_bytes // _MIB if model else None

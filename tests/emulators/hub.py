@@ -54,7 +54,7 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
 from . import hubwrite
-from .serve import LoopbackServer
+from .serve import Served
 
 INVALID_TOKEN = "Invalid credentials in Authorization header"
 
@@ -96,7 +96,7 @@ class Recorded:
     status: int = 0
 
 
-class HubEmulator:
+class HubEmulator(Served):
     """The Hub's download endpoints with faults; see the module docstring."""
 
     def __init__(self, tokens: tuple[str, ...] = (), *, open_models: bool = False) -> None:
@@ -113,30 +113,14 @@ class HubEmulator:
         self.stall_s = 3.0
         self.truncated = 0  # file bodies still to cut halfway
         self._lock = threading.Lock()
-        self._server: LoopbackServer | None = None
 
     # -- lifecycle
 
-    def start(self) -> HubEmulator:
-        self._server = LoopbackServer(lambda h: self._handle(h, body=h.command != "HEAD"),
-                                      ("GET", "HEAD", "POST", "PUT"))
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-
-    def __enter__(self) -> HubEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    METHODS = ("GET", "HEAD", "POST", "PUT")
 
     @property
     def url(self) -> str:
-        assert self._server is not None, "start() the emulator first"
-        return self._server.url
+        return self.served_url
 
     # -- setup
 
@@ -149,7 +133,8 @@ class HubEmulator:
 
     # -- serving
 
-    def _handle(self, h: BaseHTTPRequestHandler, body: bool) -> None:
+    def serve(self, h: BaseHTTPRequestHandler) -> None:
+        body = h.command != "HEAD"  # a HEAD answers the headers a GET would, no body
         path = unquote(urlsplit(h.path).path)
         auth = h.headers.get("Authorization") or ""
         token = auth[len("Bearer "):] if auth.startswith("Bearer ") else None

@@ -34,9 +34,11 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+from .serve import Served
 
 if TYPE_CHECKING:
     from .hosts import HostBackend
@@ -102,7 +104,7 @@ class _Pod:
 
 
 @dataclass
-class RunPodEmulator:
+class RunPodEmulator(Served):
     """The emulator. `running_after_gets` GETs of a pod (or `running_after_s` seconds) take it
     PROVISIONING → STARTING → RUNNING; `ssh.direct` appears when RUNNING with 22/tcp."""
 
@@ -120,44 +122,57 @@ class RunPodEmulator:
         self._pods: dict[str, _Pod] = {}
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    def start(self) -> RunPodEmulator:
-        """Serve on 127.0.0.1 on an ephemeral port in a background thread."""
-        emulator = self
+    METHODS = ("GET", "POST", "DELETE", "PUT", "PATCH")
 
-        class Handler(_Handler):
-            emu = emulator
+    def serve(self, h: BaseHTTPRequestHandler) -> None:
+        """Record the request, check its key, answer with `handle`'s status and document."""
+        parts = urlsplit(h.path)
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        authorized = h.headers.get("Authorization") == f"Bearer {self.api_key}"
+        record = Recorded(
+            method=h.command, path=parts.path, query=parse_qs(parts.query), body=body,
+            headers={k.lower(): v for k, v in h.headers.items()
+                     if k.lower() != "authorization"},
+            authorized=authorized,
+        )
+        with self._lock:
+            self.requests.append(record)
+            used = len(self.requests)
+        extra: dict[str, str]
+        if not authorized:
+            status, doc, extra = 401, problem(401, "Unauthorized",
+                                              "missing or invalid bearer token"), {}
+        else:
+            status, doc, extra = self.handle(h.command, parts.path, record.query, body)
+        record.status = status
+        payload = b"" if doc is None else json.dumps(doc).encode()
+        h.send_response(status)
+        if doc is not None:
+            ctype = "application/problem+json" if status >= 400 else "application/json"
+            h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(payload)))
+        remaining = max(0, self.rate_limit - used % max(1, self.rate_limit))
+        h.send_header("RateLimit-Policy", f'"default";q={self.rate_limit};w=60')
+        extra.setdefault("RateLimit", f'"default";r={remaining};t=60')
+        for name, value in extra.items():
+            h.send_header(name, value)
+        h.end_headers()
+        if payload:
+            h.wfile.write(payload)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.02}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving."""
-        if self._server:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> RunPodEmulator:
-        return self.start()
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         """Base URL, the equivalent of https://api.runpod.io/v2."""
-        assert self._server, "emulator not started"
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v2"
+        return f"{self.served_url}/v2"
 
     # -- test controls ------------------------------------------------------------------
 
@@ -450,57 +465,6 @@ def problem(status: int, title: str = "", detail: str = "",
     if errors:
         doc["errors"] = errors
     return doc
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    emu: RunPodEmulator
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
-        pass
-
-    def _serve(self) -> None:
-        emu = self.emu
-        parts = urlsplit(self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        try:
-            body: Any = json.loads(raw) if raw else None
-        except ValueError:
-            body = raw.decode("utf-8", "replace")
-        authorized = self.headers.get("Authorization") == f"Bearer {emu.api_key}"
-        record = Recorded(
-            method=self.command, path=parts.path, query=parse_qs(parts.query), body=body,
-            headers={k.lower(): v for k, v in self.headers.items()
-                     if k.lower() != "authorization"},
-            authorized=authorized,
-        )
-        with emu._lock:
-            emu.requests.append(record)
-            used = len(emu.requests)
-        extra: dict[str, str]
-        if not authorized:
-            status, doc, extra = 401, problem(401, "Unauthorized",
-                                              "missing or invalid bearer token"), {}
-        else:
-            status, doc, extra = emu.handle(self.command, parts.path, record.query, body)
-        record.status = status
-        payload = b"" if doc is None else json.dumps(doc).encode()
-        self.send_response(status)
-        if doc is not None:
-            ctype = "application/problem+json" if status >= 400 else "application/json"
-            self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(payload)))
-        remaining = max(0, emu.rate_limit - used % max(1, emu.rate_limit))
-        self.send_header("RateLimit-Policy", f'"default";q={emu.rate_limit};w=60')
-        extra.setdefault("RateLimit", f'"default";r={remaining};t=60')
-        for name, value in extra.items():
-            self.send_header(name, value)
-        self.end_headers()
-        if payload:
-            self.wfile.write(payload)
-
-    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _serve
 
 
 def _closed_port() -> int:

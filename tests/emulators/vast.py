@@ -1,6 +1,6 @@
 """An emulator of the Vast.ai REST API (provider-apis.md, "Vast.ai") on 127.0.0.1.
 
-A real HTTP server (stdlib `ThreadingHTTPServer` in a background thread) serving the
+A real HTTP server (`serve.LoopbackServer`, a background thread) serving the
 documented shapes: `POST /bundles/` (operator filters), `PUT /asks/{id}/`,
 `GET /instances/` and `GET /instances/{id}/` (`{"instances": {one object}}`), the paginated
 `GET /api/v1/instances/` (`select_filters`, `order_by`, `limit`, `after_token` →
@@ -41,9 +41,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
+
+from .serve import Served
 
 if TYPE_CHECKING:
     from .hosts import HostBackend
@@ -151,7 +153,7 @@ def _storage_per_hour(offer: dict[str, Any], disk_gb: float) -> Decimal:
     return Decimal(str(disk_gb)) * Decimal(str(offer["storage_cost"])) / Decimal(720)
 
 
-class VastEmulator:
+class VastEmulator(Served):
     """A Vast.ai API on a real loopback HTTP server, with seeded offers and fault injection."""
 
     def __init__(self, api_key: str = "vast-test-key", *, loading_after: int = 1,
@@ -174,52 +176,13 @@ class VastEmulator:
         self.reprices: list[tuple[int, dict[str, Any]]] = []  # applied at the next create
         self.lock = threading.RLock()
         self._next_id = 9001
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
-
-    def start(self) -> VastEmulator:
-        """Bind 127.0.0.1:0 and serve in a background thread."""
-        emulator = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                return
-
-            def _any(self) -> None:
-                emulator._handle(self)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _any  # noqa: N815
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        kwargs={"poll_interval": 0.05}, daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> VastEmulator:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         """The base URL to give the adapter (the `/api/v0` root)."""
-        assert self._server is not None, "emulator not started"
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/api/v0"
+        return f"{self.served_url}/api/v0"
 
     # -- test controls ------------------------------------------------------------------
 
@@ -330,7 +293,7 @@ class VastEmulator:
 
     # -- server side --------------------------------------------------------------------
 
-    def _handle(self, h: BaseHTTPRequestHandler) -> None:
+    def serve(self, h: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(h.path)
         length = int(h.headers.get("Content-Length") or 0)
         raw = h.rfile.read(length).decode("utf-8", "replace") if length else ""

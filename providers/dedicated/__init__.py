@@ -1,0 +1,1 @@
+"""Monthly servers the user registered (`orch servers add`), rented through the store."""

@@ -1,0 +1,1 @@
+"""RunPod: the REST API client and the offer/instance mapping behind the provider interface."""

@@ -1,0 +1,1 @@
+"""`sim`: the simulated cloud; its instances are `simhost` hosts on this machine."""

@@ -1,0 +1,1 @@
+"""Vast.ai: the REST API client and the offer/instance mapping behind the provider interface."""
