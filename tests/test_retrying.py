@@ -26,7 +26,7 @@ from playbooks.base import Fault, StepFailed
 from playbooks.evalscore import score_eval_set
 from providers import retried
 from providers.base import InstanceState, NotFound, Requirements, TransientError
-from providers.vastai import VastAI
+from providers.vastai.compute import VastAI
 
 KEY = "vast-retry-key-0123456789"
 PUBKEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOrchTestKey orch-test"
