@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from orchestrator import retrying
 from playbooks import ssh
 
 from .base import Fault, Host, StepFailed, last_line
@@ -182,24 +183,31 @@ def _copy(host: Host, remote: str, local: Path, want: RemoteFile, attempts: int)
     if local.is_symlink() or local.is_dir():
         raise StepFailed(f"{local} exists and is not a regular file: move it away",
                          fault=Fault.USER)
-    problem = ""
-    for _ in range(max(1, attempts)):
+
+    def once() -> None:
         try:
             ssh.get_file(host.conn, remote, local)
         except ssh.ConnectionLost:
-            raise
+            raise  # the connection is gone: the engine reconnects, not this loop
         except ssh.SSHError as exc:
-            problem = str(exc)
-            continue
+            raise _CopyFailed(str(exc)) from exc
         size = local.stat().st_size
         if size != want.size:
-            problem = f"size {size}, expected {want.size}"
-        elif (digest := local_sha256(local)) != want.sha256:
-            problem = f"sha256 {digest}, expected {want.sha256}"
-        else:
-            return
-    with_path = f"copying {remote} to {local} failed: {problem}"
-    raise StepFailed(with_path, fault=Fault.TRANSIENT)
+            raise _CopyFailed(f"size {size}, expected {want.size}")
+        if (digest := local_sha256(local)) != want.sha256:
+            raise _CopyFailed(f"sha256 {digest}, expected {want.sha256}")
+
+    # At once again: a short read or a torn file is not a busy server to wait out.
+    try:
+        retrying.policy(_CopyFailed, attempts=max(1, attempts),
+                        wait=retrying.steps(0.0, 0.0))(once)
+    except _CopyFailed as exc:
+        raise StepFailed(f"copying {remote} to {local} failed: {exc}",
+                         fault=Fault.TRANSIENT) from None
+
+
+class _CopyFailed(Exception):
+    """One copy that failed or arrived different from the host's file (worth another)."""
 
 
 def write_manifest(local_dir: Path, remote_dir: str, files: Sequence[RemoteFile]) -> Path:

@@ -11,7 +11,6 @@ import json
 import logging
 import re
 import string
-import time
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+
+from orchestrator import retrying
 
 from .base import (
     Fault,
@@ -137,21 +138,21 @@ def score_eval_set(
     return EvalScores(metrics, scored)
 
 
+class _Retryable(Exception):
+    """A completion that failed for a passing reason: a 5xx or a dropped connection."""
+
+
 def _complete(client: httpx.Client, model: str, prompt: str, max_tokens: int,
               retries: int) -> str:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    problem = ""
-    for attempt in range(retries + 1):
-        if attempt:
-            time.sleep(min(4.0, 0.25 * 2 ** (attempt - 1)))
+
+    def once() -> str:
         try:
             response = client.post("/v1/completions", json=body)
         except httpx.TransportError as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-            continue
+            raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500:
-            problem = f"HTTP {response.status_code}: {response.text[:300]}"
-            continue
+            raise _Retryable(f"HTTP {response.status_code}: {response.text[:300]}")
         if response.status_code != 200:
             raise StepFailed(
                 f"POST /v1/completions for {model!r} returned {response.status_code}: "
@@ -162,8 +163,15 @@ def _complete(client: httpx.Client, model: str, prompt: str, max_tokens: int,
         except (ValueError, KeyError, IndexError, TypeError):
             raise StepFailed(f"POST /v1/completions: unexpected response {response.text[:300]}",
                              fault=Fault.HOST) from None
-    raise StepFailed(f"POST /v1/completions failed {retries + 1} times: {problem}",
-                     fault=Fault.TRANSIENT)
+
+    # 0.25 s, 0.5 s, … at most 4 s between tries, jittered: the rows are sent concurrently,
+    # and a server that failed them together should not get them back together.
+    try:
+        return retrying.policy(_Retryable, attempts=retries + 1,
+                               wait=retrying.backoff(0.25, 4.0, 0.25))(once)
+    except _Retryable as exc:
+        raise StepFailed(f"POST /v1/completions failed {retries + 1} times: {exc}",
+                         fault=Fault.TRANSIENT) from None
 
 
 # --- lm-evaluation-harness -------------------------------------------------------------------

@@ -26,10 +26,10 @@ import contextlib
 import json
 import math
 import re
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator import retrying
 from playbooks import ssh
 from playbooks.base import CONTAINER_ROOT, Fault, Host, Layout, Step, StepFailed, last_line
 from playbooks.hfrepo import repo_id_problem
@@ -346,6 +346,14 @@ def classify_download_error(stderr: str, exit_code: int, repo: str, revision: st
 # --- the playbook ---------------------------------------------------------------------------
 
 
+class _DownloadFailed(Exception):
+    """An `hf download` run that failed for a reason worth another run (not a refusal)."""
+
+    def __init__(self, result: ssh.Result) -> None:
+        super().__init__(f"exit {result.exit_code}")
+        self.result = result
+
+
 @dataclass
 class ModelCache:
     """State shared by the model_cache steps; `model_dir` is what later steps read.
@@ -513,27 +521,28 @@ class ModelCache:
         argv = self.download_argv()
         if self.wrap is not None:
             argv = self.wrap(argv)
-        last: ssh.Result | None = None
-        for attempt in range(1, self.attempts + 1):
+
+        def once() -> None:
             result = host.run(argv, timeout=self.download_timeout_s, env_file=env_file)
             if result.ok:
-                break
-            last = result
-            error = result.stderr or result.stdout
-            permanent = classify_download_error(error, result.exit_code, self.repo,
-                                                self.revision, has_token=bool(self.hf_token))
-            if permanent is not None:
-                raise permanent
-            if attempt < self.attempts:
-                time.sleep(self.retry_wait_s * attempt)
-        else:
-            assert last is not None
+                return
+            permanent = classify_download_error(result.stderr or result.stdout,
+                                                result.exit_code, self.repo, self.revision,
+                                                has_token=bool(self.hf_token))
+            raise permanent if permanent is not None else _DownloadFailed(result)
+
+        # retry_wait_s × n between runs: hf resumes, so each run has less left to fetch.
+        try:
+            retrying.policy(_DownloadFailed, attempts=self.attempts,
+                            wait=retrying.steps(self.retry_wait_s, self.retry_wait_s))(once)
+        except _DownloadFailed as failed:
+            last = failed.result
             error = last.stderr or last.stdout
             raise StepFailed(
                 f"hf download of {self.repo} failed {self.attempts} times (last exit "
                 f"{last.exit_code}): {last_line(error)}; hf resumes where it stopped, so "
                 "retrying the job continues the download",
-                fault=Fault.TRANSIENT, stderr=error)
+                fault=Fault.TRANSIENT, stderr=error) from None
         missing = self.missing(host)
         if missing:
             raise StepFailed(

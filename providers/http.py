@@ -28,16 +28,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import httpx
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    stop_any,
-    wait_exponential_jitter,
-)
+from tenacity import RetryCallState
 
+from orchestrator import retrying
 from providers.base import TransientError
 
 T = TypeVar("T")
@@ -155,14 +148,10 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
         left = deadline_s - (time.monotonic() - started)
         return hinted is None or hinted <= min(MAX_RETRY_AFTER_S, left)
 
-    retrying = Retrying(
-        retry=retry_if_exception(worth_waiting),
-        wait=_wait(wait_exponential_jitter(multiplier=initial_s, max=max_wait_s, jitter=initial_s)),
-        stop=stop_any(stop_after_attempt(attempts), stop_after_delay(deadline_s)),
-        reraise=True,
-    )
+    policy = retrying.policy(worth_waiting, attempts=attempts, deadline_s=deadline_s,
+                             wait=_wait(retrying.backoff(initial_s, max_wait_s, initial_s)))
     token = _ROUND_ENDS.set(ends)
     try:
-        return retrying(guarded)
+        return policy(guarded)
     finally:
         _ROUND_ENDS.reset(token)

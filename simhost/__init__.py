@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing is not imported at run time: see standins/common.py
 if TYPE_CHECKING:
+    from typing import Any
+
     from .host import SimHost, SimHostError, SimHostOptions
 
 __all__ = ["SimHost", "SimHostError", "SimHostOptions"]

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
 # Bottom to top: a module may import its own layer and the ones before it.
 LAYERS = (
+    "orchestrator.retrying",  # the one retry policy (tenacity); imports nothing of ours
     "simhost",              # the simulated cloud's hosts (sshd + stand-ins); imports nothing
     "playbooks.ssh",        # SSH/SFTP to a host: argv only, pinned host keys; a leaf
     "providers",            # clouds and monthly servers behind one interface; catalogs
@@ -288,7 +289,7 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
 @pytest.mark.parametrize("name, expected", [
     ("playbooks.ssh.sftp", "playbooks.ssh"), ("playbooks.train", "playbooks"),
     ("orchestrator.cli.jobs", "orchestrator.cli"), ("simhost.host", "simhost"),
-    ("providers.sim", "providers"),
+    ("providers.sim", "providers"), ("orchestrator.retrying", "orchestrator.retrying"),
 ])
 def test_layers_are_matched_by_the_longest_prefix(name: str, expected: str) -> None:
     assert LAYERS[layer(name)] == expected

@@ -14,14 +14,9 @@ import ipaddress
 import socket
 import time
 
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import RetryCallState
 
+from orchestrator import retrying
 from orchestrator.core import throughput
 from orchestrator.engine import recovery, trainlog
 from orchestrator.engine.jobinputs import Inputs
@@ -116,10 +111,9 @@ class HostSession:
                               {"instance": inst.instance_id, "retry": retry.attempt_number})
 
         try:
-            for attempt in Retrying(retry=retry_if_exception(again),
-                                    stop=stop_after_attempt(SSH_RETRIES + 1),
-                                    wait=wait_exponential(multiplier=0.5, max=5),
-                                    before_sleep=before_sleep, reraise=True):
+            for attempt in retrying.policy(again, attempts=SSH_RETRIES + 1,
+                                           wait=retrying.backoff(0.5, 5.0),
+                                           before_sleep=before_sleep):
                 with attempt:
                     self._pipeline(self._connect(placed), placed)
         except Exception as exc:

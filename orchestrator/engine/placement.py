@@ -12,8 +12,7 @@ import json
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
-
+from orchestrator import retrying
 from orchestrator.core import money, offerbook, scheduler
 from orchestrator.core.planning import (
     constraints_from,
@@ -264,8 +263,9 @@ class Placement:
         of times) when a price changed between the search and the create, so the new
         prices are re-planned within the job's limits (max price, budget)."""
         try:
-            for attempt in Retrying(retry=retry_if_exception_type(_Repriced),
-                                    stop=stop_after_attempt(REPRICE_ROUNDS), reraise=True):
+            # No wait: a new search is the next attempt, with the prices as they are now.
+            for attempt in retrying.policy(_Repriced, attempts=REPRICE_ROUNDS,
+                                           wait=retrying.steps(0.0, 0.0)):
                 with attempt:
                     return self._place_once(tried)
         except _Repriced as exc:

@@ -10,7 +10,6 @@ money at stake are events, never swallowed.
 from __future__ import annotations
 
 import shutil
-import time
 
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import (
@@ -26,6 +25,7 @@ from orchestrator.engine.runner_core import (
 from orchestrator.records.store import DatabaseBusy, DatabaseFull, to_micros, utcnow
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
+from providers import retried
 from providers.base import KeepsMachine, NotFound, ProviderError, Volumes
 
 
@@ -44,18 +44,13 @@ class Teardown:
             return str(stop)
         self.state.check_stop()
         provider, inst = placed.provider, placed.inst
-        for _ in range(3):
-            try:
-                now = provider.get(inst.instance_id)
-            except NotFound:
-                return f"{inst.provider} instance {inst.instance_id} is gone"
-            except ProviderError:
-                time.sleep(1)
-                continue
-            if now.state in LOST:
-                return (f"{inst.provider} instance {inst.instance_id} {now.state.value}: "
-                        f"{now.message or now.raw_status}")
-            return None
+        try:
+            now = retried.look_up(provider, inst.instance_id)
+        except NotFound:
+            return f"{inst.provider} instance {inst.instance_id} is gone"
+        if now is not None and now.state in LOST:
+            return (f"{inst.provider} instance {inst.instance_id} {now.state.value}: "
+                    f"{now.message or now.raw_status}")
         return None
 
     def stalled(self, placed: Placed, stop: Stop) -> None:
@@ -101,18 +96,12 @@ class Teardown:
         if kept:
             self._scrub_secrets(row_id)
         if iid is not None and provider is not None:
-            for attempt in range(3):
-                try:
-                    provider.terminate(iid)
-                    break
-                except NotFound:
-                    break
-                except ProviderError as exc:
-                    if attempt == 2:
-                        self.ledger.event("teardown.failed", f"could not terminate {name} {iid}: "
-                                          f"{exc}; `orch reconcile` will retry")
-                        return
-                    time.sleep(1 + attempt)
+            try:
+                retried.terminate(provider, iid)
+            except ProviderError as exc:
+                self.ledger.event("teardown.failed", f"could not terminate {name} {iid}: "
+                                  f"{exc}; `orch reconcile` will retry")
+                return
         self.close_row(row_id, reason)
         self.state.held.pop(row_id, None)
         self.ledger.event("instance.released" if kept else "instance.terminated",

@@ -19,9 +19,10 @@ from types import TracebackType
 import paramiko
 from fabric import Config, Connection
 from paramiko.ssh_exception import NoValidConnectionsError
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_delay, stop_any
+from tenacity import RetryCallState
 from tenacity.stop import stop_base
 
+from orchestrator import retrying
 from playbooks.ssh.errors import AuthenticationFailed, HostKeyMismatch, HostUnreachable, SSHError
 from playbooks.ssh.hostkeys import (
     HostKey,
@@ -75,6 +76,8 @@ def is_transient(exc: BaseException) -> bool:
 # refuses or closes at once): a silent one is broken, and re-placing it beats waiting
 # (issue 23 §3).
 SILENT_TRIES = 3
+# Between connection attempts: 0.2 s, 0.4 s, … at most 5 s (never past the deadline).
+BACKOFF = retrying.backoff(0.2, 5.0)
 
 
 def is_silent(exc: BaseException) -> bool:
@@ -236,22 +239,14 @@ class ConnectionFactory:
                 connection.close()
                 raise
 
-        def wait(state: RetryCallState) -> float:
-            backoff = min(5.0, 0.2 * 2 ** (state.attempt_number - 1))
-            return max(0.0, min(backoff, deadline - time.monotonic()))
-
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             log.info("ssh %s:%s not reachable yet (attempt %d): %s", host, port, attempts, error)
 
         try:
-            for trial in Retrying(
-                retry=retry_if_exception(is_transient),
-                stop=stop_any(stop_after_delay(self.connect_deadline), _SilentStop()),
-                wait=wait,
-                before_sleep=before_sleep,
-                reraise=True,
-            ):
+            for trial in retrying.policy(is_transient, deadline_s=self.connect_deadline,
+                                         stop=_SilentStop(), wait=BACKOFF,
+                                         before_sleep=before_sleep):
                 with trial:
                     attempt()
         except HostKeyMismatch:
@@ -321,13 +316,10 @@ def trust_on_first_use(
             transport.close()
 
     try:
-        for trial in Retrying(
-            retry=retry_if_exception(lambda e: is_transient(e) and (
-                retry_refused or not isinstance(e, ConnectionRefusedError))),
-            stop=stop_any(stop_after_delay(deadline), _SilentStop()),
-            wait=lambda s: min(5.0, 0.2 * 2 ** (s.attempt_number - 1)),
-            reraise=True,
-        ):
+        for trial in retrying.policy(
+                lambda e: is_transient(e) and (
+                    retry_refused or not isinstance(e, ConnectionRefusedError)),
+                deadline_s=deadline, stop=_SilentStop(), wait=BACKOFF):
             with trial:
                 return fetch()
     except Exception as exc:

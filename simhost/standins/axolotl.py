@@ -22,10 +22,13 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from .common import Host, SimError, container_to_host, say, write_atomic
 from .hf import safetensors_bytes, tokenizer_files, weight_files
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 

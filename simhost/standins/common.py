@@ -17,7 +17,12 @@ import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+
+# Only for type checkers: importing typing costs each stand-in command more than the
+# rest of its start-up (`python -X importtime`), and the simulated hosts run hundreds.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 #: The package's stand-in commands (each a tiny script calling `standins.main`).
 BIN_DIR = Path(__file__).resolve().parent.parent / "bin"

@@ -11,9 +11,12 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any
 
 from .common import Host, SimError, is_within, say
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 ROOT_TOTAL = 100 * 2**30
 ROOT_AVAIL = 40 * 2**30

@@ -15,7 +15,6 @@ import datetime as dt
 import json
 import os
 import re
-import secrets
 import shlex
 import shutil
 import signal
@@ -24,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from . import images as catalog
 from .common import (
@@ -40,6 +38,10 @@ from .common import (
     process_starttime,
     say,
 )
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = "27.5.1"
 _NO_TIME = "0001-01-01T00:00:00Z"
@@ -475,7 +477,7 @@ def _run(host: Host, args: list[str]) -> int:
         raise SimError("docker: 'docker run' requires at least 1 argument.", 125)
     image, command = rest[0], rest[1:]
     detach = bool(_flag(flags, "-d", "--detach"))
-    cid = secrets.token_hex(32)
+    cid = os.urandom(32).hex()  # what secrets.token_hex(32) returns, without its import
     name = (_flag(flags, "--name") or [f"sim_{cid[:12]}"])[-1]
     if not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name):
         raise SimError(

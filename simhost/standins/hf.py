@@ -16,10 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from .common import Host, SimError, container_to_host, say
 from .disks import logical_size, mount_for
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 # What axolotl 0.18.0 pins (its pyproject.toml), so the images ship it.
 VERSION = "1.17.0"

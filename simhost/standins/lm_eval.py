@@ -23,10 +23,13 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from .common import Host, SimError, say
 from .vllm import _answerer
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSION = "0.4.11"
 # Built-in tasks the stand-in knows, with the metrics (and fixed values) it reports.

@@ -19,11 +19,14 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from . import images
 from .common import Host, SimError, container_to_host, say
 from .disks import logical_size
+
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 _LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}
 GIB = 1024**3

@@ -26,8 +26,8 @@ from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
-from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random_exponential
 
+from orchestrator import retrying
 from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
 from orchestrator.records.store.tables import (
     DatabaseBusy,
@@ -281,11 +281,10 @@ class StoreBase:
     def _begin_write(self) -> Session:
         """A session holding the write lock, waiting out other writers (tenacity)."""
         wait_s = lock_wait_s()
-        retrying = Retrying(retry=retry_if_exception(is_locked), stop=stop_after_delay(wait_s),
-                            wait=wait_random_exponential(multiplier=0.05, max=1.0),
-                            reraise=True)
+        waiting = retrying.policy(is_locked, deadline_s=wait_s,
+                                  wait=retrying.full_jitter(0.05, 1.0))
         try:
-            for attempt in retrying:
+            for attempt in waiting:
                 with attempt:
                     session = Session(self.engine, expire_on_commit=False)
                     try:

@@ -24,6 +24,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from orchestrator import retrying
 from orchestrator.core.money import usd
 from orchestrator.core.planning import make_plan
 from orchestrator.core.scheduler import NoFit
@@ -230,21 +231,26 @@ def upsert_sweep(store: Store, name: str, spec_json: str, budget_micros: int | N
         row = _find_sweep(session, name)
     if row is not None and row.spec_json == spec_json and row.budget_micros == budget_micros:
         return row.id
-    for _ in range(3):
-        try:
-            with store.transaction() as session:
-                row = _find_sweep(session, name)
-                if row is None:
-                    row = Sweep(name=name, spec_json=spec_json, budget_micros=budget_micros)
-                    session.add(row)
-                else:
-                    row.spec_json = spec_json
-                    row.budget_micros = budget_micros
-                session.flush()
-                return row.id
-        except IntegrityError:
-            continue  # another process created it between our read and our insert: read again
-    raise StoreError(f"could not record sweep {name!r}: its row keeps changing; try again")
+
+    def once() -> str:
+        with store.transaction() as session:
+            row = _find_sweep(session, name)
+            if row is None:
+                row = Sweep(name=name, spec_json=spec_json, budget_micros=budget_micros)
+                session.add(row)
+            else:
+                row.spec_json = spec_json
+                row.budget_micros = budget_micros
+            session.flush()
+            return row.id
+
+    # IntegrityError: another process created the row between our read and our insert;
+    # read again at once (it is there now).
+    try:
+        return retrying.policy(IntegrityError, attempts=3, wait=retrying.steps(0.0, 0.0))(once)
+    except IntegrityError:
+        raise StoreError(f"could not record sweep {name!r}: its row keeps changing; "
+                         "try again") from None
 
 
 def _jobs_by_key(store: Store, keys: list[str]) -> dict[str, Job]:
