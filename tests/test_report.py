@@ -7,6 +7,8 @@ by `orch worker`.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -218,3 +220,40 @@ def test_a_job_or_sweep_report_counts_only_its_own_jobs(history: dict[str, Any])
         report(history, "--since", "1d", "-o", str(everything))
         assert sum(int(r["jobs"]) for r in rollup_table(everything.read_text(),
                                                          "Cost per day")) == 3
+
+
+def test_plotly_cdn_writes_a_small_page_that_loads_plotly_from_its_cdn(
+        history: dict[str, Any]) -> None:
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    inline, cdn = history["tmp"] / "inline.html", history["tmp"] / "cdn.html"
+    said_inline = report(history, "--sweep", "qs-lr", "-o", str(inline)).stdout
+    said_cdn = report(history, "--sweep", "qs-lr", "--plotly", "cdn", "-o", str(cdn)).stdout
+    # The default stays offline; each run says how big the file is and what it needs.
+    assert re.search(r"\(\d+\.\d MB, 2 runs; opens offline\)", said_inline), said_inline
+    size = re.search(r"\((\d+) kB, 2 runs; loads plotly.js from cdn.plot.ly", said_cdn)
+    assert size, said_cdn
+    assert int(size.group(1)) == round(cdn.stat().st_size / 1e3)
+    assert cdn.stat().st_size < 200_000 < 3_000_000 < inline.stat().st_size
+    page = cdn.read_text()
+    assert get_plotlyjs()[:2000] not in page  # the library is not inside
+    tags = re.findall(r"<script[^>]*\ssrc=[^>]*>", page)
+    assert len(tags) == 1, tags
+    src = re.search(r'src="([^"]+)"', tags[0])
+    assert src and src.group(1) == f"https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"
+    # The browser runs the CDN's file only if it is the plotly.js this report was made with.
+    digest = base64.b64encode(hashlib.sha256(get_plotlyjs().encode()).digest()).decode()
+    assert f'integrity="sha256-{digest}"' in tags[0] and 'crossorigin="anonymous"' in tags[0]
+    # With the network cut off the page fails to load exactly that script (not fetched here).
+    _, errors = load(cdn)
+    assert any("cdn.plot.ly" in e for e in errors), errors
+    # The charts' data is in the small file too.
+    for div in ("loss-chart", "metrics-chart", "cost-chart", "day-chart", "month-chart"):
+        assert f'id="{div}"' in page
+
+
+def test_plotly_takes_inline_or_cdn_only(history: dict[str, Any]) -> None:
+    proc = report(history, "--plotly", "web", "-o", str(history["tmp"] / "x.html"),
+                  check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "'web' is not one of 'inline', 'cdn'" in proc.stderr, proc.stderr

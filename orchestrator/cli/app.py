@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,8 +107,9 @@ def prices(
     cli_offers.prices_run(gpu, since, json_out)
 
 
-def _job_dict(j: Any) -> dict[str, Any]:
+def _job_dict(j: Any, now: datetime) -> dict[str, Any]:
     from orchestrator.cli.term import iso_utc
+    from orchestrator.core.jobstatus import lease_state
     from orchestrator.records.store import from_micros
 
     return {
@@ -118,6 +120,9 @@ def _job_dict(j: Any) -> dict[str, Any]:
         "est_hours": j.est_hours, "est_cost": str(from_micros(j.est_cost_micros or 0)),
         "cost": str(from_micros(j.cost_micros or 0)),
         "created_at": iso_utc(j.created_at),
+        # Which worker drives it and until when; `lapsed`: that worker stopped renewing.
+        "owner": j.lease_owner, "lease_expires_at": iso_utc(j.lease_expires_at),
+        "lease": lease_state(j.lease_owner, j.lease_expires_at, now),
     }
 
 
@@ -138,7 +143,8 @@ def jobs(
     except InvalidValueError as exc:
         fail(f"--status {status}: {exc}; or running (every state a worker drives)",
              EXIT_INVALID)
-    rows = [_job_dict(j) for j in found]
+    now = datetime.now(UTC)
+    rows = [_job_dict(j, now) for j in found]
     if json_out:
         print_json(rows)
         return
@@ -148,18 +154,20 @@ def jobs(
     if not rows:
         typer.echo("no jobs yet; try `orch submit examples/quickstart.yml` (simulated cloud)")
         return
+    from orchestrator.cli.jobview import lease_cell
     from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time
 
-    # On a narrow terminal: estimates, method and the creation time go first.
+    # On a narrow terminal: estimates, method, the creation time and the worker go first.
     typer.echo(table(
         ["id", "name", "status", "method", "placement", "est. h", "est. cost", "cost",
-         "created"],
+         "created", "worker", "lease"],
         [[r["job_id"], r["name"], r["status"], r["method"],
           f"{r['provider']} {r['gpu']} x{r['gpu_count']}", f"{r['est_hours']:.2f}",
-          money(r["est_cost"]), money(r["cost"]), human_time(j.created_at)]
+          money(r["est_cost"]), money(r["cost"]), human_time(j.created_at),
+          r["owner"] or "-", lease_cell(j, now)]
          for r, j in zip(rows, found, strict=True)],
-        right=[5, 6, 7], drop=[5, 6, 3, 8], states=[2]))
+        right=[5, 6, 7], drop=[5, 6, 3, 8, 9], states=[2, 10]))
 
 
 @app.command()

@@ -53,22 +53,6 @@ def _money(micros: int | None) -> str:
     return "-" if micros is None else usd(dollars(micros))
 
 
-def _duration(seconds: int | None) -> str:
-    """`45s`, `12m`, `3h 05m`, `2d 04h`: enough precision to compare runs by eye."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds}s"
-    minutes = seconds // 60
-    if minutes < 60:
-        return f"{minutes}m"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours}h {minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d {hours:02d}h"
-
-
 def _spot(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
@@ -131,14 +115,14 @@ def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> No
         typer.echo("no jobs match; widen the filters (e.g. drop --since) or see `orch jobs`")
         return
     from orchestrator.cli.tables import table
-    from orchestrator.cli.term import human_time
+    from orchestrator.cli.term import human_duration, human_time
 
     typer.echo(table(
         ["id", "name", "status", "method", "model", "provider", "GPU", "spot", "cost",
          "duration", "created"],
         [[r.id, r.name, r.status, r.method, r.model, r.provider or "-",
           f"{r.gpu} x{r.gpu_count}" if r.gpu else "-", _spot(r.spot), _money(r.cost_micros),
-          _duration(r.duration_s), human_time(r.created_at)] for r in rows],
+          human_duration(r.duration_s), human_time(r.created_at)] for r in rows],
         right=[8, 9], drop=[7, 3, 5, 9, 10, 4], states=[2]))
 
 

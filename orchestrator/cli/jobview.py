@@ -7,6 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -212,3 +213,20 @@ def event_line(event: Any) -> str:
     status = json.loads(event.data_json or "{}").get("status", "")
     message = str(event.message)
     return message if not status or message.startswith(status) else f"{status}: {message}"
+
+
+def lease_cell(job: Job, now: datetime) -> str:
+    """`orch jobs`' lease column: `14s left`, `lapsed 3m ago` (its worker stopped renewing
+    it; another worker or `orch reconcile` takes the job over), or `-` (no worker holds it)."""
+    from orchestrator.cli.term import human_duration
+    from orchestrator.core.jobstatus import lease_state
+
+    state = lease_state(job.lease_owner, job.lease_expires_at, now)
+    if state is None or job.lease_expires_at is None:
+        return "-"
+    expires = job.lease_expires_at
+    expires = expires if expires.tzinfo else expires.replace(tzinfo=UTC)
+    seconds = int(abs((expires - now).total_seconds()))
+    if state == "held":
+        return f"{human_duration(seconds)} left"
+    return f"lapsed {human_duration(seconds)} ago"

@@ -7,12 +7,21 @@ imported only when the command runs, so no other command loads it.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from orchestrator.cli.common import EXIT_INVALID, EXIT_NOT_FOUND, fail, open_db
+
+
+class PlotlyFrom(StrEnum):
+    """Where the page gets plotly.js (reportpage.PLOTLY_MODES)."""
+
+    inline = "inline"
+    cdn = "cdn"
+
 
 # How far back the cost per day/month reaches when a report is for one job or one sweep.
 CONTEXT_DAYS = "30d"
@@ -57,10 +66,16 @@ def _report_cmd(
              "without ID or --sweep).")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="The HTML file to write.")
                       ] = Path("report.html"),
+    plotly_from: Annotated[PlotlyFrom, typer.Option(
+        "--plotly", help="inline: the chart library inside the file (~5 MB, opens "
+                         "offline); cdn: a small file that loads it from cdn.plot.ly (needs "
+                         "the network to draw).")
+                      ] = PlotlyFrom.inline,
 ) -> None:
     """One self-contained HTML file: loss curves, eval metrics, placements, costs.
 
-    It opens in any browser with no network (the chart library is inside the file).
+    It opens in any browser with no network (the chart library is inside the file; --plotly
+    cdn writes a small file that loads it from plotly's CDN instead).
     Needs the report extra (in orch's checkout: .venv/bin/pip install -e '.[report]').
     """
     from orchestrator.cli.reportpage import ReportData, ReportError, cost_rows, render, run_data
@@ -99,7 +114,8 @@ def _report_cmd(
     try:
         data = ReportData(title=title, generated_at=now, runs=runs,
                           per_day=cost_rows(reader, "day", period, now, only),
-                          per_month=cost_rows(reader, "month", period, now, only))
+                          per_month=cost_rows(reader, "month", period, now, only),
+                          plotly=plotly_from.value)
     except HistoryError as exc:
         fail(str(exc))
     finally:
@@ -113,8 +129,12 @@ def _report_cmd(
         output.write_text(page, encoding="utf-8")
     except OSError as exc:
         fail(f"cannot write {output}: {exc.strerror}; choose another path with -o")
-    typer.echo(f"wrote {output} ({len(page) / 1e6:.1f} MB, {len(runs)} "
-               f"run{'s' if len(runs) != 1 else ''}); open it in a browser")
+    size = len(page.encode("utf-8"))
+    shown = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
+    where = ("opens offline" if plotly_from is PlotlyFrom.inline
+             else "loads plotly.js from cdn.plot.ly: needs the network")
+    typer.echo(f"wrote {output} ({shown}, {len(runs)} run{'s' if len(runs) != 1 else ''}; "
+               f"{where}); open it in a browser")
 
 
 def register(app: typer.Typer) -> None:

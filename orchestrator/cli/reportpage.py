@@ -2,12 +2,15 @@
 cost breakdowns and cost per day/month with spot savings.
 
 Charts are drawn by plotly (the optional extra `orch-finetune[report]`), its JavaScript inlined so
-the file opens with no network. plotly is imported only here, only when a report is made:
-no other command pays for it. Data is gathered first (`collect`), then rendered (`render`).
+the file opens with no network (`inline`, the default), or loaded from plotly's CDN for a small
+file (`cdn`). plotly is imported only here, only when a report is made: no other command pays
+for it. Data is gathered first (`collect`), then rendered (`render`).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from collections.abc import Sequence
@@ -20,6 +23,13 @@ from orchestrator.cli.term import human_time
 
 INSTALL_HINT = ("orch report draws its charts with plotly, the report extra: in orch's "
                 "checkout run .venv/bin/pip install -e '.[report]'")
+
+
+# Where `--plotly cdn` loads plotly.js from: the URL plotly.py itself writes for
+# `to_html(include_plotlyjs="cdn")` (plotly 7.1.0, plotly/io/_utils.py `plotly_cdn_url`), for
+# the plotly.js version bundled with the installed plotly.py.
+CDN_URL = "https://cdn.plot.ly/plotly-{version}.min.js"
+PLOTLY_MODES = ("inline", "cdn")
 
 
 class ReportError(Exception):
@@ -58,6 +68,7 @@ class ReportData:
     runs: list[RunData]
     per_day: list[dict[str, Any]] = field(default_factory=list)
     per_month: list[dict[str, Any]] = field(default_factory=list)
+    plotly: str = "inline"  # one of PLOTLY_MODES
 
 
 def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
@@ -138,10 +149,27 @@ def _label(run: RunData) -> str:
     return f"{run.name} ({run.id})"
 
 
+def plotly_script(mode: str) -> str:
+    """The <script> that loads plotly.js: inlined (offline), or from the CDN (small file).
+
+    The CDN tag carries the SHA-256 of the bundled plotly.js as its `integrity`, as plotly's
+    own `to_html(include_plotlyjs="cdn")` does (plotly 7.1.0, plotly/io/_html.py): a browser
+    runs the CDN's file only if it is byte for byte the version this report was made with.
+    """
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    js = get_plotlyjs()
+    if mode == "inline":
+        return f'<script type="text/javascript">{js}</script>'
+    digest = base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode("ascii")
+    url = CDN_URL.format(version=get_plotlyjs_version())
+    return (f'<script charset="utf-8" src="{html.escape(url)}" integrity="sha256-{digest}" '
+            'crossorigin="anonymous"></script>')
+
+
 def render(data: ReportData) -> str:
-    """The whole page as one HTML string (plotly's JS included)."""
+    """The whole page as one HTML string (plotly's JS included, or loaded from its CDN)."""
     plotly, go = _plotly()
-    from plotly.offline import get_plotlyjs
 
     e = html.escape
     sections = [*_loss_section(go, data.runs), *_metrics_section(go, data.runs),
@@ -171,7 +199,7 @@ th, td {{ border-bottom: 1px solid #ddd; padding: 0.3rem 0.6rem; text-align: lef
 th {{ background: #f4f4f4; }}
 .note {{ color: #666; }}
 </style>
-<script type="text/javascript">{get_plotlyjs()}</script>
+{plotly_script(data.plotly)}
 </head>
 <body>
 <h1>{e(data.title)}</h1>

@@ -29,6 +29,22 @@ def human_time(value: datetime | None) -> str:
     return _aware(value).astimezone().strftime(HUMAN_FORMAT)
 
 
+def human_duration(seconds: int | None) -> str:
+    """`45s`, `12m`, `3h 05m`, `2d 04h`: enough precision to compare runs by eye."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"
+
+
 def iso_utc(value: datetime | None) -> str | None:
     """A time for scripts: UTC ISO-8601 with `Z` (`2026-12-03T07:17:44.123456Z`)."""
     if value is None:
@@ -72,6 +88,8 @@ _STATE_COLOURS = {
     "failed": "31", "nofit": "31", "error": "31", "disabled": "31",
     "cancelled": "33", "interrupted": "33", "queued": "33", "planned": "33",
     "held": "33", "busy": "36",
+    "lapsed": "31",  # a job's lease its worker stopped renewing (`orch jobs`)
+    "-": "",  # nothing to say: no colour
 }
 _RUNNING = "36"
 

@@ -20,7 +20,9 @@ cancelled. Kept free of imports so the fast read-only commands can use it.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Literal
 
 
 class JobStatus(StrEnum):
@@ -77,7 +79,19 @@ def why_not(current: str, new: str) -> str:
     return f"a {current} job cannot become {new}; from {current} it may become: {can}"
 
 
+def lease_state(owner: str | None, expires_at: datetime | None, now: datetime
+                ) -> Literal["held", "lapsed"] | None:
+    """Whether a worker's claim on a job still holds: `held` until `expires_at`, then
+    `lapsed` (its worker stopped renewing it: dead, hung or cut off; any worker or
+    `orch reconcile` may take the job over); None when no worker holds it."""
+    if owner is None or expires_at is None:
+        return None
+    if expires_at.tzinfo is None:  # the store's naive datetimes are UTC
+        expires_at = expires_at.replace(tzinfo=UTC)
+    return "held" if expires_at >= now else "lapsed"
+
+
 __all__ = [
     "ACTIVE_STATUSES", "FINAL_STATUSES", "JOB_STATUSES", "TRANSITIONS", "JobStatus", "allowed",
-    "why_not",
+    "lease_state", "why_not",
 ]
