@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shlex
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any

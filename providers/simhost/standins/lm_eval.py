@@ -33,8 +33,8 @@ Output as lm_eval lays it out (`loggers/evaluation_tracker.py`):
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
