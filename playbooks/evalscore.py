@@ -1,8 +1,10 @@
-"""Scoring a served model: the user's eval set over `/v1/completions`, lm-eval tasks on the host.
+"""Scoring a served model: the user's eval set over `/v1/completions`, lm-eval tasks.
 
 The eval set (JSONL rows of `prompt`/`expected`) is scored at temperature 0; lm-evaluation-
-harness tasks run on the host against the same server. The native runner
-(`evaluate_native`) shares the row parsing, the answer scoring and the results format.
+harness tasks run against the same server with `--model local-completions`, on a Docker
+host in a throwaway container of the trainer image (the host OS has no lm_eval; the image
+does, real-hosts.md §1, §9). The native runner (`evaluate_native`) shares the row parsing,
+the answer scoring and the results format.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ import httpx
 
 from orchestrator import retrying
 
+from . import images
 from .base import (
+    CONTAINER_ROOT,
     Fault,
     Host,
+    Layout,
     StepFailed,
     StepReport,
+    container_name,
+    last_line,
 )
 from .vllm import SERVED_NAME, http_client
 
 log = logging.getLogger(__name__)
 
 PLAYBOOK = "evaluate"
-LM_EVAL_INSTALL_HINT = (
-    "install lm_eval[api] in the host's Python environment "
-    "(pip install 'lm_eval[api]'), or remove eval.tasks from the job"
-)
+# `sh -c` body run in the trainer image before lm_eval: add the `lm_eval[api]` extra to the
+# image's venv ($1 its python, $2 the requirement; images.yaml `lm_eval`), then exec the
+# rest. Values arrive as positional arguments, never inside the script text.
+ENSURE_API_EXTRA = 'uv pip install --python "$1" "$2" >&2 || exit; shift 2; exec "$@"'
 
 
 # --- scoring the user's eval set -------------------------------------------------------------
@@ -189,7 +196,7 @@ def lm_eval_argv(
     max_retries: int = 3,
     limit: int | None = None,
 ) -> list[str]:
-    """The `lm_eval --model local-completions ...` command, run on the host itself.
+    """The `lm_eval --model local-completions ...` command (paths as the harness sees them).
 
     `model_args` is a comma-separated key=value list, so a value holding ',' cannot be
     passed safely: that is refused rather than half-parsed by lm_eval.
@@ -258,13 +265,47 @@ def _results_files(host: Host, output_dir: str) -> dict[str, float]:
     return files
 
 
-def lm_eval_available(host: Host) -> bool:
-    """Whether `lm_eval` is on the host's PATH."""
-    return host.run(["sh", "-c", "command -v lm_eval"]).ok
+@dataclass(frozen=True)
+class LmEvalContainer:
+    """Where lm-eval runs on a Docker host: a throwaway container of the trainer image that
+    mounts orch's directory (`layout.base`) at /workspace/data."""
+
+    job_id: str
+    image: str
+    layout: Layout
+
+    @property
+    def name(self) -> str:
+        """The container's name (a leftover of a killed run is removed first)."""
+        return container_name("lm-eval", self.job_id)
+
+    def argv(self, lm_eval: Sequence[str]) -> list[str]:
+        """`docker run` of `lm_eval` (built with container paths) in the trainer image."""
+        return [
+            "docker", "run", "--rm", "--name", self.name,
+            # vLLM is published on the host's 127.0.0.1 only; a container on Docker's bridge
+            # has a loopback of its own, so the harness shares the host's network.
+            "--network", "host",
+            "-v", f"{self.layout.base}:{CONTAINER_ROOT}",
+            "--label", f"orch_job={self.job_id}", "--label", "orch_role=lm-eval",
+            self.image, "sh", "-c", ENSURE_API_EXTRA, "lm-eval",
+            f"{images.layout().venv}/bin/python", images.catalog().lm_eval["api_requirement"],
+            *lm_eval,
+        ]  # fmt: skip
+
+
+def lm_eval_container_argv(where: LmEvalContainer, tasks: Sequence[str], port: int,
+                           tokenizer_dir: str, output_dir: str,
+                           served_name: str = SERVED_NAME) -> list[str]:
+    """The whole command `run_lm_eval` runs (host paths in, container paths on the argv)."""
+    inside = where.layout.container
+    return where.argv(lm_eval_argv(tasks, port, inside(tokenizer_dir), inside(output_dir),
+                                   served_name))
 
 
 def run_lm_eval(
     host: Host,
+    where: LmEvalContainer,
     tasks: Sequence[str],
     port: int,
     tokenizer_dir: str,
@@ -272,16 +313,20 @@ def run_lm_eval(
     served_name: str = SERVED_NAME,
     timeout_s: float = 4 * 3600,
 ) -> tuple[dict[str, float], str]:
-    """Run lm-eval tasks on the host against the server; (metrics, results file)."""
-    if not lm_eval_available(host):
-        raise StepFailed(f"lm_eval is not installed on the host: {LM_EVAL_INSTALL_HINT}",
-                         fault=Fault.HOST)
-    argv = lm_eval_argv(tasks, port, tokenizer_dir, output_dir, served_name)
+    """Run lm-eval tasks in the trainer image against the server; (metrics, results file).
+
+    `tokenizer_dir` and `output_dir` are host paths under `where.layout.base`."""
+    argv = lm_eval_container_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
     host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
+    host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent is fine)
     # lm_eval writes <output>/<model name>/results_<timestamp>.json. The new file is the
     # one that was not there before (host mtimes are not comparable with our clock).
     before = _results_files(host, output_dir)
-    host.must(argv, "lm_eval", fault=Fault.HOST, timeout=timeout_s)
+    result = host.run(argv, timeout=timeout_s)
+    if not result.ok:
+        raise StepFailed(f"lm_eval in {where.image} failed (exit {result.exit_code}): "
+                         f"{last_line(result.stderr or result.stdout)}",
+                         fault=Fault.HOST, stderr=result.stderr)
     found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()
              if before.get(path) != mtime]
     if not found:

@@ -23,7 +23,14 @@ from .base import (
     container_name,
     run_playbook,
 )
-from .evalscore import PLAYBOOK, EvalResult, EvalScores, run_lm_eval, score_eval_set
+from .evalscore import (
+    PLAYBOOK,
+    EvalResult,
+    EvalScores,
+    LmEvalContainer,
+    run_lm_eval,
+    score_eval_set,
+)
 from .evaluate_native import evaluate_native
 from .vllm import (
     DEFAULT_SERVING,
@@ -71,6 +78,7 @@ class _Served:
     lm_eval_timeout_s: float
     serving: Serving = DEFAULT_SERVING
     native: Callable[[Host], NativeServer] | None = None  # a container rental's server
+    trainer_image: str = ""  # where lm_eval runs on a Docker host (it has none on its OS)
     result: EvalResult = field(default_factory=EvalResult)
     _spec: ServerSpec | None = None
     _native: NativeServer | None = None
@@ -97,8 +105,12 @@ class _Served:
 
     def lm_eval(self, h: Host) -> None:
         output = f"{self.layout.job_dir(self.job_id)}/eval/lm_eval"
-        self._lm = run_lm_eval(h, self.tasks, self.port, self.tokenizer_dir or self.model_dir_host,
-                               output, self.served_name, self.lm_eval_timeout_s)
+        if not self.trainer_image:
+            raise ValueError("eval.tasks on a Docker host need the trainer image (lm_eval)")
+        where = LmEvalContainer(self.job_id, self.trainer_image, self.layout)
+        self._lm = run_lm_eval(h, where, self.tasks, self.port,
+                               self.tokenizer_dir or self.model_dir_host, output,
+                               self.served_name, self.lm_eval_timeout_s)
 
     def serve(self, h: Host) -> None:
         if self.native is not None:
@@ -186,6 +198,7 @@ def evaluate(
     native_wrapper: str = "",
     vllm_version: str = "",
     serving: Serving = DEFAULT_SERVING,
+    trainer_image: str = "",
 ) -> EvalResult:
     """Serve, wait until ready, score the eval set, run lm-eval tasks, always stop the server.
 
@@ -200,7 +213,8 @@ def evaluate(
     is installed in a venv of its own and served natively under the uploaded orch-job.sh
     (`native_wrapper`; playbooks/vllm_native.py) after a `vllm-install` step; `eval.tasks`
     there run lm-eval's `hf` backend in the trainer image once the server is stopped (the
-    image has no `lm_eval[api]`).
+    image has no `lm_eval[api]`). On a Docker host `eval.tasks` run in a throwaway container
+    of `trainer_image` against the server (`--model local-completions`; evalscore).
     """
     if runner != "docker":
         return _evaluate_rental(host, job_id, model_dir_host, layout, port, max_model_len,
@@ -210,7 +224,7 @@ def evaluate(
     run = _Served(job_id, model_dir_host, layout, image, port, max_model_len, eval_rows, tasks,
                   lora, tokenizer_dir, served_name, ready_deadline_s,
                   min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
-                  serving)
+                  serving, trainer_image=trainer_image)
     return _run_served(run, host, emit, stop_after)
 
 

@@ -28,7 +28,6 @@ from typing import Any
 from .base import Emit, Fault, Host, Layout, Step, StepFailed, last_line, run_playbook
 from .evalscore import (
     _TASK,
-    LM_EVAL_INSTALL_HINT,
     PLAYBOOK,
     EvalResult,
     RowScore,
@@ -131,8 +130,8 @@ def evaluate_native(host: Host, job_id: str, model_dir_host: str, layout: Layout
     def present(h: Host) -> bool:
         if not h.run(wrap(["sh", "-c", "command -v lm_eval"])).ok:
             raise StepFailed("lm_eval is not installed on the host (the axolotl images ship "
-                             f"it: is the job's image one of them?): {LM_EVAL_INSTALL_HINT}",
-                             fault=Fault.HOST)
+                             "it: is the job's image one of them?): use an axolotl image, or "
+                             "remove eval.tasks from the job", fault=Fault.HOST)
         return True
 
     def upload(h: Host) -> None:

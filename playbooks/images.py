@@ -54,6 +54,7 @@ class Catalog:
     tags: dict[str, ImageTag]
     layout: ImageLayout
     vllm: dict[str, str]  # version, image, transformers5_from
+    lm_eval: dict[str, str]  # version, api_requirement
 
 
 @cache
@@ -69,7 +70,8 @@ def catalog() -> Catalog:
     lay["cloud_cmd"] = tuple(lay["cloud_cmd"])
     return Catalog(str(raw["version"]), str(raw["default_tag"]),
                    {str(k): str(v) for k, v in raw["repositories"].items()}, tags,
-                   ImageLayout(**lay), {str(k): str(v) for k, v in raw["vllm"].items()})
+                   ImageLayout(**lay), {str(k): str(v) for k, v in raw["vllm"].items()},
+                   {str(k): str(v) for k, v in raw["lm_eval"].items()})
 
 
 def layout() -> ImageLayout:

@@ -371,7 +371,8 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
                 tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
                 stop_after=hooks.stop_after_eval(), runner=tj.runner,
                 native_wrap=tj.native.wrap, native_wrapper=tj.wrapper,
-                vllm_version=images.vllm_version(), serving=job.serving)
+                vllm_version=images.vllm_version(), serving=job.serving,
+                trainer_image=tj.image)
         except Exception as exc:
             hooks.evaluation_failed(run, exc)
             raise

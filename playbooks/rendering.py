@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from playbooks import deliver, images, merge, train, vllm
+from playbooks import deliver, evalscore, images, merge, train, vllm
 from playbooks import evaluate_native as native
 from playbooks.base import container_name
 from playbooks.vllm_native import NativeServer
@@ -37,8 +37,8 @@ class Rendered:
     image: str
     axolotl_config: dict[str, Any]
     files: dict[str, str]  # host path -> contents of every file uploaded besides the data
-    commands: dict[str, list[str]]  # download, train, merge, evaluate, deliver -> argv
-    # ([] = not run)
+    commands: dict[str, list[str]]  # download, train, merge, evaluate, lm_eval, deliver ->
+    # argv ([] = not run)
     layout_base: str
     notes: list[str] = field(default_factory=list)
 
@@ -74,6 +74,27 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
     spec = vllm.ServerSpec(container_name("vllm", tj.job_id), tj.job_id, vllm_image, port,
                                tj.layout.base, tuple(args))
     return spec.docker_argv()
+
+
+def lm_eval_argv(tj: train.TrainJob, port: int, max_model_len: int, tasks: Sequence[str],
+                 eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING
+                 ) -> list[str]:
+    """The command that runs `eval.tasks`, as `evaluate.evaluate` runs it.
+
+    On a Docker host: `lm_eval --model local-completions` against the vLLM server, in a
+    throwaway container of the trainer image. On a container rental: lm-eval's `hf` backend
+    natively in the rented image (the same command as `evaluate` when there is no eval set).
+    """
+    if not tasks:
+        return []
+    eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
+    model, adapter = merge.served_dirs(tj, serving.served == "adapter")
+    if tj.runner == "process":
+        argv = native.native_argv(model, list(tasks), None, f"{eval_dir}/lm_eval_hf",
+                                  max_model_len, adapter)
+        return tj.native.wrap(argv)
+    where = evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout)
+    return evalscore.lm_eval_container_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
 
 
 def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int,
@@ -126,6 +147,8 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
         "merge": merge.merge_argv(tj) if tj.adapter else [],
         "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
                                   eval_tasks, eval_set, serving) if evaluates else [],
+        "lm_eval": lm_eval_argv(tj, vllm_port, tj.config.sequence_len, eval_tasks, eval_set,
+                                serving) if evaluates else [],
         "deliver": deliver.upload_argv(tj, hub, token=True) if hub is not None else [],
     }
     notes.append("delivery: the results are copied back over SFTP and checked by sha256"

@@ -72,6 +72,9 @@ class SimHostOptions:
     # system
     has_docker: bool = True
     has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
+    # Whether the image's lm_eval has the `lm_eval[api]` extra (tenacity, aiohttp, ...) that
+    # `--model local-completions` needs; the axolotl images pin bare lm_eval (lm_eval.py).
+    lm_eval_api_extras: bool = False
     has_systemd: bool = True
     # Who the SSH login is: "root"; "sudoer" (a user with passwordless sudo); "user" (no
     # sudo rights). Not root, privileged commands (apt-get, nvidia-ctk runtime configure,

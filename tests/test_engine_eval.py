@@ -19,14 +19,15 @@ def test_evaluation_failure_keeps_the_artifacts(rig: Rig) -> None:  # noqa: F811
     cloud = rig.cloud()
     path = rig.job_file()
     path.write_text(path.read_text().replace("  eval_set: data/eval.jsonl",
-                                             "  eval_set: data/eval.jsonl\n  tasks: [gsm8k]"))
+                                             "  eval_set: data/eval.jsonl\n  tasks: [gsm8k, "
+                                             "no_such_task]"))
     job_id = rig.queue(path)
     job = rig.run(cloud, job_id)
 
     assert job.status == "failed"
     reason = job.failure_reason or ""
     assert reason.startswith("evaluation failed: "), reason
-    assert "lm_eval is not installed on the host" in reason
+    assert "Tasks not found: no_such_task" in reason
     assert job.artifacts_dir, "the artifacts directory was not recorded"
     artifacts = Path(job.artifacts_dir)
     assert f"The trained model is kept in {artifacts}." in reason

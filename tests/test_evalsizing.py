@@ -9,10 +9,10 @@ from decimal import Decimal
 import pytest
 from test_cli import env, orch  # noqa: F401 - the fixture and the CLI runner
 
-from orchestrator.core import evalsizing, money
+from orchestrator.core import evalsizing, money, offerbook, scheduler
 from orchestrator.core.architectures import lookup
 from orchestrator.core.evalsizing import EvalWork, fit, place, serve_estimate
-from orchestrator.core.sizing import GIB
+from orchestrator.core.sizing import GIB, Workload
 from providers import catalog
 from providers.base import Billing, Offer
 
@@ -59,19 +59,41 @@ def test_tensor_parallel_sizes_divide_the_heads() -> None:
     assert evalsizing.tensor_parallel_sizes(replace(L70, num_attention_heads=28), 8) == (1, 2, 4)
 
 
-def test_on_the_training_machine_when_it_fits_else_the_cheapest_serving_rental() -> None:
+def test_the_evaluation_is_placed_on_the_training_machine_or_nowhere() -> None:
+    # The engine evaluates on the training machine: the plan never prices a serving rental
+    # it would not rent (issue 19).
     trains = offer("A100 80GB", 1, "1.50")
-    same = place(work(), trains, [offer("RTX 4090", 1, "0.40", 24)], GPUS)
+    same = place(work(), trains, GPUS["A100 80GB"])
     assert same is not None and same.placement == "same" and same.offer is trains
     assert same.cost == money.metered_cost(Decimal("1.50"), same.hours, Billing.PER_SECOND)
     small = offer("L40S-like", 1, "0.90", 46)  # the 4-bit 70B + KV cache needs ~50 GiB
-    offers = [offer("A100 80GB", 1, "1.50", oid="a"), offer("A100 80GB", 1, "1.20", oid="b"),
-              offer("A100 80GB", 2, "2.00", oid="c")]
-    sep = place(work(), small, offers, GPUS)
-    assert sep is not None and sep.placement == "separate"
-    assert sep.offer.offer_id.startswith("b-") and sep.estimate.tensor_parallel == 1
-    assert "does not rent one yet" in sep.why
-    assert place(work(), small, [], GPUS) is None
+    assert place(work(), small, None) is None
+
+
+def test_the_ranking_keeps_machines_that_serve_the_model_and_prices_the_evaluation() -> None:
+    # A LoRA 8B with full multi-head attention (32 KV heads) at 16k tokens: one 80 GB GPU
+    # trains it, but vLLM's KV cache for 8 such sequences (~69 GB) and the bf16 merged model
+    # need two. The old plan chose the single GPU (the engine would then fail evaluating on
+    # it) and priced a separate serving rental orch never rents.
+    arch = replace(lookup("meta-llama/Llama-3.1-8B").architecture, num_key_value_heads=32)
+    w = Workload(arch=arch, method="lora", sequence_len=16384, micro_batch_size=1)
+    ev = EvalWork(arch, "lora", 16384, 100, lora_params=arch.lora_params(16, ("q_proj",)))
+    one, two = offer("A100 80GB", 1, "1.20", oid="one"), offer("A100 80GB", 2, "2.40", oid="two")
+    alone = scheduler.rank(w, 10**6, [one, two], GPUS)
+    assert alone.chosen is not None and alone.chosen.offer is one  # training alone fits one
+    ranked = scheduler.rank(w, 10**6, [one, two], GPUS, evaluation=ev)
+    assert [p.offer for p in ranked.placements] == [two]
+    assert ranked.rejected == {scheduler.NO_EVAL_MEMORY: 1}
+    chosen = ranked.placements[0]
+    served = evalsizing.on_machine(ev, two, GPUS["A100 80GB"])
+    assert served is not None and served[0].tensor_parallel == 2
+    assert chosen.duration.evaluation == served[1] > 0  # counted once, in the placement
+    assert chosen.est_hours == pytest.approx(alone.placements[1].est_hours + served[1])
+    # The engine's retry list (the offer book) makes the same decision.
+    book = offerbook.OfferBook.of([one, two])
+    assert [p.offer for p in offerbook.top(w, 10**6, book, GPUS, 3, evaluation=ev)] == [two]
+    with pytest.raises(scheduler.NoFit, match="cannot serve the trained model"):
+        scheduler.choose(w, 10**6, [one], GPUS, evaluation=ev)
 
 
 def test_hours_grow_with_rows_and_tasks() -> None:
@@ -85,8 +107,9 @@ def test_hours_grow_with_rows_and_tasks() -> None:
     rental = evalsizing.eval_hours(work(rows=10), est, GPUS["A100 80GB"], rental=True)
     assert rental == pytest.approx(few + evalsizing.VLLM_INSTALL_S / 3600)
     trains = offer("A100 80GB", 1, "1.50")
-    docker = place(work(rows=10), trains, [], GPUS)
-    container = place(work(rows=10), trains, [], GPUS, lambda o: o is trains)
+    docker = place(work(rows=10), trains, GPUS["A100 80GB"])
+    container = place(replace(work(rows=10), rentals=frozenset({"cloud"})), trains,
+                      GPUS["A100 80GB"])
     assert docker is not None and container is not None
     assert container.hours == pytest.approx(docker.hours + evalsizing.VLLM_INSTALL_S / 3600)
 
@@ -98,6 +121,11 @@ def test_plan_json_of_qlora_70b_has_an_evaluation_that_fits_its_gpu(
     assert set(ev) >= {"gpu", "gpu_count", "memory_per_gpu_bytes", "hours", "cost",
                        "placement"}
     assert ev["placement"] == "same" and ev["gpu"] == out["placement"]["gpu"]
+    # Counted once: the evaluation's hours are the placement's evaluation term (issue 19).
+    pl = out["placement"]
+    assert pl["est_evaluation_hours"] == ev["hours"]
+    assert pl["est_hours"] == pytest.approx(pl["est_training_hours"] + pl["est_overhead_hours"],
+                                            abs=1e-3)
     assert ev["memory_per_gpu_bytes"] <= ev["gpu_memory_bytes"]
     assert ev["served"] == "adapter" and ev["gpu_count"] == 1
     assert Decimal(ev["cost"]) > 0 and ev["hours"] > 0

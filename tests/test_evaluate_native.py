@@ -108,7 +108,11 @@ def test_score_samples_needs_every_row() -> None:
       "--bogus"], 2, "unrecognized arguments: --bogus"),
     (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k",
       "--log_samples"], 1, "Specify --output_path if providing --log_samples"),
-    (["--model", "local-completions", "--tasks", "gsm8k"], 2, "is not simulated"),
+    (["--model", "openai-completions", "--tasks", "gsm8k"], 2, "is not simulated"),
+    # The image's bare lm_eval (no api extra): lm-eval's own refusal (api_models.py @v0.4.11).
+    (["--model", "local-completions", "--model_args",
+      "model=ft,base_url=http://127.0.0.1:9/v1/completions", "--tasks", "gsm8k"], 1,
+     "required packages ['tenacity'] are not installed"),
 ])
 def test_the_lm_eval_stand_in_refuses_what_lm_eval_refuses(
         playbook_host: PlaybookHostFactory, args: list[str], code: int, text: str) -> None:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from orchestrator.core import scheduler
 from orchestrator.core.architectures import lookup
+from orchestrator.core.evalsizing import EvalWork
 from orchestrator.core.offerbook import OfferBook, best, top
 from orchestrator.core.scheduler import Constraints
 from orchestrator.core.sizing import Workload
@@ -86,13 +87,23 @@ def test_best_is_the_rankings_first(w: Workload, offers: list[Offer], c: Constra
                     for g, n, rate in data.draw(st.lists(st.tuples(
                         st.sampled_from(sorted(GPUS)), st.sampled_from([1, 2, 4, 8]),
                         st.sampled_from([0.0, 500.0, 5000.0])), max_size=4))}
-    ranking = scheduler.rank(w, TOKENS, offers, GPUS, c, cached, measured)
+    # The evaluation on the training machine (issue 19): machines must serve the model too.
+    ev = None
+    if data.draw(st.booleans()):
+        ev = EvalWork(w.arch, w.method, w.sequence_len, data.draw(st.sampled_from([0, 50])),
+                      data.draw(st.sampled_from([0, 2])),
+                      lora_params=0 if w.method == "full"
+                      else w.arch.lora_params(16, w.lora_modules),
+                      rentals=frozenset({"vastai", "runpod", "cloud"}) - {data.draw(
+                          st.sampled_from(["vastai", "runpod", "cloud"]))})
+    ranking = scheduler.rank(w, TOKENS, offers, GPUS, c, cached, measured, ev)
     book = OfferBook.of(offers)
-    got = best(w, TOKENS, book, GPUS, c, cached, measured)
+    got = best(w, TOKENS, book, GPUS, c, cached, measured, ev)
     assert got == ranking.chosen
     # The engine's retry list: the ranking's k first, in its order.
     k = data.draw(st.integers(1, 6))
-    assert top(w, TOKENS, book, GPUS, k, c, cached, measured) == list(ranking.placements[:k])
+    assert top(w, TOKENS, book, GPUS, k, c, cached, measured, ev) == \
+        list(ranking.placements[:k])
 
 
 def test_best_agrees_at_market_scale() -> None:

@@ -102,15 +102,37 @@ def test_pipeline_with_hostile_names_runs_nothing_unintended(
 
 def test_evaluation_failure_comes_after_the_artifacts_are_copied(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
-    # lm-eval tasks on a host without lm_eval: evaluation fails after training, and the
-    # trained adapter must already be in the artifacts directory (issue 9 §1.8).
+    # An lm-eval task that does not exist: evaluation fails after training, and the trained
+    # adapter must already be in the artifacts directory (issue 9 §1.8).
     from playbooks.base import PlaybookFailed
 
     _, host = playbook_host(train_steps=2, train_step_seconds=0.05, vllm_startup_seconds=0.2)
-    job = replace(make_job(tmp_path, "qlora"), eval_tasks=("gsm8k",))
+    job = replace(make_job(tmp_path, "qlora"), eval_tasks=("no_such_task",))
     with pytest.raises(PlaybookFailed) as info:
         run_pipeline(host, job, reports)
-    assert info.value.playbook == "evaluate" and "lm_eval is not installed" in info.value.reason
+    assert info.value.playbook == "evaluate" and info.value.step == "lm-eval"
+    assert "Tasks not found: no_such_task" in info.value.reason
     local = Path(job.artifacts_dir)
     assert (local / "manifest.json").is_file()
     assert (local / "adapter_model.safetensors").is_file()
+
+
+def test_lm_eval_tasks_run_in_the_trainer_image_on_a_docker_host(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # Issue 19: a monthly server's OS has no lm_eval; the axolotl image has it, without the
+    # `lm_eval[api]` extra that `--model local-completions` needs. The old playbook ran a
+    # bare `lm_eval` on the host and failed "lm_eval is not installed on the host".
+    sim, host = playbook_host(train_steps=2, train_step_seconds=0.05, vllm_startup_seconds=0.2)
+    bare = host.run(["lm_eval", "--version"])
+    assert bare.exit_code == 127 and "lm_eval: command not found" in bare.stderr
+    job = replace(make_job(tmp_path, "lora"), eval_tasks=("gsm8k", "hellaswag"))
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["lm_eval.gsm8k.exact_match.strict-match"] == 0.25
+    assert result.metrics["lm_eval.hellaswag.acc"] == 0.5
+    assert result.metrics["eval.exact_match"] == 1.0  # the eval set, from the same server
+    runs = sim.events("lm-eval")
+    assert [(r["backend"], r["model"]) for r in runs] == [("local-completions", "ft")]
+    assert runs[0]["container"] == "orch-lm-eval-j-lora"  # in a container, not on the OS
+    installs = sim.events("uv-pip-install")
+    assert installs and installs[-1]["packages"] == ["lm_eval[api]==0.4.11"]
+    assert "orch-lm-eval-j-lora" not in sim.containers()  # --rm: nothing left behind

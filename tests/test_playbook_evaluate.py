@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import shlex
 import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,9 @@ from playbooks import images, ssh
 from playbooks.base import Fault, Host, Layout, PlaybookFailed, StepFailed, container_name
 from playbooks.evalscore import (
     EvalScores,
+    LmEvalContainer,
     lm_eval_argv,
+    lm_eval_container_argv,
     normalise,
     parse_lm_eval_results,
     run_lm_eval,
@@ -309,54 +309,49 @@ def test_parse_lm_eval_results() -> None:
         parse_lm_eval_results({"config": {}})
 
 
-def test_lm_eval_tasks_on_a_host_without_lm_eval_fail_clearly_and_stop_the_server(
+def test_a_failing_lm_eval_task_fails_clearly_and_stops_the_server(
     playbook_host: PlaybookHostFactory, reports: Reports
 ) -> None:
     sim, host, layout = setup(playbook_host)
     port = free_port()
     with pytest.raises(PlaybookFailed) as info:
         evaluate(host, "job-t", merged_model(layout, "job-t"), layout, IMAGE, port, 2048, ROWS,
-                 tasks=["gsm8k"], ready_deadline_s=20, emit=reports)
+                 tasks=["no_such_task"], ready_deadline_s=20, emit=reports,
+                 trainer_image=TRAINER)
     assert info.value.step == "lm-eval" and info.value.fault is Fault.HOST
-    assert "install lm_eval[api]" in str(info.value)
+    assert f"lm_eval in {TRAINER} failed (exit 1)" in str(info.value)
+    assert "Tasks not found: no_such_task" in str(info.value)
     assert reports.outcomes()["stop-server"] == "changed" and refuses(port)
     assert container_name("vllm", "job-t") not in sim.containers()
 
 
-# An `lm_eval` for the simulated host (it has none): asks the server once at the base_url
-# from --model_args, as the harness would, then writes a results file in lm_eval's layout.
-FAKE_LM_EVAL = """\
-import json, sys, urllib.request
-args = sys.argv[1:]
-opt = {args[i]: args[i + 1] for i in range(0, len(args) - 1, 2)}
-margs = dict(kv.split("=", 1) for kv in opt["--model_args"].split(","))
-body = json.dumps({"model": margs["model"], "prompt": "Capital of France?", "max_tokens": 4})
-req = urllib.request.Request(margs["base_url"], body.encode(), {"Content-Type": "application/json"})
-text = json.load(urllib.request.urlopen(req, timeout=10))["choices"][0]["text"]
-out = opt["--output_path"] + "/" + margs["model"]
-import os; os.makedirs(out, exist_ok=True)
-score = 1.0 if text == "Paris" else 0.0
-results = {"results": {t: {"alias": t, "acc,none": score, "acc_stderr,none": 0.0}
-                       for t in opt["--tasks"].split(",")}}
-json.dump(results, open(out + "/results_2026-01-01T00-00-00.000001.json", "w"))
-"""
+TRAINER = images.default_image("docker")
 
 
-def test_lm_eval_runs_on_the_host_against_the_server(playbook_host: PlaybookHostFactory) -> None:
+def test_lm_eval_runs_in_the_trainer_image_against_the_server(
+        playbook_host: PlaybookHostFactory) -> None:
     sim, host, layout = setup(playbook_host)
-    script = sim.dir / "fake_lm_eval.py"
-    script.write_text(FAKE_LM_EVAL)
-    tool = sim.dir / "bin" / "lm_eval"
-    tool.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {script} \"$@\"\n")
-    tool.chmod(0o755)
     port = free_port()
     model = merged_model(layout, "job-h")
     spec = serving(host, server_spec(host, "job-h", model, layout, IMAGE, port, 2048))
+    where = LmEvalContainer("job-h", TRAINER, layout)
+    output = f"{layout.job_dir('job-h')}/eval/lm_eval"
     try:
         wait_ready(host.conn, port, 20, container=spec.name)
-        metrics, path = run_lm_eval(host, ["arc_easy", "piqa"], port, model,
-                                    f"{layout.job_dir('job-h')}/eval/lm_eval")
+        metrics, path = run_lm_eval(host, where, ["arc_easy", "mmlu"], port, model, output)
+        # What the stand-in refuses as the real tools would, in that same image:
+        argv = lm_eval_container_argv(where, ["arc_easy"], port, model, output)
+        cmd = argv[argv.index("lm_eval"):]
+        bridge = host.run([*argv[:argv.index("--network")], *argv[argv.index("-v"):]])
+        bare_image = host.run(["docker", "run", "--rm", "--network", "host",
+                               "-v", f"{layout.base}:/workspace/data", TRAINER, *cmd])
     finally:
         stop_server(host, "job-h")
-    assert metrics == {"lm_eval.arc_easy.acc": 1.0, "lm_eval.piqa.acc": 1.0}
-    assert path.endswith("/eval/lm_eval/ft/results_2026-01-01T00-00-00.000001.json")
+    assert metrics == {"lm_eval.arc_easy.acc": 0.7, "lm_eval.arc_easy.acc_norm": 0.68,
+                       "lm_eval.mmlu.acc": 0.45}
+    assert path.startswith(f"{output}/ft/results_") and path.endswith(".json")
+    assert [e["backend"] for e in sim.events("lm-eval")] == ["local-completions"]
+    # On Docker's bridge network the container's 127.0.0.1 is its own: nothing listens.
+    assert bridge.exit_code == 1 and "Cannot connect to host 127.0.0.1" in bridge.stderr
+    # The image pins bare lm_eval: without the api extra, local-completions cannot start.
+    assert bare_image.exit_code == 1 and "pip install lm-eval[api]" in bare_image.stderr

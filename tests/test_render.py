@@ -16,6 +16,7 @@ import pytest
 import yaml
 from conftest import PlaybookHostFactory, Reports
 from test_evaluate_native import CLOUD_IMAGE
+from test_pipeline import free_port
 from test_playbook_train import TOOLKIT, make_job
 
 from playbooks import evaluate, images, merge, rendering, train, vllm
@@ -50,7 +51,8 @@ def test_every_example_renders_on_both_host_kinds(tmp_path: Path, example: Path,
     assert out["image"] == f"{repo}:0.18.0-py3.12-cu130-2.12.0"
     cfg = out["axolotl_config"]
     assert cfg["output_dir"].startswith("/")
-    assert set(out["commands"]) == {"download", "train", "merge", "evaluate", "deliver"}
+    assert set(out["commands"]) == {"download", "train", "merge", "evaluate", "lm_eval",
+                                    "deliver"}
     download = out["commands"]["download"]
     assert "hf" in download and "download" in download
     if host == "docker":
@@ -94,6 +96,32 @@ def test_the_delivery_to_the_hub_is_rendered(tmp_path: Path, host: str) -> None:
         assert "/workspace/orch/jobs/quickstart-llama32-1b/output/merged" in deliver
 
 
+@pytest.mark.parametrize("host", ["docker", "container"])
+def test_lm_eval_tasks_are_rendered(tmp_path: Path, host: str) -> None:
+    # Issue 19: eval.tasks ran a bare lm_eval on a monthly server and were not rendered.
+    job = tmp_path / "job.yml"
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "data")
+    job.write_text((ROOT / "examples" / "quickstart.yml").read_text().replace(
+        "eval:\n", "eval:\n  tasks: [gsm8k, hellaswag]\n"))
+    proc = orch(tmp_path, "render", str(job), "--host", host, "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    argv = out["commands"]["lm_eval"]
+    lm = argv[argv.index("lm_eval"):]
+    assert lm[lm.index("--tasks") + 1] == "gsm8k,hellaswag"
+    if host == "docker":
+        # In the trainer image (the host OS has no lm_eval), on the host's network (vLLM is
+        # published on its 127.0.0.1), after adding the api extra local-completions needs.
+        assert argv[:3] == ["docker", "run", "--rm"] and out["image"] in argv
+        assert argv[argv.index("--network") + 1] == "host"
+        assert "lm_eval[api]==0.4.11" in argv
+        assert lm[lm.index("--model") + 1] == "local-completions"
+        assert "base_url=http://127.0.0.1:8000/v1/completions" in lm[lm.index("--model_args") + 1]
+    else:
+        assert "docker" not in argv and "/workspace/axolotl-venv/bin" in argv
+        assert lm[lm.index("--model") + 1] == "hf"
+
+
 def test_sweep_file_points_at_its_base_job(tmp_path: Path) -> None:
     proc = orch(tmp_path, "render", "examples/sweep-lr.yml")
     assert proc.returncode == 2 and "render its base job" in proc.stderr
@@ -118,8 +146,10 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     if runner == "process":
         job = replace(job, native=NativeEnv.mapped(host.paths))
     download = rendering.download_argv(job, "org/base", "main", 10**9, False)
+    port = free_port() if runner == "docker" else 8000
     rendered = rendering.render(job, evaluates=True, vllm_image=images.vllm_image(),
-                                download=download)
+                                download=download, vllm_port=port,
+                                eval_tasks=("gsm8k",) if runner == "docker" else ())
     # The base model's download, as prepare sets it up for this kind of host.
     cache = cache_for(ModelCache("org/base", "main", 10**9, job.layout), job.image,
                       job.runner, job.native)
@@ -134,8 +164,15 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
     assert shlex.join(rendered.commands["merge"]) in ran
     if runner == "docker":
         spec = vllm.server_spec(host, job.job_id, merge.merged_dir(job), job.layout,
-                                images.vllm_image(), 8000, job.config.sequence_len)
+                                images.vllm_image(), port, job.config.sequence_len)
         assert rendered.commands["evaluate"] == spec.docker_argv()
+        result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,
+                                   images.vllm_image(), port, job.config.sequence_len,
+                                   tasks=["gsm8k"], emit=reports, trainer_image=job.image)
+        assert "lm_eval.gsm8k.exact_match.strict-match" in result.metrics
+        ran = sim.ssh_commands()
+        assert shlex.join(rendered.commands["evaluate"]) in ran
+        assert shlex.join(rendered.commands["lm_eval"]) in ran
         return
     # A container rental: vLLM from its own venv, natively, as rendered (installs in notes).
     result = evaluate.evaluate(host, job.job_id, merge.merged_dir(job), job.layout,

@@ -12,27 +12,31 @@ each GPU (docs/sizing.md, "Evaluation", has every figure and its source):
 - all of it within `gpu_memory_utilization` of the GPU's memory, the fraction vLLM
   allows itself (orch passes it explicitly).
 
-`place` picks the cheapest way that fits: on the training machine (tensor parallel over
-its GPUs; no new rental) or a separate, cheaper serving placement. `eval_hours` is the one
-time formula; keep it small so a measured one can replace it.
+The evaluation runs on the training machine (tensor parallel over its GPUs; the model is
+on its NVMe; the engine rents nothing else): the scheduler and the offer book keep only
+placements whose machine also serves the model (`on_machine`) and count its hours in the
+placement's (`throughput.Duration.evaluation`), so the ranking prices training and
+evaluation together. `eval_hours` is the one time formula for evaluation; keep it small so
+a measured one can replace it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
 from orchestrator.core import money
 from orchestrator.core.architectures import Architecture
 from orchestrator.core.sizing import BF16, FP32, GIB, NF4, NF4_DOUBLE_QUANT_SCALES, Method
-from providers.base import Billing, Offer
+from providers.base import Offer
 from providers.catalog import GpuSpec
 
 Served = Literal["merged", "adapter"]  # bf16 merged model | 4-bit base + LoRA adapter
-PlacementKind = Literal["same", "separate"]
+# "same": on the training machine, the only placement the engine runs (docs/architecture.md,
+# "Evaluation"); the plan never prices one it would not rent.
+PlacementKind = Literal["same"]
 
 # vLLM's defaults and what orch passes (vllm/config/cache.py, scheduler.py at v0.19.1).
 GPU_MEMORY_UTILIZATION = 0.90  # --gpu-memory-utilization (vLLM's default)
@@ -55,8 +59,6 @@ LM_EVAL_TASK_HOURS = 0.25  # per lm-eval task; tasks' sizes are unknown at plan 
 # A container rental has no vLLM: `uv pip install vllm` (~4 GB of wheels) first, 1-3 min on
 # a data-centre link (docs/playbooks.md, "Evaluation on container rentals"); the middle.
 VLLM_INSTALL_S = 120.0
-# A separate serving rental receives the trained adapter and downloads the base itself:
-# its boot and the model pull are billed there (Offer.boot_minutes, pull_gbps).
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class EvalWork:
     lora_params: int = 0
     concurrency: int = CONCURRENCY
     max_new_tokens: int = MAX_NEW_TOKENS
+    # Providers whose machines are containers of the trainer image (vLLM is installed first).
+    rentals: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -207,49 +211,26 @@ class EvalPlan:
         }
 
 
-def _cost(offer: Offer, hours: float) -> Decimal:
-    return money.job_cost(offer, hours)
-
-
-def place(work: EvalWork, training: Offer, offers: Iterable[Offer],
-          gpus: Mapping[str, GpuSpec],
-          rental: Callable[[Offer], bool] = lambda _offer: False) -> EvalPlan | None:
-    """Where the evaluation runs: the training machine when it fits, else a serving offer.
-
-    On the training machine the evaluation only extends the rental: the model is already
-    on its NVMe and nothing is moved. A separate rental adds a boot and a model pull and
-    is planned (the cheapest that fits) only when the training machine cannot hold the
-    model: the engine evaluates on the training machine today (docs/architecture.md,
-    "Evaluation"), so such a plan says so. None when nothing fits. `rental` says which
-    offers are container rentals (vLLM installed first).
-    """
-    same = fit(work, training.gpu_count, training.gpu_memory_bytes)
-    if same is not None:
-        hours = eval_hours(work, same, gpus.get(training.gpu), rental(training))
-        return EvalPlan("same", training, same, hours, _cost(training, hours),
-                        f"on the training machine, {_how(same)}", work.max_model_len,
-                        work.concurrency)
-    candidates: list[EvalPlan] = []
-    for offer in offers:
-        if offer.billing is Billing.MONTHLY or offer.price_per_hour is None:
-            continue  # a month's rent for an hour of serving is never the cheaper way
-        est = fit(work, offer.gpu_count, offer.gpu_memory_bytes)
-        if est is None or est.tensor_parallel != offer.gpu_count:
-            continue  # a machine with idle GPUs is never the cheapest of its kind
-        pull = served_weight_bytes(work.arch, "merged", 0) * 8 / (offer.pull_gbps * 1e9)
-        hours = eval_hours(work, est, gpus.get(offer.gpu), rental(offer)) \
-            + offer.boot_minutes / 60 \
-            + pull / 3600
-        candidates.append(EvalPlan(
-            "separate", offer, est, hours, _cost(offer, hours),
-            f"the training machine cannot hold the model; a separate {offer.provider} "
-            f"{offer.gpu} x{offer.gpu_count} serving rental would, {_how(est)} (orch does "
-            "not rent one yet: evaluate this job's artifacts there yourself)",
-            work.max_model_len, work.concurrency))
-    if not candidates:
+def on_machine(work: EvalWork, offer: Offer, gpu: GpuSpec | None
+               ) -> tuple[ServeEstimate, float] | None:
+    """How `offer`'s machine serves the evaluation and its hours; None when it cannot hold
+    the model (the scheduler then leaves the offer out)."""
+    est = fit(work, offer.gpu_count, offer.gpu_memory_bytes)
+    if est is None:
         return None
-    return min(candidates, key=lambda p: (p.cost, p.hours, p.offer.provider,
-                                          p.offer.offer_id))
+    return est, eval_hours(work, est, gpu, offer.provider in work.rentals)
+
+
+def place(work: EvalWork, training: Offer, gpu: GpuSpec | None) -> EvalPlan | None:
+    """The evaluation on the training machine (the plan's chosen offer), or None when it
+    cannot hold the model (a ranking given the evaluation never chooses such an offer)."""
+    found = on_machine(work, training, gpu)
+    if found is None:
+        return None
+    est, hours = found
+    return EvalPlan("same", training, est, hours, money.job_cost(training, hours),
+                    f"on the training machine, {_how(est)}", work.max_model_len,
+                    work.concurrency)
 
 
 def _how(est: ServeEstimate) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from orchestrator.core import savers, throughput
+from orchestrator.core.evalsizing import EvalWork
 from orchestrator.core.scheduler import Constraints, Placement, constraint_failure, priced, timed
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
@@ -89,9 +90,10 @@ def best(
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+    evaluation: EvalWork | None = None,
 ) -> Placement | None:
     """The placement `scheduler.rank` would rank first, or None when nothing is feasible."""
-    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured)
+    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured, evaluation)
     return found[0] if found else None
 
 
@@ -104,11 +106,13 @@ def top(
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+    evaluation: EvalWork | None = None,
 ) -> list[Placement]:
     """The `k` placements `scheduler.rank` would rank first, in its order (fewer when fewer
     are feasible): the engine's retry list. The walk stops once a lower bound on the next
-    offer's cost exceeds the k-th best exact cost found so far."""
-    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k)
+    offer's cost exceeds the k-th best exact cost found so far (the evaluation's hours,
+    never negative, are left out of the bound)."""
+    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k, evaluation)
     for offer in book.others:
         if constraint_failure(offer, constraints) is None:
             gpu = gpus[offer.gpu]
@@ -132,12 +136,12 @@ class _Search:
     def __init__(self, w: Workload, tokens: int, gpus: Mapping[str, GpuSpec],
                  c: Constraints, cached_on: frozenset[str],
                  measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-                 k: int = 1) -> None:
+                 k: int = 1, evaluation: EvalWork | None = None) -> None:
         self.w, self.tokens, self.gpus, self.c = w, tokens, gpus, c
-        self.cached_on, self.measured = cached_on, measured
+        self.cached_on, self.measured, self.evaluation = cached_on, measured, evaluation
         self.layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
         self.fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
-        self.times: dict[tuple[object, ...], throughput.Duration] = {}
+        self.times: dict[tuple[object, ...], throughput.Duration | None] = {}
         self.k = max(1, k)
         # The best placements so far, by `Placement.sort_key`, at most k of them.
         self.kept: list[tuple[tuple[Decimal, float, str, str, int], Placement]] = []
@@ -157,7 +161,9 @@ class _Search:
     def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> None:
         """Price `offer` exactly; keep it if it is among the k best so far."""
         dur = timed(self.w, self.tokens, offer, gpu, est, self.cached_on, self.measured,
-                    self.times)
+                    self.times, self.evaluation)
+        if dur is None:
+            return  # the machine cannot serve the model for the evaluation
         placed = priced(offer, est, dur, self.c)
         if isinstance(placed, str):
             return
@@ -175,16 +181,16 @@ class _Search:
         k-th best cost found (`self.bound`, which falls as the caller prices offers).
 
         The cheap bound needs no sizing: the group's least price x (its least boot and pull,
-        merge and eval, and `throughput.training_seconds_floor`). Only the groups it does not
+        merge, and `throughput.training_seconds_floor`). Only the groups it does not
         rule out are sized (`fit`) and timed exactly, so a market of many GPU models costs
         a job little more than one of few.
         """
         w, c = self.w, self.c
         model_bits = throughput.model_download_bytes(w) * 8
         # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower
-        # bound), and the merge + eval after training (throughput.duration's terms).
+        # bound), and the merge after training (throughput.duration's terms).
         pull_bits = 0.0 if self.cached_on else model_bits / 1e9
-        after = throughput.merge_eval_seconds(w)
+        after = throughput.merge_seconds(w)
         pull_h, after_h = pull_bits / 3600, after / 3600
         cheap = []
         floor_of = self._floors()

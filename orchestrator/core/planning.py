@@ -190,7 +190,11 @@ def make_plan(
         # prices; at run time the engine ranks that provider's real offers instead.
         offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
     tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
-    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured)
+    # The evaluation runs on the training machine: the ranking keeps machines that serve the
+    # model too and prices the evaluation's hours in each (evalsizing; issue 19).
+    work = eval_work(job)
+    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured,
+                                       evaluation=work)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
     # bought (a cheaper GPU, or nothing but a fit at all).
     # A decision each, not a table: the offer book's pruned walk over one index.
@@ -202,12 +206,10 @@ def make_plan(
         book = book or offerbook.OfferBook.of(offers)
         off = savers.without(w, choice.name)
         without.append((choice, offerbook.best(off, tokens, book, gpus, constraints,
-                                               measured=measured)))
+                                               measured=measured, evaluation=work)))
     evaluation = None
-    work = eval_work(job)
     if work is not None:
-        evaluation = evalsizing.place(work, chosen.offer, offers, gpus,
-                                      lambda o: o.provider in CONTAINER_RENTALS)
+        evaluation = evalsizing.place(work, chosen.offer, gpus.get(chosen.offer.gpu))
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
                 without_savers=tuple(without), evaluation=evaluation)
 
@@ -224,7 +226,7 @@ def eval_work(job: LoadedJob) -> evalsizing.EvalWork | None:
         rows = sum(1 for line in lines(job.path.parent / e.eval_set) if line.strip())
     lora = 0 if s.method == "full" else job.architecture.lora_params(s.lora.r, s.lora.modules)
     return evalsizing.EvalWork(job.architecture, s.method, s.training.sequence_len, rows,
-                               len(e.tasks), s.lora.r, lora)
+                               len(e.tasks), s.lora.r, lora, rentals=CONTAINER_RENTALS)
 
 
 def saver_lines(plan: Plan) -> list[str]:

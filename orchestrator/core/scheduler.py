@@ -7,7 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from decimal import ROUND_CEILING, Decimal
 
-from orchestrator.core import money, savers, sizing, throughput
+from orchestrator.core import evalsizing, money, savers, sizing, throughput
+from orchestrator.core.evalsizing import EvalWork
 from orchestrator.core.sizing import GIB, MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
@@ -64,6 +65,7 @@ class Placement:
             "est_hours": round(self.est_hours, 4),
             "est_training_hours": round(self.duration.training, 4),
             "est_overhead_hours": round(self.duration.overhead, 4),
+            "est_evaluation_hours": round(self.duration.evaluation, 4),
             "throughput_source": self.duration.source,
             "est_cost": str(self.est_cost),
             "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
@@ -119,19 +121,22 @@ def rank(
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+    evaluation: EvalWork | None = None,
 ) -> Ranking:
     """All placements that fit and satisfy the constraints, cheapest (then fastest) first.
 
     `cached_on` holds offer ids whose host already has the base model (no pull);
     `measured` maps (GPU, count, method, size class) to throughput learned from finished
-    jobs; where a key has a figure it replaces the formula.
+    jobs; where a key has a figure it replaces the formula. With `evaluation`, a machine
+    must also serve the trained model (the engine evaluates on the training machine) and
+    the evaluation's hours are part of each placement's.
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
     over_budget: Placement | None = None
     # Offers repeat the same few shapes; size and time each shape once, price each offer.
     fit_cache: dict[tuple[object, ...], MemoryEstimate | None] = {}
-    time_cache: dict[tuple[object, ...], throughput.Duration] = {}
+    time_cache: dict[tuple[object, ...], throughput.Duration | None] = {}
     for offer in offers:
         why = constraint_failure(offer, constraints)
         if why:
@@ -150,7 +155,10 @@ def rank(
             offloads = w.layout in sizing.OFFLOADED
             rejected[NO_RAM if offloads and offer.ram_bytes is None else NO_MEMORY] += 1
             continue
-        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache)
+        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache, evaluation)
+        if dur is None:
+            rejected[NO_EVAL_MEMORY] += 1
+            continue
         placed = priced(offer, est, dur, constraints)
         if isinstance(placed, str):
             rejected[placed] += 1
@@ -168,23 +176,29 @@ def rank(
 def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstimate,
           cached_on: frozenset[str],
           measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-          cache: dict[tuple[object, ...], throughput.Duration]) -> throughput.Duration:
-    """How long the job takes on `offer` with layout `est`; offers of one shape share it.
+          cache: dict[tuple[object, ...], throughput.Duration | None],
+          evaluation: EvalWork | None = None) -> throughput.Duration | None:
+    """How long the job takes on `offer` with layout `est`, its `evaluation` included
+    (None: the machine cannot serve the model for it); offers of one shape share it.
 
     The key is what `throughput.duration` depends on besides the job: the offer's shape
-    (which fixes `est`), its boot and pull, whether the model is cached, a learned rate.
+    (which fixes `est`), its boot and pull, whether the model is cached, a learned rate,
+    and for the evaluation whether the machine is a container rental (vLLM installed first).
     """
     learned = measured.get(throughput.measured_key(w, offer.gpu, offer.gpu_count)) \
         if measured else None
     cached = offer.offer_id in cached_on
+    rental = evaluation is not None and offer.provider in evaluation.rentals
     key = (offer.gpu, offer.gpu_count, offer.gpu_memory_bytes, offer.ram_bytes,
-           offer.boot_minutes, offer.pull_gbps, cached, learned)
-    dur = cache.get(key)
-    if dur is None:
-        dur = cache[key] = throughput.duration(est.workload or w, tokens, offer, gpu,
-                                               est.strategy, model_cached=cached,
-                                               measured=learned)
-    return dur
+           offer.boot_minutes, offer.pull_gbps, cached, learned, rental)
+    if key in cache:
+        return cache[key]
+    dur = throughput.duration(est.workload or w, tokens, offer, gpu, est.strategy,
+                              model_cached=cached, measured=learned)
+    served = None if evaluation is None else evalsizing.on_machine(evaluation, offer, gpu)
+    found = cache[key] = (dur if evaluation is None else
+                          None if served is None else replace(dur, evaluation=served[1]))
+    return found
 
 
 def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
@@ -237,16 +251,18 @@ def choose(
     constraints: Constraints = Constraints(),
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
+    evaluation: EvalWork | None = None,
 ) -> tuple[Placement, Ranking]:
     """The cheapest feasible placement (arguments as `rank`), or NoFit explaining the gap."""
     offers = list(offers)
-    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured)
+    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured, evaluation)
     if ranking.chosen is not None:
         return ranking.chosen, ranking
     raise NoFit(no_fit_message(w, offers, ranking, constraints))
 
 
 NO_MEMORY = "does not fit in GPU memory"
+NO_EVAL_MEMORY = "cannot serve the trained model for the evaluation (GPU memory)"
 WRONG_COUNT = "GPU count does not suit resources.layout"
 NO_RAM = "host RAM unknown, and resources.layout offloads to it"
 OVER_BUDGET = "above resources.max_cost"
@@ -265,6 +281,9 @@ _ADVICE = {
     "not a server in resources.servers": "more servers in resources.servers (see `orch "
                                          "servers list`), or remove it to use any provider",
     "slower than resources.deadline_hours": "a later resources.deadline_hours",
+    NO_EVAL_MEMORY: "a shorter training.sequence_len (vLLM's context), method qlora (the "
+                    "4-bit base is served with the adapter), more GPUs per machine "
+                    "(resources.max_gpus), or no eval section",
     WRONG_COUNT: "resources.layout: auto, or a layout for that many GPUs",
     NO_RAM: "resources.layout: auto, or offers whose host RAM is known (a registered server)",
     "above resources.max_cost": "a higher resources.max_cost",

@@ -70,12 +70,9 @@ def scaling_kinds(strategy: Strategy, gpu_count: int) -> tuple[str, ...]:
     return STRATEGY_SCALING[strategy]
 # Weight reads per optimizer micro-step (forward, backward, recompute): the bandwidth floor.
 WEIGHT_PASSES = 3
-# Merging the adapter and starting vLLM for the eval: reading/writing the bf16 model a few
-# times at NVMe speed (an assumption), plus a fixed allowance for vLLM's start-up (59 s for a
-# small model with a warm compile cache, vllm-project/vllm#20264; ~3.5 min for 70B on 8 GPUs,
-# #19824) and the eval requests (docs/sizing.md, "Set-up time").
-MERGE_EVAL_GBPS = 1.0
-MERGE_EVAL_FIXED_MIN = 5.0
+# Merging the adapter: reading the bf16 base and writing the merged model at NVMe speed (an
+# assumption; docs/sizing.md, "Set-up time"). The evaluation's time is evalsizing's alone.
+MERGE_GBPS = 1.0
 
 # Published model sizes that measured throughput is grouped by (label, parameters). A model
 # takes the label nearest in log space, so 7.6B (Qwen2.5-7B) and 8.0B (Llama-3.1-8B) share
@@ -123,17 +120,20 @@ class Duration:
     boot: float
     model_pull: float
     training: float
-    merge_eval: float
+    merge: float
     source: str  # formula_source(...) or Measured.describe()
+    # vLLM serving the eval set and eval.tasks on this machine (evalsizing.eval_hours; 0 for
+    # a job without an evaluation): the one estimate of evaluation time.
+    evaluation: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.boot + self.model_pull + self.training + self.merge_eval
+        return self.boot + self.model_pull + self.training + self.merge + self.evaluation
 
     @property
     def overhead(self) -> float:
         """Hours billed that are not training."""
-        return self.boot + self.model_pull + self.merge_eval
+        return self.boot + self.model_pull + self.merge + self.evaluation
 
 
 def extra_slowdown(w: Workload) -> float:
@@ -214,22 +214,22 @@ def formula_source(gpu: str) -> str:
     return f"formula, {basis}; no finished job of yours with this GPU, count, method and size"
 
 
-def merge_eval_seconds(w: Workload) -> float:
-    """Seconds after training: merging an adapter into the base (read the bf16 base and write
-    the merged model: 2 x its bytes; a full fine-tune has nothing to merge), then the eval.
+def merge_seconds(w: Workload) -> float:
+    """Seconds merging an adapter into the base after training (read the bf16 base and write
+    the merged model: 2 x its bytes); a full fine-tune has nothing to merge.
 
-    The one place this time is estimated: the scheduler, offer book and `orch plan` call it,
-    and the evaluation work (issue 19) is meant to refine it here.
+    Merge only: the evaluation is timed by `evalsizing.eval_hours` on the machine
+    (`Duration.evaluation`), so it is counted once.
     """
-    merge = 0.0 if w.method == "full" else model_download_bytes(w) * 2 / (MERGE_EVAL_GBPS * 1e9)
-    return merge + MERGE_EVAL_FIXED_MIN * 60
+    return 0.0 if w.method == "full" else model_download_bytes(w) * 2 / (MERGE_GBPS * 1e9)
 
 
 def duration(
     w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, strategy: Strategy,
     model_cached: bool = False, measured: Measured | None = None,
 ) -> Duration:
-    """Wall time of the whole job on `offer`: boot, model pull, training, merge + eval."""
+    """Wall time of the job on `offer`: boot, model pull, training, merge (the evaluation is
+    added by the scheduler, `Duration.evaluation`)."""
     bf16 = model_download_bytes(w)
     pull = 0.0 if model_cached else bf16 * 8 / (offer.pull_gbps * 1e9)
     # A non-positive figure is a bad observation, not a GPU that never finishes.
@@ -241,6 +241,6 @@ def duration(
         boot=offer.boot_minutes / 60,
         model_pull=pull / 3600,
         training=train / 3600,
-        merge_eval=merge_eval_seconds(w) / 3600,
+        merge=merge_seconds(w) / 3600,
         source=source,
     )

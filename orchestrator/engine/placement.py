@@ -16,6 +16,7 @@ from orchestrator import retrying
 from orchestrator.core import money, offerbook, scheduler
 from orchestrator.core.planning import (
     constraints_from,
+    eval_work,
     requirements,
     total_tokens,
     workload_from,
@@ -175,8 +176,9 @@ class Placement:
                        for o in offers}.values())
         prices.record(self.state.store, offers)  # price history (`orch prices`)
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
+        work = eval_work(loaded)  # evaluated on the training machine: it must serve the model
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers), gpus, k,
-                                   constraints, measured=self.inputs.measured)
+                                   constraints, measured=self.inputs.measured, evaluation=work)
         if not placements:
             if unavailable:
                 # Not a verdict on the job: what the unavailable providers offer is unknown.
@@ -193,7 +195,7 @@ class Placement:
                                 "with `resources.providers: [sim]`")
             # Why nothing fits needs every offer's reason: the full ranking, on failure only.
             ranking = scheduler.rank(w, tokens, offers, gpus, constraints,
-                                     measured=self.inputs.measured)
+                                     measured=self.inputs.measured, evaluation=work)
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return placements
 

@@ -238,11 +238,13 @@ def is_container(host: Host) -> bool:
     return bool(host.options.get("container_image"))
 
 
-# A Docker host (a monthly server on Ubuntu) has no Hugging Face CLI on its OS: the trainer
-# image has it (real-hosts.md §9), and containers of that image get it (`image_bin`).
-DOCKER_HOST_LACKS = ("hf", "huggingface-cli")
-# What the axolotl images' venv provides (standins/container.AXOLOTL_VENV_COMMANDS).
-AXOLOTL_IMAGE_COMMANDS = ("axolotl", "hf", "huggingface-cli", "lm_eval")
+# A Docker host (a monthly server on Ubuntu) has no Hugging Face CLI and no lm_eval on its
+# OS: the trainer image has them (real-hosts.md §9), and containers of that image get them
+# (`image_bin`).
+DOCKER_HOST_LACKS = ("hf", "huggingface-cli", "lm_eval")
+# What the axolotl images provide on their PATH (standins/container.AXOLOTL_VENV_COMMANDS;
+# uv from the uv base image's /root/.local/bin).
+AXOLOTL_IMAGE_COMMANDS = ("axolotl", "hf", "huggingface-cli", "lm_eval", "uv")
 
 
 def base_path_excludes(host: Host) -> tuple[str, ...]:

@@ -1,8 +1,21 @@
-"""`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images) with the `hf` backend.
+"""`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images): `hf` and
+`local-completions` backends.
 
 What a container rental runs natively (no Docker, no vLLM): `lm_eval [run] --model hf
 --model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks T[,T...] [--include_path DIR]
 --output_path OUT [--log_samples] [--batch_size N|auto] [--limit N] [--device D]`.
+
+What a Docker host runs in a container of the trainer image against the vLLM server:
+`lm_eval --model local-completions --model_args model=NAME,base_url=URL,tokenizer=DIR,...`.
+Every task's prompts are POSTed to `base_url` (a real HTTP request to the vLLM stand-in).
+As the real one (`models/api_models.py` `TemplateAPI.__init__` @v0.4.11) it refuses to
+start without the `lm_eval[api]` extra's packages (`aiohttp`, `tqdm`, `tenacity`,
+`requests`): the axolotl image pins bare `lm_eval`, and tenacity is no dependency of
+anything else it installs (⚠ inferred from axolotl v0.18.0 `pyproject.toml`; the image's
+package list was not inspected). `uv pip install --python <image venv>/bin/python
+'lm_eval[api]==0.4.11'` in the same container adds them (standins/uv.py). A container on
+Docker's default bridge network has its own 127.0.0.1: a server published on the host's
+loopback is reachable only with `--network host`.
 
 Refuses what the real one refuses: an unknown flag (argparse, exit 2), a model type other
 than `hf` (not simulated), a `pretrained` that is not a local model folder (the job's hosts
@@ -20,16 +33,25 @@ Output as lm_eval lays it out (`loggers/evaluation_tracker.py`):
 from __future__ import annotations
 
 import json
+import os
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .common import Host, SimError, say
+from .common import Host, SimError, container_to_host, say
 from .vllm import _answerer
 
 TYPE_CHECKING = False  # see common.py: typing is not imported at run time
 if TYPE_CHECKING:
     from typing import Any
+#: Where `uv pip install` in a container of the axolotl image records what it added to the
+#: image's venv (in the container's own root: gone with the container, as on Docker).
+IMAGE_VENV_RECORD = ".simhost-image-venv.json"
+API_EXTRA = "lm_eval[api]"
 
 VERSION = "0.4.11"
 # Built-in tasks the stand-in knows, with the metrics (and fixed values) it reports.
@@ -99,7 +121,7 @@ def _render(template: str, doc: dict[str, Any]) -> str:
     return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: str(doc.get(m.group(1), "")), template)
 
 
-def _run_generate(host: Host, config: dict[str, Any], model_dirs: list[Path],
+def _run_generate(config: dict[str, Any], answer: Callable[[str], str],
                   limit: int | None) -> tuple[dict[str, float], list[dict[str, Any]]]:
     if config.get("output_type", "generate_until") != "generate_until":
         raise SimError(f"simhost: output_type {config.get('output_type')!r} is not simulated", 2)
@@ -112,7 +134,6 @@ def _run_generate(host: Host, config: dict[str, Any], model_dirs: list[Path],
     docs = [json.loads(line) for line in Path(files).read_text().splitlines() if line.strip()]
     if limit is not None:
         docs = docs[:limit]
-    answer = _answerer(host, model_dirs)
     samples = []
     hits = 0
     for doc_id, doc in enumerate(docs):
@@ -129,17 +150,8 @@ def _run_generate(host: Host, config: dict[str, Any], model_dirs: list[Path],
             "exact_match_stderr,none": 0.0}, samples
 
 
-def lm_eval(host: Host, argv: list[str]) -> int:
-    """`lm_eval [run] --model hf ...` (see the module docstring)."""
-    if argv[:1] in (["--version"], ["-V"]):
-        say(f"lm-eval {VERSION}")
-        return 0
-    flags = _parse(argv)
-    model = flags.get("--model", "hf")
-    if model != "hf":
-        raise SimError(f"simhost: lm_eval --model {model} is not simulated on this host (the "
-                       "axolotl image has no vLLM; use --model hf)", 2)
-    margs = _model_args(str(flags.get("--model_args") or ""))
+def _hf_model(host: Host, margs: dict[str, str]) -> tuple[str, Callable[[str], str]]:
+    """The `hf` backend: the model folder(s) loaded here; (name for the output, answerer)."""
     pretrained = margs.get("pretrained")
     if not pretrained:
         raise SimError("ValueError: model_args needs pretrained=<local model folder>", 1)
@@ -152,6 +164,65 @@ def lm_eval(host: Host, argv: list[str]) -> int:
                 f"and couldn't find them in the cached files. Check your internet connection "
                 f"or see how to run the library in offline mode. ({folder} is not a model "
                 "folder)", 1)
+    return margs.get("peft") or pretrained, _answerer(host, folders)
+
+
+def _api_extras_installed(host: Host) -> bool:
+    record = Path(os.environ.get("HOME", "/nonexistent")) / IMAGE_VENV_RECORD
+    added = json.loads(record.read_text()) if record.is_file() else {}
+    return bool(host.options.get("lm_eval_api_extras")) or API_EXTRA in added
+
+
+def _api_model(host: Host, margs: dict[str, str]) -> tuple[str, Callable[[str], str]]:
+    """`local-completions`: prompts POSTed to the server at `base_url`."""
+    if not _api_extras_installed(host):
+        raise SimError(
+            "ModuleNotFoundError: Attempted to use an API model, but the required packages "
+            "['tenacity'] are not installed. Please install these via `pip install "
+            "lm-eval[api]` or `pip install -e .\"[api]\"`", 1)
+    model, base_url = margs.get("model"), margs.get("base_url")
+    if not model or not base_url:
+        raise SimError("ValueError: local-completions needs model= and base_url= in "
+                       "model_args", 1)
+    tokenizer = margs.get("tokenizer", model)
+    if not (Path(container_to_host(tokenizer)) / "config.json").is_file():
+        raise SimError(f"OSError: Can't load tokenizer for '{tokenizer}'. If you were trying "
+                       "to load it from 'https://huggingface.co/models', make sure you don't "
+                       "have a local directory with the same name.", 1)
+    where = urllib.parse.urlsplit(base_url)
+    own_loopback = (os.environ.get("SIMHOST_CONTAINER")
+                    and os.environ.get("SIMHOST_NETWORK") != "host")
+    if own_loopback and where.hostname in ("127.0.0.1", "localhost"):
+        # The container's 127.0.0.1 is its own: nothing listens there.
+        raise SimError(f"aiohttp.client_exceptions.ClientConnectorError: Cannot connect to "
+                       f"host {where.hostname}:{where.port} ssl:default [Connect call failed "
+                       f"('{where.hostname}', {where.port})]", 1)
+
+    def answer(prompt: str) -> str:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 256,
+                           "temperature": 0}).encode()
+        request = urllib.request.Request(base_url, body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return str(json.load(response)["choices"][0]["text"])
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            raise SimError(f"tenacity.RetryError: RetryError[<Future state=finished raised "
+                           f"{type(exc).__name__}>] ({base_url}: {exc})", 1) from None
+
+    return model, answer
+
+
+def lm_eval(host: Host, argv: list[str]) -> int:
+    """`lm_eval [run] --model hf|local-completions ...` (see the module docstring)."""
+    if argv[:1] in (["--version"], ["-V"]):
+        say(f"lm-eval {VERSION}")
+        return 0
+    flags = _parse(argv)
+    model = flags.get("--model", "hf")
+    if model not in ("hf", "local-completions"):
+        raise SimError(f"simhost: lm_eval --model {model} is not simulated on this host "
+                       "(hf and local-completions are)", 2)
+    margs = _model_args(str(flags.get("--model_args") or ""))
     if flags.get("--log_samples") and not flags.get("--output_path"):
         raise SimError("ValueError: Specify --output_path if providing --log_samples", 1)
     if "--tasks" not in flags:
@@ -162,31 +233,41 @@ def lm_eval(host: Host, argv: list[str]) -> int:
     if missing:
         raise SimError(f"ValueError: Tasks not found: {', '.join(missing)}. Try `lm-eval ls "
                        "tasks` to list available tasks.", 1)
+    name, answer = (_hf_model if model == "hf" else _api_model)(host, margs)
     limit = int(flags["--limit"]) if flags.get("--limit") else None
     results: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for task in wanted:
         if task in included:
-            scores, samples[task] = _run_generate(host, included[task], folders, limit)
+            scores, samples[task] = _run_generate(included[task], answer, limit)
         else:
+            answer(f"{task}: a question of the built-in task")  # the harness asks the model
             scores = dict(BUILTIN[task])
         results[task] = {"alias": task, **scores}
-    name = margs.get("peft") or pretrained
-    host.event("lm-eval", model=pretrained, peft=margs.get("peft"), tasks=wanted,
-               batch_size=flags.get("--batch_size"), include_path=flags.get("--include_path"))
+    host.event("lm-eval", backend=model, model=name, peft=margs.get("peft"), tasks=wanted,
+               batch_size=flags.get("--batch_size"), include_path=flags.get("--include_path"),
+               container=os.environ.get("SIMHOST_CONTAINER") or None)
     out = flags.get("--output_path")
     if out:
-        folder = Path(out) / re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
-        folder.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(UTC).replace(tzinfo=None).isoformat().replace(":", "-")
-        doc = {"results": results, "config": {"model": "hf", "model_args": margs},
-               "lm_eval_version": VERSION}
-        (folder / f"results_{stamp}.json").write_text(json.dumps(doc, indent=2))
-        if flags.get("--log_samples"):
-            for task, rows in samples.items():
-                (folder / f"samples_{task}_{stamp}.jsonl").write_text(
-                    "".join(json.dumps(r) + "\n" for r in rows))
-    say(f"hf ({','.join(f'{k}={v}' for k, v in margs.items())}), limit: {limit}")
+        _write_output(Path(container_to_host(str(out))), name, model, margs, results, samples,
+                      bool(flags.get("--log_samples")))
+    say(f"{model} ({','.join(f'{k}={v}' for k, v in margs.items())}), limit: {limit}")
     for task, values in results.items():
         say(f"|{task}| " + " ".join(f"{k}={v}" for k, v in values.items() if k != "alias"))
     return 0
+
+
+def _write_output(out: Path, name: str, model: str, margs: dict[str, str],
+                  results: dict[str, dict[str, Any]], samples: dict[str, list[dict[str, Any]]],
+                  log_samples: bool) -> None:
+    """`OUT/<model name sanitized>/results_<ISO time>.json` (+ samples), as lm_eval does."""
+    folder = out / re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).replace(tzinfo=None).isoformat().replace(":", "-")
+    doc = {"results": results, "config": {"model": model, "model_args": margs},
+           "lm_eval_version": VERSION}
+    (folder / f"results_{stamp}.json").write_text(json.dumps(doc, indent=2))
+    if log_samples:
+        for task, rows in samples.items():
+            (folder / f"samples_{task}_{stamp}.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in rows))

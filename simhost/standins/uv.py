@@ -5,16 +5,23 @@ Only what orch runs on a container rental to install vLLM beside the image's own
 installing `vllm==X` puts a `bin/vllm` there that is the vLLM stand-in of release X (so
 `vllm --version` says X and `vllm serve` reads models as that release does). Other packages
 are recorded only. Unknown commands and flags fail with uv's usage error (exit 2).
+
+In a container of the axolotl image, `uv pip install --python <image venv>/bin/python PKG`
+adds to the image's own venv: recorded in the container's root (standins/lm_eval.py reads
+`lm_eval[api]` there), so it is gone with the container, as on Docker.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
 
+from . import images
 from .common import BIN_DIR, Host, SimError, say, write_atomic
+from .lm_eval import IMAGE_VENV_RECORD
 
 
 def _venv(host: Host, args: list[str]) -> int:
@@ -50,6 +57,8 @@ def _pip_install(host: Host, args: list[str]) -> int:
                            "<EDITABLE>>", 2)
         else:
             packages.append(arg)
+    if os.environ.get("SIMHOST_CONTAINER") and python == f"{images.layout('venv')}/bin/python":
+        return _image_venv_install(host, packages)
     venv = Path(python).parent.parent if python else None
     if venv is None or not (venv / "pyvenv.cfg").is_file():
         raise SimError("error: No virtual environment found; run `uv venv` to create an "
@@ -67,6 +76,18 @@ def _pip_install(host: Host, args: list[str]) -> int:
             write_atomic(host.writable(venv / "bin" / "vllm"), script, 0o755)
     write_atomic(record, json.dumps(installed, indent=1))
     host.event("uv-pip-install", venv=str(venv), packages=packages)
+    say(f"Installed {len(packages)} package(s)", err=True)
+    return 0
+
+
+def _image_venv_install(host: Host, packages: list[str]) -> int:
+    record = Path(os.environ["HOME"]) / IMAGE_VENV_RECORD
+    added: dict[str, bool] = json.loads(record.read_text()) if record.is_file() else {}
+    for spec in packages:
+        added[spec.partition("==")[0]] = True
+    write_atomic(record, json.dumps(added))
+    host.event("uv-pip-install", venv=images.layout("venv"), packages=packages,
+               container=os.environ["SIMHOST_CONTAINER"])
     say(f"Installed {len(packages)} package(s)", err=True)
     return 0
 
