@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from termutil import ROOT, orch_exe, run_tty, visible
 
-from providers.sim import SimCloud
+from providers.sim.compute import SimCloud
 
 
 @pytest.fixture
