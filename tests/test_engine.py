@@ -246,11 +246,11 @@ def test_cancel_mid_training_terminates_the_instance(rig: Rig) -> None:
     cloud = rig.cloud(host_options={"train_steps": 40, "train_step_seconds": 0.3})
     job_id = rig.queue(rig.job_file())
     when(lambda: training_step(rig.store, job_id) >= 2, lambda: rig.store.request_cancel(job_id))
-    started = time.monotonic()
     job = rig.run(cloud, job_id)
 
     assert job.status == "cancelled"
-    assert time.monotonic() - started < 40 * 0.3, "training ran to the end"
+    # Stopped mid-way, counted in steps rather than wall time (this machine is noisy).
+    assert 2 <= training_step(rig.store, job_id) < 40, "training ran to the end"
     (row,) = rig.store.instances_of(job_id)
     assert row.end_reason == "cancelled"
     assert job.cost_micros == row.cost_micros + job.storage_micros

@@ -1,8 +1,11 @@
-"""playbooks.ssh.env (numbers from the environment) and the ssh package's place as a leaf."""
+"""playbooks.ssh.env: numbers from the environment.
+
+The ssh package's place as a leaf (it imports only the retry policy) and the playbooks'
+place below the orchestrator core are enforced with every other layer in tests/test_layers.py.
+"""
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -59,35 +62,3 @@ def test_the_env_parser_loads_without_paramiko() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, check=True)
     assert done.stdout.strip() == "[]"
-
-
-def _imports(path: Path) -> set[str]:
-    """Every module `path` imports, at module or function level."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-    return names
-
-
-def test_the_ssh_package_is_a_leaf() -> None:
-    outside = {
-        f"{path.relative_to(ROOT)}: {name}"
-        for path in (ROOT / "playbooks" / "ssh").glob("*.py")
-        for name in _imports(path)
-        if name.split(".")[0] in ("orchestrator", "providers", "playbooks")
-        and not name.startswith("playbooks.ssh")
-    }
-    assert outside == set()
-
-
-def test_playbooks_import_nothing_from_orchestrator() -> None:
-    backward = {
-        f"{path.relative_to(ROOT)}: {name}"
-        for path in (ROOT / "playbooks").rglob("*.py")
-        for name in _imports(path)
-        if name.split(".")[0] == "orchestrator"
-    }
-    assert backward == set()

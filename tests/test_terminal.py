@@ -130,11 +130,12 @@ def test_piped_tables_keep_full_rows_tab_separated(history: dict[str, Any]) -> N
     env = {**history["env"], "COLUMNS": "40"}  # a narrow terminal must not cut piped rows
     lines = piped(env, "jobs").stdout.splitlines()
     assert lines[0].split("\t") == ["id", "name", "status", "method", "placement", "est. h",
-                                    "est. cost", "cost", "created"]
+                                    "est. cost", "cost", "created", "worker", "lease"]
     rows = [line.split("\t") for line in lines[1:]]
     assert sorted(r[0] for r in rows) == sorted(history["ids"])
-    assert all(len(r) == 9 and r[4] == "sim RTX 3090 x1" and "…" not in "".join(r)
-               for r in rows)
+    # Finished jobs: no worker holds them, no lease runs.
+    assert all(len(r) == 11 and r[4] == "sim RTX 3090 x1" and "…" not in "".join(r)
+               and r[9] == "-" for r in rows), rows
     history_rows = piped(env, "history").stdout.splitlines()
     assert all(len(line.split("\t")) == 11 for line in history_rows)
 

@@ -1,9 +1,10 @@
 """SSH to GPU hosts: pinned host keys, bounded retries, quoted commands, SFTP, secrets, tunnels.
 
-A leaf of the tree: nothing here imports from `orchestrator`, `providers` or other playbooks
-modules. Callers write `from playbooks.ssh import X`; the names load lazily (PEP 562) so
-that `playbooks.ssh.env`, which the CLI reads its settings with, does not pull in paramiko
-and fabric at start-up. The modules:
+A leaf of the tree: nothing here imports from `orchestrator` (but its bottom layer, the one
+retry policy `orchestrator.retrying`), `providers` or other playbooks modules
+(tests/test_layers.py). Callers write `from playbooks.ssh import X`; the names load lazily
+(PEP 562) so that `playbooks.ssh.env`, which the CLI reads its settings with, does not pull
+in paramiko and fabric at start-up. The modules:
 
 - `errors`: what this layer raises, and a command's `Result`;
 - `hostkeys`: parsing, fingerprints, the pinned-key policy;
