@@ -49,13 +49,27 @@ class _Group:
 
 
 @dataclass(frozen=True)
+class _Model:
+    """The groups of one (GPU, count), what training time depends on besides the layout,
+    with each part of their cheap bound at its least over the groups: the least of those
+    parts together bounds every group's cheap bound from below, so a job prices its groups
+    only once the model is reached (`_Search.walks`)."""
+
+    gpu: str
+    gpu_count: int
+    groups: tuple[_Group, ...]
+    boot_cost: float
+    pull_cost: float
+    price: float
+
+
+@dataclass(frozen=True)
 class OfferBook:
     """A market indexed for `best`: built once, used for any number of jobs."""
 
     groups: tuple[_Group, ...]
     others: tuple[Offer, ...]  # monthly and registered offers: priced one by one
-    # The groups by (GPU, count), what training time depends on besides the layout.
-    by_model: tuple[tuple[str, int, tuple[_Group, ...]], ...] = ()
+    models: tuple[_Model, ...] = ()
 
     @classmethod
     def of(cls, offers: Iterable[Offer]) -> OfferBook:
@@ -78,8 +92,11 @@ class OfferBook:
                        len(groups), prices[0] * boot_h, prices[0] / pull)
             groups.append(g)
             by_model.setdefault((gpu, count), []).append(g)
-        return cls(tuple(groups), tuple(others),
-                   tuple((gpu, count, tuple(gs)) for (gpu, count), gs in by_model.items()))
+        models = tuple(
+            _Model(gpu, count, tuple(gs), min(g.boot_cost for g in gs),
+                   min(g.pull_cost for g in gs), min(g.prices[0] for g in gs))
+            for (gpu, count), gs in by_model.items())
+        return cls(tuple(groups), tuple(others), models)
 
 
 def best(
@@ -192,22 +209,34 @@ class _Search:
         pull_bits = 0.0 if self.cached_on else model_bits / 1e9
         after = throughput.merge_seconds(w)
         pull_h, after_h = pull_bits / 3600, after / 3600
-        cheap = []
+        # Two levels, popped lazily from one heap: a (GPU, count) model under the least of
+        # its groups' bound parts, then, once reached, each of its groups under its own
+        # bound (never below its model's). Most models are never reached, and a job prices
+        # the groups of only those it reaches. Entries: (bound, unique order, model rest
+        # hours or -1 for a group, the model or group); the order keeps ties stable.
         floor_of = self._floors()
-        for name, count, groups in book.by_model:
-            if count > c.max_gpus or (c.gpu_count is not None and count != c.gpu_count):
+        n = len(book.groups)
+        cheap: list[tuple[float, int, float, _Model | _Group]] = []
+        for i, m in enumerate(book.models):
+            if m.gpu_count > c.max_gpus or (c.gpu_count is not None
+                                            and m.gpu_count != c.gpu_count):
                 continue
-            if c.gpus is not None and name not in c.gpus:
+            if c.gpus is not None and m.gpu not in c.gpus:
                 continue
-            rest = after_h + floor_of(name, count)
-            cheap += [(g.boot_cost + pull_h * g.pull_cost + g.prices[0] * rest, g.index, g)
-                      for g in groups]
-        heapq.heapify(cheap)  # popped lazily: most groups are never reached
+            rest = after_h + floor_of(m.gpu, m.gpu_count)
+            cheap.append((m.boot_cost + pull_h * m.pull_cost + m.price * rest, n + i, rest, m))
+        heapq.heapify(cheap)
         trains: dict[tuple[str, int, int], float] = {}
         while cheap:
-            low, _i, g = heapq.heappop(cheap)
+            low, _i, rest, item = heapq.heappop(cheap)
             if low * (1 - _SLACK) - _ROUNDING > self.bound:
-                return  # every later group starts dearer still
+                return  # every later model and group starts dearer still
+            if isinstance(item, _Model):
+                for g in item.groups:
+                    heapq.heappush(cheap, (g.boot_cost + pull_h * g.pull_cost
+                                           + g.prices[0] * rest, g.index, -1.0, g))
+                continue
+            g = item
             gpu = self.gpus[g.gpu]
             est = self.fit(g.offers[0], gpu)
             if est is None:
@@ -225,10 +254,12 @@ class _Search:
         (`throughput.training_seconds_floor`, which scales as 1 / count)."""
         one = {name: throughput.training_seconds_floor(self.w, self.tokens, gpu, 1) / 3600
                for name, gpu in self.gpus.items()}
+        measured = self.measured
+        if not measured:
+            return lambda name, count: one[name] / count
 
         def floor(name: str, count: int) -> float:
-            learned = (self.measured.get(throughput.measured_key(self.w, name, count))
-                       if self.measured else None)
+            learned = measured.get(throughput.measured_key(self.w, name, count))
             if learned is not None and learned.tokens_per_s > 0:
                 return self.tokens / learned.tokens_per_s / 3600
             return one[name] / count

@@ -180,15 +180,18 @@ def training_seconds(
     return max(compute, memory)
 
 
+# The mildest slowdown any saver choice leaves (the floor's factor; constants, so once).
+_MILDEST = (min(CE_SLOWDOWN.values()) * min(OPTIMIZER_SLOWDOWN.values())
+            * min(1.0, EIGHT_BIT_FULL_SLOWDOWN) * min(1.0, ACTIVATION_OFFLOAD_SLOWDOWN))
+
+
 def training_seconds_floor(w: Workload, tokens: int, gpu: GpuSpec, gpu_count: int) -> float:
     """A lower bound on `training_seconds` of `w` on `gpu_count` x `gpu` under any layout
     and saver choice: its compute term with perfect scaling, no recompute and the mildest
     slowdowns (the offer book ranks groups by it before sizing them). `efficiency` depends
     on the model's width and the method, which no saver changes."""
     rate = gpu.bf16_tflops * 1e12 * efficiency(w, gpu) * gpu_count
-    mildest = (min(CE_SLOWDOWN.values()) * min(OPTIMIZER_SLOWDOWN.values())
-               * min(1.0, EIGHT_BIT_FULL_SLOWDOWN) * min(1.0, ACTIVATION_OFFLOAD_SLOWDOWN))
-    return tokens * (FORWARD + BACKWARD[w.method]) * w.arch.params / rate * mildest
+    return tokens * (FORWARD + BACKWARD[w.method]) * w.arch.params / rate * _MILDEST
 
 
 def model_download_bytes(w: Workload) -> int:
