@@ -1,10 +1,9 @@
 """Scoring a served model: the user's eval set over `/v1/completions`, lm-eval tasks.
 
 The eval set (JSONL rows of `prompt`/`expected`) is scored at temperature 0; lm-evaluation-
-harness tasks run against the same server with `--model local-completions`, on a Docker
+harness tasks run against the same server with `--model local-completions`: on a Docker
 host in a throwaway container of the trainer image (the host OS has no lm_eval; the image
-does, real-hosts.md §1, §9). The native runner (`evaluate_native`) shares the row parsing,
-the answer scoring and the results format.
+does, real-hosts.md §1, §9), on a container rental natively in the rented image.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import logging
 import re
 import string
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -279,6 +278,10 @@ class LmEvalContainer:
         """The container's name (a leftover of a killed run is removed first)."""
         return container_name("lm-eval", self.job_id)
 
+    def inside(self, path: str) -> str:
+        """A host path as the harness sees it (under the mount)."""
+        return self.layout.container(path)
+
     def argv(self, lm_eval: Sequence[str]) -> list[str]:
         """`docker run` of `lm_eval` (built with container paths) in the trainer image."""
         return [
@@ -294,18 +297,41 @@ class LmEvalContainer:
         ]  # fmt: skip
 
 
-def lm_eval_container_argv(where: LmEvalContainer, tasks: Sequence[str], port: int,
+@dataclass(frozen=True)
+class LmEvalNative:
+    """Where lm-eval runs on a container rental: natively in the rented trainer image, whose
+    venv has `lm_eval` (the `[api]` extra is added to it first, as in the Docker host's
+    container), against the vLLM server orch runs there. `wrap` restores the image's
+    environment (SSH sessions on a rental do not see the image's PATH)."""
+
+    wrap: Callable[[Sequence[str]], list[str]]
+    name: None = None  # no container to clear before a run
+
+    def inside(self, path: str) -> str:
+        """Host paths are the harness's own: it runs on the host."""
+        return path
+
+    def argv(self, lm_eval: Sequence[str]) -> list[str]:
+        """`lm_eval` in the image's venv, after `uv pip install` of the `[api]` extra."""
+        return self.wrap(["sh", "-c", ENSURE_API_EXTRA, "lm-eval",
+                          f"{images.layout().venv}/bin/python",
+                          images.catalog().lm_eval["api_requirement"], *lm_eval])
+
+
+LmEvalPlace = LmEvalContainer | LmEvalNative
+
+
+def lm_eval_container_argv(where: LmEvalPlace, tasks: Sequence[str], port: int,
                            tokenizer_dir: str, output_dir: str,
                            served_name: str = SERVED_NAME) -> list[str]:
-    """The whole command `run_lm_eval` runs (host paths in, container paths on the argv)."""
-    inside = where.layout.container
-    return where.argv(lm_eval_argv(tasks, port, inside(tokenizer_dir), inside(output_dir),
-                                   served_name))
+    """The whole command `run_lm_eval` runs (host paths in, the harness's paths on the argv)."""
+    return where.argv(lm_eval_argv(tasks, port, where.inside(tokenizer_dir),
+                                   where.inside(output_dir), served_name))
 
 
 def run_lm_eval(
     host: Host,
-    where: LmEvalContainer,
+    where: LmEvalPlace,
     tasks: Sequence[str],
     port: int,
     tokenizer_dir: str,
@@ -315,16 +341,18 @@ def run_lm_eval(
 ) -> tuple[dict[str, float], str]:
     """Run lm-eval tasks in the trainer image against the server; (metrics, results file).
 
-    `tokenizer_dir` and `output_dir` are host paths under `where.layout.base`."""
+    `tokenizer_dir` and `output_dir` are host paths (under the layout's base)."""
     argv = lm_eval_container_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
     host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
-    host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent is fine)
+    if where.name is not None:
+        host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent: fine)
     # lm_eval writes <output>/<model name>/results_<timestamp>.json. The new file is the
     # one that was not there before (host mtimes are not comparable with our clock).
     before = _results_files(host, output_dir)
     result = host.run(argv, timeout=timeout_s)
     if not result.ok:
-        raise StepFailed(f"lm_eval in {where.image} failed (exit {result.exit_code}): "
+        place = where.image if isinstance(where, LmEvalContainer) else "the rented image"
+        raise StepFailed(f"lm_eval in {place} failed (exit {result.exit_code}): "
                          f"{last_line(result.stderr or result.stdout)}",
                          fault=Fault.HOST, stderr=result.stderr)
     found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()

@@ -28,10 +28,11 @@ from .evalscore import (
     EvalResult,
     EvalScores,
     LmEvalContainer,
+    LmEvalNative,
+    LmEvalPlace,
     run_lm_eval,
     score_eval_set,
 )
-from .evaluate_native import evaluate_native
 from .vllm import (
     DEFAULT_SERVING,
     SERVED_NAME,
@@ -105,9 +106,13 @@ class _Served:
 
     def lm_eval(self, h: Host) -> None:
         output = f"{self.layout.job_dir(self.job_id)}/eval/lm_eval"
-        if not self.trainer_image:
+        where: LmEvalPlace
+        if self.native is not None:  # a container rental: in the rented image, natively
+            where = LmEvalNative(self.server(h).wrap)
+        elif not self.trainer_image:
             raise ValueError("eval.tasks on a Docker host need the trainer image (lm_eval)")
-        where = LmEvalContainer(self.job_id, self.trainer_image, self.layout)
+        else:
+            where = LmEvalContainer(self.job_id, self.trainer_image, self.layout)
         self._lm = run_lm_eval(h, where, self.tasks, self.port,
                                self.tokenizer_dir or self.model_dir_host, output,
                                self.served_name, self.lm_eval_timeout_s)
@@ -212,9 +217,9 @@ def evaluate(
     On a host without Docker (`runner` "process": a container rental) vLLM `vllm_version`
     is installed in a venv of its own and served natively under the uploaded orch-job.sh
     (`native_wrapper`; playbooks/vllm_native.py) after a `vllm-install` step; `eval.tasks`
-    there run lm-eval's `hf` backend in the trainer image once the server is stopped (the
-    image has no `lm_eval[api]`). On a Docker host `eval.tasks` run in a throwaway container
-    of `trainer_image` against the server (`--model local-completions`; evalscore).
+    there run the rented image's lm-eval natively against it. On a Docker host `eval.tasks`
+    run in a throwaway container of `trainer_image` against the server. Both use
+    `--model local-completions` after adding the `lm_eval[api]` extra (evalscore).
     """
     if runner != "docker":
         return _evaluate_rental(host, job_id, model_dir_host, layout, port, max_model_len,
@@ -253,12 +258,9 @@ def _evaluate_rental(host: Host, job_id: str, model_dir_host: str, layout: Layou
                      lm_eval_timeout_s: float, emit: Emit, stop_after: bool,
                      wrap: Callable[[Sequence[str]], list[str]], wrapper: str,
                      version: str, serving: Serving) -> EvalResult:
-    """`evaluate` on a container rental: vLLM in its own venv for the eval set, then the
-    image's lm-eval (`hf` backend) for `tasks`."""
-    if eval_rows is None:
-        return evaluate_native(host, job_id, model_dir_host, layout, max_model_len, None,
-                               tasks=tasks, lora=lora, max_tokens=max_tokens,
-                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=wrap)
+    """`evaluate` on a container rental: vLLM in its own venv serves the model; the eval set
+    is scored through it and `tasks` run the image's lm-eval against it
+    (`--model local-completions`), as on a Docker host."""
     if not wrapper or not version:
         raise ValueError("a container rental's evaluation needs the orch-job.sh path and the "
                          "vLLM version")
@@ -267,17 +269,8 @@ def _evaluate_rental(host: Host, job_id: str, model_dir_host: str, layout: Layou
         args = host_engine_args(h, model_dir_host, max_model_len, served_name, lora, serving)
         return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap)
 
-    run = _Served(job_id, model_dir_host, layout, "", port, max_model_len, eval_rows, (),
+    run = _Served(job_id, model_dir_host, layout, "", port, max_model_len, eval_rows, tasks,
                   lora, None, served_name, ready_deadline_s,
                   min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
                   serving, server)
-    # The hf backend needs the GPU memory the server holds: stop it before the tasks.
-    result = _run_served(run, host, emit, stop_after or bool(tasks))
-    if tasks:
-        rest = evaluate_native(host, job_id, model_dir_host, layout, max_model_len, None,
-                               tasks=tasks, lora=lora, max_tokens=max_tokens,
-                               timeout_s=lm_eval_timeout_s, emit=emit, wrap=wrap)
-        result.metrics.update(rest.metrics)
-        result.lm_eval_results = rest.lm_eval_results
-        result.reports += rest.reports
-    return result
+    return _run_served(run, host, emit, stop_after)

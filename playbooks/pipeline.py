@@ -360,9 +360,7 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
     job, tj = run.job, run.train_job
     if job.eval_set is not None or job.eval_tasks:
         hooks.check_stop()
-        hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation"
-                     if tj.runner == "docker" or job.eval_set is not None
-                     else "scoring the model with lm-eval (hf backend)")
+        hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation")
         model, adapter = merge.served_dirs(tj, job.serving.served == "adapter")
         try:
             result = evaluate.evaluate(

@@ -17,7 +17,6 @@ from typing import Any
 import yaml
 
 from playbooks import deliver, evalscore, images, merge, train, vllm
-from playbooks import evaluate_native as native
 from playbooks.base import container_name
 from playbooks.vllm_native import NativeServer
 
@@ -50,23 +49,14 @@ class Rendered:
 
 
 def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
-                  max_model_len: int, tasks: Sequence[str] = (),
-                  eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
+                  max_model_len: int, serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
     """The evaluation server's command line, as `evaluate.evaluate` starts it.
 
     On a container rental (no Docker) it is `vllm serve` from orch's vLLM venv under
-    orch-job.sh (`native_server`); with no eval set (tasks only), `lm_eval --model hf` in the
-    trainer image, run natively with the image's environment restored.
+    orch-job.sh (`native_server`); on a Docker host, the vLLM image's container.
     """
-    if tj.runner == "process" and eval_set:
-        return native_server(tj, port, max_model_len, serving).serve_argv()
     if tj.runner == "process":
-        eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
-        names = [*tasks, *([native.EVAL_SET_TASK] if eval_set else [])]
-        argv = native.native_argv(merge.merged_dir(tj), names,
-                                  f"{eval_dir}/tasks" if eval_set else None,
-                                  f"{eval_dir}/lm_eval_hf", max_model_len)
-        return tj.native.wrap(argv)
+        return native_server(tj, port, max_model_len, serving).serve_argv()
     model, adapter = merge.served_dirs(tj, serving.served == "adapter")
     args = vllm.engine_args(tj.layout.container(model), max_model_len,
                             lora=None if adapter is None else tj.layout.container(adapter),
@@ -76,24 +66,21 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
     return spec.docker_argv()
 
 
-def lm_eval_argv(tj: train.TrainJob, port: int, max_model_len: int, tasks: Sequence[str],
-                 eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING
-                 ) -> list[str]:
+def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
+                 serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
     """The command that runs `eval.tasks`, as `evaluate.evaluate` runs it.
 
-    On a Docker host: `lm_eval --model local-completions` against the vLLM server, in a
-    throwaway container of the trainer image. On a container rental: lm-eval's `hf` backend
-    natively in the rented image (the same command as `evaluate` when there is no eval set).
+    `lm_eval --model local-completions` against the vLLM server: on a Docker host in a
+    throwaway container of the trainer image, on a container rental natively in the rented
+    image; both after adding the `lm_eval[api]` extra.
     """
     if not tasks:
         return []
     eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
-    model, adapter = merge.served_dirs(tj, serving.served == "adapter")
-    if tj.runner == "process":
-        argv = native.native_argv(model, list(tasks), None, f"{eval_dir}/lm_eval_hf",
-                                  max_model_len, adapter)
-        return tj.native.wrap(argv)
-    where = evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout)
+    model, _adapter = merge.served_dirs(tj, serving.served == "adapter")
+    where: evalscore.LmEvalPlace = (
+        evalscore.LmEvalNative(tj.native.wrap) if tj.runner == "process"
+        else evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout))
     return evalscore.lm_eval_container_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
 
 
@@ -122,7 +109,7 @@ def native_server(tj: train.TrainJob, port: int, max_model_len: int,
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
            kind: images.HostKind | None = None, eval_tasks: Sequence[str] = (),
-           eval_set: bool = True, serving: vllm.Serving = vllm.DEFAULT_SERVING,
+           serving: vllm.Serving = vllm.DEFAULT_SERVING,
            download: Sequence[str] = (), hub: deliver.HubTarget | None = None) -> Rendered:
     """`tj` as it runs: config files, image and every command line it runs on the host
     (`download`: the base model's, from `download_argv`; `hub`: the upload, if any)."""
@@ -136,7 +123,7 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
     if tj.runner == "process":
         notes.append(f"no Docker on a container rental: the rented image ({tj.image}) is the "
                      "runtime; commands run natively under playbooks/remote/orch-job.sh")
-        if evaluates and eval_set:
+        if evaluates:
             installs = native_server(tj, vllm_port, tj.config.sequence_len,
                                      serving).install_argvs()
             notes.append("before `evaluate`, vLLM is installed once per machine: "
@@ -146,9 +133,8 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
         "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
-                                  eval_tasks, eval_set, serving) if evaluates else [],
-        "lm_eval": lm_eval_argv(tj, vllm_port, tj.config.sequence_len, eval_tasks, eval_set,
-                                serving) if evaluates else [],
+                                  serving) if evaluates else [],
+        "lm_eval": lm_eval_argv(tj, vllm_port, eval_tasks, serving) if evaluates else [],
         "deliver": deliver.upload_argv(tj, hub, token=True) if hub is not None else [],
     }
     notes.append("delivery: the results are copied back over SFTP and checked by sha256"

@@ -62,7 +62,6 @@ def render_job(file: Path, host: str) -> Any:
     rendered = rendering.render(tj, evaluates=bool(spec.eval.eval_set or spec.eval.tasks),
                                 vllm_image=DEFAULT_VLLM_IMAGE, kind=kind,
                                 eval_tasks=tuple(spec.eval.tasks),
-                                eval_set=spec.eval.eval_set is not None,
                                 download=download, hub=hub,
                                 serving=serving_for(job, est.gpu_count,
                                                     plan.chosen.offer.gpu_memory_bytes))

@@ -1,12 +1,12 @@
 """`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images): `hf` and
 `local-completions` backends.
 
-What a container rental runs natively (no Docker, no vLLM): `lm_eval [run] --model hf
---model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks T[,T...] [--include_path DIR]
---output_path OUT [--log_samples] [--batch_size N|auto] [--limit N] [--device D]`.
-
-What a Docker host runs in a container of the trainer image against the vLLM server:
+What orch runs against the vLLM server, in a container of the trainer image on a Docker
+host and natively in the rented image on a container rental:
 `lm_eval --model local-completions --model_args model=NAME,base_url=URL,tokenizer=DIR,...`.
+The `hf` backend (`--model hf --model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks
+T[,T...] [--include_path DIR] --output_path OUT [--log_samples] [--batch_size N|auto]
+[--limit N] [--device D]`) is simulated too; orch no longer runs it.
 Every task's prompts are POSTed to `base_url` (a real HTTP request to the vLLM stand-in).
 As the real one (`models/api_models.py` `TemplateAPI.__init__` @v0.4.11) it refuses to
 start without the `lm_eval[api]` extra's packages (`aiohttp`, `tqdm`, `tenacity`,

@@ -6,9 +6,10 @@ installing `vllm==X` puts a `bin/vllm` there that is the vLLM stand-in of releas
 `vllm --version` says X and `vllm serve` reads models as that release does). Other packages
 are recorded only. Unknown commands and flags fail with uv's usage error (exit 2).
 
-In a container of the axolotl image, `uv pip install --python <image venv>/bin/python PKG`
-adds to the image's own venv: recorded in the container's root (standins/lm_eval.py reads
-`lm_eval[api]` there), so it is gone with the container, as on Docker.
+`uv pip install --python <image venv>/bin/python PKG` adds to the axolotl image's own venv:
+recorded in $HOME (standins/lm_eval.py reads `lm_eval[api]` there): in a container of the
+image, its own root, gone with the container as on Docker; on a container rental (the image
+is the machine), the rental's home, kept as long as the rental.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _pip_install(host: Host, args: list[str]) -> int:
                            "<EDITABLE>>", 2)
         else:
             packages.append(arg)
-    if os.environ.get("SIMHOST_CONTAINER") and python == f"{images.layout('venv')}/bin/python":
+    if python == f"{images.layout('venv')}/bin/python":
         return _image_venv_install(host, packages)
     venv = Path(python).parent.parent if python else None
     if venv is None or not (venv / "pyvenv.cfg").is_file():
@@ -87,7 +88,7 @@ def _image_venv_install(host: Host, packages: list[str]) -> int:
         added[spec.partition("==")[0]] = True
     write_atomic(record, json.dumps(added))
     host.event("uv-pip-install", venv=images.layout("venv"), packages=packages,
-               container=os.environ["SIMHOST_CONTAINER"])
+               container=os.environ.get("SIMHOST_CONTAINER"))
     say(f"Installed {len(packages)} package(s)", err=True)
     return 0
 
