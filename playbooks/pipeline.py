@@ -67,6 +67,9 @@ class PipelineJob:
     include_merged: bool = False  # the merged model is copied back too (output.local)
     push_to_hub: deliver.HubTarget | None = None  # the result uploaded from the host
     hub_endpoint: str | None = None  # HF_ENDPOINT where orch runs (None: huggingface.co)
+    # A kept (monthly or registered) server's name: its disk outlives the job, so where the
+    # job's outputs stay on it is recorded with the deliveries (None: a rental, destroyed).
+    kept_on: str | None = None
     hf_token: str | None = field(default=None, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
@@ -349,6 +352,10 @@ def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
         run_playbook("deliver", upload.steps(), run.host, hooks.emit)
         places.append({"what": "merged" if target.merged else "adapter", "where": "hub",
                        "location": upload.url or ""})
+    if job.kept_on is not None:
+        # Checkpoints, the adapter and, once merged, the merged model stay on the server.
+        places.append({"what": "outputs", "where": "host",
+                       "location": f"{job.kept_on}:{run.train_job.output_dir}"})
     hooks.event("delivered", "; ".join(f"{p['what']}: {p['location']}" for p in places),
                 {"places": places})
     hooks.phase_done("artifacts", artifacts_dir=job.artifacts_dir)

@@ -165,6 +165,10 @@ def test_job_succeeds_end_to_end(rig: Rig, method: str) -> None:
     assert row.end_reason == "released" and row.interruptible  # the cheapest is spot
     assert row.cost_micros > 0 and job.cost_micros >= row.cost_micros
     assert job.cost_micros == row.cost_micros + job.storage_micros
+    # A rental's disk is destroyed with it: nothing is said to stay on its host.
+    places = [p for e in rig.store.events(job_id) if e.kind == "delivered"
+              for p in json.loads(e.data_json or "{}")["places"]]
+    assert places and all(p["where"] != "host" for p in places), places
     # The simulated cloud trains as fast as it is told: it must not teach the planner.
     from orchestrator.records.readonly import measured_throughput
 
@@ -332,6 +336,13 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     # The server is kept, so the eval's vLLM server was stopped (its GPU is free again).
     removed = [e["container"] for e in host.events("docker-rm")]
     assert any(c.startswith("orch-vllm") or "vllm" in c for c in removed), removed
+    # Its disk outlives the job: where the outputs stay on it is recorded (issue 19 §2).
+    (delivered,) = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+                    if e.kind == "delivered"]
+    (kept,) = [p for p in delivered["places"] if p["where"] == "host"]
+    server, _, folder = kept["location"].partition(":")
+    assert server == "box1" and kept["what"] == "outputs"
+    assert (Path(folder) / "adapter_model.safetensors").is_file()  # on the server's disk
 
 
 def test_workers_starting_together_share_one_new_ssh_key(tmp_path: Path) -> None:

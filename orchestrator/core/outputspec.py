@@ -39,7 +39,9 @@ class OutputSpec(Strict):
         description="Copy the results into orch's artifacts directory on this machine. "
                     "Unset: the adapter always comes back, a merged model only when it is "
                     "under 20 GB and no `push_to_hub` takes it; `true`: everything; "
-                    "`false`: nothing (the results go to `push_to_hub` only).")
+                    "`false`: nothing (the results go to `push_to_hub` only). On a monthly "
+                    "or registered server the job's outputs (checkpoints, adapter, merged "
+                    "model) also stay on its disk; `orch show` says where.")
     push_to_hub: Annotated[str, AfterValidator(_hub_repo)] | None = Field(
         default=None, examples=["my-org/llama31-8b-support"],
         description="Upload the result (the merged model with `merged: true`, else the "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import time
+from dataclasses import replace
 
 from tenacity import RetryCallState
 
@@ -194,12 +195,15 @@ class HostSession:
         """Run the job's phases on `host`, resuming after those a takeover found done."""
         inst = placed.inst
         job = self.ledger.job()
-        kept = keeps_machine(placed.provider) is not None
+        keeper = keeps_machine(placed.provider)
+        kept = keeper is not None
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(inst.ssh_host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
                                       exact_count=not kept)
+        if keeper is not None:  # its disk outlives the job: say where the outputs stay
+            pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
