@@ -48,6 +48,7 @@ import sys
 from orchestrator.records.store import open_store
 url, owner = sys.argv[1], sys.argv[2]
 store = open_store(url)
+store.claim_next(owner, 30)  # the queue is still empty: compiles and connects, claims nothing
 print("ready", flush=True)
 sys.stdin.readline()
 n = 0
@@ -92,9 +93,16 @@ def _claims_of(url: str) -> tuple[int, int, list[float]]:
     return len(claims), dupes, latency
 
 
+def _busy_s() -> float:
+    """CPU seconds this machine has spent busy (all processes, PostgreSQL's included)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     url = server.create_database("fleet")
-    _queue(url, jobs)
+    open_store(url).close()  # the schema, before the workers open it
     procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"bench:host{n}:w{n}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=ROOT, start_new_session=True)
@@ -102,15 +110,24 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     for p in procs:
         assert p.stdout is not None
         assert p.stdout.readline().strip() == "ready"
-    started = time.monotonic()
+    # Queued once every worker is connected and warm (its first statements compiled), and
+    # timed until each has said how many it claimed, not past its exit: a worker's start
+    # and end are not the queue's work, and with 32 workers and few jobs they dominated.
+    _queue(url, jobs)
+    started, busy = time.monotonic(), _busy_s()
     for p in procs:
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()
-    done = sum(int(p.communicate(timeout=600)[0].strip() or 0) for p in procs)
-    wall = time.monotonic() - started
+    done = sum(int(p.stdout.readline().strip() or 0) for p in procs if p.stdout is not None)
+    wall, cpu = time.monotonic() - started, _busy_s() - busy
+    for p in procs:
+        p.communicate(timeout=600)
     claimed, dupes, latency = _claims_of(url)
+    # CPU per claim (workers and database together): on a machine with fewer cores than
+    # workers, claims/s can only hold if this does; it says whether the queue's own work grows.
     return (f"  {workers:3d} workers  {done:5d} claims in {wall:6.2f}s = {done / wall:7.1f}/s  "
+            f"cpu {cpu / max(done, 1) * 1000:5.1f} ms/claim ({cpu / wall:4.2f} cores)  "
             f"duplicates {dupes}  unclaimed {jobs - claimed}  queue latency median "
             f"{statistics.median(latency):6.2f}s worst {max(latency):6.2f}s")
 
