@@ -13,7 +13,7 @@ measures, side by side for 4, 8, 16 and 32 workers:
   from the history. On 2 cores the simulated hosts, not the database, are the limit.
 
 Asserts nothing (these machines are noisy). Usage:
-    python bench/fleet.py [--jobs 400] [--workers 4,8,16,32] [--e2e] [--e2e-jobs 12]
+    python bench/fleet.py [--jobs 800] [--workers 4,8,16,32] [--e2e] [--e2e-jobs 12]
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=400)
+    ap.add_argument("--jobs", type=int, default=800)
     ap.add_argument("--workers", default="4,8,16,32")
     ap.add_argument("--e2e", action="store_true", help="also run real sim jobs end to end")
     ap.add_argument("--e2e-jobs", type=int, default=12)
