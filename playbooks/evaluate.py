@@ -42,6 +42,7 @@ from .vllm import (
     ensure_server,
     host_engine_args,
     probe_once,
+    served_root,
     server_running,
     server_spec,
     stop_server,
@@ -128,13 +129,19 @@ class _Served:
             return self.server(h).running(h)
         return server_running(h, self.spec(h))
 
+    def root(self, h: Host) -> str | None:
+        """The path vLLM reports serving the eval's name from: only our server has it."""
+        args = self.server(h).args if self.native is not None else self.spec(h).args
+        return served_root(args, self.served_name)
+
     def ready(self, h: Host) -> None:
         if self.native is not None:
             wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
-                       alive=lambda elapsed: self.server(h).fail_if_exited(h, elapsed))
+                       alive=lambda elapsed: self.server(h).fail_if_exited(h, elapsed),
+                       root=self.root(h))
         else:
             wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
-                       container=self.spec(h).name)
+                       container=self.spec(h).name, root=self.root(h))
 
     def steps(self) -> list[Step]:
         steps = []
@@ -143,7 +150,8 @@ class _Served:
                               lambda h: self.server(h).install(h), timeout_s=1800))
         steps += [
             Step("vllm-server", self.running, self.serve, timeout_s=300),
-            Step("vllm-ready", lambda h: probe_once(h.conn, self.port, self.served_name),
+            Step("vllm-ready", lambda h: probe_once(h.conn, self.port, self.served_name,
+                                                    self.root(h)),
                  self.ready, timeout_s=self.ready_deadline_s + 120),
         ]
         if self.eval_rows is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -285,8 +285,26 @@ def server_logs(conn: Connection, name: str, lines: int = LOG_TAIL_LINES) -> str
 # --- readiness -------------------------------------------------------------------------------
 
 
-def probe(client: httpx.Client, served_name: str = SERVED_NAME) -> tuple[bool, str]:
-    """One readiness probe: (ready, what was seen)."""
+def served_root(args: Sequence[str], served_name: str = SERVED_NAME) -> str | None:
+    """What vLLM's `/v1/models` reports as `root` for `served_name` when started with `args`
+    (`engine_args`'s): the adapter's path for a `--lora-modules NAME=PATH`, else the model's
+    (the positional argument); vLLM's serving_models.py sets `root` from exactly these."""
+    items = list(args)
+    for flag, value in zip(items, items[1:], strict=False):
+        if flag == "--lora-modules":
+            name, _, path = value.partition("=")
+            if name == served_name:
+                return path
+    return items[0] if items and not items[0].startswith("-") else None
+
+
+def probe(client: httpx.Client, served_name: str = SERVED_NAME,
+          root: str | None = None) -> tuple[bool, str]:
+    """One readiness probe: (ready, what was seen).
+
+    With `root`, the server must also serve `served_name` from that path: another job's
+    vLLM left on the same port (a kept server's 8000, a port reused on loopback) answers
+    under the same name and would be scored instead of this job's model."""
     try:
         health = client.get("/health")
         if health.status_code != 200:
@@ -299,18 +317,22 @@ def probe(client: httpx.Client, served_name: str = SERVED_NAME) -> tuple[bool, s
     if models.status_code != 200:
         return False, f"GET /v1/models: {models.status_code}"
     try:
-        ids = [str(m.get("id")) for m in models.json().get("data", [])]
+        cards = {str(m.get("id")): m.get("root") for m in models.json().get("data", [])}
     except (ValueError, AttributeError):
         return False, "GET /v1/models: not a model list"
-    if served_name not in ids:
-        return False, f"GET /v1/models lists {ids}, not {served_name!r}"
+    if served_name not in cards:
+        return False, f"GET /v1/models lists {list(cards)}, not {served_name!r}"
+    if root is not None and cards[served_name] != root:
+        return False, (f"GET /v1/models serves {served_name!r} from {cards[served_name]!r}, "
+                       f"not {root!r}: another server holds this port")
     return True, "ready"
 
 
-def probe_once(conn: Connection, port: int, served_name: str = SERVED_NAME) -> bool:
+def probe_once(conn: Connection, port: int, served_name: str = SERVED_NAME,
+               root: str | None = None) -> bool:
     """Whether the server on the host's 127.0.0.1:`port` is ready right now."""
     with ssh.tunnel(conn, port) as local, http_client(f"http://127.0.0.1:{local}", 5.0) as client:
-        return probe(client, served_name)[0]
+        return probe(client, served_name, root)[0]
 
 
 def http_client(base_url: str, timeout: float, connections: int = 4) -> httpx.Client:
@@ -332,13 +354,15 @@ def wait_ready(
     container: str | None = None,
     poll_s: float = 0.1,
     alive: Callable[[float], None] | None = None,
+    root: str | None = None,
 ) -> float:
     """Poll the server through an SSH tunnel until ready; returns the seconds it took.
 
     Refused connections and 5xx are the loading phase and are retried until `deadline_s`.
     With `container` (or `alive`, a check that raises), its state is checked every few
     seconds so a crashed server fails at once instead of at the deadline; either failure is
-    a StepFailed with its log tail.
+    a StepFailed with its log tail. With `root` (`served_root`), a server serving the name
+    from another path (another job's) is not this one, and is waited past, not scored.
     """
     started = time.monotonic()
     next_state_check = started + 1.0  # a crash at start-up shows within a second
@@ -346,7 +370,7 @@ def wait_ready(
     wait = poll_s
     with ssh.tunnel(conn, port) as local, http_client(f"http://127.0.0.1:{local}", 5.0) as client:
         while True:
-            ready, seen = probe(client, served_name)
+            ready, seen = probe(client, served_name, root)
             now = time.monotonic()
             if ready:
                 log.info("vLLM on port %s ready after %.1fs", port, now - started)

@@ -30,6 +30,7 @@ from playbooks.vllm import (
     engine_args,
     ensure_server,
     lora_rank_for,
+    served_root,
     server_spec,
     stop_server,
     wait_ready,
@@ -151,6 +152,28 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
     )
     assert "loading /workspace/data/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
     stop_server(host, "job-slow")
+
+
+def test_another_jobs_server_on_the_port_is_not_taken_for_ours(
+    playbook_host: PlaybookHostFactory,
+) -> None:
+    # Job A's vLLM serves "ft" on the port; job B's wait must not score A's model. vLLM's
+    # /v1/models says where each name is served from (`root`): B waits for its own path.
+    _sim, host, layout = setup(playbook_host)
+    port = free_port()
+    a = serving(host, server_spec(host, "job-a", merged_model(layout, "job-a"), layout, IMAGE,
+                                  port, 1024))
+    wait_ready(host.conn, port, 20, container=a.name, root=served_root(a.args))
+    theirs = served_root(a.args)
+    ours = theirs.replace("job-a", "job-b") if theirs else None
+    assert theirs == "/workspace/data/jobs/job-a/output/merged"
+    with pytest.raises(StepFailed) as info:
+        wait_ready(host.conn, port, 1.5, root=ours)
+    assert f"serves 'ft' from '{theirs}', not '{ours}'" in str(info.value)
+    assert "another server holds this port" in str(info.value)
+    # An adapter is reported under its own path, as vLLM's serving_models.py does.
+    assert served_root(["/base", "--enable-lora", "--lora-modules", "ft=/adapter"]) == "/adapter"
+    stop_server(host, "job-a")
 
 
 def test_a_crashed_server_fails_at_once_not_at_the_deadline(

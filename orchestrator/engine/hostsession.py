@@ -11,6 +11,7 @@ turn failures into the engine's verdicts.
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import socket
 import time
 from dataclasses import replace
@@ -73,8 +74,24 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+# Loopback ports for the eval server of a simulated host (every simulated host shares this
+# machine's 127.0.0.1), drawn at random below Linux's default ephemeral range (32768-60999):
+# a port the kernel hands out for bind(0) is soon handed out again, to an SSH tunnel's local
+# end or another job's pick, and two jobs' vLLM servers met on one port (the readiness probe
+# now also checks the server's model path, `playbooks.vllm.served_root`).
+_PICK_RANGE = (20000, 32000)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    for _ in range(64):
+        port = _PICK_RANGE[0] + secrets.randbelow(_PICK_RANGE[1] - _PICK_RANGE[0])
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is crowded: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
@@ -197,8 +214,10 @@ class HostSession:
         job = self.ledger.job()
         keeper = keeps_machine(placed.provider)
         kept = keeper is not None
+        # Where we are connected, not the placement's instance (its address may only have
+        # been learnt while connecting): a loopback host shares this machine's ports.
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
-                                      if _is_loopback(inst.ssh_host or "") else 8000,
+                                      if _is_loopback(host.conn.host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
                                       exact_count=not kept)

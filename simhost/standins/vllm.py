@@ -240,7 +240,7 @@ def vllm(host: Host, argv: list[str]) -> int:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
-    handler = _handler(answers, served, list(loras), model, max_len, api_key)
+    handler = _handler(answers, served, loras, model, max_len, api_key)
     try:
         server = _Server(("127.0.0.1", bind_port), handler)
     except OSError as exc:
@@ -263,7 +263,7 @@ def vllm(host: Host, argv: list[str]) -> int:
 def _handler(
     answers: dict[str, Any],
     served: list[str],
-    loras: list[str],
+    loras: dict[str, str],
     root: str,
     max_len: int,
     api_key: str | None,
@@ -312,11 +312,13 @@ def _handler(
                         "object": "model",
                         "created": created,
                         "owned_by": "vllm",
-                        "root": n,
+                        # vLLM's ModelCard for an adapter: root is the path it was given
+                        # (serving_models.py `root=lora.local_path`), parent the base.
+                        "root": path,
                         "parent": served[0],
                         "max_model_len": max_len,
                     }
-                    for n in loras
+                    for n, path in loras.items()
                 ]
                 self._send(200, {"object": "list", "data": data})
             else:
