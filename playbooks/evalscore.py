@@ -291,10 +291,20 @@ class LmEvalContainer:
             "--network", "host",
             "-v", f"{self.layout.base}:{CONTAINER_ROOT}",
             "--label", f"orch_job={self.job_id}", "--label", "orch_role=lm-eval",
-            self.image, "sh", "-c", ENSURE_API_EXTRA, "lm-eval",
-            f"{images.layout().venv}/bin/python", images.catalog().lm_eval["api_requirement"],
-            *lm_eval,
+            self.image, *with_api_extra(lm_eval),
         ]  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """Where it runs, for messages."""
+        return self.image
+
+
+def with_api_extra(lm_eval: Sequence[str]) -> list[str]:
+    """`lm_eval` run in the axolotl image's venv once `uv pip install` has added the
+    `lm_eval[api]` extra `local-completions` needs (the image pins bare `lm_eval`)."""
+    return ["sh", "-c", ENSURE_API_EXTRA, "lm-eval", f"{images.layout().venv}/bin/python",
+            images.catalog().lm_eval["api_requirement"], *lm_eval]
 
 
 @dataclass(frozen=True)
@@ -306,6 +316,7 @@ class LmEvalNative:
 
     wrap: Callable[[Sequence[str]], list[str]]
     name: None = None  # no container to clear before a run
+    label: str = "the rented image"  # where it runs, for messages
 
     def inside(self, path: str) -> str:
         """Host paths are the harness's own: it runs on the host."""
@@ -313,15 +324,13 @@ class LmEvalNative:
 
     def argv(self, lm_eval: Sequence[str]) -> list[str]:
         """`lm_eval` in the image's venv, after `uv pip install` of the `[api]` extra."""
-        return self.wrap(["sh", "-c", ENSURE_API_EXTRA, "lm-eval",
-                          f"{images.layout().venv}/bin/python",
-                          images.catalog().lm_eval["api_requirement"], *lm_eval])
+        return self.wrap(with_api_extra(lm_eval))
 
 
 LmEvalPlace = LmEvalContainer | LmEvalNative
 
 
-def lm_eval_container_argv(where: LmEvalPlace, tasks: Sequence[str], port: int,
+def lm_eval_place_argv(where: LmEvalPlace, tasks: Sequence[str], port: int,
                            tokenizer_dir: str, output_dir: str,
                            served_name: str = SERVED_NAME) -> list[str]:
     """The whole command `run_lm_eval` runs (host paths in, the harness's paths on the argv)."""
@@ -342,7 +351,7 @@ def run_lm_eval(
     """Run lm-eval tasks in the trainer image against the server; (metrics, results file).
 
     `tokenizer_dir` and `output_dir` are host paths (under the layout's base)."""
-    argv = lm_eval_container_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
+    argv = lm_eval_place_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
     host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
     if where.name is not None:
         host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent: fine)
@@ -351,8 +360,7 @@ def run_lm_eval(
     before = _results_files(host, output_dir)
     result = host.run(argv, timeout=timeout_s)
     if not result.ok:
-        place = where.image if isinstance(where, LmEvalContainer) else "the rented image"
-        raise StepFailed(f"lm_eval in {place} failed (exit {result.exit_code}): "
+        raise StepFailed(f"lm_eval in {where.label} failed (exit {result.exit_code}): "
                          f"{last_line(result.stderr or result.stdout)}",
                          fault=Fault.HOST, stderr=result.stderr)
     found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()

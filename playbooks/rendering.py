@@ -81,7 +81,7 @@ def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
     where: evalscore.LmEvalPlace = (
         evalscore.LmEvalNative(tj.native.wrap) if tj.runner == "process"
         else evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout))
-    return evalscore.lm_eval_container_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
+    return evalscore.lm_eval_place_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
 
 
 def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int,

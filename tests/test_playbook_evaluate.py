@@ -17,7 +17,7 @@ from playbooks.evalscore import (
     EvalScores,
     LmEvalContainer,
     lm_eval_argv,
-    lm_eval_container_argv,
+    lm_eval_place_argv,
     normalise,
     parse_lm_eval_results,
     run_lm_eval,
@@ -368,7 +368,7 @@ def test_lm_eval_runs_in_the_trainer_image_against_the_server(
         wait_ready(host.conn, port, 20, container=spec.name)
         metrics, path = run_lm_eval(host, where, ["arc_easy", "mmlu"], port, model, output)
         # What the stand-in refuses as the real tools would, in that same image:
-        argv = lm_eval_container_argv(where, ["arc_easy"], port, model, output)
+        argv = lm_eval_place_argv(where, ["arc_easy"], port, model, output)
         cmd = argv[argv.index("lm_eval"):]
         bridge = host.run([*argv[:argv.index("--network")], *argv[argv.index("-v"):]])
         bare_image = host.run(["docker", "run", "--rm", "--network", "host",
