@@ -172,6 +172,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         "metric",
         "price_observation",
         "throughput_observation",
+        "warm_instance",
     }
     indexes = {
         (r[0], r[1])
@@ -200,6 +201,8 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("metric", "uq_metric_job_name_step"),
         ("price_observation", "ix_price_observation_provider_gpu_observed_at"),
         ("throughput_observation", "ix_throughput_observation_key"),
+        ("warm_instance", "ix_warm_instance_state"),
+        ("warm_instance", "ix_warm_instance_provider_instance"),
     }
 
 

@@ -24,6 +24,7 @@ from orchestrator.cli import report as cli_report
 from orchestrator.cli import schemacmd as cli_schema
 from orchestrator.cli import servers as cli_servers
 from orchestrator.cli import sweeps as cli_sweeps
+from orchestrator.cli import warmcmd as cli_warm
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
 
 app = typer.Typer(
@@ -229,6 +230,7 @@ def _register() -> None:
     cli_servers.register(app)
     cli_render.register(app)
     cli_schema.register(app)
+    cli_warm.register(app)
 
 
 _register()

@@ -141,16 +141,22 @@ def _cost_cmd(
     one_format(json_out, csv_out)
     now = datetime.now(UTC)
     start, end = _when(since, "--since", now), _when(until, "--until", now)
+    from orchestrator.records import warmidle
+
     with history_reader() as reader:
         when, dim = split_by(by or ["month"])
         rows = cost_rollup(reader, when=when, dim=dim, since=start, until=end, now=now)
+        warm = [] if reader is None else warmidle.windows(
+            reader, start or datetime(1970, 1, 1, tzinfo=UTC), end or now, now)
     t = total(rows)
     unpriced = sorted(t.unpriced_gpus)
+    idle, windows, parked = warmidle.idle_total(warm)
     if json_out:
         print_json({"by": [b for b in (when, dim) if b],
                    "since": None if start is None else to_text(start),
                    "until": None if end is None else to_text(end),
                    "rows": [r.to_dict() for r in rows], "total": t.to_dict(),
+                   "idle_warm": {"cost": str(idle), "windows": windows, "parked_now": parked},
                    "notes": _cost_notes(unpriced)})
         return
     headers = [*(b for b in (when, dim) if b), "jobs", "gpu_hours", "cost", "amortised",
@@ -190,6 +196,13 @@ def _cost_cmd(
                "catalog price minus what was charged"
                + ("; days, weeks and months are UTC (a job counts on the UTC day it was "
                   "created)" if when else ""))
+    if windows:
+        from orchestrator.core.money import usd
+
+        typer.echo(f"  idle (warm): {usd(idle)} over {windows} window"
+                   f"{'s' if windows != 1 else ''} of machines kept warm between jobs, billed "
+                   "to no job (not in cost)"
+                   + (f"; {parked} parked now (`orch warm`)" if parked else ""))
     for note in _cost_notes(unpriced):
         typer.echo(f"  note: {note}")
 

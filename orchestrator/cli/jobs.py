@@ -288,12 +288,19 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
           poll: float, quiet: bool, current: list[str]) -> None:
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
+    from orchestrator.engine.warm import end_expired
     from orchestrator.records.store import DatabaseBusy, DatabaseFull
 
     done = 0
     while True:
         try:
             store.requeue_lapsed(f"; {owner} resumes it")
+            # Machines kept warm past their window: terminated by whichever worker is here.
+            for ended in end_expired(store, providers):
+                if ended.error is not None or not quiet:
+                    typer.echo(f"warm instance {ended.warm.id} ({ended.warm.provider} "
+                               f"{ended.warm.provider_instance_id}): "
+                               + (ended.error or "window closed, terminated"), err=True)
             quick_job = _next_is_sim(store)
             opts = engine_options(quick=quick_job)
             job = store.claim_next(owner, opts.lease_s)

@@ -51,11 +51,12 @@ def plan_job(job: LoadedJob, servers: list[Any], market: Market | None = None) -
     price catalogs; exits EXIT_NO_FIT (with the gap) when nothing fits."""
     from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
-    from orchestrator.records.readonly import measured_throughput
+    from orchestrator.records.readonly import measured_throughput, parked_warm
 
     live = list(market.offers) if market is not None and market.answered else None
     try:
-        return make_plan(job, servers, without_db(measured_throughput, {}), live)
+        return make_plan(job, servers, without_db(measured_throughput, {}), live,
+                         warm=without_db(parked_warm, []))
     except NoFit as exc:
         _err(f"error: {job.path}: {exc}")
         raise SystemExit(EXIT_NO_FIT) from None
@@ -108,7 +109,10 @@ def render_plan(plan: Plan, limit: int) -> None:
             cost += f" (+{money(p.amortised_cost)} of rent)"
         billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
                                                                           po.billing.value)
-        rows.append([i, po.provider, po.gpu, po.gpu_count, billing,
+        from orchestrator.core.warmfit import is_warm
+
+        where = f"{po.provider} (warm)" if is_warm(po) else po.provider
+        rows.append([i, where, po.gpu, po.gpu_count, billing,
                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
                      f"{p.est_hours:.2f}", cost])
     out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
@@ -125,6 +129,7 @@ def render_plan(plan: Plan, limit: int) -> None:
             prose(f"Throughput: {plan.chosen.duration.source}"),
             prose(f"Delivery: {plan.delivery.describe()}")]
     out += eval_lines(plan)
+    out += warm_lines(plan)
     if plan.ranking.rejected:
         out.append(prose("Left out: " + "; ".join(f"{k} {r}" for r, k in
                                                  sorted(plan.ranking.rejected.items()))))
@@ -153,6 +158,23 @@ def eval_lines(plan: Plan) -> list[str]:
                   f"{e.offer.gpu} x{est.tensor_parallel} of {_gib(e.offer.gpu_memory_bytes)}, "
                   f"{e.hours:.2f} h, {money(e.cost)} ({parts}; at "
                   f"gpu_memory_utilization {est.utilization:g})")]
+
+
+def warm_lines(plan: Plan) -> list[str]:
+    """When a machine kept warm by an earlier job would run this one, and what it saves."""
+    from orchestrator.cli.term import prose
+
+    warm = plan.warm_dict()
+    if warm is None:
+        return []
+    fresh = ("" if warm["saves"] is None else
+             f" vs {money(warm['fresh_est_cost'])} on the cheapest fresh machine (saves "
+             f"{money(warm['saves'])}: no boot"
+             + (", base model already on its disk)" if warm["model_cached"] else ")"))
+    return [prose(f"Warm: {warm['provider']} instance {warm['instance_id']}, kept warm by "
+                  f"job {warm['parked_by']} until {warm['expires_at'][11:19]} UTC, would run "
+                  f"it: est. {money(warm['est_cost'])}{fresh}; if another job takes it "
+                  "first, a fresh machine is rented")]
 
 
 def servers_for_plan() -> list[Any]:

@@ -72,11 +72,15 @@ class OfferBook:
     models: tuple[_Model, ...] = ()
 
     @classmethod
-    def of(cls, offers: Iterable[Offer]) -> OfferBook:
+    def of(cls, offers: Iterable[Offer], alone: Iterable[Offer] = ()) -> OfferBook:
+        """The book of `offers`; those in `alone` (machines kept warm: no boot, maybe the
+        model cached) are priced one by one, outside the groups whose bounds they would
+        loosen for every other offer."""
         by_key: dict[tuple[str, int, int, int | None], list[Offer]] = {}
         others = []
+        single = {o.offer_id for o in alone}
         for o in offers:
-            if o.billing is Billing.MONTHLY or o.price_per_hour is None:
+            if o.billing is Billing.MONTHLY or o.price_per_hour is None or o.offer_id in single:
                 others.append(o)
                 continue
             by_key.setdefault((o.gpu, o.gpu_count, o.gpu_memory_bytes, o.ram_bytes),
@@ -206,7 +210,9 @@ class _Search:
         model_bits = throughput.model_download_bytes(w) * 8
         # Seconds to pull the model per Gbit/s of link (0 if any host has it: a lower
         # bound), and the merge after training (throughput.duration's terms).
-        pull_bits = 0.0 if self.cached_on else model_bits / 1e9
+        # (Offers priced alone, `book.others`, are exact already: only grouped ones count.)
+        grouped_cached = self.cached_on - {o.offer_id for o in book.others}
+        pull_bits = 0.0 if grouped_cached else model_bits / 1e9
         after = throughput.merge_seconds(w)
         pull_h, after_h = pull_bits / 3600, after / 3600
         # Two levels, popped lazily from one heap: a (GPU, count) model under the least of

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.core import evalsizing, offerbook, savers, scheduler
+from orchestrator.core import evalsizing, offerbook, savers, scheduler, warmfit
 from orchestrator.core.delivery import Delivery, plan_delivery
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
@@ -16,6 +17,7 @@ from orchestrator.core.scheduler import Constraints, Placement, Ranking
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
+from playbooks import images
 from providers import catalog
 from providers.base import Billing, Offer, Requirements
 from providers.dedicated.compute import RegisteredServer, server_offers
@@ -44,6 +46,9 @@ class Plan:
     without_savers: tuple[tuple[Choice, Placement | None], ...] = ()
     # Where vLLM serves the evaluation (None: the job has no eval, or nothing holds it).
     evaluation: evalsizing.EvalPlan | None = None
+    # A machine kept warm by an earlier job that the plan uses, and what it saves.
+    warm: warmfit.Saving | None = None
+    warm_machines: tuple[warmfit.WarmMachine, ...] = ()
 
     @property
     def estimate(self) -> MemoryEstimate:
@@ -84,7 +89,22 @@ class Plan:
             "evaluation": None if self.evaluation is None else self.evaluation.to_dict(),
             "why": why(self),
             "delivery": self.delivery.to_dict(),
+            "warm": self.warm_dict(),
         }
+
+    def warm_dict(self) -> dict[str, Any] | None:
+        """The warm machine the plan uses, with the fresh placement it beats (None: none)."""
+        if self.warm is None:
+            return None
+        wid = warmfit.warm_id(self.warm.warm.offer)
+        m = next(m for m in self.warm_machines if m.warm_id == wid)
+        fresh = self.warm.fresh
+        return {"warm_id": wid, "instance_id": m.instance_id, "provider": m.offer.provider,
+                "parked_by": m.parked_by, "expires_at": m.expires_at.isoformat(),
+                "model_cached": self.warm.warm.duration.model_pull == 0,
+                "est_cost": str(self.warm.warm.est_cost),
+                "fresh_est_cost": None if fresh is None else str(fresh.est_cost),
+                "saves": None if self.warm.saves is None else str(self.warm.saves)}
 
     @property
     def delivery(self) -> Delivery:
@@ -169,6 +189,8 @@ def make_plan(
     servers: list[RegisteredServer] | None = None,
     measured: Mapping[MeasuredKey, Measured] | None = None,
     live: Sequence[Offer] | None = None,
+    warm: Sequence[warmfit.WarmMachine] = (),
+    now: datetime | None = None,
 ) -> Plan:
     """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits.
 
@@ -190,11 +212,15 @@ def make_plan(
         # prices; at run time the engine ranks that provider's real offers instead.
         offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
     tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
+    # Machines earlier jobs kept warm (`now`: when their windows are judged), priced running
+    # and, holding this job's model, without its download (docs/warm.md).
+    warm_offers, cached = warm_offers_for(job, warm, now) if warm else ([], frozenset())
+    offers += warm_offers
     # The evaluation runs on the training machine: the ranking keeps machines that serve the
     # model too and prices the evaluation's hours in each (evalsizing; issue 19).
     work = eval_work(job)
-    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, measured=measured,
-                                       evaluation=work)
+    chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, cached_on=cached,
+                                       measured=measured, evaluation=work)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
     # bought (a cheaper GPU, or nothing but a fit at all).
     # A decision each, not a table: the offer book's pruned walk over one index.
@@ -211,7 +237,22 @@ def make_plan(
     if work is not None:
         evaluation = evalsizing.place(work, chosen.offer, gpus.get(chosen.offer.gpu))
     return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
-                without_savers=tuple(without), evaluation=evaluation)
+                without_savers=tuple(without), evaluation=evaluation,
+                warm=warmfit.saving(ranking.placements), warm_machines=tuple(warm))
+
+
+def warm_offers_for(job: LoadedJob, warm: Sequence[warmfit.WarmMachine],
+                    now: datetime | None) -> tuple[list[Offer], frozenset[str]]:
+    """The warm machines `job` may take, as offers, and those holding its base model. A
+    machine of the simulated cloud only for a job that names it, as its fresh offers."""
+    named = job.spec.resources.providers
+    usable = {m.offer.provider for m in warm
+              if (named is None and m.offer.provider != "sim") or m.offer.provider in (named or ())}
+    base = job.spec.base_model
+    return warmfit.offers(warm, providers=usable,
+                          image=images.for_host(job.spec.trainer.image, "container"),
+                          disk_gb=DISK_GB, model=(base.repo, base.revision),
+                          now=now or datetime.now(UTC))
 
 
 def eval_work(job: LoadedJob) -> evalsizing.EvalWork | None:

@@ -30,6 +30,7 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.durations import WarmWindow
 from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
 from orchestrator.core.specerrors import Problems, closest, translate
@@ -323,6 +324,12 @@ class ResourcesSpec(Strict):
     layout: LayoutName = Field(default="auto", examples=["fsdp2"], description=(
         "How the GPUs are used: `auto` (the planner picks), or pin `single`, `ddp`, `zero3`, "
         "`zero3_offload` (DeepSpeed ZeRO-3), `fsdp2`, `fsdp2_offload` (PyTorch FSDP2)."))
+    keep_warm: WarmWindow = Field(default=0, examples=["15m"], description=(
+        "After the job succeeds on a per-second rental, keep the machine idle this long "
+        "(`90s`, `15m`, `1h`; at most `24h`) so the next queued job that fits it runs there "
+        "with the image and base model already on it, when that is cheaper than a fresh "
+        "machine. The idle time is billed to no job but recorded (`orch cost`); 0 (the "
+        "default) terminates at once. See docs/warm.md."))
 
     @model_validator(mode="after")
     def _count_within_max(self) -> ResourcesSpec:
@@ -448,6 +455,9 @@ def spec_hash(spec: JobSpec) -> str:
     """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled,
     fields added later left out at their default (ADDED_LATER)."""
     data = canonical.without_defaults(spec.model_dump(mode="python"), ADDED_LATER)
+    # How long the machine stays warm afterwards changes what the job costs, never what it
+    # produces: a sweep that adds keep_warm must not run its finished runs again.
+    data["resources"].pop("keep_warm", None)
     return canonical.digest(data)
 
 

@@ -36,6 +36,7 @@ from orchestrator.engine.runner_core import (
     log,
 )
 from orchestrator.engine.teardown import Teardown
+from orchestrator.engine.warm import Warm
 from orchestrator.records.store import LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
@@ -99,11 +100,13 @@ def _free_port() -> int:
 class HostSession:
     """Connecting and running the pipeline (the middle of an attempt)."""
 
-    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown) -> None:
+    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown,
+                 warm: Warm) -> None:
         self.state = state
         self.ledger = state.ledger
         self.inputs = inputs
         self.teardown = teardown
+        self.warm = warm
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
 
     def run(self, placed: Placed) -> None:
@@ -267,7 +270,9 @@ class JobHooks(pipeline.Hooks):
         self.inst = placed.inst
         self.kept = keeps_machine(placed.provider)
         # No volume: the job's checkpoints are kept here, copied off the host as they come.
-        self.mirrored = not isinstance(placed.provider, Volumes)
+        # A machine taken warm has no volume of this job even where the provider has them.
+        self.mirrored = placed.warm or not isinstance(placed.provider, Volumes)
+        self.parks = session.warm.parks(placed)  # kept warm after the job (keep_warm)
         self.local = checkpoint_dir(self.ledger.job_id)
         self.next_mirror = 0
         opts = session.state.opts
@@ -302,12 +307,15 @@ class JobHooks(pipeline.Hooks):
                               f"{exc.reason}")
 
     def prepared(self, run: PipelineRun) -> None:
+        state = self.session.state
         if self.kept is not None:  # a server we keep: its secrets go when the job ends
-            self.session.state.secrets_base[self.placed.row_id] = run.layout.base
+            state.secrets_base[self.placed.row_id] = run.layout.base
+        # What a machine kept warm is cleaned of before the next job (its artifacts are home).
+        state.job_dirs[self.placed.row_id] = run.layout.job_dir(self.ledger.job_id)
 
     def restore(self, run: PipelineRun) -> None:
-        if not self.mirrored:
-            return
+        # Also on a machine with this job's volume: an earlier attempt on a machine taken
+        # warm kept its checkpoints here only (a no-op without local copies).
         restored = checkpoints.restore(run.host, run.train_job, self.local)
         if restored is not None:
             self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from the "
@@ -392,5 +400,6 @@ class JobHooks(pipeline.Hooks):
         raise JobFailed(reason) from exc
 
     def stop_after_eval(self) -> bool:
-        # A rented machine is destroyed next; a kept server's GPU must be freed.
-        return self.kept is not None
+        # A rented machine is destroyed next; a kept server's GPU must be freed, and so must
+        # a machine kept warm for the next job.
+        return self.kept is not None or self.parks

@@ -13,7 +13,7 @@ import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from orchestrator import retrying
-from orchestrator.core import money, offerbook, scheduler
+from orchestrator.core import money, offerbook, scheduler, warmfit
 from orchestrator.core.planning import (
     constraints_from,
     eval_work,
@@ -23,8 +23,16 @@ from orchestrator.core.planning import (
 )
 from orchestrator.engine import recovery
 from orchestrator.engine.jobinputs import Inputs
-from orchestrator.engine.runner_core import LOST, JobFailed, Placed, RunState, failpoint, log
+from orchestrator.engine.runner_core import (
+    LOST,
+    JobFailed,
+    Placed,
+    RunState,
+    failpoint,
+    log,
+)
 from orchestrator.engine.teardown import Teardown
+from orchestrator.engine.warm import Warm
 from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
@@ -78,11 +86,12 @@ def hourly_rate(offer: Offer) -> Decimal | None:
 class Placement:
     """Adopting, ranking and renting (the first part of an attempt)."""
 
-    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown) -> None:
+    def __init__(self, state: RunState, inputs: Inputs, teardown: Teardown, warm: Warm) -> None:
         self.state = state
         self.ledger = state.ledger
         self.inputs = inputs
         self.teardown = teardown
+        self.warm = warm
 
     def adopt(self) -> Placed | None:
         """After a takeover: reuse the job's instance if it is still running, else clean up."""
@@ -175,10 +184,16 @@ class Placement:
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
         prices.record(self.state.store, offers)  # price history (`orch prices`)
+        # Machines kept warm by earlier jobs, priced as running (no boot) and, where they hold
+        # this job's base model, without its download: the ranking decides whether one beats
+        # a fresh machine with its setup (docs/warm.md).
+        warm, cached = self.warm.offers(self.usable())
+        offers += warm
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         work = eval_work(loaded)  # evaluated on the training machine: it must serve the model
-        placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers), gpus, k,
-                                   constraints, measured=self.inputs.measured, evaluation=work)
+        placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers, alone=warm), gpus,
+                                   k, constraints, cached_on=cached,
+                                   measured=self.inputs.measured, evaluation=work)
         if not placements:
             if unavailable:
                 # Not a verdict on the job: what the unavailable providers offer is unknown.
@@ -194,7 +209,7 @@ class Placement:
                                 "a server with `orch servers add`, or try the simulated cloud "
                                 "with `resources.providers: [sim]`")
             # Why nothing fits needs every offer's reason: the full ranking, on failure only.
-            ranking = scheduler.rank(w, tokens, offers, gpus, constraints,
+            ranking = scheduler.rank(w, tokens, offers, gpus, constraints, cached_on=cached,
                                      measured=self.inputs.measured, evaluation=work)
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return placements
@@ -280,7 +295,7 @@ class Placement:
         # Enough of the cheapest that `max_placements` remain once those tried are left out.
         placements = [p for p in self._candidates(self.state.opts.max_placements + len(tried))
                       if (p.offer.provider, p.offer.offer_id) not in tried]
-        if placements and not tried:
+        if placements and not tried and not warmfit.is_warm(placements[0].offer):
             self._note_moved(placements[0])
         failures: list[str] = []
         transient = 0
@@ -289,13 +304,13 @@ class Placement:
             tried.add((offer.provider, offer.offer_id))
             provider = self.state.providers[offer.provider]
             self.state.check_stop()
-            job = self.ledger.set("provisioning", _placing(offer, provider),
-                                  {"placement": placement.to_dict()},
-                                  provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
-                                  billing=offer.billing.value, interruptible=offer.interruptible,
-                                  est_hours=placement.est_hours,
-                                  est_cost_micros=to_micros(placement.est_cost,
-                                                            rounding=ROUND_HALF_EVEN))
+            if warmfit.is_warm(offer):
+                taken = self.warm.take(placement)
+                if taken is not None:
+                    return taken
+                failures.append(f"{offer.provider} {offer.offer_id}: no longer available")
+                continue
+            job = self.ledger.placing(placement, _placing(offer, provider))
             hourly = hourly_rate(offer)  # a monthly server's: its amortisation rate
             row = self.state.store.add_instance(
                 self.state.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
@@ -304,6 +319,7 @@ class Placement:
                 attempt=job.attempt)
             assert row.id is not None
             self.state.held[row.id] = (offer.provider, None)
+            self.state.offers[row.id] = offer
             try:
                 # A rental is created from the image it runs: the cloud variant (sshd on
                 # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.

@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.records.store import FINAL_STATUSES, Store
+from orchestrator.core import money
+from orchestrator.records.store import FINAL_STATUSES, Store, WarmInstance, from_micros
 from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
 
 
@@ -46,7 +47,14 @@ class Report:
 
 
 def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str, str]:
-    job_id = inst.job_id
+    owner = store.machine_owner(inst.provider, inst.instance_id)
+    if isinstance(owner, WarmInstance):
+        # Kept warm for the next job; windows that closed were ended before this loop.
+        return "keep", (f"kept warm until {owner.expires_at:%Y-%m-%d %H:%M:%S} UTC for the "
+                        "next job")
+    # A machine taken warm carries the tag of the job that rented it; its owner is the job
+    # whose open instance row names it.
+    job_id = owner or inst.job_id
     if job_id is None:
         return "keep", "not tagged as orch's"
     job = store.find_job(job_id)
@@ -83,6 +91,7 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
 
     report = Report(dry_run)
     live: dict[str, set[str]] = {}
+    ended = _end_warm(store, providers, report)  # first: the listing keeps live windows only
     grace = recovery.IDLE_GRACE_S if idle_grace_s is None else idle_grace_s
     idle = {job.id: grace for job in recovery.unowned_idle(store, grace)}
     for name, provider in providers.items():
@@ -93,6 +102,8 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
             continue
         live[name] = {i.instance_id for i in instances}
         for inst in instances:
+            if (name, inst.instance_id) in ended:
+                continue
             verdict, reason = _verdict(store, inst, idle)
             if verdict == "terminate" and not dry_run:
                 try:
@@ -101,8 +112,10 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
                     report.actions.append(Action("error", name, inst.instance_id, inst.job_id,
                                                  f"terminate failed: {exc}"))
                     continue
-                if inst.job_id in idle:  # its row gets the idle time it billed
-                    for row in store.instances_of(inst.job_id):
+                owner = store.machine_owner(name, inst.instance_id)
+                job_id = owner if isinstance(owner, str) else inst.job_id
+                if job_id in idle:  # its row gets the idle time it billed
+                    for row in store.instances_of(job_id):
                         if (row.provider, row.provider_instance_id) == (name, inst.instance_id) \
                                 and row.terminated_at is None:
                             recovery.close_row(store, row, "idle")
@@ -143,6 +156,29 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
     if scrub is not None and kept is not None:
         _scrub_servers(store, scrub, report, kept)
     return report
+
+
+def _end_warm(store: Store, providers: Mapping[str, Provider],
+              report: Report) -> set[tuple[str, str]]:
+    """End the warm windows that closed while no orch process ran (docs/warm.md): the
+    (provider, instance id) of each machine ended."""
+    from orchestrator.engine.warm import end_expired
+
+    done: set[tuple[str, str]] = set()
+    for ended in end_expired(store, providers, dry_run=report.dry_run):
+        w = ended.warm
+        done.add((w.provider, w.provider_instance_id))
+        if ended.error is not None:
+            report.actions.append(Action("error", w.provider, w.provider_instance_id,
+                                         w.parked_by_job, f"warm instance {w.id}: "
+                                         f"{ended.error}"))
+            continue
+        until = f"{w.expires_at:%Y-%m-%d %H:%M:%S}"
+        report.actions.append(Action("terminate", w.provider, w.provider_instance_id,
+                                     w.parked_by_job, f"kept warm until {until} UTC and no job "
+                                     f"took it (idle cost "
+                                     f"{money.usd(from_micros(w.idle_micros))})"))
+    return done
 
 
 def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report,

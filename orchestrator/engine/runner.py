@@ -62,6 +62,7 @@ from orchestrator.engine.runner_core import (
     owner_id,
 )
 from orchestrator.engine.teardown import Teardown
+from orchestrator.engine.warm import Warm
 from orchestrator.engine.watchdog import Watchdog, deadlines_from_env
 from orchestrator.records.store import (
     DatabaseBusy,
@@ -212,8 +213,9 @@ class JobRunner:
         except InputsError as exc:
             raise JobFailed(str(exc)) from exc
         ledger.disk_gb = inputs.disk_gb(self.opts.disk_gb)
-        placement = Placement(state, inputs, teardown)
-        session = HostSession(state, inputs, teardown)
+        warm = Warm(state, inputs, teardown)
+        placement = Placement(state, inputs, teardown, warm)
+        session = HostSession(state, inputs, teardown, warm)
         placement.check_before_renting()
         tried: set[tuple[str, str]] = set()
         while True:
@@ -236,7 +238,7 @@ class JobRunner:
                 continue
             if not self._attempt(state, session, teardown, placed):
                 continue
-            teardown.release(placed.row_id, "released")
+            warm.park_or_release(placed)  # kept warm for the next job, or terminated
             failpoint("after-terminate")
             return self._succeed(ledger, teardown)
 

@@ -26,20 +26,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
 from orchestrator.core import money
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
+from orchestrator.core.scheduler import Placement
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
-from orchestrator.records.store import Job, LeaseLost, Store, StoreError, utcnow
+from orchestrator.records.store import Job, LeaseLost, Store, StoreError, to_micros, utcnow
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
 from playbooks.ssh import ConnectionFactory
-from providers.base import Instance, InstanceState, NotFound, Provider, Volumes
+from providers.base import Instance, InstanceState, NotFound, Offer, Provider, Volumes
 
 log = logging.getLogger("orchestrator.engine.runner")
 
@@ -180,6 +181,7 @@ class Placed:
     row_id: int
     provider: Provider
     inst: Instance
+    warm: bool = False  # taken warm from an earlier job (docs/warm.md): no volume of this job
 
 
 class Ledger:
@@ -215,6 +217,15 @@ class Ledger:
         self.progress.message = message
         self.notify()
         return job
+
+    def placing(self, placement: Placement, message: str) -> Job:
+        """The job is being placed on `placement`: its status, event and the plan it follows."""
+        offer = placement.offer
+        return self.set("provisioning", message, {"placement": placement.to_dict()},
+                        provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
+                        billing=offer.billing.value, interruptible=offer.interruptible,
+                        est_hours=placement.est_hours,
+                        est_cost_micros=to_micros(placement.est_cost, rounding=ROUND_HALF_EVEN))
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
         self.store.add_event(self.job_id, kind, message, data)
@@ -277,6 +288,8 @@ class RunState:
         self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
         self.held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
         self.secrets_base: dict[int, str] = {}  # instance row -> orch's directory on a kept server
+        self.offers: dict[int, Offer] = {}  # instance row -> the offer it was rented as
+        self.job_dirs: dict[int, str] = {}  # instance row -> this job's directory on it
 
     def signal(self, stop: Stop, about: tuple[str, str] | None = None) -> None:
         """Stop the pipeline (the first signal wins): its SSH connections close at once."""

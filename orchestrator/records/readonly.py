@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from orchestrator.core.money import dollars_trimmed
+from orchestrator.core.money import dollars_trimmed, from_micros
 from orchestrator.core.throughput import Measured, MeasuredKey
+from orchestrator.core.warmfit import WarmMachine
 from providers.dedicated.compute import RegisteredServer
 
 # Only recent jobs speak for a key: drivers, images and the trainer change over time.
@@ -118,6 +119,53 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
     except sqlite3.OperationalError:
         return {}  # database older than the table (or not migrated): no history yet
     return _medians(rows)
+
+
+_WARM_SQL = ("SELECT id, provider, provider_instance_id, offer_json, price_per_hour_micros, "
+             "image, disk_gb, model_repo, model_revision, parked_by_job, expires_at "
+             "FROM warm_instance WHERE state = 'parked' ORDER BY id")
+
+
+def parked_warm(url: str) -> list[WarmMachine]:
+    """Machines kept warm now whose window is open (`orch plan` prices them beside fresh
+    offers; the engine decides with the database's own clock when it takes one)."""
+    from datetime import UTC, datetime
+
+    from orchestrator.core.warmfit import offer_from_json
+
+    path = sqlite_path(url)
+    if path is None:
+        if url.startswith("sqlite"):
+            return []
+        from sqlalchemy.exc import SQLAlchemyError
+
+        from orchestrator.records.store.warm import as_machine
+
+        store = _open(url)
+        try:
+            return [as_machine(r) for r in store.parked()[0]]
+        except SQLAlchemyError as exc:
+            raise Unavailable(f"cannot read warm instances: {exc}") from exc
+        finally:
+            store.close()
+    if not path.exists():
+        return []
+    import sqlite3
+
+    try:
+        rows = _sqlite_rows(path, _WARM_SQL)
+    except sqlite3.OperationalError:
+        return []  # database older than the table: nothing kept warm
+    now = datetime.now(UTC)
+    found = []
+    for wid, _provider, iid, offer, price, image, disk, repo, rev, by, expires in rows:
+        until = datetime.fromisoformat(expires.replace("Z", "+00:00"))
+        if until <= now:
+            continue
+        found.append(WarmMachine(int(wid), offer_from_json(offer), from_micros(int(price)),
+                                 image, int(disk), (repo, rev or "main") if repo else None,
+                                 by, until, iid))
+    return found
 
 
 def _sqlite_rows(path: Path, sql: str) -> list[Any]:

@@ -384,6 +384,10 @@ class SimCloud(OptInOnly, Simulated):
         end = bill["end"] if bill["end"] is not None else self.clock()
         return max(0, math.ceil(end - bill["start"] - 1e-6))
 
+    def billed(self) -> dict[str, int]:
+        """Every instance ever created here (terminated too) -> seconds billed so far."""
+        return {iid: self.charged_seconds(iid) for iid in sorted(self._load()["billing"])}
+
     def cost(self, instance_id: str) -> Decimal:
         """What the instance cost so far: charged seconds × the offer's hourly price / 3600."""
         bill = self._load()["billing"].get(instance_id)

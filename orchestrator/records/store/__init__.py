@@ -6,7 +6,8 @@ parts, each a module of its own:
 - `database`: engine, SQLite pragmas, schema upgrade at open, sessions and transactions;
 - `servers`: registered monthly servers;
 - `jobs`: jobs, claims (with the sweep gate), leases, status changes;
-- `run`: events, instances, metrics, throughput.
+- `run`: events, instances, metrics, throughput;
+- `warm`: instances kept warm between jobs (park, take, end).
 Imports point one way: this package → jobs/servers/run → database → tables →
 money/jobstatus; the sweep rules (`records.sweep.rules`) are a leaf the claim path uses.
 Nothing in the store imports the sweep, history or CLI modules. The names below are re-exported so
@@ -56,14 +57,16 @@ from orchestrator.records.store.tables import (
     Sweep,
     ThroughputObservation,
     UTCDateTime,
+    WarmInstance,
     new_job_id,
     new_sweep_id,
     to_micros,
     utcnow,
 )
+from orchestrator.records.store.warm import WarmMixin
 
 
-class Store(ServersMixin, JobsMixin, RecordsMixin):
+class Store(ServersMixin, JobsMixin, RecordsMixin, WarmMixin):
     """Typed reads and one-transaction writes over the orch database."""
 
     def __init__(self, engine: Engine) -> None:
@@ -81,7 +84,7 @@ __all__ = [
     "DatabaseFull", "DatabaseURLError", "Event",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
-    "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "claim_in",
+    "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "WarmInstance", "claim_in",
     "claim_next_gated", "db_now", "default_db_url", "from_micros", "lock_wait_s",
     "migrations_dir", "new_job_id", "new_sweep_id", "open_store", "to_micros", "utcnow",
 ]

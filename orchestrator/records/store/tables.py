@@ -312,6 +312,57 @@ class Instance(SQLModel, table=True):
     lost_steps: int | None = None  # training steps redone because this instance was lost
 
 
+WARM_STATES: tuple[str, ...] = ("parked", "taken", "ending", "ended")
+
+
+class WarmInstance(SQLModel, table=True):
+    """A per-second instance kept idle after its job, for the next job that fits it
+    (`resources.keep_warm`; docs/warm.md).
+
+    Exactly one row owns a live machine at any time: the job's instance row until it is
+    parked, this row while `parked` (or `ending`: being terminated), then the instance row
+    of the job that took it. Parking closes the parker's row and inserts this one in one
+    transaction; taking is one conditional UPDATE plus the taker's instance row, in one.
+    """
+
+    __tablename__ = "warm_instance"
+    __table_args__ = (
+        Index("ix_warm_instance_state", "state"),
+        Index("ix_warm_instance_provider_instance", "provider", "provider_instance_id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str
+    provider_instance_id: str
+    # The offer it was rented from (JSON): what the planner prices the machine as.
+    offer_json: str = Field(sa_type=Text)
+    gpu: str
+    gpu_count: int
+    billing: str  # per_second | per_minute (a monthly server is never parked: it is kept)
+    interruptible: bool
+    price_per_hour_micros: int = Field(sa_type=BigInteger)
+    image: str | None = None  # what the machine runs (a rental's image is fixed at create)
+    disk_gb: int
+    model_repo: str | None = None  # the base model in its cache (repo, revision)
+    model_revision: str | None = None
+    host: str | None = None
+    port: int | None = None
+    ssh_user: str | None = None
+    host_key: str | None = Field(default=None, sa_type=Text)
+    parked_by_job: str = Field(foreign_key="job.id")
+    parked_at: datetime = _time()
+    expires_at: datetime = _time()
+    state: str = Field(default="parked", sa_column_kwargs={"server_default": "parked"})
+    taken_by_job: str | None = Field(default=None, foreign_key="job.id")
+    taken_at: datetime | None = _time(nullable=True, default_now=False)
+    ended_at: datetime | None = _time(nullable=True, default_now=False)
+    end_reason: str | None = None  # expired | released | lost
+    # What the idle time cost (price x billed seconds from parked to taken or ended): billed
+    # to no job; `orch cost` shows it.
+    idle_micros: int = Field(default=0, sa_type=BigInteger,
+                             sa_column_kwargs={"server_default": text("0")})
+
+
 class Server(SQLModel, table=True):
     """A dedicated server the user rents monthly and registered with `orch servers add`."""
 
