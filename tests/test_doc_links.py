@@ -87,7 +87,8 @@ def words_and_options(command: str) -> tuple[list[str], list[str]]:
     placeholders (`[--json]`, `ID`, `NAME`) read as option names or values."""
     tokens = shlex.split(command.replace("[", " ").replace("]", " ").replace("|", " "))
     words = [tokens[1]]
-    if tokens[1] in ("servers", "schema") and len(tokens) > 2 and not tokens[2].startswith("-"):
+    if tokens[1] in ("servers", "schema", "warm") and len(tokens) > 2 \
+            and not tokens[2].startswith("-"):
         words.append(tokens[2])
     options = [t.split("=")[0] for t in tokens if re.match(r"--?[a-z]", t)]
     return words, options

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -367,6 +368,115 @@ def test_kill_9_at_each_point_is_recovered_without_waste(env: dict[str, str],
             assert phase not in resumed, (point, resumed)
     assert count(env, "SELECT count(*) FROM metric WHERE job_id = ? AND name = 'eval.count'",
                  job_id) == 1
+    db_invariants(env)
+
+
+# --- the same kill -9 matrix with warm reuse on (issue 22) -----------------------------------
+# A job with `resources.keep_warm` parks its machine; the next job takes it. Kill -9 at each
+# point of the first job's life, at the park and at the take, and while a window is ended:
+# every machine rented is owned by exactly one row at the end of each step (never two, never
+# none), nothing is left running once the windows are released, nothing is rented twice.
+
+
+def warm_job(tmp: Path, keep: str = "10m") -> str:
+    import shutil
+
+    folder = tmp / "warmjobs"
+    if not folder.exists():
+        shutil.copytree(Path("examples/data").resolve(), folder / "data")
+    path = folder / f"warm-{keep}.yml"
+    path.write_text(Path("examples/quickstart.yml").read_text() + f"  keep_warm: {keep}\n")
+    return str(path)
+
+
+def owners(env: dict[str, str]) -> dict[str, int]:
+    """Live machine -> how many rows own it (open instance rows + parked/ending warm rows;
+    a row whose create crashed before its id was written owns the machine by its tag)."""
+    live = live_instances(env)
+    found = {str(i.instance_id): 0 for i in live}
+    unnamed = {str(j) for (j,) in query(env, "SELECT job_id FROM instance WHERE terminated_at "
+                                             "IS NULL AND provider_instance_id IS NULL")}
+    for i in live:
+        if i.job_id in unnamed:
+            found[str(i.instance_id)] += 1
+    for (iid,) in query(env, "SELECT provider_instance_id FROM instance WHERE terminated_at "
+                             "IS NULL AND provider_instance_id IS NOT NULL") + query(
+            env, "SELECT provider_instance_id FROM warm_instance WHERE state IN "
+                 "('parked', 'ending')"):
+        found[str(iid)] = found.get(str(iid), 0) + 1
+    return found
+
+
+def job_lapsed(env: dict[str, str], job_id: str) -> None:
+    # NULL: a reconcile already requeued it.
+    wait_for(lambda: query(env, "SELECT coalesce(lease_expires_at < strftime("
+                                "'%Y-%m-%dT%H:%M:%fZ', 'now'), 1) FROM job WHERE id = ?",
+                           job_id)[0][0], timeout=15, what="lease expiry")
+
+
+def warm_finish(env: dict[str, str], rented_at_most: int) -> None:
+    """Release the windows still open; then nothing runs, and each job rented at most once."""
+    assert all(n == 1 for n in owners(env).values()), owners(env)
+    released = orch(env, "warm", "release", "--all")
+    assert released.returncode == 0, released.stdout + released.stderr
+    assert len(SimCloud(sim_dir(env)).billed()) <= rented_at_most
+    for (job_id, n) in query(env, "SELECT job_id, count(*) FROM instance GROUP BY job_id"):
+        assert n == 1, (job_id, n)
+    db_invariants(env)
+
+
+@pytest.mark.parametrize("point", [*CRASH_POINTS, "after-park"])
+def test_kill_9_with_warm_reuse_on_leaks_and_duplicates_nothing(env: dict[str, str],
+                                                                tmp_path: Path,
+                                                                point: str) -> None:
+    job = warm_job(tmp_path)
+    crashed = orch({**env, "ORCH_FAILPOINT": point}, "submit", job)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    first = one_job(env)
+    assert all(n == 1 for n in owners(env).values()), owners(env)
+    lease_lapsed(env)
+    assert orch(env, "worker", "--once", timeout=180).returncode == 0
+    assert status(env, first) == "succeeded"
+    parked = query(env, "SELECT count(*) FROM warm_instance WHERE parked_by_job = ?", first)
+    # The next job takes the machine the first one parked (a takeover that adopted the
+    # machine terminates it instead: it cannot vouch for what it did not rent).
+    second = orch(env, "submit", job, "--json", timeout=180)
+    assert second.returncode == 0, second.stderr
+    second_id = json.loads(second.stdout)["job_id"]
+    took = query(env, "SELECT count(*) FROM event WHERE job_id = ? AND kind = "
+                      "'instance.warm_taken'", second_id)[0][0]
+    assert took == parked[0][0]
+    warm_finish(env, rented_at_most=1 if took else 2)
+
+
+def test_kill_9_right_after_taking_a_warm_machine(env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    job = warm_job(tmp_path)
+    assert orch(env, "submit", job, timeout=180).returncode == 0
+    crashed = orch({**env, "ORCH_FAILPOINT": "after-take"}, "submit", job)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    (second,) = [r[0] for r in query(env, "SELECT id FROM job WHERE status != 'succeeded'")]
+    assert all(n == 1 for n in owners(env).values()), owners(env)  # the taker's row owns it
+    # While the taker's lease is live, reconcile keeps its machine (tagged with the first job).
+    kept = json.loads(orch(env, "reconcile", "--json").stdout)
+    assert "terminate" not in [a["kind"] for a in kept["actions"]], kept
+    job_lapsed(env, str(second))
+    assert orch(env, "worker", "--once", timeout=180).returncode == 0
+    assert status(env, str(second)) == "succeeded"
+    warm_finish(env, rented_at_most=1)
+
+
+def test_kill_9_while_ending_a_window_is_finished_by_the_next_reconcile(
+        env: dict[str, str], tmp_path: Path) -> None:
+    assert orch(env, "submit", warm_job(tmp_path, "1s"), timeout=180).returncode == 0
+    time.sleep(1.5)
+    crashed = orch({**env, "ORCH_FAILPOINT": "warm-ending"}, "reconcile")
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert query(env, "SELECT state FROM warm_instance") == [("ending",)]
+    assert live_instances(env)  # still owned by the `ending` row: terminated next
+    done = json.loads(orch(env, "reconcile", "--json").stdout)
+    assert [a["kind"] for a in done["actions"]] == ["terminate"], done
+    assert query(env, "SELECT state, end_reason FROM warm_instance") == [("ended", "expired")]
     db_invariants(env)
 
 

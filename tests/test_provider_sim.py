@@ -326,3 +326,23 @@ def test_a_host_that_powers_off_on_its_own_reads_as_interrupted(
     gone = wait_for(lambda: other.get(inst.instance_id).state is InstanceState.INTERRUPTED)
     assert gone and other.get(inst.instance_id).raw_status == "stopped"
     assert cloud.get(inst.instance_id).state is InstanceState.INTERRUPTED
+
+
+def test_the_environment_shapes_the_simulated_cloud(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.engine.wiring import sim_from_env
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    for name, value in {"ORCH_SIM_BOOT_S": "5", "ORCH_SIM_TRAIN_STEPS": "20",
+                        "ORCH_SIM_STEP_S": "0.15", "ORCH_SIM_MODEL_BYTES": "16060522496",
+                        "ORCH_SIM_DOWNLOAD_BPS": "1.5e10"}.items():
+        monkeypatch.setenv(name, value)
+    cloud = sim_from_env()
+    assert isinstance(cloud, SimCloud)
+    assert cloud.settings.boot_seconds == 5.0
+    assert cloud.host_options == {"train_steps": 20, "train_step_seconds": 0.15,
+                                  "model_size_bytes": 16060522496,
+                                  "download_bytes_per_second": 1.5e10}
+    monkeypatch.setenv("ORCH_SIM_DOWNLOAD_BPS", "fast")
+    with pytest.raises(ValueError, match="ORCH_SIM_DOWNLOAD_BPS='fast': give a number"):
+        sim_from_env()

@@ -298,6 +298,9 @@ def why(plan: Plan) -> str:
     runner_up = plan.ranking.placements[1] if len(plan.ranking.placements) > 1 else None
     if o.registered:
         head = f"idle registered server {o.offer_id.removeprefix('server:')} costs nothing more"
+    elif warmfit.is_warm(o):
+        head = (f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} kept warm by an earlier job "
+                f"(no boot) at {usd(c.est_cost)}")
     else:
         head = (f"cheapest whole-job cost: {o.gpu} x{o.gpu_count} {_kind(o)} at "
                 f"{usd(c.est_cost)}")

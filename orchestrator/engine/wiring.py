@@ -39,7 +39,8 @@ def sim_from_env() -> Provider:
     ORCH_SIM_BOOT_S (seconds until an instance runs), ORCH_SIM_PREEMPT_AFTER_S (spot
     instances are preempted that long after create), ORCH_SIM_CAPACITY ("RTX 3090=0,H100
     PCIe=2": live instances per GPU model), ORCH_SIM_TRAIN_STEPS / ORCH_SIM_STEP_S (how long
-    the stand-in trainer runs).
+    the stand-in trainer runs), ORCH_SIM_MODEL_BYTES / ORCH_SIM_DOWNLOAD_BPS (the base model's
+    size and the hosts' download rate in bytes per second: `hf download` takes that long).
     """
     from providers.sim.compute import SimCloud
 
@@ -56,6 +57,11 @@ def sim_from_env() -> Provider:
         host["train_steps"] = int(steps)
     if step_s is not None:
         host["train_step_seconds"] = step_s
+    size, rate = _number("ORCH_SIM_MODEL_BYTES"), _number("ORCH_SIM_DOWNLOAD_BPS")
+    if size is not None:
+        host["model_size_bytes"] = int(size)
+    if rate is not None:
+        host["download_bytes_per_second"] = rate
     return SimCloud(sim_state_dir(), capacity=capacity,
                     boot_seconds=_number("ORCH_SIM_BOOT_S") or 0.0,
                     preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
