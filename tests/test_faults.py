@@ -452,7 +452,9 @@ def test_kill_9_with_warm_reuse_on_leaks_and_duplicates_nothing(env: dict[str, s
 def test_kill_9_right_after_taking_a_warm_machine(env: dict[str, str],
                                                   tmp_path: Path) -> None:
     job = warm_job(tmp_path)
-    assert orch(env, "submit", job, timeout=180).returncode == 0
+    first = orch(env, "submit", job, timeout=180)
+    assert first.returncode == 0, first.stderr
+    assert "kept warm: sim-" in first.stdout and "orch warm release 1" in first.stdout
     crashed = orch({**env, "ORCH_FAILPOINT": "after-take"}, "submit", job)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     (second,) = [r[0] for r in query(env, "SELECT id FROM job WHERE status != 'succeeded'")]

@@ -164,6 +164,7 @@ def test_reconcile_keeps_a_live_window_and_ends_a_closed_one(rig: Rig) -> None:
     assert rig.live() == [] and rig.store.get_warm(parked.id).end_reason == "expired"
 
 
+@pytest.mark.parametrize("rig", BACKENDS, indirect=True)
 def test_reconcile_keeps_a_taken_machine_tagged_with_the_job_that_rented_it(rig: Rig) -> None:
     first, second = rig.queue(rig.job_file()), rig.queue(rig.job_file())
     assert rig.run(first).status == "succeeded"

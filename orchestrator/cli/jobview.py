@@ -81,9 +81,19 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "est_cost": None if job.est_cost_micros is None else str(from_micros(job.est_cost_micros)),
         "artifacts_dir": job.artifacts_dir,
         "delivered": delivered(store, job.id),
+        "kept_warm": kept_warm(store, job.id),
         "created_at": iso(job.created_at), "finished_at": iso(job.finished_at),
         **time_summary(job, store.instances_of(job.id)),
     }
+
+
+def kept_warm(store: Store, job_id: str) -> dict[str, Any] | None:
+    """The window the job kept its machine warm for the next job (docs/warm.md), if any."""
+    for w in store.warm_instances():
+        if w.parked_by_job == job_id:
+            return {"warm_id": w.id, "instance_id": w.provider_instance_id, "state": w.state,
+                    "expires_at": iso(w.expires_at), "taken_by": w.taken_by_job}
+    return None
 
 
 def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
@@ -168,6 +178,11 @@ def print_summary(s: dict[str, Any]) -> None:
         lines.append(f"  artifacts: {s['artifacts_dir']}")
     lines += [f"  {p['what']}: {p['location']}" for p in s["delivered"]
               if p["location"] != s["artifacts_dir"]]
+    warm = s["kept_warm"]
+    if warm is not None and warm["state"] == "parked":
+        lines.append(f"  kept warm: {warm['instance_id']} until {warm['expires_at']} for the "
+                     "next job that fits it (billed while idle; `orch warm release "
+                     f"{warm['warm_id']}` ends it now)")
     typer.echo("\n".join(prose(line, "    ") for line in lines))
 
 
