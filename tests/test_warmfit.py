@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +110,20 @@ def test_the_offer_round_trips_through_its_json() -> None:
     assert warmfit.warm_id(replace(o, offer_id="warm:42")) == 42
     with pytest.raises(ValueError, match="not a warm machine"):
         warmfit.warm_id(o)
+
+
+def test_keep_warm_is_not_part_of_a_jobs_identity(tmp_path: Path) -> None:
+    # Adding keep_warm to a sweep's base must not run its finished runs again.
+    import shutil
+
+    from orchestrator.core.spec import load_job
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    shutil.copytree(examples / "data", tmp_path / "data")
+    text = (examples / "quickstart.yml").read_text()
+    plain, warm = tmp_path / "plain.yml", tmp_path / "warm.yml"
+    plain.write_text(text)
+    warm.write_text(text + "  keep_warm: 15m\n")
+    a, b = load_job(plain), load_job(warm)
+    assert b.spec.resources.keep_warm == 900
+    assert a.spec_hash == b.spec_hash
