@@ -7,7 +7,9 @@ measures, side by side for 4, 8, 16 and 32 workers:
 - claims: worker processes, each in its own process group (a "host"), loop on
   `Store.claim_next` over M queued jobs and finish each job at once, so what is measured is
   the database's queue: claims per second, duplicate claims (a job taken by two workers;
-  must be 0), and queue latency (queued -> claimed: median and worst);
+  must be 0), and queue latency (queued -> claimed: median and worst), and the CPU each
+  claim costs: the workers' own, their PostgreSQL backends', and the whole machine's (which
+  counts whatever else runs on it);
 - end to end (`--e2e`): real `orch worker --once` processes run M queued `sim` jobs with a
   short training each, over SSH to simulated hosts, and the same three numbers are read
   from the history. On 2 cores the simulated hosts, not the database, are the limit.
@@ -59,6 +61,7 @@ while True:
     store.set_status(job.id, owner, "succeeded", "bench", lease_owner=None)
     n += 1
 print(n, flush=True)
+sys.stdin.readline()  # stay connected until the bench has read this worker's and its backend's CPU
 """
 
 
@@ -100,6 +103,23 @@ def _busy_s() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backends(url: str) -> list[int]:
+    """The pids of the PostgreSQL backends serving the workers (the server is local)."""
+    store = open_store(url)
+    with store.engine.connect() as conn:
+        pids = [int(pid) for (pid,) in conn.exec_driver_sql(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")]
+    store.close()
+    return pids
+
+
 def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     url = server.create_database("fleet")
     open_store(url).close()  # the schema, before the workers open it
@@ -114,6 +134,9 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     # timed until each has said how many it claimed, not past its exit: a worker's start
     # and end are not the queue's work, and with 32 workers and few jobs they dominated.
     _queue(url, jobs)
+    backends = _backends(url)
+    mine = [p.pid for p in procs] + backends
+    before = {pid: _cpu_s(pid) for pid in mine}
     started, busy = time.monotonic(), _busy_s()
     for p in procs:
         assert p.stdin is not None
@@ -121,15 +144,22 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
         p.stdin.flush()
     done = sum(int(p.stdout.readline().strip() or 0) for p in procs if p.stdout is not None)
     wall, cpu = time.monotonic() - started, _busy_s() - busy
+    used = {pid: _cpu_s(pid) - before[pid] for pid in mine}
+    client = sum(used[p.pid] for p in procs)
+    backend = sum(used[pid] for pid in backends)
     for p in procs:
         p.communicate(timeout=600)
     claimed, dupes, latency = _claims_of(url)
-    # CPU per claim (workers and database together): on a machine with fewer cores than
-    # workers, claims/s can only hold if this does; it says whether the queue's own work grows.
+    # CPU per claim: on a machine with fewer cores than workers, claims/s can only hold if
+    # this does. The workers' and their backends' own CPU says whether the queue's work
+    # grows with the workers; the machine's also counts the kernel's switching between them
+    # and anything else running here (on a shared machine, other people's work).
+    per = 1000 / max(done, 1)
     return (f"  {workers:3d} workers  {done:5d} claims in {wall:6.2f}s = {done / wall:7.1f}/s  "
-            f"cpu {cpu / max(done, 1) * 1000:5.1f} ms/claim ({cpu / wall:4.2f} cores)  "
+            f"cpu ms/claim: workers {client * per:5.2f} + server {backend * per:5.2f} = "
+            f"{(client + backend) * per:5.2f}, machine {cpu * per:5.2f} ({cpu / wall:4.2f} cores)  "
             f"duplicates {dupes}  unclaimed {jobs - claimed}  queue latency median "
-            f"{statistics.median(latency):6.2f}s worst {max(latency):6.2f}s")
+            f"{statistics.median(latency):5.2f}s worst {max(latency):5.2f}s")
 
 
 def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:

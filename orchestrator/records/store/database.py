@@ -265,7 +265,7 @@ class StoreBase:
         `lock_wait_s()`; then DatabaseBusy. A full disk anywhere in it is DatabaseFull.
         """
         session = self._begin_write()
-        try:
+        with self._full_is_said():
             with session:
                 try:
                     yield session
@@ -273,6 +273,26 @@ class StoreBase:
                 except BaseException:
                     session.rollback()
                     raise
+
+    @contextmanager
+    def statement(self) -> Iterator[Session]:
+        """A PostgreSQL session whose every statement is a transaction of its own.
+
+        For one statement that does all its writes itself (the claim's CTE): autocommit
+        saves the BEGIN and COMMIT round trips, and a single statement is atomic anyway. A
+        full disk is DatabaseFull, as in `transaction`.
+        """
+        if self.engine.dialect.name != "postgresql":
+            # SQLite's writers need BEGIN IMMEDIATE to wait for the lock: use transaction().
+            raise StoreError("statement() is for PostgreSQL; use transaction() on SQLite")
+        bind = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        with self._full_is_said(), Session(bind, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def _full_is_said(self) -> Iterator[None]:
+        try:
+            yield
         except OperationalError as exc:
             if is_full(exc):
                 raise full_error(self.engine, exc) from exc
