@@ -194,6 +194,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("job", "ix_job_finished_at"),
         ("job", "ix_job_created_at_cost"),
         ("job", "ix_job_id_created_at"),
+        ("job", "ix_job_queued_head"),
         ("event", "ix_event_job_id_at"),
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),

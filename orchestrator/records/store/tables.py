@@ -197,6 +197,10 @@ class Job(SQLModel, table=True):
               "provider", "gpu", "method", "sweep_id"),
         Index("ix_job_id_created_at", "id", "created_at", "provider", "gpu", "method",
               "sweep_id"),
+        # 0009: the head of the queue, whatever the history's size (a claim's ORDER BY).
+        Index("ix_job_queued_head", "created_at", "id",
+              sqlite_where=text("status = 'queued'"),
+              postgresql_where=text("status = 'queued'")),
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
