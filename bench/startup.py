@@ -91,10 +91,15 @@ def main() -> None:
             if name in old:
                 runs[f"{args.compare}: {name}"] = old[name]
             runs[name] = argv
+        # The ref keeps its own data directory: a database one version migrated may be one
+        # the other cannot open (a newer schema revision), as `orch jobs` would then fail.
+        ref_env = {**env, "XDG_DATA_HOME": f"{tmp}/ref-data"}
+        Path(ref_env["XDG_DATA_HOME"]).mkdir()
+        from_ref = {f"{args.compare}: {name}" for name in old}
         base: tuple[float, float] | None = None
         print(f"{'command':40} {'wall ms':>8} {'x python':>9} {'cpu ms':>8} {'x python':>9}")
         for name, argv in runs.items():
-            wall, cpu = measure(argv, args.runs, env)
+            wall, cpu = measure(argv, args.runs, ref_env if name in from_ref else env)
             base = base or (wall, cpu)
             flag = ""
             if "orch plan" in name:

@@ -4,7 +4,6 @@ Heavy modules (the database layer, SSH, HTTP) are imported inside the commands t
 them: `orch plan` must start in a small multiple of a bare `python -c pass`.
 """
 
-from __future__ import annotations
 
 import json
 import sys
@@ -238,11 +237,6 @@ _register()
 
 def main() -> None:
     """Console-script entry point."""
-    import logging
-
-    # paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness
-    # probe expects) at ERROR; the engine reports what matters as job events.
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     from orchestrator.cli.helpstyle import gh_style
     from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
 

@@ -5,7 +5,6 @@ SQLModel/SQLAlchemy (orchestrator.records.history reads with the standard librar
 about as fast as `orch --help`; heavier modules are imported inside the commands.
 """
 
-from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
@@ -100,7 +99,7 @@ def _history_cmd(
     _render_history(rows, json_out, csv_out)
 
 
-def _render_history(rows: list[HistoryRow], json_out: bool, csv_out: bool) -> None:
+def _render_history(rows: "list[HistoryRow]", json_out: bool, csv_out: bool) -> None:
     if json_out:
         print_json([r.to_dict() for r in rows])
         return
@@ -162,7 +161,7 @@ def _cost_cmd(
     headers = [*(b for b in (when, dim) if b), "jobs", "gpu_hours", "cost", "amortised",
                "spot_savings"]
 
-    def cells(r: CostRow, money: Any) -> list[object]:
+    def cells(r: "CostRow", money: Any) -> list[object]:
         first = [r.bucket] if when else []
         return [*first, *([r.key if r.key is not None else "-"] if dim else []), r.jobs,
                 r.gpu_hours, money(r.cost_micros), money(r.amortised_micros),
@@ -280,7 +279,7 @@ def _advise_cmd(
     typer.echo("\n".join(render_lines(advice)))
 
 
-def advise_from_history(reader: Reader | None, days: int, now: datetime) -> Any:
+def advise_from_history(reader: "Reader | None", days: int, now: datetime) -> Any:
     """Load the window's usage and prices at the edge, then call the pure advise()."""
     from orchestrator.cli import advise as adv
     from orchestrator.records.history import metered_usage, server_usage

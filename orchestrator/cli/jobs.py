@@ -4,7 +4,6 @@ Each command is a top-level function, added to the Typer app by `register(app)`;
 modules (database, SSH, HTTP) are imported inside each command.
 """
 
-from __future__ import annotations
 
 import json
 import signal
@@ -55,7 +54,7 @@ def _env_float(name: str, default: float) -> float:
         raise typer.Exit(2) from None
 
 
-def engine_options(quick: bool = False) -> Options:
+def engine_options(quick: bool = False) -> "Options":
     """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
     from orchestrator.engine.runner import Options
     from orchestrator.engine.watchdog import deadlines_from_env
@@ -74,7 +73,7 @@ def engine_options(quick: bool = False) -> Options:
                    max_placements=base.max_placements, max_attempts=base.max_attempts)
 
 
-def _sim_only(job: Job) -> bool:
+def _sim_only(job: "Job") -> bool:
     spec = json.loads(job.spec_json)
     named = (spec.get("resources") or {}).get("providers") or []
     return bool(named) and set(named) == {"sim"}
@@ -88,7 +87,7 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     raise Terminated()
 
 
-def _providers(store: Store) -> tuple[dict[str, Any], list[str]]:
+def _providers(store: "Store") -> tuple[dict[str, Any], list[str]]:
     from orchestrator.engine.wiring import configured_providers
 
     try:
@@ -98,7 +97,7 @@ def _providers(store: Store) -> tuple[dict[str, Any], list[str]]:
         raise typer.Exit(2) from None
 
 
-def _exit_code(job: Job) -> int:
+def _exit_code(job: "Job") -> int:
     return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(job.status, EXIT_FAILED)
 
 
@@ -160,7 +159,7 @@ def submit(
     _run_here(store, row, providers, notes, json_out)
 
 
-def confirm(plan: Plan, market: Market | None) -> None:
+def confirm(plan: "Plan", market: "Market | None") -> None:
     """On a terminal, show what will be rented and what it should cost, and ask (as `sky
     launch` does); not on a pipe, under cron or a worker. The simulated cloud spends nothing
     and is not asked about. A "no" exits 1 with nothing recorded."""
@@ -182,7 +181,7 @@ def confirm(plan: Plan, market: Market | None) -> None:
         raise typer.Exit(1)
 
 
-def _run_here(store: Store, row: Job, providers: dict[str, Any], notes: list[str],
+def _run_here(store: "Store", row: "Job", providers: dict[str, Any], notes: list[str],
               json_out: bool) -> NoReturn:
     """Run the just-recorded job in this process (`orch submit` without --detach) and exit
     with its outcome; Ctrl-C or SIGTERM tear its instances down first."""
@@ -284,7 +283,7 @@ def _stopped(current: list[str]) -> str:
             else "it was idle: no job was running")
 
 
-def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
+def _work(store: "Store", providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
           poll: float, quiet: bool, current: list[str]) -> None:
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
@@ -331,7 +330,7 @@ def _work(store: Store, providers: dict[str, Any], owner: str, *, once: bool, ma
             break
 
 
-def _get_job(store: Store, job_id: str) -> Job:
+def _get_job(store: "Store", job_id: str) -> "Job":
     """The job, or exit 4 with the store's message."""
     from orchestrator.records.store import NotFoundError
 
@@ -381,7 +380,7 @@ def show(
     _print_events(job, evs, events)
 
 
-def _print_details(store: Store, job: Job, instances: list[dict[str, Any]], rows: list[Any],
+def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], rows: list[Any],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
     from orchestrator.cli.tables import table
@@ -414,7 +413,7 @@ def _print_details(store: Store, job: Job, instances: list[dict[str, Any]], rows
             typer.echo(f"  ... {len(ranked) - 8} more (--json)")
 
 
-def _print_events(job: Job, evs: list[Any], events: int) -> None:
+def _print_events(job: "Job", evs: list[Any], events: int) -> None:
     """`orch show`'s newest `events` events."""
     from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time, prose
@@ -517,7 +516,7 @@ def cancel(
         raise typer.Exit(EXIT_FAILED)
 
 
-def _sweep_hint(store: Store, name: str) -> str | None:
+def _sweep_hint(store: "Store", name: str) -> str | None:
     """What to run when `orch cancel` was given a sweep's name rather than a job id."""
     from sqlmodel import select
 
@@ -536,7 +535,7 @@ def register(app: typer.Typer) -> None:
         app.command()(command)
 
 
-def _train_logs(store: Store, job_id: str, follow: bool, json_out: bool) -> None:
+def _train_logs(store: "Store", job_id: str, follow: bool, json_out: bool) -> None:
     """Print the kept training output; with `follow`, new lines until the job ends."""
     from orchestrator.engine import trainlog
     from orchestrator.records.store import FINAL_STATUSES
@@ -563,16 +562,16 @@ def _train_logs(store: Store, job_id: str, follow: bool, json_out: bool) -> None
     emit()
 
 
-def _next_is_sim(store: Store) -> bool:
+def _next_is_sim(store: "Store") -> bool:
     queued = store.list_jobs(limit=1, status="queued")
     return bool(queued) and _sim_only(queued[0])
 
 
-def _orphaned(store: Store, job: Job) -> bool:
+def _orphaned(store: "Store", job: "Job") -> bool:
     return job.lease_expires_at is None or job.lease_expires_at < store.now()
 
 
-def _cancel_orphan(store: Store, job: Job) -> None:
+def _cancel_orphan(store: "Store", job: "Job") -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
     from orchestrator.engine.recovery import teardown_open
 

@@ -3,7 +3,6 @@
 Registered on the main Typer app by `register(app)`; reads orchestrator/core/data/models.yaml.
 """
 
-from __future__ import annotations
 
 import typer
 

@@ -1,7 +1,7 @@
 """`orch plan`: load a job file, plan it, print the plan (the typer command calls `run`).
 
 Planning needs neither the database layer (SQLModel) nor SSH nor HTTP: those are imported
-only by the commands that use them, which keeps `orch plan` within ~10x a bare
+only by the commands that use them, which keeps `orch plan` near ~10x a bare
 `python -c pass` (bench/startup.py).
 """
 

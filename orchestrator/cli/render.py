@@ -6,7 +6,6 @@ functions the pipeline uploads and runs with. Heavy modules are imported inside 
 so `orch plan` start-up does not pay for them.
 """
 
-from __future__ import annotations
 
 import json
 import os

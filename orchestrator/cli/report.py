@@ -4,7 +4,6 @@ Registered on the main Typer app by `register(app)`. plotly (the `orch-finetune[
 imported only when the command runs, so no other command loads it.
 """
 
-from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum

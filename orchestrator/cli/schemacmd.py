@@ -1,6 +1,5 @@
 """`orch schema job|sweep`: the JSON Schema of the job or sweep file, for editors."""
 
-from __future__ import annotations
 
 import json
 from enum import StrEnum

@@ -7,7 +7,6 @@ re-runs the probe with the pinned key and clears (or sets) a failed GPU check; `
 re-pins a host key that changed, after the user confirmed the new fingerprint.
 """
 
-from __future__ import annotations
 
 import json
 import re

@@ -17,7 +17,6 @@ of an unknown sweep; 1 anything else (the database, say).
 A sweep file named `show` in the current directory must be given as `./show`.
 """
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 EXIT_OK = 0
 
 
-def _load(path: Path) -> LoadedSweep:
+def _load(path: Path) -> "LoadedSweep":
     from orchestrator.core.spec import SpecError
     from orchestrator.core.sweepspec import load_sweep
 

@@ -35,6 +35,11 @@ from playbooks.ssh.hostkeys import (
 
 log = logging.getLogger(__name__)
 
+# paramiko logs refused tunnel channels (vLLM not listening yet, which the readiness probe
+# expects) at ERROR; the engine reports what matters as job events. Set where every SSH
+# connection is made, so commands that never connect do not load `logging` for it.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
 # --- retries ---------------------------------------------------------------------------------
 
 _TRANSIENT_ERRNOS = {

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from providers import catalog
 from providers.base import (
     Billing,
     CapacityError,
@@ -71,6 +70,10 @@ def offer_id(name: str) -> str:
 
 def server_offers(servers: Sequence[RegisteredServer]) -> list[Offer]:
     """Idle registered servers as offers with zero marginal cost."""
+    # Imported here: the store imports this module for `RegisteredServer`, and commands that
+    # only read the database (`orch jobs`) need neither the catalog nor its YAML parser.
+    from providers import catalog
+
     spec = catalog.gpus()
     out = []
     for s in servers:
