@@ -6,8 +6,6 @@ is recorded) and is safe against a job taking it at the same moment: the row mov
 `ending` first, so exactly one of the two happens.
 """
 
-from __future__ import annotations
-
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
