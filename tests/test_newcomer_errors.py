@@ -21,14 +21,16 @@ def run(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
 def test_a_budget_too_low_leads_with_the_money(tmp_path: Path) -> None:
     shutil.copytree(ROOT / "examples", tmp_path / "ex")
     job = tmp_path / "ex" / "quickstart.yml"
-    job.write_text(job.read_text().replace("  spot: allowed\n",
-                                           "  spot: allowed\n  max_cost: 0.0001\n"))
-    for command in ("plan", "submit"):
+    text = job.read_text()
+    # The budget as written, even below a hundredth of a cent (it once read "$0.0000").
+    for budget, command in (("0.0001", "plan"), ("0.0001", "submit"), ("0.00001", "plan")):
+        job.write_text(text.replace("  spot: allowed\n",
+                                    f"  spot: allowed\n  max_cost: {budget}\n"))
         proc = run(tmp_path, command, str(job))
         assert proc.returncode == 3, proc.stderr
         found = re.match(rf"error: {re.escape(str(job))}: no placement fits resources.max_cost: "
-                         r"the cheapest that fits costs \$(\S+) > max_cost \$0\.0001 \(",
-                         proc.stderr)
+                         rf"the cheapest that fits costs \$(\S+) > max_cost "
+                         rf"\${re.escape(budget)} \(", proc.stderr)
         assert found, proc.stderr
         assert "Try resources.max_cost: " in proc.stderr and "GiB" not in proc.stderr
 

@@ -303,7 +303,8 @@ def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
         reasons = "; ".join(f"{n} {r}" for r, n in sorted(ranking.rejected.items()))
         return (f"no placement fits resources.max_cost: the cheapest that fits costs "
                 f"{money.usd(cheapest.est_cost)} > max_cost "
-                f"{money.usd(constraints.max_cost)} ({o.gpu} x{o.gpu_count}, {o.provider}, "
+                # the user's own figure as written: rounded to cents, $0.00001 read "$0.0000"
+                f"${constraints.max_cost.normalize():f} ({o.gpu} x{o.gpu_count}, {o.provider}, "
                 f"{cheapest.est_hours:.2f} h). Try resources.max_cost: "
                 f"{_round_up_cents(cheapest.est_cost)} or more, or fewer training.epochs. "
                 f"Left out: {reasons}.")
