@@ -58,6 +58,8 @@ def base_args(path: list[str], cmd: Any) -> list[str]:
             args += [p.opts[0], VALUES.get(p.name, "x")]
         elif p.name in ("once", "dry_run"):
             args.append(p.opts[0])  # worker --once; submit/sweep start nothing
+        elif path == ["warm", "release"] and p.name == "all_parked":
+            args.append(p.opts[0])  # release needs ids or --all before it opens anything
     return args
 
 
