@@ -136,3 +136,15 @@ def require_runners(store: Store, file: Path, named: list[list[str] | None]) -> 
         found = runners(None if providers is None else list(providers), has_servers)
         if not found:
             fail(found.problem(file), EXIT_NO_FIT)
+
+
+def configured_here(store: Store) -> tuple[dict[str, Any], list[str]]:
+    """The providers this machine can use (the simulated cloud too), and notes on those left
+    out; exit 2 with one line for a malformed ORCH_SIM_* variable."""
+    from orchestrator.engine.wiring import configured_providers
+
+    try:
+        return configured_providers(store, sim=True)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -20,6 +20,7 @@ from orchestrator.cli.common import (
     EXIT_NO_FIT,
     EXIT_NOT_FOUND,
     JsonFlag,
+    configured_here,
     fail,
     load,
     money,
@@ -87,16 +88,6 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     raise Terminated()
 
 
-def _providers(store: "Store") -> tuple[dict[str, Any], list[str]]:
-    from orchestrator.engine.wiring import configured_providers
-
-    try:
-        return configured_providers(store, sim=True)
-    except ValueError as exc:  # a malformed ORCH_SIM_* variable
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
 def _exit_code(job: "Job") -> int:
     return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(job.status, EXIT_FAILED)
 
@@ -126,7 +117,7 @@ def submit(
     # neither queued for a worker to fail nor planned as if it could run.
     require_runners(store, file, [loaded.spec.resources.providers])
     if not (dry_run or detach):
-        providers, notes = _providers(store)
+        providers, notes = configured_here(store)
     market = None if dry_run else cli_plan.live_market(loaded)
     if market is not None and market.answered:
         from orchestrator.records import prices
@@ -247,7 +238,7 @@ def worker(
         fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
     store = open_db()
     owner = owner_id("worker")
-    providers, notes = _providers(store)
+    providers, notes = configured_here(store)
     from orchestrator.core.paths import describe_db
 
     # The handler first: a SIGTERM right after the banner is a stop like any other.
@@ -503,7 +494,7 @@ def cancel(
         # else will tear it down.
         from orchestrator.engine.recovery import teardown_open
 
-        teardown_open(store, _providers(store)[0], job_id, "cancelled")
+        teardown_open(store, configured_here(store)[0], job_id, "cancelled")
         left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
     if json_out:
         print_json({"job_id": job_id, "status": job.status,
@@ -575,5 +566,5 @@ def _cancel_orphan(store: "Store", job: "Job") -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
     from orchestrator.engine.recovery import teardown_open
 
-    teardown_open(store, _providers(store)[0], job.id, "cancelled")
+    teardown_open(store, configured_here(store)[0], job.id, "cancelled")
     store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

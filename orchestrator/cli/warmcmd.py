@@ -14,6 +14,7 @@ import typer
 from orchestrator.cli.common import (
     EXIT_INVALID,
     JsonFlag,
+    configured_here,
     fail,
     history_reader,
     open_db,
@@ -54,7 +55,6 @@ def _list(all_rows: bool, json_out: bool) -> None:
 
 
 def _release(ids: list[int], all_parked: bool, json_out: bool) -> None:
-    from orchestrator.cli.jobs import _providers
     from orchestrator.engine.warm import end_one
 
     if not ids and not all_parked:
@@ -62,7 +62,7 @@ def _release(ids: list[int], all_parked: bool, json_out: bool) -> None:
              EXIT_INVALID)
     store = open_db()
     try:
-        providers, _notes = _providers(store)
+        providers, _notes = configured_here(store)
         rows = store.warm_instances(("parked", "ending"))
         chosen = rows if all_parked else [r for r in rows if r.id in ids]
         unknown = sorted(set(ids) - {r.id for r in rows})
