@@ -352,10 +352,16 @@ def test_kill_9_at_each_point_is_recovered_without_waste(env: dict[str, str],
     crashed = orch({**env, "ORCH_FAILPOINT": point}, "submit", "examples/quickstart.yml")
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     job_id = one_job(env)
+    # Until its terminate, the instance outlives the killed process...
+    alive = point != "after-terminate"
+    assert bool(live_instances(env)) == alive, point
     lease_lapsed(env)
     taken = orch(env, "worker", "--once", timeout=180)
     assert taken.returncode == 0, taken.stderr
     assert status(env, job_id) == "succeeded"
+    # ...and the worker taking the lapsed lease over reattaches to it, never rents anew.
+    kinds = [r[0] for r in query(env, "SELECT kind FROM event WHERE job_id = ?", job_id)]
+    assert "requeued" in kinds and ("instance.adopted" in kinds) == alive, (point, kinds)
     assert count(env, "SELECT count(*) FROM job") == 1
     assert count(env, "SELECT count(*) FROM instance WHERE job_id = ?", job_id) == 1
     events = query(env, "SELECT message, data_json FROM event WHERE job_id = ? AND "

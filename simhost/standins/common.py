@@ -11,12 +11,16 @@ import fcntl
 import json
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+# shutil, subprocess and datetime are imported where they are used (here and in docker.py,
+# which most commands load): with bz2, lzma, selectors and threading behind them they were
+# ~9 of the ~38 ms of CPU each command's start took (`python bench/standins.py`), paid
+# ~56 times a simulated job, and most commands never use them.
 
 # Only for type checkers: importing typing costs each stand-in command more than the
 # rest of its start-up (`python -X importtime`), and the simulated hosts run hundreds.
@@ -295,7 +299,7 @@ def refresh_bin(host: Host) -> None:
         target = host.bin / name
         if name in wanted:
             script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
-        elif shutil.which(name, path=SYSTEM_PATH):
+        elif _which(name, SYSTEM_PATH):
             # The real machine has this command: mask it, the simulated host has none.
             script = f'#!/bin/sh\necho "sh: 1: {name}: not found" >&2\nexit 127\n'
         else:
@@ -410,3 +414,10 @@ def require_root(host: Host, message: str, code: int) -> None:
     """Refuse a privileged command as the real one refuses a non-root user."""
     if not privileged(host):
         raise SimError(message, code)
+
+
+def _which(name: str, path: str) -> str | None:
+    """`shutil.which`, importing shutil only when called (see the imports above)."""
+    import shutil
+
+    return shutil.which(name, path=path)

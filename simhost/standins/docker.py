@@ -11,13 +11,10 @@ container's arguments, like the real image's entrypoint.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import re
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,8 +35,10 @@ from .common import (
     say,
 )
 
+# shutil, subprocess and datetime: imported where used (see common.py's imports).
 TYPE_CHECKING = False  # see common.py: typing is not imported at run time
 if TYPE_CHECKING:
+    import subprocess
     from typing import Any
 
 VERSION = "27.5.1"
@@ -61,6 +60,8 @@ _BOOL_FLAGS = {
 
 
 def _now() -> str:
+    import datetime as dt
+
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -229,6 +230,8 @@ def _finish(host: Host, name: str, code: int) -> None:
             )
             _save(host, record)
         if record["HostConfig"]["AutoRemove"]:
+            import shutil
+
             shutil.rmtree(_dir(host) / name, ignore_errors=True)
 
 
@@ -600,6 +603,8 @@ def _process(host: Host, spec: RunSpec, rootfs: Path) -> tuple[list[str], str, s
 def _executable(exe: str, path: str, mounted: bool) -> str | None:
     """Where the container's first word is on this machine (None: not found)."""
     if "/" not in exe:
+        import shutil
+
         return shutil.which(exe, path=path)
     found = container_to_host(exe) if mounted else exe
     return found if found and os.access(found, os.X_OK) else None
@@ -710,6 +715,8 @@ def _start(record: dict[str, Any], env: dict[str, str], cwd: str, log_path: Path
            detach: bool) -> subprocess.Popen[bytes]:
     """The container's main process: detached, a supervisor in its own session that survives
     the SSH connection; in the foreground, the command itself."""
+    import subprocess
+
     if not detach:
         return subprocess.Popen(record["Sim"]["argv"], env=env, cwd=cwd,
                                 stdin=subprocess.DEVNULL)
@@ -753,6 +760,8 @@ def _supervise(host: Host, name: str) -> int:
         time.sleep(0.01)
     if record is None:
         return 1
+    import subprocess
+
     proc = subprocess.Popen(
         record["Sim"]["argv"], cwd=record["Sim"]["cwd"], stdin=subprocess.DEVNULL
     )
@@ -868,6 +877,8 @@ def _rm(host: Host, args: list[str]) -> int:
                 code = 1
                 continue
             _kill(host, record)
+        import shutil
+
         shutil.rmtree(_dir(host) / record["Name"].lstrip("/"), ignore_errors=True)
         host.event("docker-rm", container=record["Name"].lstrip("/"))
         say(ref)
