@@ -50,7 +50,12 @@ import sys
 from orchestrator.records.store import open_store
 url, owner = sys.argv[1], sys.argv[2]
 store = open_store(url)
-store.claim_next(owner, 30)  # the queue is still empty: compiles and connects, claims nothing
+# One whole claim-and-finish cycle before the clock starts (the bench queued one job per
+# worker for it): a worker's first use of each statement and ORM path (compilation, caches)
+# is part of its start, which a real worker pays once in hours, not the queue's work.
+job = store.claim_next(owner, 30)
+if job is not None:
+    store.set_status(job.id, owner, "succeeded", "bench warm-up", lease_owner=None)
 print("ready", flush=True)
 sys.stdin.readline()
 n = 0
@@ -69,24 +74,25 @@ def _t(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def _queue(url: str, n: int) -> None:
+def _queue(url: str, n: int) -> set[str]:
     store = open_store(url)
     loaded = load_job(ROOT / "examples" / "quickstart.yml")
-    for _ in range(n):
-        record_job(store, loaded)
+    ids = {record_job(store, loaded)[0].id for _ in range(n)}
     store.close()
+    return ids
 
 
-def _claims_of(url: str) -> tuple[int, int, list[float]]:
-    """(jobs claimed, duplicate claims, queue latencies in s) read from the events."""
+def _claims_of(url: str, left_out: set[str] = frozenset()) -> tuple[int, int, list[float]]:
+    """(jobs claimed, duplicate claims, queue latencies in s) read from the events, the jobs
+    `left_out` (the workers' warm-up) not counted."""
     store = open_store(url)
     with store.engine.connect() as conn:
         created = {jid: _t(at) for jid, at in conn.exec_driver_sql(
-            "SELECT id, created_at FROM job")}
+            "SELECT id, created_at FROM job") if jid not in left_out}
         claims: dict[str, list[float]] = {}
         for jid, at, data in conn.exec_driver_sql(
                 "SELECT job_id, at, data_json FROM event WHERE kind = 'state' ORDER BY id"):
-            if json.loads(data or "{}").get("status") == "provisioning":
+            if jid in created and json.loads(data or "{}").get("status") == "provisioning":
                 claims.setdefault(jid, []).append(_t(at))
     store.close()
     # A job resumed after an interruption is claimed again legitimately; in these runs
@@ -123,6 +129,7 @@ def _backends(url: str) -> list[int]:
 def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     url = server.create_database("fleet")
     open_store(url).close()  # the schema, before the workers open it
+    warm_up = _queue(url, workers)  # one job each, claimed and finished before the clock
     procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"bench:host{n}:w{n}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=ROOT, start_new_session=True)
@@ -149,7 +156,7 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     backend = sum(used[pid] for pid in backends)
     for p in procs:
         p.communicate(timeout=600)
-    claimed, dupes, latency = _claims_of(url)
+    claimed, dupes, latency = _claims_of(url, warm_up)
     # CPU per claim: on a machine with fewer cores than workers, claims/s can only hold if
     # this does. The workers' and their backends' own CPU says whether the queue's work
     # grows with the workers; the machine's also counts the kernel's switching between them
