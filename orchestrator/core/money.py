@@ -191,6 +191,16 @@ def instance_cost(row: CostedInstance, until: datetime) -> tuple[Decimal, Decima
     return metered_cost(price, hours, billing), Decimal(0)
 
 
+def idle_micros(price_per_hour_micros: int, billing: str, since: datetime,
+                until: datetime) -> int:
+    """What a machine kept warm cost while idle from `since` to `until`, billed as the
+    provider meters it (per second or per started minute), in micro-dollars: one rule for
+    the store's record (`warm_instance.idle_micros`) and `orch cost`/`orch warm`'s reading
+    of a window still open."""
+    hours = hours_between(since, max(until, since))
+    return to_micros(metered_cost(from_micros(price_per_hour_micros), hours, Billing(billing)))
+
+
 def volume_cost(disk_gb: int | Decimal, per_gb_month: Decimal,
                 hours: float | Decimal) -> Decimal:
     """Storage of a `disk_gb` volume kept `hours` at `per_gb_month` dollars per GB-month."""

@@ -2,23 +2,22 @@
 
 Idle time is billed to no job, so the job rollups never show it; it is read here from the
 `warm_instance` table (through `historyread`, like the rollups). A window that closed has its
-cost recorded (`idle_micros`); a machine parked now is priced up to `now`, each started
-second counted, as the provider bills it.
+cost recorded (`idle_micros`); a machine parked now is priced up to `now` by the same rule
+(`money.idle_micros`: per second or per started minute, as the provider bills it).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.core.money import dollars, hourly_cost_micros
+from orchestrator.core.money import dollars, idle_micros
 from orchestrator.records.historyread import HistoryError, Reader, parse_stored, to_text
 
 _SQL = ("SELECT id, provider, provider_instance_id, gpu, gpu_count, price_per_hour_micros, "
-        "parked_by_job, parked_at, expires_at, state, taken_by_job, idle_micros "
+        "billing, parked_by_job, parked_at, expires_at, state, taken_by_job, idle_micros "
         "FROM warm_instance WHERE parked_at >= :since AND parked_at < :until ORDER BY id")
 
 
@@ -56,13 +55,12 @@ def windows(reader: Reader, since: datetime, until: datetime, now: datetime) -> 
     except HistoryError:
         return []
     rows: list[WarmRow] = []
-    for (wid, provider, iid, gpu, count, price, by, parked, expires, state, taken,
+    for (wid, provider, iid, gpu, count, price, billing, by, parked, expires, state, taken,
          idle) in raw:
         parked_at, expires_at = parse_stored(parked), parse_stored(expires)
         assert parked_at is not None and expires_at is not None  # NOT NULL columns
         if state in ("parked", "ending"):
-            seconds = math.ceil(max(0.0, (now - parked_at).total_seconds()))
-            idle = hourly_cost_micros(dollars(price), seconds)
+            idle = idle_micros(int(price), billing, parked_at, now)
         rows.append(WarmRow(int(wid), provider, iid, gpu, int(count), int(price), by,
                             parked_at, expires_at, state, taken, int(idle or 0)))
     return rows

@@ -17,7 +17,6 @@ Times are the database's (`db_now`), so clocks of different machines never decid
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from decimal import Decimal
 
 from sqlalchemy import update
 from sqlmodel import col, select
@@ -51,10 +50,7 @@ def as_machine(row: WarmInstance) -> WarmMachine:
 
 def idle_micros(row: WarmInstance, until: datetime) -> int:
     """What the machine's idle time from parking to `until` cost, in micro-dollars."""
-    hours = money.hours_between(row.parked_at, max(until, row.parked_at))
-    cost = money.metered_cost(money.from_micros(row.price_per_hour_micros), hours,
-                              Billing(row.billing))
-    return to_micros(cost)
+    return money.idle_micros(row.price_per_hour_micros, row.billing, row.parked_at, until)
 
 
 class WarmMixin(StoreBase):
@@ -182,15 +178,6 @@ class WarmMixin(StoreBase):
                 | ((col(WarmInstance.state) == "parked") & (col(WarmInstance.expires_at) <= now)))
             return list(session.exec(query.order_by(col(WarmInstance.id))))
 
-    def warm_owner(self, provider: str, instance_id: str) -> WarmInstance | None:
-        """The warm row that owns this machine now (parked or ending), if any."""
-        with self.session() as session:
-            query = select(WarmInstance).where(
-                col(WarmInstance.provider) == provider,
-                col(WarmInstance.provider_instance_id) == instance_id,
-                col(WarmInstance.state).in_(OWNING))
-            return session.exec(query).first()
-
     def machine_owner(self, provider: str, instance_id: str) -> WarmInstance | str | None:
         """Who owns a live machine now: its warm row (parked or ending), the job whose open
         instance row names it, or None (an orphan, or created but never recorded).
@@ -213,16 +200,3 @@ class WarmMixin(StoreBase):
                 col(Instance.provider_instance_id) == instance_id,
                 col(Instance.terminated_at).is_(None)).order_by(col(Instance.id).desc())).first()
             return None if row is None else row.job_id
-
-    def idle_cost(self) -> tuple[Decimal, Decimal]:
-        """(idle cost of windows that closed, idle cost so far of machines parked now)."""
-        with self.session() as session:
-            now = db_now(session)
-            closed = Decimal(0)
-            running = Decimal(0)
-            for warm in session.exec(select(WarmInstance)):
-                if warm.state in OWNING:
-                    running += money.from_micros(idle_micros(warm, now))
-                else:
-                    closed += money.from_micros(warm.idle_micros)
-            return closed, running
