@@ -22,7 +22,7 @@ from orchestrator.engine.runner_core import (
     instance_cost,
     log,
 )
-from orchestrator.records.store import DatabaseBusy, DatabaseFull, to_micros, utcnow
+from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, to_micros, utcnow
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers import retried
@@ -117,14 +117,11 @@ class Teardown:
         base = self.state.secrets_base.pop(row_id, None)
         if not base:
             return
-        row = next((r for r in self.state.store.instances_of(self.state.job_id) if r.id == row_id),
-                   None)
-        if row is None or not (row.host and row.port and row.host_key):
+        row = self.reachable_row(row_id)
+        if row is None:
             return
         try:
-            conn = self.state.factory.connect(row.host, row.port, row.ssh_user or "root",
-                                              row.host_key)
-            removed = secrets.scrub(Host(conn), base)
+            removed = secrets.scrub(self.connect_again(row), base)
         except (ssh.SSHError, StepFailed) as exc:
             self.ledger.event("secrets.left", f"could not remove secret files from {row.host}: "
                               f"{exc}; `orch reconcile` retries")
@@ -132,6 +129,20 @@ class Teardown:
         if removed:
             self.ledger.event("secrets.removed", f"removed {len(removed)} secret file(s) from "
                               "the server", {"files": len(removed)})
+
+    def reachable_row(self, row_id: int) -> Instance | None:
+        """Instance row `row_id` of this job when it knows where its machine is (address and
+        pinned host key), else None."""
+        row = next((r for r in self.state.store.instances_of(self.state.job_id) if r.id == row_id),
+                   None)
+        return row if row is not None and row.host and row.port and row.host_key else None
+
+    def connect_again(self, row: Instance) -> Host:
+        """A new SSH connection to `row`'s machine with its pinned host key (the pipeline's
+        may have been closed: a cancel, the watchdog). SSH errors propagate."""
+        assert row.host and row.port and row.host_key
+        return Host(self.state.factory.connect(row.host, row.port, row.ssh_user or "root",
+                                               row.host_key))
 
     def release_all(self, outcome: str) -> None:
         """Release every instance this run holds, as the run's `outcome` says."""

@@ -24,7 +24,7 @@ from orchestrator.engine.teardown import Teardown
 from orchestrator.records.store import Store, WarmInstance, from_micros
 from orchestrator.records.store.warm import as_machine
 from playbooks import images, ssh
-from playbooks.base import Host, StepFailed
+from playbooks.base import StepFailed
 from providers import retried
 from providers.base import Billing, KeepsMachine, NotFound, Offer, Provider, ProviderError
 
@@ -68,15 +68,16 @@ class Warm:
         cached = "its base model cached" if placement.duration.model_pull == 0 else "booted"
         job = self.ledger.placing(placement, f"taking warm {offer.provider} {offer.gpu} "
                                   f"x{offer.gpu_count} (warm instance {wid}: running, {cached})")
-        row = self.state.store.take_warm(wid, self.state.job_id, job.attempt)
-        if row is None or row.id is None or row.provider_instance_id is None:
+        got = self.state.store.take_warm(wid, self.state.job_id, job.attempt)
+        if got is None:
             self.ledger.event("warm.missed", f"warm instance {wid} was taken by another job "
                               "or its window closed; trying the next placement")
             return None
-        iid = row.provider_instance_id
+        row, taken = got
+        assert row.id is not None  # flushed by the take; its machine id copied from the warm row
+        iid = taken.provider_instance_id
         self.state.held[row.id] = (offer.provider, iid)
         failpoint("after-take")
-        taken = self.state.store.get_warm(wid)
         self.state.offers[row.id] = warmfit.offer_from_json(taken.offer_json)
         try:
             inst = retried.look_up(provider, iid)
@@ -130,14 +131,12 @@ class Warm:
         """Remove the finished job's directory from the machine (artifacts were copied back;
         the model cache stays); False when the machine cannot be reached: not parked."""
         job_dir = self.state.job_dirs.get(placed.row_id)
-        row = next((r for r in self.state.store.instances_of(self.state.job_id)
-                    if r.id == placed.row_id), None)
-        if job_dir is None or row is None or not (row.host and row.port and row.host_key):
+        row = self.teardown.reachable_row(placed.row_id)
+        if job_dir is None or row is None:
             return False
         try:
-            conn = self.state.factory.connect(row.host, row.port, row.ssh_user or "root",
-                                              row.host_key)
-            Host(conn).must(["rm", "-rf", "--", job_dir], "removing the finished job's files")
+            host = self.teardown.connect_again(row)
+            host.must(["rm", "-rf", "--", job_dir], "removing the finished job's files")
         except (ssh.SSHError, StepFailed) as exc:
             self.ledger.event("warm.not_parked", f"could not clean the machine for the next "
                               f"job ({exc}); terminating it instead")

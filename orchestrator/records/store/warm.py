@@ -86,9 +86,11 @@ class WarmMixin(StoreBase):
             session.flush()
             return warm
 
-    def take_warm(self, warm_id: int, job_id: str, attempt: int) -> Instance | None:
-        """Hand the parked machine `warm_id` to `job_id`: its new instance row, or None when
-        it is no longer parked (another job took it, or it is ending) or its window closed."""
+    def take_warm(self, warm_id: int, job_id: str,
+                  attempt: int) -> tuple[Instance, WarmInstance] | None:
+        """Hand the parked machine `warm_id` to `job_id`: its new instance row and the warm row
+        as taken, or None when it is no longer parked (another job took it, or it is ending)
+        or its window closed."""
         with self.transaction() as session:
             now = db_now(session)
             result = session.execute(
@@ -112,7 +114,7 @@ class WarmMixin(StoreBase):
             session.add(warm)
             session.add(row)
             session.flush()
-            return row
+            return row, warm
 
     def begin_ending(self, warm_id: int, *, expired_only: bool = True) -> WarmInstance | None:
         """`parked` -> `ending` before its machine is terminated (only once its window has
