@@ -7,15 +7,17 @@ databases go through the store.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 from orchestrator.core.money import dollars_trimmed, from_micros
 from orchestrator.core.throughput import Measured, MeasuredKey
 from orchestrator.core.warmfit import WarmMachine
 from providers.dedicated.compute import RegisteredServer
+
+_T = TypeVar("_T")
 
 # Only recent jobs speak for a key: drivers, images and the trainer change over time.
 MEASURED_WINDOW = 20
@@ -66,16 +68,7 @@ def registered_servers(url: str) -> list[RegisteredServer]:
     if path is None:
         if url.startswith("sqlite"):
             return []
-        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
-        from sqlalchemy.exc import SQLAlchemyError
-
-        store = _open(url)  # non-SQLite: use the store
-        try:
-            return store.registered()
-        except SQLAlchemyError as exc:
-            raise Unavailable(f"cannot read registered servers: {exc}") from exc
-        finally:
-            store.close()
+        return _through_store(url, "registered servers", lambda store: store.registered())
     if not path.exists():
         return []
     import sqlite3  # only with a database: `orch plan` on a fresh machine skips it
@@ -98,18 +91,13 @@ def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
     if path is None:
         if url.startswith("sqlite"):
             return {}
-        # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy import text
-        from sqlalchemy.exc import SQLAlchemyError
 
-        store = _open(url)  # non-SQLite: use the store's engine
-        try:
+        def read(store: Any) -> dict[MeasuredKey, Measured]:
             with store.engine.connect() as conn:
                 return _medians(tuple(r) for r in conn.execute(text(_MEASURED_SQL)))
-        except SQLAlchemyError as exc:
-            raise Unavailable(f"cannot read measured throughput: {exc}") from exc
-        finally:
-            store.close()
+
+        return _through_store(url, "measured throughput", read)
     if not path.exists():
         return {}
     import sqlite3  # only with a database: `orch plan` on a fresh machine skips it
@@ -137,17 +125,10 @@ def parked_warm(url: str) -> list[WarmMachine]:
     if path is None:
         if url.startswith("sqlite"):
             return []
-        from sqlalchemy.exc import SQLAlchemyError
-
         from orchestrator.records.store.warm import as_machine
 
-        store = _open(url)
-        try:
-            return [as_machine(r) for r in store.parked()[0]]
-        except SQLAlchemyError as exc:
-            raise Unavailable(f"cannot read warm instances: {exc}") from exc
-        finally:
-            store.close()
+        return _through_store(url, "warm instances",
+                              lambda store: [as_machine(r) for r in store.parked()[0]])
     if not path.exists():
         return []
     import sqlite3
@@ -166,6 +147,20 @@ def parked_warm(url: str) -> list[WarmMachine]:
                                  image, int(disk), (repo, rev or "main") if repo else None,
                                  by, until, iid))
     return found
+
+
+def _through_store(url: str, what: str, read: Callable[[Any], _T]) -> _T:
+    """`read(store)` on a non-SQLite database, through the store; Unavailable if it fails."""
+    # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
+    from sqlalchemy.exc import SQLAlchemyError
+
+    store = _open(url)
+    try:
+        return read(store)
+    except SQLAlchemyError as exc:
+        raise Unavailable(f"cannot read {what}: {exc}") from exc
+    finally:
+        store.close()
 
 
 def _sqlite_rows(path: Path, sql: str) -> list[Any]:
