@@ -10,12 +10,17 @@ measures, side by side for 4, 8, 16 and 32 workers:
   must be 0), and queue latency (queued -> claimed: median and worst), and the CPU each
   claim costs: the workers' own, their PostgreSQL backends', and the whole machine's (which
   counts whatever else runs on it);
+- the same with each claimed job held `--hold-ms` (250 ms) before it is finished, as a
+  worker runs its job between claims: the fleet's rate is then the workers' (N / hold),
+  and what the queue must show is that it keeps up: claims/s grows with the workers and
+  the wait in `claim_next` stays flat. Back to back, 32 Python workers and their server
+  share 2 cores, so the first table measures this machine's CPU as much as the queue;
 - end to end (`--e2e`): real `orch worker --once` processes run M queued `sim` jobs with a
   short training each, over SSH to simulated hosts, and the same three numbers are read
   from the history. On 2 cores the simulated hosts, not the database, are the limit.
 
 Asserts nothing (these machines are noisy). Usage:
-    python bench/fleet.py [--jobs 800] [--workers 4,8,16,32] [--e2e] [--e2e-jobs 12]
+    python bench/fleet.py [--jobs 800] [--workers 4,8,16,32] [--hold-ms 250] [--e2e]
 """
 
 from __future__ import annotations
@@ -46,9 +51,9 @@ ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 
 # One worker process of the claims benchmark: claim, finish at once, until the queue is empty.
 CLAIMER = """
-import sys
+import json, sys, time
 from orchestrator.records.store import open_store
-url, owner = sys.argv[1], sys.argv[2]
+url, owner, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])
 store = open_store(url)
 # One whole claim-and-finish cycle before the clock starts (the bench queued one job per
 # worker for it): a worker's first use of each statement and ORM path (compilation, caches)
@@ -58,14 +63,17 @@ if job is not None:
     store.set_status(job.id, owner, "succeeded", "bench warm-up", lease_owner=None)
 print("ready", flush=True)
 sys.stdin.readline()
-n = 0
+waits = []  # seconds each claim_next call took: what a worker waits on the queue
 while True:
+    t = time.perf_counter()
     job = store.claim_next(owner, 30)
+    waits.append(time.perf_counter() - t)
     if job is None:
         break
+    if hold:
+        time.sleep(hold)  # the job runs (a real one for hours): the worker is not claiming
     store.set_status(job.id, owner, "succeeded", "bench", lease_owner=None)
-    n += 1
-print(n, flush=True)
+print(json.dumps({"claimed": len(waits) - 1, "waits": waits[:-1]}), flush=True)
 sys.stdin.readline()  # stay connected until the bench has read this worker's and its backend's CPU
 """
 
@@ -126,11 +134,12 @@ def _backends(url: str) -> list[int]:
     return pids
 
 
-def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
+def claims(server: pgserver.PgServer, jobs: int, workers: int, hold_s: float = 0.0) -> str:
     url = server.create_database("fleet")
     open_store(url).close()  # the schema, before the workers open it
     warm_up = _queue(url, workers)  # one job each, claimed and finished before the clock
-    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"bench:host{n}:w{n}"],
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, url, f"bench:host{n}:w{n}",
+                               str(hold_s)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=ROOT, start_new_session=True)
              for n in range(workers)]
@@ -149,7 +158,9 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
         assert p.stdin is not None
         p.stdin.write("go\n")
         p.stdin.flush()
-    done = sum(int(p.stdout.readline().strip() or 0) for p in procs if p.stdout is not None)
+    said = [json.loads(p.stdout.readline()) for p in procs if p.stdout is not None]
+    done = sum(s["claimed"] for s in said)
+    waits = sorted(w for s in said for w in s["waits"])
     wall, cpu = time.monotonic() - started, _busy_s() - busy
     used = {pid: _cpu_s(pid) - before[pid] for pid in mine}
     client = sum(used[p.pid] for p in procs)
@@ -162,11 +173,16 @@ def claims(server: pgserver.PgServer, jobs: int, workers: int) -> str:
     # grows with the workers; the machine's also counts the kernel's switching between them
     # and anything else running here (on a shared machine, other people's work).
     per = 1000 / max(done, 1)
-    return (f"  {workers:3d} workers  {done:5d} claims in {wall:6.2f}s = {done / wall:7.1f}/s  "
+    # Holding each job, a worker cannot claim more than 1 / hold per second.
+    bound = f" ({done / wall / (workers / hold_s):4.0%} of N/hold)" if hold_s else ""
+    return (f"  {workers:3d} workers  {done:5d} claims in {wall:6.2f}s = {done / wall:7.1f}/s"
+            f"{bound}  "
             f"cpu ms/claim: workers {client * per:5.2f} + server {backend * per:5.2f} = "
             f"{(client + backend) * per:5.2f}, machine {cpu * per:5.2f} ({cpu / wall:4.2f} cores)  "
             f"duplicates {dupes}  unclaimed {jobs - claimed}  queue latency median "
-            f"{statistics.median(latency):5.2f}s worst {max(latency):5.2f}s")
+            f"{statistics.median(latency):5.2f}s worst {max(latency):5.2f}s  claim_next median "
+            f"{statistics.median(waits) * 1000:5.1f} ms p95 "
+            f"{waits[int(len(waits) * .95)] * 1000:5.1f} ms")
 
 
 def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:
@@ -203,7 +219,12 @@ def e2e(server: pgserver.PgServer, jobs: int, workers: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--jobs", type=int, default=800)
+    ap.add_argument("--jobs", type=int, default=800, help="queued jobs, back-to-back runs")
+    ap.add_argument("--hold-ms", type=float, default=250,
+                    help="how long each worker holds a job it claimed in the second table "
+                         "(0 leaves that table out)")
+    ap.add_argument("--held-jobs", type=int, default=20,
+                    help="queued jobs per worker in the second table")
     ap.add_argument("--workers", default="4,8,16,32")
     ap.add_argument("--e2e", action="store_true", help="also run real sim jobs end to end")
     ap.add_argument("--e2e-jobs", type=int, default=12)
@@ -217,6 +238,11 @@ def main() -> None:
         print(f"claims: {args.jobs} queued jobs, one PostgreSQL on 127.0.0.1:{server.port}")
         for n in (int(x) for x in args.workers.split(",")):
             print(claims(server, args.jobs, n), flush=True)
+        if args.hold_ms:
+            print(f"claims: {args.held_jobs} queued jobs per worker, each held "
+                  f"{args.hold_ms:g} ms by the worker that claimed it")
+            for n in (int(x) for x in args.workers.split(",")):
+                print(claims(server, args.held_jobs * n, n, args.hold_ms / 1000), flush=True)
         if args.e2e:
             print(f"end to end: {args.e2e_jobs} sim jobs (4 steps x 0.1 s) per run")
             for n in (int(x) for x in args.e2e_workers.split(",")):
