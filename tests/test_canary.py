@@ -11,6 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from emulators.hosts import SimHostBackend
 from emulators.runpod import RunPodEmulator
@@ -84,10 +85,6 @@ def test_the_docs_tell_a_new_user_to_run_it_first(doc: str) -> None:
     text = (EXAMPLES.parent / doc).read_text()
     assert "orch submit examples/canary.yml" in text and "first" in text
     # The command shown runs as written (no key needed to plan).
-    import subprocess
-    import sys
 
-    orch = Path(sys.executable).parent / "orch"
-    shown = subprocess.run([str(orch), "plan", "examples/canary.yml"], cwd=EXAMPLES.parent,
-                           capture_output=True, text=True, timeout=120)
+    shown = orchfork.run(["plan", "examples/canary.yml"], cwd=EXAMPLES.parent, timeout=120)
     assert shown.returncode == 0 and "Delivery:" in shown.stdout, shown.stderr

@@ -7,10 +7,10 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,9 +25,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def orch(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-    proc = subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    proc = orchfork.run(list(args), env=env, cwd=ROOT, timeout=60)
     if check and proc.returncode != 0:
         raise AssertionError(f"orch {' '.join(args)} -> {proc.returncode}\n{proc.stderr}")
     return proc

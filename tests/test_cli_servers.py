@@ -11,12 +11,12 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from conftest import KeyPair
 
@@ -45,9 +45,7 @@ def give_orch_key(env: dict[str, str], key: KeyPair) -> Path:
 
 def orch(env: dict[str, str], *args: str, stdin: str | None = None
          ) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-    return subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, input=stdin)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=120, input=stdin)
 
 
 def add_args(sim: SimHost, name: str = "box1", gpu: str = "H100 SXM") -> list[str]:

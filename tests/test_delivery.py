@@ -9,12 +9,12 @@ job says otherwise; `orch show --json` says where each artifact is.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from emulators.hub import HubEmulator
 from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
@@ -87,14 +87,11 @@ def test_push_to_hub_uploads_the_merged_model_with_the_real_hf_client(
         assert not (Path(job.artifacts_dir) / "merged").exists()
         url = f"{session_hub.url}/my-org/tuned"
         assert {"what": "merged", "where": "hub", "location": url} in places(rig, job_id)
-        orch = Path(sys.executable).parent / "orch"
-        shown = subprocess.run([str(orch), "show", job_id, "--json"], capture_output=True,
-                               text=True, timeout=120)
+        shown = orchfork.run(["show", job_id, "--json"], timeout=120)
         assert shown.returncode == 0, shown.stderr
         assert {"what": "merged", "where": "hub", "location": url} in \
             json.loads(shown.stdout)["delivered"]
-        history = subprocess.run([str(orch), "history", "--json"], capture_output=True,
-                                 text=True, timeout=120)
+        history = orchfork.run(["history", "--json"], timeout=120)
         assert history.returncode == 0, history.stderr
         (row,) = [r for r in json.loads(history.stdout) if r["job_id"] == job_id]
         assert {"what": "merged", "where": "hub", "location": url} in row["delivered"]

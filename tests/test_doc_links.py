@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
 
+import orchfork
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,8 +76,7 @@ def shown_commands() -> list[tuple[Path, str]]:
 
 @cache
 def help_of(*words: str) -> str:
-    proc = subprocess.run([ORCH, *words, "-h"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "200"})
+    proc = orchfork.run([*words, "-h"], timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 0, (words, proc.stderr)
     return proc.stdout
 
@@ -118,6 +117,5 @@ def test_commands_that_run_on_sim_run(tmp_path: Path) -> None:
                     "orch reconcile --dry-run"):
         assert any(c.startswith(command.split(" examples")[0]) for _, c in shown_commands()), \
             command
-        proc = subprocess.run([ORCH, *shlex.split(command)[1:]], env=env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        proc = orchfork.run([*shlex.split(command)[1:]], env=env, cwd=ROOT, timeout=120)
         assert proc.returncode == 0, (command, proc.stderr)

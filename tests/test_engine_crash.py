@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import orchfork
 import pytest
 
 from providers.sim.compute import SimCloud
@@ -41,8 +42,7 @@ def sim_dir(env: dict[str, str]) -> Path:
 
 
 def orch(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCH, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=timeout)
 
 
 def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
-from termutil import ROOT, orch_exe
+import orchfork
+from termutil import ROOT
 
 from orchestrator.cli import jobdoc
 from orchestrator.core.architectures import known_models
@@ -20,8 +20,7 @@ DOC = ROOT / "docs" / "job-file.md"
 
 def orch(*args: str) -> str:
     env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, check=True, timeout=60).stdout
+    return orchfork.run(list(args), env=env, cwd=ROOT, check=True, timeout=60).stdout
 
 
 def test_committed_doc_is_what_the_generator_prints() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from termutil import ROOT, orch_exe, run_tty, visible
 
@@ -47,8 +48,7 @@ def read_only(env: dict[str, str], pg_server: Any) -> dict[str, str]:
 
 
 def orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
 
 
 def jobs(env: dict[str, str]) -> list[dict[str, Any]]:

@@ -9,10 +9,11 @@ import io
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import orchfork
 
 ROOT = Path(__file__).resolve().parent.parent
 ORCH = str(Path(sys.executable).parent / "orch")
@@ -34,8 +35,7 @@ def test_json_keys_money_and_csv_booleans(tmp_path: Path) -> None:
            "ORCH_SIM_STEP_S": "0.1"}
 
     def orch(*args: str) -> str:
-        return subprocess.run([ORCH, *args], env=env, cwd=ROOT, check=True, text=True,
-                              capture_output=True, timeout=300).stdout
+        return orchfork.run(list(args), env=env, cwd=ROOT, check=True, timeout=300).stdout
 
     submitted = json.loads(orch("submit", "examples/quickstart.yml", "--json"))
     job_id = submitted["job_id"]

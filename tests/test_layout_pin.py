@@ -4,14 +4,14 @@ impossible pin is a clear error naming the field (through the real `orch` comman
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
-from termutil import ROOT, orch_exe
+from termutil import ROOT
 
 from orchestrator.core import scheduler
 from orchestrator.core.architectures import lookup
@@ -35,8 +35,7 @@ def _job(tmp_path: Path, resources: str, text: str = FULL_32B, name: str = "job.
 
 
 def _plan(path: Path) -> tuple[int, dict[str, Any] | None, str]:
-    proc = subprocess.run([orch_exe(), "plan", str(path), "--json"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    proc = orchfork.run(["plan", str(path), "--json"], timeout=300, cwd=ROOT)
     data = json.loads(proc.stdout) if proc.returncode == 0 else None
     return proc.returncode, data, proc.stderr
 

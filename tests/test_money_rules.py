@@ -17,6 +17,7 @@ from contextlib import closing
 from datetime import timedelta
 from pathlib import Path
 
+import orchfork
 import pytest
 from sqlmodel import col, select
 
@@ -33,8 +34,7 @@ def history(tmp_path: Path) -> dict[str, object]:
     finishing later; costs $1.005, $0.00015, $2.675 and 0."""
     db = tmp_path / "orch.db"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ORCH_DB_URL": f"sqlite:///{db}"}
-    subprocess.run([ORCH, "sweep", "examples/sweep-sim.yml"], env=env, cwd=ROOT, check=True,
-                   capture_output=True, timeout=120)
+    orchfork.run(["sweep", "examples/sweep-sim.yml"], env=env, cwd=ROOT, check=True, timeout=120)
     with closing(open_store(env["ORCH_DB_URL"])) as store:
         with store.session() as s:
             jobs = list(s.exec(select(Job).order_by(col(Job.name))))
@@ -55,8 +55,7 @@ def history(tmp_path: Path) -> dict[str, object]:
 def orch(h: dict[str, object], *args: str) -> str:
     env = h["env"]
     assert isinstance(env, dict)
-    return subprocess.run([ORCH, *args], env=env, cwd=ROOT, check=True, capture_output=True,
-                          text=True, timeout=120).stdout
+    return orchfork.run(list(args), env=env, cwd=ROOT, check=True, timeout=120).stdout
 
 
 def sqlite(h: dict[str, object], query: str) -> list[list[str]]:

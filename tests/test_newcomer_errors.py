@@ -9,13 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orchfork
+
 ROOT = Path(__file__).resolve().parent.parent
 ORCH = str(Path(sys.executable).parent / "orch")
 
 
 def run(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": os.environ["PATH"], "HOME": str(tmp), **env})
+    return orchfork.run(list(args), cwd=ROOT, timeout=300,
+                        env={"PATH": os.environ["PATH"], "HOME": str(tmp), **env})
 
 
 def test_a_budget_too_low_leads_with_the_money(tmp_path: Path) -> None:

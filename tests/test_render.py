@@ -8,10 +8,10 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
+import orchfork
 import pytest
 import yaml
 from conftest import PlaybookHostFactory, Reports
@@ -34,9 +34,7 @@ def orch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
     env.pop("ORCH_DB_URL", None)
     env.pop("HF_TOKEN", None)
-    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-    return subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
 
 
 @pytest.mark.parametrize("host", ["docker", "container"])

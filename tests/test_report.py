@@ -19,8 +19,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
-from termutil import ROOT, orch_exe
+from termutil import ROOT
 
 SWEEP = """\
 name: qs-lr
@@ -89,17 +90,14 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     sweep = tmp / "sweep.yml"
     sweep.write_text(SWEEP.format(base=ROOT / "examples" / "quickstart.yml"))
     for args in (["sweep", str(sweep)], ["worker", "--once", "-q"]):
-        subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, check=True, timeout=300,
-                       capture_output=True)
-    jobs = json.loads(subprocess.run([orch_exe(), "jobs", "--json"], env=env, check=True,
-                                     capture_output=True, text=True).stdout)
+        orchfork.run(list(args), env=env, cwd=ROOT, check=True, timeout=300)
+    jobs = json.loads(orchfork.run(["jobs", "--json"], env=env, check=True).stdout)
     return {"env": env, "tmp": tmp, "ids": [j["job_id"] for j in jobs]}
 
 
 def report(history: dict[str, Any], *args: str, check: bool = True
            ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([orch_exe(), "report", *args], env=history["env"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = orchfork.run(["report", *args], env=history["env"], cwd=ROOT, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -205,8 +203,8 @@ def rollup_table(page: str, heading: str) -> list[dict[str, str]]:
 
 def test_a_job_or_sweep_report_counts_only_its_own_jobs(history: dict[str, Any]) -> None:
     # One more job outside the sweep, so that "every job in the database" differs from both.
-    subprocess.run([orch_exe(), "submit", "examples/quickstart.yml"], env=history["env"],
-                   cwd=ROOT, check=True, timeout=300, capture_output=True)
+    orchfork.run(["submit", "examples/quickstart.yml"], env=history["env"], cwd=ROOT, check=True,
+                 timeout=300)
     for args, jobs in ((["--sweep", "qs-lr"], 2), ([history["ids"][0]], 1)):
         out = history["tmp"] / "scoped.html"
         report(history, *args, "-o", str(out))

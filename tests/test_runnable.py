@@ -13,9 +13,9 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
+import orchfork
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,9 +32,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
 
 def orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-    return subprocess.run([exe, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
 
 
 def recorded(env: dict[str, str]) -> int:

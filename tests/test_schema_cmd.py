@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import orchfork
 import pytest
-from termutil import ROOT, orch_exe
+from termutil import ROOT
 
 from orchestrator.core import yamlpos
 
@@ -19,8 +19,7 @@ SWEEPS = sorted(p for p in (ROOT / "examples").glob("*.yml") if "sweep" in p.nam
 
 
 def _schema(kind: str) -> dict[str, Any]:
-    out = subprocess.run([orch_exe(), "schema", kind], cwd=ROOT, capture_output=True, text=True,
-                         check=True, timeout=60, env={**os.environ})
+    out = orchfork.run(["schema", kind], cwd=ROOT, check=True, timeout=60, env={**os.environ})
     schema = json.loads(out.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema

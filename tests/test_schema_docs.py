@@ -19,9 +19,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from conftest import BACKENDS, database_url
-from termutil import ROOT, orch_exe
+from termutil import ROOT
 
 DOC = ROOT / "docs" / "schema.md"
 PLACEHOLDER_JOB = "j-3f9a0c1b2d4e"
@@ -49,8 +50,7 @@ def pg_examples() -> list[str]:
 
 def _orch(env: dict[str, str], *args: str, check: bool = True
           ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = orchfork.run(list(args), env=env, cwd=ROOT, timeout=300)
     if check:
         assert proc.returncode == 0, (args, proc.stderr)
     return proc

@@ -15,13 +15,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
-from termutil import ROOT, orch_exe
+from termutil import ROOT
 
 
 def orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = orchfork.run(list(args), env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+import orchfork
 
 ROOT = Path(__file__).resolve().parent.parent
 ORCH = str(Path(sys.executable).parent / "orch")
@@ -23,8 +24,7 @@ def test_show_summarises_every_logged_step(tmp_path: Path) -> None:
            "ORCH_SIM_STEP_S": "0.1", "ORCH_POLL_S": "1"}
 
     def orch(*args: str) -> str:
-        return subprocess.run([ORCH, *args], env=env, cwd=ROOT, check=True, text=True,
-                              capture_output=True, timeout=300).stdout
+        return orchfork.run(list(args), env=env, cwd=ROOT, check=True, timeout=300).stdout
 
     job_id = json.loads(orch("submit", "examples/quickstart.yml", "--json"))["job_id"]
     log = orch("logs", job_id, "--train")

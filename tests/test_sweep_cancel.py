@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
+import orchfork
 import pytest
 from conftest import BACKENDS, database_url
 from sqlmodel import col, select
@@ -50,8 +51,7 @@ def store(env: dict[str, str]) -> Iterator[Store]:
 
 
 def orch(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCH, *args], env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return orchfork.run(list(args), env=env, cwd=cwd, timeout=300)
 
 
 def jobs_of(store: Store) -> list[Job]:

@@ -16,6 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from conftest import BACKENDS, database_url
 from sqlmodel import col, select
@@ -94,8 +95,7 @@ def exe() -> str:
 
 
 def orch(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([exe(), *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
     if check and proc.returncode != 0:
         raise AssertionError(f"orch {' '.join(args)} -> {proc.returncode}\n{proc.stderr}")
     return proc

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orchfork
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,9 +177,7 @@ def test_unit_as_pasted_starts_a_worker_naming_its_database(team: dict[str, obje
 
 
 def run_orch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    exe = str(VENV_BIN / "orch")
-    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)
+    return orchfork.run(list(args), env=env, timeout=120, cwd=ROOT)
 
 
 @pytest.mark.parametrize("value", ["", "  "])

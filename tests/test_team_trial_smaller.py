@@ -9,13 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orchfork
+
 ROOT = Path(__file__).resolve().parent.parent
 ORCH = str(Path(sys.executable).parent / "orch")
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([ORCH, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
 
 
 def test_an_idle_worker_stopped_by_sigterm_says_it_was_idle(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import orchfork
 import pytest
 import typer.main
 from termutil import ROOT, orch_exe, run_tty, visible, widest
@@ -27,8 +28,7 @@ HUMAN = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d JST")
 
 
 def piped(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([orch_exe(), *args], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    proc = orchfork.run(list(args), env=env, cwd=ROOT, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

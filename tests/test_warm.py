@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 from conftest import BACKENDS, KeyPair, database_url
 
@@ -216,9 +216,7 @@ def test_exactly_one_job_wins_a_race_for_one_machine(rig: Rig) -> None:
 
 
 def _orch(*args: str) -> subprocess.CompletedProcess[str]:
-    orch = Path(sys.executable).with_name("orch")
-    return subprocess.run([str(orch), *args], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ), check=False)
+    return orchfork.run(list(args), timeout=300, env=dict(os.environ), check=False)
 
 
 def test_plan_cost_and_warm_show_the_warm_machine_and_release_ends_it(rig: Rig) -> None:

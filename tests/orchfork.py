@@ -1,0 +1,336 @@
+"""`orch` commands for tests, each a real process forked from one that has imported orch once.
+
+An `orch` command that opens the database spends 0.5-0.7 s of CPU importing SQLAlchemy,
+pydantic and orch's ~870 modules before it does anything; the suite runs ~650 of them, 40%
+of its CPU (issue 24 §4). `run(args, env=..., cwd=...)` stands in for
+`subprocess.run([ORCH, *args], env=..., cwd=..., capture_output=True, text=True)`: a server
+process (one per test process, started on first use) imports orch once and forks for each
+command a child that takes the command's environment, working directory, argv and standard
+streams and runs the console script's `main()`, exiting with its status as `orch` would.
+
+What differs from `subprocess.run` of the console script, and why it does not matter here:
+modules were imported before the command's environment was set (orch reads none at import,
+and caches only its static data files; tests/test_orchfork.py checks the first), so what a
+process takes from its environment at start (TZ, the locale) is set again here; the process
+is not a child of the test (its pid is not the caller's child) and runs in the server's
+process group. Tests that signal, kill or wait on an orch process, read its terminal, or
+check what it imports keep starting the console script themselves.
+
+`ORCH_TEST_FORK=0` runs every command as a plain subprocess instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+ORCH = str(Path(sys.executable).parent / "orch")
+_HEADER = 8  # bytes of the request's length
+
+
+def enabled() -> bool:
+    """Whether commands go through the fork server (ORCH_TEST_FORK=0 turns it off)."""
+    return os.environ.get("ORCH_TEST_FORK", "1") != "0"
+
+
+def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+        input: str | None = None, timeout: float | None = None, check: bool = False
+        ) -> subprocess.CompletedProcess[str]:
+    """`orch *args` as `subprocess.run(..., capture_output=True, text=True)` would run it."""
+    done = _run([ORCH, *args], env, cwd, input, timeout)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
+         input: str | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
+    if not enabled():
+        return subprocess.run(argv, env=env, cwd=cwd, input=input, timeout=timeout,
+                              capture_output=True, text=True)
+    request = {"argv": argv, "env": dict(os.environ if env is None else env),
+               "cwd": str(cwd if cwd is not None else os.getcwd())}
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(_server().path)
+        body = json.dumps(request).encode()
+        socket.send_fds(conn, [len(body).to_bytes(_HEADER, "big") + body],
+                        [stdin_r, out_w, err_w])
+    finally:
+        for fd in (stdin_r, out_w, err_w):
+            os.close(fd)
+    feeder = threading.Thread(target=_feed, args=(stdin_w, input or ""), daemon=True)
+    feeder.start()
+    pid_line, rest = _line(conn, timeout)
+    pid = int(pid_line)
+    try:
+        out, err, code = _collect(conn, rest, out_r, err_r, timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(pid, signal.SIGKILL)  # as subprocess.run kills the child it timed out
+        expired = subprocess.TimeoutExpired(argv, timeout or 0)
+        expired.pid = pid  # type: ignore[attr-defined]  # for tests/test_orchfork.py
+        raise expired from None
+    finally:
+        conn.close()
+        feeder.join(timeout=5)
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def _feed(fd: int, text: str) -> None:
+    try:
+        if text:
+            os.write(fd, text.encode())
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _line(conn: socket.socket, timeout: float | None) -> tuple[str, bytes]:
+    """The first line the server sends (the command's pid), and what came after it."""
+    conn.settimeout(timeout)
+    data = b""
+    while b"\n" not in data:
+        chunk = conn.recv(64)
+        if not chunk:
+            raise RuntimeError("the orch fork server closed the connection")
+        data += chunk
+    line, rest = data.split(b"\n", 1)
+    return line.decode(), rest
+
+
+def _collect(conn: socket.socket, tail: bytes, out_r: int, err_r: int, timeout: float | None
+             ) -> tuple[str, str, int]:
+    """Both streams to their end and the exit status, within `timeout` in all."""
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    code: int | None = int(tail) if tail.endswith(b"\n") else None
+    with selectors.DefaultSelector() as sel:
+        sel.register(out_r, selectors.EVENT_READ)
+        sel.register(err_r, selectors.EVENT_READ)
+        if code is None:
+            sel.register(conn, selectors.EVENT_READ)
+        conn.setblocking(False)
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                for fd in (out_r, err_r):
+                    os.close(fd)
+                raise subprocess.TimeoutExpired([], timeout or 0)
+            for key, _ in sel.select(left):
+                if key.fileobj is conn:
+                    data = conn.recv(64)
+                    tail += data
+                    if not data or tail.endswith(b"\n"):
+                        sel.unregister(conn)
+                        code = int(tail.decode().strip()) if tail.strip() else None
+                    continue
+                fd = key.fd
+                data = os.read(fd, 65536)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    sel.unregister(fd)
+                    os.close(fd)
+    if code is None:
+        raise RuntimeError("the orch fork server said no exit status")
+    return (b"".join(chunks[out_r]).decode(errors="replace"),
+            b"".join(chunks[err_r]).decode(errors="replace"), code)
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="orchfork-")
+        self.path = os.path.join(self.dir, "sock")
+        # stdin stays a pipe from here: the server exits when this process does.
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        said = self.proc.stdout.readline().strip()
+        if said != "ready":
+            raise RuntimeError(f"the orch fork server did not start: {said!r}")
+
+
+_lock = threading.Lock()
+_started: _Server | None = None
+
+
+def _server() -> _Server:
+    global _started
+    with _lock:
+        if _started is None or _started.proc.poll() is not None:
+            _started = _Server()
+        return _started
+
+
+# --- the server --------------------------------------------------------------------------
+
+
+def _serve(path: str) -> None:
+    # As the console script: its folder first on sys.path (not tests/, this file's).
+    sys.path[0] = str(Path(sys.executable).parent)
+    # What orch commands import, once: all of orch (importing runs no command, reads no
+    # environment and registers nothing) and the migrations' alembic.
+    import importlib
+    import pkgutil
+
+    import alembic.command  # noqa: F401
+    import alembic.config  # noqa: F401
+
+    for name in ("orchestrator", "providers", "playbooks", "simhost"):
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, f"{name}."):
+            importlib.import_module(module.name)
+
+    import gc
+
+    # What is loaded now is shared with every fork; kept out of the collector's passes, a
+    # child's collections do not touch (and so copy) the pages it shares with this process.
+    gc.freeze()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    print("ready", flush=True)
+    with selectors.DefaultSelector() as sel:
+        sel.register(listener, selectors.EVENT_READ)
+        sel.register(sys.stdin, selectors.EVENT_READ)
+        while True:
+            for key, _ in sel.select(1.0):
+                if key.fileobj is sys.stdin:
+                    if not os.read(sys.stdin.fileno(), 1024):
+                        return  # the test process is gone
+                    continue
+                conn, _ = listener.accept()
+                if os.fork() == 0:
+                    listener.close()
+                    _handle(conn)  # never returns
+                conn.close()
+            while True:  # reap the finished handlers
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+
+
+def _handle(conn: socket.socket) -> None:
+    """One command: read it, fork the process that runs it, report its pid and status."""
+    try:
+        header, fds, _, _ = socket.recv_fds(conn, _HEADER, 3)
+        size = int.from_bytes(header, "big")
+        body = b""
+        while len(body) < size:
+            chunk = conn.recv(size - len(body))
+            if not chunk:
+                return  # the caller is gone
+            body += chunk
+        request = json.loads(body)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _command(request, fds)  # never returns
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+    finally:
+        os._exit(0)
+
+
+def _command(request: dict[str, Any], fds: list[int]) -> None:
+    """Become `orch` as the console script starts it: streams, environment, cwd, argv."""
+    import io
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    # What a process takes from its environment when it starts: the C library's time zone
+    # (TZ) and Python's LC_CTYPE (set from the environment at interpreter start-up).
+    import locale
+    import time
+
+    time.tzset()
+    try:
+        ctype = locale.setlocale(locale.LC_CTYPE, "")
+    except locale.Error:
+        ctype = locale.setlocale(locale.LC_CTYPE, "C")
+    if ctype in ("C", "POSIX") and os.environ.get("PYTHONCOERCECLOCALE") != "0":
+        # PEP 538, as the interpreter does at start: the C locale becomes C.UTF-8, also in
+        # the environment its children inherit.
+        for name in ("C.UTF-8", "C.utf8", "UTF-8"):
+            try:
+                locale.setlocale(locale.LC_CTYPE, name)
+            except locale.Error:
+                continue
+            os.environ["LC_CTYPE"] = name
+            break
+    os.chdir(request["cwd"])
+    sys.argv = list(request["argv"])
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    # The streams' encoding as the interpreter picks it: PYTHONIOENCODING, else the locale's
+    # (UTF-8 here: a C locale was coerced above).
+    encoding, _, io_errors = os.environ.get("PYTHONIOENCODING", "").partition(":")
+    encoding = encoding or locale.getpreferredencoding(False)
+
+    def stream(fd: int, mode: str, errors: str, line: bool) -> io.TextIOWrapper:
+        raw = io.open(fd, mode, buffering=0 if unbuffered and "w" in mode else -1,  # noqa: UP020
+                      closefd=False)
+        return io.TextIOWrapper(raw, encoding=encoding, errors=errors, line_buffering=line,
+                                write_through=unbuffered and "w" in mode)
+
+    sys.stdin = sys.__stdin__ = stream(0, "rb", io_errors or "strict", False)
+    sys.stdout = sys.__stdout__ = stream(1, "wb", io_errors or "strict", os.isatty(1))
+    sys.stderr = sys.__stderr__ = stream(2, "wb", "backslashreplace", True)
+    code = 0
+    try:
+        from orchestrator.cli.app import main
+
+        main()
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
+    except BaseException:  # as the interpreter: the traceback, exit 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code & 0xFF)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,0 +1,102 @@
+"""tests/orchfork.py runs `orch` commands as the console script does; what it relies on holds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import orchfork
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_no_module_of_orch_reads_the_environment_when_imported() -> None:
+    # The fork server imports every module before any command's environment is set: a module
+    # reading e.g. ORCH_DB_URL or XDG_DATA_HOME at import would see the server's.
+    code = textwrap.dedent("""
+        import importlib, os, pkgutil, sys
+        roots = tuple(os.path.join(sys.argv[1], p) for p in
+                      ("orchestrator", "providers", "playbooks", "simhost"))
+        reads = []
+
+        class Spy(type(os.environ)):
+            def __getitem__(self, key):
+                where = sys._getframe(1).f_code.co_filename
+                if where.startswith(roots):
+                    reads.append((key, where))
+                return super().__getitem__(key)
+
+        env = os.environ
+        os.environ = Spy(env._data, env.encodekey, env.decodekey, env.encodevalue,
+                         env.decodevalue)
+        for name in ("orchestrator", "providers", "playbooks", "simhost"):
+            package = importlib.import_module(name)
+            for module in pkgutil.walk_packages(package.__path__, name + "."):
+                importlib.import_module(module.name)
+        print(len(sys.modules), reads)
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    count, reads = out.stdout.split(" ", 1)
+    assert int(count) > 500  # the walk imported the whole product
+    assert reads.strip() == "[]"
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["environment", "PATH and HOME only"])
+@pytest.mark.parametrize("args, stdin", [
+    (["--help"], None),
+    (["plan", "examples/qlora-8b.yml"], None),
+    (["plan", "--json", "examples/nope.yml"], None),  # exit 2, one error line
+    (["nosuchcommand"], None),
+    (["jobs", "--json"], None),  # opens (creates) the database under the given XDG_DATA_HOME
+    (["sql", "select 40 + 2 as answer"], None),
+    (["servers", "trust", "nosuch"], "y\n"),  # reads no answer: no such server
+])
+def test_a_forked_command_says_and_exits_what_the_console_script_does(
+        tmp_path: Path, args: list[str], stdin: str | None, bare: bool) -> None:
+    # "PATH and HOME only" (no LANG: the C locale, which Python coerces to UTF-8 at start-up)
+    # and TZ far from UTC: what a process takes from its environment when it starts.
+    said = []
+    for way in ("console script", "forked"):
+        base = {k: os.environ[k] for k in ("PATH", "HOME")} if bare else dict(os.environ)
+        env = {**base, "XDG_DATA_HOME": str(tmp_path / way), "TZ": "Asia/Tokyo"}
+        env.pop("ORCH_DB_URL", None)
+        if args[0] == "sql":  # it reads an existing database
+            subprocess.run([orchfork.ORCH, "jobs"], env=env, cwd=ROOT, check=True,
+                           capture_output=True, timeout=120)
+        if way == "forked":
+            said.append(orchfork.run(args, env=env, cwd=ROOT, input=stdin, timeout=120))
+        else:
+            said.append(subprocess.run([orchfork.ORCH, *args], env=env, cwd=ROOT, input=stdin,
+                                       capture_output=True, text=True, timeout=120))
+    real, forked = (subprocess.CompletedProcess(
+        p.args, p.returncode, p.stdout.replace(str(tmp_path / way), "DATA"),
+        p.stderr.replace(str(tmp_path / way), "DATA"))
+        for p, way in zip(said, ("console script", "forked"), strict=True))
+    assert (forked.returncode, forked.stdout, forked.stderr) == \
+        (real.returncode, real.stdout, real.stderr)
+    if args[0] == "jobs":
+        assert (tmp_path / "forked" / "orch" / "orch.db").is_file()
+    if args[0] == "sql":
+        assert "42" in forked.stdout
+
+
+def test_a_forked_command_that_runs_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    import time
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    env.pop("ORCH_DB_URL", None)
+    with pytest.raises(subprocess.TimeoutExpired) as raised:
+        # `orch worker` on an empty queue polls until it is stopped.
+        orchfork.run(["worker", "--quiet", "--poll", "0.5"], env=env, cwd=ROOT, timeout=4)
+    pid = raised.value.pid  # type: ignore[attr-defined]
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{pid}").exists()
