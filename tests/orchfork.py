@@ -333,4 +333,9 @@ def _command(request: dict[str, Any], fds: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    try:
+        _serve(sys.argv[1])
+    finally:  # its socket and folder go with it (the forked commands do not come here)
+        import shutil
+
+        shutil.rmtree(os.path.dirname(sys.argv[1]), ignore_errors=True)
