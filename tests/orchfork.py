@@ -9,8 +9,9 @@ command a child that takes the command's environment, working directory, argv an
 streams and runs the console script's `main()`, exiting with its status as `orch` would.
 
 What differs from `subprocess.run` of the console script, and why it does not matter here:
-modules were imported before the command's environment was set (orch reads none at import,
-and caches only its static data files; tests/test_orchfork.py checks the first), so what a
+modules were imported before the command's environment was set (orch caches only its static
+data files, and reads only the READ_AT_IMPORT variables at import, which tests/test_orchfork.py
+checks: a command that sets one of them differently runs as the console script), so what a
 process takes from its environment at start (TZ, the locale) is set again here; the process
 is not a child of the test (its pid is not the caller's child) and runs in the server's
 process group. Tests that signal, kill or wait on an orch process, read its terminal, or
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,12 @@ ORCH = str(Path(sys.executable).parent / "orch")
 _HEADER = 8  # bytes of the request's length
 
 
-def enabled() -> bool:
-    """Whether commands go through the fork server (ORCH_TEST_FORK=0 turns it off)."""
-    return os.environ.get("ORCH_TEST_FORK", "1") != "0"
+def forks(env: Mapping[str, str]) -> bool:
+    """Whether a command with environment `env` goes through the fork server: not with
+    ORCH_TEST_FORK=0, nor when `env` gives a READ_AT_IMPORT variable another value than the
+    server's (it read its own when it imported orch)."""
+    return (os.environ.get("ORCH_TEST_FORK", "1") != "0"
+            and _read_at_import(env) == _server().read_at_import)
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
@@ -54,10 +59,11 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path |
 
 def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
          input: str | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
-    if not enabled():
+    environment = dict(os.environ if env is None else env)
+    if not forks(environment):
         return subprocess.run(argv, env=env, cwd=cwd, input=input, timeout=timeout,
                               capture_output=True, text=True)
-    request = {"argv": argv, "env": dict(os.environ if env is None else env),
+    request = {"argv": argv, "env": environment,
                "cwd": str(cwd if cwd is not None else os.getcwd())}
     stdin_r, stdin_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -119,33 +125,36 @@ def _collect(conn: socket.socket, tail: bytes, out_r: int, err_r: int, timeout: 
     deadline = None if timeout is None else time.monotonic() + timeout
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     code: int | None = int(tail) if tail.endswith(b"\n") else None
-    with selectors.DefaultSelector() as sel:
-        sel.register(out_r, selectors.EVENT_READ)
-        sel.register(err_r, selectors.EVENT_READ)
-        if code is None:
-            sel.register(conn, selectors.EVENT_READ)
-        conn.setblocking(False)
-        while sel.get_map():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                for fd in (out_r, err_r):
-                    os.close(fd)
-                raise subprocess.TimeoutExpired([], timeout or 0)
-            for key, _ in sel.select(left):
-                if key.fileobj is conn:
-                    data = conn.recv(64)
-                    tail += data
-                    if not data or tail.endswith(b"\n"):
-                        sel.unregister(conn)
-                        code = int(tail.decode().strip()) if tail.strip() else None
-                    continue
-                fd = key.fd
-                data = os.read(fd, 65536)
-                if data:
-                    chunks[fd].append(data)
-                else:
-                    sel.unregister(fd)
-                    os.close(fd)
+    reading = {out_r, err_r}  # closed at their end, or here whatever happens
+    try:
+        with selectors.DefaultSelector() as sel:
+            for fd in reading:
+                sel.register(fd, selectors.EVENT_READ)
+            if code is None:
+                sel.register(conn, selectors.EVENT_READ)
+            conn.setblocking(False)
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired([], timeout or 0)
+                for key, _ in sel.select(left):
+                    if key.fileobj is conn:
+                        data = conn.recv(64)
+                        tail += data
+                        if not data or tail.endswith(b"\n"):
+                            sel.unregister(conn)
+                            code = int(tail) if tail.strip() else None
+                        continue
+                    data = os.read(key.fd, 65536)
+                    if data:
+                        chunks[key.fd].append(data)
+                    else:
+                        sel.unregister(key.fd)
+                        reading.discard(key.fd)
+                        os.close(key.fd)
+    finally:
+        for fd in reading:
+            os.close(fd)
     if code is None:
         raise RuntimeError("the orch fork server said no exit status")
     return (b"".join(chunks[out_r]).decode(errors="replace"),
@@ -157,12 +166,17 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="orchfork-")
         self.path = os.path.join(self.dir, "sock")
         # stdin stays a pipe from here: the server exits when this process does.
+        self.read_at_import = _read_at_import(os.environ)  # the server's, which it inherits
         self.proc = subprocess.Popen([sys.executable, __file__, self.path],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         said = self.proc.stdout.readline().strip()
         if said != "ready":
             raise RuntimeError(f"the orch fork server did not start: {said!r}")
+
+
+def _read_at_import(env: Mapping[str, str]) -> dict[str, str | None]:
+    return {name: env.get(name) for name in READ_AT_IMPORT}
 
 
 _lock = threading.Lock()
@@ -179,23 +193,33 @@ def _server() -> _Server:
 
 # --- the server --------------------------------------------------------------------------
 
+PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
+# What orch's modules read from the environment when imported (the SSH timeouts, read once
+# per process and refused by name when malformed): a command whose environment gives any of
+# them another value than the server had runs as the console script, so it reads its own.
+# tests/test_orchfork.py checks that import_all reads exactly these.
+READ_AT_IMPORT = frozenset({"ORCH_SSH_COMMAND_TIMEOUT_S", "ORCH_SSH_IO_TIMEOUT_S"})
 
-def _serve(path: str) -> None:
-    # As the console script: its folder first on sys.path (not tests/, this file's).
-    sys.path[0] = str(Path(sys.executable).parent)
-    # What orch commands import, once: all of orch (importing runs no command, reads no
-    # environment and registers nothing) and the migrations' alembic.
+
+def import_all() -> None:
+    """What orch commands import, once: every module of orch (importing runs no command and
+    registers nothing) and the migrations' alembic."""
     import importlib
     import pkgutil
 
     import alembic.command  # noqa: F401
     import alembic.config  # noqa: F401
 
-    for name in ("orchestrator", "providers", "playbooks", "simhost"):
+    for name in PACKAGES:
         package = importlib.import_module(name)
         for module in pkgutil.walk_packages(package.__path__, f"{name}."):
             importlib.import_module(module.name)
 
+
+def _serve(path: str) -> None:
+    # As the console script: its folder first on sys.path (not tests/, this file's).
+    sys.path[0] = str(Path(sys.executable).parent)
+    import_all()
     import gc
 
     # What is loaded now is shared with every fork; kept out of the collector's passes, a

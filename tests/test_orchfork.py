@@ -14,37 +14,46 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_no_module_of_orch_reads_the_environment_when_imported() -> None:
+def test_orch_reads_only_the_listed_variables_when_imported() -> None:
     # The fork server imports every module before any command's environment is set: a module
-    # reading e.g. ORCH_DB_URL or XDG_DATA_HOME at import would see the server's.
+    # reading e.g. ORCH_DB_URL or XDG_DATA_HOME at import would see the server's. Only the
+    # READ_AT_IMPORT variables are, and a command setting one of them is not forked.
     code = textwrap.dedent("""
-        import importlib, os, pkgutil, sys
-        roots = tuple(os.path.join(sys.argv[1], p) for p in
-                      ("orchestrator", "providers", "playbooks", "simhost"))
+        import os, sys
+        sys.path.insert(0, sys.argv[2])
+        import orchfork
+        roots = tuple(os.path.join(sys.argv[1], p) for p in orchfork.PACKAGES)
         reads = []
 
         class Spy(type(os.environ)):
             def __getitem__(self, key):
-                where = sys._getframe(1).f_code.co_filename
-                if where.startswith(roots):
-                    reads.append((key, where))
+                # The reader: past os.getenv and the Mapping methods (get, in) that call this.
+                frame = sys._getframe(1)
+                while frame.f_code.co_filename.endswith(
+                        ("os>", "/os.py", "_collections_abc>", "/_collections_abc.py")):
+                    frame = frame.f_back
+                if frame.f_code.co_filename.startswith(roots):
+                    reads.append((key, frame.f_code.co_filename))
                 return super().__getitem__(key)
 
         env = os.environ
         os.environ = Spy(env._data, env.encodekey, env.decodekey, env.encodevalue,
                          env.decodevalue)
-        for name in ("orchestrator", "providers", "playbooks", "simhost"):
-            package = importlib.import_module(name)
-            for module in pkgutil.walk_packages(package.__path__, name + "."):
-                importlib.import_module(module.name)
-        print(len(sys.modules), reads)
+        orchfork.import_all()  # what the fork server imports
+        print(len(sys.modules), sorted({key for key, _ in reads}))
     """)
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(ROOT / "tests")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    count, reads = out.stdout.split(" ", 1)
+    count, names = out.stdout.split(" ", 1)
     assert int(count) > 500  # the walk imported the whole product
-    assert reads.strip() == "[]"
+    assert names.strip() == repr(sorted(orchfork.READ_AT_IMPORT))
+
+
+def test_a_command_that_sets_a_variable_read_at_import_is_not_forked() -> None:
+    assert orchfork.forks(dict(os.environ))  # what the server was started with
+    for name in orchfork.READ_AT_IMPORT:
+        assert not orchfork.forks({**os.environ, name: "2m"})  # the console script refuses it
 
 
 @pytest.mark.parametrize("bare", [False, True], ids=["environment", "PATH and HOME only"])
