@@ -117,5 +117,5 @@ def test_commands_that_run_on_sim_run(tmp_path: Path) -> None:
                     "orch reconcile --dry-run"):
         assert any(c.startswith(command.split(" examples")[0]) for _, c in shown_commands()), \
             command
-        proc = orchfork.run([*shlex.split(command)[1:]], env=env, cwd=ROOT, timeout=120)
+        proc = orchfork.run(shlex.split(command)[1:], env=env, cwd=ROOT, timeout=120)
         assert proc.returncode == 0, (command, proc.stderr)

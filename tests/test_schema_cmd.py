@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ SWEEPS = sorted(p for p in (ROOT / "examples").glob("*.yml") if "sweep" in p.nam
 
 
 def _schema(kind: str) -> dict[str, Any]:
-    out = orchfork.run(["schema", kind], cwd=ROOT, check=True, timeout=60, env={**os.environ})
+    out = orchfork.run(["schema", kind], cwd=ROOT, check=True, timeout=60)
     schema = json.loads(out.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema
