@@ -452,6 +452,8 @@ LogLevel VERBOSE
             "SIMHOST_ID": self.id,
             "SIMHOST_SSHD": sshd,
         }
+        if "SIMHOST_RELAY" in os.environ:  # 0: every command starts its own interpreter
+            env["SIMHOST_RELAY"] = os.environ["SIMHOST_RELAY"]
         with contextlib.suppress(FileNotFoundError):
             (self.sshd_dir / "sshd.pid").unlink()
         with open(self.state_dir / "init.log", "ab") as init_log:

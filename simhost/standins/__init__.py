@@ -37,6 +37,11 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# Set in the process the host's init forked to run a relayed command (init.py): its
+# `command` event says so, for tests and benchmarks.
+RELAYED = False
+
+
 def main(name: str, argv: list[str]) -> int:
     """Run stand-in `name` with `argv`; returns the exit status."""
     if name == "simhost-init":
@@ -46,7 +51,7 @@ def main(name: str, argv: list[str]) -> int:
     try:
         host = Host.from_env()
         if not (argv[:1] == ["__supervise"] and name == "docker"):
-            host.event("command", cmd=name, argv=argv)
+            host.event("command", cmd=name, argv=argv, **({"relayed": True} if RELAYED else {}))
         module, function = _COMMANDS[name]
         handler: Callable[[Host, list[str]], int] = getattr(
             import_module(f".{module}", __name__), function

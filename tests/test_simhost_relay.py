@@ -1,0 +1,80 @@
+"""The simulated host's init runs its short commands (simhost/bin/_relay.py): what a relayed
+command says, does and exits with is what the same command says started on its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from test_simhost import GPGKEY, connect, sh
+
+from playbooks.ssh import ConnectionFactory
+from simhost import SimHost
+
+# Each touches what a relayed process must take from its caller: exit status and both
+# streams (a missing object, an unknown package), stdin (gpg reads the key from it), the
+# working directory and umask (a relative output path, the new file's mode), the environment
+# (a variable the command line sets is seen by a stand-in that prints it back through a
+# failing option), and output past a pipe buffer.
+SCRIPTS = [
+    "docker --version",
+    "id -u; id -un",
+    "docker inspect -f '{{.State.Status}}' nope; echo exit=$?",
+    "dpkg-query -W curl no-such-package; echo exit=$?",
+    f"curl -fsSL {GPGKEY} | gpg --dearmor -o - | wc -c",
+    "printf 'not a key' | gpg --dearmor -o k.gpg; echo exit=$?",
+    f"mkdir -p d && cd d && umask 027 && curl -fsSL -o key.asc {GPGKEY} && "
+    "gpg --batch --dearmor -o key.gpg key.asc && stat -c '%a %s' key.asc key.gpg",
+    "LC_ALL=C.UTF-8 df -B1 --output=target . ; echo exit=$?",
+    "curl --no-such-option x; echo exit=$?",
+    "apt-get -q update > /dev/null; dpkg-query -W -f='${Package} ${Version}\\n' curl",
+    "nvidia-smi --query-gpu=name,memory.total --format=csv,noheader",
+    "for i in 1 2 3 4 5 6 7 8; do nvidia-smi -q; done | wc -c",
+]
+
+
+def said(factory: ConnectionFactory, host: SimHost) -> list[tuple[int, str, str]]:
+    conn = connect(factory, host)
+    out = []
+    for script in SCRIPTS:
+        result = sh(conn, script)
+        out.append((result.exit_code, *(text.replace(str(host.dir), "<host>")
+                                         for text in (result.stdout, result.stderr))))
+    return out
+
+
+@pytest.fixture
+def hosts(simhost: Callable[..., SimHost], monkeypatch: pytest.MonkeyPatch
+          ) -> tuple[SimHost, SimHost]:
+    relaying = simhost()
+    monkeypatch.setenv("SIMHOST_RELAY", "0")
+    alone = simhost()
+    return relaying, alone
+
+
+def test_a_relayed_command_says_and_does_what_it_does_started_alone(
+        hosts: tuple[SimHost, SimHost], ssh_factory: ConnectionFactory) -> None:
+    relaying, alone = hosts
+    assert said(ssh_factory, relaying) == said(ssh_factory, alone)
+    relayed = [e["cmd"] for e in relaying.events("command") if e.get("relayed")]
+    # Every command of the scripts ran in init on the one host, none on the other.
+    assert {"docker", "id", "dpkg-query", "curl", "gpg", "df", "apt-get",
+            "nvidia-smi"} == set(relayed), relayed
+    assert len(relayed) == len(relaying.events("command"))
+    assert not [e for e in alone.events("command") if e.get("relayed")]
+
+
+def test_long_running_and_process_starting_commands_are_not_relayed(
+        simhost: Callable[..., SimHost], ssh_factory: ConnectionFactory) -> None:
+    host = simhost()
+    conn = connect(ssh_factory, host)
+    script = ("docker run -d --name t ubuntu echo hi >/dev/null; sleep 0.5; docker logs -f t; "
+              "docker stop t >/dev/null 2>&1; docker rm t >/dev/null; docker logs --tail 1 t "
+              "2>/dev/null; true")
+    assert sh(conn, script).stdout == "hi\n"
+    relayed: dict[str, Any] = {" ".join([e["cmd"], *e["argv"][:2]]): e.get("relayed", False)
+                               for e in host.events("command")}
+    assert not relayed["docker run -d"] and not relayed["docker stop t"]
+    assert not relayed["docker logs -f"]
+    assert relayed["docker rm t"] and relayed["docker logs --tail"]
