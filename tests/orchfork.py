@@ -14,8 +14,10 @@ data files, and reads only the READ_AT_IMPORT variables at import, which tests/t
 checks: a command that sets one of them differently runs as the console script), so what a
 process takes from its environment at start (TZ, the locale) is set again here; the process
 is not a child of the test (its pid is not the caller's child) and runs in the server's
-process group. Tests that signal, kill or wait on an orch process, read its terminal, or
-check what it imports keep starting the console script themselves.
+process group. `spawn(args, env=..., cwd=...)` stands in for
+`subprocess.Popen([ORCH, *args], ..., stdout=PIPE, stderr=PIPE, text=True)` the same way, for
+tests that wait on, signal or kill a running command. Tests that read its terminal, limit
+its resources or check what it imports keep starting the console script themselves.
 
 `ORCH_TEST_FORK=0` runs every command as a plain subprocess instead.
 """
@@ -57,12 +59,61 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path |
     return done
 
 
-def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
-         input: str | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
+def spawn(args: list[str], *, env: dict[str, str] | None = None,
+          cwd: str | Path | None = None) -> Spawned | subprocess.Popen[str]:
+    """`orch *args` started as `subprocess.Popen(..., stdout=PIPE, stderr=PIPE, text=True)`
+    would start it (stdin at its end): a process the test waits on, signals or kills."""
+    argv = [ORCH, *args]
     environment = dict(os.environ if env is None else env)
     if not forks(environment):
-        return subprocess.run(argv, env=env, cwd=cwd, input=input, timeout=timeout,
-                              capture_output=True, text=True)
+        return subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    conn, pid, rest, out_r, err_r, feeder = _start(argv, environment, cwd, "", None)
+    feeder.join(timeout=5)
+    return Spawned(argv, conn, pid, rest, out_r, err_r)
+
+
+class Spawned:
+    """A forked `orch` process, used as a `subprocess.Popen` with both streams piped is: its
+    `pid` is the real process's (signals go straight to it); its status comes from the
+    server, which is its parent."""
+
+    def __init__(self, argv: list[str], conn: socket.socket, pid: int, tail: bytes,
+                 out_r: int, err_r: int) -> None:
+        self.args, self.pid = argv, pid
+        self.returncode: int | None = None
+        self._conn, self._tail, self._out_r, self._err_r = conn, tail, out_r, err_r
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Both streams to their end and the exit status (TimeoutExpired past `timeout`)."""
+        try:
+            out, err, self.returncode = _collect(self._conn, self._tail, self._out_r,
+                                                 self._err_r, timeout)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
+        finally:
+            self._conn.close()
+        return out, err
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # as Popen: an ended process is not signalled
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _start(argv: list[str], environment: dict[str, str], cwd: str | Path | None,
+           input: str, timeout: float | None
+           ) -> tuple[socket.socket, int, bytes, int, int, threading.Thread]:
+    """Hand the command to the server: the connection, the process's pid, what the server
+    said after it, the read ends of stdout and stderr, and the thread writing stdin."""
     request = {"argv": argv, "env": environment,
                "cwd": str(cwd if cwd is not None else os.getcwd())}
     stdin_r, stdin_w = os.pipe()
@@ -77,10 +128,20 @@ def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
     finally:
         for fd in (stdin_r, out_w, err_w):
             os.close(fd)
-    feeder = threading.Thread(target=_feed, args=(stdin_w, input or ""), daemon=True)
+    feeder = threading.Thread(target=_feed, args=(stdin_w, input), daemon=True)
     feeder.start()
     pid_line, rest = _line(conn, timeout)
-    pid = int(pid_line)
+    return conn, int(pid_line), rest, out_r, err_r, feeder
+
+
+def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
+         input: str | None, timeout: float | None) -> subprocess.CompletedProcess[str]:
+    environment = dict(os.environ if env is None else env)
+    if not forks(environment):
+        return subprocess.run(argv, env=env, cwd=cwd, input=input, timeout=timeout,
+                              capture_output=True, text=True)
+    conn, pid, rest, out_r, err_r, feeder = _start(argv, environment, cwd, input or "",
+                                                   timeout)
     try:
         out, err, code = _collect(conn, rest, out_r, err_r, timeout)
     except subprocess.TimeoutExpired:

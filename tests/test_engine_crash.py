@@ -45,9 +45,8 @@ def orch(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.Co
     return orchfork.run(list(args), env=env, cwd=ROOT, timeout=timeout)
 
 
-def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([ORCH, *args], env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+def spawn(env: dict[str, str], *args: str) -> orchfork.Spawned | subprocess.Popen[str]:
+    return orchfork.spawn(list(args), env=env, cwd=ROOT)
 
 
 def query(env: dict[str, str], sql: str, *args: object) -> list[tuple[object, ...]]:

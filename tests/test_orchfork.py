@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
 
 import orchfork
 import pytest
@@ -96,7 +100,6 @@ def test_a_forked_command_says_and_exits_what_the_console_script_does(
 
 
 def test_a_forked_command_that_runs_past_its_timeout_is_killed(tmp_path: Path) -> None:
-    import time
 
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
     env.pop("ORCH_DB_URL", None)
@@ -109,3 +112,39 @@ def test_a_forked_command_that_runs_past_its_timeout_is_killed(tmp_path: Path) -
             break
         time.sleep(0.1)
     assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                       (signal.SIGKILL, -9)])
+def test_a_spawned_command_takes_signals_and_ends_as_the_console_script_does(
+        tmp_path: Path, sig: int, code: int) -> None:
+    """`orchfork.spawn` (a worker the test signals): the forked process's pid takes the
+    signal, and it says and exits what the console script's process does."""
+    said = []
+    for way in ("console script", "forked"):
+        env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / way)}
+        env.pop("ORCH_DB_URL", None)
+        if way == "forked":
+            proc: Any = orchfork.spawn(["worker", "--poll", "0.2"], env=env, cwd=ROOT)
+            assert isinstance(proc, orchfork.Spawned)
+        else:
+            proc = subprocess.Popen([orchfork.ORCH, "worker", "--poll", "0.2"], env=env,
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        try:
+            # Polling the empty queue once its database exists.
+            deadline = time.monotonic() + 60
+            while not (tmp_path / way / "orch" / "orch.db").exists():
+                assert time.monotonic() < deadline, "the worker never opened its database"
+                time.sleep(0.05)
+            time.sleep(0.5)
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        if sig != signal.SIGKILL:  # its worker id names its own pid, the one signalled
+            assert f":{proc.pid}:" in err, err
+        err = re.sub(r"worker:[^:]+:\d+:[0-9a-f]+", "WORKER", err)
+        said.append((proc.returncode, out, err.replace(str(tmp_path / way), "DATA")))
+    assert said[1] == said[0]
+    assert said[1][0] == code
