@@ -82,21 +82,45 @@ class Spawned:
                  out_r: int, err_r: int) -> None:
         self.args, self.pid = argv, pid
         self.returncode: int | None = None
-        self._conn, self._tail, self._out_r, self._err_r = conn, tail, out_r, err_r
+        self.stdout = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.stderr = open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self._conn, self._said = conn, tail
+
+    def poll(self) -> int | None:
+        """Its exit status once it ended, else None (at once)."""
+        if self.returncode is None:
+            self._read_status(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status, once it ends (TimeoutExpired past `timeout`)."""
+        if self.returncode is None and not self._read_status(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Both streams to their end and the exit status (TimeoutExpired past `timeout`)."""
-        try:
-            out, err, self.returncode = _collect(self._conn, self._tail, self._out_r,
-                                                 self._err_r, timeout)
-        except subprocess.TimeoutExpired:
-            raise subprocess.TimeoutExpired(self.args, timeout or 0) from None
-        finally:
-            self._conn.close()
-        return out, err
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        read: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda n=n, f=f: read.__setitem__(n, f.read()),
+                                    daemon=True)
+                   for n, f in (("out", self.stdout), ("err", self.stderr))]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.stdout.close()
+        self.stderr.close()
+        return read["out"], read["err"]
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:  # as Popen: an ended process is not signalled
+        if self.poll() is None:  # as Popen: an ended process is not signalled
             try:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
@@ -107,6 +131,21 @@ class Spawned:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+    def _read_status(self, timeout: float | None) -> bool:
+        """Read what the server says within `timeout`; whether the status came."""
+        import select
+
+        while not self._said.endswith(b"\n"):
+            if not select.select([self._conn], [], [], timeout)[0]:
+                return False
+            chunk = self._conn.recv(64)
+            if not chunk:
+                raise RuntimeError("the orch fork server said no exit status")
+            self._said += chunk
+        self.returncode = int(self._said)
+        self._conn.close()
+        return True
 
 
 def _start(argv: list[str], environment: dict[str, str], cwd: str | Path | None,
