@@ -6,8 +6,9 @@ imported them once: for the short commands below, this process hands its argv, e
 working directory, umask and three standard streams to init, which forks a process that
 runs the command with them and says how it ended. This process then ends the same way (its
 exit status, or the signal that killed the command), and passes on the signals it gets
-meanwhile. Long-running commands, and those that start or signal processes by their pid
-(`docker run`, `docker stop`, vLLM, axolotl, ...), always run in this process, as does any
+meanwhile. Long-running commands, and those whose own process others find, wait on or signal
+by its pid (`docker run` and its container's commands, `docker stop`, vLLM, axolotl, `hf
+download`, ...), always run in this process, as does any
 command when init does not answer (it does not listen when the host was started with
 `SIMHOST_RELAY=0` in the environment).
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
     import _socket
     from types import FrameType
 
-# Commands that run in init: each is short, runs no process that outlives it and signals
-# none. command -> its first arguments that may be relayed (None: any).
+# Commands that run in init: each is short and nothing looks for its own process (what one
+# starts, e.g. `systemctl restart docker`, is reparented to init, as it is when the command
+# runs alone). command -> its first arguments that may be relayed (None: any).
 RELAYED: dict[str, set[str] | None] = {
     "docker": {"inspect", "logs", "--version", "version", "info", "image", "rm"},
     "dpkg-query": None,
