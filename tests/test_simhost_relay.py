@@ -78,3 +78,13 @@ def test_long_running_and_process_starting_commands_are_not_relayed(
     assert not relayed["docker run -d"] and not relayed["docker stop t"]
     assert not relayed["docker logs -f"]
     assert relayed["docker rm t"] and relayed["docker logs --tail"]
+
+
+def test_init_still_reaps_an_orphan_as_soon_as_it_ends(
+        simhost: Callable[..., SimHost], ssh_factory: ConnectionFactory) -> None:
+    """Init waits on its relay socket now, not in os.wait(): a child's exit must still wake it,
+    or a finished detached job stays a zombie that `kill -0` finds alive (up to its poll)."""
+    conn = connect(ssh_factory, simhost())
+    script = ("(sleep 0.2 >/dev/null 2>&1 & echo $! > orphan.pid); sleep 0.35; "
+              "kill -0 $(cat orphan.pid) 2>/dev/null && echo alive || echo gone")
+    assert [sh(conn, script).stdout for _ in range(3)] == ["gone\n"] * 3

@@ -88,7 +88,9 @@ def _listen() -> socket.socket | None:
 def _relayed(conn: socket.socket) -> None:
     """In a fork of init: read one command, run it in a child, report its pid and status."""
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP,
+                    signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         header, fds, _, _ = socket.recv_fds(conn, 8, 3)
         size = int.from_bytes(header, "big")
@@ -200,14 +202,28 @@ def main(argv: list[str]) -> int:
         (host.state / "init.pid").write_text(f"{os.getpid()}\n")
         # Until it listens, a stand-in finds no socket and runs the command itself.
         listener = _listen()
+        if listener is None:
+            while True:
+                try:
+                    os.wait()
+                except ChildProcessError:
+                    time.sleep(0.5)  # sshd gone and nothing detached: keep the host "powered"
+        # A child's exit wakes the loop (SIGCHLD written to a pipe), so orphans are reaped as
+        # soon as they end, as the blocking wait above does: `kill -0` then sees them gone.
+        woken, wake = os.pipe()
+        os.set_blocking(wake, False)
+        signal.set_wakeup_fd(wake)
+        signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
         while True:  # keeps the host "powered" also once sshd is gone and nothing runs
-            if listener is not None and select.select([listener], [], [], 0.5)[0]:
+            ready = select.select([listener.fileno(), woken], [], [], 5.0)[0]
+            if woken in ready:
+                os.read(woken, 512)
+            if listener.fileno() in ready:
                 conn, _ = listener.accept()
                 if os.fork() == 0:
+                    os.close(woken)
                     _relayed(conn)  # never returns
                 conn.close()
-            elif listener is None:
-                time.sleep(0.5)
             _reap()
     except _Shutdown:
         pass
