@@ -37,8 +37,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# The request's framing and the handler are the simulated hosts' own (their init runs the
+# hosts' short commands the same way): one length-prefixed body, the 3 streams as descriptors.
+from simhost.standins.init import HEADER, reap, serve_one
+
 ORCH = str(Path(sys.executable).parent / "orch")
-_HEADER = 8  # bytes of the request's length
 
 
 def forks(env: Mapping[str, str]) -> bool:
@@ -162,7 +165,7 @@ def _start(argv: list[str], environment: dict[str, str], cwd: str | Path | None,
     try:
         conn.connect(_server().path)
         body = json.dumps(request).encode()
-        socket.send_fds(conn, [len(body).to_bytes(_HEADER, "big") + body],
+        socket.send_fds(conn, [len(body).to_bytes(HEADER, "big") + body],
                         [stdin_r, out_w, err_w])
     finally:
         for fd in (stdin_r, out_w, err_w):
@@ -341,40 +344,10 @@ def _serve(path: str) -> None:
                 conn, _ = listener.accept()
                 if os.fork() == 0:
                     listener.close()
-                    _handle(conn)  # never returns
+                    # One command: the process that runs it, its pid and status reported.
+                    serve_one(conn, lambda body, fds: _command(json.loads(body), fds))
                 conn.close()
-            while True:  # reap the finished handlers
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-
-
-def _handle(conn: socket.socket) -> None:
-    """One command: read it, fork the process that runs it, report its pid and status."""
-    try:
-        header, fds, _, _ = socket.recv_fds(conn, _HEADER, 3)
-        size = int.from_bytes(header, "big")
-        body = b""
-        while len(body) < size:
-            chunk = conn.recv(size - len(body))
-            if not chunk:
-                return  # the caller is gone
-            body += chunk
-        request = json.loads(body)
-        pid = os.fork()
-        if pid == 0:
-            conn.close()
-            _command(request, fds)  # never returns
-        for fd in fds:
-            os.close(fd)
-        conn.sendall(f"{pid}\n".encode())
-        _, status = os.waitpid(pid, 0)
-        conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-    finally:
-        os._exit(0)
+            reap()  # the finished handlers
 
 
 def _command(request: dict[str, Any], fds: list[int]) -> None:

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -43,7 +44,8 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
-def _reap() -> None:
+def reap() -> None:
+    """Reap every child that has ended, without waiting for the others."""
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
@@ -62,8 +64,8 @@ def kill_everything() -> None:
             break
         signal_all(pids)
         time.sleep(0.01)
-        _reap()
-    _reap()
+        reap()
+    reap()
 
 
 def _listen() -> socket.socket | None:
@@ -85,14 +87,17 @@ def _listen() -> socket.socket | None:
     return listener
 
 
-def _relayed(conn: socket.socket) -> None:
-    """In a fork of init: read one command, run it in a child, report its pid and status."""
+# The bytes of a request's length, before its body (simhost/bin/_relay.py sends 8 too).
+HEADER = 8
+
+
+def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None]) -> None:
+    """In a fork of a fork server (init here, tests/orchfork.py for orch): read one request
+    (its length in HEADER bytes, its body, the caller's 3 standard streams as descriptors),
+    fork a child that runs `start(body, fds)` (which never returns), send the child's pid and
+    then its exit status on `conn`, one line each; then exit."""
     try:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP,
-                    signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        header, fds, _, _ = socket.recv_fds(conn, HEADER, 3)
         size = int.from_bytes(header, "big")
         body = bytearray()
         while len(body) < size:
@@ -100,14 +105,10 @@ def _relayed(conn: socket.socket) -> None:
             if not chunk:
                 return  # the caller is gone
             body += chunk
-        fields = [os.fsdecode(f) for f in bytes(body).split(b"\0")]
-        count = int(fields[1])
-        argv = fields[2:2 + count]
-        cwd, umask, env = fields[2 + count], int(fields[3 + count]), fields[4 + count:]
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _command(fields[0], argv, cwd, umask, dict(e.split("=", 1) for e in env), fds)
+            start(bytes(body), fds)
         for fd in fds:
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
@@ -115,6 +116,23 @@ def _relayed(conn: socket.socket) -> None:
         conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
     finally:
         os._exit(0)
+
+
+def _relayed(conn: socket.socket) -> None:
+    """In a fork of init: run one relayed command (serve_one)."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    serve_one(conn, _start_relayed)
+
+
+def _start_relayed(body: bytes, fds: list[int]) -> None:
+    """The request _relay.encode made: name, argv's length, argv, cwd, umask, environment."""
+    fields = [os.fsdecode(f) for f in body.split(b"\0")]
+    count = int(fields[1])
+    argv = fields[2:2 + count]
+    cwd, umask, env = fields[2 + count], int(fields[3 + count]), fields[4 + count:]
+    _command(fields[0], argv, cwd, umask, dict(e.split("=", 1) for e in env), fds)
 
 
 def _command(name: str, argv: list[str], cwd: str, umask: int, env: dict[str, str],
@@ -224,7 +242,7 @@ def main(argv: list[str]) -> int:
                     os.close(woken)
                     _relayed(conn)  # never returns
                 conn.close()
-            _reap()
+            reap()
     except _Shutdown:
         pass
     kill_everything()
