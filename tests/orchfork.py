@@ -184,17 +184,19 @@ def _run(argv: list[str], env: dict[str, str] | None, cwd: str | Path | None,
                               capture_output=True, text=True)
     conn, pid, rest, out_r, err_r, feeder = _start(argv, environment, cwd, input or "",
                                                    timeout)
+    proc = Spawned(argv, conn, pid, rest, out_r, err_r)
     try:
-        out, err, code = _collect(conn, rest, out_r, err_r, timeout)
+        out, err = proc.communicate(timeout)
     except subprocess.TimeoutExpired:
-        os.kill(pid, signal.SIGKILL)  # as subprocess.run kills the child it timed out
+        proc.kill()  # as subprocess.run kills the child it timed out
         expired = subprocess.TimeoutExpired(argv, timeout or 0)
         expired.pid = pid  # type: ignore[attr-defined]  # for tests/test_orchfork.py
         raise expired from None
     finally:
         conn.close()
         feeder.join(timeout=5)
-    return subprocess.CompletedProcess(argv, code, out, err)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _feed(fd: int, text: str) -> None:
@@ -218,50 +220,6 @@ def _line(conn: socket.socket, timeout: float | None) -> tuple[str, bytes]:
         data += chunk
     line, rest = data.split(b"\n", 1)
     return line.decode(), rest
-
-
-def _collect(conn: socket.socket, tail: bytes, out_r: int, err_r: int, timeout: float | None
-             ) -> tuple[str, str, int]:
-    """Both streams to their end and the exit status, within `timeout` in all."""
-    import time
-
-    deadline = None if timeout is None else time.monotonic() + timeout
-    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
-    code: int | None = int(tail) if tail.endswith(b"\n") else None
-    reading = {out_r, err_r}  # closed at their end, or here whatever happens
-    try:
-        with selectors.DefaultSelector() as sel:
-            for fd in reading:
-                sel.register(fd, selectors.EVENT_READ)
-            if code is None:
-                sel.register(conn, selectors.EVENT_READ)
-            conn.setblocking(False)
-            while sel.get_map():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise subprocess.TimeoutExpired([], timeout or 0)
-                for key, _ in sel.select(left):
-                    if key.fileobj is conn:
-                        data = conn.recv(64)
-                        tail += data
-                        if not data or tail.endswith(b"\n"):
-                            sel.unregister(conn)
-                            code = int(tail) if tail.strip() else None
-                        continue
-                    data = os.read(key.fd, 65536)
-                    if data:
-                        chunks[key.fd].append(data)
-                    else:
-                        sel.unregister(key.fd)
-                        reading.discard(key.fd)
-                        os.close(key.fd)
-    finally:
-        for fd in reading:
-            os.close(fd)
-    if code is None:
-        raise RuntimeError("the orch fork server said no exit status")
-    return (b"".join(chunks[out_r]).decode(errors="replace"),
-            b"".join(chunks[err_r]).decode(errors="replace"), code)
 
 
 class _Server:
