@@ -50,8 +50,7 @@ def main(name: str, argv: list[str]) -> int:
         return init_main(argv)
     try:
         host = Host.from_env()
-        if not (argv[:1] == ["__supervise"] and name == "docker"):
-            host.event("command", cmd=name, argv=argv, **({"relayed": True} if RELAYED else {}))
+        host.event("command", cmd=name, argv=argv, **({"relayed": True} if RELAYED else {}))
         module, function = _COMMANDS[name]
         handler: Callable[[Host, list[str]], int] = getattr(
             import_module(f".{module}", __name__), function

@@ -1,6 +1,6 @@
 """`docker`: containers are host processes; the CLI answers from state under the host dir.
 
-`docker run -d` starts a supervisor in its own session (it survives the SSH connection),
+`docker run -d` forks a supervisor in its own session (it survives the SSH connection),
 which runs the container's command and records its exit code. Paths inside the container
 are translated through the `-v` mounts by the stand-ins that read files (axolotl, vllm, hf);
 published ports are always bound on 127.0.0.1 of this machine (hosts share it: give each
@@ -22,7 +22,6 @@ from types import FrameType
 
 from . import images as catalog
 from .common import (
-    BIN_DIR,
     SYSTEM_PATH,
     Host,
     SimError,
@@ -699,33 +698,61 @@ def _run(host: Host, args: list[str]) -> int:
                 127,
             )
         record["Sim"]["argv"] = [exe_path, *argv[1:]]
-        proc = _start(record, env, cwd, cdir / "log", name, spec.detach)
-        record["State"].update(Status="running", Running=True, Pid=proc.pid, StartedAt=_now())
-        record["Sim"].update(pid=proc.pid, starttime=process_starttime(proc.pid))
+        if spec.detach:
+            pid = _detach(host, name, env, cwd, cdir / "log")
+            proc = None
+        else:
+            import subprocess
+
+            proc = subprocess.Popen(record["Sim"]["argv"], env=env, cwd=cwd,
+                                    stdin=subprocess.DEVNULL)
+            pid = proc.pid
+        record["State"].update(Status="running", Running=True, Pid=pid, StartedAt=_now())
+        record["Sim"].update(pid=pid, starttime=process_starttime(pid))
         _save(host, record)
     host.event("docker-run", container=name, image=spec.image, argv=argv, detach=spec.detach,
                gpus=bool(spec.gpus))
-    if spec.detach:
+    if proc is None:
         say(cid)
         return 0
     return _foreground(host, name, proc)
 
 
-def _start(record: dict[str, Any], env: dict[str, str], cwd: str, log_path: Path, name: str,
-           detach: bool) -> subprocess.Popen[bytes]:
-    """The container's main process: detached, a supervisor in its own session that survives
-    the SSH connection; in the foreground, the command itself."""
-    import subprocess
+def _detach(host: Host, name: str, env: dict[str, str], cwd: str, log_path: Path) -> int:
+    """Start the container's main process detached: a supervisor in its own session (it
+    survives the SSH connection, as containerd's shim does) that runs the container's command
+    with `env` in `cwd`, its output to the container's log, and records how it ended. Forked,
+    not a new interpreter: this process has imported what it needs (~30 ms of CPU saved)."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setsid()
+            for target, fd in enumerate((null, log, log)):
+                os.dup2(fd, target)
+            # Nothing else of the caller's: its lock on the host's state, its streams.
+            os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(env)
+            # A new view of the host: this one holds the caller's lock (re-entrantly).
+            code = _supervise(Host(host.dir), name)
+        except BaseException:
+            import traceback
 
-    if not detach:
-        return subprocess.Popen(record["Sim"]["argv"], env=env, cwd=cwd,
-                                stdin=subprocess.DEVNULL)
-    with open(log_path, "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-S", "-E", str(BIN_DIR / "docker"), "__supervise", name],
-            env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+            traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code & 0xFF)
+    os.close(log)
+    os.close(null)
+    return pid
 
 
 def _foreground(host: Host, name: str, proc: subprocess.Popen[bytes]) -> int:
@@ -751,7 +778,7 @@ def _host_died(host: Host) -> bool:
 
 
 def _supervise(host: Host, name: str) -> int:
-    """Run as `docker __supervise NAME` in its own session: the container's main process."""
+    """The detached container's main process (_detach): run its command, record its end."""
     record = None
     for _ in range(100):  # the CLI writes the record right after starting us
         record = _load(host, name)
@@ -888,8 +915,6 @@ def _rm(host: Host, args: list[str]) -> int:
 def docker(host: Host, argv: list[str]) -> int:
     """The docker CLI subset the playbooks use (see README.md)."""
     args = list(argv)
-    if args[:1] == ["__supervise"]:
-        return _supervise(host, args[1])
     if args[:1] in (["--version"], ["-v"]):
         say(f"Docker version {VERSION}, build 9f9e405")
         return 0
