@@ -1,10 +1,13 @@
 """CPU time of one simulated-host command (simhost stand-ins) against `python -S -E -c pass`.
 
-A simulated job runs ~60 of these (`docker inspect`, `dpkg-query`, `nvidia-smi`, ...), each
-started by `python -S -E simhost/bin/<cmd>`, ~9,000 in a test run. The short ones are relayed
-to the host's init (simhost/bin/_relay.py), which has imported the stand-ins once and forks
-a process per command; the others import them each time. Two real simulated hosts run each
-command: one relaying (the default) and one started with SIMHOST_RELAY=0. A relayed
+A simulated job runs ~60 of these (`docker inspect`, `dpkg-query`, `nvidia-smi`, ...), ~9,000
+in a test run. Each is its host's bin/<cmd>, as an SSH session runs it: the compiled client
+(simhost/bin/relay.c, see simhost/standins/client.py) hands the short ones to the host's init
+(simhost/bin/_relay.py), which has imported the stand-ins once and forks a process per
+command. Three real simulated hosts run each command: "relayed" (the default), "python
+client" (SIMHOST_CLIENT=python: bin/<cmd> is a shell wrapper that starts `python -S -E
+simhost/bin/<cmd>`, which relays), and "alone" (that wrapper, and SIMHOST_RELAY=0: the
+command runs in the Python process it starts, importing the stand-ins each time). A relayed
 command's CPU is the starting process's plus what init spent on it (the forked processes'
 time, read from init's reaped-children times in /proc). Prints the median CPU ms (user+sys)
 per command and the ratio to a bare interpreter; CPU, not wall time, because it is far less
@@ -72,17 +75,19 @@ def exported(ref: str, into: Path) -> Path:
 
 
 @contextmanager
-def host(tmp: Path, name: str, relay: bool) -> Iterator[SimHost]:
-    """A running simulated host (a real sshd on loopback and its init)."""
+def host(tmp: Path, name: str, env: dict[str, str]) -> Iterator[SimHost]:
+    """A running simulated host (a real sshd on loopback and its init), prepared and started
+    with `env` added to this process's environment."""
     key = tmp / f"{name}-key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    if not relay:
-        os.environ["SIMHOST_RELAY"] = "0"
+    saved = dict(os.environ)
+    os.environ.update(env)
     try:
         started = SimHost(tmp / name, key.with_suffix(".pub").read_text(),
                           SimHostOptions()).start()
     finally:
-        os.environ.pop("SIMHOST_RELAY", None)
+        os.environ.clear()
+        os.environ.update(saved)
     try:
         yield started
     finally:
@@ -96,24 +101,32 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with host(tmp, "relaying", True) as relaying, host(tmp, "alone", False) as alone:
+        python_client = {"SIMHOST_CLIENT": "python"}
+        with host(tmp, "relaying", {}) as relaying, \
+                host(tmp, "python", python_client) as python_relaying, \
+                host(tmp, "alone", {**python_client, "SIMHOST_RELAY": "0"}) as alone:
             python = [sys.executable, "-S", "-E"]
             plain = {**os.environ, "SIMHOST_DIR": str(alone.dir)}
             base = cpu_ms([*python, "-c", "pass"], args.runs, plain, None)
-            print(f"{'command':45} {'how':>12} {'cpu ms':>8} {'x python':>9}")
-            print(f"{'python -S -E -c pass':45} {'':>12} {base:8.1f} {1.0:9.1f}")
-            trees = {"alone": (ROOT / "simhost", alone, None),
-                     "relayed": (ROOT / "simhost", relaying, relaying)}
+            print(f"{'command':45} {'how':>14} {'cpu ms':>8} {'x python':>9}")
+            print(f"{'python -S -E -c pass':45} {'':>14} {base:8.1f} {1.0:9.1f}")
+            # how -> (the command's folder, its host, the host whose init relays or None)
+            ways: dict[str, tuple[Path, SimHost, SimHost | None]] = {
+                "alone": (alone.bin_dir, alone, None),
+                "python client": (python_relaying.bin_dir, python_relaying, python_relaying),
+                "relayed": (relaying.bin_dir, relaying, relaying)}
             if args.compare:
                 (tmp / "ref").mkdir()
-                trees = {f"{args.compare}": (exported(args.compare, tmp / "ref"), alone, None),
-                         **trees}
+                ways = {args.compare: (exported(args.compare, tmp / "ref") / "bin", alone, None),
+                        **ways}
             for command in COMMANDS:
-                for how, (tree, on, init) in trees.items():
+                for how, (folder, on, init) in ways.items():
                     env = {**os.environ, "SIMHOST_DIR": str(on.dir)}
-                    ms = cpu_ms([*python, str(tree / "bin" / command[0]), *command[1:]],
-                                args.runs, env, init)
-                    print(f"{' '.join(command):45} {how:>12} {ms:8.1f} {ms / base:9.1f}")
+                    # REF's hosts had the shell wrapper in bin/ that "alone" has.
+                    start = (["/bin/sh", "-c", 'exec "$@"', "sh", *python, str(folder / command[0])]
+                             if how == args.compare else [str(folder / command[0])])
+                    ms = cpu_ms([*start, *command[1:]], args.runs, env, init)
+                    print(f"{' '.join(command):45} {how:>14} {ms:8.1f} {ms / base:9.1f}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 # starts, e.g. `systemctl restart docker`, is reparented to init, as it is when the command
 # runs alone). command -> its first arguments that may be relayed (None: any).
 RELAYED: dict[str, set[str] | None] = {
-    "docker": {"inspect", "logs", "--version", "version", "info", "image", "rm"},
+    "docker": {"inspect", "logs", "--version", "version", "info", "image", "rm", "run"},
     "dpkg-query": None,
     "nvidia-smi": None,
     "lsblk": None,
@@ -60,6 +60,11 @@ def relayable(name: str, argv: list[str]) -> bool:
         return False
     if argv[0] == "image":
         return argv[1:2] == ["inspect"]
+    if argv[0] == "run":
+        # Detached, as the playbooks start containers (`docker run -d ...`): the command
+        # returns once the container runs, in a process of its own (docker.py's supervisor).
+        # In the foreground, the command waits on the container: it is not short.
+        return argv[1:2] == ["-d"]
     # `docker logs -f` follows the container until it ends: not short.
     return not (argv[0] == "logs" and ("-f" in argv or "--follow" in argv))
 
@@ -104,8 +109,9 @@ def relay(name: str, argv: list[str]) -> int | None:
     return _wait(sock)
 
 
-def _wait(sock: _socket.socket) -> int:
-    """Read the command's pid, pass signals on to it, and return how it ended."""
+def _wait(sock: _socket.socket) -> int | None:
+    """Read the command's pid, pass signals on to it, and return how it ended (None: init
+    does not run this command)."""
     import _signal
 
     said = b""
@@ -126,12 +132,16 @@ def _wait(sock: _socket.socket) -> int:
             break
         said += chunk
         lines = said.split(b"\n")
+        if lines[0] == b"-":
+            break
         if child is None and len(lines) > 1:
             child = int(lines[0])
         if len(lines) > 2:
             break
     sock.close()
     lines = said.split(b"\n")
+    if lines[0] == b"-":  # init does not run this command (not one of RELAYED)
+        return None
     if len(lines) < 3:
         sys.stderr.write("simhost: the host's init stopped while running the command\n")
         return 255

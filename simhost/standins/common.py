@@ -295,8 +295,14 @@ def refresh_bin(host: Host) -> None:
     python = shlex.quote(sys.executable)
     if opts["has_docker"]:
         _write_image_bin(host, python)
+    from .client import compiled, install
+
+    client = compiled() if wanted else None
     for name in ALWAYS + CONDITIONAL:
         target = host.bin / name
+        if name in wanted and client is not None:
+            install(client, target)
+            continue
         if name in wanted:
             script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
         elif _which(name, SYSTEM_PATH):
@@ -306,7 +312,7 @@ def refresh_bin(host: Host) -> None:
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
             continue
-        if not target.exists() or target.read_text() != script:
+        if not target.exists() or target.read_bytes() != script.encode():
             write_atomic(target, script, 0o755)
 
 

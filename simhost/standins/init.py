@@ -91,11 +91,13 @@ def _listen() -> socket.socket | None:
 HEADER = 8
 
 
-def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None]) -> None:
+def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None],
+              takes: Callable[[bytes], bool] | None = None) -> None:
     """In a fork of a fork server (init here, tests/orchfork.py for orch): read one request
     (its length in HEADER bytes, its body, the caller's 3 standard streams as descriptors),
     fork a child that runs `start(body, fds)` (which never returns), send the child's pid and
-    then its exit status on `conn`, one line each; then exit."""
+    then its exit status on `conn`, one line each; then exit. A request `takes` refuses is
+    answered "-" (the caller runs it itself)."""
     try:
         header, fds, _, _ = socket.recv_fds(conn, HEADER, 3)
         size = int.from_bytes(header, "big")
@@ -105,6 +107,11 @@ def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None]) ->
             if not chunk:
                 return  # the caller is gone
             body += chunk
+        if takes is not None and not takes(bytes(body)):
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(b"-\n")
+            return
         pid = os.fork()
         if pid == 0:
             conn.close()
@@ -119,16 +126,30 @@ def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None]) ->
 
 
 def _relayed(conn: socket.socket) -> None:
-    """In a fork of init: run one relayed command (serve_one)."""
+    """In a fork of init: run one relayed command (serve_one), if it is one init runs."""
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
-    serve_one(conn, _start_relayed)
+    serve_one(conn, _start_relayed, _takes)
+
+
+def _fields(body: bytes) -> list[str]:
+    return [os.fsdecode(f) for f in body.split(b"\0")]
+
+
+def _takes(body: bytes) -> bool:
+    """Whether the request is a command init runs (the compiled client asks about every
+    command; the Python one asks only about these)."""
+    import _relay  # simhost/bin
+
+    fields = _fields(body)
+    count = int(fields[1])
+    return _relay.relayable(fields[0], fields[2:2 + count])
 
 
 def _start_relayed(body: bytes, fds: list[int]) -> None:
     """The request _relay.encode made: name, argv's length, argv, cwd, umask, environment."""
-    fields = [os.fsdecode(f) for f in body.split(b"\0")]
+    fields = _fields(body)
     count = int(fields[1])
     argv = fields[2:2 + count]
     cwd, umask, env = fields[2 + count], int(fields[3 + count]), fields[4 + count:]
@@ -239,7 +260,10 @@ def main(argv: list[str]) -> int:
             if listener.fileno() in ready:
                 conn, _ = listener.accept()
                 if os.fork() == 0:
+                    # Not inherited by the command, nor by what it leaves running (a
+                    # container's supervisor, after `docker run -d`).
                     os.close(woken)
+                    listener.close()
                     _relayed(conn)  # never returns
                 conn.close()
             reap()
