@@ -18,10 +18,6 @@ import stat
 import sys
 from pathlib import Path
 
-from .common import BIN_DIR
-
-SOURCE = BIN_DIR / "relay.c"
-
 
 def _private_dir() -> Path | None:
     """$TMPDIR/simhost-UID, made 0700; None when it is not this user's alone."""
@@ -47,17 +43,18 @@ def _c_string(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def compiled() -> Path | None:
-    """The client for this interpreter and checkout, compiled on first use; None when there
-    is none (SIMHOST_CLIENT=python, no C compiler, or it did not compile: then the host's
-    commands start Python, as before the client existed)."""
+def compiled(bin_dir: Path) -> Path | None:
+    """The client of `bin_dir` (simhost/bin: relay.c and the scripts it falls back to) for
+    this interpreter, compiled on first use; None when there is none (SIMHOST_CLIENT=python,
+    no C compiler, or it did not compile: then the host's commands start Python, as before
+    the client existed)."""
     if os.environ.get("SIMHOST_CLIENT") == "python":
         return None
     import hashlib
 
-    source = SOURCE.read_bytes()
+    source = (bin_dir / "relay.c").read_bytes()
     defines = [f"-DSIMHOST_PYTHON={_c_string(sys.executable)}",
-               f"-DSIMHOST_BIN_DIR={_c_string(str(BIN_DIR))}"]
+               f"-DSIMHOST_BIN_DIR={_c_string(str(bin_dir))}"]
     key = hashlib.sha256(b"\0".join([source, *(d.encode() for d in defines)])).hexdigest()[:16]
     folder = _private_dir()
     if folder is None:
@@ -73,7 +70,7 @@ def compiled() -> Path | None:
         return None
     partial = folder / f".relay-{key}-{os.getpid()}"
     built = subprocess.run([cc, "-O2", "-Wall", "-Werror", *defines, "-o", str(partial),
-                            str(SOURCE)], capture_output=True, text=True)
+                            str(bin_dir / "relay.c")], capture_output=True, text=True)
     if built.returncode != 0:
         partial.unlink(missing_ok=True)
         print(f"simhost: the command client did not compile, commands start Python "

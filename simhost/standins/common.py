@@ -297,7 +297,7 @@ def refresh_bin(host: Host) -> None:
         _write_image_bin(host, python)
     from .client import compiled, install
 
-    client = compiled() if wanted else None
+    client = compiled(BIN_DIR) if wanted else None
     for name in ALWAYS + CONDITIONAL:
         target = host.bin / name
         if name in wanted and client is not None:
