@@ -108,8 +108,8 @@ def main() -> None:
             python = [sys.executable, "-S", "-E"]
             plain = {**os.environ, "SIMHOST_DIR": str(alone.dir)}
             base = cpu_ms([*python, "-c", "pass"], args.runs, plain, None)
-            print(f"{'command':45} {'how':>14} {'cpu ms':>8} {'x python':>9}")
-            print(f"{'python -S -E -c pass':45} {'':>14} {base:8.1f} {1.0:9.1f}")
+            print(f"{'command':50} {'how':>14} {'cpu ms':>8} {'x python':>9}")
+            print(f"{'python -S -E -c pass':50} {'':>14} {base:8.1f} {1.0:9.1f}")
             # how -> (the command's folder, its host, the host whose init relays or None)
             ways: dict[str, tuple[Path, SimHost, SimHost | None]] = {
                 "alone": (alone.bin_dir, alone, None),
@@ -126,7 +126,7 @@ def main() -> None:
                     start = (["/bin/sh", "-c", 'exec "$@"', "sh", *python, str(folder / command[0])]
                              if how == args.compare else [str(folder / command[0])])
                     ms = cpu_ms([*start, *command[1:]], args.runs, env, init)
-                    print(f"{' '.join(command):45} {how:>14} {ms:8.1f} {ms / base:9.1f}")
+                    print(f"{' '.join(command):50} {how:>14} {ms:8.1f} {ms / base:9.1f}")
 
 
 if __name__ == "__main__":
