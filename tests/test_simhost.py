@@ -662,12 +662,24 @@ def test_stop_leaves_no_process_behind(
         except ConnectionLost as exc:  # expected: the host goes away under it
             ended.append(exc)
 
+    def sleeping() -> int:  # the nohup'd sleep, and the session's once its command runs
+        count = 0
+        for pid in host_pids(host):
+            try:
+                count += Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\x00300")
+            except OSError:
+                continue
+        return count
+
     session = threading.Thread(target=hold_a_session, daemon=True)
     session.start()
     deadline = time.monotonic() + 5
-    while len(host_pids(host)) < 6 and time.monotonic() < deadline:
+    # Stopped before the session's command started, the session would fail otherwise than
+    # with a lost connection (seen once on a loaded machine).
+    while (len(host_pids(host)) < 6 or sleeping() < 2) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(host_pids(host)) >= 6  # init, sshd (+ session), docker supervisor, trainer, sleeps
+    assert sleeping() == 2
     host.stop()
     assert host_pids(host) == []
     assert not host.running
