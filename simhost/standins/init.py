@@ -224,6 +224,10 @@ def main(argv: list[str]) -> int:
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
             signal.signal(sig, on_signal)
+        # Before sshd: the host counts as booted once sshd answers (SimHost.start), and the
+        # sim provider reads a host without init.pid as powered off. Written after sshd, a
+        # loaded machine left a window where a new instance was "interrupted before it booted".
+        (host.state / "init.pid").write_text(f"{os.getpid()}\n")
         null = os.open(os.devnull, os.O_RDWR)
         logfd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.posix_spawn(
@@ -238,7 +242,6 @@ def main(argv: list[str]) -> int:
         )
         os.close(null)
         os.close(logfd)
-        (host.state / "init.pid").write_text(f"{os.getpid()}\n")
         # Until it listens, a stand-in finds no socket and runs the command itself.
         listener = _listen()
         if listener is None:
