@@ -14,7 +14,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 # shutil, subprocess and datetime are imported where they are used (here and in docker.py,
@@ -317,6 +317,28 @@ def refresh_bin(host: Host) -> None:
 
 
 # --- processes -------------------------------------------------------------------------------
+
+
+def exit_with(run: Callable[[], int]) -> None:
+    """In a forked child: `run()`, then end as the interpreter would end the same program
+    (its status; a SystemExit's code or message; a traceback and 1 for anything else), with
+    the streams flushed and without returning into the parent's code (os._exit)."""
+    code = 1
+    try:
+        code = run()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code & 0xFF)
 
 
 def proc_table() -> dict[int, tuple[int, str]]:

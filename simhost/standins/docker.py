@@ -27,6 +27,7 @@ from .common import (
     SimError,
     alive,
     container_to_host,
+    exit_with,
     image_bin,
     is_within,
     kill_process_group,
@@ -729,8 +730,8 @@ def _detach(host: Host, name: str, env: dict[str, str], cwd: str, log_path: Path
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
+
+        def supervise() -> int:
             os.setsid()
             for target, fd in enumerate((null, log, log)):
                 os.dup2(fd, target)
@@ -740,16 +741,9 @@ def _detach(host: Host, name: str, env: dict[str, str], cwd: str, log_path: Path
             os.environ.clear()
             os.environ.update(env)
             # A new view of the host: this one holds the caller's lock (re-entrantly).
-            code = _supervise(Host(host.dir), name)
-        except BaseException:
-            import traceback
+            return _supervise(Host(host.dir), name)
 
-            traceback.print_exc()
-        finally:
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code & 0xFF)
+        exit_with(supervise)
     os.close(log)
     os.close(null)
     return pid

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from .common import Host, descendants, signal_all
+from .common import Host, descendants, exit_with, signal_all
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -133,8 +133,12 @@ def _relayed(conn: socket.socket) -> None:
     serve_one(conn, _start_relayed, _takes)
 
 
-def _fields(body: bytes) -> list[str]:
-    return [os.fsdecode(f) for f in body.split(b"\0")]
+def _request(body: bytes) -> tuple[str, list[str], str, int, dict[str, str]]:
+    """The request _relay.encode made: name, argv's length, argv, cwd, umask, environment."""
+    fields = [os.fsdecode(f) for f in body.split(b"\0")]
+    count = int(fields[1])
+    env = dict(e.split("=", 1) for e in fields[4 + count:])
+    return fields[0], fields[2:2 + count], fields[2 + count], int(fields[3 + count]), env
 
 
 def _takes(body: bytes) -> bool:
@@ -142,18 +146,12 @@ def _takes(body: bytes) -> bool:
     command; the Python one asks only about these)."""
     import _relay  # simhost/bin
 
-    fields = _fields(body)
-    count = int(fields[1])
-    return _relay.relayable(fields[0], fields[2:2 + count])
+    name, argv, *_ = _request(body)
+    return _relay.relayable(name, argv)
 
 
 def _start_relayed(body: bytes, fds: list[int]) -> None:
-    """The request _relay.encode made: name, argv's length, argv, cwd, umask, environment."""
-    fields = _fields(body)
-    count = int(fields[1])
-    argv = fields[2:2 + count]
-    cwd, umask, env = fields[2 + count], int(fields[3 + count]), fields[4 + count:]
-    _command(fields[0], argv, cwd, umask, dict(e.split("=", 1) for e in env), fds)
+    _command(*_request(body), fds)
 
 
 def _command(name: str, argv: list[str], cwd: str, umask: int, env: dict[str, str],
@@ -184,22 +182,7 @@ def _command(name: str, argv: list[str], cwd: str, umask: int, env: dict[str, st
     sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), encoding="utf-8")
     sys.stderr = io.TextIOWrapper(open(2, "wb", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", line_buffering=True)
-    code = 1
-    try:
-        code = main(name, argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int | None):
-            print(exc.code, file=sys.stderr)
-    except BaseException:  # as the interpreter: the traceback, exit 1
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code & 0xFF)
+    exit_with(lambda: main(name, argv))
 
 
 def main(argv: list[str]) -> int:
