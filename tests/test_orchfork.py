@@ -114,6 +114,10 @@ def test_a_forked_command_that_runs_past_its_timeout_is_killed(tmp_path: Path) -
     assert not Path(f"/proc/{pid}").exists()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130),
                                        (signal.SIGKILL, -9)])
 def test_a_spawned_command_takes_signals_and_ends_as_the_console_script_does(
@@ -128,9 +132,12 @@ def test_a_spawned_command_takes_signals_and_ends_as_the_console_script_does(
             proc: Any = orchfork.spawn(["worker", "--poll", "0.2"], env=env, cwd=ROOT)
             assert isinstance(proc, orchfork.Spawned)
         else:
+            # SIGINT's default handler, as a terminal gives it: a pytest started in the
+            # background (`cmd &` in a script) passes SIGINT on ignored, and Python then
+            # installs no KeyboardInterrupt handler, so the worker would never stop.
             proc = subprocess.Popen([orchfork.ORCH, "worker", "--poll", "0.2"], env=env,
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+                                    text=True, preexec_fn=_default_sigint)
         try:
             first = proc.stderr.readline()  # started, and polling the empty queue
             assert "database" in first
