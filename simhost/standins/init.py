@@ -44,15 +44,21 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option}) failed")
 
 
-def reap() -> None:
-    """Reap every child that has ended, without waiting for the others."""
+def reap(clients: dict[int, socket.socket] | None = None) -> None:
+    """Reap every child that has ended, without waiting for the others; a relayed command's
+    exit status goes to its client (`clients`: pid -> connection), one line, then EOF."""
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        conn = clients.pop(pid, None) if clients is not None else None
+        if conn is not None:
+            with contextlib.suppress(OSError):  # the client is gone: nobody to tell
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            conn.close()
 
 
 def kill_everything() -> None:
@@ -99,15 +105,11 @@ def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None],
     then its exit status on `conn`, one line each; then exit. A request `takes` refuses is
     answered "-" (the caller runs it itself)."""
     try:
-        header, fds, _, _ = socket.recv_fds(conn, HEADER, 3)
-        size = int.from_bytes(header, "big")
-        body = bytearray()
-        while len(body) < size:
-            chunk = conn.recv(size - len(body))
-            if not chunk:
-                return  # the caller is gone
-            body += chunk
-        if takes is not None and not takes(bytes(body)):
+        request = read_request(conn)
+        if request is None:
+            return  # the caller is gone
+        body, fds = request
+        if takes is not None and not takes(body):
             for fd in fds:
                 os.close(fd)
             conn.sendall(b"-\n")
@@ -115,7 +117,7 @@ def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None],
         pid = os.fork()
         if pid == 0:
             conn.close()
-            start(bytes(body), fds)
+            start(body, fds)
         for fd in fds:
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
@@ -125,12 +127,76 @@ def serve_one(conn: socket.socket, start: Callable[[bytes, list[int]], None],
         os._exit(0)
 
 
-def _relayed(conn: socket.socket) -> None:
-    """In a fork of init: run one relayed command (serve_one), if it is one init runs."""
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCHLD):
-        signal.signal(sig, signal.SIG_DFL)
-    serve_one(conn, _start_relayed, _takes)
+def read_request(conn: socket.socket) -> tuple[bytes, list[int]] | None:
+    """One request: its length in HEADER bytes, its body, and the caller's 3 standard streams
+    as descriptors (SCM_RIGHTS); None when the caller hung up before it was all there."""
+    header, fds, _, _ = socket.recv_fds(conn, HEADER, 3)
+    if len(header) < HEADER:
+        for fd in fds:
+            os.close(fd)
+        return None
+    size = int.from_bytes(header, "big")
+    body = bytearray()
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            for fd in fds:
+                os.close(fd)
+            return None
+        body += chunk
+    return bytes(body), fds
+
+
+def _relay(conn: socket.socket, clients: dict[int, socket.socket],
+           inherited: list[int]) -> None:
+    """In init: read one request and run it in a child of init, whose pid goes to the client
+    now and whose exit status goes once `reap` has it (one fork a command; init's own loop
+    reports it). A command init does not run is answered "-": the client runs it itself.
+    `inherited`: init's descriptors that the command must not keep (listener, wake pipe)."""
+    try:
+        # A client sends its request as soon as it connects; a stalled one must not hold up
+        # the host's other commands for long.
+        conn.settimeout(5.0)
+        request = read_request(conn)
+        if request is None:
+            conn.close()
+            return
+        body, fds = request
+        try:
+            if not _takes(body):
+                conn.sendall(b"-\n")
+                conn.close()
+                return
+            pid = os.fork()
+            if pid == 0:
+                _child(body, fds, [*inherited, conn.fileno(),
+                                   *(c.fileno() for c in clients.values())])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+    except Exception:  # noqa: BLE001 - init outlives any one request
+        # Unanswered, the client runs the command itself (as with no init); answered with a
+        # pid, it ends as "init stopped" once the connection closes, and the command runs on.
+        conn.close()
+        return
+    clients[pid] = conn
+
+
+def _child(body: bytes, fds: list[int], close: list[int]) -> None:
+    """The forked command: none of init's descriptors nor another client's connection,
+    init's signal handlers undone; then the command (never returns)."""
+    try:
+        for fd in close:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP,
+                    signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        _start_relayed(body, fds)
+    finally:
+        os._exit(255)  # never back into init's loop, whatever failed before the command
 
 
 def _request(body: bytes) -> tuple[str, list[str], str, int, dict[str, str]]:
@@ -239,20 +305,17 @@ def main(argv: list[str]) -> int:
         os.set_blocking(wake, False)
         signal.set_wakeup_fd(wake)
         signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)
+        clients: dict[int, socket.socket] = {}  # relayed command's pid -> its client
         while True:  # keeps the host "powered" also once sshd is gone and nothing runs
             ready = select.select([listener.fileno(), woken], [], [], 5.0)[0]
             if woken in ready:
                 os.read(woken, 512)
             if listener.fileno() in ready:
                 conn, _ = listener.accept()
-                if os.fork() == 0:
-                    # Not inherited by the command, nor by what it leaves running (a
-                    # container's supervisor, after `docker run -d`).
-                    os.close(woken)
-                    listener.close()
-                    _relayed(conn)  # never returns
-                conn.close()
-            reap()
+                # Not inherited by the command, nor by what it leaves running (a
+                # container's supervisor, after `docker run -d`).
+                _relay(conn, clients, [listener.fileno(), woken, wake])
+            reap(clients)
     except _Shutdown:
         pass
     kill_everything()
