@@ -1,7 +1,7 @@
 """The user's install brings no test tools; `scripts/test` (CI's entry) brings them (issue
 25, item 17). scripts/install runs for real in a copy of the repository's layout; only its pip
-is a recorder (a real install downloads for minutes), and what each extra pulls in is read
-from pyproject.toml, the file pip reads."""
+and the uv that pip installs are recorders (a real install downloads for minutes), and what
+each extra pulls in is read from pyproject.toml, the file pip and uv read."""
 
 from __future__ import annotations
 
@@ -17,30 +17,38 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_TOOLS = ("pytest", "hypothesis", "ruff", "mypy")
 
 
-def fake_checkout(tmp_path: Path) -> Path:
+def fake_checkout(tmp_path: Path, uv: bool) -> Path:
+    """`uv`: whether `pip install uv` brings a (recording) uv; else it fails, as with no
+    index uv can reach, and pip installs orch."""
     root = tmp_path / "orch"
     (root / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "install", root / "scripts" / "install")
     shutil.copy(ROOT / "scripts" / "test", root / "scripts" / "test")
     bin_dir = root / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
+    log = tmp_path / "install.log"
+    brings_uv = (f'cp "$0" {bin_dir}/uv; sed -i \'s/"pip /"uv /\' {bin_dir}/uv; exit 0' if uv
+                 else "exit 1")
     for name, body in (("python", "exit 0"), ("orch", "exit 0"), ("ruff", "exit 0"),
                        ("mypy", "exit 0"), ("pytest", "exit 0"),
-                       ("pip", f'echo "$*" >> {tmp_path}/pip.log')):
+                       ("pip", f'echo "pip $*" >> {log}\n'
+                               f'case "$*" in *" uv") {brings_uv};; esac')):
         exe = bin_dir / name
         exe.write_text(f"#!/bin/sh\n{body}\n")
         exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return root
 
 
-def extras_installed(tmp_path: Path, *command: str) -> set[str]:
+def extras_installed(tmp_path: Path, *command: str, uv: bool = True) -> set[str]:
     tmp_path.mkdir()
-    root = fake_checkout(tmp_path)
+    root = fake_checkout(tmp_path, uv)
     subprocess.run(["bash", *command], cwd=root, check=True, capture_output=True, timeout=120,
                    env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
-    found = re.findall(r"-e \.\[([a-z,]+)\]", (tmp_path / "pip.log").read_text())
-    assert len(found) == 1, found
-    return set(found[0].split(","))
+    found = re.findall(r"^(pip|uv) .*-e \.\[([a-z,]+)\]$",
+                       (tmp_path / "install.log").read_text(), re.M)
+    # One install of orch, by uv where it could be installed, else by pip.
+    assert [tool for tool, _ in found] == ["uv" if uv else "pip"], found
+    return set(found[0][1].split(","))
 
 
 def requirements(extras: set[str]) -> set[str]:
@@ -57,6 +65,13 @@ def test_the_users_install_has_no_test_tools(tmp_path: Path) -> None:
     ci = extras_installed(tmp_path / "ci", "scripts/test")
     assert set(TEST_TOOLS) <= requirements(ci)
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash scripts/test")
+
+
+def test_without_uv_pip_installs_the_same(tmp_path: Path) -> None:
+    assert extras_installed(tmp_path / "user", "scripts/install", uv=False) == \
+        extras_installed(tmp_path / "user-uv", "scripts/install")
+    assert extras_installed(tmp_path / "ci", "scripts/test", uv=False) == \
+        extras_installed(tmp_path / "ci-uv", "scripts/test")
 
 
 def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
