@@ -5,9 +5,14 @@ modules (database, SSH, HTTP) are imported inside each command.
 """
 
 
+import _thread
+import contextlib
 import json
 import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -86,6 +91,45 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     # Second signal while tearing down: ignore it, teardown must finish.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated()
+
+
+@contextlib.contextmanager
+def _stops_delivered() -> Iterator[None]:
+    """SIGTERM raises Terminated (`_on_sigterm`), Ctrl-C KeyboardInterrupt, and neither is lost.
+
+    Python runs a signal's handler between any two bytecodes of the main thread, also inside
+    a weakref callback or a `__del__` that the garbage collector runs (SQLAlchemy's event
+    registry has such callbacks), where an exception cannot propagate: it is printed as
+    "Exception ignored" and dropped. An idle `orch worker` then went on polling with SIGTERM
+    ignored (seen about once in ten stops under load, tests/test_orchfork.py). A stop
+    dropped that way reaches `sys.unraisablehook`, which delivers it again 50 ms later from
+    another thread: not at once, as the handler would then run inside the hook, where an
+    exception is dropped too.
+    """
+    def hook(unraisable: Any) -> None:
+        from orchestrator.engine.runner import Terminated
+
+        if isinstance(unraisable.exc_value, Terminated):
+            # Its handler set SIG_IGN for a stop that has not started: set it back.
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            again = signal.SIGTERM
+        elif isinstance(unraisable.exc_value, KeyboardInterrupt):
+            again = signal.SIGINT
+        else:
+            previous_hook(unraisable)
+            return
+        timer = threading.Timer(0.05, _thread.interrupt_main, (again,))
+        timer.daemon = True
+        timer.start()
+
+    previous_hook = sys.unraisablehook
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous_hook
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_code(job: "Job") -> int:
@@ -187,26 +231,24 @@ def _run_here(store: "Store", row: "Job", providers: dict[str, Any], notes: list
     display = Display()
     runner = JobRunner(store, providers, owner, opts,
                        on_progress=None if json_out else display, on_signal="cancel")
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        job = runner.run(row.id)
-    except KeyboardInterrupt:
-        display.close()
-        job = store.get_job(row.id)
-        typer.echo(f"interrupted: {row.id} {job.status}; its instances were torn down",
-                   err=True)
-        raise typer.Exit(EXIT_CANCELLED) from None
-    except BaseException as exc:
-        from orchestrator.engine.runner import Terminated
-
-        if isinstance(exc, Terminated):
+    with _stops_delivered():
+        try:
+            job = runner.run(row.id)
+        except KeyboardInterrupt:
             display.close()
-            typer.echo(f"terminated: {row.id} {store.get_job(row.id).status}; its "
-                       "instances were torn down", err=True)
-            raise typer.Exit(143) from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            job = store.get_job(row.id)
+            typer.echo(f"interrupted: {row.id} {job.status}; its instances were torn down",
+                       err=True)
+            raise typer.Exit(EXIT_CANCELLED) from None
+        except BaseException as exc:
+            from orchestrator.engine.runner import Terminated
+
+            if isinstance(exc, Terminated):
+                display.close()
+                typer.echo(f"terminated: {row.id} {store.get_job(row.id).status}; its "
+                           "instances were torn down", err=True)
+                raise typer.Exit(143) from None
+            raise
     display.close()
     summary = job_summary(store, job)
     if json_out:
@@ -242,31 +284,29 @@ def worker(
     from orchestrator.core.paths import describe_db
 
     # The handler first: a SIGTERM right after the banner is a stop like any other.
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    current: list[str] = []  # the job being run, if any: what a stop has to say
-    try:
-        # The database is named even with --quiet: a worker idling on the wrong database
-        # (an env file sourced without `export`) must say so in the journal at start.
-        typer.echo(f"worker {owner}: database {describe_db()}"
-                   + ("" if quiet else f"; providers {', '.join(sorted(providers))}"),
-                   err=True)
-        if not quiet:
-            for note in notes:
-                typer.echo(f"note: {note}", err=True)
-        _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet,
-              current=current)
-    except KeyboardInterrupt:
-        typer.echo(f"worker stopped (Ctrl-C); {_stopped(current)}", err=True)
-        raise typer.Exit(EXIT_CANCELLED) from None
-    except BaseException as exc:
-        from orchestrator.engine.runner import Terminated
+    with _stops_delivered():
+        current: list[str] = []  # the job being run, if any: what a stop has to say
+        try:
+            # The database is named even with --quiet: a worker idling on the wrong database
+            # (an env file sourced without `export`) must say so in the journal at start.
+            typer.echo(f"worker {owner}: database {describe_db()}"
+                       + ("" if quiet else f"; providers {', '.join(sorted(providers))}"),
+                       err=True)
+            if not quiet:
+                for note in notes:
+                    typer.echo(f"note: {note}", err=True)
+            _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet,
+                  current=current)
+        except KeyboardInterrupt:
+            typer.echo(f"worker stopped (Ctrl-C); {_stopped(current)}", err=True)
+            raise typer.Exit(EXIT_CANCELLED) from None
+        except BaseException as exc:
+            from orchestrator.engine.runner import Terminated
 
-        if isinstance(exc, Terminated):
-            typer.echo(f"worker stopped (SIGTERM); {_stopped(current)}", err=True)
-            raise typer.Exit(143) from None
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            if isinstance(exc, Terminated):
+                typer.echo(f"worker stopped (SIGTERM); {_stopped(current)}", err=True)
+                raise typer.Exit(143) from None
+            raise
 
 
 def _stopped(current: list[str]) -> str:
