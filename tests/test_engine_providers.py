@@ -9,6 +9,7 @@ the native pipeline on them.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -202,7 +203,10 @@ GATED = ("meta-llama/Llama-3.2-1B",)  # the quickstart's model; the hosts' hub w
 def token_files(root: Path, token: bytes) -> list[Path]:
     """Files under `root` that hold `token` (or are named like orch's secret files)."""
     found = []
-    for path in root.rglob("*"):
+    # os.walk, not rglob: a folder removed while it is walked is skipped, where rglob raised
+    # and ended the watching thread (DiskWatch) for the rest of the job.
+    paths = (Path(top) / name for top, _, names in os.walk(root) for name in names)
+    for path in paths:
         try:
             if not path.is_file() or path.stat().st_size > 1 << 20:
                 continue
