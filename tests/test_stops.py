@@ -5,7 +5,7 @@ weakref callback that the garbage collector runs, where the handler's exception 
 "Exception ignored" and dropped. An idle `orch worker` then polled on with SIGTERM ignored
 (SQLAlchemy's event registry has such a callback; tests/test_orchfork.py hung on it about
 once in ten stops under load). `orch submit` and `orch worker` run under
-`_stops_delivered`, which delivers such a stop again; here the signal is sent from inside a
+`stops_delivered`, which delivers such a stop again; here the signal is sent from inside a
 weakref callback, so the handler runs exactly there."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import weakref
 
 import pytest
 
-from orchestrator.cli.jobs import _stops_delivered
+from orchestrator.cli.stops import stops_delivered
 from orchestrator.engine.runner import Terminated
 
 
@@ -53,7 +53,7 @@ def test_a_stop_raised_inside_a_weakref_callback_is_delivered_again(
         sig: int, exc: type[BaseException]) -> None:
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with _stops_delivered():
+        with stops_delivered():
             _signal_inside_a_weakref_callback(sig)
             assert _waits_for(exc) < 5
             if sig == signal.SIGTERM:  # armed again: the stop that got through ignores more
@@ -70,7 +70,7 @@ def test_other_unraisable_errors_still_go_to_the_previous_hook() -> None:
     previous = sys.unraisablehook
     sys.unraisablehook = lambda u: seen.append(u.exc_value)
     try:
-        with _stops_delivered():
+        with stops_delivered():
             def callback(_ref: object) -> None:
                 raise ValueError("in a callback")
 

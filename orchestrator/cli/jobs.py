@@ -5,14 +5,8 @@ modules (database, SSH, HTTP) are imported inside each command.
 """
 
 
-import _thread
-import contextlib
 import json
-import signal
-import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -41,6 +35,7 @@ from orchestrator.cli.jobview import (
     loss_curve,
     print_summary,
 )
+from orchestrator.cli.stops import stops_delivered
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
@@ -83,53 +78,6 @@ def _sim_only(job: "Job") -> bool:
     spec = json.loads(job.spec_json)
     named = (spec.get("resources") or {}).get("providers") or []
     return bool(named) and set(named) == {"sim"}
-
-
-def _on_sigterm(_signum: int, _frame: Any) -> None:
-    from orchestrator.engine.runner import Terminated
-
-    # Second signal while tearing down: ignore it, teardown must finish.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated()
-
-
-@contextlib.contextmanager
-def _stops_delivered() -> Iterator[None]:
-    """SIGTERM raises Terminated (`_on_sigterm`), Ctrl-C KeyboardInterrupt, and neither is lost.
-
-    Python runs a signal's handler between any two bytecodes of the main thread, also inside
-    a weakref callback or a `__del__` that the garbage collector runs (SQLAlchemy's event
-    registry has such callbacks), where an exception cannot propagate: it is printed as
-    "Exception ignored" and dropped. An idle `orch worker` then went on polling with SIGTERM
-    ignored (seen about once in ten stops under load, tests/test_orchfork.py). A stop
-    dropped that way reaches `sys.unraisablehook`, which delivers it again 50 ms later from
-    another thread: not at once, as the handler would then run inside the hook, where an
-    exception is dropped too.
-    """
-    def hook(unraisable: Any) -> None:
-        from orchestrator.engine.runner import Terminated
-
-        if isinstance(unraisable.exc_value, Terminated):
-            # Its handler set SIG_IGN for a stop that has not started: set it back.
-            signal.signal(signal.SIGTERM, _on_sigterm)
-            again = signal.SIGTERM
-        elif isinstance(unraisable.exc_value, KeyboardInterrupt):
-            again = signal.SIGINT
-        else:
-            previous_hook(unraisable)
-            return
-        timer = threading.Timer(0.05, _thread.interrupt_main, (again,))
-        timer.daemon = True
-        timer.start()
-
-    previous_hook = sys.unraisablehook
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook = previous_hook
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_code(job: "Job") -> int:
@@ -231,7 +179,7 @@ def _run_here(store: "Store", row: "Job", providers: dict[str, Any], notes: list
     display = Display()
     runner = JobRunner(store, providers, owner, opts,
                        on_progress=None if json_out else display, on_signal="cancel")
-    with _stops_delivered():
+    with stops_delivered():
         try:
             job = runner.run(row.id)
         except KeyboardInterrupt:
@@ -284,7 +232,7 @@ def worker(
     from orchestrator.core.paths import describe_db
 
     # The handler first: a SIGTERM right after the banner is a stop like any other.
-    with _stops_delivered():
+    with stops_delivered():
         current: list[str] = []  # the job being run, if any: what a stop has to say
         try:
             # The database is named even with --quiet: a worker idling on the wrong database
