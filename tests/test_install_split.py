@@ -88,3 +88,30 @@ def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
     out = subprocess.run([str(Path(sys.executable).parent / "orch"), "--version"],
                          capture_output=True, text=True, check=True).stdout
     assert out == f"orch {version(DISTRIBUTION)}\n"
+
+
+def test_every_package_orch_imports_is_one_it_declares() -> None:
+    """A package imported only because another one brings it breaks when that one stops
+    (typer 0.26 stopped installing click, which cli/app.py imports)."""
+    import ast
+    import sys
+    from importlib.metadata import packages_distributions
+
+    declared = requirements({"report", "postgres"})
+    ours = {"orchestrator", "providers", "playbooks", "simhost", "migrations"}
+    dists = packages_distributions()
+    undeclared = set()
+    for folder in sorted(ours):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                         and not node.level else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in ours or top.startswith("_"):
+                        continue
+                    owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                    if not owners & {d.replace("_", "-") for d in declared}:
+                        undeclared.add(f"{top} ({path.relative_to(ROOT)})")
+    assert sorted(undeclared) == []
