@@ -93,25 +93,22 @@ def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
 def test_every_package_orch_imports_is_one_it_declares() -> None:
     """A package imported only because another one brings it breaks when that one stops
     (typer 0.26 stopped installing click, which cli/app.py imports)."""
-    import ast
     import sys
     from importlib.metadata import packages_distributions
 
-    declared = requirements({"report", "postgres"})
+    from test_layers import imported, module_name
+
+    declared = {d.replace("_", "-") for d in requirements({"report", "postgres"})}
     ours = {"orchestrator", "providers", "playbooks", "simhost", "migrations"}
     dists = packages_distributions()
     undeclared = set()
     for folder in sorted(ours):
         for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module] if isinstance(node, ast.ImportFrom) and node.module
-                         and not node.level else [])
-                for name in names:
-                    top = name.split(".")[0]
-                    if top in sys.stdlib_module_names or top in ours or top.startswith("_"):
-                        continue
-                    owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
-                    if not owners & {d.replace("_", "-") for d in declared}:
-                        undeclared.add(f"{top} ({path.relative_to(ROOT)})")
+            for module, _, _ in imported(module_name(path, ROOT), path):
+                top = module.split(".")[0]
+                if top in sys.stdlib_module_names or top in ours or top.startswith("_"):
+                    continue
+                owners = {d.lower().replace("_", "-") for d in dists.get(top, [top])}
+                if not owners & declared:
+                    undeclared.add(f"{top} ({path.relative_to(ROOT)})")
     assert sorted(undeclared) == []

@@ -57,25 +57,33 @@ def modules(root: Path) -> dict[str, Path]:
             for p in sorted((root / pkg).rglob("*.py"))}
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
-    """(imported module of ours, line) for every import in the file, at any depth."""
+def imported(name: str, path: Path) -> Iterator[tuple[str, list[str], int]]:
+    """(module, the names taken from it, line) for every import in module `name`'s file, at any
+    depth: `import a.b` is ("a.b", [], line); relative imports are made absolute."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name.split(".")[0] in PACKAGES:
-                    yield _ours(alias.name, known), node.lineno
+                yield alias.name, [], node.lineno
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 up = package.split(".")
                 up = up[:len(up) - node.level + 1]
                 base = ".".join([*up, base] if base else up)
-            if base.split(".")[0] not in PACKAGES:
-                continue
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                yield (sub if sub in known else _ours(base, known)), node.lineno
+            yield base, [alias.name for alias in node.names], node.lineno
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """(imported module of ours, line) for every import in the file, at any depth."""
+    for base, names, line in imported(name, path):
+        if base.split(".")[0] not in PACKAGES:
+            continue
+        if not names:
+            yield _ours(base, known), line
+        for alias in names:
+            sub = f"{base}.{alias}"
+            yield (sub if sub in known else _ours(base, known)), line
 
 
 def _ours(dotted: str, known: dict[str, Path]) -> str:
