@@ -5,6 +5,8 @@ them: `orch plan` must start in a small multiple of a bare `python -c pass`.
 """
 
 
+import atexit
+import gc
 import json
 import sys
 from datetime import UTC, datetime
@@ -237,6 +239,13 @@ _register()
 
 def main() -> None:
     """Console-script entry point."""
+    # At exit the interpreter runs full garbage collections over every object the imports
+    # made (pydantic's and typer's schemas, SQLAlchemy's registries) only to return memory
+    # the OS takes back anyway: 40 ms of `orch plan`'s ~250, 200 ms of `orch jobs`'. Frozen
+    # objects are skipped there. What frees by reference count still does (files, database
+    # connections); Python never promised finalizers for what is left at exit.
+    atexit.unregister(gc.freeze)  # once, where a test calls main() many times
+    atexit.register(gc.freeze)
     from orchestrator.cli.helpstyle import gh_style
     from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
 
