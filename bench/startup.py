@@ -1,6 +1,7 @@
 """Whole-process wall time of `orch` commands against `python -c pass`, in the same run.
 
-Prints medians and ratios; asserts nothing (machines here are noisy). `--compare REF` also
+Prints medians and ratios; asserts nothing (machines here are noisy). Each command's ratio is
+to `python -c pass` timed alternately with it, run for run. `--compare REF` also
 times the same commands from git REF (exported to a temporary directory), each right
 before this tree's, so "before" and "after" see about the same machine load. Bytecode is cached in a
 temporary PYTHONPYCACHEPREFIX (as an installed package has its .pyc files), even where
@@ -25,22 +26,32 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = 10.0  # issue 24: `orch plan` within ~10x a bare interpreter start
 
 
-def measure(argv: list[str], runs: int, env: dict[str, str]) -> tuple[float, float]:
-    """Median wall and CPU (user+sys) seconds of `argv` over `runs` runs, after a warm-up.
+def measure(argv: list[str], runs: int, env: dict[str, str], base: list[str],
+            base_env: dict[str, str]) -> tuple[float, float, float, float]:
+    """Median wall and CPU (user+sys) seconds of `argv` over `runs` runs, after a warm-up,
+    and of `base` (`python -c pass`), run right before each of them.
 
-    CPU time is reported beside wall time because it is far less disturbed by other load
-    on a shared 2-core machine.
+    Each command is compared with the bare interpreter timed alternately with it: the load
+    of a shared machine drifts within a minute, and a baseline timed once at the start
+    skews every ratio after it. CPU time is reported beside wall time because it is far
+    less disturbed by other load on a shared 2-core machine.
     """
-    subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
-    walls, cpus = [], []
-    for _ in range(runs):
+    def once(cmd: list[str], cmd_env: dict[str, str]) -> tuple[float, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
-        subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
-        walls.append(time.perf_counter() - t)
+        subprocess.run(cmd, env=cmd_env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+        wall = time.perf_counter() - t
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return statistics.median(walls), statistics.median(cpus)
+        return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+    subprocess.run(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+    own: list[tuple[float, float]] = []
+    bare: list[tuple[float, float]] = []
+    for _ in range(runs):
+        bare.append(once(base, base_env))
+        own.append(once(argv, env))
+    return (statistics.median(w for w, _ in own), statistics.median(c for _, c in own),
+            statistics.median(w for w, _ in bare), statistics.median(c for _, c in bare))
 
 
 def cases(orch: list[str]) -> dict[str, list[str]]:
@@ -82,7 +93,7 @@ def main() -> None:
         env = {**os.environ, "XDG_DATA_HOME": tmp, "PYTHONPYCACHEPREFIX": f"{tmp}/pyc"}
         env.pop("ORCH_DB_URL", None)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        runs: dict[str, list[str]] = {"python -c pass": [sys.executable, "-c", "pass"]}
+        runs: dict[str, list[str]] = {}
         old: dict[str, list[str]] = {}
         if args.compare:
             (Path(tmp) / "ref").mkdir()
@@ -96,16 +107,20 @@ def main() -> None:
         ref_env = {**env, "XDG_DATA_HOME": f"{tmp}/ref-data"}
         Path(ref_env["XDG_DATA_HOME"]).mkdir()
         from_ref = {f"{args.compare}: {name}" for name in old}
-        base: tuple[float, float] | None = None
+        bare = [sys.executable, "-c", "pass"]
         print(f"{'command':40} {'wall ms':>8} {'x python':>9} {'cpu ms':>8} {'x python':>9}")
+        bare_walls: list[float] = []
         for name, argv in runs.items():
-            wall, cpu = measure(argv, args.runs, ref_env if name in from_ref else env)
-            base = base or (wall, cpu)
+            wall, cpu, base_wall, base_cpu = measure(
+                argv, args.runs, ref_env if name in from_ref else env, bare, env)
+            bare_walls.append(base_wall)
             flag = ""
             if "orch plan" in name:
-                flag = "  ok" if wall / base[0] <= TARGET else f"  over {TARGET:.0f}x target"
-            print(f"{name:40} {wall * 1000:8.1f} {wall / base[0]:9.1f} {cpu * 1000:8.1f} "
-                  f"{cpu / base[1]:9.1f}{flag}")
+                flag = "  ok" if wall / base_wall <= TARGET else f"  over {TARGET:.0f}x target"
+            print(f"{name:40} {wall * 1000:8.1f} {wall / base_wall:9.1f} {cpu * 1000:8.1f} "
+                  f"{cpu / base_cpu:9.1f}{flag}")
+        print(f"x python: against `python -c pass` timed alternately with the command "
+              f"({min(bare_walls) * 1000:.1f} to {max(bare_walls) * 1000:.1f} ms over the rows)")
 
 
 if __name__ == "__main__":
