@@ -34,11 +34,11 @@ from .standins.common import (
     BIN_DIR,
     SYSTEM_PATH,
     Host,
+    cut_power,
     descendants,
     kill_process_group,
     proc_table,
     refresh_bin,
-    signal_all,
     tagged,
     write_atomic,
 )
@@ -309,7 +309,7 @@ class SimHost:
                 try:
                     init.wait(timeout=10)
                 except subprocess.TimeoutExpired:
-                    signal_all(descendants(init.pid) | {init.pid})
+                    cut_power(descendants(init.pid) | {init.pid})
                     init.wait(timeout=5)
             self._init = None
         for record in self.containers().values():
@@ -319,7 +319,7 @@ class SimHost:
             leftover = tagged(self.id)
             if not leftover:
                 break
-            signal_all(leftover)
+            cut_power(leftover)
             time.sleep(0.02)
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / "init.pid").unlink()

@@ -421,6 +421,16 @@ def signal_all(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+def cut_power(pids: Iterable[int]) -> None:
+    """SIGKILL `pids` as a power cut ends them: all at the same moment. Each is stopped
+    (SIGSTOP) before any is killed, so none runs in between to see another die: a shell
+    reaping its killed child, and sshd sending the client that exit status (137), before
+    the connection drops. On a real host the client sees only the connection drop."""
+    pids = list(pids)
+    signal_all(pids, signal.SIGSTOP)
+    signal_all(pids, signal.SIGKILL)
+
+
 def kill_process_group(pgid: int, sig: int = signal.SIGKILL) -> bool:
     """Signal a whole process group; False when it no longer exists."""
     try:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from .common import Host, descendants, exit_with, signal_all
+from .common import Host, cut_power, descendants, exit_with
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -62,13 +62,14 @@ def reap(clients: dict[int, socket.socket] | None = None) -> None:
 
 
 def kill_everything() -> None:
-    """SIGKILL every process below this one until none is left, reaping as they die."""
+    """SIGKILL every process below this one until none is left, reaping as they die (a
+    power cut: `cut_power`)."""
     me = os.getpid()
     for _ in range(200):
         pids = descendants(me)
         if not pids:
             break
-        signal_all(pids)
+        cut_power(pids)
         time.sleep(0.01)
         reap()
     reap()
