@@ -312,6 +312,12 @@ class SimHost:
                     cut_power(descendants(init.pid) | {init.pid})
                     init.wait(timeout=5)
             self._init = None
+        # sshd rewrites its environment for its process title, so neither it nor its
+        # per-connection children carry SIMHOST_ID: with init gone before it ended its tree
+        # (SIGKILLed by a stop in another process), only sshd's pid file leads to them.
+        sshd = self._own_sshd()
+        if sshd is not None:
+            cut_power(descendants(sshd) | {sshd})
         for record in self.containers().values():
             if record["State"]["Running"] and record["Sim"]["pid"]:
                 kill_process_group(record["Sim"]["pid"])  # in case a job left init's tree
@@ -323,6 +329,16 @@ class SimHost:
             time.sleep(0.02)
         with contextlib.suppress(FileNotFoundError):
             (self.state_dir / "init.pid").unlink()
+
+    def _own_sshd(self) -> int | None:
+        """The pid in sshd's pid file while that process is this host's sshd (its title
+        names this host's config), else None."""
+        try:
+            pid = int((self.sshd_dir / "sshd.pid").read_text())
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if str(self.sshd_dir / "sshd_config").encode() in title else None
 
     def kill(self) -> None:
         """The host dies at once (power loss): like `stop()`; `start()` boots it again."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -644,6 +645,20 @@ def test_several_hosts_at_once(simhost: SimHostFactory, ssh_factory: ConnectionF
     for thread in threads:
         thread.join()
     assert answers == {i: [m] * (i + 1) for i, m in enumerate(models)}
+
+
+def test_stop_ends_sshd_even_when_init_died_first(simhost: SimHostFactory) -> None:
+    # sshd rewrites its environment for its process title, so SIMHOST_ID does not find it:
+    # only init's tree, and its pid file, lead to it. Killed with init gone (SIGKILLed by a
+    # stop in another process while it was still ending its tree), it was left running.
+    host = simhost()
+    sshd = int((host.sshd_dir / "sshd.pid").read_text())
+    assert f"SIMHOST_ID={host.id}".encode() not in Path(f"/proc/{sshd}/environ").read_bytes()
+    os.kill(int((host.state_dir / "init.pid").read_text()), signal.SIGKILL)
+    host.stop()
+    assert host_pids(host) == []
+    assert not Path(f"/proc/{sshd}").exists() or \
+        Path(f"/proc/{sshd}/stat").read_text().split(") ")[1][0] in "ZX"
 
 
 def test_stop_leaves_no_process_behind(
