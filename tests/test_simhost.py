@@ -29,6 +29,7 @@ from playbooks.ssh import (
     write_secret_env,
 )
 from simhost import SimHost
+from simhost.standins.common import alive, process_starttime
 
 SimHostFactory = Callable[..., SimHost]
 IMAGE = "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"
@@ -653,12 +654,12 @@ def test_stop_ends_sshd_even_when_init_died_first(simhost: SimHostFactory) -> No
     # stop in another process while it was still ending its tree), it was left running.
     host = simhost()
     sshd = int((host.sshd_dir / "sshd.pid").read_text())
+    started = process_starttime(sshd)
     assert f"SIMHOST_ID={host.id}".encode() not in Path(f"/proc/{sshd}/environ").read_bytes()
     os.kill(int((host.state_dir / "init.pid").read_text()), signal.SIGKILL)
     host.stop()
     assert host_pids(host) == []
-    assert not Path(f"/proc/{sshd}").exists() or \
-        Path(f"/proc/{sshd}/stat").read_text().split(") ")[1][0] in "ZX"
+    assert not alive(sshd, started)
 
 
 def test_stop_leaves_no_process_behind(
