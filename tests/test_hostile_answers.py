@@ -196,8 +196,9 @@ def test_an_answer_past_the_cap_is_not_read(vemu: VastEmulator, announce: bool) 
         adapter.offers(spot_and_on_demand())
     assert ("announces" in str(err.value)) is announce
     # The client stopped at the cap: what the server got out is the cap plus what the
-    # sockets buffer, a fraction of the body.
-    assert vemu.raw_sent < MAX_ANSWER_BYTES + 16 * MIB < total
+    # sockets buffer (measured 11-13 MiB here; Linux may grow a receive buffer to
+    # net.ipv4.tcp_rmem's 32 MiB), a tenth of the body at most.
+    assert vemu.raw_sent < MAX_ANSWER_BYTES + 32 * MIB <= total // 10
     assert len(vemu.requests_to("POST", BUNDLES)) == 1
 
 
