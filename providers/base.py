@@ -99,6 +99,15 @@ class TransientError(ProviderError):
         self.retry_after = retry_after
 
 
+class BadAnswer(TransientError):
+    """The provider answered with something its API does not document: not JSON, over the
+    size cap (`providers.http.MAX_ANSWER_BYTES`), nested too deep, or a field out of range
+    (`providers/<name>/answers.py` names which). Nothing in it is used. The same server
+    would most likely answer the same at once, so it is not retried within the call; as a
+    TransientError the engine treats the provider as unavailable for now (an outage, with
+    its backoff), never as a verdict on the job."""
+
+
 class NotFound(ProviderError):
     """The instance does not exist (on terminate: already gone, which is success)."""
 
@@ -227,6 +236,16 @@ class ReportsSkipped(Protocol):
     silently."""
 
     skipped: dict[str, int]
+
+
+@runtime_checkable
+class ReportsRejected(Protocol):
+    """An adapter that says how many rows of its last `offers()` answer it left out because
+    they broke the documented shape (a price that is NaN, infinite, negative or absurd, a
+    string where a number belongs): `"<field>: <problem>"` → how many rows. The caller
+    reports them; a provider whose every row was rejected is treated as unavailable."""
+
+    rejected: dict[str, int]
 
 
 @runtime_checkable

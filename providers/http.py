@@ -16,6 +16,13 @@ what is left of `with_retries`' deadline: a TransientError, so the 120 s promise
 whole round of retries. The check runs between reads, and each read's timeout is capped at
 that deadline too, so a body ends at most one (capped) read past it; the status line and
 headers are bounded per read only (h11 refuses headers over 16 KiB).
+
+Every answer is also capped in SIZE (issue 36 §7: a 400 MB body took 1.8 GB of memory):
+`send` refuses one whose `Content-Length` is over `MAX_ANSWER_BYTES` without reading it,
+and stops reading any other once its decoded bytes pass the cap (a gzip bomb is counted
+after decompression; each read decompresses at most one network chunk, so the cap is
+overshot by at most that). Orch's largest answers are a search of 64 offers and the GPU
+catalog, some hundreds of KiB; an answer over the cap is a `BadAnswer`, not retried.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import httpx
 from tenacity import RetryCallState
 
 from orchestrator import retrying
-from providers.base import TransientError
+from providers.base import BadAnswer, TransientError
 
 T = TypeVar("T")
 
@@ -39,6 +46,9 @@ MAX_ATTEMPTS = 6
 DEADLINE_S = 120.0
 MAX_RETRY_AFTER_S = 60.0
 REQUEST_DEADLINE_S = DEADLINE_S  # one request, whole answer included
+MAX_ANSWER_BYTES = 8 * 1024 * 1024  # one answer, decoded (see the module docstring)
+# Headers that describe the body as sent; the body `send` returns is decoded and whole.
+_BODY_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 # The monotonic time by which the current `with_retries` round must end (this thread's).
 _ROUND_ENDS: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -64,10 +74,12 @@ def _capped(timeout: httpx.Timeout, limit: float) -> httpx.Timeout:
 
 def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
          **kwargs: Any) -> httpx.Response:
-    """One request with the Bearer key in its header only, read whole within its deadline.
+    """One request with the Bearer key in its header only, read whole within its deadline
+    and `MAX_ANSWER_BYTES`.
 
-    Network errors and an answer not complete within `request_deadline_s()` are transient.
-    No retry here (see `with_retries`); the caller maps non-2xx statuses to typed errors.
+    Network errors and an answer not complete within `request_deadline_s()` are transient;
+    an answer over the size cap is a BadAnswer. No retry here (see `with_retries`); the
+    caller maps non-2xx statuses to typed errors.
     """
     headers = {"Authorization": f"Bearer {api_key}", "Accept": "application/json"}
     limit = request_deadline_s()
@@ -76,21 +88,36 @@ def send(client: httpx.Client, method: str, url: str, api_key: str, what: str,
     kwargs.setdefault("timeout", _capped(client.timeout, limit))
     try:
         with client.stream(method, url, headers=headers, **kwargs) as streamed:
-            raw: list[bytes] = []
-            for chunk in streamed.iter_raw():
-                raw.append(chunk)
+            _check_length(streamed, what)
+            body: list[bytes] = []
+            size = 0
+            for chunk in streamed.iter_bytes():
+                body.append(chunk)
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise BadAnswer(f"{what}: the answer is larger than "
+                                    f"{MAX_ANSWER_BYTES // 2**20} MiB; stopped reading it")
                 if time.monotonic() - started > limit:
                     raise TransientError(f"{what}: no complete answer within {limit:.0f}s "
                                          "(the provider is answering too slowly)")
             if time.monotonic() - started > limit:
                 raise TransientError(f"{what}: no complete answer within {limit:.0f}s")
-            # Undecoded bytes with the original headers: `.read()` decodes them as httpx would.
-            response = httpx.Response(streamed.status_code, headers=streamed.headers,
-                                      content=b"".join(raw), request=streamed.request)
-            response.read()
-            return response
+            kept = [(k, v) for k, v in streamed.headers.multi_items()
+                    if k.lower() not in _BODY_HEADERS]
+            return httpx.Response(streamed.status_code, headers=kept, content=b"".join(body),
+                                  request=streamed.request)
+    except httpx.DecodingError:
+        raise BadAnswer(f"{what}: the answer's content encoding is broken") from None
     except httpx.TransportError as exc:
         raise TransientError(f"{what}: network error ({type(exc).__name__})") from None
+
+
+def _check_length(response: httpx.Response, what: str) -> None:
+    """BadAnswer when the answer announces more than MAX_ANSWER_BYTES (nothing is read)."""
+    announced = response.headers.get("Content-Length", "")
+    if announced.isdigit() and int(announced) > MAX_ANSWER_BYTES:
+        raise BadAnswer(f"{what}: the answer announces {int(announced)} bytes, over the "
+                        f"{MAX_ANSWER_BYTES // 2**20} MiB cap; not read")
 
 
 def redact(text: str, secret: str) -> str:
@@ -142,7 +169,7 @@ def with_retries(call: Callable[[], T], *, attempts: int = MAX_ATTEMPTS,
     ends = started + deadline_s if outer is None else min(outer, started + deadline_s)
 
     def worth_waiting(exc: BaseException) -> bool:
-        if not isinstance(exc, TransientError):
+        if not isinstance(exc, TransientError) or isinstance(exc, BadAnswer):
             return False
         hinted = exc.retry_after
         left = deadline_s - (time.monotonic() - started)

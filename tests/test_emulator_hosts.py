@@ -165,7 +165,9 @@ def test_runpod_pod_is_a_real_host(sim_hosts: SimHostBackend, runpod_emu: RunPod
     with runpod_adapter(runpod_emu) as api:
         gone = api.get(created.instance_id)
         assert gone.state is InstanceState.INTERRUPTED and gone.raw_status == "EXITED"
-        assert gone.ssh_host is None and gone.price_per_hour == 0
+        # The GPUs cost 0 once EXITED; its 100 GB volume disk bills $0.20/GB/month stopped
+        # (docs.runpod.io/pods/pricing): 100 × 0.20 / 720 h.
+        assert gone.ssh_host is None and str(gone.price_per_hour) == "0.027778"
         assert not sim.running
         assert_unreachable(ssh_keypair, sim.host, sim.port, sim.user, sim.host_key)
 

@@ -185,6 +185,32 @@ def test_runpod_on_demand_job_succeeds(rig: Rig, hosts: SimHostBackend, method: 
         assert emu.pod_ids == []  # released: the pod was deleted, nothing left billing
 
 
+def test_a_parked_runpod_pod_is_priced_with_its_disks(rig: Rig, hosts: SimHostBackend) -> None:
+    """RunPod bills the container disk and the volume disk per second while a pod runs
+    ($0.10/GB/month each, docs.runpod.io/pods/pricing): a pod kept warm costs its GPUs
+    plus its disks an hour, and so does the rental recorded for the job."""
+    from decimal import Decimal
+
+    from orchestrator.records.store import to_micros
+
+    with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
+                        hosts=hosts) as emu:
+        path = rig.job_file("qlora")
+        path.write_text(path.read_text().replace("providers: [sim]", "providers: [runpod]")
+                        + "  keep_warm: 10m\n")
+        job = drive(rig, {"runpod": hosts.serving(runpod(emu))}, rig.queue(path))
+        assert job.status == "succeeded", job.failure_reason
+        (post,) = [c.body for c in emu.calls("POST", "/v2/pods")]
+        gb = post["disk"] + post["mounts"]["persistent"]["size"]
+        (pod_id,) = emu.pod_ids
+        gpus = Decimal(str(emu.pod(pod_id)["cost"]))  # the GPUs alone, as RunPod reports
+        hourly = to_micros((gpus + gb * Decimal("0.10") / 720).quantize(Decimal("1e-6")))
+        (row,) = rig.store.instances_of(job.id)
+        (warm,) = rig.store.warm_instances()
+        assert abs(row.price_per_hour_micros - hourly) <= 1
+        assert warm.price_per_hour_micros == row.price_per_hour_micros > to_micros(gpus)
+
+
 def test_runpod_402_stops(rig: Rig, hosts: SimHostBackend) -> None:
     with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_GPUS)),
                         hosts=hosts) as emu:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from emulators.runpod import RunPodEmulator
@@ -22,6 +22,7 @@ from providers.base import (
     TransientError,
     tag_for,
 )
+from providers.runpod.answers import Pod
 from providers.runpod.compute import RunPod, canonical_gpu
 
 KEY = "rp-secret-KEY-0123456789abcdef"
@@ -63,6 +64,13 @@ def adapter(emu: RunPodEmulator, key: str = KEY, attempts: int = 4) -> RunPod:
 def rp(emu: RunPodEmulator) -> Iterator[RunPod]:
     with adapter(emu) as provider:
         yield provider
+
+
+def with_disks(gpus: str, container_gb: int = 50, volume_gb: int = 100) -> Decimal:
+    """`gpus` $/h plus the pod's container disk and volume disk while it runs, at RunPod's
+    published $0.10/GB/month for each (docs.runpod.io/pods/pricing), a month of 720 h."""
+    disks = (container_gb + volume_gb) * Decimal("0.10") / 720
+    return (Decimal(gpus) + disks).quantize(Decimal("0.000001"), ROUND_HALF_UP)
 
 
 def req(count: int = 1, memory_gib: int = 20, **kw: object) -> Requirements:
@@ -113,13 +121,16 @@ def test_offers_mapping_filtering_and_price(rp: RunPod, emu: RunPodEmulator) -> 
                         ("A100 80GB", "secure"), ("A100 80GB", "community"),
                         ("H100 SXM", "secure")}
     o = got[("RTX 4090", "community")]
-    assert o.price_per_hour == Decimal("0.68") and isinstance(o.price_per_hour, Decimal)
-    assert got[("H100 SXM", "secure")].price_per_hour == Decimal("5.98")
+    assert o.price_per_hour == with_disks("0.68") and isinstance(o.price_per_hour, Decimal)
+    assert got[("H100 SXM", "secure")].price_per_hour == with_disks("5.98")
     assert o.provider == "runpod" and o.gpu_count == 2 and not o.interruptible
     assert o.billing.value == "per_second" and o.offer_id == "COMMUNITY|NVIDIA GeForce RTX 4090"
     assert [x.price_per_hour for x in offers] == sorted(x.price_per_hour for x in offers)  # type: ignore[type-var]
-    (call,) = emu.calls("GET", "/v2/catalog/gpus")
-    assert call.query == {"include": ["AVAILABILITY"], "product": ["POD"]}
+    # Availability is asked per cloud and per GPU count (openapi listGpuTypes: `cloud`,
+    # `count`; without them it is SECURE and 1 GPU).
+    assert [c.query for c in emu.calls("GET", "/v2/catalog/gpus")] == [
+        {"include": ["AVAILABILITY"], "product": ["POD"], "cloud": [cloud], "count": ["2"]}
+        for cloud in ("SECURE", "COMMUNITY")]
 
 
 def test_offers_respect_max_count_memory_gpus_price_and_spot(rp: RunPod) -> None:
@@ -127,8 +138,44 @@ def test_offers_respect_max_count_memory_gpus_price_and_spot(rp: RunPod) -> None
     assert ("RTX 4090", "community") not in four and ("RTX 4090", "secure") in four
     assert {o.gpu for o in rp.offers(req(1, memory_gib=40))} == {"A100 80GB", "H100 SXM"}
     only = rp.offers(req(1, gpus=frozenset({"A100 80GB"}), max_price_per_hour=Decimal("1.5")))
-    assert [(o.gpu, o.price_per_hour) for o in only] == [("A100 80GB", Decimal("1.19"))]
+    assert [(o.gpu, o.price_per_hour) for o in only] == [("A100 80GB", with_disks("1.19"))]
     assert rp.offers(req(1, interruptible=True)) == []
+
+
+def test_availability_is_per_cloud_and_count_and_max_count_is_no_stock(
+        rp: RunPod, emu: RunPodEmulator) -> None:
+    """`maxCount` is the largest machine's GPU count, not stock (openapi GpuType.maxCount):
+    what can be created now is `availability` asked with `cloud` and `count`. A create past
+    what that cloud can place is RunPod's 400 "no capacity"."""
+    a100 = frozenset({"A100 80GB"})
+    seen = next(o for o in rp.offers(req(2, gpus=a100)) if o.region == "secure")
+    # The A100s: machines of 8 in both clouds, but only one GPU free in SECURE now.
+    emu.gpus[1]["_stock"] = {"secure": 1, "community": 8}
+    assert {o.region for o in rp.offers(req(2, gpus=a100))} == {"community"}
+    assert {o.region for o in rp.offers(req(1, gpus=a100))} == {"secure", "community"}
+    assert emu.calls("GET", "/v2/catalog/gpus")[-1].query["count"] == ["1"]
+    # The offer seen while there was room: its create is refused now.
+    with pytest.raises(CapacityError, match="no longer any instances"):
+        rp.create(seen, PUBKEY, "too-many")
+    assert emu.pod_ids == []
+
+
+def test_catalog_query_is_checked_as_the_v2_api_checks_it(emu: RunPodEmulator) -> None:
+    import httpx
+
+    def status(**params: str) -> int:
+        return httpx.get(emu.url + "/catalog/gpus", params=params,
+                         headers={"Authorization": f"Bearer {KEY}"}).status_code
+
+    assert status() == 200
+    assert status(include="AVAILABILITY", product="POD", cloud="COMMUNITY", count="4") == 200
+    assert status(include="AVAILABILITY") == 400  # product is required with it
+    assert status(count="2") == 400  # count, cloud, product: only with include=AVAILABILITY
+    assert status(cloud="SECURE") == 400
+    assert status(include="AVAILABILITY", product="POD", cloud="ALL") == 422
+    assert status(include="AVAILABILITY", product="POD", count="0") == 422
+    assert status(include="AVAILABILITY", product="POD", minCudaVersion="12.8",
+                  cudaVersions="12.8") == 400
 
 
 # -- lifecycle ----------------------------------------------------------------------------
@@ -137,7 +184,9 @@ def test_create_sends_tag_and_key_then_runs_with_ssh(rp: RunPod, emu: RunPodEmul
     offer = first_offer(rp)
     inst = rp.create(offer, PUBKEY, "job42", image="img:1", disk_gb=50)
     assert inst.state is InstanceState.PROVISIONING and inst.label == tag_for("job42")
-    assert inst.job_id == "job42" and inst.price_per_hour == Decimal("0.69")
+    # The pod's `cost` is its GPUs' price (openapi Pod example: 0.44 for one RTX 4090 in
+    # SECURE, the catalog's price.secure); its 50 GB container disk and 50 GB volume add.
+    assert inst.job_id == "job42" and inst.price_per_hour == with_disks("0.69", 50, 50)
     (post,) = emu.calls("POST", "/v2/pods")
     # The volume goes to /workspace/data: RunPod's default /workspace would hide the
     # image's /workspace/axolotl and /workspace/axolotl-venv.
@@ -176,7 +225,7 @@ def test_default_image_starts_sshd_and_ssh_is_read_from_v2(rp: RunPod,
     assert pod["ssh"]["proxy"]["host"] == "ssh.runpod.io"  # not for orch: no SFTP, no exec
     # The same pod as a RunPod that reports only `runtime.ports` still gives the endpoint.
     pod["ssh"]["direct"] = None
-    inst2 = rp._instance(pod)
+    inst2 = rp._instance(Pod.model_validate(pod))
     assert (inst2.ssh_host, inst2.ssh_port, inst2.ssh_user) == ("203.0.113.9", 40100, "root")
 
 
@@ -227,7 +276,9 @@ def test_states_exited_error_and_missing(rp: RunPod, emu: RunPodEmulator) -> Non
     emu.exit_pod(inst.instance_id)
     exited = rp.get(inst.instance_id)
     assert exited.state is InstanceState.INTERRUPTED and exited.raw_status == "EXITED"
-    assert exited.price_per_hour == Decimal("0") and exited.ssh_host is None
+    # An EXITED pod's GPUs cost 0; its 100 GB volume disk bills $0.20/GB/month stopped.
+    stopped = (100 * Decimal("0.20") / 720).quantize(Decimal("0.000001"), ROUND_HALF_UP)
+    assert exited.price_per_hour == stopped and exited.ssh_host is None
     emu.set_status(inst.instance_id, "ERROR")
     assert rp.get(inst.instance_id).state is InstanceState.FAILED
     emu.set_status(inst.instance_id, "TERMINATED")
@@ -310,7 +361,7 @@ def test_429_honours_retry_after(rp: RunPod, emu: RunPodEmulator) -> None:
     started = time.monotonic()
     assert rp.offers(req())
     elapsed = time.monotonic() - started
-    assert [r.status for r in emu.calls("GET", "/v2/catalog/gpus")] == [429, 429, 200]
+    assert [r.status for r in emu.calls("GET", "/v2/catalog/gpus")] == [429, 429, 200, 200]
     assert elapsed >= 0.55  # two 0.3 s waits, not the 0.01 s backoff
 
 

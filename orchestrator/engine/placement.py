@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     total_tokens,
     workload_from,
 )
-from orchestrator.engine import recovery
+from orchestrator.engine import market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -37,6 +37,7 @@ from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
 from providers import catalog
+from providers.answers import merge
 from providers.base import (
     AuthError,
     BalanceError,
@@ -50,6 +51,7 @@ from providers.base import (
     Provider,
     ProviderError,
     QuotaError,
+    ReportsRejected,
     ReportsSkipped,
     Simulated,
     TransientError,
@@ -218,34 +220,44 @@ class Placement:
                    notes: list[str], unavailable: list[str]) -> tuple[list[Offer], float | None]:
         """`provider`'s offers for every GPU count the job allows, and the Retry-After it
         asked for (None: none); problems go to `notes` (a verdict) or `unavailable` (an
-        outage), GPUs orch does not plan to `notes` by name."""
+        outage), GPUs orch does not plan to `notes` by name. An answer orch cannot use
+        (`BadAnswer`), or no offer beside invalid rows (one of which might have fitted), is
+        an outage: what the provider really offers is unknown, so the job waits."""
         offers: list[Offer] = []
         skipped: dict[str, int] = {}
+        rejected: dict[str, int] = {}
         answered, wait = True, None
         for req in requirements(constraints, self.ledger.disk_gb,
                                 images.min_cuda(self.inputs.loaded.spec.trainer.image)):
             try:
                 offers += provider.offers(req)
                 if isinstance(provider, ReportsSkipped):
-                    for gpu_name, n in provider.skipped.items():
-                        skipped[gpu_name] = skipped.get(gpu_name, 0) + n
+                    merge(skipped, provider.skipped)
+                if isinstance(provider, ReportsRejected):
+                    merge(rejected, provider.rejected)
             except (AuthError, BalanceError, QuotaError) as exc:
                 notes.append(f"{name}: {exc}")
                 break
             except TransientError as exc:  # after the adapter's retries: an outage
                 unavailable.append(f"{name}: provider unavailable ({exc})")
                 wait = exc.retry_after
-                recovery.OUTAGES.mark(provider, max(self.state.opts.backoff_s,
-                                                    exc.retry_after or 0.0))
                 answered = False
                 break
             except ProviderError as exc:
                 notes.append(f"{name}: offers unavailable ({exc})")
                 break
+        if rejected and not offers and answered:
+            unavailable.append(f"{name}: provider unavailable (no usable offer; "
+                               f"{market.rejected_note(name, rejected)})")
+            answered = False
+        elif rejected:
+            notes.append(market.rejected_note(name, rejected))
         if answered:
             recovery.OUTAGES.clear(provider)
+        else:
+            recovery.OUTAGES.mark(provider, max(self.state.opts.backoff_s, wait or 0.0))
         if skipped:
-            notes.append(catalog.skipped_note(name, skipped))
+            notes.append(catalog.skipped_note(name, market.safe_names(skipped)))
         return offers, wait
 
     def check_before_renting(self) -> None:

@@ -1,18 +1,21 @@
 """RunPod's REST v2 API, raw: the endpoints orch calls and the typed error for each answer.
 
-Each method is one request returning RunPod's JSON as it comes (`compute.py` maps it to
-offers and instances, and decides what to retry). Errors are RFC 9457 problem documents
-`{title, status, detail, errors?}`, mapped by status in `error_for`. Shapes:
-`shared/reference/provider-apis.md` ("RunPod REST v2").
+Each method is one request returning RunPod's answer checked against its model in
+`answers.py` (a BadAnswer naming the field when it is not what the API documents);
+`compute.py` maps it to offers and instances, and decides what to retry. Errors are
+RFC 9457 problem documents `{title, status, detail, errors?}`, mapped by status in
+`error_for`. Shapes: `shared/reference/provider-apis.md` ("RunPod REST v2").
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+from pydantic import BaseModel, ValidationError
 
+from providers.answers import clean, parse
 from providers.apiclient import ApiClient
 from providers.base import (
     AuthError,
@@ -23,8 +26,10 @@ from providers.base import (
     TransientError,
 )
 from providers.http import retry_after
+from providers.runpod.answers import Catalog, Pod, Pods, Problem
 
 DEFAULT_BASE_URL = "https://api.runpod.io/v2"
+M = TypeVar("M", bound=BaseModel)
 
 
 class RateLimited(TransientError):
@@ -51,34 +56,31 @@ class RunPodApi(ApiClient):
     label = "RunPod"
     key_env = "RUNPOD_API_KEY"
 
-    def _json(self, method: str, path: str, *, what: str, **kwargs: Any) -> Any:
+    def _answer(self, model: type[M], method: str, path: str, *, what: str,
+                **kwargs: Any) -> M:
         response = self.send(method, path, what=what, **kwargs)
-        if method == "DELETE":
-            return None  # 204, no body
-        try:
-            return response.json()
-        except ValueError:
-            raise ProviderError(f"RunPod {what.split()[0]}: response is not JSON") from None
+        return parse(model, response.content, f"RunPod {what}")
 
-    def gpus(self, params: dict[str, str]) -> Any:
+    def gpus(self, params: dict[str, str]) -> Catalog:
         """GET /catalog/gpus: GPU types with prices and availability (`{"gpus": [...]}`)."""
-        return self._json("GET", "/catalog/gpus", what="offers", params=params)
+        return self._answer(Catalog, "GET", "/catalog/gpus", what="offers", params=params)
 
-    def create_pod(self, name: str, body: dict[str, Any]) -> Any:
+    def create_pod(self, name: str, body: dict[str, Any]) -> Pod:
         """POST /pods (201, a Pod in PROVISIONING)."""
-        return self._json("POST", "/pods", what=f"create {name}", json=body)
+        return self._answer(Pod, "POST", "/pods", what=f"create {name}", json=body)
 
-    def pod(self, instance_id: str) -> Any:
+    def pod(self, instance_id: str) -> Pod:
         """GET /pods/{id}."""
-        return self._json("GET", f"/pods/{segment(instance_id)}", what=f"get {instance_id}")
+        return self._answer(Pod, "GET", f"/pods/{segment(instance_id)}",
+                            what=f"get {instance_id}")
 
-    def pods(self) -> Any:
+    def pods(self) -> Pods:
         """GET /pods (`{"pods": [...]}`)."""
-        return self._json("GET", "/pods", what="list")
+        return self._answer(Pods, "GET", "/pods", what="list")
 
     def delete_pod(self, instance_id: str) -> None:
-        """DELETE /pods/{id} (204)."""
-        self._json("DELETE", f"/pods/{segment(instance_id)}", what=f"terminate {instance_id}")
+        """DELETE /pods/{id} (204, no body)."""
+        self.send("DELETE", f"/pods/{segment(instance_id)}", what=f"terminate {instance_id}")
 
     def error_for(self, response: httpx.Response, what: str) -> ProviderError:
         """The typed error the engine acts on for a non-2xx RFC 9457 answer.
@@ -116,24 +118,21 @@ class RunPodApi(ApiClient):
         return ProviderError(message)  # 400 outside create, 409, 422 validation, ...
 
     def _problem(self, response: httpx.Response, what: str) -> str:
-        """`RunPod <what>: <status> <title>: <detail> [errors]`, scrubbed of the key."""
-        title = detail = ""
-        errors: Any = None
+        """`RunPod <what>: <status> <title>: <detail> [errors]`, scrubbed of the key and of
+        control characters."""
+        text = self.redact(response.text)  # before any cut, so no part of the key is left
         try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if isinstance(body, dict):
-            title = str(body.get("title") or "")
-            detail = str(body.get("detail") or "")
-            errors = body.get("errors")
-        else:
-            detail = response.text[:200].strip()
-        text = f"RunPod {what}: HTTP {response.status_code}"
+            body = Problem.model_validate_json(text)
+            title, detail = body.title or "", body.detail or ""
+            errors = "; ".join(f"{e.field}: {e.message}" if e.field else (e.message or "")
+                               for e in body.errors or [] if e is not None)
+        except ValidationError:  # not a problem document: its text, made safe
+            title, detail, errors = "", clean(text, 200), ""
+        out = f"RunPod {what}: HTTP {response.status_code}"
         if title:
-            text += f" {title}"
+            out += f" {title}"
         if detail:
-            text += f": {detail}"
+            out += f": {detail}"
         if errors:
-            text += f" {errors}"
-        return self.redact(text)
+            out += f" [{errors}]"
+        return out

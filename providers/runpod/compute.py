@@ -2,12 +2,24 @@
 
 Shapes follow ../shared/reference/provider-apis.md ("RunPod REST v2"):
 
-* offers    `GET /catalog/gpus?include=AVAILABILITY&product=POD`
+* offers    `GET /catalog/gpus?include=AVAILABILITY&product=POD&cloud=C&count=N`, once per
+            cloud: availability is scoped to that cloud and GPU count (`maxCount` is only
+            the largest machine's GPU count, a ceiling, not stock)
 * create    `POST /pods` (201, a Pod in `PROVISIONING`)
 * get/list  `GET /pods/{id}` / `GET /pods` -> `{pods: [...]}`
 * terminate `DELETE /pods/{id}` (204; 404 = already gone = success)
 
 RunPod withdrew spot pods in 2026, so every offer is on-demand (`interruptible=False`).
+
+Prices: an offer is the GPUs' list price × count plus the pod's container disk and volume
+disk while running, at RunPod's published storage prices (`storage.yaml`, with its source);
+a pod's hourly price is its `cost` (the GPUs) plus the same storage, so a parked warm pod's
+idle cost counts its disks too. The v2 catalog has no host RAM or vCPU figure for a GPU
+type (openapi `GpuType`), so RunPod offers leave `ram_bytes` and `vcpu` unknown.
+
+Every answer is checked against its model in `answers.py` before anything here reads it:
+an answer of the wrong shape is a BadAnswer, a GPU row that breaks it is left out and
+counted in `rejected` (`providers.base.ReportsRejected`).
 
 SSH key delivery: the public key goes into the pod's `env` as `PUBLIC_KEY` and the pod is
 created with `startSsh: true` (which injects the account's keys only when the request sets no
@@ -32,13 +44,14 @@ from __future__ import annotations
 
 import builtins
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import Any
 
 import httpx
 
 from providers import catalog
+from providers.answers import merge, rows
 from providers.apiclient import ApiProvider
 from providers.base import (
     Billing,
@@ -54,6 +67,7 @@ from providers.base import (
     tag_for,
 )
 from providers.http import DEADLINE_S, MAX_ATTEMPTS
+from providers.runpod import answers
 from providers.runpod.api_client import DEFAULT_BASE_URL, RateLimited, RunPodApi
 
 # The trainer's cloud image (axolotl v0.18.0, uv build): its entrypoint starts sshd from
@@ -68,6 +82,7 @@ MIN_VOLUME_GB = 10  # PersistentMount.size minimum (api-reference-v2/openapi.jso
 CONTAINER_DISK_GB = 50
 CLOUDS = ("SECURE", "COMMUNITY")
 _GIB = 1024**3
+_PRICE_QUANTUM = Decimal("0.000001")
 
 # RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
 # RunPod GPU id (the name nvidia-smi prints on the pod) → canonical name, from gpus.yaml's
@@ -107,13 +122,31 @@ def canonical_gpu(gpu_id: str | None, name: str | None = None) -> str | None:
     return None
 
 
-def _decimal(value: Any) -> Decimal | None:
-    if value is None or isinstance(value, bool):
+def volume_gb(disk_gb: int) -> int:
+    """The volume disk a pod for a job of `disk_gb` gets (RunPod's minimum is 10 GB)."""
+    return max(MIN_VOLUME_GB, int(disk_gb))
+
+
+def storage_per_hour(container_gb: int, volume: int) -> Decimal:
+    """$/h of a running pod's container disk and volume disk (storage.yaml)."""
+    return answers.storage_prices().running_per_hour(container_gb, volume)
+
+
+def pod_price(pod: answers.Pod) -> Decimal | None:
+    """The pod's hourly price: its `cost` (the GPUs; 0 once EXITED) plus its disks, at
+    RunPod's storage prices for its state; None when the pod reports no valid cost."""
+    if pod.cost is None:
         return None
-    try:
-        return Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
+    prices = answers.storage_prices()
+    volume = (pod.mounts.persistent.size if pod.mounts and pod.mounts.persistent else 0) or 0
+    status = (pod.status or "").upper()
+    if status == "TERMINATED":
+        storage = Decimal(0)
+    elif status == "EXITED":
+        storage = prices.stopped_per_hour(volume)
+    else:
+        storage = prices.running_per_hour(pod.disk or 0, volume)
+    return (pod.cost + storage).quantize(_PRICE_QUANTUM, rounding=ROUND_HALF_UP)
 
 
 class RunPod(ApiProvider[RunPodApi], ContainerRental):
@@ -134,68 +167,75 @@ class RunPod(ApiProvider[RunPodApi], ContainerRental):
         self.default_image = default_image
         self.boot_minutes = boot_minutes
         self._min_cuda: dict[str, str] = {}  # offer id -> the CUDA its search asked for
-        # GPU ids the last `offers()` left out as not planned (ReportsSkipped): id -> 1.
+        # GPU ids the last `offers()` left out as not planned (ReportsSkipped): id -> 1;
+        # rows it left out as invalid, by field and problem (ReportsRejected).
         self.skipped: dict[str, int] = {}
+        self.rejected: dict[str, int] = {}
 
     # -- Provider protocol --------------------------------------------------------------
 
     def offers(self, req: Requirements) -> builtins.list[Offer]:
-        """Secure and community offers with capacity for `req.gpu_count` GPUs, live prices.
+        """Secure and community offers that can be created now for `req.gpu_count` GPUs.
 
-        Price = the per-GPU price of that cloud × count (whole machine, per hour). GPUs whose
-        name we cannot map to a canonical model are left out (the scheduler cannot size them).
+        The catalog is asked once per cloud with that cloud and count, so `availability`
+        says whether such a pod can be created there. Price = the cloud's per-GPU price ×
+        count + the pod's disks while running (whole machine, per hour). GPUs whose name we
+        cannot map to a canonical model are left out (the scheduler cannot size them).
         RunPod publishes no reliability figure; `req.min_reliability` is not applied here.
         """
+        self.skipped, self.rejected = {}, {}
         if req.interruptible is True:
             return []  # spot withdrawn: RunPod has no interruptible pods
-        params = {"include": "AVAILABILITY", "product": "POD"}
-        if req.min_cuda is not None:
-            # Availability counts only machines whose driver supports the image's CUDA.
-            params["minCudaVersion"] = req.min_cuda
-        body = self._api.retrying(partial(self._api.gpus, params))
-        rows = body.get("gpus", []) if isinstance(body, dict) else []
-        specs = catalog.gpus()
         found: list[Offer] = []
-        self.skipped = {}
-        for row in rows:
-            if not isinstance(row, dict) or row.get("availability", "NONE") == "NONE":
-                continue
-            gpu = canonical_gpu(row.get("id"), row.get("name"))
-            if gpu is None:
-                self.skipped[str(row.get("id"))] = 1
-                continue
-            if req.gpus is not None and gpu not in req.gpus:
-                continue
-            spec = specs.get(gpu)
-            memory = spec.memory_bytes if spec else int(row.get("memory") or 0) * _GIB
-            if memory < req.min_gpu_memory_bytes:
-                continue
-            prices = row.get("price") or {}
-            counts = row.get("maxCount") or {}
-            for cloud in CLOUDS:
-                key = cloud.lower()
-                per_gpu = _decimal(prices.get(key))
-                if row.get(key) is False or per_gpu is None:
-                    continue
-                if int(counts.get(key) or 0) < req.gpu_count:
-                    continue
-                price = per_gpu * req.gpu_count
-                if req.max_price_per_hour is not None and price > req.max_price_per_hour:
-                    continue
-                # The create asks for the same CUDA floor (gpu.minCudaVersion), so the pod
-                # lands on such a machine or fails as "no capacity" (the next offer is tried).
-                if req.min_cuda is not None:
-                    self._min_cuda[f"{cloud}|{row['id']}"] = req.min_cuda
-                else:
-                    self._min_cuda.pop(f"{cloud}|{row['id']}", None)
-                found.append(Offer(
-                    provider=self.name, offer_id=f"{cloud}|{row['id']}", gpu=gpu,
-                    gpu_count=req.gpu_count, gpu_memory_bytes=memory, billing=self.billing,
-                    interruptible=False, price_per_hour=price,
-                    disk_bytes=req.disk_gb * 1000**3, region=cloud.lower(),
-                    boot_minutes=self.boot_minutes,
-                ))
+        for cloud in CLOUDS:
+            params = {"include": "AVAILABILITY", "product": "POD", "cloud": cloud,
+                      "count": str(req.gpu_count)}
+            if req.min_cuda is not None:
+                # Availability counts only machines whose driver supports the image's CUDA.
+                params["minCudaVersion"] = req.min_cuda
+            answer = self._api.retrying(partial(self._api.gpus, params))
+            valid, bad = rows(answers.GpuType, answer.gpus)
+            merge(self.rejected, bad)
+            found += [o for row in valid if (o := self._offer(row, cloud, req)) is not None]
         return sorted(found, key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
+
+    def _offer(self, row: answers.GpuType, cloud: str, req: Requirements) -> Offer | None:
+        """`row` as an offer in `cloud` for `req`, or None when it cannot serve it."""
+        if row.availability in (None, "NONE"):
+            return None
+        gpu = canonical_gpu(row.id, row.name)
+        if gpu is None:
+            self.skipped[row.id] = 1
+            return None
+        if req.gpus is not None and gpu not in req.gpus:
+            return None
+        spec = catalog.gpus().get(gpu)
+        memory = spec.memory_bytes if spec else (row.memory or 0) * _GIB
+        if memory < req.min_gpu_memory_bytes:
+            return None
+        key = cloud.lower()
+        per_gpu: Decimal | None = getattr(row.price, key)
+        ceiling: int | None = getattr(row.max_count, key)
+        if getattr(row, key) is False or per_gpu is None or (ceiling or 0) < req.gpu_count:
+            return None
+        price = (per_gpu * req.gpu_count
+                 + storage_per_hour(CONTAINER_DISK_GB, volume_gb(req.disk_gb))).quantize(
+                     _PRICE_QUANTUM, rounding=ROUND_HALF_UP)
+        if req.max_price_per_hour is not None and price > req.max_price_per_hour:
+            return None
+        offer_id = f"{cloud}|{row.id}"
+        # The create asks for the same CUDA floor (gpu.minCudaVersion), so the pod lands
+        # on such a machine or fails as "no capacity" (the next offer is tried).
+        if req.min_cuda is not None:
+            self._min_cuda[offer_id] = req.min_cuda
+        else:
+            self._min_cuda.pop(offer_id, None)
+        return Offer(
+            provider=self.name, offer_id=offer_id, gpu=gpu, gpu_count=req.gpu_count,
+            gpu_memory_bytes=memory, billing=self.billing, interruptible=False,
+            price_per_hour=price, disk_bytes=req.disk_gb * 1000**3, region=key,
+            boot_minutes=self.boot_minutes,
+        )
 
     def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
                disk_gb: int = 100) -> Instance:
@@ -216,8 +256,7 @@ class RunPod(ApiProvider[RunPodApi], ContainerRental):
             "gpu": gpu, "cloud": cloud,
             "disk": CONTAINER_DISK_GB, "ports": ["22/tcp"],
             "env": {"PUBLIC_KEY": ssh_public_key.strip()}, "startSsh": True,
-            "mounts": {"persistent": {"size": max(MIN_VOLUME_GB, int(disk_gb)),
-                                      "path": VOLUME_PATH}},
+            "mounts": {"persistent": {"size": volume_gb(disk_gb), "path": VOLUME_PATH}},
         }
         sent = [False]  # a POST went out whose outcome we did not see
 
@@ -237,18 +276,13 @@ class RunPod(ApiProvider[RunPodApi], ContainerRental):
             except ProviderError:
                 sent[0] = False
                 raise
-            if not isinstance(pod, dict) or not pod.get("id"):
-                raise ProviderError("RunPod create: response has no pod id")
             return self._instance(pod)
 
         return self._api.retrying(attempt)
 
     def get(self, instance_id: str) -> Instance:
         """The pod's state; NotFound when RunPod no longer knows it."""
-        pod = self._api.retrying(partial(self._api.pod, instance_id))
-        if not isinstance(pod, dict):
-            raise ProviderError("RunPod get: response is not a pod")
-        return self._instance(pod)
+        return self._instance(self._api.retrying(partial(self._api.pod, instance_id)))
 
     def list(self, job_id: str | None = None) -> builtins.list[Instance]:
         """Pods whose name carries orch's tag (for `job_id`, or all of orch's)."""
@@ -265,41 +299,40 @@ class RunPod(ApiProvider[RunPodApi], ContainerRental):
     # -- helpers ------------------------------------------------------------------------
 
     def _list_once(self) -> builtins.list[Instance]:
-        body = self._api.pods()
-        pods = body.get("pods", []) if isinstance(body, dict) else []
-        return [self._instance(p) for p in pods
-                if isinstance(p, dict) and job_of(p.get("name")) is not None]
+        """orch's pods; a pod without a valid id is left out (nothing can be done by id)."""
+        valid, _bad = rows(answers.Pod, self._api.pods().pods)
+        return [self._instance(p) for p in valid if job_of(p.name) is not None]
 
-    def _instance(self, pod: dict[str, Any]) -> Instance:
-        raw = str(pod.get("status") or "")
-        gpu = pod.get("gpu") or {}
-        ssh = _direct_ssh(pod)
-        port = ssh.get("port")
+    def _instance(self, pod: answers.Pod) -> Instance:
+        raw = pod.status or ""
+        gpu = pod.gpu or answers.PodGpu()
+        host, port, user = _direct_ssh(pod)
         return Instance(
             provider=self.name,
-            instance_id=str(pod["id"]),
+            instance_id=pod.id,
             state=STATES.get(raw.upper(), InstanceState.UNKNOWN),
-            label=pod.get("name"),
-            gpu=canonical_gpu(gpu.get("id"), gpu.get("displayName")),
-            gpu_count=int(gpu.get("count") or 0),
+            label=pod.name,
+            gpu=canonical_gpu(gpu.id, gpu.display_name),
+            gpu_count=gpu.count or 0,
             interruptible=False,
-            price_per_hour=_decimal(pod.get("cost")),
-            ssh_host=ssh.get("host") or None,
-            ssh_port=int(port) if port else None,
-            ssh_user=ssh.get("username") or "root",
+            price_per_hour=pod_price(pod),
+            ssh_host=host,
+            ssh_port=port,
+            ssh_user=user,
             raw_status=raw,
-            message=self._api.redact(str(pod.get("message") or "")),
+            message=self._api.redact(pod.message or ""),
         )
 
 
-def _direct_ssh(pod: dict[str, Any]) -> dict[str, Any]:
-    """`ssh.direct` {host, port, username}; else the public mapping of 22/tcp in
-    `runtime.ports` (user root); {} while neither is there. Never `ssh.proxy`."""
-    direct = (pod.get("ssh") or {}).get("direct")
-    if isinstance(direct, dict) and direct.get("host") and direct.get("port"):
-        return direct
-    for port in ((pod.get("runtime") or {}).get("ports") or []):
-        if (isinstance(port, dict) and port.get("private") == 22 and port.get("type") == "tcp"
-                and port.get("ip") and port.get("public")):
-            return {"host": port["ip"], "port": port["public"], "username": "root"}
-    return {}
+def _direct_ssh(pod: answers.Pod) -> tuple[str | None, int | None, str]:
+    """(host, port, user) of `ssh.direct`; else the public mapping of 22/tcp in
+    `runtime.ports` (user root); (None, None, "root") while neither is there. Never
+    `ssh.proxy`."""
+    direct = pod.ssh.direct if pod.ssh else None
+    if direct is not None:
+        return direct.host, direct.port, direct.username or "root"
+    for port in (pod.runtime.ports if pod.runtime else None) or []:
+        if (port is not None and port.private == 22 and port.type == "tcp" and port.ip
+                and port.public):
+            return port.ip, port.public, "root"
+    return None, None, "root"

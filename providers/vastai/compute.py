@@ -24,6 +24,11 @@ The image's environment is not visible to SSH sessions on Vast (the SSH runtypes
 image's ENTRYPOINT; sessions start from sshd's defaults): the onstart script persists it
 with `env >> /etc/environment`, which logins read (pam_env), as Vast's own images do.
 
+Every answer is checked against its model in `answers.py` before anything here reads it
+(finite, non-negative, bounded numbers; names without control characters): an answer of
+the wrong shape is a BadAnswer, an offer row that breaks it is left out and counted in
+`rejected` (`providers.base.ReportsRejected`).
+
 The requests and the typed error for each answer are `api_client.VastApi`'s; every call
 goes through its retry policy (`providers.http.with_retries`, TransientError only). The API
 key is sent only in the `Authorization: Bearer` header; it is never logged, put in a URL,
@@ -49,13 +54,14 @@ State mapping (`actual_status` / `intended_status` / `cur_state` / `next_state`)
 from __future__ import annotations
 
 import shlex
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal
 from functools import partial
 from typing import Any
 
 import httpx
 
 from providers import catalog
+from providers.answers import check, merge, rows
 from providers.apiclient import ApiProvider
 from providers.base import (
     Billing,
@@ -73,6 +79,7 @@ from providers.base import (
 )
 from providers.credentials import api_key as credential
 from providers.http import DEADLINE_S, MAX_ATTEMPTS
+from providers.vastai import answers
 from providers.vastai.api_client import DEFAULT_BASE_URL, VastApi
 
 # The trainer image (axolotl v0.18.0, uv build; real-hosts.md §1). Callers normally pass the
@@ -107,31 +114,21 @@ def canonical_gpu(vast_name: str | None, gpu_ram_mb: float | int | None) -> str 
     return max(hits)[1] if hits else None
 
 
-def dec(value: Any) -> Decimal | None:
-    """A JSON number as Decimal via its text (never float arithmetic); None when absent."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
-
-
-def hourly_price(offer: dict[str, Any], disk_gb: int, interruptible: bool) -> Decimal | None:
+def hourly_price(offer: answers.Offer, disk_gb: int, interruptible: bool) -> Decimal | None:
     """Machine price per hour: `dph_base` (or `min_bid` for spot) + disk × storage_cost/30/24."""
-    base = dec(offer.get("min_bid") if interruptible else offer.get("dph_base"))
+    base = offer.min_bid if interruptible else offer.dph_base
     if base is None:
         return None
-    storage = dec(offer.get("storage_cost")) or Decimal(0)
+    storage = offer.storage_cost or Decimal(0)
     price = base + Decimal(disk_gb) * storage / _VAST_STORAGE_MONTH_HOURS
     return price.quantize(_PRICE_QUANTUM, rounding=ROUND_HALF_UP)
 
 
-def map_state(inst: dict[str, Any]) -> InstanceState:
+def map_state(inst: answers.Instance) -> InstanceState:
     """Vast's status fields → InstanceState (see the module docstring)."""
-    actual = inst.get("actual_status")
-    cur, intended, nxt = inst.get("cur_state"), inst.get("intended_status"), inst.get("next_state")
-    if inst.get("is_bid") and cur == intended == nxt == "stopped":
+    actual = inst.actual_status
+    cur, intended, nxt = inst.cur_state, inst.intended_status, inst.next_state
+    if inst.is_bid and cur == intended == nxt == "stopped":
         return InstanceState.INTERRUPTED
     if actual in ("stopped", "frozen"):
         return InstanceState.INTERRUPTED
@@ -144,22 +141,13 @@ def map_state(inst: dict[str, Any]) -> InstanceState:
     return InstanceState.UNKNOWN
 
 
-def _ssh_endpoint(inst: dict[str, Any]) -> tuple[str | None, int | None]:
+def _ssh_endpoint(inst: answers.Instance) -> tuple[str | None, int | None]:
     """Direct SSH (public_ipaddr + ports["22/tcp"][0].HostPort), else ssh_host/ssh_port."""
-    ports = inst.get("ports") or {}
-    mapped = ports.get("22/tcp") if isinstance(ports, dict) else None
-    ip = inst.get("public_ipaddr")
-    if ip and isinstance(mapped, list) and mapped:
-        try:
-            return str(ip).strip(), int(mapped[0]["HostPort"])
-        except (KeyError, TypeError, ValueError):
-            pass
-    host, port = inst.get("ssh_host"), inst.get("ssh_port")
-    if host and port:
-        try:
-            return str(host), int(port)
-        except (TypeError, ValueError):
-            pass
+    mapped = (inst.ports or {}).get("22/tcp")
+    if inst.public_ipaddr and mapped:
+        return inst.public_ipaddr, mapped[0].host_port
+    if inst.ssh_host and inst.ssh_port:
+        return inst.ssh_host, inst.ssh_port
     return None, None
 
 
@@ -205,8 +193,10 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         # (to recognise our own instance after a lost create response).
         self._bids: dict[str, Decimal] = {}
         self._machines: dict[str, str] = {}
-        # Offers the last `offers()` left out for a GPU orch does not plan (ReportsSkipped).
+        # Offers the last `offers()` left out for a GPU orch does not plan (ReportsSkipped),
+        # and rows it left out as invalid, by field and problem (ReportsRejected).
         self.skipped: dict[str, int] = {}
+        self.rejected: dict[str, int] = {}
 
     @classmethod
     def from_credentials(cls, **kwargs: Any) -> VastAI | None:
@@ -246,16 +236,21 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         return q
 
     def offers(self, req: Requirements) -> list[Offer]:
-        """Live offers for `req`: on-demand, bid (interruptible) or both, cheapest first."""
+        """Live offers for `req`: on-demand, bid (interruptible) or both, cheapest first.
+
+        Rows that break `answers.Offer` are left out and counted in `rejected`; an answer
+        that is not `{"offers": [...]}` raises BadAnswer.
+        """
         kinds = {True: [BID], False: [ON_DEMAND], None: [ON_DEMAND, BID]}[req.interruptible]
         found: list[Offer] = []
-        self.skipped = {}
+        self.skipped, self.rejected = {}, {}
         for kind in kinds:
-            doc = self._api.retrying(partial(self._api.search, self._query(req, kind)))
-            rows = doc.get("offers") if isinstance(doc, dict) else None
-            for row in rows or []:
-                if canonical_gpu(row.get("gpu_name"), row.get("gpu_ram")) is None:
-                    name = str(row.get("gpu_name") or "(no gpu_name)")
+            answer = self._api.retrying(partial(self._api.search, self._query(req, kind)))
+            valid, bad = rows(answers.Offer, answer.offers)
+            merge(self.rejected, bad)
+            for row in valid:
+                if canonical_gpu(row.gpu_name, row.gpu_ram) is None:
+                    name = row.gpu_name or "(no gpu_name)"
                     self.skipped[name] = self.skipped.get(name, 0) + 1
                     continue
                 offer = self._offer(row, req, interruptible=(kind == BID))
@@ -264,44 +259,38 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         found.sort(key=lambda o: (o.price_per_hour or Decimal(0), o.offer_id))
         return found
 
-    def _offer(self, row: dict[str, Any], req: Requirements, interruptible: bool) -> Offer | None:
-        gpu = canonical_gpu(row.get("gpu_name"), row.get("gpu_ram"))
+    def _offer(self, row: answers.Offer, req: Requirements,
+               interruptible: bool) -> Offer | None:
+        gpu = canonical_gpu(row.gpu_name, row.gpu_ram)
         if gpu is None or (req.gpus is not None and gpu not in req.gpus):
             return None
-        count = int(row.get("num_gpus") or 0)
-        mem = int(float(row.get("gpu_ram") or 0) * _MIB)
-        if count != req.gpu_count or mem < req.min_gpu_memory_bytes:
+        mem = int((row.gpu_ram or 0) * _MIB)
+        if row.num_gpus != req.gpu_count or mem < req.min_gpu_memory_bytes:
             return None
         price = hourly_price(row, req.disk_gb, interruptible)
         if price is None:
             return None
         if req.max_price_per_hour is not None and price > req.max_price_per_hour:
             return None
-        if req.min_cuda is not None and not cuda_at_least(row.get("cuda_max_good"), req.min_cuda):
+        if req.min_cuda is not None and (row.cuda_max_good is None or not cuda_at_least(
+                row.cuda_max_good, req.min_cuda)):
             return None
-        reliability = row.get("reliability2")
-        if req.min_reliability is not None and (reliability is None
-                                                or float(reliability) < req.min_reliability):
+        if req.min_reliability is not None and (row.reliability2 is None
+                                                or row.reliability2 < req.min_reliability):
             return None
-        offer_id = str(row["id"])
-        if row.get("machine_id") is not None:
-            self._machines[offer_id] = str(row["machine_id"])
-        if interruptible:
-            bid = dec(row.get("min_bid"))
-            if bid is not None:
-                self._bids[offer_id] = bid
-        cpu = row.get("cpu_cores_effective")
-        ram = row.get("cpu_ram")
-        disk = row.get("disk_space")
+        offer_id = str(row.id)
+        if row.machine_id is not None:
+            self._machines[offer_id] = str(row.machine_id)
+        if interruptible and row.min_bid is not None:
+            self._bids[offer_id] = row.min_bid
         return Offer(
-            provider=self.name, offer_id=offer_id, gpu=gpu, gpu_count=count,
+            provider=self.name, offer_id=offer_id, gpu=gpu, gpu_count=row.num_gpus,
             gpu_memory_bytes=mem, billing=self.billing, interruptible=interruptible,
             price_per_hour=price,
-            vcpu=int(float(cpu)) if cpu is not None else None,
-            ram_bytes=int(float(ram) * _MIB) if ram is not None else None,
-            disk_bytes=int(float(disk) * _GB) if disk is not None else None,
-            region=row.get("geolocation"),
-            reliability=float(reliability) if reliability is not None else None,
+            vcpu=int(row.cpu_cores_effective) if row.cpu_cores_effective is not None else None,
+            ram_bytes=int(row.cpu_ram * _MIB) if row.cpu_ram is not None else None,
+            disk_bytes=int(row.disk_space * _GB) if row.disk_space is not None else None,
+            region=row.geolocation, reliability=row.reliability2,
             boot_minutes=self.boot_minutes, pull_gbps=self.pull_gbps,
         )
 
@@ -341,7 +330,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         }
         tries = 0
 
-        def attempt() -> Any:
+        def attempt() -> Instance | answers.Outcome:
             nonlocal tries
             tries += 1
             if tries > 1:
@@ -357,12 +346,11 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
                                 f"({getattr(exc, 'code', '') or 'no_such_ask'})") from None
         if isinstance(doc, Instance):
             return doc
-        contract = doc.get("new_contract") if isinstance(doc, dict) else None
-        if not (isinstance(doc, dict) and doc.get("success")) or not contract:
+        contract = doc.new_contract
+        if not doc.success or not contract:
             if contract:  # created stopped: destroy it, or it bills storage forever
                 self.terminate(str(contract))
-            reason = self._api.redact(str((doc or {}).get("msg") or (doc or {}).get("error")
-                                      or "not started")) if isinstance(doc, dict) else "?"
+            reason = self._api.redact(doc.msg or doc.error or "not started")
             raise CapacityError(f"Vast.ai offer {offer.offer_id} could not be rented: {reason}")
         return Instance(
             provider=self.name, instance_id=str(contract), state=InstanceState.PROVISIONING,
@@ -375,52 +363,57 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         """A live instance labelled for `job_id` (on `offer_id`'s machine when known)."""
         machine = self._machines.get(offer_id)
         for row in self._rows({"label": {"in": [tag_for(job_id)]}}):
-            if job_of(row.get("label")) != job_id:
+            if job_of(row.label) != job_id:
                 continue
-            if machine is not None and str(row.get("machine_id")) != machine:
+            if machine is not None and str(row.machine_id) != machine:
                 continue
             inst = self._instance(row)
             if inst.state is not InstanceState.TERMINATED:
                 return inst
         return None
 
-    def _instance(self, inst: dict[str, Any]) -> Instance:
+    def _instance(self, inst: answers.Instance) -> Instance:
         host, port = _ssh_endpoint(inst)
-        gpu = canonical_gpu(inst.get("gpu_name"), inst.get("gpu_ram")) or inst.get("gpu_name")
-        raw = "/".join(str(inst.get(k)) for k in
-                       ("actual_status", "intended_status", "cur_state", "next_state"))
+        gpu = canonical_gpu(inst.gpu_name, inst.gpu_ram) or inst.gpu_name
+        raw = "/".join(str(v) for v in
+                       (inst.actual_status, inst.intended_status, inst.cur_state, inst.next_state))
         return Instance(
-            provider=self.name, instance_id=str(inst.get("id")), state=map_state(inst),
-            label=inst.get("label"), gpu=gpu, gpu_count=int(inst.get("num_gpus") or 0),
-            interruptible=bool(inst.get("is_bid")), price_per_hour=dec(inst.get("dph_total")),
+            provider=self.name, instance_id=inst.id, state=map_state(inst),
+            label=inst.label, gpu=gpu, gpu_count=inst.num_gpus or 0,
+            interruptible=bool(inst.is_bid), price_per_hour=inst.dph_total,
             ssh_host=host, ssh_port=port, ssh_user="root", raw_status=raw,
-            message=self._api.redact(str(inst.get("status_msg") or "")),
+            message=self._api.redact(inst.status_msg or ""),
         )
 
     def get(self, instance_id: str) -> Instance:
         """GET /instances/{id}/ (`{"instances": {one object}}`); NotFound when gone."""
-        doc = self._api.retrying(lambda: self._api.instance(instance_id))
-        inst = doc.get("instances") if isinstance(doc, dict) else None
-        if isinstance(inst, list):  # tolerate the list shape
-            inst = next((i for i in inst if str(i.get("id")) == str(instance_id)), None)
-        if not isinstance(inst, dict) or not inst:
+        doc = self._api.retrying(lambda: self._api.instance(instance_id)).instances
+        if isinstance(doc, list):  # tolerate the list shape
+            valid, _bad = rows(answers.Instance, doc)
+            found = next((i for i in valid if i.id == str(instance_id)), None)
+        else:
+            found = check(answers.Instance, doc, f"Vast.ai instance {instance_id}") \
+                if doc else None
+        if found is None:
             raise NotFound(f"Vast.ai instance {instance_id} does not exist")
-        return self._instance(inst)
+        return self._instance(found)
 
-    def _rows(self, select: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every instance row matching `select`, page by page (GET /api/v1/instances/)."""
-        rows: list[dict[str, Any]] = []
+    def _rows(self, select: dict[str, Any]) -> list[answers.Instance]:
+        """Every instance row matching `select`, page by page (GET /api/v1/instances/).
+
+        A row without a valid id is left out: nothing could be done with it by id."""
+        found: list[answers.Instance] = []
         seen: set[str] = set()
         after: str | None = None
         while True:
-            doc = self._api.retrying(partial(self._api.instances_page, select, after))
-            found = doc.get("instances") if isinstance(doc, dict) else None
-            rows.extend(r for r in found or [] if isinstance(r, dict))
-            token = doc.get("next_token") if isinstance(doc, dict) else None
-            if not token or not found or str(token) in seen:  # a repeated token would loop
-                return rows
-            seen.add(str(token))
-            after = str(token)
+            page = self._api.retrying(partial(self._api.instances_page, select, after))
+            valid, _bad = rows(answers.Instance, page.instances or [])
+            found.extend(valid)
+            token = page.next_token
+            if not token or not page.instances or token in seen:  # a repeated token loops
+                return found
+            seen.add(token)
+            after = token
 
     def list(self, job_id: str | None = None) -> list[Instance]:
         """The instances labelled as orch's (for `job_id`, or all), from every page of the
@@ -429,7 +422,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         select = {"label": {"in": [tag_for(job_id)]}} if job_id is not None else {}
         out = []
         for row in self._rows(select):
-            owner = job_of(row.get("label"))
+            owner = job_of(row.label)
             if owner is not None and (job_id is None or owner == job_id):
                 out.append(self._instance(row))
         return out
@@ -440,8 +433,8 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
             doc = self._api.retrying(lambda: self._api.destroy(instance_id))
         except NotFound:
             return
-        if isinstance(doc, dict) and doc.get("success") is False:
-            if doc.get("error") == "no_such_instance":
+        if doc.success is False:
+            if doc.error == "no_such_instance":
                 return
             raise ProviderError(f"Vast.ai could not destroy instance {instance_id}: "
-                                f"{self._api.redact(str(doc.get('msg') or doc.get('error')))}")
+                                f"{self._api.redact(doc.msg or doc.error or 'no reason given')}")

@@ -22,7 +22,18 @@ As on RunPod (real-hosts.md §4; api-reference-v2/openapi.json in runpod/docs):
   other image the pod runs and `ssh.direct` names a port where nothing answers;
 * those images' entrypoints dump their environment to `/etc/rp_environment`, which a
   non-interactive SSH command does not source; the volume is mounted at its `path` (over
-  `/workspace` it hides the image's `/workspace/axolotl*`).
+  `/workspace` it hides the image's `/workspace/axolotl*`);
+* `GET /catalog/gpus` takes the query parameters of `listGpuTypes`: `include=AVAILABILITY`
+  needs `product` (400 without; `product`, `count`, `cloud`, `minCudaVersion`,
+  `cudaVersions` without `include` are 400 too), `count` (integer >= 1, default 1) and
+  `cloud` (SECURE|COMMUNITY, default SECURE) scope `availability`, `dataCenters` and
+  `cudaVersions` to what one pod of that many GPUs can get in that cloud, and a malformed
+  value is a 422. `maxCount` is the largest machine's GPU count (a ceiling, never stock): a
+  row's free GPUs per cloud are its `_stock` (test-only, never served; default `maxCount`);
+* a create whose `gpu.count` that cloud cannot place now (over `_stock` or `maxCount`, or a
+  cloud the GPU is not sold in) is a 400 with RunPod's "no capacity" detail: "400 covers
+  both 'your request breaks a rule' and 'no capacity' ... only a human-readable `detail`"
+  (openapi `createPod` description).
 """
 
 from __future__ import annotations
@@ -146,6 +157,10 @@ class RunPodEmulator(Served):
         with self._lock:
             self.requests.append(record)
             used = len(self.requests)
+        raw = self.send_raw(h, parts.path) if authorized else None
+        if raw is not None:  # a hostile answer (`answer_next`)
+            record.status = raw
+            return
         extra: dict[str, str]
         if not authorized:
             status, doc, extra = 401, problem(401, "Unauthorized",
@@ -359,7 +374,7 @@ class RunPodEmulator(Served):
                     return fault.status, problem(fault.status, fault.title,
                                                  fault.detail or "injected fault"), headers
             if method == "GET" and path == "/v2/catalog/gpus":
-                return 200, {"gpus": self._catalog(query)}, {}
+                return self._catalog(query)
             if method == "POST" and path == "/v2/pods":
                 return self._create(body)
             if method == "GET" and path == "/v2/pods":
@@ -378,26 +393,32 @@ class RunPodEmulator(Served):
                     return 204, None, {}
             return 404, problem(404, "Not Found", f"no route {method} {path}"), {}
 
-    def _catalog(self, query: dict[str, list[str]]) -> list[dict[str, Any]]:
-        with_availability = "AVAILABILITY" in query.get("include", [])
+    def _catalog(self, query: dict[str, list[str]]) -> tuple[int, Any, dict[str, str]]:
+        """`listGpuTypes`, its query checked as the v2 API checks it (module docstring)."""
+        refused = _catalog_query_problem(query)
+        if refused is not None:
+            return refused[0], problem(refused[0], detail=refused[1]), {}
+        with_availability = "include" in query
+        minimum = (query.get("minCudaVersion") or [None])[0]
+        cloud = (query.get("cloud") or ["SECURE"])[0]
+        count = int((query.get("count") or ["1"])[0])
         rows = []
-        for row in self.gpus:
-            row = json.loads(json.dumps(row))
-            minimum = (query.get("minCudaVersion") or [None])[0]
+        for stored in self.gpus:
+            row = {k: v for k, v in json.loads(json.dumps(stored)).items()
+                   if not k.startswith("_")}
             if with_availability:
-                # Availability is scoped to machines with a CUDA version >= minCudaVersion.
-                row["cudaVersions"] = _cuda_versions(row, minimum)
+                # Availability is scoped to the cloud, the count and the CUDA floor.
+                placeable = _placeable(stored, cloud, count)
+                row["cudaVersions"] = [{**v, "available": v["available"] and placeable}
+                                       for v in _cuda_versions(row, minimum)]
                 if not any(v["available"] for v in row["cudaVersions"]):
                     row["availability"] = "NONE"
                     row.pop("dataCenters", None)
             else:
-                row.pop("cudaVersions", None)
-            if not with_availability:
-                row.pop("availability", None)
-                row.pop("maxCount", None)
-                row.pop("dataCenters", None)
+                for key in ("cudaVersions", "availability", "dataCenters"):
+                    row.pop(key, None)
             rows.append(row)
-        return rows
+        return 200, {"gpus": rows}, {}
 
     def _create(self, body: Any) -> tuple[int, Any, dict[str, str]]:
         if not isinstance(body, dict):
@@ -429,6 +450,13 @@ class RunPodEmulator(Served):
         row = next((r for r in self.gpus if r.get("id") == gpu_id), None)
         if row is None:
             return 400, problem(400, "Bad Request", f"unknown GPU type {gpu_id}"), {}
+        cloud, count = body.get("cloud", "SECURE"), (body.get("gpu") or {}).get("count", 1)
+        if not isinstance(count, int) or count < 1:
+            return 422, problem(422, "Unprocessable Entity", "validation failed",
+                                [{"field": "gpu.count", "message": "integer >= 1"}]), {}
+        if not _placeable(row, cloud, count):
+            # maxCount is a ceiling, not stock: this cloud has no machine with that many free.
+            return 400, problem(400, "No capacity", NO_CAPACITY), {}
         wanted = (body.get("gpu") or {}).get("minCudaVersion")
         if wanted is not None and not _cuda_versions(row, str(wanted), available_only=True):
             # No free machine of this type has a driver that new: RunPod's "no capacity".
@@ -442,6 +470,46 @@ NO_CAPACITY = ("There are no longer any instances available with the requested "
 # The CUDA versions a GPU row's machines offer when the test gives none (`cudaVersions`,
 # returned with include=AVAILABILITY; api-reference-v2/openapi.json, GpuType).
 DEFAULT_CUDA_VERSIONS = [{"version": "13.0", "available": True}]
+
+
+def _placeable(row: dict[str, Any], cloud: str, count: int) -> bool:
+    """Whether one pod of `count` GPUs of `row` can be created in `cloud` now: sold there,
+    within `maxCount` (the largest machine) and within `_stock` (free GPUs on one machine)."""
+    key = str(cloud).lower()
+    ceiling = int((row.get("maxCount") or {}).get(key) or 0)
+    stock = (row.get("_stock") or {}).get(key, ceiling)
+    return row.get(key) is not False and count <= ceiling and count <= int(stock)
+
+
+def _catalog_query_problem(query: dict[str, list[str]]) -> tuple[int, str] | None:
+    """(status, detail) when `listGpuTypes` refuses the query (openapi parameters
+    CatalogIncludeParam, GpuProductFilter, GpuCountFilter, GpuCloudFilter,
+    MinCudaVersionFilter, CudaVersionsFilter); None when it is accepted."""
+    include = query.get("include")
+    if include is not None and include != ["AVAILABILITY"]:
+        return 422, "include: the only supported value is AVAILABILITY"
+    if include is None:
+        scoped = [k for k in ("product", "count", "cloud", "minCudaVersion", "cudaVersions")
+                  if k in query]
+        if scoped:
+            return 400, f"{scoped[0]} is valid only with include=AVAILABILITY"
+        return None
+    if "product" not in query:
+        return 400, "product is required with include=AVAILABILITY"
+    products = query["product"][0].split(",")
+    if not all(p in ("POD", "CLUSTER", "SERVERLESS") for p in products):
+        return 422, "product: must be POD, CLUSTER or SERVERLESS"
+    count = (query.get("count") or ["1"])[0]
+    if not count.isdigit() or int(count) < 1:
+        return 422, "count: must be an integer >= 1"
+    if (query.get("cloud") or ["SECURE"])[0] not in ("SECURE", "COMMUNITY"):
+        return 422, "cloud: must be SECURE or COMMUNITY"
+    if "minCudaVersion" in query and "cudaVersions" in query:
+        return 400, "minCudaVersion and cudaVersions are mutually exclusive"
+    minimum = (query.get("minCudaVersion") or ["0"])[0]
+    if not re.fullmatch(r"\d+(\.\d+)?", minimum):
+        return 422, "minCudaVersion: must be major or major.minor"
+    return None
 
 
 def _cuda(version: str) -> tuple[int, ...]:

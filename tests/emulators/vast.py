@@ -15,7 +15,8 @@ Use it as a context manager::
         vast.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.30, min_bid=0.18)
         adapter = VastAI("k", base_url=vast.url)
 
-Faults are injected with `fail_next`, `fail_contract`, `remove_offer`, `drop_next_create`,
+Faults are injected with `fail_next`, `answer_next` (any bytes, of any size, as the answer:
+serve.py), `fail_contract`, `remove_offer`, `drop_next_create`,
 `stall_next_create` (rent, then answer only after a delay: the client times out first);
 `preempt(id)` outbids an instance. Instances boot null → loading → running after
 `loading_after`/`running_after` reads of them (or `boot_seconds`). Every request is recorded
@@ -312,6 +313,8 @@ class VastEmulator(Served):
                 fault.count -= 1
                 if fault.count <= 0:
                     self.faults.remove(fault)
+        if fault is None and self.send_raw(h, path) is not None:  # a hostile answer (`answer_next`)
+            return
         if fault is not None:
             self._send(h, fault.status, fault.body, fault.content_type, fault.headers)
             return
