@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import string
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +32,6 @@ from .base import (
     StepFailed,
     StepReport,
     container_name,
-    last_line,
 )
 from .vllm import SERVED_NAME, http_client
 
@@ -39,9 +39,15 @@ log = logging.getLogger(__name__)
 
 PLAYBOOK = "evaluate"
 # `sh -c` body run in the trainer image before lm_eval: add the `lm_eval[api]` extra to the
-# image's venv ($1 its python, $2 the requirement; images.yaml `lm_eval`), then exec the
-# rest. Values arrive as positional arguments, never inside the script text.
-ENSURE_API_EXTRA = 'uv pip install --python "$1" "$2" >&2 || exit; shift 2; exec "$@"'
+# image's venv ($1 its python, $2 the requirement; images.yaml `lm_eval`), then run the
+# rest. Values arrive as positional arguments, never inside the script text. lm_eval runs as
+# the shell's child, not exec'd: when the OOM killer (or anyone) kills it, the shell exits
+# 128 + the signal, where an exec'd process leaves SSH no exit status at all (-1). `--quiet`
+# keeps uv's own lines out of the tail a failure reports (its errors still print).
+ENSURE_API_EXTRA = ('uv pip install --quiet --python "$1" "$2" >&2 || exit; shift 2; "$@"; '
+                    'exit $?')
+# Lines of lm_eval's output a failure keeps in its message (the whole tail goes to stderr).
+FAILURE_TAIL_LINES = 3
 
 
 # --- scoring the user's eval set -------------------------------------------------------------
@@ -360,9 +366,7 @@ def run_lm_eval(
     before = _results_files(host, output_dir)
     result = host.run(argv, timeout=timeout_s)
     if not result.ok:
-        raise StepFailed(f"lm_eval in {where.label} failed (exit {result.exit_code}): "
-                         f"{last_line(result.stderr or result.stdout)}",
-                         fault=Fault.HOST, stderr=result.stderr)
+        raise lm_eval_failed(where.label, result.exit_code, result.stderr, result.stdout)
     found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()
              if before.get(path) != mtime]
     if not found:
@@ -373,6 +377,33 @@ def run_lm_eval(
     if raw is None:
         raise StepFailed(f"lm_eval results vanished: {path}", fault=Fault.HOST)
     return parse_lm_eval_results(raw), path
+
+
+def lm_eval_failed(label: str, exit_code: int, stderr: str, stdout: str) -> StepFailed:
+    """Why lm_eval ended badly: killed by a signal (named) or its exit status, with the last
+    lines it printed (stderr, its log, else stdout)."""
+    output = stderr.strip() or stdout.strip()
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    if exit_code == -1:  # no exit status: an exec'd process killed by a signal
+        how = "was killed by a signal (no exit status came back)"
+    elif exit_code > 128 and (name := _signal_name(exit_code - 128)) is not None:
+        how = f"was killed by {name} (exit {exit_code})"
+        if name == "SIGKILL":
+            how += ("; the kernel's OOM killer sends SIGKILL when the machine runs out of "
+                    "memory")
+    else:
+        how = f"failed (exit {exit_code})"
+    said = (" | ".join(ln.strip()[:300] for ln in lines[-FAILURE_TAIL_LINES:]) if lines
+            else "it printed nothing")
+    return StepFailed(f"lm_eval in {label} {how}: {said}", fault=Fault.HOST,
+                      stderr="\n".join(lines))
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
 
 
 @dataclass

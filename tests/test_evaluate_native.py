@@ -93,3 +93,21 @@ def test_the_lm_eval_stand_in_refuses_what_lm_eval_refuses(
     (model / "config.json").write_text("{}")
     result = host.run(["lm_eval", *(a.format(model=model) for a in args)])
     assert result.exit_code == code and text in result.stderr, result.stderr
+
+
+def test_a_killed_lm_eval_is_reported_as_killed_with_its_last_lines(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # The OOM killer ends lm_eval with SIGKILL: the job says so (not "failed (exit -1)" with
+    # uv's last line) and keeps what lm_eval printed last.
+    _, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                            train_step_seconds=0.05, lm_eval_oom_killed=True)
+    job = replace(make_job(tmp_path, "lora"), eval_tasks=("gsm8k",), eval_set=None)
+    with pytest.raises(PlaybookFailed) as info:
+        run_pipeline(host, job, reports)
+    assert info.value.step == "lm-eval"
+    reason = info.value.reason
+    assert "lm_eval in the rented image was killed by SIGKILL (exit 137)" in reason, reason
+    assert "OOM killer" in reason
+    assert "Requesting API: gsm8k: 1 request sent" in reason
+    assert "Installed" not in reason and "exit -1" not in reason
+    assert "Requesting API: gsm8k" in info.value.stderr_tail

@@ -356,6 +356,21 @@ def test_a_failing_lm_eval_task_fails_clearly_and_stops_the_server(
 TRAINER = images.default_image("docker")
 
 
+def test_a_killed_lm_eval_container_is_reported_as_killed(
+    playbook_host: PlaybookHostFactory, reports: Reports
+) -> None:
+    # In the trainer image's container on a Docker host: the OOM killer's SIGKILL is named.
+    _, host, layout = setup(playbook_host, lm_eval_oom_killed=True)
+    with pytest.raises(PlaybookFailed) as info:
+        evaluate(host, "job-k", merged_model(layout, "job-k"), layout, IMAGE, free_port(), 2048,
+                 None, tasks=["arc_easy"], ready_deadline_s=20, emit=reports,
+                 trainer_image=TRAINER)
+    assert info.value.step == "lm-eval"
+    assert f"lm_eval in {TRAINER} was killed by SIGKILL (exit 137)" in info.value.reason
+    assert "Requesting API: arc_easy: 1 request sent" in info.value.reason
+    assert reports.outcomes()["stop-server"] == "changed"
+
+
 def test_lm_eval_runs_in_the_trainer_image_against_the_server(
         playbook_host: PlaybookHostFactory) -> None:
     sim, host, layout = setup(playbook_host)

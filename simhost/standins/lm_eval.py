@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -243,6 +244,10 @@ def lm_eval(host: Host, argv: list[str]) -> int:
         else:
             answer(f"{task}: a question of the built-in task")  # the harness asks the model
             scores = dict(BUILTIN[task])
+        if host.options.get("lm_eval_oom_killed"):
+            # The kernel's OOM killer: SIGKILL, nothing flushed or handled after it.
+            say(f"Requesting API: {task}: 1 request sent", err=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         results[task] = {"alias": task, **scores}
     host.event("lm-eval", backend=model, model=name, peft=margs.get("peft"), tasks=wanted,
                batch_size=flags.get("--batch_size"), include_path=flags.get("--include_path"),

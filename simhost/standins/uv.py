@@ -48,10 +48,13 @@ def _venv(host: Host, args: list[str]) -> int:
 def _pip_install(host: Host, args: list[str]) -> int:
     python: str | None = None
     packages: list[str] = []
+    quiet = False
     while args:
         arg = args.pop(0)
         if arg in ("--python", "-p"):
             python = args.pop(0)
+        elif arg in ("--quiet", "-q"):
+            quiet = True
         elif arg.startswith("-"):
             raise SimError(f"error: unexpected argument '{arg}' found\n\nUsage: uv pip install "
                            "[OPTIONS] <PACKAGE|--requirements <REQUIREMENTS>|--editable "
@@ -59,7 +62,7 @@ def _pip_install(host: Host, args: list[str]) -> int:
         else:
             packages.append(arg)
     if python == f"{images.layout('venv')}/bin/python":
-        return _image_venv_install(host, packages)
+        return _image_venv_install(host, packages, quiet)
     venv = Path(python).parent.parent if python else None
     if venv is None or not (venv / "pyvenv.cfg").is_file():
         raise SimError("error: No virtual environment found; run `uv venv` to create an "
@@ -77,11 +80,12 @@ def _pip_install(host: Host, args: list[str]) -> int:
             write_atomic(host.writable(venv / "bin" / "vllm"), script, 0o755)
     write_atomic(record, json.dumps(installed, indent=1))
     host.event("uv-pip-install", venv=str(venv), packages=packages)
-    say(f"Installed {len(packages)} package(s)", err=True)
+    if not quiet:
+        say(f"Installed {len(packages)} package(s)", err=True)
     return 0
 
 
-def _image_venv_install(host: Host, packages: list[str]) -> int:
+def _image_venv_install(host: Host, packages: list[str], quiet: bool) -> int:
     record = Path(os.environ["HOME"]) / IMAGE_VENV_RECORD
     added: dict[str, bool] = json.loads(record.read_text()) if record.is_file() else {}
     for spec in packages:
@@ -89,7 +93,8 @@ def _image_venv_install(host: Host, packages: list[str]) -> int:
     write_atomic(record, json.dumps(added))
     host.event("uv-pip-install", venv=images.layout("venv"), packages=packages,
                container=os.environ.get("SIMHOST_CONTAINER"))
-    say(f"Installed {len(packages)} package(s)", err=True)
+    if not quiet:
+        say(f"Installed {len(packages)} package(s)", err=True)
     return 0
 
 
