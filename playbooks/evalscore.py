@@ -39,12 +39,13 @@ log = logging.getLogger(__name__)
 
 PLAYBOOK = "evaluate"
 # `sh -c` body run in the trainer image before lm_eval: add the `lm_eval[api]` extra to the
-# image's venv ($1 its python, $2 the requirement; images.yaml `lm_eval`), then run the
-# rest. Values arrive as positional arguments, never inside the script text. lm_eval runs as
-# the shell's child, not exec'd: when the OOM killer (or anyone) kills it, the shell exits
-# 128 + the signal, where an exec'd process leaves SSH no exit status at all (-1). `--quiet`
-# keeps uv's own lines out of the tail a failure reports (its errors still print).
-ENSURE_API_EXTRA = ('uv pip install --quiet --python "$1" "$2" >&2 || exit; shift 2; "$@"; '
+# image's venv with its uv ($1 uv, $2 the venv's python, $3 the requirement; images.yaml
+# `lm_eval`), then run the rest. Values arrive as positional arguments, never inside the
+# script text. lm_eval runs as the shell's child, not exec'd: when the OOM killer (or anyone)
+# kills it, the shell exits 128 + the signal, where an exec'd process leaves SSH no exit
+# status at all (-1). `--quiet` keeps uv's own lines out of the tail a failure reports (its
+# errors still print).
+ENSURE_API_EXTRA = ('"$1" pip install --quiet --python "$2" "$3" >&2 || exit; shift 3; "$@"; '
                     'exit $?')
 # Lines of lm_eval's output a failure keeps in its message (the whole tail goes to stderr).
 FAILURE_TAIL_LINES = 3
@@ -297,7 +298,8 @@ class LmEvalContainer:
             "--network", "host",
             "-v", f"{self.layout.base}:{CONTAINER_ROOT}",
             "--label", f"orch_job={self.job_id}", "--label", "orch_role=lm-eval",
-            self.image, *with_api_extra(lm_eval),
+            # uv by name: the container gets the image's ENV PATH (/root/.local/bin on it).
+            self.image, *with_api_extra(lm_eval, "uv"),
         ]  # fmt: skip
 
     @property
@@ -306,10 +308,11 @@ class LmEvalContainer:
         return self.image
 
 
-def with_api_extra(lm_eval: Sequence[str]) -> list[str]:
-    """`lm_eval` run in the axolotl image's venv once `uv pip install` has added the
-    `lm_eval[api]` extra `local-completions` needs (the image pins bare `lm_eval`)."""
-    return ["sh", "-c", ENSURE_API_EXTRA, "lm-eval", f"{images.layout().venv}/bin/python",
+def with_api_extra(lm_eval: Sequence[str], uv: str) -> list[str]:
+    """`lm_eval` run in the axolotl image's venv once `uv pip install` (`uv`: a name on the
+    image's PATH or a path) has added the `lm_eval[api]` extra `local-completions` needs (the
+    image pins bare `lm_eval`)."""
+    return ["sh", "-c", ENSURE_API_EXTRA, "lm-eval", uv, f"{images.layout().venv}/bin/python",
             images.catalog().lm_eval["api_requirement"], *lm_eval]
 
 
@@ -321,6 +324,7 @@ class LmEvalNative:
     environment (SSH sessions on a rental do not see the image's PATH)."""
 
     wrap: Callable[[Sequence[str]], list[str]]
+    uv: str  # the image's uv, by its path (the session's PATH lacks /root/.local/bin)
     name: None = None  # no container to clear before a run
     label: str = "the rented image"  # where it runs, for messages
 
@@ -330,7 +334,7 @@ class LmEvalNative:
 
     def argv(self, lm_eval: Sequence[str]) -> list[str]:
         """`lm_eval` in the image's venv, after `uv pip install` of the `[api]` extra."""
-        return self.wrap(with_api_extra(lm_eval))
+        return self.wrap(with_api_extra(lm_eval, self.uv))
 
 
 LmEvalPlace = LmEvalContainer | LmEvalNative

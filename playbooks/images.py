@@ -26,6 +26,7 @@ class ImageLayout:
 
     workdir: str
     venv: str
+    uv: str
     cuda_env: str
     entrypoint: str
     cloud_entrypoint: str

@@ -375,7 +375,7 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
                 job.vllm_port, job.config.sequence_len, hooks.eval_rows(run),
                 tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
                 stop_after=hooks.stop_after_eval(), runner=tj.runner,
-                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper,
+                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper, native_uv=tj.native.uv,
                 vllm_version=images.vllm_version(), serving=job.serving,
                 trainer_image=tj.image)
         except Exception as exc:

@@ -79,7 +79,7 @@ def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
     eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
     model, _adapter = merge.served_dirs(tj, serving.served == "adapter")
     where: evalscore.LmEvalPlace = (
-        evalscore.LmEvalNative(tj.native.wrap) if tj.runner == "process"
+        evalscore.LmEvalNative(tj.native.wrap, tj.native.uv) if tj.runner == "process"
         else evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout))
     return evalscore.lm_eval_place_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
 
@@ -104,7 +104,7 @@ def native_server(tj: train.TrainJob, port: int, max_model_len: int,
     args = vllm.engine_args(model, max_model_len, lora=adapter, lora_rank=tj.config.lora_r,
                             serving=serving)
     return NativeServer.for_job(tj.layout, tj.job_id, images.vllm_version(), tj.wrapper,
-                                port, args, tj.native.wrap)
+                                port, args, tj.native.wrap, tj.native.uv)
 
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,

@@ -111,3 +111,29 @@ def test_a_killed_lm_eval_is_reported_as_killed_with_its_last_lines(
     assert "Requesting API: gsm8k: 1 request sent" in reason
     assert "Installed" not in reason and "exit -1" not in reason
     assert "Requesting API: gsm8k" in info.value.stderr_tail
+
+
+def test_uv_is_called_by_its_path_and_reuses_a_half_done_venv(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # The axolotl uv images have uv in /root/.local/bin, on their ENV PATH only: a session
+    # without the image's environment (no env file written at boot) finds none by name.
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                              train_step_seconds=0.05)
+    uv = host.paths(images.layout().uv)
+    assert host.run(["sh", "-c", "command -v uv"]).exit_code != 0
+    assert host.run(["test", "-x", uv]).ok
+    # An earlier install that did not finish (connection lost after `uv venv`): the venv is
+    # there, vLLM is not. uv refuses to make it again unless told to reuse it.
+    assert sim.nvme_path is not None
+    venv = f"{sim.nvme_path}/orch/vllm-venv/{images.vllm_version()}"
+    assert host.run([uv, "venv", "--python", "3.12", venv]).ok
+    again = host.run([uv, "venv", "--python", "3.12", venv])
+    assert again.exit_code == 2
+    assert f"A virtual environment already exists at: {venv}" in again.stderr
+    assert "hint: Use the `--clear` flag" in again.stderr
+
+    job = replace(make_job(tmp_path, "lora"), eval_tasks=("gsm8k",))
+    result = run_pipeline(host, job, reports)
+    assert reports.outcomes("evaluate")["vllm-install"] == "changed"
+    assert result.metrics["eval.exact_match"] == 1.0
+    assert "lm_eval.gsm8k.exact_match.strict-match" in result.metrics
