@@ -48,7 +48,7 @@ from .vllm import (
     stop_server,
     wait_ready,
 )
-from .vllm_native import NativeServer
+from .vllm_native import NativeServer, served_requirements
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,8 @@ def _evaluate_rental(host: Host, job_id: str, model_dir_host: str, layout: Layou
 
     def server(h: Host) -> NativeServer:
         args = host_engine_args(h, model_dir_host, max_model_len, served_name, lora, serving)
-        return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap, uv)
+        return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap, uv,
+                                    served_requirements(serving.quantization))
 
     run = _Served(job_id, model_dir_host, layout, "", port, max_model_len, eval_rows, tasks,
                   lora, None, served_name, ready_deadline_s,

@@ -18,7 +18,7 @@ import yaml
 
 from playbooks import deliver, evalscore, images, merge, train, vllm
 from playbooks.base import container_name
-from playbooks.vllm_native import NativeServer
+from playbooks.vllm_native import NativeServer, served_requirements
 
 # Where orch's directory is on each kind of host when nothing has been discovered yet (the
 # model_cache playbook picks the real NVMe mount at run time).
@@ -104,7 +104,8 @@ def native_server(tj: train.TrainJob, port: int, max_model_len: int,
     args = vllm.engine_args(model, max_model_len, lora=adapter, lora_rank=tj.config.lora_r,
                             serving=serving)
     return NativeServer.for_job(tj.layout, tj.job_id, images.vllm_version(), tj.wrapper,
-                                port, args, tj.native.wrap, tj.native.uv)
+                                port, args, tj.native.wrap, tj.native.uv,
+                                served_requirements(serving.quantization))
 
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,

@@ -18,10 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import images
 from .base import Fault, Host, Layout, StepFailed, last_line
 
 Wrap = Callable[[Sequence[str]], list[str]]
 PYTHON = "3.12"  # the axolotl images' Python (images.yaml tags), for uv's venv
+# Prints a module's __version__ (the install check imports what the served form needs).
+_VERSION_OF = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
+
+
+def served_requirements(quantization: str | None) -> tuple[tuple[str, str], ...]:
+    """(package, version) the served form needs in the vLLM venv besides vLLM: bitsandbytes
+    for the 4-bit base (vLLM's wheel does not require it; images.yaml `vllm`)."""
+    if quantization == "bitsandbytes":
+        return (("bitsandbytes", images.catalog().vllm["bitsandbytes"]),)
+    return ()
 
 
 @dataclass(frozen=True)
@@ -36,32 +47,46 @@ class NativeServer:
     args: tuple[str, ...]  # engine arguments (host paths)
     wrap: Wrap  # restores the image's environment (the cu13 libraries, HF_* variables)
     uv: str  # the image's uv (host path)
+    # (package, version) the served form needs besides vLLM (`served_requirements`)
+    extras: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def for_job(cls, layout: Layout, job_id: str, version: str, wrapper: str, port: int,
-                args: Sequence[str], wrap: Wrap, uv: str) -> NativeServer:
+                args: Sequence[str], wrap: Wrap, uv: str,
+                extras: Sequence[tuple[str, str]] = ()) -> NativeServer:
         """The server of `job_id`, with the venv shared by the jobs of this layout."""
         return cls(f"{layout.base}/vllm-venv/{version}", version,
-                   f"{layout.job_dir(job_id)}/run/vllm", wrapper, port, tuple(args), wrap, uv)
+                   f"{layout.job_dir(job_id)}/run/vllm", wrapper, port, tuple(args), wrap, uv,
+                   tuple(extras))
 
     @property
     def vllm(self) -> str:
         return f"{self.venv}/bin/vllm"
 
     def install_argvs(self) -> list[list[str]]:
-        """`uv venv` then `uv pip install vllm==VERSION` into it (through the image's env).
+        """`uv venv` then `uv pip install vllm==VERSION` (and `extras`, resolved together)
+        into it (through the image's env).
 
         `--allow-existing`: a venv left by an install that did not finish (a lost
         connection, a step timeout) is reused; uv refuses an existing one without it."""
+        wanted = [f"vllm=={self.version}", *(f"{name}=={v}" for name, v in self.extras)]
         return [self.wrap([self.uv, "venv", "--allow-existing", "--python", PYTHON,
                            self.venv]),
                 self.wrap([self.uv, "pip", "install", "--python", f"{self.venv}/bin/python",
-                           f"vllm=={self.version}"])]
+                           *wanted])]
 
     def installed(self, host: Host) -> bool:
-        """Whether the venv holds this vLLM release (`vllm --version`)."""
+        """Whether the venv holds this vLLM release (`vllm --version`) and imports each of
+        `extras` at its version (a venv an adapter-less job made has no bitsandbytes)."""
         result = host.run([self.vllm, "--version"])
-        return result.ok and result.stdout.strip().splitlines()[-1:] == [self.version]
+        if not (result.ok and result.stdout.strip().splitlines()[-1:] == [self.version]):
+            return False
+        for name, version in self.extras:
+            # As `vllm serve` runs (`serve_argv`): the venv's python, not the image's env.
+            found = host.run([f"{self.venv}/bin/python", "-c", _VERSION_OF, name])
+            if not (found.ok and found.stdout.strip().splitlines()[-1:] == [version]):
+                return False
+        return True
 
     def install(self, host: Host) -> None:
         if not host.run(["test", "-x", self.uv]).ok:
@@ -72,8 +97,10 @@ class NativeServer:
             host.must(argv, f"installing vLLM {self.version} on the rental", fault=Fault.HOST,
                       timeout=1800)
         if not self.installed(host):
-            raise StepFailed(f"vLLM {self.version} was installed in {self.venv} but "
-                             "`vllm --version` does not say so", fault=Fault.HOST)
+            wanted = ", ".join([f"vLLM {self.version}",
+                                *(f"{name} {v}" for name, v in self.extras)])
+            raise StepFailed(f"{wanted} were installed in {self.venv} but `vllm --version` "
+                             "or importing them does not say so", fault=Fault.HOST)
 
     def serve_argv(self) -> list[str]:
         """`vllm serve` started detached by orch-job.sh, on 127.0.0.1 only, offline."""

@@ -16,6 +16,7 @@ from test_pipeline import ANSWERS, make_job
 from playbooks import images
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import run_pipeline
+from playbooks.vllm import Serving
 
 CLOUD_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
 
@@ -137,3 +138,41 @@ def test_uv_is_called_by_its_path_and_reuses_a_half_done_venv(
     assert reports.outcomes("evaluate")["vllm-install"] == "changed"
     assert result.metrics["eval.exact_match"] == 1.0
     assert "lm_eval.gsm8k.exact_match.strict-match" in result.metrics
+
+
+def test_a_rental_serving_the_4bit_base_installs_and_imports_bitsandbytes(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # QLoRA is served as the 4-bit base + adapter (`--quantization bitsandbytes`). vLLM's
+    # wheel does not bring bitsandbytes (the vllm-openai image installs it): without it vLLM
+    # refuses to load, so the install adds it and its check imports it.
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                              train_step_seconds=0.05)
+    uv, version = host.paths(images.layout().uv), images.vllm_version()
+    assert sim.nvme_path is not None
+    venv = f"{sim.nvme_path}/orch/vllm-venv/{version}"
+    # The venv an earlier job made to serve a merged model: vLLM alone.
+    assert host.run([uv, "venv", "--python", "3.12", venv]).ok
+    assert host.run([uv, "pip", "install", "--python", f"{venv}/bin/python",
+                     f"vllm=={version}"]).ok
+    model = sim.root / "some-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    refused = host.run([f"{venv}/bin/vllm", "serve", str(model), "--quantization",
+                        "bitsandbytes"])
+    assert refused.exit_code == 1
+    assert ("ImportError: Please install bitsandbytes>=0.48.1 via `pip install "
+            "bitsandbytes>=0.48.1` to use bitsandbytes quantizer.") in refused.stderr
+    assert not host.run([f"{venv}/bin/python", "-c", "import bitsandbytes"]).ok
+
+    job = replace(make_job(tmp_path, "qlora"), serving=Serving("adapter"))
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["eval.exact_match"] == 1.0
+    assert reports.outcomes("evaluate")["vllm-install"] == "changed"
+    bnb = images.catalog().vllm["bitsandbytes"]
+    assert sim.events("uv-pip-install")[-1]["packages"] == [f"vllm=={version}",
+                                                             f"bitsandbytes=={bnb}"]
+    imported = host.run([f"{venv}/bin/python", "-c",
+                         "import bitsandbytes; print(bitsandbytes.__version__)"])
+    assert imported.ok and imported.stdout.split() == [bnb]
+    (served,) = sim.events("vllm-serving")
+    assert served["served"][-1] == "ft"  # the adapter, on the 4-bit base

@@ -101,7 +101,8 @@ def _pip_install(host: Host, args: list[str]) -> int:
         module.mkdir(parents=True, exist_ok=True)
         write_atomic(module / "__init__.py", f"__version__ = {version!r}\n")
         if name.lower() == "vllm":
-            script = (f"#!/bin/sh\nSIMHOST_VLLM_VERSION={shlex.quote(version)} exec "
+            script = (f"#!/bin/sh\nSIMHOST_VLLM_VERSION={shlex.quote(version)} "
+                      f"SIMHOST_VLLM_VENV={shlex.quote(str(venv))} exec "
                       f'{shlex.quote(sys.executable)} -S -E {shlex.quote(str(BIN_DIR / "vllm"))}'
                       ' "$@"\n')
             write_atomic(host.writable(venv / "bin" / "vllm"), script, 0o755)

@@ -51,6 +51,32 @@ def _version() -> tuple[int, ...]:
         return (99,)
 
 
+# vLLM's bitsandbytes layer on CUDA (model_executor/layers/quantization/bitsandbytes.py:31-46
+# at v0.19.1): the wheel does not require bitsandbytes; the vllm-openai image installs it.
+_BITSANDBYTES_MIN = (0, 48, 1)
+
+
+def _check_bitsandbytes() -> None:
+    """`--quantization bitsandbytes` needs bitsandbytes >= 0.48.1 where vLLM runs: a venv
+    `uv pip install` made (SIMHOST_VLLM_VENV) has what was installed into it (installed.json);
+    the vllm-openai image has it."""
+    venv = os.environ.get("SIMHOST_VLLM_VENV")
+    if not venv:
+        return
+    record = Path(venv) / "installed.json"
+    installed: dict[str, str] = json.loads(record.read_text()) if record.is_file() else {}
+    version = installed.get("bitsandbytes")
+    try:
+        ok = version is not None and tuple(int(p) for p in version.split(".")[:3]) >= (
+            _BITSANDBYTES_MIN)
+    except ValueError:
+        ok = False
+    if not ok:
+        need = ".".join(str(p) for p in _BITSANDBYTES_MIN)
+        raise SimError(f"ImportError: Please install bitsandbytes>={need} via `pip install "
+                       f"bitsandbytes>={need}` to use bitsandbytes quantizer.", 1)
+
+
 def _check_tokenizer(model_dir: Path, model: str) -> None:
     """transformers 4 (every vLLM before 0.19.1) cannot load what transformers 5 saved."""
     path = model_dir / "tokenizer_config.json"
@@ -203,6 +229,8 @@ def vllm(host: Host, argv: list[str]) -> int:
     if not (model_dir / "config.json").is_file():
         raise SimError(f"ValueError: No supported config format found in {model}", 1)
     _check_tokenizer(model_dir, model)
+    if quantization == "bitsandbytes":
+        _check_bitsandbytes()
     lora_dirs = {name: Path(container_to_host(path)) for name, path in loras.items()}
     lora_bytes = 0
     for name, folder in lora_dirs.items():
