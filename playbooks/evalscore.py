@@ -47,6 +47,8 @@ PLAYBOOK = "evaluate"
 # errors still print).
 ENSURE_API_EXTRA = ('"$1" pip install --quiet --python "$2" "$3" >&2 || exit; shift 3; "$@"; '
                     'exit $?')
+# lm-eval's own max_length (images.yaml `lm_eval`): the context its requests are cut to.
+LM_EVAL_MAX_LENGTH = int(images.catalog().lm_eval["max_length"])
 # Lines of lm_eval's output a failure keeps in its message (the whole tail goes to stderr).
 FAILURE_TAIL_LINES = 3
 
@@ -201,8 +203,22 @@ def lm_eval_argv(
     num_concurrent: int = 8,
     max_retries: int = 3,
     limit: int | None = None,
+    max_length: int = LM_EVAL_MAX_LENGTH,
 ) -> list[str]:
     """The `lm_eval --model local-completions ...` command (paths as the harness sees them).
+
+    `max_length` is the server's context (`--max-model-len`): lm-eval truncates every
+    request to it, so none is refused as too long. Requests go as token ids, encoded by
+    the model's own tokenizer with its special tokens (`tokenized_requests=True,
+    add_bos_token=True, tokenizer_backend=huggingface`): vLLM adds BOS to a text prompt
+    (`add_special_tokens` defaults to true, vllm/entrypoints/openai/completion/protocol.py:88
+    at v0.19.1) but not to token ids (vllm/renderers/base.py:423-433), while lm-eval counts
+    a loglikelihood's context in its own encoding, without BOS unless add_bos_token
+    (lm_eval 0.4.11 models/api_models.py:397-425, 551-572): with text prompts the scored span
+    `token_logprobs[ctxlen:-1]` (openai_completions.py:113) slid one token into the context
+    and shifted `acc_norm`. Token ids with BOS score the continuation, as the model saw text
+    in training and as lm-eval's `hf` backend encodes it; lm-eval also checks and truncates
+    generation contexts only for tokenized requests (api_models.py:713-760).
 
     `model_args` is a comma-separated key=value list, so a value holding ',' cannot be
     passed safely: that is refused rather than half-parsed by lm_eval.
@@ -219,9 +235,12 @@ def lm_eval_argv(
         f"model={served_name}",
         f"base_url=http://127.0.0.1:{port}/v1/completions",
         f"tokenizer={tokenizer_dir}",
+        "tokenizer_backend=huggingface",
+        "tokenized_requests=True",
+        "add_bos_token=True",
+        f"max_length={max_length}",
         f"num_concurrent={num_concurrent}",
         f"max_retries={max_retries}",
-        "tokenized_requests=False",
     ])  # fmt: skip
     argv = ["lm_eval", "--model", "local-completions", "--tasks", ",".join(tasks),
             "--model_args", model_args, "--output_path", output_dir]
@@ -342,10 +361,12 @@ LmEvalPlace = LmEvalContainer | LmEvalNative
 
 def lm_eval_place_argv(where: LmEvalPlace, tasks: Sequence[str], port: int,
                            tokenizer_dir: str, output_dir: str,
-                           served_name: str = SERVED_NAME) -> list[str]:
+                           served_name: str = SERVED_NAME,
+                       max_length: int = LM_EVAL_MAX_LENGTH) -> list[str]:
     """The whole command `run_lm_eval` runs (host paths in, the harness's paths on the argv)."""
     return where.argv(lm_eval_argv(tasks, port, where.inside(tokenizer_dir),
-                                   where.inside(output_dir), served_name))
+                                   where.inside(output_dir), served_name,
+                                   max_length=max_length))
 
 
 def run_lm_eval(
@@ -357,11 +378,14 @@ def run_lm_eval(
     output_dir: str,
     served_name: str = SERVED_NAME,
     timeout_s: float = 4 * 3600,
+    max_length: int = LM_EVAL_MAX_LENGTH,
 ) -> tuple[dict[str, float], str]:
     """Run lm-eval tasks in the trainer image against the server; (metrics, results file).
 
-    `tokenizer_dir` and `output_dir` are host paths (under the layout's base)."""
-    argv = lm_eval_place_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
+    `tokenizer_dir` and `output_dir` are host paths (under the layout's base); `max_length`
+    the server's context."""
+    argv = lm_eval_place_argv(where, tasks, port, tokenizer_dir, output_dir, served_name,
+                              max_length)
     host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
     if where.name is not None:
         host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent: fine)

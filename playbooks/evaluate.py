@@ -117,7 +117,7 @@ class _Served:
             where = LmEvalContainer(self.job_id, self.trainer_image, self.layout)
         self._lm = run_lm_eval(h, where, self.tasks, self.port,
                                self.tokenizer_dir or self.model_dir_host, output,
-                               self.served_name, self.lm_eval_timeout_s)
+                               self.served_name, self.lm_eval_timeout_s, self.max_model_len)
 
     def serve(self, h: Host) -> None:
         if self.native is not None:

@@ -95,6 +95,15 @@ def vllm_version() -> str:
     return catalog().vllm["version"]
 
 
+def eval_context(sequence_len: int, tasks: bool) -> int:
+    """The context vLLM serves the evaluation with (`--max-model-len`): the training
+    `sequence_len` (what the eval set's prompts were trained at), and at least lm-eval's
+    `max_length` when `tasks` run, which lm-eval then truncates its requests to."""
+    if not tasks:
+        return sequence_len
+    return max(sequence_len, int(catalog().lm_eval["max_length"]))
+
+
 def default_image(kind: HostKind = "docker") -> str:
     """The pinned trainer image for a host of `kind`."""
     return f"{repository(kind)}:{catalog().default_tag}"

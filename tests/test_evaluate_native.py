@@ -176,3 +176,26 @@ def test_a_rental_serving_the_4bit_base_installs_and_imports_bitsandbytes(
     assert imported.ok and imported.stdout.split() == [bnb]
     (served,) = sim.events("vllm-serving")
     assert served["served"][-1] == "ft"  # the adapter, on the 4-bit base
+
+
+@pytest.mark.parametrize("rental", [True, False])
+def test_few_shot_tasks_fit_the_served_context_whatever_the_sequence_len(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        rental: bool) -> None:
+    # lm-eval's API models send requests up to their max_length (2048 by default): a
+    # 5-shot gsm8k prompt does not fit a server sized to a short training sequence_len
+    # (vLLM answers 400), so vLLM serves at least lm-eval's context and lm-eval is told it.
+    kind = {"has_docker": False, "container_image": CLOUD_IMAGE} if rental else {}
+    sim, host = playbook_host(train_steps=2, train_step_seconds=0.05, **kind)
+    job = make_job(tmp_path, "lora")
+    job = replace(job, config=replace(job.config, sequence_len=512),
+                  eval_tasks=("gsm8k", "hellaswag"))
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["lm_eval.gsm8k.exact_match.strict-match"] == 0.25
+    assert result.metrics["eval.exact_match"] == 1.0
+    served = [c for c in sim.ssh_commands() if "--max-model-len" in c]
+    assert served and all("--max-model-len 2048" in c for c in served), served
+    (lm_eval,) = [c for c in sim.ssh_commands() if "local-completions" in c]
+    assert "max_length=2048" in lm_eval
+    # What lm-eval sent was scored as sent: every loglikelihood span is its continuation.
+    assert all(r["aligned"] for r in sim.events("lm-eval-request"))
