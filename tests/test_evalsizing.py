@@ -110,6 +110,11 @@ def test_hours_grow_with_rows_and_tasks() -> None:
     # A container rental installs vLLM first (docs/playbooks.md: 1-3 min).
     rental = evalsizing.eval_hours(work(rows=10), est, GPUS["A100 80GB"], rental=True)
     assert rental == pytest.approx(few + evalsizing.VLLM_INSTALL_S / 3600)
+    # Tasks without an eval set run against the same installed vLLM.
+    only_tasks = replace(work(rows=0), tasks=1)
+    assert evalsizing.eval_hours(only_tasks, est, GPUS["A100 80GB"], rental=True) == (
+        pytest.approx(evalsizing.eval_hours(only_tasks, est, GPUS["A100 80GB"])
+                      + evalsizing.VLLM_INSTALL_S / 3600))
     trains = offer("A100 80GB", 1, "1.50")
     docker = place(work(rows=10), trains, GPUS["A100 80GB"])
     container = place(replace(work(rows=10), rentals=frozenset({"cloud"})), trains,
