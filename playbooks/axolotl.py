@@ -197,8 +197,12 @@ def fsdp2_keys(c: TrainConfigInput) -> dict[str, Any]:
             # CPUOffloadPolicy: shards, gradients and the optimizer step on the CPU.
             "offload_params": c.strategy in OFFLOADED,
             # Rank 0 reads the checkpoint and broadcasts the shards (one copy in host RAM,
-            # not one per GPU); axolotl's FSDP + QLoRA examples leave it off.
-            "cpu_ram_efficient_loading": c.method != "qlora",
+            # not one per GPU), for QLoRA too: axolotl's FSDP + QLoRA examples set it
+            # (examples/{llama-3/qlora-fsdp-70b,qwen3/qlora-fsdp,llama-2/qlora-fsdp}.y*ml at
+            # v0.18.0, the last linked from docs/fsdp_qlora.qmd), and its FSDP2 loader keeps
+            # a 4-bit model's Params4bit off the meta device under it
+            # (monkeypatch/accelerate/fsdp2.py:626-634).
+            "cpu_ram_efficient_loading": True,
             # Without a policy accelerate wraps nothing (FSDP_AUTO_WRAP_POLICY defaults to
             # NO_WRAP) and the whole model is gathered at once; with it and no class named,
             # accelerate wraps the model's `_no_split_modules` (its decoder layer)

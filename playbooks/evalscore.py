@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import signal
 import string
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -31,7 +32,6 @@ from .base import (
     StepFailed,
     StepReport,
     container_name,
-    last_line,
 )
 from .vllm import SERVED_NAME, http_client
 
@@ -39,9 +39,18 @@ log = logging.getLogger(__name__)
 
 PLAYBOOK = "evaluate"
 # `sh -c` body run in the trainer image before lm_eval: add the `lm_eval[api]` extra to the
-# image's venv ($1 its python, $2 the requirement; images.yaml `lm_eval`), then exec the
-# rest. Values arrive as positional arguments, never inside the script text.
-ENSURE_API_EXTRA = 'uv pip install --python "$1" "$2" >&2 || exit; shift 2; exec "$@"'
+# image's venv with its uv ($1 uv, $2 the venv's python, $3 the requirement; images.yaml
+# `lm_eval`), then run the rest. Values arrive as positional arguments, never inside the
+# script text. lm_eval runs as the shell's child, not exec'd: when the OOM killer (or anyone)
+# kills it, the shell exits 128 + the signal, where an exec'd process leaves SSH no exit
+# status at all (-1). `--quiet` keeps uv's own lines out of the tail a failure reports (its
+# errors still print).
+ENSURE_API_EXTRA = ('"$1" pip install --quiet --python "$2" "$3" >&2 || exit; shift 3; "$@"; '
+                    'exit $?')
+# lm-eval's own max_length (images.yaml `lm_eval`): the context its requests are cut to.
+LM_EVAL_MAX_LENGTH = int(images.catalog().lm_eval["max_length"])
+# Lines of lm_eval's output a failure keeps in its message (the whole tail goes to stderr).
+FAILURE_TAIL_LINES = 3
 
 
 # --- scoring the user's eval set -------------------------------------------------------------
@@ -194,8 +203,22 @@ def lm_eval_argv(
     num_concurrent: int = 8,
     max_retries: int = 3,
     limit: int | None = None,
+    max_length: int = LM_EVAL_MAX_LENGTH,
 ) -> list[str]:
     """The `lm_eval --model local-completions ...` command (paths as the harness sees them).
+
+    `max_length` is the server's context (`--max-model-len`): lm-eval truncates every
+    request to it, so none is refused as too long. Requests go as token ids, encoded by
+    the model's own tokenizer with its special tokens (`tokenized_requests=True,
+    add_bos_token=True, tokenizer_backend=huggingface`): vLLM adds BOS to a text prompt
+    (`add_special_tokens` defaults to true, vllm/entrypoints/openai/completion/protocol.py:88
+    at v0.19.1) but not to token ids (vllm/renderers/base.py:423-433), while lm-eval counts
+    a loglikelihood's context in its own encoding, without BOS unless add_bos_token
+    (lm_eval 0.4.11 models/api_models.py:397-425, 551-572): with text prompts the scored span
+    `token_logprobs[ctxlen:-1]` (openai_completions.py:113) slid one token into the context
+    and shifted `acc_norm`. Token ids with BOS score the continuation, as the model saw text
+    in training and as lm-eval's `hf` backend encodes it; lm-eval also checks and truncates
+    generation contexts only for tokenized requests (api_models.py:713-760).
 
     `model_args` is a comma-separated key=value list, so a value holding ',' cannot be
     passed safely: that is refused rather than half-parsed by lm_eval.
@@ -212,9 +235,12 @@ def lm_eval_argv(
         f"model={served_name}",
         f"base_url=http://127.0.0.1:{port}/v1/completions",
         f"tokenizer={tokenizer_dir}",
+        "tokenizer_backend=huggingface",
+        "tokenized_requests=True",
+        "add_bos_token=True",
+        f"max_length={max_length}",
         f"num_concurrent={num_concurrent}",
         f"max_retries={max_retries}",
-        "tokenized_requests=False",
     ])  # fmt: skip
     argv = ["lm_eval", "--model", "local-completions", "--tasks", ",".join(tasks),
             "--model_args", model_args, "--output_path", output_dir]
@@ -291,7 +317,8 @@ class LmEvalContainer:
             "--network", "host",
             "-v", f"{self.layout.base}:{CONTAINER_ROOT}",
             "--label", f"orch_job={self.job_id}", "--label", "orch_role=lm-eval",
-            self.image, *with_api_extra(lm_eval),
+            # uv by name: the container gets the image's ENV PATH (/root/.local/bin on it).
+            self.image, *with_api_extra(lm_eval, "uv"),
         ]  # fmt: skip
 
     @property
@@ -300,10 +327,11 @@ class LmEvalContainer:
         return self.image
 
 
-def with_api_extra(lm_eval: Sequence[str]) -> list[str]:
-    """`lm_eval` run in the axolotl image's venv once `uv pip install` has added the
-    `lm_eval[api]` extra `local-completions` needs (the image pins bare `lm_eval`)."""
-    return ["sh", "-c", ENSURE_API_EXTRA, "lm-eval", f"{images.layout().venv}/bin/python",
+def with_api_extra(lm_eval: Sequence[str], uv: str) -> list[str]:
+    """`lm_eval` run in the axolotl image's venv once `uv pip install` (`uv`: a name on the
+    image's PATH or a path) has added the `lm_eval[api]` extra `local-completions` needs (the
+    image pins bare `lm_eval`)."""
+    return ["sh", "-c", ENSURE_API_EXTRA, "lm-eval", uv, f"{images.layout().venv}/bin/python",
             images.catalog().lm_eval["api_requirement"], *lm_eval]
 
 
@@ -315,6 +343,7 @@ class LmEvalNative:
     environment (SSH sessions on a rental do not see the image's PATH)."""
 
     wrap: Callable[[Sequence[str]], list[str]]
+    uv: str  # the image's uv, by its path (the session's PATH lacks /root/.local/bin)
     name: None = None  # no container to clear before a run
     label: str = "the rented image"  # where it runs, for messages
 
@@ -324,7 +353,7 @@ class LmEvalNative:
 
     def argv(self, lm_eval: Sequence[str]) -> list[str]:
         """`lm_eval` in the image's venv, after `uv pip install` of the `[api]` extra."""
-        return self.wrap(with_api_extra(lm_eval))
+        return self.wrap(with_api_extra(lm_eval, self.uv))
 
 
 LmEvalPlace = LmEvalContainer | LmEvalNative
@@ -332,10 +361,12 @@ LmEvalPlace = LmEvalContainer | LmEvalNative
 
 def lm_eval_place_argv(where: LmEvalPlace, tasks: Sequence[str], port: int,
                            tokenizer_dir: str, output_dir: str,
-                           served_name: str = SERVED_NAME) -> list[str]:
+                           served_name: str = SERVED_NAME,
+                       max_length: int = LM_EVAL_MAX_LENGTH) -> list[str]:
     """The whole command `run_lm_eval` runs (host paths in, the harness's paths on the argv)."""
     return where.argv(lm_eval_argv(tasks, port, where.inside(tokenizer_dir),
-                                   where.inside(output_dir), served_name))
+                                   where.inside(output_dir), served_name,
+                                   max_length=max_length))
 
 
 def run_lm_eval(
@@ -347,11 +378,14 @@ def run_lm_eval(
     output_dir: str,
     served_name: str = SERVED_NAME,
     timeout_s: float = 4 * 3600,
+    max_length: int = LM_EVAL_MAX_LENGTH,
 ) -> tuple[dict[str, float], str]:
     """Run lm-eval tasks in the trainer image against the server; (metrics, results file).
 
-    `tokenizer_dir` and `output_dir` are host paths (under the layout's base)."""
-    argv = lm_eval_place_argv(where, tasks, port, tokenizer_dir, output_dir, served_name)
+    `tokenizer_dir` and `output_dir` are host paths (under the layout's base); `max_length`
+    the server's context."""
+    argv = lm_eval_place_argv(where, tasks, port, tokenizer_dir, output_dir, served_name,
+                              max_length)
     host.must(["mkdir", "-p", output_dir], "creating the lm_eval output directory")
     if where.name is not None:
         host.run(["docker", "rm", "-f", where.name])  # a killed run's leftover (absent: fine)
@@ -360,9 +394,7 @@ def run_lm_eval(
     before = _results_files(host, output_dir)
     result = host.run(argv, timeout=timeout_s)
     if not result.ok:
-        raise StepFailed(f"lm_eval in {where.label} failed (exit {result.exit_code}): "
-                         f"{last_line(result.stderr or result.stdout)}",
-                         fault=Fault.HOST, stderr=result.stderr)
+        raise lm_eval_failed(where.label, result.exit_code, result.stderr, result.stdout)
     found = [(mtime, path) for path, mtime in _results_files(host, output_dir).items()
              if before.get(path) != mtime]
     if not found:
@@ -373,6 +405,33 @@ def run_lm_eval(
     if raw is None:
         raise StepFailed(f"lm_eval results vanished: {path}", fault=Fault.HOST)
     return parse_lm_eval_results(raw), path
+
+
+def lm_eval_failed(label: str, exit_code: int, stderr: str, stdout: str) -> StepFailed:
+    """Why lm_eval ended badly: killed by a signal (named) or its exit status, with the last
+    lines it printed (stderr, its log, else stdout)."""
+    output = stderr.strip() or stdout.strip()
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    if exit_code == -1:  # no exit status: an exec'd process killed by a signal
+        how = "was killed by a signal (no exit status came back)"
+    elif exit_code > 128 and (name := _signal_name(exit_code - 128)) is not None:
+        how = f"was killed by {name} (exit {exit_code})"
+        if name == "SIGKILL":
+            how += ("; the kernel's OOM killer sends SIGKILL when the machine runs out of "
+                    "memory")
+    else:
+        how = f"failed (exit {exit_code})"
+    said = (" | ".join(ln.strip()[:300] for ln in lines[-FAILURE_TAIL_LINES:]) if lines
+            else "it printed nothing")
+    return StepFailed(f"lm_eval in {label} {how}: {said}", fault=Fault.HOST,
+                      stderr="\n".join(lines))
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
 
 
 @dataclass

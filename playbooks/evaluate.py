@@ -48,7 +48,7 @@ from .vllm import (
     stop_server,
     wait_ready,
 )
-from .vllm_native import NativeServer
+from .vllm_native import NativeServer, served_requirements
 
 log = logging.getLogger(__name__)
 
@@ -109,14 +109,15 @@ class _Served:
         output = f"{self.layout.job_dir(self.job_id)}/eval/lm_eval"
         where: LmEvalPlace
         if self.native is not None:  # a container rental: in the rented image, natively
-            where = LmEvalNative(self.server(h).wrap)
+            server = self.server(h)
+            where = LmEvalNative(server.wrap, server.uv)
         elif not self.trainer_image:
             raise ValueError("eval.tasks on a Docker host need the trainer image (lm_eval)")
         else:
             where = LmEvalContainer(self.job_id, self.trainer_image, self.layout)
         self._lm = run_lm_eval(h, where, self.tasks, self.port,
                                self.tokenizer_dir or self.model_dir_host, output,
-                               self.served_name, self.lm_eval_timeout_s)
+                               self.served_name, self.lm_eval_timeout_s, self.max_model_len)
 
     def serve(self, h: Host) -> None:
         if self.native is not None:
@@ -209,6 +210,7 @@ def evaluate(
     runner: str = "docker",
     native_wrap: Callable[[Sequence[str]], list[str]] = list,
     native_wrapper: str = "",
+    native_uv: str = "",
     vllm_version: str = "",
     serving: Serving = DEFAULT_SERVING,
     trainer_image: str = "",
@@ -223,8 +225,9 @@ def evaluate(
     `serving` is the plan's: tensor parallel size, memory fraction, concurrency, and
     whether `model_dir_host` is a base to quantize at load (with `lora`).
     On a host without Docker (`runner` "process": a container rental) vLLM `vllm_version`
-    is installed in a venv of its own and served natively under the uploaded orch-job.sh
-    (`native_wrapper`; playbooks/vllm_native.py) after a `vllm-install` step; `eval.tasks`
+    is installed with the image's uv (`native_uv`, its path) in a venv of its own and
+    served natively under the uploaded orch-job.sh (`native_wrapper`;
+    playbooks/vllm_native.py) after a `vllm-install` step; `eval.tasks`
     there run the rented image's lm-eval natively against it. On a Docker host `eval.tasks`
     run in a throwaway container of `trainer_image` against the server. Both use
     `--model local-completions` after adding the `lm_eval[api]` extra (evalscore).
@@ -233,7 +236,7 @@ def evaluate(
         return _evaluate_rental(host, job_id, model_dir_host, layout, port, max_model_len,
                                 eval_rows, tasks, lora, served_name, ready_deadline_s,
                                 concurrency, max_tokens, lm_eval_timeout_s, emit, stop_after,
-                                native_wrap, native_wrapper, vllm_version, serving)
+                                native_wrap, native_wrapper, native_uv, vllm_version, serving)
     run = _Served(job_id, model_dir_host, layout, image, port, max_model_len, eval_rows, tasks,
                   lora, tokenizer_dir, served_name, ready_deadline_s,
                   min(concurrency, serving.max_num_seqs), max_tokens, lm_eval_timeout_s,
@@ -264,18 +267,19 @@ def _evaluate_rental(host: Host, job_id: str, model_dir_host: str, layout: Layou
                      tasks: Sequence[str], lora: str | None, served_name: str,
                      ready_deadline_s: float, concurrency: int, max_tokens: int,
                      lm_eval_timeout_s: float, emit: Emit, stop_after: bool,
-                     wrap: Callable[[Sequence[str]], list[str]], wrapper: str,
+                     wrap: Callable[[Sequence[str]], list[str]], wrapper: str, uv: str,
                      version: str, serving: Serving) -> EvalResult:
     """`evaluate` on a container rental: vLLM in its own venv serves the model; the eval set
     is scored through it and `tasks` run the image's lm-eval against it
     (`--model local-completions`), as on a Docker host."""
-    if not wrapper or not version:
-        raise ValueError("a container rental's evaluation needs the orch-job.sh path and the "
-                         "vLLM version")
+    if not wrapper or not version or not uv:
+        raise ValueError("a container rental's evaluation needs the orch-job.sh path, uv's "
+                         "path and the vLLM version")
 
     def server(h: Host) -> NativeServer:
         args = host_engine_args(h, model_dir_host, max_model_len, served_name, lora, serving)
-        return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap)
+        return NativeServer.for_job(layout, job_id, version, wrapper, port, args, wrap, uv,
+                                    served_requirements(serving.quantization))
 
     run = _Served(job_id, model_dir_host, layout, "", port, max_model_len, eval_rows, tasks,
                   lora, None, served_name, ready_deadline_s,

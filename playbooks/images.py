@@ -26,6 +26,7 @@ class ImageLayout:
 
     workdir: str
     venv: str
+    uv: str
     cuda_env: str
     entrypoint: str
     cloud_entrypoint: str
@@ -92,6 +93,15 @@ def vllm_image() -> str:
 def vllm_version() -> str:
     """The pinned vLLM release, for a host that installs the wheel (a container rental)."""
     return catalog().vllm["version"]
+
+
+def eval_context(sequence_len: int, tasks: bool) -> int:
+    """The context vLLM serves the evaluation with (`--max-model-len`): the training
+    `sequence_len` (what the eval set's prompts were trained at), and at least lm-eval's
+    `max_length` when `tasks` run, which lm-eval then truncates its requests to."""
+    if not tasks:
+        return sequence_len
+    return max(sequence_len, int(catalog().lm_eval["max_length"]))
 
 
 def default_image(kind: HostKind = "docker") -> str:

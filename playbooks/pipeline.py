@@ -369,13 +369,14 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
         hooks.check_stop()
         hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation")
         model, adapter = merge.served_dirs(tj, job.serving.served == "adapter")
+        context = images.eval_context(job.config.sequence_len, bool(job.eval_tasks))
         try:
             result = evaluate.evaluate(
                 run.host, job.job_id, model, run.layout, job.vllm_image,
-                job.vllm_port, job.config.sequence_len, hooks.eval_rows(run),
+                job.vllm_port, context, hooks.eval_rows(run),
                 tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
                 stop_after=hooks.stop_after_eval(), runner=tj.runner,
-                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper,
+                native_wrap=tj.native.wrap, native_wrapper=tj.wrapper, native_uv=tj.native.uv,
                 vllm_version=images.vllm_version(), serving=job.serving,
                 trainer_image=tj.image)
         except Exception as exc:

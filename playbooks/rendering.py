@@ -18,7 +18,7 @@ import yaml
 
 from playbooks import deliver, evalscore, images, merge, train, vllm
 from playbooks.base import container_name
-from playbooks.vllm_native import NativeServer
+from playbooks.vllm_native import NativeServer, served_requirements
 
 # Where orch's directory is on each kind of host when nothing has been discovered yet (the
 # model_cache playbook picks the real NVMe mount at run time).
@@ -67,7 +67,8 @@ def evaluate_argv(tj: train.TrainJob, vllm_image: str, port: int,
 
 
 def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
-                 serving: vllm.Serving = vllm.DEFAULT_SERVING) -> list[str]:
+                 serving: vllm.Serving = vllm.DEFAULT_SERVING,
+                 max_length: int = evalscore.LM_EVAL_MAX_LENGTH) -> list[str]:
     """The command that runs `eval.tasks`, as `evaluate.evaluate` runs it.
 
     `lm_eval --model local-completions` against the vLLM server: on a Docker host in a
@@ -79,9 +80,10 @@ def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
     eval_dir = f"{tj.layout.job_dir(tj.job_id)}/eval"
     model, _adapter = merge.served_dirs(tj, serving.served == "adapter")
     where: evalscore.LmEvalPlace = (
-        evalscore.LmEvalNative(tj.native.wrap) if tj.runner == "process"
+        evalscore.LmEvalNative(tj.native.wrap, tj.native.uv) if tj.runner == "process"
         else evalscore.LmEvalContainer(tj.job_id, tj.image, tj.layout))
-    return evalscore.lm_eval_place_argv(where, tasks, port, model, f"{eval_dir}/lm_eval")
+    return evalscore.lm_eval_place_argv(where, tasks, port, model, f"{eval_dir}/lm_eval",
+                                        max_length=max_length)
 
 
 def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int,
@@ -104,7 +106,8 @@ def native_server(tj: train.TrainJob, port: int, max_model_len: int,
     args = vllm.engine_args(model, max_model_len, lora=adapter, lora_rank=tj.config.lora_r,
                             serving=serving)
     return NativeServer.for_job(tj.layout, tj.job_id, images.vllm_version(), tj.wrapper,
-                                port, args, tj.native.wrap)
+                                port, args, tj.native.wrap, tj.native.uv,
+                                served_requirements(serving.quantization))
 
 
 def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: int = 8000,
@@ -120,21 +123,22 @@ def render(tj: train.TrainJob, *, evaluates: bool, vllm_image: str, vllm_port: i
     if ds_text is not None and ds_file is not None:
         files[ds_file] = ds_text
     notes = []
+    context = images.eval_context(tj.config.sequence_len, bool(eval_tasks))
     if tj.runner == "process":
         notes.append(f"no Docker on a container rental: the rented image ({tj.image}) is the "
                      "runtime; commands run natively under playbooks/remote/orch-job.sh")
         if evaluates:
-            installs = native_server(tj, vllm_port, tj.config.sequence_len,
-                                     serving).install_argvs()
+            installs = native_server(tj, vllm_port, context, serving).install_argvs()
             notes.append("before `evaluate`, vLLM is installed once per machine: "
                          + "; ".join(shlex.join(argv) for argv in installs))
     commands = {
         "download": list(download),
         "train": train.train_argv(tj),
         "merge": merge.merge_argv(tj) if tj.adapter else [],
-        "evaluate": evaluate_argv(tj, vllm_image, vllm_port, tj.config.sequence_len,
+        "evaluate": evaluate_argv(tj, vllm_image, vllm_port, context,
                                   serving) if evaluates else [],
-        "lm_eval": lm_eval_argv(tj, vllm_port, eval_tasks, serving) if evaluates else [],
+        "lm_eval": lm_eval_argv(tj, vllm_port, eval_tasks, serving,
+                                context) if evaluates else [],
         "deliver": deliver.upload_argv(tj, hub, token=True) if hub is not None else [],
     }
     notes.append("delivery: the results are copied back over SFTP and checked by sha256"

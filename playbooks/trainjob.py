@@ -71,12 +71,16 @@ class NativeEnv:
     env_file: str = images.layout().cloud_env_file
     venv_bin: str = f"{images.layout().venv}/bin"
     cuda_env: str = images.layout().cuda_env
+    # uv by its path: /root/.local/bin is on the image's PATH only through its ENV, which an
+    # SSH session does not get, and the restored env file is not always there (Vast).
+    uv: str = images.layout().uv
 
     @classmethod
     def mapped(cls, paths: Callable[[str], str]) -> NativeEnv:
         """The image's paths as they are on a host whose server paths map through `paths`."""
         plain = cls()
-        return cls(paths(plain.env_file), paths(plain.venv_bin), paths(plain.cuda_env))
+        return cls(paths(plain.env_file), paths(plain.venv_bin), paths(plain.cuda_env),
+                   paths(plain.uv))
 
     def wrap(self, command: Sequence[str]) -> list[str]:
         """`command` preceded by the environment restoring shell (argv, nothing evaluated)."""

@@ -4,11 +4,13 @@ A rental is a container of the axolotl image: there is no Docker to start `vllm/
 in, and the image has no vLLM (real-hosts.md §1, §6). So orch installs the same vLLM
 release the Docker hosts run (playbooks/data/images.yaml, `vllm`) with the image's `uv`
 into a venv of its own under the job layout (never into the axolotl venv: vLLM brings its
-own torch), and runs `vllm serve` there under `playbooks/remote/orch-job.sh` (setsid, pid
-and exit-code files), listening on the rental's 127.0.0.1 only and reached through the SSH
-tunnel as on a Docker host. docs/playbooks.md ("Evaluation on container rentals") has the
-design and its cost; the venv lives on the job's disk, so a takeover on the same machine
-(or a volume) finds it installed.
+own torch), calling that `uv` by its path in the image (images.yaml `layout.uv`: an SSH
+session does not get the image's PATH), and runs `vllm serve` there under
+`playbooks/remote/orch-job.sh` (setsid, pid and exit-code files), listening on the
+rental's 127.0.0.1 only and reached through the SSH tunnel as on a Docker host.
+docs/playbooks.md ("Evaluation on container rentals") has the design and its cost; the
+venv lives on the job's disk, so a takeover on the same machine (or a volume) finds it
+installed.
 """
 
 from __future__ import annotations
@@ -16,10 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import images
 from .base import Fault, Host, Layout, StepFailed, last_line
 
 Wrap = Callable[[Sequence[str]], list[str]]
 PYTHON = "3.12"  # the axolotl images' Python (images.yaml tags), for uv's venv
+# Prints a module's __version__ (the install check imports what the served form needs).
+_VERSION_OF = "import importlib, sys; print(importlib.import_module(sys.argv[1]).__version__)"
+
+
+def served_requirements(quantization: str | None) -> tuple[tuple[str, str], ...]:
+    """(package, version) the served form needs in the vLLM venv besides vLLM: bitsandbytes
+    for the 4-bit base (vLLM's wheel does not require it; images.yaml `vllm`)."""
+    if quantization == "bitsandbytes":
+        return (("bitsandbytes", images.catalog().vllm["bitsandbytes"]),)
+    return ()
 
 
 @dataclass(frozen=True)
@@ -32,41 +45,62 @@ class NativeServer:
     wrapper: str  # the uploaded orch-job.sh
     port: int  # on the rental's 127.0.0.1
     args: tuple[str, ...]  # engine arguments (host paths)
-    wrap: Wrap  # restores the image's environment (its PATH has `uv`)
+    wrap: Wrap  # restores the image's environment (the cu13 libraries, HF_* variables)
+    uv: str  # the image's uv (host path)
+    # (package, version) the served form needs besides vLLM (`served_requirements`)
+    extras: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def for_job(cls, layout: Layout, job_id: str, version: str, wrapper: str, port: int,
-                args: Sequence[str], wrap: Wrap) -> NativeServer:
+                args: Sequence[str], wrap: Wrap, uv: str,
+                extras: Sequence[tuple[str, str]] = ()) -> NativeServer:
         """The server of `job_id`, with the venv shared by the jobs of this layout."""
         return cls(f"{layout.base}/vllm-venv/{version}", version,
-                   f"{layout.job_dir(job_id)}/run/vllm", wrapper, port, tuple(args), wrap)
+                   f"{layout.job_dir(job_id)}/run/vllm", wrapper, port, tuple(args), wrap, uv,
+                   tuple(extras))
 
     @property
     def vllm(self) -> str:
         return f"{self.venv}/bin/vllm"
 
     def install_argvs(self) -> list[list[str]]:
-        """`uv venv` then `uv pip install vllm==VERSION` into it (through the image's env)."""
-        return [self.wrap(["uv", "venv", "--python", PYTHON, self.venv]),
-                self.wrap(["uv", "pip", "install", "--python", f"{self.venv}/bin/python",
-                           f"vllm=={self.version}"])]
+        """`uv venv` then `uv pip install vllm==VERSION` (and `extras`, resolved together)
+        into it (through the image's env).
+
+        `--allow-existing`: a venv left by an install that did not finish (a lost
+        connection, a step timeout) is reused; uv refuses an existing one without it."""
+        wanted = [f"vllm=={self.version}", *(f"{name}=={v}" for name, v in self.extras)]
+        return [self.wrap([self.uv, "venv", "--allow-existing", "--python", PYTHON,
+                           self.venv]),
+                self.wrap([self.uv, "pip", "install", "--python", f"{self.venv}/bin/python",
+                           *wanted])]
 
     def installed(self, host: Host) -> bool:
-        """Whether the venv holds this vLLM release (`vllm --version`)."""
+        """Whether the venv holds this vLLM release (`vllm --version`) and imports each of
+        `extras` at its version (a venv an adapter-less job made has no bitsandbytes)."""
         result = host.run([self.vllm, "--version"])
-        return result.ok and result.stdout.strip().splitlines()[-1:] == [self.version]
+        if not (result.ok and result.stdout.strip().splitlines()[-1:] == [self.version]):
+            return False
+        for name, version in self.extras:
+            # As `vllm serve` runs (`serve_argv`): the venv's python, not the image's env.
+            found = host.run([f"{self.venv}/bin/python", "-c", _VERSION_OF, name])
+            if not (found.ok and found.stdout.strip().splitlines()[-1:] == [version]):
+                return False
+        return True
 
     def install(self, host: Host) -> None:
-        if not host.run(self.wrap(["sh", "-c", "command -v uv"])).ok:
-            raise StepFailed("uv is not on the rental (the axolotl uv images ship it in their "
-                             "venv: is the job's image one of them?); orch installs vLLM "
-                             "with it", fault=Fault.HOST)
+        if not host.run(["test", "-x", self.uv]).ok:
+            raise StepFailed(f"uv is not on the rental at {self.uv} (where the axolotl uv "
+                             "images install it: is the job's image one of them?); orch "
+                             "installs vLLM with it", fault=Fault.HOST)
         for argv in self.install_argvs():
             host.must(argv, f"installing vLLM {self.version} on the rental", fault=Fault.HOST,
                       timeout=1800)
         if not self.installed(host):
-            raise StepFailed(f"vLLM {self.version} was installed in {self.venv} but "
-                             "`vllm --version` does not say so", fault=Fault.HOST)
+            wanted = ", ".join([f"vLLM {self.version}",
+                                *(f"{name} {v}" for name, v in self.extras)])
+            raise StepFailed(f"{wanted} were installed in {self.venv} but `vllm --version` "
+                             "or importing them does not say so", fault=Fault.HOST)
 
     def serve_argv(self) -> list[str]:
         """`vllm serve` started detached by orch-job.sh, on 127.0.0.1 only, offline."""

@@ -75,6 +75,8 @@ class SimHostOptions:
     # Whether the image's lm_eval has the `lm_eval[api]` extra (tenacity, aiohttp, ...) that
     # `--model local-completions` needs; the axolotl images pin bare lm_eval (lm_eval.py).
     lm_eval_api_extras: bool = False
+    # The kernel's OOM killer ends lm_eval (SIGKILL) once it has sent its first request.
+    lm_eval_oom_killed: bool = False
     has_systemd: bool = True
     # Who the SSH login is: "root"; "sudoer" (a user with passwordless sudo); "user" (no
     # sudo rights). Not root, privileged commands (apt-get, nvidia-ctk runtime configure,

@@ -113,6 +113,9 @@ def test_fsdp2_renders_axolotls_own_keys() -> None:
         assert cfg["fsdp_version"] == 2 and "deepspeed" not in cfg
         assert cfg["fsdp_config"]["offload_params"] is False
         assert cfg["fsdp_config"]["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+        # Rank 0 loads, the others get the shards; QLoRA too, as axolotl's FSDP + QLoRA
+        # examples set it (examples/llama-3/qlora-fsdp-70b.yaml:65 at v0.18.0).
+        assert cfg["fsdp_config"]["cpu_ram_efficient_loading"] is True, method
         # bitsandbytes' 8-bit AdamW is refused by axolotl under FSDP2: torchao's instead.
         assert cfg["optimizer"] == "adamw_torch_8bit"
         assert axolotl_schema.problems(cfg) == [], method

@@ -356,6 +356,10 @@ def test_vast_host_is_a_container_whose_env_comes_from_onstart(
         # orch's onstart persists the image's environment: a plain command finds the venv.
         found = ssh_sh(ssh_keypair, inst, sim.user, "command -v axolotl; command -v hf")
         assert found.ok and found.stdout.split() == [str(venv / "axolotl"), str(venv / "hf")]
+        # uv is not in the venv: in root's ~/.local/bin (axolotl docker/Dockerfile-uv-base).
+        uv = ssh_sh(ssh_keypair, inst, sim.user, "command -v uv")
+        assert uv.ok and uv.stdout.split() == [str(sim.path("/root/.local/bin/uv"))]
+        assert not (venv / "uv").exists()
         # A container rental: no Docker inside, no systemd.
         assert ssh_sh(ssh_keypair, inst, sim.user, "docker --version").exit_code == 127
         assert not ssh_sh(ssh_keypair, inst, sim.user, "systemctl is-active docker").ok
@@ -371,6 +375,9 @@ def test_vast_host_is_a_container_whose_env_comes_from_onstart(
             bare = wait_running(api, other)
         plain = ssh_sh(ssh_keypair, bare, sim.user, "command -v axolotl")
         assert plain.exit_code != 0  # the image's PATH is not the session's
+        assert ssh_sh(ssh_keypair, bare, sim.user, "command -v uv").exit_code != 0
+        bare_uv = shlex.quote(str(sim_hosts.host(other).path("/root/.local/bin/uv")))
+        assert ssh_sh(ssh_keypair, bare, sim.user, f"test -x {bare_uv}").ok
         venv_bin = shlex.quote(str(sim_hosts.host(other).path("/workspace/axolotl-venv/bin")))
         explicit = ssh_sh(ssh_keypair, bare, sim.user, f"PATH={venv_bin}:$PATH command -v axolotl")
         assert explicit.ok

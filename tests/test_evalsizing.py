@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import shutil
 from dataclasses import replace
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from test_cli import env, orch  # noqa: F401 - the fixture and the CLI runner
@@ -17,6 +20,7 @@ from providers import catalog
 from providers.base import Billing, Offer
 
 GPUS = catalog.gpus()
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 L70 = lookup("meta-llama/Llama-3.1-70B").architecture
 
 
@@ -106,6 +110,11 @@ def test_hours_grow_with_rows_and_tasks() -> None:
     # A container rental installs vLLM first (docs/playbooks.md: 1-3 min).
     rental = evalsizing.eval_hours(work(rows=10), est, GPUS["A100 80GB"], rental=True)
     assert rental == pytest.approx(few + evalsizing.VLLM_INSTALL_S / 3600)
+    # Tasks without an eval set run against the same installed vLLM.
+    only_tasks = replace(work(rows=0), tasks=1)
+    assert evalsizing.eval_hours(only_tasks, est, GPUS["A100 80GB"], rental=True) == (
+        pytest.approx(evalsizing.eval_hours(only_tasks, est, GPUS["A100 80GB"])
+                      + evalsizing.VLLM_INSTALL_S / 3600))
     trains = offer("A100 80GB", 1, "1.50")
     docker = place(work(rows=10), trains, GPUS["A100 80GB"])
     container = place(replace(work(rows=10), rentals=frozenset({"cloud"})), trains,
@@ -132,3 +141,25 @@ def test_plan_json_of_qlora_70b_has_an_evaluation_that_fits_its_gpu(
     text = orch(env, "plan", "examples/qlora-70b.yml").stdout
     assert "Evaluation (vLLM, same machine): on the training machine, the 4-bit base with " \
            "the LoRA adapter" in text.replace("\n", " ").replace("  ", " ")
+
+
+def test_tasks_size_the_served_context_and_its_kv_cache(
+        env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811 - the fixture
+    # lm-eval's API models send up to 2048 tokens whatever the training sequence_len: vLLM
+    # serves that context when eval.tasks run, and the plan counts its KV cache.
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
+    text = (EXAMPLES / "qlora-8b.yml").read_text().replace("sequence_len: 2048",
+                                                           "sequence_len: 512")
+    (tmp_path / "eval-set.yml").write_text(text)
+    (tmp_path / "tasks.yml").write_text(text.replace(
+        "  eval_set: data/eval.jsonl\n", "  eval_set: data/eval.jsonl\n  tasks: [gsm8k]\n"))
+    plans = {name: json.loads(orch(env, "plan", str(tmp_path / f"{name}.yml"),
+                                   "--json").stdout)["evaluation"]
+             for name in ("eval-set", "tasks")}
+    assert plans["eval-set"]["max_model_len"] == 512  # the eval set: the training context
+    ev = plans["tasks"]
+    assert ev["max_model_len"] == 2048
+    arch = lookup("meta-llama/Llama-3.1-8B").architecture
+    assert ev["components"]["kv_cache"] == math.ceil(
+        evalsizing.kv_cache_bytes(arch, 2048 * ev["max_num_seqs"]) / ev["tensor_parallel_size"])
+    assert ev["components"]["kv_cache"] == 4 * plans["eval-set"]["components"]["kv_cache"]

@@ -16,6 +16,7 @@ from test_pipeline import ANSWERS, make_job
 from playbooks import images
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import run_pipeline
+from playbooks.vllm import Serving
 
 CLOUD_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
 
@@ -93,3 +94,108 @@ def test_the_lm_eval_stand_in_refuses_what_lm_eval_refuses(
     (model / "config.json").write_text("{}")
     result = host.run(["lm_eval", *(a.format(model=model) for a in args)])
     assert result.exit_code == code and text in result.stderr, result.stderr
+
+
+def test_a_killed_lm_eval_is_reported_as_killed_with_its_last_lines(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # The OOM killer ends lm_eval with SIGKILL: the job says so (not "failed (exit -1)" with
+    # uv's last line) and keeps what lm_eval printed last.
+    _, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                            train_step_seconds=0.05, lm_eval_oom_killed=True)
+    job = replace(make_job(tmp_path, "lora"), eval_tasks=("gsm8k",), eval_set=None)
+    with pytest.raises(PlaybookFailed) as info:
+        run_pipeline(host, job, reports)
+    assert info.value.step == "lm-eval"
+    reason = info.value.reason
+    assert "lm_eval in the rented image was killed by SIGKILL (exit 137)" in reason, reason
+    assert "OOM killer" in reason
+    assert "Requesting API: gsm8k: 1 request sent" in reason
+    assert "Installed" not in reason and "exit -1" not in reason
+    assert "Requesting API: gsm8k" in info.value.stderr_tail
+
+
+def test_uv_is_called_by_its_path_and_reuses_a_half_done_venv(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # The axolotl uv images have uv in /root/.local/bin, on their ENV PATH only: a session
+    # without the image's environment (no env file written at boot) finds none by name.
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                              train_step_seconds=0.05)
+    uv = host.paths(images.layout().uv)
+    assert host.run(["sh", "-c", "command -v uv"]).exit_code != 0
+    assert host.run(["test", "-x", uv]).ok
+    # An earlier install that did not finish (connection lost after `uv venv`): the venv is
+    # there, vLLM is not. uv refuses to make it again unless told to reuse it.
+    assert sim.nvme_path is not None
+    venv = f"{sim.nvme_path}/orch/vllm-venv/{images.vllm_version()}"
+    assert host.run([uv, "venv", "--python", "3.12", venv]).ok
+    again = host.run([uv, "venv", "--python", "3.12", venv])
+    assert again.exit_code == 2
+    assert f"A virtual environment already exists at: {venv}" in again.stderr
+    assert "hint: Use the `--clear` flag" in again.stderr
+
+    job = replace(make_job(tmp_path, "lora"), eval_tasks=("gsm8k",))
+    result = run_pipeline(host, job, reports)
+    assert reports.outcomes("evaluate")["vllm-install"] == "changed"
+    assert result.metrics["eval.exact_match"] == 1.0
+    assert "lm_eval.gsm8k.exact_match.strict-match" in result.metrics
+
+
+def test_a_rental_serving_the_4bit_base_installs_and_imports_bitsandbytes(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # QLoRA is served as the 4-bit base + adapter (`--quantization bitsandbytes`). vLLM's
+    # wheel does not bring bitsandbytes (the vllm-openai image installs it): without it vLLM
+    # refuses to load, so the install adds it and its check imports it.
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                              train_step_seconds=0.05)
+    uv, version = host.paths(images.layout().uv), images.vllm_version()
+    assert sim.nvme_path is not None
+    venv = f"{sim.nvme_path}/orch/vllm-venv/{version}"
+    # The venv an earlier job made to serve a merged model: vLLM alone.
+    assert host.run([uv, "venv", "--python", "3.12", venv]).ok
+    assert host.run([uv, "pip", "install", "--python", f"{venv}/bin/python",
+                     f"vllm=={version}"]).ok
+    model = sim.root / "some-model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    refused = host.run([f"{venv}/bin/vllm", "serve", str(model), "--quantization",
+                        "bitsandbytes"])
+    assert refused.exit_code == 1
+    assert ("ImportError: Please install bitsandbytes>=0.48.1 via `pip install "
+            "bitsandbytes>=0.48.1` to use bitsandbytes quantizer.") in refused.stderr
+    assert not host.run([f"{venv}/bin/python", "-c", "import bitsandbytes"]).ok
+
+    job = replace(make_job(tmp_path, "qlora"), serving=Serving("adapter"))
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["eval.exact_match"] == 1.0
+    assert reports.outcomes("evaluate")["vllm-install"] == "changed"
+    bnb = images.catalog().vllm["bitsandbytes"]
+    assert sim.events("uv-pip-install")[-1]["packages"] == [f"vllm=={version}",
+                                                             f"bitsandbytes=={bnb}"]
+    imported = host.run([f"{venv}/bin/python", "-c",
+                         "import bitsandbytes; print(bitsandbytes.__version__)"])
+    assert imported.ok and imported.stdout.split() == [bnb]
+    (served,) = sim.events("vllm-serving")
+    assert served["served"][-1] == "ft"  # the adapter, on the 4-bit base
+
+
+@pytest.mark.parametrize("rental", [True, False])
+def test_few_shot_tasks_fit_the_served_context_whatever_the_sequence_len(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
+        rental: bool) -> None:
+    # lm-eval's API models send requests up to their max_length (2048 by default): a
+    # 5-shot gsm8k prompt does not fit a server sized to a short training sequence_len
+    # (vLLM answers 400), so vLLM serves at least lm-eval's context and lm-eval is told it.
+    kind = {"has_docker": False, "container_image": CLOUD_IMAGE} if rental else {}
+    sim, host = playbook_host(train_steps=2, train_step_seconds=0.05, **kind)
+    job = make_job(tmp_path, "lora")
+    job = replace(job, config=replace(job.config, sequence_len=512),
+                  eval_tasks=("gsm8k", "hellaswag"))
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["lm_eval.gsm8k.exact_match.strict-match"] == 0.25
+    assert result.metrics["eval.exact_match"] == 1.0
+    served = [c for c in sim.ssh_commands() if "--max-model-len" in c]
+    assert served and all("--max-model-len 2048" in c for c in served), served
+    (lm_eval,) = [c for c in sim.ssh_commands() if "local-completions" in c]
+    assert "max_length=2048" in lm_eval
+    # What lm-eval sent was scored as sent: every loglikelihood span is its continuation.
+    assert all(r["aligned"] for r in sim.events("lm-eval-request"))

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
@@ -29,6 +30,7 @@ from playbooks.vllm import (
     Serving,
     engine_args,
     ensure_server,
+    http_client,
     lora_rank_for,
     served_root,
     server_spec,
@@ -286,15 +288,19 @@ def test_normalise_for_exact_match() -> None:
 
 def test_lm_eval_argv() -> None:
     argv = lm_eval_argv(["gsm8k", "hellaswag"], 8123, "/mnt/nvme/orch/jobs/j/output/merged",
-                        "/mnt/nvme/orch/jobs/j/eval/lm_eval")
+                        "/mnt/nvme/orch/jobs/j/eval/lm_eval", max_length=4096)
     assert argv == [
         "lm_eval", "--model", "local-completions", "--tasks", "gsm8k,hellaswag",
         "--model_args",
         "model=ft,base_url=http://127.0.0.1:8123/v1/completions,"
-        "tokenizer=/mnt/nvme/orch/jobs/j/output/merged,num_concurrent=8,max_retries=3,"
-        "tokenized_requests=False",
+        "tokenizer=/mnt/nvme/orch/jobs/j/output/merged,tokenizer_backend=huggingface,"
+        "tokenized_requests=True,add_bos_token=True,max_length=4096,num_concurrent=8,"
+        "max_retries=3",
         "--output_path", "/mnt/nvme/orch/jobs/j/eval/lm_eval",
     ]  # fmt: skip
+    # lm-eval's own default context unless the server's is given (images.yaml `lm_eval`).
+    default = lm_eval_argv(["gsm8k"], 8123, "/t", "/o")
+    assert "max_length=2048" in default[default.index("--model_args") + 1]
     with pytest.raises(StepFailed) as info:
         lm_eval_argv(["gsm8k; rm -rf /"], 8000, "/t", "/o")
     assert info.value.fault is Fault.USER
@@ -354,6 +360,89 @@ def test_a_failing_lm_eval_task_fails_clearly_and_stops_the_server(
 
 
 TRAINER = images.default_image("docker")
+
+
+def test_the_vllm_stand_in_refuses_a_prompt_longer_than_its_context_as_vllm_does(
+        playbook_host: PlaybookHostFactory) -> None:
+    # vLLM 0.19.1's 400 texts (vllm/renderers/params.py:314-338, 397-424; the error body
+    # from entrypoints/utils.py:302-347): a text prompt is counted as its tokenizer truncates
+    # it (max input + 1, hence "at least"), token ids as given; BOS is added to text only.
+    _sim, host, layout = setup(playbook_host)
+    port = free_port()
+    model = merged_model(layout, "job-l")
+    (Path(model) / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    spec = serving(host, server_spec(host, "job-l", model, layout, IMAGE, port, 64))
+    try:
+        wait_ready(host.conn, port, 20, container=spec.name)
+        with ssh.tunnel(host.conn, port) as local, \
+                http_client(f"http://127.0.0.1:{local}", 30) as client:
+
+            def post(prompt: Any, max_tokens: int = 16) -> httpx.Response:
+                return client.post("/v1/completions", json={"model": "ft", "prompt": prompt,
+                                                            "max_tokens": max_tokens})
+
+            fits = [post("x" * 47), post([[0] + [123] * 47])]  # BOS + 47 + 16 = 64
+            text, ids, chars = post("x" * 48), post([[0] + [123] * 49]), post("x" * 300)
+            too_many = post("x", 65)
+    finally:
+        stop_server(host, "job-l")
+    assert [r.status_code for r in fits] == [200, 200]
+    tail = " Please reduce the length of the input prompt or the number of requested output tokens."
+    head = ("This model's maximum context length is 64 tokens. However, you requested 16 output "
+            "tokens and your prompt contains ")
+    assert text.status_code == 400 and text.json() == {"error": {
+        "message": f"{head}at least 49 input tokens, for a total of at least 65 tokens.{tail}",
+        "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+    assert ids.status_code == 400
+    assert ids.json()["error"]["message"] == (
+        f"{head}50 input tokens, for a total of 66 tokens.{tail}")
+    assert chars.json()["error"]["message"] == (
+        f"{head}300 characters (more than 240 characters, which is the upper bound for 48 input "
+        f"tokens).{tail}")
+    assert too_many.json()["error"]["message"] == (
+        "max_tokens=65cannot be greater than max_model_len=max_total_tokens=64. Please "
+        "request fewer output tokens.")
+
+
+def test_loglikelihood_requests_score_the_continuation_with_bos_first(
+        playbook_host: PlaybookHostFactory) -> None:
+    # vLLM adds BOS to a text prompt, not to token ids; lm-eval counts the context in its
+    # own encoding. orch's settings send token ids with the tokenizer's BOS, so the span
+    # lm-eval scores (token_logprobs[ctxlen:-1]) is the continuation, after BOS as in
+    # training; with text prompts (tokenized_requests=False) it slid into the context.
+    sim, host, layout = setup(playbook_host)
+    port = free_port()
+    model = merged_model(layout, "job-b")
+    (Path(model) / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    spec = serving(host, server_spec(host, "job-b", model, layout, IMAGE, port, 2048))
+    where = LmEvalContainer("job-b", TRAINER, layout)
+    try:
+        wait_ready(host.conn, port, 20, container=spec.name)
+        metrics, _ = run_lm_eval(host, where, ["hellaswag", "arc_easy"], port, model,
+                                 f"{layout.job_dir('job-b')}/eval/lm_eval")
+    finally:
+        stop_server(host, "job-b")
+    assert metrics["lm_eval.hellaswag.acc_norm"] == 0.625
+    requests = sim.events("lm-eval-request")
+    assert len(requests) == 8  # 4 choices of each task's question
+    for request in requests:
+        assert request["aligned"] and request["scored"] == request["continuation"], request
+        assert request["bos_first"], request
+
+
+def test_a_killed_lm_eval_container_is_reported_as_killed(
+    playbook_host: PlaybookHostFactory, reports: Reports
+) -> None:
+    # In the trainer image's container on a Docker host: the OOM killer's SIGKILL is named.
+    _, host, layout = setup(playbook_host, lm_eval_oom_killed=True)
+    with pytest.raises(PlaybookFailed) as info:
+        evaluate(host, "job-k", merged_model(layout, "job-k"), layout, IMAGE, free_port(), 2048,
+                 None, tasks=["arc_easy"], ready_deadline_s=20, emit=reports,
+                 trainer_image=TRAINER)
+    assert info.value.step == "lm-eval"
+    assert f"lm_eval in {TRAINER} was killed by SIGKILL (exit 137)" in info.value.reason
+    assert "Requesting API: arc_easy: 1 request sent" in info.value.reason
+    assert reports.outcomes()["stop-server"] == "changed"
 
 
 def test_lm_eval_runs_in_the_trainer_image_against_the_server(

@@ -178,7 +178,8 @@ def test_rendered_is_what_the_playbooks_upload_and_run(
                                images.vllm_image(), 8000, job.config.sequence_len,
                                [{"prompt": "say hi", "expected": "hi"}], emit=reports,
                                runner=runner, native_wrap=job.native.wrap,
-                               native_wrapper=job.wrapper, vllm_version=images.vllm_version())
+                               native_wrapper=job.wrapper, native_uv=job.native.uv,
+                               vllm_version=images.vllm_version())
     assert "eval.exact_match" in result.metrics
     ran = sim.ssh_commands()
     assert shlex.join(rendered.commands["evaluate"]) in ran

@@ -166,7 +166,7 @@ def eval_hours(work: EvalWork, est: ServeEstimate, gpu: GpuSpec | None,
     generate the eval set, lm-eval tasks."""
     weights = est.components["weights"]
     load_s = STARTUP_S + weights * est.tensor_parallel / (LOAD_GBPS * 1e9)
-    if rental and work.eval_rows:
+    if rental:  # the eval set and the tasks alike are served by the installed vLLM
         load_s += VLLM_INSTALL_S
     bandwidth = (gpu.bandwidth_tbps if gpu is not None else 1.0) * 1e12
     step_s = weights / (bandwidth * DECODE_BANDWIDTH_EFFICIENCY)

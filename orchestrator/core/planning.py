@@ -266,7 +266,9 @@ def eval_work(job: LoadedJob) -> evalsizing.EvalWork | None:
 
         rows = sum(1 for line in lines(job.path.parent / e.eval_set) if line.strip())
     lora = 0 if s.method == "full" else job.architecture.lora_params(s.lora.r, s.lora.modules)
-    return evalsizing.EvalWork(job.architecture, s.method, s.training.sequence_len, rows,
+    # vLLM's context: lm-eval's requests too, when tasks run (playbooks/images.py).
+    context = images.eval_context(s.training.sequence_len, bool(e.tasks))
+    return evalsizing.EvalWork(job.architecture, s.method, context, rows,
                                len(e.tasks), s.lora.r, lora, rentals=CONTAINER_RENTALS)
 
 

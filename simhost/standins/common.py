@@ -53,8 +53,8 @@ ALWAYS = (
     "vllm",
 )
 #: Stand-ins that exist only when the host has the thing (driver, Docker, toolkit).
-# `uv` is never on a host's own PATH (Ubuntu has none; the axolotl images have it in their
-# venv): listed so that a uv on the build machine is masked.
+# `uv` is never on a host's own PATH (Ubuntu has none; the axolotl images have it in
+# /root/.local/bin, on their ENV PATH only): listed so that a uv on the build machine is masked.
 CONDITIONAL = ("nvidia-smi", "docker", "nvidia-ctk", "lm_eval", "uv")
 
 

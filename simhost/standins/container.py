@@ -4,7 +4,9 @@ Facts modelled (../shared/reference/real-hosts.md §1, §4, §5):
 
 * no Docker inside and no systemd (`SimHost` turns both off);
 * the image's commands live where the image puts them: in the axolotl uv images the venv
-  `/workspace/axolotl-venv/bin` (axolotl, hf, lm_eval), reached through the image's `ENV PATH`;
+  `/workspace/axolotl-venv/bin` (axolotl, hf, lm_eval) and uv in `/root/.local/bin` (astral's
+  installer's place: docker/Dockerfile-uv-base:27-29 at v0.18.0), both reached through the
+  image's `ENV PATH` only;
   other images have no axolotl at all, and vLLM is in none of them;
 * SSH sessions do NOT get the image's environment: they start from sshd's defaults plus what
   login reads from `/etc/environment` (pam_env). Something at boot must persist it there
@@ -25,6 +27,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from . import images
 from .common import (
     BIN_DIR,
     SYSTEM_PATH,
@@ -35,9 +38,11 @@ from .common import (
 
 AXOLOTL_SOURCE = "/workspace/axolotl"
 AXOLOTL_VENV = "/workspace/axolotl-venv"
-#: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency; the
-#: uv images install everything with uv: axolotl docker/Dockerfile-uv runs `uv pip`).
-AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval", "uv")
+#: What the axolotl image's venv provides of them (lm_eval is a core axolotl dependency).
+AXOLOTL_VENV_COMMANDS = ("axolotl", "hf", "lm_eval")
+#: The uv images' uv: outside the venv, in root's ~/.local/bin (images.yaml `layout.uv`), so a
+#: volume over /workspace does not hide it.
+AXOLOTL_UV = images.layout("uv")
 #: The variables cloud-entrypoint.sh dumps to /etc/rp_environment (prefixes, and PATH).
 RP_ENVIRONMENT_PREFIXES = ("HF_", "BNB_", "CUDA_", "NCCL_", "NV", "RUNPOD_")
 
@@ -69,10 +74,21 @@ def venv_bin(host: Host) -> Path | None:
     return host.path(AXOLOTL_VENV) / "bin"
 
 
+def uv_path(host: Host) -> Path | None:
+    """Where the image's uv is on the host, or None when the image has none."""
+    opts = host.options
+    if not is_container(host) or not is_axolotl_image(str(opts["container_image"])):
+        return None
+    return host.path(AXOLOTL_UV)
+
+
 def image_env(host: Host) -> dict[str, str]:
     """The image's environment (its `ENV` lines) with the host's paths."""
     path = f"{host.bin}:{SYSTEM_PATH}"
     env: dict[str, str] = {}
+    uv = uv_path(host)
+    if uv is not None:  # ENV PATH="/root/.local/bin:${PATH}" (Dockerfile-uv-base:29)
+        path = f"{uv.parent}:{path}"
     venv = venv_bin(host)
     if venv is not None:
         path = f"{venv}:{path}"
@@ -85,6 +101,14 @@ def image_env(host: Host) -> dict[str, str]:
     return env
 
 
+def _stand_in(python: str, name: str, target: Path) -> None:
+    """Make `target` run stand-in `name` (unchanged when it already does)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
+    if not target.exists() or target.read_text() != script:
+        write_atomic(target, script, 0o755)
+
+
 def install(host: Host) -> None:
     """Lay the image out on the host at boot: its venv commands, the volume's mount point, and
     the environment files the boot wrote (`persisted_env`)."""
@@ -94,16 +118,16 @@ def install(host: Host) -> None:
     mount = opts.get("volume_mount")
     if mount:
         host.path(mount).mkdir(parents=True, exist_ok=True)
+    python = shlex.quote(sys.executable)
+    uv = uv_path(host)
+    if uv is not None:
+        _stand_in(python, "uv", uv)
     venv = venv_bin(host)
     if venv is not None:
-        python = shlex.quote(sys.executable)
         for name in AXOLOTL_VENV_COMMANDS:
             if name == "lm_eval" and opts.get("has_lm_eval") is False:
                 continue  # the fault: an image without lm-eval
-            script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
-            target = venv / name
-            if not target.exists() or target.read_text() != script:
-                write_atomic(target, script, 0o755)
+            _stand_in(python, name, venv / name)
         # What an SSH command must source for the cu13 libraries (the uv image's entrypoint
         # does it; SSH runtypes replace that entrypoint).
         write_atomic(host.path(AXOLOTL_SOURCE) / "scripts" / "cuda13_env.sh",

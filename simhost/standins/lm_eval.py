@@ -7,7 +7,8 @@ host and natively in the rented image on a container rental:
 The `hf` backend (`--model hf --model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks
 T[,T...] [--include_path DIR] --output_path OUT [--log_samples] [--batch_size N|auto]
 [--limit N] [--device D]`) is simulated too; orch no longer runs it.
-Every task's prompts are POSTed to `base_url` (a real HTTP request to the vLLM stand-in).
+Every task's requests are POSTed to `base_url` (real HTTP requests to the vLLM stand-in),
+built and read as lm-eval 0.4.11 does for the `model_args` given (standins/lm_eval_api.py).
 As the real one (`models/api_models.py` `TemplateAPI.__init__` @v0.4.11) it refuses to
 start without the `lm_eval[api]` extra's packages (`aiohttp`, `tqdm`, `tenacity`,
 `requests`): the axolotl image pins bare `lm_eval`, and tenacity is no dependency of
@@ -35,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -43,6 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .common import Host, SimError, container_to_host, say
+from .lm_eval_api import ApiModel
 from .vllm import _answerer
 
 TYPE_CHECKING = False  # see common.py: typing is not imported at run time
@@ -60,6 +63,16 @@ BUILTIN: dict[str, dict[str, float]] = {
     "hellaswag": {"acc,none": 0.5, "acc_norm,none": 0.625},
     "arc_easy": {"acc,none": 0.7, "acc_norm,none": 0.68},
     "mmlu": {"acc,none": 0.45},
+}
+# What a built-in task sends, in tokens: a few-shot generation's context, or a multiple-choice
+# question's context (then one loglikelihood request per choice). ⚠ Estimated, not measured
+# (no data set is read here): gsm8k is 5-shot (tasks/gsm8k/gsm8k.yaml `num_fewshot: 5` at
+# v0.4.11), five worked examples of ~150 tokens and the question; the others are 0-shot.
+BUILTIN_REQUESTS: dict[str, dict[str, int]] = {
+    "gsm8k": {"generate": 900},
+    "hellaswag": {"context": 120},
+    "arc_easy": {"context": 60},
+    "mmlu": {"context": 200},
 }
 _VALUE_FLAGS = {"--model", "-M", "--model_args", "-a", "--tasks", "-t", "--include_path",
                 "--output_path", "-o", "--batch_size", "-b", "--limit", "-L", "--device",
@@ -173,7 +186,7 @@ def _api_extras_installed(host: Host) -> bool:
     return bool(host.options.get("lm_eval_api_extras")) or API_EXTRA in added
 
 
-def _api_model(host: Host, margs: dict[str, str]) -> tuple[str, Callable[[str], str]]:
+def _api_model(host: Host, margs: dict[str, str]) -> ApiModel:
     """`local-completions`: prompts POSTed to the server at `base_url`."""
     if not _api_extras_installed(host):
         raise SimError(
@@ -197,19 +210,26 @@ def _api_model(host: Host, margs: dict[str, str]) -> tuple[str, Callable[[str], 
         raise SimError(f"aiohttp.client_exceptions.ClientConnectorError: Cannot connect to "
                        f"host {where.hostname}:{where.port} ssl:default [Connect call failed "
                        f"('{where.hostname}', {where.port})]", 1)
+    return ApiModel(host, margs)
 
-    def answer(prompt: str) -> str:
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 256,
-                           "temperature": 0}).encode()
-        request = urllib.request.Request(base_url, body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return str(json.load(response)["choices"][0]["text"])
-        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-            raise SimError(f"tenacity.RetryError: RetryError[<Future state=finished raised "
-                           f"{type(exc).__name__}>] ({base_url}: {exc})", 1) from None
 
-    return model, answer
+def _filler(task: str, size: int, end: str) -> str:
+    """A prompt of `size` bytes (tokens of the simulated tokenizer) ending with `end`."""
+    unit = f"Question: a question of {task}, as the task words it. Answer: its answer. "
+    body = (unit * (size // len(unit) + 1))[:max(0, size - len(end))]
+    return body + end
+
+
+def _ask_builtin(api: ApiModel, task: str) -> None:
+    """The requests a built-in task sends (one document of its typical size)."""
+    shape = BUILTIN_REQUESTS[task]
+    api.task = task
+    if "generate" in shape:
+        api.generate(_filler(task, shape["generate"], "Answer:"), ["Question:"])
+        return
+    context = _filler(task, shape["context"], "Answer:")
+    for choice in (" A", " B", " C", " D"):
+        api.loglikelihood(context, choice)
 
 
 def lm_eval(host: Host, argv: list[str]) -> int:
@@ -233,16 +253,32 @@ def lm_eval(host: Host, argv: list[str]) -> int:
     if missing:
         raise SimError(f"ValueError: Tasks not found: {', '.join(missing)}. Try `lm-eval ls "
                        "tasks` to list available tasks.", 1)
-    name, answer = (_hf_model if model == "hf" else _api_model)(host, margs)
+    api: ApiModel | None = None
+    if model == "hf":
+        name, answer = _hf_model(host, margs)
+    else:
+        api = _api_model(host, margs)
+        name = api.model
+
+        def answer(prompt: str) -> str:
+            assert api is not None
+            return api.generate(prompt, [])
     limit = int(flags["--limit"]) if flags.get("--limit") else None
     results: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for task in wanted:
         if task in included:
             scores, samples[task] = _run_generate(included[task], answer, limit)
+        elif api is not None:
+            _ask_builtin(api, task)
+            scores = dict(BUILTIN[task])
         else:
             answer(f"{task}: a question of the built-in task")  # the harness asks the model
             scores = dict(BUILTIN[task])
+        if host.options.get("lm_eval_oom_killed"):
+            # The kernel's OOM killer: SIGKILL, nothing flushed or handled after it.
+            say(f"Requesting API: {task}: 1 request sent", err=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         results[task] = {"alias": task, **scores}
     host.event("lm-eval", backend=model, model=name, peft=margs.get("peft"), tasks=wanted,
                batch_size=flags.get("--batch_size"), include_path=flags.get("--include_path"),

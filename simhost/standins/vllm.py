@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from . import images
+from . import images, tokens
 from .common import Host, SimError, container_to_host, say
 from .disks import logical_size
 
@@ -49,6 +49,32 @@ def _version() -> tuple[int, ...]:
         return tuple(int(p) for p in raw.lstrip("v").split(".")[:3])
     except ValueError:  # `latest` and other moving tags: the newest
         return (99,)
+
+
+# vLLM's bitsandbytes layer on CUDA (model_executor/layers/quantization/bitsandbytes.py:31-46
+# at v0.19.1): the wheel does not require bitsandbytes; the vllm-openai image installs it.
+_BITSANDBYTES_MIN = (0, 48, 1)
+
+
+def _check_bitsandbytes() -> None:
+    """`--quantization bitsandbytes` needs bitsandbytes >= 0.48.1 where vLLM runs: a venv
+    `uv pip install` made (SIMHOST_VLLM_VENV) has what was installed into it (installed.json);
+    the vllm-openai image has it."""
+    venv = os.environ.get("SIMHOST_VLLM_VENV")
+    if not venv:
+        return
+    record = Path(venv) / "installed.json"
+    installed: dict[str, str] = json.loads(record.read_text()) if record.is_file() else {}
+    version = installed.get("bitsandbytes")
+    try:
+        ok = version is not None and tuple(int(p) for p in version.split(".")[:3]) >= (
+            _BITSANDBYTES_MIN)
+    except ValueError:
+        ok = False
+    if not ok:
+        need = ".".join(str(p) for p in _BITSANDBYTES_MIN)
+        raise SimError(f"ImportError: Please install bitsandbytes>={need} via `pip install "
+                       f"bitsandbytes>={need}` to use bitsandbytes quantizer.", 1)
 
 
 def _check_tokenizer(model_dir: Path, model: str) -> None:
@@ -203,6 +229,8 @@ def vllm(host: Host, argv: list[str]) -> int:
     if not (model_dir / "config.json").is_file():
         raise SimError(f"ValueError: No supported config format found in {model}", 1)
     _check_tokenizer(model_dir, model)
+    if quantization == "bitsandbytes":
+        _check_bitsandbytes()
     lora_dirs = {name: Path(container_to_host(path)) for name, path in loras.items()}
     lora_bytes = 0
     for name, folder in lora_dirs.items():
@@ -240,7 +268,8 @@ def vllm(host: Host, argv: list[str]) -> int:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
-    handler = _handler(answers, served, loras, model, max_len, api_key)
+    handler = _handler(answers, served, loras, model, max_len, api_key,
+                       tokens.adds_bos(model_dir))
     try:
         server = _Server(("127.0.0.1", bind_port), handler)
     except OSError as exc:
@@ -260,6 +289,72 @@ def vllm(host: Host, argv: list[str]) -> int:
     return 0
 
 
+def _encoded(raw: Any, bos: bool, special: bool) -> list[tuple[list[int], str, bool]]:
+    """A completion request's prompts as (token ids, text, whether given as text): a
+    string, a list of strings, a list of token ids or a list of those (the OpenAI API's
+    forms). Text is tokenized with the model's special tokens (`add_special_tokens`, true
+    by default: BOS for a Llama tokenizer); token ids are used as they are, BOS or not
+    (vllm/renderers/base.py:410-433 and entrypoints/openai/completion/protocol.py:88 at
+    v0.19.1)."""
+    if isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
+        raw = [raw]
+    items = raw if isinstance(raw, list) else [raw]
+    out: list[tuple[list[int], str, bool]] = []
+    for item in items:
+        if isinstance(item, list):
+            ids = [int(t) for t in item]
+            out.append((ids, tokens.decode(ids, skip_special=True), False))
+        else:
+            out.append((tokens.encode(str(item), bos and special), str(item), True))
+    return out
+
+
+def _too_long(ids: list[int], text: str | None, max_len: int,
+              max_tokens: int) -> dict[str, Any] | None:
+    """vLLM's refusal of a prompt that leaves no room for `max_tokens` within `max_len`
+    (vllm/renderers/params.py:195-226, 314-338, 397-424 at v0.19.1, in its order: output
+    tokens, then a text's characters, then its tokens as the tokenizer truncates them to
+    max_input + 1); None when it fits. `text` is None for a prompt given as token ids."""
+    if max_tokens > max_len:
+        return {"message": f"max_tokens={max_tokens}cannot be greater than max_model_len="
+                           f"max_total_tokens={max_len}. Please request fewer output tokens.",
+                "param": "max_tokens"}
+    max_input = max_len - max_tokens
+    head = (f"This model's maximum context length is {max_len} tokens. However, you "
+            f"requested {max_tokens} output tokens and your prompt contains ")
+    tail = " Please reduce the length of the input prompt or the number of requested output tokens."
+    if text is not None and len(text) > max_input * tokens.MAX_CHARS_PER_TOKEN:
+        return {"message": f"{head}{len(text)} characters (more than "
+                           f"{max_input * tokens.MAX_CHARS_PER_TOKEN} characters, which is the "
+                           f"upper bound for {max_input} input tokens).{tail}",
+                "param": "input_text"}
+    count = min(len(ids), max_input + 1) if text is not None else len(ids)
+    if count <= max_input:
+        return None
+    at_least = "at least " if count == max_input + 1 else ""
+    return {"message": f"{head}{at_least}{count} input tokens, for a total of {at_least}"
+                       f"{count + max_tokens} tokens.{tail}", "param": "input_tokens"}
+
+
+def _choice(index: int, ids: list[int], text: str, answer: str, echo: bool) -> dict[str, Any]:
+    """One completion choice; with `echo` and `logprobs` (what lm-eval's loglikelihood
+    requests ask), the prompt's tokens and their log-probabilities come first, the first
+    one's None (nothing precedes it), then one generated token."""
+    if not echo:
+        return {"index": index, "text": answer, "logprobs": None, "finish_reason": "stop"}
+    generated = (tokens.encode(answer, False) or [tokens.EOS])[:1]
+    pieces = [tokens.piece(t) for t in ids + generated]
+    offsets, at = [], 0
+    for part in pieces:
+        offsets.append(at)
+        at += len(part)
+    logprob = -1.0  # every token alike: the stand-in scores nothing, it shows what is scored
+    return {"index": index, "text": "".join(pieces), "finish_reason": "length",
+            "logprobs": {"text_offset": offsets, "tokens": pieces,
+                         "token_logprobs": [None] + [logprob] * (len(pieces) - 1),
+                         "top_logprobs": [None] + [{p: logprob} for p in pieces[1:]]}}
+
+
 def _handler(
     answers: dict[str, Any],
     served: list[str],
@@ -267,6 +362,7 @@ def _handler(
     root: str,
     max_len: int,
     api_key: str | None,
+    bos: bool,
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -373,12 +469,20 @@ def _handler(
                 prompts = [prompt]
                 kind = "chat.completion"
             else:
-                raw = request.get("prompt", "")
-                prompts = [str(p) for p in raw] if isinstance(raw, list) else [str(raw)]
-                choices = [
-                    {"index": i, "text": answer(p), "logprobs": None, "finish_reason": "stop"}
-                    for i, p in enumerate(prompts)
-                ]
+                encoded = _encoded(request.get("prompt", ""), bos,
+                                   request.get("add_special_tokens", True) is not False)
+                max_tokens = request.get("max_tokens", 16)
+                for ids, text, as_text in encoded:
+                    refusal = _too_long(ids, text if as_text else None, max_len,
+                                        int(max_tokens or 0))
+                    if refusal is not None:
+                        self._send(400, {"error": {**refusal, "type": "BadRequestError",
+                                                   "code": 400}})
+                        return
+                prompts = [text for _ids, text, _as_text in encoded]
+                echo = bool(request.get("echo")) and request.get("logprobs") is not None
+                choices = [_choice(i, ids, text, answer(text), echo)
+                           for i, (ids, text, _as_text) in enumerate(encoded)]
                 kind = "text_completion"
             digest = hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:24]
             prompt_tokens = sum(len(p.split()) for p in prompts)
