@@ -93,6 +93,13 @@ def load(path: Path = _FILE) -> Snapshot:
     return Snapshot(tuple(offers), listed, dates)
 
 
+def keyless_offers() -> list[Offer]:
+    """What orch ranks without live offers: the seed catalogs (`cloud`, `dedicated-host`)
+    and the snapshot of what Vast.ai and RunPod list, side by side, each offer labelled by
+    its source (`label`; docs/providers.md "The market without keys")."""
+    return [*catalog.load().offers, *load().offers]
+
+
 def label(offer: Offer) -> str:
     """Where an offer's price comes from, in a few words for a table's `source` column."""
     if offer.registered:
