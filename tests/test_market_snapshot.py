@@ -113,7 +113,7 @@ def refresh(*args: str) -> subprocess.CompletedProcess[str]:
 
 def rows(path: Path) -> dict[str, list[dict[str, object]]]:
     doc = yaml.safe_load(path.read_text())
-    return {p: raw["rows"] for p, raw in doc["providers"].items()}
+    return {p: snapshot.rows(doc, p) for p in doc["providers"]}
 
 
 def test_refresh_reads_a_checkout_with_its_commit_and_date(checkout: Path,
@@ -191,10 +191,10 @@ def test_the_shipped_snapshot_names_a_source_and_date_on_every_row() -> None:
     doc = yaml.safe_load((ROOT / "providers" / "catalog" / "snapshot.yaml").read_text())
     gpus = catalog.gpus()
     assert set(doc["providers"]) == {"vastai", "runpod"}
-    for provider, raw in doc["providers"].items():
+    for provider in doc["providers"]:
         folder = {"vastai": "vast", "runpod": "runpod"}[provider]
-        assert raw["rows"], provider
-        for r in raw["rows"]:
+        assert snapshot.rows(doc, provider), provider
+        for r in snapshot.rows(doc, provider):
             assert r["gpu"] in gpus and gpus[r["gpu"]].memory_bytes > 0, r
             assert gpus[r["gpu"]].bf16_tflops > 0 and gpus[r["gpu"]].source, r
             assert r["count"] in skypilot.COUNTS, r
@@ -206,5 +206,5 @@ def test_the_shipped_snapshot_names_a_source_and_date_on_every_row() -> None:
             # Host RAM only where the source publishes it (RunPod's pods), never guessed.
             assert (r["ram_gb"] is None) == (provider == "vastai"), r
     # The README's example GPU is listed by both providers.
-    assert {p for p, raw in doc["providers"].items()
-            if any(r["gpu"] == "L40S" for r in raw["rows"])} == {"vastai", "runpod"}
+    assert {p for p in doc["providers"]
+            if any(r["gpu"] == "L40S" for r in snapshot.rows(doc, p))} == {"vastai", "runpod"}

@@ -158,9 +158,9 @@ def _display(info: str, fallback: str) -> str:
 def runpod(text: str, path: str = "runpod/vms.csv") -> Parsed:
     """Rows of SkyPilot's RunPod catalog for 1, 2, 4 and 8 GPUs up to the most it lists.
 
-    A count the file lists is taken as listed; one it does not (between two it does) is
-    the smallest listed machine scaled per GPU, as `fetch_runpod.py` builds every count
-    (price x count, RAM x count), and keeps that machine's name in `listed`.
+    A count the file lists is taken as listed; one up to the largest listed that it does
+    not list is the smallest listed machine scaled per GPU, as `fetch_runpod.py` builds
+    every count (price x count, RAM x count), and keeps that machine's name in `listed`.
     """
     out = Parsed()
     seen: dict[tuple[str, str], dict[int, Row]] = {}
@@ -243,9 +243,10 @@ HEADER = """\
 #     with files or URLs; see the script's --help)
 # Live offers replace these rows whenever a key is configured (orchestrator/core/planning.py).
 #
-# Each row: one machine shape (GPU model x count), the whole machine's $/h on demand and spot,
-# host RAM in GB where published (null: unknown, never guessed), the source's instance type
-# (`listed`), and its source (file @ commit) and date.
+# Each row (a list under `columns`): one machine shape (GPU model x count), the source's
+# instance type (`listed`), the whole machine's $/h on demand and spot, host RAM in GB and
+# vCPUs where published (null: unknown, never guessed), and its source (file @ commit) and
+# date.
 # * vastai: a marketplace. `on_demand` is SkyPilot's per-instance-type figure: the MEDIAN of
 #   Vast's `search.totalHour` over the offers of that GPU, count and CPU shape
 #   (sky/catalog/data_fetchers/fetch_vast.py); it includes only the storage of Vast's default
@@ -256,8 +257,8 @@ HEADER = """\
 # * runpod: list prices of secure-cloud pods (`securePrice` x count, fetch_runpod.py); host
 #   RAM is the pod's RAM as published per GPU x count (GB; read as 10^9 bytes, the smaller
 #   reading of SkyPilot's `MemoryGiB`). No spot: RunPod withdrew spot pods. Disk is not in
-#   the price. A count between two listed ones is the smaller listing scaled per GPU (`listed`
-#   names the listing used).
+#   the price. A count up to the largest listed that the file does not list is the smallest
+#   listing scaled per GPU, as the fetcher builds every count (`listed` names the listing).
 """
 
 
@@ -269,9 +270,14 @@ def _q(value: object) -> str:
     return json.dumps(value)
 
 
+# A row is a flow list under these names: a mapping per row takes PyYAML twice as long to
+# build, and the snapshot is read on every keyless `orch plan`.
+COLUMNS = ("gpu", "count", "listed", "on_demand", "spot", "ram_gb", "vcpu", "source", "date")
+
+
 def render(parts: list[tuple[Source, Parsed, str | None]]) -> str:
     """The text of snapshot.yaml for each provider's source, rows and note (deterministic)."""
-    lines = [HEADER.rstrip("\n"), "providers:"]
+    lines = [HEADER.rstrip("\n"), f"columns: [{', '.join(COLUMNS)}]", "providers:"]
     for src, parsed, note in parts:
         lines.append(f"  {src.provider}:")
         for key, value in SETTINGS[src.provider].items():
@@ -279,8 +285,7 @@ def render(parts: list[tuple[Source, Parsed, str | None]]) -> str:
         lines += [f"    source: {_q(src.cite)}", f"    date: {_q(src.date)}",
                   f"    date_is: {_q(src.date_is)}", f"    note: {_q(note)}", "    rows:"]
         for r in parsed.rows:
-            lines.append(
-                f"      - {{gpu: {_q(r.gpu)}, count: {r.count}, listed: {_q(r.listed)}, "
-                f"on_demand: {_q(r.on_demand)}, spot: {_q(r.spot)}, ram_gb: {_q(r.ram_gb)}, "
-                f"vcpu: {_q(r.vcpu)}, source: {_q(src.cite)}, date: {_q(src.date)}}}")
+            cells = (r.gpu, r.count, r.listed, r.on_demand, r.spot, r.ram_gb, r.vcpu, src.cite,
+                     src.date)
+            lines.append(f"      - [{', '.join(_q(c) for c in cells)}]")
     return "\n".join(lines) + "\n"

@@ -55,10 +55,17 @@ def _id(listed: str, count: int, spot: bool) -> str:
     return f"{ID_PREFIX}{name}-x{count}-{'spot' if spot else 'on-demand'}"
 
 
-def _offers(provider: str, raw: Mapping[str, Any]) -> list[tuple[Offer, Listed]]:
+def rows(doc: Mapping[str, Any], provider: str) -> list[dict[str, Any]]:
+    """A provider's rows of a parsed snapshot.yaml, each as {column: value}."""
+    columns = doc["columns"]
+    return [dict(zip(columns, row, strict=True)) for row in doc["providers"][provider]["rows"]]
+
+
+def _offers(provider: str, raw: Mapping[str, Any],
+            listed_rows: list[dict[str, Any]]) -> list[tuple[Offer, Listed]]:
     spec = catalog.gpus()
     out = []
-    for row in raw["rows"]:
+    for row in listed_rows:
         gpu, count = spec[row["gpu"]], int(row["count"])
         ram = row.get("ram_gb")
         vcpu = row.get("vcpu")
@@ -87,7 +94,7 @@ def load(path: Path = _FILE) -> Snapshot:
     dates: dict[str, str] = {}
     for provider, raw in (doc.get("providers") or {}).items():
         dates[provider] = str(raw["date"])
-        for offer, where in _offers(provider, raw):
+        for offer, where in _offers(provider, raw, rows(doc, provider)):
             offers.append(offer)
             listed[(offer.provider, offer.offer_id)] = where
     return Snapshot(tuple(offers), listed, dates)
