@@ -204,23 +204,25 @@ def make_plan(
 
     `live`: offers the configured clouds returned just now. They replace the price catalogs
     and the market snapshot, estimates of a market nobody can rent from here; without them
-    those are planned (`snapshot.keyless_offers`).
+    those are planned side by side (`snapshot.keyless_offers`, docs/providers.md).
     """
     w = workload_from(job)
     cat = catalog.load()
     named = job.spec.resources.providers
-    offers = [*(live if live is not None else snapshot.keyless_offers()),
-              *server_offers(servers or [])]
+    offers = [*(live if live is not None else cat.offers), *server_offers(servers or [])]
     if named and "sim" in named:
         # The simulated cloud is planned only for jobs that ask for it (never by accident).
         from providers.sim.compute import catalog_offers
 
         offers += catalog_offers()
-    listed = snapshot.load().providers()
-    for cloud in sorted(set(named or ()) & LIVE_PROVIDERS - listed) if live is None else ():
-        # A live provider the snapshot has no rows for: the per-second seed catalog stands
-        # in for its prices; at run time the engine ranks its real offers instead.
-        offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
+    if live is None and (named is None or LIVE_PROVIDERS & set(named)):
+        # Read only for a job that may use Vast.ai or RunPod (a `sim` job never parses it).
+        snap = snapshot.load()
+        offers += snap.offers
+        for cloud in sorted(set(named or ()) & LIVE_PROVIDERS - snap.providers()):
+            # A live provider the snapshot has no rows for: the per-second seed catalog
+            # stands in for its prices; at run time the engine ranks its real offers.
+            offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
     tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
     # Machines earlier jobs kept warm (`now`: when their windows are judged), priced running
     # and, holding this job's model, without its download (docs/warm.md).
