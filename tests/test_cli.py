@@ -104,8 +104,11 @@ def test_hf_dataset_and_bad_repo_id_exit_2_at_plan(env: dict[str, str], tmp_path
 def test_no_fit_exits_3_with_the_gap(env: dict[str, str], tmp_path: Path) -> None:
     job = tmp_path / "job.yml"
     shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
+    # On the seed catalogs: the market snapshot's RunPod pods state their host RAM, and
+    # eight L40s offload this job's optimizer to their 1 TB (fsdp2_offload).
     job.write_text("name: big\nbase_model: meta-llama/Llama-3.1-70B\nmethod: full\n"
-                   "training: {optimizer: adamw}\ndataset: {path: train.jsonl}\n")
+                   "training: {optimizer: adamw}\ndataset: {path: train.jsonl}\n"
+                   "resources: {providers: [cloud, dedicated-host]}\n")
     proc = orch(env, "plan", str(job), check=False)
     assert proc.returncode == 3
     assert "no placement fits: the job needs at least" in proc.stderr

@@ -95,8 +95,30 @@ def test_offload_layouts_can_be_pinned_where_host_ram_is_known(layout: str,
     assert ranking.placements[0].estimate.host_ram_bytes > 0
 
 
+def test_an_offload_pin_says_whether_host_ram_is_unknown_or_too_small() -> None:
+    # Issue 36 §3: a known but small host RAM is not "does not fit in GPU memory".
+    w = replace(Workload(lookup("meta-llama/Llama-3.2-1B").architecture, "qlora",
+                         optimizer="adamw"), layout="zero3_offload")
+    gpus = catalog.gpus()
+    offer = Offer(provider="runpod", offer_id="small", gpu="RTX 3090", gpu_count=1,
+                  gpu_memory_bytes=gpus["RTX 3090"].memory_bytes, billing=Billing.PER_SECOND,
+                  interruptible=False, price_per_hour=Decimal("0.30"), ram_bytes=10**6)
+    offers = [offer, replace(offer, offer_id="unknown", ram_bytes=None)]
+    ranking = scheduler.rank(w, 1_000_000, offers, gpus)
+    assert ranking.rejected == {
+        "host RAM too small for the state resources.layout offloads to it": 1,
+        "host RAM unknown, and resources.layout offloads to it": 1}
+    with pytest.raises(scheduler.NoFit) as info:
+        scheduler.choose(w, 1_000_000, offers, gpus)
+    assert "1 host RAM too small for the state resources.layout offloads to it" in \
+        str(info.value) and "a machine with more host RAM" in str(info.value)
+    assert "RunPod's listed pods, live Vast.ai offers" in str(info.value)
+
+
 def test_a_pin_that_cannot_fit_names_the_field(tmp_path: Path) -> None:
-    rc, _, err = _plan(_job(tmp_path, "  max_gpus: 8\n  layout: single\n"))
+    # 80 GB GPUs: the market snapshot lists a B300 (288 GB), which holds it on one GPU.
+    rc, _, err = _plan(_job(tmp_path, "  max_gpus: 8\n  gpus: [A100 80GB, H100 SXM]\n"
+                                      "  layout: single\n"))
     assert rc != 0
     assert "resources.layout single: no placement fits" in err
     assert "single on 1 GPU" in err and "Try resources.layout: auto" in err

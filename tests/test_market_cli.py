@@ -15,6 +15,8 @@ from emulators.vast import VastEmulator
 from termutil import run_tty, visible
 from test_cli import orch  # the `orch` process helper
 
+from providers.catalog import snapshot
+
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "vast-market-key-0123456789"
 
@@ -51,7 +53,11 @@ def job(tmp_path: Path, resources: str) -> Path:
 def test_offers_without_a_key_show_the_catalog(env: dict[str, str]) -> None:
     out = json.loads(orch(env, "offers", "--json").stdout)
     assert out["source"] == "catalog" and out["from"] == []
-    assert out["offers"] and {o["provider"] for o in out["offers"]} == {"cloud", "dedicated-host"}
+    # The seed catalogs and (issue 36 §3) the dated snapshot of Vast.ai and RunPod listings.
+    assert out["offers"] and {o["provider"] for o in out["offers"]} == {
+        "cloud", "dedicated-host", "vastai", "runpod"}
+    assert {o["source"] for o in out["offers"] if o["provider"] in {"vastai", "runpod"}} \
+        == {f"snapshot {d}" for d in snapshot.load().dates.values()}
     human = orch(env, "offers", "--gpu", "rtx 4090").stdout
     assert "the price catalogs" in human and "VAST_API_KEY" in human and "RTX 4090" in human
     bad = orch(env, "offers", "--gpu", "Tesla V100", check=False)
@@ -96,7 +102,8 @@ def test_plan_falls_back_to_the_catalog_and_says_so(env: dict[str, str],
                                                     tmp_path: Path) -> None:
     path = job(tmp_path, "")
     human = orch(env, "plan", str(path)).stdout
-    assert "Offers: the price catalogs (estimates; no API key" in human
+    assert "Offers: the price catalogs (estimates: the market snapshot of Vast.ai" in human
+    assert "no API key for a cloud this job may use" in human
     env.update(VAST_API_KEY=KEY, ORCH_VASTAI_URL=f"http://127.0.0.1:{_closed_port()}")
     out = json.loads(orch(env, "plan", str(path), "--json").stdout)
     assert out["offers_source"] == "catalog" and out["offers_from"] == []

@@ -89,7 +89,8 @@ def offers(
     count: Annotated[int, typer.Option("--count", help="GPUs per machine: 1, 2, 4 or 8.")] = 1,
     json_out: JsonFlag = False,
 ) -> None:
-    """The market, cheapest first: live offers with API keys, the price catalogs without."""
+    """The market, cheapest first: live offers with API keys, else the dated snapshot of what
+    Vast.ai and RunPod list and the seed catalogs; each row says where its price comes from."""
     from orchestrator.cli import offers as cli_offers
 
     cli_offers.run(cli_offers.filters(gpu, min_memory, provider, spot, count), json_out)

@@ -1,13 +1,17 @@
 """`orch offers`: the market a job would be placed on, without a job file.
 
 Live offers from every cloud with an API key (asked at once, within `market.DEADLINE_S`),
-the price catalogs otherwise, as `dstack offer` and `sky show-gpus` do. Offers of GPUs orch
-does not plan are counted and named with the reason, so the GPU catalog can grow.
+the price catalogs otherwise (the dated snapshot of Vast.ai and RunPod list prices and the
+seed catalogs), as `dstack offer` and `sky show-gpus` do; each row says where its price
+comes from. Offers of GPUs orch does not plan are counted and named with the reason, so the
+GPU catalog can grow. A search that shows nothing says why: no key, nothing of that GPU,
+and how many offers each filter left out.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -15,6 +19,7 @@ from typing import Any
 from orchestrator.cli.common import EXIT_INVALID, fail
 from providers import catalog
 from providers.base import Offer, Requirements
+from providers.catalog import snapshot
 
 GIB = 1024**3
 
@@ -28,6 +33,22 @@ class Filters:
     provider: str | None = None
     spot: bool | None = None  # True: spot only; False: on-demand only; None: both
     count: int = 1
+    gpu: str | None = None  # as the user spelled it
+
+
+def did_you_mean(name: str) -> list[str]:
+    """GPU models whose name or alias is close to `name` ("L41" -> L40, L4, L40S)."""
+    import difflib
+
+    def norm(s: str) -> str:
+        return "".join(ch for ch in s.lower() if ch.isalnum())
+
+    spelled: dict[str, str] = {}
+    for g in catalog.gpus().values():
+        for s in (g.name, *g.aliases):
+            spelled.setdefault(norm(s), g.name)
+    close = difflib.get_close_matches(norm(name), spelled, n=6, cutoff=0.6)
+    return list(dict.fromkeys(spelled[c] for c in close))[:3]
 
 
 def filters(gpu: str | None, min_memory: float, provider: str | None, spot: bool | None,
@@ -39,7 +60,9 @@ def filters(gpu: str | None, min_memory: float, provider: str | None, spot: bool
         if not found:
             reason = catalog.left_out("vastai").get(gpu) or catalog.left_out("runpod").get(gpu)
             why = f" ({reason})" if reason else ""
-            fail(f"--gpu {gpu!r}: not a GPU orch plans{why}; known: "
+            close = did_you_mean(gpu)
+            hint = f"; did you mean {' or '.join(close)}?" if close and not reason else ""
+            fail(f"--gpu {gpu!r}: not a GPU orch plans{why}{hint} Known: "
                  f"{', '.join(catalog.gpus())}", EXIT_INVALID)
         gpus = frozenset(found)
     names = catalog.provider_names()
@@ -49,16 +72,39 @@ def filters(gpu: str | None, min_memory: float, provider: str | None, spot: bool
         fail("--min-memory: a number of GiB per GPU, 0 or more", EXIT_INVALID)
     if count not in (1, 2, 4, 8):
         fail("--count: 1, 2, 4 or 8 GPUs", EXIT_INVALID)
-    return Filters(gpus, min_memory, provider, spot, count)
+    return Filters(gpus, min_memory, provider, spot, count, gpu)
+
+
+def steps(f: Filters) -> list[tuple[str, Callable[[Offer], bool]]]:
+    """Each filter as (the option as typed, the test an offer must pass), in the order the
+    funnel applies them: where offers come from first, what the machine is last."""
+    out: list[tuple[str, Callable[[Offer], bool]]] = []
+    if f.provider is not None:
+        out.append((f"--provider {f.provider}", lambda o: o.provider == f.provider))
+    if f.gpus is not None:
+        out.append((f"--gpu {f.gpu}", lambda o: o.gpu in (f.gpus or ())))
+    out.append((f"--count {f.count}", lambda o: o.gpu_count == f.count))
+    if f.spot is not None:
+        out.append(("--spot" if f.spot else "--on-demand", lambda o: o.interruptible == f.spot))
+    if f.min_memory_gib:
+        out.append((f"--min-memory {f.min_memory_gib:g}",
+                    lambda o: o.gpu_memory_bytes >= f.min_memory_gib * GIB))
+    return out
+
+
+def funnel(pool: list[Offer], f: Filters) -> tuple[list[Offer], list[tuple[str, int]]]:
+    """The offers passing every filter, and how many each filter left out in turn."""
+    removed = []
+    for name, test in steps(f):
+        kept = [o for o in pool if test(o)]
+        removed.append((name, len(pool) - len(kept)))
+        pool = kept
+    return pool, removed
 
 
 def keep(o: Offer, f: Filters) -> bool:
     """Whether offer `o` passes the filters (applied to live and catalog offers alike)."""
-    return ((f.gpus is None or o.gpu in f.gpus)
-            and o.gpu_memory_bytes >= f.min_memory_gib * GIB
-            and (f.provider is None or o.provider == f.provider)
-            and (f.spot is None or o.interruptible == f.spot)
-            and o.gpu_count == f.count)
+    return all(test(o) for _name, test in steps(f))
 
 
 def _row(o: Offer) -> dict[str, Any]:
@@ -67,7 +113,8 @@ def _row(o: Offer) -> dict[str, Any]:
             "interruptible": o.interruptible, "billing": o.billing.value,
             "price_per_hour": None if o.price_per_hour is None else str(o.price_per_hour),
             "monthly_price": None if o.monthly_price is None else str(o.monthly_price),
-            "region": o.region}
+            "ram_gb": None if o.ram_bytes is None else round(o.ram_bytes / 1000**3, 1),
+            "region": o.region, "source": snapshot.label(o)}
 
 
 def _price_key(o: Offer) -> tuple[Decimal, str, str]:
@@ -75,12 +122,50 @@ def _price_key(o: Offer) -> tuple[Decimal, str, str]:
     return price, o.provider, o.offer_id
 
 
+def keyless_source(key_notes: list[str]) -> str:
+    """What the list shows without live offers, and why."""
+    dates = ", ".join(f"{p} {d}" for p, d in sorted(snapshot.load().dates.items()))
+    why = "no cloud answered" if not key_notes else (
+        "no API key; set VAST_API_KEY or RUNPOD_API_KEY for live offers")
+    return (f"the price catalogs (estimates, nothing to rent: {why}): the market snapshot of "
+            f"listed prices ({dates}) and the seed catalogs")
+
+
+def why_none(f: Filters, pool: list[Offer], removed: list[tuple[str, int]],
+             answered: tuple[str, ...], unkeyed: list[str], failed: list[str]) -> list[str]:
+    """Why a search shows nothing: where offers were looked for, then each filter's toll."""
+    live = bool(answered)
+    where = "the live offers" if live else "the catalogs"
+    out = []
+    if unkeyed:
+        dates = snapshot.load().dates
+        out.append(f"no API key for {' or '.join(unkeyed)}: " + (
+            "not searched" if live else "searched the market snapshot of listed prices ("
+            + ", ".join(f"{p} {dates[p]}" for p in unkeyed if p in dates)
+            + ") and the seed catalogs instead"))
+    out += failed  # a cloud with a key that gave nothing, and why
+    if not pool:
+        # A live search sends the filters along: an empty answer is the answer to them.
+        asked = " ".join(name for name, _test in steps(f) if not name.startswith("--provider"))
+        out.append(f"{' and '.join(answered)} listed no offer for {asked}" if live
+                   else f"{where} hold no offer at all")
+        return out
+    if f.gpus is not None and not any(o.gpu in f.gpus for o in pool):
+        out.append(f"nothing of {', '.join(sorted(f.gpus))} in {where}" + (
+            "" if live else " (a provider may list it now: set an API key to search live)"))
+    tolls = [f"{name} left out {n}" for name, n in removed if n]
+    if tolls:
+        out.append(f"of {len(pool)} offers in {where}: " + "; ".join(tolls))
+    return out
+
+
 def run(f: Filters, json_out: bool = False) -> None:
     """Print the offers passing `f`, cheapest first, and where they came from."""
     from orchestrator.engine.market import Market, clouds, search
+    from orchestrator.engine.runnable import CLOUDS
 
     named = None if f.provider is None else [f.provider]
-    providers, _ = clouds(named)
+    providers, key_notes = clouds(named)
     market = Market()
     if providers:
         req = Requirements(gpu_count=f.count, min_gpu_memory_bytes=int(f.min_memory_gib * GIB),
@@ -89,20 +174,25 @@ def run(f: Filters, json_out: bool = False) -> None:
     live = bool(market.answered)
     if live:
         record_prices(market.offers)
-    pool = list(market.offers) if live else list(catalog.load().offers)
-    shown = sorted((o for o in pool if keep(o, f)), key=_price_key)
-    source = (f"live offers from {', '.join(market.answered)}" if live else
-              "the price catalogs (estimates, nothing to rent: " + (
-                  "no cloud answered" if providers else
-                  "no API key; set VAST_API_KEY or RUNPOD_API_KEY for live offers") + ")")
-    notes = list(market.notes)  # skipped GPUs; why a cloud gave no offers
+    pool = list(market.offers) if live else snapshot.keyless_offers()
+    kept, removed = funnel(pool, f)
+    shown = sorted(kept, key=_price_key)
+    source = f"live offers from {', '.join(market.answered)}" if live else keyless_source(
+        [] if providers else key_notes or ["no key"])
+    # Skipped GPUs; why a cloud gave no offers; a cloud left out for want of a key.
+    notes = [*market.notes, *(key_notes if live and f.provider is None else [])]
+    unkeyed = [c for c in CLOUDS if c not in providers and (named is None or c in named)]
+    reasons = [] if shown else why_none(f, pool, removed, market.answered, unkeyed,
+                                        [n for n in market.notes if "skipped" not in n])
     if json_out:
         print(json.dumps({"source": "live" if live else "catalog", "from": list(market.answered),
                           "offers": [_row(o) for o in shown], "notes": notes,
+                          "filtered": [{"filter": n, "left_out": k} for n, k in removed],
+                          "why_none": reasons,
                           "skipped": {p: dict(s) for p, s in market.skipped.items()}},
                          indent=2))
         return
-    _render(shown, source, notes)
+    _render(shown, source, notes + [f"0 offers: {r}" for r in reasons])
 
 
 def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
@@ -113,11 +203,13 @@ def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
              "yes" if o.interruptible else "no",
              f"${o.price_per_hour:,.3f}" if o.price_per_hour is not None else
              f"${o.monthly_price:,.0f}/mo" if o.monthly_price is not None else "-",
-             o.offer_id] for o in shown]
-    out = [f"{len(shown)} offer{'s' if len(shown) != 1 else ''}, cheapest first: {source}"]
+             "-" if o.ram_bytes is None else f"{o.ram_bytes / 1000**3:.0f}",
+             snapshot.label(o), o.offer_id] for o in shown]
+    out = [prose(f"{len(shown)} offer{'s' if len(shown) != 1 else ''}, cheapest first: "
+                 f"{source}")]
     if rows:
-        out.append(table(["provider", "GPU", "n", "GiB", "spot", "$/h", "offer"], rows,
-                         right=[2, 3, 5], drop=[6]))
+        out.append(table(["provider", "GPU", "n", "GiB", "spot", "$/h", "RAM GB", "source",
+                          "offer"], rows, right=[2, 3, 5, 6], drop=[8, 6]))
     out += [prose(f"note: {n}", "  ") for n in notes]
     print("\n".join(out))
 

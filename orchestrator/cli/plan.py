@@ -59,6 +59,7 @@ def plan_job(job: LoadedJob, servers: list[Any], market: Market | None = None) -
                          warm=without_db(parked_warm, []))
     except NoFit as exc:
         _err(f"error: {job.path}: {exc}")
+        _err(offers_line(market))  # where the offers were looked for, and why there
         raise SystemExit(EXIT_NO_FIT) from None
 
 
@@ -75,6 +76,7 @@ def money(value: Any) -> str:
 def render_plan(plan: Plan, limit: int) -> None:
     from orchestrator.cli.tables import table
     from orchestrator.cli.term import prose
+    from providers.catalog.snapshot import label
 
     job, w, est = plan.job, plan.workload, plan.estimate
     spec = job.spec
@@ -114,17 +116,24 @@ def render_plan(plan: Plan, limit: int) -> None:
         where = f"{po.provider} (warm)" if is_warm(po) else po.provider
         rows.append([i, where, po.gpu, po.gpu_count, billing,
                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
-                     f"{p.est_hours:.2f}", cost])
+                     f"{p.est_hours:.2f}", cost, label(po)])
     out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
-                      "est. h", "est. cost"], rows, right=[0, 3, 6, 8, 9], mark=0,
-                     drop=[4, 7, 8, 5]))
+                      "est. h", "est. cost", "source"], rows, right=[0, 3, 6, 8, 9], mark=0,
+                     drop=[4, 7, 10, 8, 5]))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
     from orchestrator.engine.runnable import CLOUDS
 
-    # A price catalog (`cloud`) runs nothing: its offer is an estimate, not where it runs.
-    chosen = (f"{o.provider} {o.gpu} x{o.gpu_count}" if o.provider in (*CLOUDS, "sim", "dedicated")
-              else f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)")
+    # A price catalog (`cloud`) or the market snapshot runs nothing: its offer is an
+    # estimate, not where it runs.
+    source = label(o)
+    if source.startswith("snapshot"):
+        chosen = (f"{o.gpu} x{o.gpu_count} at {o.provider}'s listed prices ({source}; an "
+                  "estimate)")
+    elif o.provider in (*CLOUDS, "sim", "dedicated"):
+        chosen = f"{o.provider} {o.gpu} x{o.gpu_count}"
+    else:
+        chosen = f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)"
     out += ["", prose(f"Chosen: {chosen}: {plan.to_dict(0)['why']}"),
             prose(f"Throughput: {plan.chosen.duration.source}"),
             prose(f"Delivery: {plan.delivery.describe()}")]
@@ -235,12 +244,17 @@ def live_market(job: LoadedJob) -> Market | None:
 
 def offers_line(market: Market | None) -> str:
     """Which offers the plan ranked: live (from whom) or the price catalogs (and why)."""
+    from providers.catalog import snapshot
+
+    dates = ", ".join(f"{p} {d}" for p, d in sorted(snapshot.load().dates.items()))
+    catalogs = (f"the price catalogs (estimates: the market snapshot of Vast.ai and RunPod "
+                f"list prices, {dates}, and the seed catalogs)")
     if market is None:
-        return ("Offers: the price catalogs (estimates; no API key for a cloud this job may "
-                "use: set VAST_API_KEY or RUNPOD_API_KEY for live offers)")
+        return (f"Offers: {catalogs}; no API key for a cloud this job may use: set "
+                "VAST_API_KEY or RUNPOD_API_KEY for live offers")
     notes = f"; {'; '.join(market.notes)}" if market.notes else ""
     if not market.answered:
-        return f"Offers: the price catalogs (estimates): no live offers{notes}"
+        return f"Offers: {catalogs}: no live offers{notes}"
     return (f"Offers: live, {len(market.offers)} from {', '.join(market.answered)} just now"
             + notes)
 

@@ -20,6 +20,7 @@ from orchestrator.core.throughput import Measured, MeasuredKey
 from playbooks import images
 from providers import catalog
 from providers.base import Billing, Offer, Requirements
+from providers.catalog import snapshot
 from providers.dedicated.compute import RegisteredServer, server_offers
 
 # Adapters with live offers; the engine asks them, `orch plan` too when a key is configured
@@ -81,8 +82,9 @@ class Plan:
                         "saved_bytes_per_gpu": c.saved_bytes, "why": c.describe()}
                        for c in self.choices],
             "savers_why": saver_lines(self),
-            "placement": self.chosen.to_dict(),
-            "alternatives": [p.to_dict() for p in self.ranking.placements[1:1 + alternatives]],
+            "placement": placement_dict(self.chosen),
+            "alternatives": [placement_dict(p)
+                             for p in self.ranking.placements[1:1 + alternatives]],
             "feasible": len(self.ranking.placements),
             "rejected": dict(self.ranking.rejected),
             "unpriced_tiers": [f"{u.provider}:{u.name}" for u in self.unpriced],
@@ -112,6 +114,12 @@ class Plan:
         c = self.chosen
         hourly = c.est_cost / Decimal(str(c.est_hours)) if c.est_hours > 0 else Decimal(0)
         return plan_delivery(self.job, self.workload.trainable_params, hourly)
+
+
+def placement_dict(p: Placement) -> dict[str, Any]:
+    """A placement's JSON shape with where its offer's price comes from (`source`: "live",
+    "snapshot 2026-12-06", "seed catalog", "registered", "kept warm", "simulated")."""
+    return {**p.to_dict(), "source": snapshot.label(p.offer)}
 
 
 def estimate_dict(est: MemoryEstimate) -> dict[str, Any]:
@@ -194,9 +202,9 @@ def make_plan(
 ) -> Plan:
     """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits.
 
-    `live`: offers the configured clouds returned just now. They replace the price catalogs,
-    which are estimates of a market nobody can rent from; without them the catalogs (and
-    the per-second one standing in for a named live provider) are planned.
+    `live`: offers the configured clouds returned just now. They replace the price catalogs
+    and the market snapshot, estimates of a market nobody can rent from here; without them
+    those are planned side by side (`snapshot.keyless_offers`, docs/providers.md).
     """
     w = workload_from(job)
     cat = catalog.load()
@@ -207,10 +215,14 @@ def make_plan(
         from providers.sim.compute import catalog_offers
 
         offers += catalog_offers()
-    for cloud in sorted(set(named or ()) & LIVE_PROVIDERS) if live is None else ():
-        # Without credentials the per-second catalog stands in for a live provider's
-        # prices; at run time the engine ranks that provider's real offers instead.
-        offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
+    if live is None and (named is None or LIVE_PROVIDERS & set(named)):
+        # Read only for a job that may use Vast.ai or RunPod (a `sim` job never parses it).
+        snap = snapshot.load()
+        offers += snap.offers
+        for cloud in sorted(set(named or ()) & LIVE_PROVIDERS - snap.providers()):
+            # A live provider the snapshot has no rows for: the per-second seed catalog
+            # stands in for its prices; at run time the engine ranks its real offers.
+            offers += [replace(o, provider=cloud) for o in cat.offers if o.provider == "cloud"]
     tokens, gpus, constraints = total_tokens(job), catalog.gpus(), constraints_from(job)
     # Machines earlier jobs kept warm (`now`: when their windows are judged), priced running
     # and, holding this job's model, without its download (docs/warm.md).

@@ -136,6 +136,7 @@ def rank(
     over_budget: Placement | None = None
     # Offers repeat the same few shapes; size and time each shape once, price each offer.
     fit_cache: dict[tuple[object, ...], MemoryEstimate | None] = {}
+    misfits: dict[tuple[object, ...], str] = {}
     time_cache: dict[tuple[object, ...], throughput.Duration | None] = {}
     for offer in offers:
         why = constraint_failure(offer, constraints)
@@ -152,8 +153,9 @@ def rank(
                                         offer.ram_bytes, gpu)
         est = fit_cache[key]
         if est is None:
-            offloads = w.layout in sizing.OFFLOADED
-            rejected[NO_RAM if offloads and offer.ram_bytes is None else NO_MEMORY] += 1
+            if key not in misfits:
+                misfits[key] = misfit(w, offer, gpu)
+            rejected[misfits[key]] += 1
             continue
         dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache, evaluation)
         if dur is None:
@@ -171,6 +173,17 @@ def rank(
         placements.append(placed)
     placements.sort(key=Placement.sort_key)
     return Ranking(tuple(placements), dict(rejected), over_budget)
+
+
+def misfit(w: Workload, offer: Offer, gpu: GpuSpec) -> str:
+    """Why `w` does not fit `offer`: GPU memory, or for a pinned offload layout the host RAM
+    (unknown, or known and too small while the GPUs would hold the rest)."""
+    if w.layout not in sizing.OFFLOADED:
+        return NO_MEMORY
+    if offer.ram_bytes is None:
+        return NO_RAM
+    unlimited = savers.fit(w, offer.gpu_count, offer.gpu_memory_bytes, 1 << 62, gpu)
+    return NO_MEMORY if unlimited is None else SMALL_RAM
 
 
 def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstimate,
@@ -265,6 +278,7 @@ NO_MEMORY = "does not fit in GPU memory"
 NO_EVAL_MEMORY = "cannot serve the trained model for the evaluation (GPU memory)"
 WRONG_COUNT = "GPU count does not suit resources.layout"
 NO_RAM = "host RAM unknown, and resources.layout offloads to it"
+SMALL_RAM = "host RAM too small for the state resources.layout offloads to it"
 OVER_BUDGET = "above resources.max_cost"
 # What to change for each reason an offer was left out.
 _ADVICE = {
@@ -285,7 +299,10 @@ _ADVICE = {
                     "4-bit base is served with the adapter), more GPUs per machine "
                     "(resources.max_gpus), or no eval section",
     WRONG_COUNT: "resources.layout: auto, or a layout for that many GPUs",
-    NO_RAM: "resources.layout: auto, or offers whose host RAM is known (a registered server)",
+    NO_RAM: "resources.layout: auto, or offers whose host RAM is known (RunPod's listed "
+            "pods, live Vast.ai offers, the dedicated-host tiers that publish it)",
+    SMALL_RAM: "resources.layout: auto, more GPUs per machine (resources.max_gpus), or a "
+               "machine with more host RAM",
     "above resources.max_cost": "a higher resources.max_cost",
 }
 
