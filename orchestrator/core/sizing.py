@@ -53,10 +53,29 @@ ADAPTER_GRADIENT = FP32
 # --- other terms (sizing-facts.md, "Other terms") ------------------------------------------
 # CUDA context and library workspaces: "roughly 0.5–1 GB per GPU"; the middle of that.
 CUDA_CONTEXT = int(0.75 * GIB)
-# fp32 logits (4·s·b·v) plus the copies the loss and its gradient hold ("one or two more").
-LOGITS_FP32_COPIES = 3
+# The plain loss, in bytes per logit (token × vocabulary entry): the fp32 logits and the
+# copies the loss and its gradient hold beside them ("one or two more", facts). The
+# published HF runs hold more: transformers upcast the bf16 logits, shifted them with a
+# contiguous copy and log-softmaxed them, and the backward holds the gradient of each:
+# four fp32 copies and the bf16 logits at the peak, 4 × 4 + 2 = 18 (was 3 × 4 = 12, which
+# left Liger's plain-loss FSDP runs 12-21 % under; docs/sizing.md, "Several GPUs").
+LOGITS_BYTES_PER_VALUE = 18
 # FSDP2/ZeRO-3 gather one block's full parameters ahead of use and keep the next prefetched.
 FSDP_GATHERED_LAYERS = 2
+# --- several GPUs (docs/sizing.md, "Several GPUs": each term and the runs it covers) -------
+# NCCL's device buffers, which PyTorch's allocator does not see: NCCL_BUFFSIZE (4 MiB) per
+# channel, ring neighbour and direction, up to 32 channels: 32 × 2 × 2 × 4 MiB.
+COMM_BUFFERS = 32 * 2 * 2 * 4 * 1024**2
+# DeepSpeed ZeRO-3 steps the optimizer one sub-group at a time, each on an fp32 copy of its
+# gradients [deepspeed 0.18.9 runtime/zero/stage3.py `_prepare_fp32_grad_for_sub_group`];
+# `sub_group_size` defaults to 1e9 elements [runtime/zero/config.py] and orch's ZeRO config
+# (playbooks/axolotl.py) leaves it at that.
+ZERO_SUB_GROUP = 10**9
+# Per element of that sub-group: the fp32 gradient copy, and for AdamW an fp32 temporary
+# of the same size (torch's foreach AdamW, `_foreach_sqrt`: the HF default of the published
+# runs; the fused AdamW orch renders makes none, kept as margin). bitsandbytes' 8-bit
+# AdamW updates its blocks in place.
+ZERO_STEP_BYTES = {"adamw": FP32 + FP32, "adamw_8bit": FP32, "paged_adamw_8bit": FP32}
 # Activation offloading (axolotl `activation_offloading: true`) streams each block's
 # checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
 OFFLOADED_LAYERS_IN_FLIGHT = 2
@@ -204,14 +223,16 @@ def activation_bytes(w: Workload) -> int:
         # plus one block recomputed in backward (axolotl requires checkpointing for this).
         return OFFLOADED_LAYERS_IN_FLIGHT * tokens * h * BF16 + one_block
     if w.gradient_checkpointing:
-        # Only each block's input survives (2·s·b·h), plus one block recomputed in backward.
-        return arch.num_hidden_layers * tokens * h * BF16 + one_block
+        # Only each block's input survives (2·s·b·h), and the last block's output, which the
+        # final norm keeps (L + 1 in all), plus one block recomputed in backward. The last
+        # one is 1 GiB at Liger's 8 × 16,384-token runs (docs/sizing.md, "Several GPUs").
+        return (arch.num_hidden_layers + 1) * tokens * h * BF16 + one_block
     return arch.num_hidden_layers * one_block
 
 
 def logits_bytes(w: Workload) -> int:
     """fp32 logits over the vocabulary and the loss's copies (several GB at 128K vocab)."""
-    return FP32 * w.sequence_len * w.micro_batch_size * w.arch.vocab_size * LOGITS_FP32_COPIES
+    return LOGITS_BYTES_PER_VALUE * w.sequence_len * w.micro_batch_size * w.arch.vocab_size
 
 
 # The loss component's name in `MemoryEstimate.components`, by cross-entropy kernel.
@@ -302,6 +323,41 @@ def pin_problem(layout: str, gpu_count: int | None, max_gpus: int, optimizer: st
     return None
 
 
+def root_bytes(w: Workload) -> int:
+    """What a sharded layout holds unsharded on every GPU for the whole step, besides the
+    gathered blocks: the embeddings, LM head and final norm in bf16, and for a full
+    fine-tune the LM head's unsharded gradient (docs/sizing.md, "Several GPUs")."""
+    a = w.arch
+    # FSDP2 groups these in the root module (only the decoder layers get their own group:
+    # axolotl 0.18.0 monkeypatch/accelerate/fsdp2.py:758-766), whose forward spans the
+    # whole model, and frees them after the root's backward; ZeRO-3 keeps the LM head
+    # gathered while it is reused within `stage3_max_reuse_distance` (1e9 elements).
+    root = (a.embedding_params + a.hidden_size) * BF16
+    if w.method == "full":
+        # Reduce-scattered with the root group at the end of backward; Liger's fused loss
+        # allocates it in forward already (`grad_weight = torch.zeros_like(weight)`).
+        root += a.vocab_size * a.hidden_size * BF16
+    return root
+
+
+def multi_gpu_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> dict[str, int]:
+    """The per-GPU parts only a run on several GPUs has (none on one GPU)."""
+    if gpu_count == 1:
+        return {}
+    parts = {"comm_buffers": COMM_BUFFERS}
+    if strategy not in SHARDED:
+        return parts
+    block = w.arch.layer_linear_params + w.arch.layer_other_params
+    per_param = weight_bytes(w) / max(1, w.arch.params)
+    parts["fsdp_buffers"] = math.ceil(FSDP_GATHERED_LAYERS * block * per_param)
+    parts["fsdp_root"] = root_bytes(w)
+    if strategy is Strategy.ZERO3:
+        # ZeRO-Offload steps on the CPU instead (zero3_offload: nothing of this on the GPU).
+        sub_group = min(ZERO_SUB_GROUP, math.ceil(w.trainable_params / gpu_count))
+        parts["optimizer_step"] = ZERO_STEP_BYTES[str(w.optimizer)] * sub_group
+    return parts
+
+
 def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) -> MemoryEstimate:
     """Per-GPU memory of `w` on `gpu_count` GPUs with `strategy` (default: no sharding)."""
     if not 1 <= gpu_count <= 8:
@@ -334,11 +390,9 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         LOSS_COMPONENT[str(w.cross_entropy)]: loss_bytes(w),
         "cuda_context": CUDA_CONTEXT,
     })
+    components.update(multi_gpu_bytes(w, gpu_count, strategy))
     notes: list[str] = []
     if sharded:
-        block = w.arch.layer_linear_params + w.arch.layer_other_params
-        per_param = weights / max(1, w.arch.params)
-        components["fsdp_buffers"] = math.ceil(FSDP_GATHERED_LAYERS * block * per_param)
         notes.append(f"weights, gradients and optimizer state sharded over {gpu_count} GPUs")
     if on_host:
         notes.append(f"{', '.join(on_host)} offloaded to host RAM")
