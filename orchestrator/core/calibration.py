@@ -11,10 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.architectures import Architecture, from_fields
-from orchestrator.core.sizing import GIB, Workload, estimate
+from orchestrator.core.sizing import FP32, GIB, Strategy, Workload, estimate
 from orchestrator.core.yamlpos import load_data
 
 _DATA = Path(__file__).with_name("data") / "calibration.yaml"
+
+# FSDP1 through accelerate upcasts the flat parameters to fp32, so the run kept fp32
+# parameters (4) and gradients (4) and fp32 AdamW moments (8): 8 bytes per parameter more
+# than the bf16 shards of orch's fsdp2 layout (2 + 2 + 4) [accelerate v0.33.0
+# accelerator.py:1512-1552, "we follow DeepSpeed's strategy to hold the parameters in full
+# precision"].
+UPCAST_EXTRA_BYTES = FP32 + FP32 + 2 * FP32 - (2 + 2 + 4)
 
 
 @dataclass(frozen=True)
@@ -28,30 +35,58 @@ class Point:
     published_params: int
     arch: Architecture
     workload: Workload
+    gpu_count: int = 1
+    layout: Strategy = Strategy.SINGLE
+    upcast_fp32: bool = False
+    held_out: bool = False
+    measured_as: str = "unstated"  # allocated | reserved | nvidia-smi | statement | unstated
+    why: str = ""  # why a point is not asserted
+    before_gib: float | None = None  # orch's estimate before issue 36's recalibration
 
     def estimate_gib(self) -> float:
         """orch's figure for what the source measured (see `compare`)."""
-        e = estimate(self.workload)
+        e = estimate(self.workload, self.gpu_count, self.layout)
         if self.compare == "state":
             c = e.components
             return (c["weights"] + c["gradients"] + c["optimizer"]) / GIB
-        return e.peak_bytes / GIB
+        extra = 0.0
+        if self.upcast_fp32:
+            extra = UPCAST_EXTRA_BYTES * self.arch.params / self.gpu_count
+        return (e.peak_bytes + extra) / GIB
 
     @property
     def error(self) -> float:
         """(estimate - measured) / measured."""
         return self.estimate_gib() / self.measured_gib - 1
 
+    @property
+    def before_error(self) -> float | None:
+        """The error before issue 36's recalibration (None where not recorded)."""
+        return None if self.before_gib is None else self.before_gib / self.measured_gib - 1
+
+    @property
+    def sharded(self) -> bool:
+        """True for a run that divides the model over several GPUs."""
+        return self.gpu_count > 1 and self.layout not in (Strategy.SINGLE, Strategy.DDP)
+
+
+def _point(raw: dict[str, Any]) -> Point:
+    arch = from_fields(dict(raw["arch"]), where=f"{_DATA.name}:{raw['name']}")
+    fields: dict[str, Any] = dict(raw["workload"])
+    if "lora_modules" in fields:
+        fields["lora_modules"] = tuple(fields["lora_modules"])
+    return Point(
+        name=raw["name"], source=raw["source"], kind=raw["kind"],
+        asserted=bool(raw["asserted"]), measured_gib=float(raw["measured_gib"]),
+        compare=raw["compare"], published_params=int(raw["published_params"]), arch=arch,
+        workload=Workload(arch, **fields), gpu_count=int(raw.get("gpu_count", 1)),
+        layout=Strategy(raw.get("layout", "single")),
+        upcast_fp32=bool(raw.get("upcast_fp32", False)),
+        held_out=bool(raw.get("held_out", False)),
+        measured_as=str(raw.get("measured_as", "unstated")), why=str(raw.get("why", "")),
+        before_gib=float(raw["before_gib"]) if "before_gib" in raw else None)
+
 
 def points() -> list[Point]:
     """Every recorded point, in file order."""
-    out = []
-    for raw in load_data(_DATA.read_text())["points"]:
-        arch = from_fields(dict(raw["arch"]), where=f"{_DATA.name}:{raw['name']}")
-        fields: dict[str, Any] = dict(raw["workload"])
-        out.append(Point(
-            name=raw["name"], source=raw["source"], kind=raw["kind"],
-            asserted=bool(raw["asserted"]), measured_gib=float(raw["measured_gib"]),
-            compare=raw["compare"], published_params=int(raw["published_params"]), arch=arch,
-            workload=Workload(arch, **fields)))
-    return out
+    return [_point(raw) for raw in load_data(_DATA.read_text())["points"]]
