@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,16 +211,21 @@ def test_fsdp2_full_fine_tune_keeps_bf16_shards_and_no_fp32_master() -> None:
     assert fsdp2["gradients"] == pytest.approx(2 * n / g, abs=1)  # the bf16 shard's dtype
     assert fsdp2["optimizer"] == pytest.approx(4 * n / g, abs=1)  # two bf16 moments
     assert zero3["optimizer"] == pytest.approx(12 * n / g, abs=1)  # fp32 master + moments
-    assert fsdp2["fsdp_buffers"] == zero3["fsdp_buffers"]  # one block gathered in bf16, two
+    # Two blocks gathered in bf16; ZeRO-3 keeps up to stage3_max_live_parameters (1e9) of
+    # them, which is more than two blocks of this model.
+    assert fsdp2["fsdp_buffers"] < zero3["fsdp_buffers"] == sizing.ZERO_MAX_LIVE * 2
 
 
 def test_fsdp2_adapters_stay_fp32_like_under_zero3() -> None:
     w = Workload(arch("meta-llama/Llama-3.1-70B"), "qlora", optimizer="adamw")
     fsdp2 = estimate(w, 2, Strategy.FSDP2)
     zero3 = estimate(w, 2, Strategy.ZERO3)
-    # The same everywhere but ZeRO-3's optimizer step (its fp32 copy of a sub-group).
-    assert fsdp2.components == {k: v for k, v in zero3.components.items()
-                                if k != "optimizer_step"}
+    # The same everywhere but ZeRO-3's optimizer step (its fp32 copy of a sub-group) and the
+    # parameters it keeps live (up to 1e9 elements, more than FSDP2's two blocks).
+    differ = {"optimizer_step", "fsdp_buffers"}
+    assert {k: v for k, v in fsdp2.components.items() if k not in differ} == \
+        {k: v for k, v in zero3.components.items() if k not in differ}
+    assert fsdp2.components["fsdp_buffers"] < zero3.components["fsdp_buffers"]
     assert fsdp2.components["adapters"] == pytest.approx(4 * w.trainable_params / 2, abs=1)
 
 
@@ -330,3 +336,59 @@ def test_checkpointing_keeps_every_block_input_and_the_last_output() -> None:
     one_block = sizing.activation_bytes(block) // a.num_hidden_layers
     assert sizing.activation_bytes(w) == (a.num_hidden_layers + 1) * 4096 * a.hidden_size * 2 \
         + one_block
+
+
+# --- sharded LoRA/QLoRA (docs/sizing.md, "Sharded adapters") -------------------------------
+
+def test_4bit_statistics_stay_whole_on_every_gpu_sharded_or_offloaded() -> None:
+    a = arch("meta-llama/Llama-3.1-70B")
+    w = Workload(a, "qlora", optimizer="adamw")
+    stats = math.ceil(a.linear_params * 0.127 / 8)  # one double-quantized scale per 64 weights
+    assert stats > GIB  # about 1 GiB for 70B: not a rounding matter
+    one = estimate(w).components
+    assert "quant_state" not in one and one["weights"] == sizing.weight_bytes(w)
+    for g in (2, 8):
+        sharded = estimate(w, g, Strategy.FSDP2).components
+        assert sharded["quant_state"] == stats  # not divided by g
+        assert sharded["weights"] == math.ceil((sizing.weight_bytes(w) - stats) / g)
+        assert estimate(w, g, Strategy.ZERO3).components["quant_state"] == stats
+    offloaded = estimate(w, 2, Strategy.FSDP2_OFFLOAD)
+    assert offloaded.components["weights"] == 0
+    assert offloaded.components["quant_state"] == stats  # on the GPU, not in host RAM
+    assert offloaded.host_ram_bytes == sizing.weight_bytes(w) - stats + \
+        (4 + 4 + 8) * w.trainable_params
+    assert "quant_state" not in estimate(replace(w, method="lora"), 2,
+                                         Strategy.FSDP2).components
+
+
+def test_qlora_holds_a_bf16_copy_of_its_largest_weight_while_it_multiplies() -> None:
+    a = arch("meta-llama/Llama-3.1-70B")
+    w = Workload(a, "qlora")
+    largest = a.hidden_size * a.intermediate_size  # gate/up/down: 8,192 x 28,672
+    for g, strategy in ((1, Strategy.SINGLE), (2, Strategy.FSDP2), (4, Strategy.DDP)):
+        # bf16 weight + its fp32 block scales (4 bytes per 64 weights), on every GPU
+        assert estimate(w, g, strategy).components["dequantize"] == \
+            math.ceil(largest * (2 + 4 / 64))
+    for method in ("lora", "full"):
+        assert "dequantize" not in estimate(replace(w, method=method), 1).components
+
+
+def test_zero3_keeps_up_to_its_live_parameter_limit_gathered() -> None:
+    big = Workload(arch("meta-llama/Llama-3.1-70B"), "lora", optimizer="adamw")
+    small = Workload(arch("Qwen/Qwen2.5-7B"), "full", optimizer="adamw")
+    for w in (big, small):
+        fsdp2 = estimate(w, 4, Strategy.FSDP2).components["fsdp_buffers"]
+        zero3 = estimate(w, 4, Strategy.ZERO3).components["fsdp_buffers"]
+        # stage3_max_live_parameters: 1e9 bf16 elements, or two blocks if those are more
+        assert zero3 == max(fsdp2, 2 * 10**9)
+    assert estimate(big, 4, Strategy.ZERO3).components["fsdp_buffers"] > 2 * 10**9
+    assert estimate(small, 4, Strategy.ZERO3).components["fsdp_buffers"] == 2 * 10**9
+
+
+def test_offload_copies_the_shard_to_the_gpu_before_gathering() -> None:
+    w = Workload(arch("meta-llama/Llama-3.1-70B"), "full", optimizer="adamw")
+    for g in (2, 8):
+        on_gpu = estimate(w, g, Strategy.FSDP2).components["fsdp_buffers"]
+        offloaded = estimate(w, g, Strategy.FSDP2_OFFLOAD).components["fsdp_buffers"]
+        assert offloaded == pytest.approx(on_gpu * (1 + 1 / g), abs=2)
+

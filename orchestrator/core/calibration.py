@@ -38,6 +38,7 @@ class Point:
     gpu_count: int = 1
     layout: Strategy = Strategy.SINGLE
     upcast_fp32: bool = False
+    quant_state_sharded: bool = False
     held_out: bool = False
     measured_as: str = "unstated"  # allocated | reserved | nvidia-smi | statement | unstated
     why: str = ""  # why a point is not asserted
@@ -49,10 +50,19 @@ class Point:
         if self.compare == "state":
             c = e.components
             return (c["weights"] + c["gradients"] + c["optimizer"]) / GIB
+        return (e.peak_bytes + self.run_difference_bytes(e.components)) / GIB
+
+    def run_difference_bytes(self, components: dict[str, int]) -> float:
+        """What the published run held on a GPU beyond (or below) what orch's render holds."""
         extra = 0.0
+        g = self.gpu_count if self.sharded else 1
         if self.upcast_fp32:
-            extra = UPCAST_EXTRA_BYTES * self.arch.params / self.gpu_count
-        return (e.peak_bytes + extra) / GIB
+            extra += UPCAST_EXTRA_BYTES * self.arch.params / g
+        if self.quant_state_sharded and self.sharded:
+            # torchao's NF4Tensor shards its scales with its data (torchao/dtypes/
+            # nf4tensor.py `_INNER_TENSOR_NAMES_FOR_SHARDING`); bitsandbytes' stay whole.
+            extra -= components.get("quant_state", 0) * (1 - 1 / g)
+        return extra
 
     @property
     def error(self) -> float:
@@ -82,6 +92,7 @@ def _point(raw: dict[str, Any]) -> Point:
         workload=Workload(arch, **fields), gpu_count=int(raw.get("gpu_count", 1)),
         layout=Strategy(raw.get("layout", "single")),
         upcast_fp32=bool(raw.get("upcast_fp32", False)),
+        quant_state_sharded=bool(raw.get("quant_state_sharded", False)),
         held_out=bool(raw.get("held_out", False)),
         measured_as=str(raw.get("measured_as", "unstated")), why=str(raw.get("why", "")),
         before_gib=float(raw["before_gib"]) if "before_gib" in raw else None)

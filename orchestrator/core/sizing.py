@@ -30,6 +30,8 @@ FP32 = 4
 NF4 = 0.5
 # Block scales with double quantization (bitsandbytes default in axolotl/QLoRA): 0.127 bit.
 NF4_DOUBLE_QUANT_SCALES = 0.127 / 8
+# Weights per absmax block: bitsandbytes' `quantize_4bit` default blocksize.
+NF4_BLOCK = 64
 # Full fine-tune optimizer state per parameter depends on who holds the master copy
 # (sizing-facts.md, "Bytes per parameter"):
 # - one GPU / DDP, model loaded in bf16 (axolotl's default with `bf16`): no fp32 master and
@@ -76,6 +78,12 @@ ZERO_SUB_GROUP = 10**9
 # runs; the fused AdamW orch renders makes none, kept as margin). bitsandbytes' 8-bit
 # AdamW updates its blocks in place.
 ZERO_STEP_BYTES = {"adamw": FP32 + FP32, "adamw_8bit": FP32, "paged_adamw_8bit": FP32}
+# ZeRO-3 keeps up to `stage3_max_live_parameters` elements gathered ("The maximum number of
+# parameters resident per GPU before releasing") and does not release one reused within
+# `stage3_max_reuse_distance`; both default to 1e9 [deepspeed 0.18.9 runtime/zero/
+# config.py:238-248, partitioned_param_coordinator.py:428-430] and orch's ZeRO config
+# leaves them. In bf16 (and the bf16 storage of packed 4-bit weights): 2 bytes each.
+ZERO_MAX_LIVE = 10**9
 # Activation offloading (axolotl `activation_offloading: true`) streams each block's
 # checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
 OFFLOADED_LAYERS_IN_FLIGHT = 2
@@ -347,15 +355,60 @@ def multi_gpu_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> dict[str
     parts = {"comm_buffers": COMM_BUFFERS}
     if strategy not in SHARDED:
         return parts
-    block = w.arch.layer_linear_params + w.arch.layer_other_params
-    per_param = weight_bytes(w) / max(1, w.arch.params)
-    parts["fsdp_buffers"] = math.ceil(FSDP_GATHERED_LAYERS * block * per_param)
+    parts["fsdp_buffers"] = gathered_bytes(w, gpu_count, strategy)
     parts["fsdp_root"] = root_bytes(w)
     if strategy is Strategy.ZERO3:
         # ZeRO-Offload steps on the CPU instead (zero3_offload: nothing of this on the GPU).
         sub_group = min(ZERO_SUB_GROUP, math.ceil(w.trainable_params / gpu_count))
         parts["optimizer_step"] = ZERO_STEP_BYTES[str(w.optimizer)] * sub_group
     return parts
+
+
+def gathered_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> int:
+    """Unsharded parameters a sharded layout holds besides the root: two blocks (the one in
+    use and the one prefetched), more under offload and ZeRO-3 (docs/sizing.md)."""
+    block = w.arch.layer_linear_params + w.arch.layer_other_params
+    per_param = weight_bytes(w) / max(1, w.arch.params)
+    gathered = FSDP_GATHERED_LAYERS * block * per_param
+    if strategy in OFFLOADED:
+        # The CPU shard is copied to the GPU before the all-gather reads it [torch
+        # distributed/fsdp/_flat_param.py FlatParamHandle.pre_unshard: `flat_param_to(
+        # self.device)`; FSDP2: fsdp/_fully_shard/_fsdp_param.py `all_gather_inputs`].
+        gathered *= 1 + 1 / gpu_count
+    if strategy in ZERO_STRATEGIES:
+        # The 4-bit statistics are not parameters: ZeRO-3 does not gather them.
+        whole = weight_bytes(w) - quant_state_bytes(w)
+        gathered = max(gathered, min(whole, ZERO_MAX_LIVE * BF16))
+    return math.ceil(gathered)
+
+
+def quant_state_bytes(w: Workload) -> int:
+    """bitsandbytes' statistics of every 4-bit weight (QLoRA; 0 otherwise): one double-
+    quantized scale per 64-weight block, which FSDP and ZeRO-3 neither shard nor offload."""
+    # `Params4bit.quant_state` and the `Linear4bit.quant_state` it is restored from are plain
+    # attributes [bitsandbytes 0.49.1 nn/modules.py:295,311 and 405-419
+    # `fix_4bit_weight_quant_state_from_module`: "the quant state got lost when the
+    # parameter got converted. This happens for example for fsdp"]; loaders quantize each
+    # weight on the GPU, then move only its data to CPU or meta and keep `__dict__`
+    # (transformers `_load_state_dict_into_meta_model`: "For quantized modules with
+    # FSDP/DeepSpeed Stage 3, we need to quantize the parameter on the GPU and then cast it
+    # to CPU"; axolotl 15f7910d3 and Answer.AI train.py `load_and_quantize`: "FSDP only
+    # syncs parameters and buffers, so the quant_state isn't copied").
+    if w.method != "qlora":
+        return 0
+    return math.ceil(w.arch.linear_params * NF4_DOUBLE_QUANT_SCALES)
+
+
+def dequantize_bytes(w: Workload) -> int:
+    """The bf16 copy of the largest 4-bit weight (and its fp32 block scales) that
+    bitsandbytes' MatMul4Bit makes in forward and again in backward (QLoRA; 0 otherwise)."""
+    # bitsandbytes 0.49.1 autograd/_functions.py:315 `F.dequantize_4bit(B, quant_state)` in
+    # forward and :346 in backward (and in the recompute under checkpointing), one weight
+    # at a time; functional.py:983-986 first expands the double-quantized scales to fp32.
+    if w.method != "qlora":
+        return 0
+    largest = max(d_in * d_out for d_in, d_out in w.arch.linear_shapes().values())
+    return math.ceil(largest * (BF16 + FP32 / NF4_BLOCK))
 
 
 def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) -> MemoryEstimate:
@@ -372,6 +425,10 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
     weights, adapters, grads, optim = _state(w, strategy)
     sharded = strategy in SHARDED and gpu_count > 1
     div = gpu_count if sharded else 1
+    # The 4-bit statistics are module attributes, not parameters: sharded or offloaded, every
+    # GPU keeps all of them (`quant_state_bytes`).
+    stats = quant_state_bytes(w) if sharded else 0
+    weights -= stats
     # ZeRO-3 offload is sized with only the optimizer state in host RAM (the parameters it
     # also offloads are counted on the GPU: conservative); FSDP2's CPUOffloadPolicy keeps
     # the sharded parameters, gradients and optimizer state on the CPU and the GPU holds
@@ -390,6 +447,10 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         LOSS_COMPONENT[str(w.cross_entropy)]: loss_bytes(w),
         "cuda_context": CUDA_CONTEXT,
     })
+    if stats:
+        components["quant_state"] = stats
+    if w.method == "qlora":
+        components["dequantize"] = dequantize_bytes(w)
     components.update(multi_gpu_bytes(w, gpu_count, strategy))
     notes: list[str] = []
     if sharded:
