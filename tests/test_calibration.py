@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.core.calibration import UPCAST_EXTRA_BYTES, Point, points
-from orchestrator.core.sizing import Strategy
+from orchestrator.core.sizing import GIB, Strategy, estimate
 
 POINTS = points()
 ONE_GPU = [p for p in POINTS if p.asserted and not p.sharded]
@@ -81,3 +81,62 @@ def test_fsdp1_points_add_the_fp32_upcast_to_the_fsdp2_estimate() -> None:
     upcast = [p for p in POINTS if p.upcast_fp32]
     assert upcast and all(p.layout is Strategy.FSDP2 and p.workload.method == "full"
                           for p in upcast)
+
+
+# --- sharded LoRA/QLoRA (issue 36 §5: "a 70B QLoRA on FSDP2 ~20 %" under) ------------------
+SHARDED_ADAPTERS = [p for p in POINTS if p.sharded and p.workload.method != "full"]
+# The only published sharded adapter runs not held to the bounds, each because what ran (or
+# what the figure is) cannot be pinned down; the file says why in full.
+UNKNOWABLE = {
+    "torchtune Llama-3.1-405B QLoRA r16, FSDP2 x8",  # below its stated config's own parts
+    "axolotl Llama-3-70B QLoRA, FSDP CPU offload x2, 512 x 1",  # a README "runs on" line
+}
+
+
+def test_every_published_sharded_adapter_run_is_held_to_the_bounds() -> None:
+    assert {p.name for p in SHARDED_ADAPTERS if not p.asserted} == UNKNOWABLE
+    asserted = [p for p in SHARDED_ADAPTERS if p.asserted]
+    # The PEFT docs' 70B QLoRA in all three layouts and Answer.AI's offloaded 34B/70B QLoRA,
+    # all of them under before the adapter terms, are among them.
+    layouts = {p.layout for p in asserted if p.workload.method == "qlora" and
+               p.arch.num_hidden_layers >= 60}
+    assert layouts == {Strategy.ZERO3, Strategy.FSDP2, Strategy.FSDP2_OFFLOAD}
+    for p in asserted:
+        assert -MARGIN_BELOW <= p.error <= MOST_ABOVE, (
+            f"{p.name}: orch {p.estimate_gib():.2f} GiB vs {p.measured_gib} ({p.error:+.1%})")
+
+
+def test_sharded_adapter_overestimate_stays_moderate() -> None:
+    asserted = [p for p in SHARDED_ADAPTERS if p.asserted]
+    mean = sum(p.error for p in asserted) / len(asserted)
+    assert 0 <= mean <= MEAN_ABOVE, f"mean error {mean:+.1%}"
+    # Per layout and method too: no group leans under, none is over by a quarter on average.
+    groups: dict[tuple[Strategy, str], list[float]] = {}
+    for p in asserted:
+        groups.setdefault((p.layout, p.workload.method), []).append(p.error)
+    for key, errors in groups.items():
+        assert 0 <= sum(errors) / len(errors) <= 0.25, (key, errors)
+
+
+def test_the_adapter_margin_holds_on_runs_it_was_not_fitted_to() -> None:
+    held = [p for p in SHARDED_ADAPTERS if p.asserted and p.held_out]
+    assert {p.workload.method for p in held} == {"lora", "qlora"}
+    assert {p.layout for p in held} >= {Strategy.FSDP2, Strategy.FSDP2_OFFLOAD}
+    assert all(-MARGIN_BELOW <= p.error <= MOST_ABOVE for p in held)
+
+
+def test_sharded_adapter_runs_were_underestimated_before_the_adapter_terms() -> None:
+    # r36-sizing (5485ec0) left these under: -38 % to -5 % on the runs now asserted.
+    prev = [p.prev_error for p in SHARDED_ADAPTERS if p.asserted and p.prev_error is not None]
+    assert sum(e < -0.05 for e in prev) >= 5
+
+
+def test_runs_that_kept_bf16_adapters_or_sharded_4bit_scales_are_compared_as_they_ran() -> None:
+    point = next(p for p in POINTS if p.name.startswith("PEFT docs Llama-2-70B QLoRA, FSDP x2"))
+    e = estimate(point.workload, point.gpu_count, point.layout).components
+    halved = (e["adapters"] + e["gradients"] + e["optimizer"]) / 2  # PEFT 0.10: bf16
+    assert point.bf16_adapters
+    assert point.estimate_gib() == pytest.approx((sum(e.values()) - halved) / GIB)
+    torchao = next(p for p in POINTS if p.quant_state_sharded)
+    c = estimate(torchao.workload, torchao.gpu_count, torchao.layout).components
+    assert torchao.run_difference_bytes(c) < -c["quant_state"] * 0.8

@@ -392,3 +392,17 @@ def test_offload_copies_the_shard_to_the_gpu_before_gathering() -> None:
         offloaded = estimate(w, g, Strategy.FSDP2_OFFLOAD).components["fsdp_buffers"]
         assert offloaded == pytest.approx(on_gpu * (1 + 1 / g), abs=2)
 
+
+def test_sharded_adapters_carry_a_margin_on_the_frozen_base_share() -> None:
+    a = arch("meta-llama/Llama-3.1-70B")
+    for method, fraction in (("qlora", 0.31), ("lora", 0.04)):
+        w = Workload(a, method, optimizer="adamw")
+        for g, strategy in ((2, Strategy.FSDP2), (4, Strategy.ZERO3),
+                            (2, Strategy.FSDP2_OFFLOAD), (8, Strategy.ZERO3_OFFLOAD)):
+            assert estimate(w, g, strategy).components["adapter_margin"] == \
+                math.ceil(fraction * sizing.weight_bytes(w) / g)
+        # Not where nothing is sharded, nor for full fine-tunes (their terms are named).
+        assert "adapter_margin" not in estimate(w, 1).components
+        assert "adapter_margin" not in estimate(w, 4, Strategy.DDP).components
+    full = Workload(a, "full", optimizer="adamw")
+    assert "adapter_margin" not in estimate(full, 8, Strategy.FSDP2).components

@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.architectures import Architecture, from_fields
-from orchestrator.core.sizing import FP32, GIB, Strategy, Workload, estimate
+from orchestrator.core.sizing import (
+    ADAPTER_GRADIENT,
+    ADAPTER_OPTIMIZER,
+    ADAPTER_WEIGHT,
+    BF16,
+    FP32,
+    GIB,
+    Strategy,
+    Workload,
+    estimate,
+)
 from orchestrator.core.yamlpos import load_data
 
 _DATA = Path(__file__).with_name("data") / "calibration.yaml"
@@ -22,6 +32,15 @@ _DATA = Path(__file__).with_name("data") / "calibration.yaml"
 # accelerator.py:1512-1552, "we follow DeepSpeed's strategy to hold the parameters in full
 # precision"].
 UPCAST_EXTRA_BYTES = FP32 + FP32 + 2 * FP32 - (2 + 2 + 4)
+# PEFT before 0.12 created each LoRA adapter in its base layer's dtype (v0.10.0
+# src/peft/tuners/lora/layer.py:114-122 `self.to(weight.device, dtype=weight.dtype)`; the
+# fp32 `autocast_adapter_dtype` came with v0.12.0), and bf16 is what a bf16 model or a
+# 4-bit base stored in bf16 (`bnb_4bit_quant_storage`) reports; torchtune builds its LoRA
+# model in the recipe's `dtype: bf16`. Such a run kept bf16 adapters, gradients and AdamW
+# moments (torch AdamW keeps them in the parameter's dtype): 2 + 2 + 4 bytes per adapter
+# parameter where orch's PEFT >= 0.12 keeps 4 + 4 + 8. The share of each orch component:
+BF16_ADAPTER_SHARE = {"adapters": BF16 / ADAPTER_WEIGHT, "gradients": BF16 / ADAPTER_GRADIENT,
+                      "optimizer": 2 * BF16 / ADAPTER_OPTIMIZER["adamw"]}
 
 
 @dataclass(frozen=True)
@@ -38,11 +57,13 @@ class Point:
     gpu_count: int = 1
     layout: Strategy = Strategy.SINGLE
     upcast_fp32: bool = False
+    bf16_adapters: bool = False
     quant_state_sharded: bool = False
     held_out: bool = False
     measured_as: str = "unstated"  # allocated | reserved | nvidia-smi | statement | unstated
     why: str = ""  # why a point is not asserted
     before_gib: float | None = None  # orch's estimate before issue 36's recalibration
+    prev_gib: float | None = None  # after its first part (full fine-tunes), r36-sizing 5485ec0
 
     def estimate_gib(self) -> float:
         """orch's figure for what the source measured (see `compare`)."""
@@ -58,6 +79,9 @@ class Point:
         g = self.gpu_count if self.sharded else 1
         if self.upcast_fp32:
             extra += UPCAST_EXTRA_BYTES * self.arch.params / g
+        if self.bf16_adapters and self.workload.method != "full":
+            # Where orch keeps them on the GPU (offloaded ones count 0 there).
+            extra -= sum(components[c] * (1 - share) for c, share in BF16_ADAPTER_SHARE.items())
         if self.quant_state_sharded and self.sharded:
             # torchao's NF4Tensor shards its scales with its data (torchao/dtypes/
             # nf4tensor.py `_INNER_TENSOR_NAMES_FOR_SHARDING`); bitsandbytes' stay whole.
@@ -73,6 +97,11 @@ class Point:
     def before_error(self) -> float | None:
         """The error before issue 36's recalibration (None where not recorded)."""
         return None if self.before_gib is None else self.before_gib / self.measured_gib - 1
+
+    @property
+    def prev_error(self) -> float | None:
+        """The error at r36-sizing, before the sharded adapter terms (None if not recorded)."""
+        return None if self.prev_gib is None else self.prev_gib / self.measured_gib - 1
 
     @property
     def sharded(self) -> bool:
@@ -92,10 +121,12 @@ def _point(raw: dict[str, Any]) -> Point:
         workload=Workload(arch, **fields), gpu_count=int(raw.get("gpu_count", 1)),
         layout=Strategy(raw.get("layout", "single")),
         upcast_fp32=bool(raw.get("upcast_fp32", False)),
+        bf16_adapters=bool(raw.get("bf16_adapters", False)),
         quant_state_sharded=bool(raw.get("quant_state_sharded", False)),
         held_out=bool(raw.get("held_out", False)),
         measured_as=str(raw.get("measured_as", "unstated")), why=str(raw.get("why", "")),
-        before_gib=float(raw["before_gib"]) if "before_gib" in raw else None)
+        before_gib=float(raw["before_gib"]) if "before_gib" in raw else None,
+        prev_gib=float(raw["prev_gib"]) if "prev_gib" in raw else None)
 
 
 def points() -> list[Point]:

@@ -84,6 +84,13 @@ ZERO_STEP_BYTES = {"adamw": FP32 + FP32, "adamw_8bit": FP32, "paged_adamw_8bit":
 # config.py:238-248, partitioned_param_coordinator.py:428-430] and orch's ZeRO config
 # leaves them. In bf16 (and the bf16 storage of packed 4-bit weights): 2 bytes each.
 ZERO_MAX_LIVE = 10**9
+# A safety margin for sharded LoRA/QLoRA that no source explains: a fraction of the frozen
+# base's per-GPU share (the whole model as loaded ÷ G, whether that share sits on the GPU
+# or is offloaded). Published sharded 34B/70B QLoRA runs held up to 5.5 GiB more than
+# every named part, in every layout; the QLoRA fraction is the least (rounded up) that
+# brings each of those runs (the fitted set) within 2 % of its figure, LoRA's the least for
+# Answer.AI's LoRA runs (docs/sizing.md, "Sharded adapters").
+ADAPTER_MARGIN = {"qlora": 0.31, "lora": 0.04}
 # Activation offloading (axolotl `activation_offloading: true`) streams each block's
 # checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
 OFFLOADED_LAYERS_IN_FLIGHT = 2
@@ -357,6 +364,9 @@ def multi_gpu_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> dict[str
         return parts
     parts["fsdp_buffers"] = gathered_bytes(w, gpu_count, strategy)
     parts["fsdp_root"] = root_bytes(w)
+    if w.method != "full":
+        parts["adapter_margin"] = math.ceil(ADAPTER_MARGIN[w.method] * weight_bytes(w)
+                                            / gpu_count)
     if strategy is Strategy.ZERO3:
         # ZeRO-Offload steps on the CPU instead (zero3_offload: nothing of this on the GPU).
         sub_group = min(ZERO_SUB_GROUP, math.ceil(w.trainable_params / gpu_count))
@@ -461,6 +471,9 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         notes.append("no gradient checkpointing: activations grow with every layer")
     if w.method == "lora" and sharded:
         notes.append("frozen bf16 base sharded as axolotl/torchtune do for large models")
+    if "adapter_margin" in components:
+        notes.append("adapter_margin: a safety margin for sharded LoRA/QLoRA that published "
+                     "runs need and no source explains (docs/sizing.md, \"Sharded adapters\")")
     return MemoryEstimate(
         method=w.method,
         gpu_count=gpu_count,
