@@ -1,11 +1,12 @@
 """Sizing accuracy: orch's memory and time estimates beside each published point.
 
-Memory: data/calibration.yaml (estimate vs measured GiB per GPU, before and after issue 36's
-recalibration side by side; "before" is main at 0f7499d as recorded in the file), with the
-signed error summed up per layout and method, and for the points the recalibration was
-fitted to apart from those held out of it. Time: data/throughput.yaml (estimated vs
-published tokens/s; the error is on hours, positive when orch expects the run to take
-longer). For each, the mean and worst absolute error over the asserted points and over all.
+Memory: data/calibration.yaml (estimate vs measured GiB per GPU at three stages side by side,
+as recorded in the file: "main" before issue 36 (0f7499d), "r36" after its recalibration of
+sharded full fine-tunes (r36-sizing at 5485ec0), and now, with the sharded adapter terms),
+with the signed error summed up per layout and method, and for the points the
+recalibrations were fitted to apart from those held out of them. Time: data/throughput.yaml
+(estimated vs published tokens/s; the error is on hours, positive when orch expects the run
+to take longer). For each, the mean and worst absolute error over the asserted points and over all.
 Asserts nothing. Usage: python bench/sizing_accuracy.py [--json]
 """
 
@@ -50,7 +51,9 @@ def _memory_groups(points: list[calibration.Point]) -> dict[str, Any]:
     for name, group in sorted(groups.items()):
         out[name] = {"after": _signed([p.error for p in group]),
                      "before": _signed([p.before_error for p in group
-                                        if p.before_error is not None])}
+                                        if p.before_error is not None]),
+                     "prev": _signed([p.prev_error for p in group
+                                      if p.prev_error is not None])}
     return out
 
 
@@ -62,6 +65,7 @@ def results() -> dict[str, Any]:
                "layout": str(p.layout), "gpu_count": p.gpu_count, "method": p.workload.method,
                "measured_as": p.measured_as, "held_out": p.held_out,
                "before_gib": p.before_gib, "before_error": p.before_error,
+               "prev_gib": p.prev_gib, "prev_error": p.prev_error,
                "estimate_gib": p.estimate_gib(), "published_gib": p.measured_gib,
                "error": p.error, "asserted": p.asserted, "why": p.why} for p in mem_points]
     time = [{"point": p.name, "gpu": f"{p.gpu} x{p.gpu_count}", "compiled": p.compiled,
@@ -81,26 +85,32 @@ def _print_summary(summary: dict[str, Any]) -> None:
               f"worst {s['worst_abs_error']:.1%}")
 
 
+def _stage(gib: float | None, error: float | None) -> str:
+    return f"{'':15}" if gib is None or error is None else f"{gib:7.2f} {error:+7.1%}"
+
+
 def _print_memory(r: dict[str, Any]) -> None:
     print("Memory (GiB per GPU)")
-    print("error = estimate / published - 1; before: main at 0f7499d; A asserted, H held out")
-    print(f"{'point':72} {'layout':16} {'published':>9} {'before':>7} {'error':>7} "
-          f"{'after':>7} {'error':>7}  AH")
+    print("error = estimate / published - 1; main: 0f7499d; r36: r36-sizing 5485ec0; "
+          "A asserted, H held out")
+    print(f"{'point':72} {'layout':16} {'published':>9} {'main':>7} {'error':>7} "
+          f"{'r36':>7} {'error':>7} {'now':>7} {'error':>7}  AH")
     for m in r["memory"]:
         layout = f"{m['layout']} x{m['gpu_count']}"
-        before = "" if m["before_gib"] is None else f"{m['before_gib']:7.2f} " \
-            f"{m['before_error']:+7.1%}"
         flags = ("A" if m["asserted"] else "-") + ("H" if m["held_out"] else "-")
-        print(f"{m['point']:72} {layout:16} {m['published_gib']:9.2f} {before:15} "
+        print(f"{m['point']:72} {layout:16} {m['published_gib']:9.2f} "
+              f"{_stage(m['before_gib'], m['before_error'])} "
+              f"{_stage(m['prev_gib'], m['prev_error'])} "
               f"{m['estimate_gib']:7.2f} {m['error']:+7.1%}  {flags}")
     _print_summary(r["memory_summary"])
     print("\nSigned error of the asserted points per layout/method, of the sharded ones fitted\n"
           "and held out, and of the points not asserted (mean, most over, most under):")
     for name, g in r["memory_groups"].items():
-        b, a = g["before"], g["after"]
-        print(f"  {name:24} {a['points']:3} points  before {b['mean_error']:+7.1%} "
-              f"{b['max_over']:+7.1%} {b['max_under']:+7.1%}   after {a['mean_error']:+7.1%} "
-              f"{a['max_over']:+7.1%} {a['max_under']:+7.1%}")
+        stages = "  ".join(f"{label} {g[key]['mean_error']:+7.1%} {g[key]['max_over']:+7.1%} "
+                           f"{g[key]['max_under']:+7.1%}"
+                           for label, key in (("main", "before"), ("r36", "prev"),
+                                              ("now", "after")))
+        print(f"  {name:24} {g['after']['points']:3} points  {stages}")
 
 
 def main() -> None:
