@@ -30,6 +30,8 @@ FP32 = 4
 NF4 = 0.5
 # Block scales with double quantization (bitsandbytes default in axolotl/QLoRA): 0.127 bit.
 NF4_DOUBLE_QUANT_SCALES = 0.127 / 8
+# Weights per absmax block: bitsandbytes' `quantize_4bit` default blocksize.
+NF4_BLOCK = 64
 # Full fine-tune optimizer state per parameter depends on who holds the master copy
 # (sizing-facts.md, "Bytes per parameter"):
 # - one GPU / DDP, model loaded in bf16 (axolotl's default with `bf16`): no fp32 master and
@@ -53,10 +55,42 @@ ADAPTER_GRADIENT = FP32
 # --- other terms (sizing-facts.md, "Other terms") ------------------------------------------
 # CUDA context and library workspaces: "roughly 0.5–1 GB per GPU"; the middle of that.
 CUDA_CONTEXT = int(0.75 * GIB)
-# fp32 logits (4·s·b·v) plus the copies the loss and its gradient hold ("one or two more").
-LOGITS_FP32_COPIES = 3
+# The plain loss, in bytes per logit (token × vocabulary entry): the fp32 logits and the
+# copies the loss and its gradient hold beside them ("one or two more", facts). The
+# published HF runs hold more: transformers upcast the bf16 logits, shifted them with a
+# contiguous copy and log-softmaxed them, and the backward holds the gradient of each:
+# four fp32 copies and the bf16 logits at the peak, 4 × 4 + 2 = 18 (was 3 × 4 = 12, which
+# left Liger's plain-loss FSDP runs 12-21 % under; docs/sizing.md, "Several GPUs").
+LOGITS_BYTES_PER_VALUE = 18
 # FSDP2/ZeRO-3 gather one block's full parameters ahead of use and keep the next prefetched.
 FSDP_GATHERED_LAYERS = 2
+# --- several GPUs (docs/sizing.md, "Several GPUs": each term and the runs it covers) -------
+# NCCL's device buffers, which PyTorch's allocator does not see: NCCL_BUFFSIZE (4 MiB) per
+# channel, ring neighbour and direction, up to 32 channels: 32 × 2 × 2 × 4 MiB.
+COMM_BUFFERS = 32 * 2 * 2 * 4 * 1024**2
+# DeepSpeed ZeRO-3 steps the optimizer one sub-group at a time, each on an fp32 copy of its
+# gradients [deepspeed 0.18.9 runtime/zero/stage3.py `_prepare_fp32_grad_for_sub_group`];
+# `sub_group_size` defaults to 1e9 elements [runtime/zero/config.py] and orch's ZeRO config
+# (playbooks/axolotl.py) leaves it at that.
+ZERO_SUB_GROUP = 10**9
+# Per element of that sub-group: the fp32 gradient copy, and for AdamW an fp32 temporary
+# of the same size (torch's foreach AdamW, `_foreach_sqrt`: the HF default of the published
+# runs; the fused AdamW orch renders makes none, kept as margin). bitsandbytes' 8-bit
+# AdamW updates its blocks in place.
+ZERO_STEP_BYTES = {"adamw": FP32 + FP32, "adamw_8bit": FP32, "paged_adamw_8bit": FP32}
+# ZeRO-3 keeps up to `stage3_max_live_parameters` elements gathered ("The maximum number of
+# parameters resident per GPU before releasing") and does not release one reused within
+# `stage3_max_reuse_distance`; both default to 1e9 [deepspeed 0.18.9 runtime/zero/
+# config.py:238-248, partitioned_param_coordinator.py:428-430] and orch's ZeRO config
+# leaves them. In bf16 (and the bf16 storage of packed 4-bit weights): 2 bytes each.
+ZERO_MAX_LIVE = 10**9
+# A safety margin for sharded LoRA/QLoRA that no source explains: a fraction of the frozen
+# base's per-GPU share (the whole model as loaded ÷ G, whether that share sits on the GPU
+# or is offloaded). Published sharded 34B/70B QLoRA runs held up to 5.5 GiB more than
+# every named part, in every layout; the QLoRA fraction is the least (rounded up) that
+# brings each of those runs (the fitted set) within 2 % of its figure, LoRA's the least for
+# Answer.AI's LoRA runs (docs/sizing.md, "Sharded adapters").
+ADAPTER_MARGIN = {"qlora": 0.31, "lora": 0.04}
 # Activation offloading (axolotl `activation_offloading: true`) streams each block's
 # checkpointed input to host RAM; about two blocks' worth are in flight on the GPU.
 OFFLOADED_LAYERS_IN_FLIGHT = 2
@@ -204,14 +238,16 @@ def activation_bytes(w: Workload) -> int:
         # plus one block recomputed in backward (axolotl requires checkpointing for this).
         return OFFLOADED_LAYERS_IN_FLIGHT * tokens * h * BF16 + one_block
     if w.gradient_checkpointing:
-        # Only each block's input survives (2·s·b·h), plus one block recomputed in backward.
-        return arch.num_hidden_layers * tokens * h * BF16 + one_block
+        # Only each block's input survives (2·s·b·h), and the last block's output, which the
+        # final norm keeps (L + 1 in all), plus one block recomputed in backward. The last
+        # one is 1 GiB at Liger's 8 × 16,384-token runs (docs/sizing.md, "Several GPUs").
+        return (arch.num_hidden_layers + 1) * tokens * h * BF16 + one_block
     return arch.num_hidden_layers * one_block
 
 
 def logits_bytes(w: Workload) -> int:
     """fp32 logits over the vocabulary and the loss's copies (several GB at 128K vocab)."""
-    return FP32 * w.sequence_len * w.micro_batch_size * w.arch.vocab_size * LOGITS_FP32_COPIES
+    return LOGITS_BYTES_PER_VALUE * w.sequence_len * w.micro_batch_size * w.arch.vocab_size
 
 
 # The loss component's name in `MemoryEstimate.components`, by cross-entropy kernel.
@@ -302,6 +338,89 @@ def pin_problem(layout: str, gpu_count: int | None, max_gpus: int, optimizer: st
     return None
 
 
+def root_bytes(w: Workload) -> int:
+    """What a sharded layout holds unsharded on every GPU for the whole step, besides the
+    gathered blocks: the embeddings, LM head and final norm in bf16, and for a full
+    fine-tune the LM head's unsharded gradient (docs/sizing.md, "Several GPUs")."""
+    a = w.arch
+    # FSDP2 groups these in the root module (only the decoder layers get their own group:
+    # axolotl 0.18.0 monkeypatch/accelerate/fsdp2.py:758-766), whose forward spans the
+    # whole model, and frees them after the root's backward; ZeRO-3 keeps the LM head
+    # gathered while it is reused within `stage3_max_reuse_distance` (1e9 elements).
+    root = (a.embedding_params + a.hidden_size) * BF16
+    if w.method == "full":
+        # Reduce-scattered with the root group at the end of backward; Liger's fused loss
+        # allocates it in forward already (`grad_weight = torch.zeros_like(weight)`).
+        root += a.vocab_size * a.hidden_size * BF16
+    return root
+
+
+def multi_gpu_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> dict[str, int]:
+    """The per-GPU parts only a run on several GPUs has (none on one GPU)."""
+    if gpu_count == 1:
+        return {}
+    parts = {"comm_buffers": COMM_BUFFERS}
+    if strategy not in SHARDED:
+        return parts
+    parts["fsdp_buffers"] = gathered_bytes(w, gpu_count, strategy)
+    parts["fsdp_root"] = root_bytes(w)
+    if w.method != "full":
+        parts["adapter_margin"] = math.ceil(ADAPTER_MARGIN[w.method] * weight_bytes(w)
+                                            / gpu_count)
+    if strategy is Strategy.ZERO3:
+        # ZeRO-Offload steps on the CPU instead (zero3_offload: nothing of this on the GPU).
+        sub_group = min(ZERO_SUB_GROUP, math.ceil(w.trainable_params / gpu_count))
+        parts["optimizer_step"] = ZERO_STEP_BYTES[str(w.optimizer)] * sub_group
+    return parts
+
+
+def gathered_bytes(w: Workload, gpu_count: int, strategy: Strategy) -> int:
+    """Unsharded parameters a sharded layout holds besides the root: two blocks (the one in
+    use and the one prefetched), more under offload and ZeRO-3 (docs/sizing.md)."""
+    block = w.arch.layer_linear_params + w.arch.layer_other_params
+    per_param = weight_bytes(w) / max(1, w.arch.params)
+    gathered = FSDP_GATHERED_LAYERS * block * per_param
+    if strategy in OFFLOADED:
+        # The CPU shard is copied to the GPU before the all-gather reads it [torch
+        # distributed/fsdp/_flat_param.py FlatParamHandle.pre_unshard: `flat_param_to(
+        # self.device)`; FSDP2: fsdp/_fully_shard/_fsdp_param.py `all_gather_inputs`].
+        gathered *= 1 + 1 / gpu_count
+    if strategy in ZERO_STRATEGIES:
+        # The 4-bit statistics are not parameters: ZeRO-3 does not gather them.
+        whole = weight_bytes(w) - quant_state_bytes(w)
+        gathered = max(gathered, min(whole, ZERO_MAX_LIVE * BF16))
+    return math.ceil(gathered)
+
+
+def quant_state_bytes(w: Workload) -> int:
+    """bitsandbytes' statistics of every 4-bit weight (QLoRA; 0 otherwise): one double-
+    quantized scale per 64-weight block, which FSDP and ZeRO-3 neither shard nor offload."""
+    # `Params4bit.quant_state` and the `Linear4bit.quant_state` it is restored from are plain
+    # attributes [bitsandbytes 0.49.1 nn/modules.py:295,311 and 405-419
+    # `fix_4bit_weight_quant_state_from_module`: "the quant state got lost when the
+    # parameter got converted. This happens for example for fsdp"]; loaders quantize each
+    # weight on the GPU, then move only its data to CPU or meta and keep `__dict__`
+    # (transformers `_load_state_dict_into_meta_model`: "For quantized modules with
+    # FSDP/DeepSpeed Stage 3, we need to quantize the parameter on the GPU and then cast it
+    # to CPU"; axolotl 15f7910d3 and Answer.AI train.py `load_and_quantize`: "FSDP only
+    # syncs parameters and buffers, so the quant_state isn't copied").
+    if w.method != "qlora":
+        return 0
+    return math.ceil(w.arch.linear_params * NF4_DOUBLE_QUANT_SCALES)
+
+
+def dequantize_bytes(w: Workload) -> int:
+    """The bf16 copy of the largest 4-bit weight (and its fp32 block scales) that
+    bitsandbytes' MatMul4Bit makes in forward and again in backward (QLoRA; 0 otherwise)."""
+    # bitsandbytes 0.49.1 autograd/_functions.py:315 `F.dequantize_4bit(B, quant_state)` in
+    # forward and :346 in backward (and in the recompute under checkpointing), one weight
+    # at a time; functional.py:983-986 first expands the double-quantized scales to fp32.
+    if w.method != "qlora":
+        return 0
+    largest = max(d_in * d_out for d_in, d_out in w.arch.linear_shapes().values())
+    return math.ceil(largest * (BF16 + FP32 / NF4_BLOCK))
+
+
 def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) -> MemoryEstimate:
     """Per-GPU memory of `w` on `gpu_count` GPUs with `strategy` (default: no sharding)."""
     if not 1 <= gpu_count <= 8:
@@ -316,6 +435,10 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
     weights, adapters, grads, optim = _state(w, strategy)
     sharded = strategy in SHARDED and gpu_count > 1
     div = gpu_count if sharded else 1
+    # The 4-bit statistics are module attributes, not parameters: sharded or offloaded, every
+    # GPU keeps all of them (`quant_state_bytes`).
+    stats = quant_state_bytes(w) if sharded else 0
+    weights -= stats
     # ZeRO-3 offload is sized with only the optimizer state in host RAM (the parameters it
     # also offloads are counted on the GPU: conservative); FSDP2's CPUOffloadPolicy keeps
     # the sharded parameters, gradients and optimizer state on the CPU and the GPU holds
@@ -334,11 +457,13 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         LOSS_COMPONENT[str(w.cross_entropy)]: loss_bytes(w),
         "cuda_context": CUDA_CONTEXT,
     })
+    if stats:
+        components["quant_state"] = stats
+    if w.method == "qlora":
+        components["dequantize"] = dequantize_bytes(w)
+    components.update(multi_gpu_bytes(w, gpu_count, strategy))
     notes: list[str] = []
     if sharded:
-        block = w.arch.layer_linear_params + w.arch.layer_other_params
-        per_param = weights / max(1, w.arch.params)
-        components["fsdp_buffers"] = math.ceil(FSDP_GATHERED_LAYERS * block * per_param)
         notes.append(f"weights, gradients and optimizer state sharded over {gpu_count} GPUs")
     if on_host:
         notes.append(f"{', '.join(on_host)} offloaded to host RAM")
@@ -346,6 +471,9 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
         notes.append("no gradient checkpointing: activations grow with every layer")
     if w.method == "lora" and sharded:
         notes.append("frozen bf16 base sharded as axolotl/torchtune do for large models")
+    if "adapter_margin" in components:
+        notes.append("adapter_margin: a safety margin for sharded LoRA/QLoRA that published "
+                     "runs need and no source explains (docs/sizing.md, \"Sharded adapters\")")
     return MemoryEstimate(
         method=w.method,
         gpu_count=gpu_count,
