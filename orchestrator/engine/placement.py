@@ -17,6 +17,7 @@ from orchestrator.core import money, offerbook, scheduler, warmfit
 from orchestrator.core.planning import (
     constraints_from,
     eval_work,
+    extras_for,
     requirements,
     total_tokens,
     workload_from,
@@ -53,6 +54,7 @@ from providers.base import (
     ReportsSkipped,
     Simulated,
     TransientError,
+    Volumes,
     keeps_machine,
 )
 
@@ -191,9 +193,15 @@ class Placement:
         offers += warm
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         work = eval_work(loaded)  # evaluated on the training machine: it must serve the model
+        # Priced as `orch plan` prices it and as the bill counts it: the delivery's hours and
+        # the job's volume included (the budget, resources.max_cost, is judged on that).
+        extras = extras_for(loaded, {n: p.volume_per_gb_month
+                                     for n, p in self.state.providers.items()
+                                     if isinstance(p, Volumes)}, self.ledger.disk_gb)
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers, alone=warm), gpus,
                                    k, constraints, cached_on=cached,
-                                   measured=self.inputs.measured, evaluation=work)
+                                   measured=self.inputs.measured, evaluation=work,
+                                   extras=extras)
         if not placements:
             if unavailable:
                 # Not a verdict on the job: what the unavailable providers offer is unknown.
@@ -210,7 +218,8 @@ class Placement:
                                 "with `resources.providers: [sim]`")
             # Why nothing fits needs every offer's reason: the full ranking, on failure only.
             ranking = scheduler.rank(w, tokens, offers, gpus, constraints, cached_on=cached,
-                                     measured=self.inputs.measured, evaluation=work)
+                                     measured=self.inputs.measured, evaluation=work,
+                                     extras=extras)
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return placements
 

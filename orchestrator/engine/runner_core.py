@@ -33,7 +33,7 @@ from typing import Any
 from orchestrator.core import money
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
-from orchestrator.core.scheduler import Placement
+from orchestrator.core.scheduler import WARM_PREFIX, Placement
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
 from orchestrator.records.store import Job, LeaseLost, Store, StoreError, to_micros, utcnow
@@ -256,7 +256,8 @@ class Ledger:
         storage = Decimal(0)
         job = self.job()
         if job.started_at is not None:
-            used = {r.provider for r in rows}
+            # A machine taken warm has no volume of this job (as `scheduler.Extras` plans it).
+            used = {r.provider for r in rows if not (r.offer_id or "").startswith(WARM_PREFIX)}
             for name, provider in self.providers.items():
                 rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
                 if rate and name in used:
