@@ -51,6 +51,8 @@ LOST = (InstanceState.INTERRUPTED, InstanceState.TERMINATED, InstanceState.FAILE
 EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
               "the evaluation\" in docs/playbooks.md (the training is not repeated).")
 
+CANCELLED = "cancelled"  # the Stop's reason; the job's record says in which phase, what stayed
+
 # The pipeline phases whose completion is recorded in job.phase_done, in order (one list:
 # playbooks.pipeline's); what a takeover resumes is orchestrator.engine.recovery's policy.
 PHASES = DURABLE
@@ -307,6 +309,14 @@ class RunState:
         # Whatever the pipeline is blocked on over SSH fails now instead of at its timeout.
         self.factory.close_all()
 
+    def check_cancel(self) -> None:
+        """`check_stop`, after reading `orch cancel`'s flag from the database: what checks
+        this before it starts (a phase, a playbook step, a rental, parking the machine) never
+        starts once a cancel was committed, without waiting for the monitor's next look."""
+        if self.stop is None and self.store.cancel_requested(self.job_id):
+            self.signal(Stop("cancelled", CANCELLED))
+        self.check_stop()
+
     def check_stop(self) -> None:
         stop = self.stop
         if stop is None:
@@ -338,8 +348,14 @@ def monitor(state: RunState, done: threading.Event) -> None:
                 if job is None:
                     state.signal(Stop("lost", "lease lost"))
                     return
-                if job.cancel_requested_at is not None:
-                    state.signal(Stop("cancelled", "cancelled by `orch cancel`"))
+                cancelled = job.cancel_requested_at is not None
+            else:
+                # Every tick (`watch_s`, 2 s by default), not only at the lease's renewal (a
+                # third of the lease, 20 s): a cancel stops what runs now (issue 36 §7); the
+                # pipeline also reads it before each phase and step (`check_cancel`).
+                cancelled = state.store.cancel_requested(state.job_id)
+            if cancelled:
+                state.signal(Stop("cancelled", CANCELLED))
             stalled = ledger.watchdog.overdue()
             if stalled is not None:
                 state.signal(Stop("stalled", stalled))
