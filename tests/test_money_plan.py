@@ -87,8 +87,8 @@ def test_a_budget_below_the_whole_cost_is_refused_with_the_breakdown(tmp_path: P
     code, out, err = _orch(tmp_path, "plan", str(path))
     assert code == 3, out
     assert "no placement fits resources.max_cost: the cheapest that fits costs $6.8" in err
-    assert "> max_cost $2 (cloud: 3.64 h of A100 80GB x8 at $1.87/h (boot " in err
-    assert "training 0.27, delivery 3.14 h)" in err
+    assert "> max_cost $2 (cloud: 3.64 h of A100 80GB x8 at $1.87/h (boot 5 min, " in err
+    assert "training 16 min, delivery 3.14 h))" in err
     assert "Cheaper: output.push_to_hub: ORG/NAME with output.local: false" in err
 
 

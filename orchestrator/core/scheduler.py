@@ -80,9 +80,9 @@ class Placement:
         rate = (f" at {money.usd(o.price_per_hour)}/h" if o.price_per_hour is not None else
                 f" at {money.usd(o.monthly_price)}/month" if o.monthly_price is not None
                 else "")
-        phases = ", ".join(f"{name} {hours:.2f}" for name, hours in
-                           self.duration.phases().items() if round(hours, 2) > 0)
-        text = f"{self.est_hours:.2f} h of {o.gpu} x{o.gpu_count}{rate} ({phases} h)"
+        phases = ", ".join(f"{name} {_span(hours)}" for name, hours in
+                           self.duration.phases().items() if hours > 0)
+        text = f"{self.est_hours:.2f} h of {o.gpu} x{o.gpu_count}{rate} ({phases})"
         if self.storage_cost:
             text += (f": {money.usd(self.compute_cost)}, + {money.usd(self.storage_cost)} "
                      "for the job's volume")
@@ -119,6 +119,13 @@ class Placement:
             "est_storage_cost": str(self.storage_cost),
             "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
         }
+
+
+def _span(hours: float) -> str:
+    """Hours as people read them: `3.14 h`, `16 min`, `<1 min`."""
+    if hours >= 1:
+        return f"{hours:.2f} h"
+    return f"{hours * 60:.0f} min" if hours * 60 >= 0.5 else "<1 min"
 
 
 @dataclass(frozen=True)
