@@ -225,10 +225,16 @@ class StepReport:
 Emit = Callable[[StepReport], None]
 
 
-def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit) -> list[StepReport]:
-    """Run `steps` in order; report each; stop at the first failure with PlaybookFailed."""
+def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit,
+                 check: Callable[[], None] | None = None) -> list[StepReport]:
+    """Run `steps` in order; report each; stop at the first failure with PlaybookFailed.
+
+    `check` runs before each step and may raise to stop the run there (the engine's
+    cancel: no step starts once the job was asked to stop)."""
     reports: list[StepReport] = []
     for step in steps:
+        if check is not None:
+            check()
         started = time.monotonic()
         host._deadline = started + step.timeout_s
         try:

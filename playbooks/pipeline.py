@@ -107,34 +107,37 @@ def cache_for(cache: ModelCache, trainer_image: str, runner: train.Runner,
     return cache
 
 
-def prepare(host: Host, job: PipelineJob, emit: Emit) -> tuple[ModelCache, train.Runner]:
+def prepare(host: Host, job: PipelineJob, emit: Emit,
+            check: Callable[[], None] | None = None) -> tuple[ModelCache, train.Runner]:
     """GPU check, then Container Toolkit (when the host has Docker) and the base model on NVMe.
 
     On a Docker host the download runs in a container, so it comes after the toolkit: the
     toolkit's Docker restart stops every running container (and it would stop the
     download). Disk discovery and the free-space check need no Docker and run beside the
     toolkit install, each thread with SFTP channels of its own (playbooks/ssh/sftp.py).
+    `check` runs before every step and may raise to stop here (`run_playbook`).
     """
-    run_playbook("gpu", gpu.steps(job.gpu), host, emit)
+    run_playbook("gpu", gpu.steps(job.gpu), host, emit, check)
     runner = train.detect_runner(host)
     cache = model_cache(job, runner, host.paths)
     if runner != "docker":
-        run_playbook("model_cache", cache.steps(), host, emit)
+        run_playbook("model_cache", cache.steps(), host, emit, check)
         return cache, runner
     steps = cache.steps()
     # A Host of its own for the second thread: each playbook sets its step deadline on it.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-cache") as pool:
-        checks = pool.submit(run_playbook, "model_cache", steps[:-1], replace(host), emit)
+        checks = pool.submit(run_playbook, "model_cache", steps[:-1], replace(host), emit,
+                             check)
         try:
             run_playbook("container_toolkit", container_toolkit.steps(job.toolkit_version),
-                         host, emit)
+                         host, emit, check)
         finally:
             # Wait for the checks either way, so no step outlives this call; a toolkit
             # failure is raised in preference to theirs.
             checks_error = checks.exception()
         if checks_error is not None:
             raise checks_error
-    run_playbook("model_cache", steps[-1:], host, emit)
+    run_playbook("model_cache", steps[-1:], host, emit, check)
     return cache, runner
 
 
@@ -271,7 +274,7 @@ class Hooks:
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     hooks.status("preparing", "GPU check, Container Toolkit, base model to NVMe")
     try:
-        run.cache, run.runner = prepare(run.host, run.job, hooks.emit)
+        run.cache, run.runner = prepare(run.host, run.job, hooks.emit, hooks.check_stop)
     except PlaybookFailed as exc:
         hooks.prepare_failed(exc)
         raise
@@ -295,7 +298,7 @@ def _train(run: PipelineRun, hooks: Hooks) -> None:
         run.resumed = train.prepare_resume(host, tj)
         hooks.resumed(run, run.resumed)
     started = time.monotonic()
-    run_playbook("train", train.steps(tj), host, hooks.emit)
+    run_playbook("train", train.steps(tj), host, hooks.emit, hooks.check_stop)
     while True:
         hooks.check_stop()
         hooks.mirror(run)
@@ -322,7 +325,7 @@ def _merge(run: PipelineRun, hooks: Hooks) -> None:
                  else "nothing to merge (full fine-tune)", train_seconds=run.train_seconds,
                  phase_done="training")
     run_playbook("merge", merge.steps(tj, poll_s=min(run.job.poll_s, 2.0)), run.host,
-                 hooks.emit)
+                 hooks.emit, hooks.check_stop)
     hooks.phase_done("merging")
 
 
@@ -349,7 +352,8 @@ def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
         hooks.event("deliver", f"uploading the {what} to {target.repo} on Hugging Face from "
                     "the host")
         upload = deliver.Upload(run.train_job, target, job.hf_token, job.hub_endpoint)
-        run_playbook("deliver", upload.steps(), run.host, hooks.emit)
+        run_playbook("deliver", upload.steps(), run.host, hooks.emit,
+                     hooks.check_stop)
         places.append({"what": "merged" if target.merged else "adapter", "where": "hub",
                        "location": upload.url or ""})
     if job.kept_on is not None:

@@ -525,8 +525,9 @@ def test_cancel_of_a_requeued_job_terminates_its_instance(env: dict[str, str]) -
     assert status(env, job_id) == "queued" and live_instances(env)
     out = orch(env, "cancel", job_id, "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"job_id": job_id, "status": "cancelled",
-                                      "instances_left": []}
+    assert json.loads(out.stdout) == {
+        "job_id": job_id, "status": "cancelled", "instances_left": [],
+        "message": "cancelled while queued to resume"}
     assert live_instances(env) == []
     db_invariants(env)
 

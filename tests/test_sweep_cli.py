@@ -267,8 +267,10 @@ def test_over_budget_estimate_is_submitted_and_said(env: dict[str, str], folder:
     # A budget of two and a half runs' estimate pays for two of four (the estimate itself is
     # the planner's, read from a dry run, so a better estimate does not break this test).
     dry = json.loads(orch(env, "sweep", str(sweep_file(folder)), "--dry-run", "--json").stdout)
-    per_run = {Decimal(run["est_cost"]) for run in dry["runs"]}
-    assert len(per_run) == 1 and per_run.pop() > 0
+    # (Runs of rank 16 cost a little more: their adapter takes longer to copy home.)
+    per_run = [Decimal(run["est_cost"]) for run in dry["runs"]]
+    assert len(per_run) == 4 and min(per_run) > 0 and max(per_run) < min(per_run) * Decimal(
+        "1.1")
     path = sweep_file(folder, budget=str(Decimal(dry["estimated"]) / 4 * Decimal("2.5")))
     proc = orch(env, "sweep", str(path))
     assert proc.returncode == 0

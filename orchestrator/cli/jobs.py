@@ -484,15 +484,23 @@ def cancel(
 
         teardown_open(store, configured_here(store)[0], job_id, "cancelled")
         left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
+    # What the worker did ("cancelled in evaluating; adapter kept at ...; ... terminated").
+    said = _final_message(store, job_id) if job.status == "cancelled" else None
     if json_out:
-        print_json({"job_id": job_id, "status": job.status,
+        print_json({"job_id": job_id, "status": job.status, "message": said,
                    "instances_left": [r.provider_instance_id for r in left]})
     else:
-        typer.echo(f"{job_id}: {job.status}" + (
+        typer.echo(f"{job_id}: {said or job.status}" + (
             f"; {len(left)} instance(s) not yet terminated, run `orch reconcile`"
-            if left else ""))
+            if left and not (said and "orch reconcile" in said) else ""))
     if job.status != "cancelled" and job.status not in FINAL_STATUSES:
         raise typer.Exit(EXIT_FAILED)
+
+
+def _final_message(store: "Store", job_id: str) -> str | None:
+    """The message of the job's last state change (how it ended)."""
+    states = [e for e in store.events(job_id) if e.kind == "state"]
+    return states[-1].message if states else None
 
 
 def _sweep_hint(store: "Store", name: str) -> str | None:

@@ -135,6 +135,7 @@ def render_plan(plan: Plan, limit: int) -> None:
     else:
         chosen = f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)"
     out += ["", prose(f"Chosen: {chosen}: {plan.to_dict(0)['why']}"),
+            prose(f"Cost: {money(plan.chosen.est_cost)} for {plan.chosen.breakdown()}"),
             prose(f"Throughput: {plan.chosen.duration.source}"),
             prose(f"Delivery: {plan.delivery.describe()}")]
     out += eval_lines(plan)

@@ -18,6 +18,9 @@ from orchestrator.core.spec import LoadedJob
 HOST_TO_HUB_BYTES_PER_S = 100e6  # ~800 Mbit/s
 HOST_TO_HERE_BYTES_PER_S = 12.5e6  # ~100 Mbit/s
 BF16_BYTES = 2
+# A copy to this machine above this size gets the cheaper route named in the plan (the limit
+# above which a merged model must be sent somewhere on purpose: outputspec).
+BIG_BYTES = 20 * 10**9
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,13 @@ class Delivery:
     cost: Decimal
 
     def to_dict(self) -> dict[str, Any]:
-        """The `orch plan --json` `delivery` object."""
+        """The `orch plan --json` `delivery` object (its hours and cost are in the
+        placement's `est_hours` and `est_cost`)."""
         return {"adapter_bytes": self.adapter_bytes, "merged_bytes": self.merged_bytes,
                 "local_bytes": self.local_bytes, "hub_bytes": self.hub_bytes,
                 "push_to_hub": self.hub_repo, "hours": round(self.hours, 4),
                 "cost": str(self.cost.quantize(Decimal("0.0001"))),
+                "cheaper": self.cheaper(),
                 "assumed_bytes_per_s": {"host_to_hub": HOST_TO_HUB_BYTES_PER_S,
                                         "host_to_here": HOST_TO_HERE_BYTES_PER_S}}
 
@@ -49,8 +54,32 @@ class Delivery:
         if self.merged_bytes and not (self.local_bytes >= self.merged_bytes
                                       or self.hub_bytes >= self.merged_bytes):
             parts.append(f"merged model ({_gb(self.merged_bytes)}) stays on the host")
-        return (", ".join(parts) + f"; ~{self.hours * 60:.0f} min, ~${self.cost:.2f} of host "
-                "time at assumed link speeds")
+        text = (", ".join(parts) + f"; ~{self.hours * 60:.0f} min, ~${self.cost:.2f} of host "
+                "time at assumed link speeds (in the cost)")
+        cheaper = self.cheaper()
+        return text if cheaper is None else f"{text}. {cheaper}"
+
+    def cheaper(self, with_cost: bool = True) -> str | None:
+        """The cheaper route for a big copy to this machine, and why orch does not take it
+        by itself (None: the copy is small, or there is none); `with_cost`: with dollars."""
+        if self.local_bytes < BIG_BYTES or self.hours <= 0:
+            return None
+        hourly = self.cost / Decimal(str(round(self.hours, 6)))
+        here_h = self.local_bytes / HOST_TO_HERE_BYTES_PER_S / 3600
+        saved = hourly * Decimal(str(round(here_h, 6)))
+        if self.hub_repo is not None:
+            # Both: the Hub copy is sent anyway; the copy here is what costs.
+            return (f"Cheaper: output.local: false leaves the {_gb(self.local_bytes)} on "
+                    f"{self.hub_repo} only (saves ~{here_h * 60:.0f} min"
+                    + (f", ~${saved:.2f}" if with_cost else "") + " of host time); "
+                    "orch copies it here because output.local is unset")
+        hub_h = self.local_bytes / HOST_TO_HUB_BYTES_PER_S / 3600
+        hub_cost = hourly * Decimal(str(round(hub_h, 6)))
+        return (f"Cheaper: output.push_to_hub: ORG/NAME with output.local: false uploads it "
+                f"from the host instead (~{hub_h * 60:.0f} min"
+                + (f", ~${hub_cost:.2f}" if with_cost else "") + " of host time, not "
+                f"~{here_h * 60:.0f} min); orch does not pick a Hub repo (nor keeps a volume "
+                "after the job) for you")
 
 
 def _gb(n: int) -> str:

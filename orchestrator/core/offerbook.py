@@ -20,7 +20,14 @@ from decimal import Decimal
 
 from orchestrator.core import savers, throughput
 from orchestrator.core.evalsizing import EvalWork
-from orchestrator.core.scheduler import Constraints, Placement, constraint_failure, priced, timed
+from orchestrator.core.scheduler import (
+    Constraints,
+    Extras,
+    Placement,
+    constraint_failure,
+    priced,
+    timed,
+)
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
@@ -112,9 +119,10 @@ def best(
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
     evaluation: EvalWork | None = None,
+    extras: Extras = Extras(),
 ) -> Placement | None:
     """The placement `scheduler.rank` would rank first, or None when nothing is feasible."""
-    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured, evaluation)
+    found = top(w, tokens, book, gpus, 1, constraints, cached_on, measured, evaluation, extras)
     return found[0] if found else None
 
 
@@ -128,12 +136,13 @@ def top(
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
     evaluation: EvalWork | None = None,
+    extras: Extras = Extras(),
 ) -> list[Placement]:
     """The `k` placements `scheduler.rank` would rank first, in its order (fewer when fewer
     are feasible): the engine's retry list. The walk stops once a lower bound on the next
-    offer's cost exceeds the k-th best exact cost found so far (the evaluation's hours,
-    never negative, are left out of the bound)."""
-    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k, evaluation)
+    offer's cost exceeds the k-th best exact cost found so far (the evaluation's hours and
+    the volume, never negative, are left out of the bound; the delivery's are in it)."""
+    search = _Search(w, tokens, gpus, constraints, cached_on, measured, k, evaluation, extras)
     for offer in book.others:
         if constraint_failure(offer, constraints) is None:
             gpu = gpus[offer.gpu]
@@ -157,9 +166,11 @@ class _Search:
     def __init__(self, w: Workload, tokens: int, gpus: Mapping[str, GpuSpec],
                  c: Constraints, cached_on: frozenset[str],
                  measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
-                 k: int = 1, evaluation: EvalWork | None = None) -> None:
+                 k: int = 1, evaluation: EvalWork | None = None,
+                 extras: Extras = Extras()) -> None:
         self.w, self.tokens, self.gpus, self.c = w, tokens, gpus, c
         self.cached_on, self.measured, self.evaluation = cached_on, measured, evaluation
+        self.extras = extras
         self.layouts: dict[tuple[object, ...], tuple[savers.Layout, ...]] = {}
         self.fits: dict[tuple[object, ...], MemoryEstimate | None] = {}
         self.times: dict[tuple[object, ...], throughput.Duration | None] = {}
@@ -182,10 +193,10 @@ class _Search:
     def consider(self, offer: Offer, est: MemoryEstimate, gpu: GpuSpec) -> None:
         """Price `offer` exactly; keep it if it is among the k best so far."""
         dur = timed(self.w, self.tokens, offer, gpu, est, self.cached_on, self.measured,
-                    self.times, self.evaluation)
+                    self.times, self.evaluation, self.extras)
         if dur is None:
             return  # the machine cannot serve the model for the evaluation
-        placed = priced(offer, est, dur, self.c)
+        placed = priced(offer, est, dur, self.c, self.extras)
         if isinstance(placed, str):
             return
         key = placed.sort_key()
@@ -213,7 +224,8 @@ class _Search:
         # (Offers priced alone, `book.others`, are exact already: only grouped ones count.)
         grouped_cached = self.cached_on - {o.offer_id for o in book.others}
         pull_bits = 0.0 if grouped_cached else model_bits / 1e9
-        after = throughput.merge_seconds(w)
+        # The merge, and the delivery (the same hours on every machine).
+        after = throughput.merge_seconds(w) + self.extras.delivery_hours * 3600
         pull_h, after_h = pull_bits / 3600, after / 3600
         # Two levels, popped lazily from one heap: a (GPU, count) model under the least of
         # its groups' bound parts, then, once reached, each of its groups under its own

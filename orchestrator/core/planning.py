@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from orchestrator.core.delivery import Delivery, plan_delivery
 from orchestrator.core.money import usd
 from orchestrator.core.savers import Choice
 from orchestrator.core.savers import choices as savers_choices
-from orchestrator.core.scheduler import Constraints, Placement, Ranking
+from orchestrator.core.scheduler import Constraints, Extras, Placement, Ranking
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
@@ -110,9 +111,11 @@ class Plan:
 
     @property
     def delivery(self) -> Delivery:
-        """What the job delivers and where, with its time and cost on the chosen host."""
+        """What the job delivers and where, with its time and cost on the chosen host (a
+        part of the chosen placement's cost: `Placement.duration.delivery`)."""
         c = self.chosen
-        hourly = c.est_cost / Decimal(str(c.est_hours)) if c.est_hours > 0 else Decimal(0)
+        hours = Decimal(str(c.est_hours))
+        hourly = c.compute_cost / hours if hours > 0 else Decimal(0)
         return plan_delivery(self.job, self.workload.trainable_params, hourly)
 
 
@@ -156,6 +159,28 @@ def workload_from(job: LoadedJob) -> Workload:
         activation_offloading=s.training.activation_offloading,
         layout=s.resources.layout,
     )
+
+
+def host_disk_gb(job: LoadedJob, minimum: int = DISK_GB) -> int:
+    """Disk (GB) the job's host needs: the base model's cache (x1.1, as the model_cache
+    playbook checks), the merged model beside it, and 10 GB for checkpoints, the data and
+    the image's caches. A volume is created (and billed) at this size."""
+    model = job.architecture.params * 2  # bf16 safetensors
+    merged = model if job.spec.method != "full" else 0
+    need = model * 1.1 + merged + 10e9
+    return max(minimum, math.ceil(need / 1e9))
+
+
+def extras_for(job: LoadedJob, volume_per_gb_month: Mapping[str, Decimal],
+               disk_gb: int | None = None) -> Extras:
+    """What every placement of `job` bills beyond its compute phases: the delivery's hours
+    and the job's volume (`volume_per_gb_month`: the providers that keep one)."""
+    # The hours do not depend on the host; the cheaper route's wording needs a rate.
+    delivery = plan_delivery(job, workload_from(job).trainable_params, Decimal(1))
+    return Extras(delivery_hours=delivery.hours,
+                  disk_gb=host_disk_gb(job) if disk_gb is None else disk_gb,
+                  volume_per_gb_month=dict(volume_per_gb_month),
+                  cheaper=delivery.cheaper(with_cost=False))
 
 
 def total_tokens(job: LoadedJob) -> int:
@@ -210,11 +235,15 @@ def make_plan(
     cat = catalog.load()
     named = job.spec.resources.providers
     offers = [*(live if live is not None else cat.offers), *server_offers(servers or [])]
+    volumes: dict[str, Decimal] = {}
     if named and "sim" in named:
         # The simulated cloud is planned only for jobs that ask for it (never by accident).
-        from providers.sim.compute import catalog_offers
+        from providers.sim.compute import CATALOG_PROVIDER, catalog_offers
 
         offers += catalog_offers()
+        # It keeps every job's checkpoints on a volume, billed at its catalog's rate.
+        if cat.volume_per_gb_month.get(CATALOG_PROVIDER):
+            volumes["sim"] = cat.volume_per_gb_month[CATALOG_PROVIDER]
     if live is None and (named is None or LIVE_PROVIDERS & set(named)):
         # Read only for a job that may use Vast.ai or RunPod (a `sim` job never parses it).
         snap = snapshot.load()
@@ -231,8 +260,10 @@ def make_plan(
     # The evaluation runs on the training machine: the ranking keeps machines that serve the
     # model too and prices the evaluation's hours in each (evalsizing; issue 19).
     work = eval_work(job)
+    # Everything the host bills counts: the delivery's hours and the volume (issue 36 §4).
+    extras = extras_for(job, volumes)
     chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, cached_on=cached,
-                                       measured=measured, evaluation=work)
+                                       measured=measured, evaluation=work, extras=extras)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
     # bought (a cheaper GPU, or nothing but a fit at all).
     # A decision each, not a table: the offer book's pruned walk over one index.
@@ -244,7 +275,8 @@ def make_plan(
         book = book or offerbook.OfferBook.of(offers)
         off = savers.without(w, choice.name)
         without.append((choice, offerbook.best(off, tokens, book, gpus, constraints,
-                                               measured=measured, evaluation=work)))
+                                               measured=measured, evaluation=work,
+                                               extras=extras)))
     evaluation = None
     if work is not None:
         evaluation = evalsizing.place(work, chosen.offer, gpus.get(chosen.offer.gpu))

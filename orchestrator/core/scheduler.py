@@ -28,6 +28,29 @@ class Constraints:
     deadline_hours: float | None = None
 
 
+# The offer ids of machines kept warm by earlier jobs (core.warmfit): a warm machine has no
+# volume of the job that takes it.
+WARM_PREFIX = "warm:"
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What a host bills a job beyond its compute phases, the same on every offer: the hours
+    it spends sending the results (core.delivery) and the job's volume (GB, and its price
+    per GB-month by provider: a provider absent keeps no volume)."""
+
+    delivery_hours: float = 0.0
+    disk_gb: int = 0
+    volume_per_gb_month: Mapping[str, Decimal] = field(default_factory=dict)
+    cheaper: str | None = None  # a cheaper delivery route, said when the budget is short
+
+    def volume_rate(self, offer: Offer) -> Decimal | None:
+        """$/GB-month of the volume `offer`'s job keeps (None: none)."""
+        if offer.offer_id.startswith(WARM_PREFIX) or not self.disk_gb:
+            return None
+        return self.volume_per_gb_month.get(offer.provider) or None
+
+
 @dataclass(frozen=True)
 class Placement:
     """One way to run the job, with its estimate and cost."""
@@ -35,12 +58,35 @@ class Placement:
     offer: Offer
     estimate: MemoryEstimate
     duration: throughput.Duration
-    est_cost: Decimal  # marginal dollars for this job
+    # Marginal dollars for the whole job: the host's every billed hour (boot, model download,
+    # training, merge, evaluation, delivery) and the job's volume (`storage_cost`), as the
+    # bill counts them (`orch show`, `orch cost`).
+    est_cost: Decimal
     amortised_cost: Decimal | None = None  # share of a monthly rent already paid
+    storage_cost: Decimal = Decimal(0)  # the job's volume over its hours (in est_cost)
 
     @property
     def est_hours(self) -> float:
         return self.duration.total
+
+    @property
+    def compute_cost(self) -> Decimal:
+        """What the machine bills (est_cost without the volume)."""
+        return self.est_cost - self.storage_cost
+
+    def breakdown(self) -> str:
+        """What the cost is made of: the machine's billed hours by phase, and the volume."""
+        o = self.offer
+        rate = (f" at {money.usd(o.price_per_hour)}/h" if o.price_per_hour is not None else
+                f" at {money.usd(o.monthly_price)}/month" if o.monthly_price is not None
+                else "")
+        phases = ", ".join(f"{name} {_span(hours)}" for name, hours in
+                           self.duration.phases().items() if hours > 0)
+        text = f"{self.est_hours:.2f} h of {o.gpu} x{o.gpu_count}{rate} ({phases})"
+        if self.storage_cost:
+            text += (f": {money.usd(self.compute_cost)}, + {money.usd(self.storage_cost)} "
+                     "for the job's volume")
+        return text
 
     def sort_key(self) -> tuple[Decimal, float, str, str, int]:
         """Cost, then time, then a stable identity: ties never depend on input order."""
@@ -66,10 +112,20 @@ class Placement:
             "est_training_hours": round(self.duration.training, 4),
             "est_overhead_hours": round(self.duration.overhead, 4),
             "est_evaluation_hours": round(self.duration.evaluation, 4),
+            "est_delivery_hours": round(self.duration.delivery, 4),
             "throughput_source": self.duration.source,
             "est_cost": str(self.est_cost),
+            "est_compute_cost": str(self.compute_cost),
+            "est_storage_cost": str(self.storage_cost),
             "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
         }
+
+
+def _span(hours: float) -> str:
+    """Hours as people read them: `3.14 h`, `16 min`, `<1 min`."""
+    if hours >= 1:
+        return f"{hours:.2f} h"
+    return f"{hours * 60:.0f} min" if hours * 60 >= 0.5 else "<1 min"
 
 
 @dataclass(frozen=True)
@@ -122,6 +178,7 @@ def rank(
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
     evaluation: EvalWork | None = None,
+    extras: Extras = Extras(),
 ) -> Ranking:
     """All placements that fit and satisfy the constraints, cheapest (then fastest) first.
 
@@ -129,7 +186,8 @@ def rank(
     `measured` maps (GPU, count, method, size class) to throughput learned from finished
     jobs; where a key has a figure it replaces the formula. With `evaluation`, a machine
     must also serve the trained model (the engine evaluates on the training machine) and
-    the evaluation's hours are part of each placement's.
+    the evaluation's hours are part of each placement's; `extras` adds the delivery's
+    hours and the volume to every placement's cost.
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
@@ -157,15 +215,16 @@ def rank(
                 misfits[key] = misfit(w, offer, gpu)
             rejected[misfits[key]] += 1
             continue
-        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache, evaluation)
+        dur = timed(w, tokens, offer, gpu, est, cached_on, measured, time_cache, evaluation,
+                    extras)
         if dur is None:
             rejected[NO_EVAL_MEMORY] += 1
             continue
-        placed = priced(offer, est, dur, constraints)
+        placed = priced(offer, est, dur, constraints, extras)
         if isinstance(placed, str):
             rejected[placed] += 1
             if placed == OVER_BUDGET:
-                unlimited = priced(offer, est, dur, replace(constraints, max_cost=None))
+                unlimited = priced(offer, est, dur, replace(constraints, max_cost=None), extras)
                 if isinstance(unlimited, Placement) and (
                         over_budget is None or unlimited.sort_key() < over_budget.sort_key()):
                     over_budget = unlimited
@@ -190,9 +249,10 @@ def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstim
           cached_on: frozenset[str],
           measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None,
           cache: dict[tuple[object, ...], throughput.Duration | None],
-          evaluation: EvalWork | None = None) -> throughput.Duration | None:
-    """How long the job takes on `offer` with layout `est`, its `evaluation` included
-    (None: the machine cannot serve the model for it); offers of one shape share it.
+          evaluation: EvalWork | None = None,
+          extras: Extras = Extras()) -> throughput.Duration | None:
+    """How long the job takes on `offer` with layout `est`, its `evaluation` and delivery
+    included (None: the machine cannot serve the model for it); offers of one shape share it.
 
     The key is what `throughput.duration` depends on besides the job: the offer's shape
     (which fixes `est`), its boot and pull, whether the model is cached, a learned rate,
@@ -206,8 +266,9 @@ def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstim
            offer.boot_minutes, offer.pull_gbps, cached, learned, rental)
     if key in cache:
         return cache[key]
-    dur = throughput.duration(est.workload or w, tokens, offer, gpu, est.strategy,
-                              model_cached=cached, measured=learned)
+    dur = replace(throughput.duration(est.workload or w, tokens, offer, gpu, est.strategy,
+                                      model_cached=cached, measured=learned),
+                  delivery=extras.delivery_hours)
     served = None if evaluation is None else evalsizing.on_machine(evaluation, offer, gpu)
     found = cache[key] = (dur if evaluation is None else
                           None if served is None else replace(dur, evaluation=served[1]))
@@ -215,11 +276,16 @@ def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstim
 
 
 def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
-           c: Constraints) -> Placement | str:
-    """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks."""
+           c: Constraints, extras: Extras = Extras()) -> Placement | str:
+    """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks.
+
+    The cost is the whole bill: the machine for every hour of `dur` (delivery included) and
+    the job's volume for as long, as the engine records it (`runner_core.Ledger.costs`)."""
     if c.deadline_hours is not None and dur.total > c.deadline_hours:
         return "slower than resources.deadline_hours"
-    cost = money.job_cost(offer, dur.total)
+    rate = extras.volume_rate(offer)
+    storage = Decimal(0) if rate is None else money.volume_cost(extras.disk_gb, rate, dur.total)
+    cost = money.job_cost(offer, dur.total) + storage
     if c.max_cost is not None and cost > c.max_cost:
         return OVER_BUDGET
     if (c.max_price_per_hour is not None and offer.price_per_hour is None
@@ -230,7 +296,7 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
     amortised = None
     if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
         amortised = money.amortised_share(offer.monthly_price, dur.total)
-    return Placement(offer, est, dur, cost, amortised)
+    return Placement(offer, est, dur, cost, amortised, storage)
 
 
 def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None
@@ -265,13 +331,15 @@ def choose(
     cached_on: frozenset[str] = frozenset(),
     measured: Mapping[throughput.MeasuredKey, throughput.Measured] | None = None,
     evaluation: EvalWork | None = None,
+    extras: Extras = Extras(),
 ) -> tuple[Placement, Ranking]:
     """The cheapest feasible placement (arguments as `rank`), or NoFit explaining the gap."""
     offers = list(offers)
-    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured, evaluation)
+    ranking = rank(w, tokens, offers, gpus, constraints, cached_on, measured, evaluation,
+                   extras)
     if ranking.chosen is not None:
         return ranking.chosen, ranking
-    raise NoFit(no_fit_message(w, offers, ranking, constraints))
+    raise NoFit(no_fit_message(w, offers, ranking, constraints, extras))
 
 
 NO_MEMORY = "does not fit in GPU memory"
@@ -308,7 +376,7 @@ _ADVICE = {
 
 
 def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
-                   constraints: Constraints) -> str:
+                   constraints: Constraints, extras: Extras = Extras()) -> str:
     """Why nothing was placed: the smallest need, the largest eligible offer, what to change.
 
     When offers fit but all cost more than resources.max_cost, the money comes first: the
@@ -321,10 +389,11 @@ def no_fit_message(w: Workload, offers: list[Offer], ranking: Ranking,
         return (f"no placement fits resources.max_cost: the cheapest that fits costs "
                 f"{money.usd(cheapest.est_cost)} > max_cost "
                 # the user's own figure as written: rounded to cents, $0.00001 read "$0.0000"
-                f"${constraints.max_cost.normalize():f} ({o.gpu} x{o.gpu_count}, {o.provider}, "
-                f"{cheapest.est_hours:.2f} h). Try resources.max_cost: "
-                f"{_round_up_cents(cheapest.est_cost)} or more, or fewer training.epochs. "
-                f"Left out: {reasons}.")
+                f"${constraints.max_cost.normalize():f} ({o.provider}: {cheapest.breakdown()}). "
+                "Try resources.max_cost: "
+                f"{_round_up_cents(cheapest.est_cost)} or more, or fewer training.epochs"
+                + f". Left out: {reasons}."
+                + (f" {extras.cheaper}." if extras.cheaper else ""))
     need = smallest_need(w, constraints.max_gpus, constraints.gpu_count)
     plural = "s" if need.gpu_count > 1 else ""
     need_txt = (f"the job needs at least {need.required_bytes / GIB:.1f} GiB per GPU "

@@ -125,15 +125,25 @@ class Duration:
     # vLLM serving the eval set and eval.tasks on this machine (evalsizing.eval_hours; 0 for
     # a job without an evaluation): the one estimate of evaluation time.
     evaluation: float = 0.0
+    # The host sending the results (core.delivery: copy back, Hub upload), billed like the
+    # rest: a full 70B model takes hours to copy to this machine (issue 36 §4).
+    delivery: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.boot + self.model_pull + self.training + self.merge + self.evaluation
+        return (self.boot + self.model_pull + self.training + self.merge + self.evaluation
+                + self.delivery)
 
     @property
     def overhead(self) -> float:
         """Hours billed that are not training."""
-        return self.boot + self.model_pull + self.merge + self.evaluation
+        return self.boot + self.model_pull + self.merge + self.evaluation + self.delivery
+
+    def phases(self) -> dict[str, float]:
+        """Every billed phase's hours, in the order the host bills them."""
+        return {"boot": self.boot, "model download": self.model_pull,
+                "training": self.training, "merge": self.merge,
+                "evaluation": self.evaluation, "delivery": self.delivery}
 
 
 def extra_slowdown(w: Workload) -> float:

@@ -19,10 +19,10 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.core.scheduler import Placement
+from orchestrator.core.scheduler import WARM_PREFIX, Placement
 from providers.base import Billing, Offer
 
-PREFIX = "warm:"
+PREFIX = WARM_PREFIX
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,7 @@ class HostSession:
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
         pipeline.run_phases(run, JobHooks(self, placed))
-        self.state.check_stop()
+        self.state.check_cancel()
         self.ledger.set("releasing", "artifacts copied to " + pj.artifacts_dir
                         + "; releasing the instance")
         failpoint("releasing")
@@ -256,6 +256,9 @@ class HostSession:
                                    f"{report.playbook}/{report.step}"
                                    + (f": {report.message}" if report.message else ""),
                                    report.data())
+        # The next step (a model download, the training's start) does not begin after a
+        # cancel: raising here ends the playbook between its steps.
+        self.state.check_cancel()
 
 
 class JobHooks(pipeline.Hooks):
@@ -279,9 +282,10 @@ class JobHooks(pipeline.Hooks):
         self.wait_s: float | None = max(opts.watch_s, opts.poll_s)
 
     def check_stop(self) -> None:
-        self.session.state.check_stop()
+        self.session.state.check_cancel()
 
     def status(self, status: str, message: str, **fields: object) -> None:
+        self.session.state.check_cancel()  # no phase starts once a cancel is committed
         if status == "merging":  # training done: what it measured goes with it
             fields["tokens"] = self.inputs.tokens
         self.ledger.set(status, message, None, **fields)
@@ -298,7 +302,8 @@ class JobHooks(pipeline.Hooks):
         self.ledger.store.update_job_fields(self.ledger.job_id, phase_done=phase, **fields)
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
-        if exc.playbook == "gpu" and self.kept is not None:
+        if exc.playbook == "gpu" and self.kept is not None and self.session.state.stop is None:
+            # (Not when a stop closed the connection under the check: not the server's fault.)
             # Not chosen again until fixed: `orch servers check NAME` clears it.
             name = self.kept.server_name(self.inst.instance_id)
             self.ledger.store.record_server_check(name, error=exc.reason)

@@ -10,13 +10,13 @@ names them. Secrets (HF_TOKEN) come from the worker's environment, never from th
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.core.paths import data_dir
+from orchestrator.core.planning import host_disk_gb
 from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.records.store import Job
@@ -61,14 +61,10 @@ class Inputs:
         return [json.loads(line) for line in lines(path) if line.strip()]
 
     def disk_gb(self, minimum: int) -> int:
-        """Disk (GB) the job's host needs: the base model's cache (x1.1, as the model_cache
-        playbook checks), the merged model beside it, and 10 GB for checkpoints, the data
-        and the image's caches. A RunPod volume is created at this size, and the model
-        cache goes on it (a 70B model would fill the 50 GB container disk)."""
-        model = self.loaded.architecture.params * 2  # bf16 safetensors
-        merged = model if self.loaded.spec.method != "full" else 0
-        need = model * 1.1 + merged + 10e9
-        return max(minimum, math.ceil(need / 1e9))
+        """Disk (GB) the job's host needs (`planning.host_disk_gb`, which `orch plan` prices
+        a volume at). A RunPod volume is created at this size, and the model cache goes on
+        it (a 70B model would fill the 50 GB container disk)."""
+        return host_disk_gb(self.loaded, minimum)
 
     def save_steps(self, gpu_count: int) -> int:
         """Checkpoint interval in optimizer steps: about one per CHECKPOINT_EVERY_S."""

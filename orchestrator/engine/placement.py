@@ -17,6 +17,7 @@ from orchestrator.core import money, offerbook, scheduler, warmfit
 from orchestrator.core.planning import (
     constraints_from,
     eval_work,
+    extras_for,
     requirements,
     total_tokens,
     workload_from,
@@ -55,6 +56,7 @@ from providers.base import (
     ReportsSkipped,
     Simulated,
     TransientError,
+    Volumes,
     keeps_machine,
 )
 
@@ -64,6 +66,14 @@ REPRICE_ROUNDS = 3
 
 class _Repriced(Exception):
     """Internal: an offer's price moved between the search and the create."""
+
+
+class _Failed(Exception):
+    """Internal: the provider refused one offer (capacity, or unavailable after retries)."""
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def _placing(offer: Offer, provider: Provider) -> str:
@@ -193,9 +203,15 @@ class Placement:
         offers += warm
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         work = eval_work(loaded)  # evaluated on the training machine: it must serve the model
+        # Priced as `orch plan` prices it and as the bill counts it: the delivery's hours and
+        # the job's volume included (the budget, resources.max_cost, is judged on that).
+        extras = extras_for(loaded, {n: p.volume_per_gb_month
+                                     for n, p in self.state.providers.items()
+                                     if isinstance(p, Volumes)}, self.ledger.disk_gb)
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers, alone=warm), gpus,
                                    k, constraints, cached_on=cached,
-                                   measured=self.inputs.measured, evaluation=work)
+                                   measured=self.inputs.measured, evaluation=work,
+                                   extras=extras)
         if not placements:
             if unavailable:
                 # Not a verdict on the job: what the unavailable providers offer is unknown.
@@ -212,7 +228,8 @@ class Placement:
                                 "with `resources.providers: [sim]`")
             # Why nothing fits needs every offer's reason: the full ranking, on failure only.
             ranking = scheduler.rank(w, tokens, offers, gpus, constraints, cached_on=cached,
-                                     measured=self.inputs.measured, evaluation=work)
+                                     measured=self.inputs.measured, evaluation=work,
+                                     extras=extras)
             raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return placements
 
@@ -304,85 +321,108 @@ class Placement:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _place_once(self, tried: set[tuple[str, str]]) -> Placed:
-        # Enough of the cheapest that `max_placements` remain once those tried are left out.
-        placements = [p for p in self._candidates(self.state.opts.max_placements + len(tried))
-                      if (p.offer.provider, p.offer.offer_id) not in tried]
-        if placements and not tried and not warmfit.is_warm(placements[0].offer):
-            self._note_moved(placements[0])
+        """Try the cheapest placements not `tried`: at most `max_placements` fresh offers.
+
+        A parked machine another job took first (or that is gone) is a warm miss, not a
+        failed placement: it does not count, and the job falls through to the next
+        placement, ranked again when the list ran out of fresh ones (issue 36 §7; before,
+        five misses under warm contention failed the job)."""
         failures: list[str] = []
-        transient = 0
-        for placement in placements[: self.state.opts.max_placements]:
-            offer = placement.offer
-            tried.add((offer.provider, offer.offer_id))
-            provider = self.state.providers[offer.provider]
-            self.state.check_stop()
-            if warmfit.is_warm(offer):
-                taken = self.warm.take(placement)
-                if taken is not None:
-                    return taken
-                failures.append(f"{offer.provider} {offer.offer_id}: no longer available")
-                continue
-            job = self.ledger.placing(placement, _placing(offer, provider))
-            hourly = hourly_rate(offer)  # a monthly server's: its amortisation rate
-            row = self.state.store.add_instance(
-                self.state.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
-                gpu_count=offer.gpu_count, billing=offer.billing.value,
-                interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
-                attempt=job.attempt)
-            assert row.id is not None
-            self.state.held[row.id] = (offer.provider, None)
-            self.state.offers[row.id] = offer
-            try:
-                # A rental is created from the image it runs: the cloud variant (sshd on
-                # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
-                inst = provider.create(offer, self.state.public_key, self.state.job_id,
-                                       image=images.for_host(
-                                           self.inputs.loaded.spec.trainer.image, "container"),
-                                       disk_gb=self.ledger.disk_gb)
-            except CapacityError as exc:
-                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
-                self.ledger.event("provision.capacity", f"{offer.provider} {offer.gpu} "
-                                  f"x{offer.gpu_count}: {exc}; trying the next offer")
-                self.teardown.close_row(row.id, "capacity")
-                continue
-            except TransientError as exc:
-                failures.append(f"{offer.provider} {offer.offer_id}: {exc}")
-                transient += 1
-                self.ledger.event("provision.transient", f"{offer.provider}: {exc} (after "
-                                  "retries); trying the next offer")
-                self._orphan_sweep(provider, offer.provider)
-                self.teardown.close_row(row.id, "failed")
-                continue
-            except PriceChanged as exc:
-                raise self._repriced(row.id, offer, tried, exc) from exc
-            except (AuthError, BalanceError, QuotaError) as exc:
-                self.teardown.close_row(row.id, "failed")
-                raise JobFailed(f"{offer.provider}: {exc}") from exc
-            failpoint("after-create")
-            price = inst.price_per_hour if inst.price_per_hour is not None else hourly
-            if offer.billing is Billing.MONTHLY:
-                price = hourly  # the rent is paid: the row keeps the amortisation rate
-            self.state.store.update_instance(
-                row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
-                price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
-            self.state.held[row.id] = (offer.provider, inst.instance_id)
-            self.ledger.event("instance.created",
-                              f"registered server {inst.instance_id} claimed (rent already paid: "
-                              f"no marginal cost; {money.usd(price)}/h amortised)"
-                              if offer.registered else f"{offer.provider} instance "
-                              f"{inst.instance_id} at {money.usd(price)}/h",
-                              {"instance": inst.instance_id, "price_per_hour": str(price)})
-            # Placed: the outage (if any) is over, and phases done on an earlier instance
-            # are not on this one.
-            self.state.store.update_job_fields(self.state.job_id, outage_since=None,
-                                               not_before=None, phase_done=None)
-            return Placed(row.id, provider, inst)
+        transient = rented = 0
+        first = not tried
+        missed = True
+        while missed and rented < self.state.opts.max_placements:
+            missed = False
+            # Enough of the cheapest that `max_placements` remain once those tried are left
+            # out.
+            placements = [p for p in self._candidates(self.state.opts.max_placements
+                                                      + len(tried))
+                          if (p.offer.provider, p.offer.offer_id) not in tried]
+            if placements and first and not warmfit.is_warm(placements[0].offer):
+                self._note_moved(placements[0])
+            first = False
+            for placement in placements:
+                if rented >= self.state.opts.max_placements:
+                    break
+                offer = placement.offer
+                tried.add((offer.provider, offer.offer_id))
+                self.state.check_cancel()  # nothing is rented once the job is cancelled
+                if warmfit.is_warm(offer):
+                    taken = self.warm.take(placement)
+                    if taken is not None:
+                        return taken
+                    missed = True
+                    continue
+                rented += 1
+                try:
+                    return self._rent(placement, tried)
+                except _Failed as exc:
+                    failures.append(str(exc))
+                    transient += exc.transient
         if failures and transient == len(failures):
             raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
                                                 "providers are unavailable: "
                                                 + "; ".join(failures))
         raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
                         if failures else "no placement left to try (all failed before)")
+
+    def _rent(self, placement: scheduler.Placement, tried: set[tuple[str, str]]) -> Placed:
+        """Rent (or claim) `placement`'s offer, its instance row written first; _Failed
+        when the provider refused it for a reason the next offer may not have."""
+        offer = placement.offer
+        provider = self.state.providers[offer.provider]
+        job = self.ledger.placing(placement, _placing(offer, provider))
+        hourly = hourly_rate(offer)  # a monthly server's: its amortisation rate
+        row = self.state.store.add_instance(
+            self.state.job_id, provider=offer.provider, offer_id=offer.offer_id, gpu=offer.gpu,
+            gpu_count=offer.gpu_count, billing=offer.billing.value,
+            interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
+            attempt=job.attempt)
+        assert row.id is not None
+        self.state.held[row.id] = (offer.provider, None)
+        self.state.offers[row.id] = offer
+        try:
+            # A rental is created from the image it runs: the cloud variant (sshd on
+            # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
+            inst = provider.create(offer, self.state.public_key, self.state.job_id,
+                                   image=images.for_host(
+                                       self.inputs.loaded.spec.trainer.image, "container"),
+                                   disk_gb=self.ledger.disk_gb)
+        except CapacityError as exc:
+            self.ledger.event("provision.capacity", f"{offer.provider} {offer.gpu} "
+                              f"x{offer.gpu_count}: {exc}; trying the next offer")
+            self.teardown.close_row(row.id, "capacity")
+            raise _Failed(f"{offer.provider} {offer.offer_id}: {exc}") from exc
+        except TransientError as exc:
+            self.ledger.event("provision.transient", f"{offer.provider}: {exc} (after "
+                              "retries); trying the next offer")
+            self._orphan_sweep(provider, offer.provider)
+            self.teardown.close_row(row.id, "failed")
+            raise _Failed(f"{offer.provider} {offer.offer_id}: {exc}", transient=True) from exc
+        except PriceChanged as exc:
+            raise self._repriced(row.id, offer, tried, exc) from exc
+        except (AuthError, BalanceError, QuotaError) as exc:
+            self.teardown.close_row(row.id, "failed")
+            raise JobFailed(f"{offer.provider}: {exc}") from exc
+        failpoint("after-create")
+        price = inst.price_per_hour if inst.price_per_hour is not None else hourly
+        if offer.billing is Billing.MONTHLY:
+            price = hourly  # the rent is paid: the row keeps the amortisation rate
+        self.state.store.update_instance(
+            row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
+            price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
+        self.state.held[row.id] = (offer.provider, inst.instance_id)
+        self.ledger.event("instance.created",
+                          f"registered server {inst.instance_id} claimed (rent already paid: "
+                          f"no marginal cost; {money.usd(price)}/h amortised)"
+                          if offer.registered else f"{offer.provider} instance "
+                          f"{inst.instance_id} at {money.usd(price)}/h",
+                          {"instance": inst.instance_id, "price_per_hour": str(price)})
+        # Placed: the outage (if any) is over, and phases done on an earlier instance
+        # are not on this one.
+        self.state.store.update_job_fields(self.state.job_id, outage_since=None,
+                                           not_before=None, phase_done=None)
+        return Placed(row.id, provider, inst)
 
     def _note_moved(self, first: scheduler.Placement) -> None:
         """Say so when the cheapest placement now is not the one `orch plan`/`submit`

@@ -29,6 +29,7 @@ outage waits and the job's final record are here.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -39,9 +40,10 @@ from orchestrator.core import money
 from orchestrator.core.paths import data_dir, private_dir
 from orchestrator.engine import recovery
 from orchestrator.engine.hostsession import HostSession
-from orchestrator.engine.jobinputs import InputsError, load_inputs
+from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
 from orchestrator.engine.placement import Placement
 from orchestrator.engine.runner_core import (
+    CANCELLED,
     PHASES,
     Deferred,
     JobFailed,
@@ -65,6 +67,7 @@ from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.engine.watchdog import Watchdog, deadlines_from_env
 from orchestrator.records.store import (
+    CancelRequested,
     DatabaseBusy,
     DatabaseFull,
     Job,
@@ -200,6 +203,8 @@ class JobRunner:
                     teardown.release_all(kind)
                 return
             status = "cancelled" if kind == "cancelled" else "failed"
+            if status == "cancelled":
+                reason = cancel_summary(ledger, teardown, reason)
             ledger.set(status, reason, {"reason": reason},
                        failure_reason=reason if status == "failed" else None, **fields)
             teardown.delete_volumes()
@@ -229,7 +234,7 @@ class JobRunner:
                 if adopted is not None:
                     teardown.release(adopted.row_id, "released")
                 ledger.event("resume", "artifacts were already copied back; finishing")
-                return self._succeed(ledger, teardown)
+                return self._succeed(ledger, teardown, warm)
             try:
                 placed = adopted or placement.place(tried)
             except recovery.ProvidersUnavailable as exc:
@@ -238,9 +243,12 @@ class JobRunner:
                 continue
             if not self._attempt(state, session, teardown, placed):
                 continue
+            # Cancelled in releasing: Stop, and the finally of `run` terminates the machine
+            # (never parked; park_instance refuses a cancelled job in its own transaction).
+            state.check_cancel()
             warm.park_or_release(placed)  # kept warm for the next job, or terminated
             failpoint("after-terminate")
-            return self._succeed(ledger, teardown)
+            return self._succeed(ledger, teardown, warm)
 
     def _attempt(self, state: RunState, session: HostSession, teardown: Teardown,
                  placed: Placed) -> bool:
@@ -271,13 +279,17 @@ class JobRunner:
             return False
         return True
 
-    def _succeed(self, ledger: Ledger, teardown: Teardown) -> tuple[str, str]:
+    def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> tuple[str, str]:
         cost, storage, amortised = ledger.costs()
         teardown.delete_volumes()
-        ledger.set("succeeded", f"succeeded; cost {money.usd(cost + storage)}",
-                   {"cost": str(cost + storage)},
-                   cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
-                   amortised_micros=to_micros(amortised))
+        try:
+            ledger.set("succeeded", f"succeeded; cost {money.usd(cost + storage)}",
+                       {"cost": str(cost + storage)},
+                       cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
+                       amortised_micros=to_micros(amortised))
+        except CancelRequested as exc:  # asked to stop after the last check: it wins
+            warm.unpark()
+            raise Stop("cancelled", CANCELLED) from exc
         return "succeeded", ""
 
     def _outage(self, state: RunState, why: str, asked_s: float | None = None) -> None:
@@ -307,3 +319,26 @@ class JobRunner:
         while time.monotonic() < deadline:
             state.check_stop()
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+
+def cancel_summary(ledger: Ledger, teardown: Teardown, reason: str) -> str:
+    """What a cancel did, for the job's record and `orch cancel`: in which phase, what of the
+    results is home, and what became of the machines ("cancelled in evaluating; adapter
+    kept at PATH; sim instance i-1 terminated")."""
+    job = ledger.job()
+    parts = [f"{reason} in {job.status}"]
+    places = [p for e in ledger.store.events(ledger.job_id) if e.kind == "delivered"
+              for p in json.loads(e.data_json or "{}").get("places") or []]
+    home = [f"{p['what']} kept at {p['location']}" for p in places if p.get("where") == "local"]
+    if job.phase_done in ("artifacts", "evaluating") and home:
+        parts += home
+    elif any(artifacts_dir(ledger.job_id).glob("*")):
+        parts.append(f"a partial copy of the results left in {artifacts_dir(ledger.job_id)} "
+                     "(no manifest: incomplete)")
+    else:
+        parts.append("nothing had been copied back")
+    parts += teardown.ended
+    left = [r for r in ledger.store.instances_of(ledger.job_id) if r.terminated_at is None]
+    parts += [f"{r.provider} instance {r.provider_instance_id} not terminated yet: run "
+              "`orch reconcile`" for r in left]
+    return "; ".join(parts)

@@ -33,7 +33,7 @@ from typing import Any
 from orchestrator.core import money
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
-from orchestrator.core.scheduler import Placement
+from orchestrator.core.scheduler import WARM_PREFIX, Placement
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
 from orchestrator.records.store import Job, LeaseLost, Store, StoreError, to_micros, utcnow
@@ -50,6 +50,8 @@ LOST = (InstanceState.INTERRUPTED, InstanceState.TERMINATED, InstanceState.FAILE
 # How to evaluate a job's model again without training it again (docs/playbooks.md).
 EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
               "the evaluation\" in docs/playbooks.md (the training is not repeated).")
+
+CANCELLED = "cancelled"  # the Stop's reason; the job's record says in which phase, what stayed
 
 # The pipeline phases whose completion is recorded in job.phase_done, in order (one list:
 # playbooks.pipeline's); what a takeover resumes is orchestrator.engine.recovery's policy.
@@ -256,7 +258,8 @@ class Ledger:
         storage = Decimal(0)
         job = self.job()
         if job.started_at is not None:
-            used = {r.provider for r in rows}
+            # A machine taken warm has no volume of this job (as `scheduler.Extras` plans it).
+            used = {r.provider for r in rows if not (r.offer_id or "").startswith(WARM_PREFIX)}
             for name, provider in self.providers.items():
                 rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
                 if rate and name in used:
@@ -306,6 +309,14 @@ class RunState:
         # Whatever the pipeline is blocked on over SSH fails now instead of at its timeout.
         self.factory.close_all()
 
+    def check_cancel(self) -> None:
+        """`check_stop`, after reading `orch cancel`'s flag from the database: what checks
+        this before it starts (a phase, a playbook step, a rental, parking the machine) never
+        starts once a cancel was committed, without waiting for the monitor's next look."""
+        if self.stop is None and self.store.cancel_requested(self.job_id):
+            self.signal(Stop("cancelled", CANCELLED))
+        self.check_stop()
+
     def check_stop(self) -> None:
         stop = self.stop
         if stop is None:
@@ -337,8 +348,14 @@ def monitor(state: RunState, done: threading.Event) -> None:
                 if job is None:
                     state.signal(Stop("lost", "lease lost"))
                     return
-                if job.cancel_requested_at is not None:
-                    state.signal(Stop("cancelled", "cancelled by `orch cancel`"))
+                cancelled = job.cancel_requested_at is not None
+            else:
+                # Every tick (`watch_s`, 2 s by default), not only at the lease's renewal (a
+                # third of the lease, 20 s): a cancel stops what runs now (issue 36 §7); the
+                # pipeline also reads it before each phase and step (`check_cancel`).
+                cancelled = state.store.cancel_requested(state.job_id)
+            if cancelled:
+                state.signal(Stop("cancelled", CANCELLED))
             stalled = ledger.watchdog.overdue()
             if stalled is not None:
                 state.signal(Stop("stalled", stalled))

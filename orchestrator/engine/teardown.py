@@ -36,6 +36,8 @@ class Teardown:
         self.state = state
         self.ledger = state.ledger
         self.stalls = 0  # attempts the watchdog stopped in this run
+        # What this run ended, as said to the user ("sim instance i-1 terminated").
+        self.ended: list[str] = []
 
     def instance_lost(self, placed: Placed) -> str | None:
         """Why the instance is gone (the pipeline error was its loss), or None if it is fine."""
@@ -104,6 +106,7 @@ class Teardown:
                 return
         self.close_row(row_id, reason)
         self.state.held.pop(row_id, None)
+        self.ended.append(f"{name} instance {iid} {'released' if kept else 'terminated'}")
         self.ledger.event("instance.released" if kept else "instance.terminated",
                           f"{name} instance {iid} {'released' if kept else 'terminated'}"
                           f" ({reason})", {"instance": iid, "reason": reason})

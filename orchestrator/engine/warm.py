@@ -19,9 +19,17 @@ from dataclasses import dataclass
 
 from orchestrator.core import money, scheduler, warmfit
 from orchestrator.engine.jobinputs import Inputs
-from orchestrator.engine.runner_core import LOST, Placed, RunState, failpoint, log
+from orchestrator.engine.runner_core import (
+    CANCELLED,
+    LOST,
+    Placed,
+    RunState,
+    Stop,
+    failpoint,
+    log,
+)
 from orchestrator.engine.teardown import Teardown
-from orchestrator.records.store import Store, WarmInstance, from_micros
+from orchestrator.records.store import CancelRequested, Store, WarmInstance, from_micros
 from orchestrator.records.store.warm import as_machine
 from playbooks import images, ssh
 from playbooks.base import StepFailed
@@ -45,6 +53,7 @@ class Warm:
         # The image a rental is created from (a monthly server would run it in Docker).
         self.image = images.for_host(spec.trainer.image, "container")
         self.model = (spec.base_model.repo, spec.base_model.revision)
+        self.parked: WarmInstance | None = None  # the machine this run kept warm
 
     # --- taking --------------------------------------------------------------------------
 
@@ -108,14 +117,20 @@ class Warm:
                 and not offer.registered and not isinstance(provider, KeepsMachine))
 
     def park_or_release(self, placed: Placed) -> None:
-        """The job succeeded on `placed`: keep its machine warm (keep_warm), else release."""
+        """The job succeeded on `placed`: keep its machine warm (keep_warm), else release.
+        A job asked to stop meanwhile has its machine terminated, never parked (Stop)."""
         if not self.parks(placed) or not self._clean(placed):
             self.teardown.release(placed.row_id, "released")
             return
         offer = self.state.offers[placed.row_id]
-        warm = self.state.store.park_instance(
-            placed.row_id, offer_json=warmfit.offer_json(offer), image=self.image,
-            disk_gb=self.ledger.disk_gb, model=self.model, keep_s=self.keep_s)
+        try:
+            warm = self.state.store.park_instance(
+                placed.row_id, offer_json=warmfit.offer_json(offer), image=self.image,
+                disk_gb=self.ledger.disk_gb, model=self.model, keep_s=self.keep_s)
+        except CancelRequested as exc:  # judged in the park's own transaction
+            self.teardown.release(placed.row_id, "cancelled")
+            raise Stop("cancelled", CANCELLED) from exc
+        self.parked = warm
         self.state.held.pop(placed.row_id, None)
         failpoint("after-park")
         price = from_micros(warm.price_per_hour_micros)
@@ -126,6 +141,23 @@ class Warm:
                           "lists it, `orch warm release` ends it)",
                           {"instance": warm.provider_instance_id, "warm_id": warm.id,
                            "expires_at": warm.expires_at.isoformat()})
+
+    def unpark(self) -> None:
+        """The job was cancelled after this run parked its machine (before it could
+        succeed): end the window, terminating the machine, unless a job took it already."""
+        warm, self.parked = self.parked, None
+        if warm is None or warm.id is None:
+            return
+        provider = self.state.providers[warm.provider]
+        ended = end_one(self.state.store, provider, warm, "cancelled", expired_only=False)
+        what = f"{warm.provider} instance {warm.provider_instance_id}"
+        if ended is None:
+            taker = self.state.store.get_warm(warm.id).taken_by_job
+            self.teardown.ended.append(f"{what} was already taken warm by job {taker}")
+        elif ended.error is not None:
+            self.teardown.ended.append(f"{what} not terminated ({ended.error})")
+        else:
+            self.teardown.ended.append(f"{what} terminated")
 
     def _clean(self, placed: Placed) -> bool:
         """Remove the finished job's directory from the machine (artifacts were copied back;

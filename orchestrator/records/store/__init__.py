@@ -39,6 +39,7 @@ from orchestrator.records.store.tables import (
     BILLINGS,
     SERVER_STATUSES,
     AlreadyExists,
+    CancelRequested,
     DatabaseBusy,
     DatabaseFull,
     DatabaseURLError,
@@ -80,7 +81,8 @@ def open_store(url: str | None = None) -> Store:
 
 __all__ = [
     "ACTIVE_STATUSES", "BILLINGS", "BUSY_TIMEOUT_MS", "FINAL_STATUSES", "JOB_STATUSES",
-    "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "DatabaseBusy",
+    "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "CancelRequested",
+    "DatabaseBusy",
     "DatabaseFull", "DatabaseURLError", "Event",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",

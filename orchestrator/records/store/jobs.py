@@ -21,6 +21,7 @@ from orchestrator.core.jobstatus import ACTIVE_STATUSES, FINAL_STATUSES, JobStat
 from orchestrator.records.store.database import StoreBase, db_now
 from orchestrator.records.store.tables import (
     BILLINGS,
+    CancelRequested,
     Event,
     IllegalTransition,
     InvalidValueError,
@@ -411,21 +412,34 @@ class JobsMixin(StoreBase):
 
         LeaseLost when the job is no longer `owner`'s: a worker that lost its lease must
         not overwrite what the new owner does.
+        Success is refused (CancelRequested) once `orch cancel` asked the job to stop: the
+        row is read locked (PostgreSQL; SQLite's write lock serialises anyway), so a cancel
+        either commits first and is seen here, or comes after the job succeeded.
         """
         check_status(status)
         now = utcnow()
         with self.transaction() as session:
-            job = session.get(Job, job_id)
+            job = session.get(Job, job_id, with_for_update=status == JobStatus.SUCCEEDED)
             if job is None or job.lease_owner != owner:
                 raise LeaseLost(f"job {job_id} is no longer driven by {owner}")
+            if status == JobStatus.SUCCEEDED and job.cancel_requested_at is not None:
+                raise CancelRequested(f"job {job_id}: cancel requested before it succeeded")
             _state(session, job, status, now, message or status, data, fields)
             return job
+
+    def cancel_requested(self, job_id: str) -> bool:
+        """Whether `orch cancel` (or `orch sweep cancel`) asked job `job_id` to stop."""
+        with self.session() as session:
+            at = session.exec(select(Job.cancel_requested_at).where(col(Job.id) == job_id)).first()
+        return at is not None
 
     def request_cancel(self, job_id: str) -> Job:
         """Ask for a job to stop: a queued job is cancelled at once, a running one flagged."""
         now = utcnow()
         with self.transaction() as session:
-            job = session.get(Job, job_id)
+            # Locked: a worker's move to succeeded (set_status) either sees this flag or
+            # commits first, and then the job is final here.
+            job = session.get(Job, job_id, with_for_update=True)
             if job is None:
                 raise NotFoundError(f"job {job_id!r} not found; list recent jobs with `orch jobs`")
             if job.status in FINAL_STATUSES:
@@ -433,7 +447,9 @@ class JobsMixin(StoreBase):
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
             if job.status in ("queued", "planned", "interrupted"):
-                _state(session, job, JobStatus.CANCELLED, now, "cancelled before it started")
+                _state(session, job, JobStatus.CANCELLED, now,
+                       "cancelled before it started" if job.started_at is None
+                       else f"cancelled while {job.status} to resume")
             else:
                 session.add(Event(job_id=job_id, at=now, kind="cancel.requested",
                                   message="cancel requested; the worker tears down"))

@@ -72,6 +72,11 @@ class LeaseLost(StoreError):
     """The job is no longer driven by this worker (its lease expired and another took it)."""
 
 
+class CancelRequested(StoreError):
+    """`orch cancel` asked the job to stop before this write: the job does not succeed, nor
+    park its machine (the write that would have done so is refused, atomically)."""
+
+
 class DatabaseBusy(StoreError):
     """Another process held the SQLite write lock past orch's whole wait (`lock_wait_s`)."""
 

@@ -25,8 +25,10 @@ from orchestrator.core import money
 from orchestrator.core.warmfit import WarmMachine, offer_from_json
 from orchestrator.records.store.database import StoreBase, db_now
 from orchestrator.records.store.tables import (
+    CancelRequested,
     Instance,
     InvalidValueError,
+    Job,
     NotFoundError,
     WarmInstance,
     to_micros,
@@ -58,12 +60,18 @@ class WarmMixin(StoreBase):
 
     def park_instance(self, row_id: int, *, offer_json: str, image: str | None, disk_gb: int,
                       model: tuple[str, str] | None, keep_s: float) -> WarmInstance:
-        """Close the job's instance row `row_id` and keep its machine warm for `keep_s`."""
+        """Close the job's instance row `row_id` and keep its machine warm for `keep_s`;
+        CancelRequested (nothing written) when the job was asked to stop: a cancelled
+        job's machine is terminated, never parked."""
         with self.transaction() as session:
             now = db_now(session)
             row = session.get(Instance, row_id)
             if row is None:
                 raise NotFoundError(f"instance row {row_id} not found")
+            job = session.get(Job, row.job_id, with_for_update=True)
+            if job is not None and job.cancel_requested_at is not None:
+                raise CancelRequested(f"job {row.job_id}: cancel requested; its machine is "
+                                      "not kept warm")
             if row.terminated_at is not None or row.provider_instance_id is None:
                 raise InvalidValueError(f"instance row {row_id} is closed or has no instance "
                                         "id: nothing to park")
