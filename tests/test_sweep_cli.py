@@ -504,3 +504,18 @@ def test_sweep_show_and_sweeps_do_not_import_sqlalchemy(env: dict[str, str], fol
                           timeout=60, check=True, env=env)
     assert done.stderr.strip().splitlines()[-1] == "False False"
     assert "qs-000" in done.stdout
+
+
+@pytest.mark.parametrize("verb", ["show", "cancel"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("name", [[], ["qs"]])
+def test_a_sweep_verb_prints_its_own_help(tmp_path: Path, verb: str, flag: str,
+                                          name: list[str]) -> None:
+    """Issue 36 §6: `orch sweep cancel --help` printed `orch sweep FILE`'s help."""
+    import os
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    out = orch(env, "sweep", verb, *name, flag).stdout
+    assert out.startswith(f"Usage: orch sweep {verb} [OPTIONS] NAME\n"), out
+    assert "--retry-failed" not in out and "--json" in out
+    assert not (tmp_path / "xdg").exists()  # help opens no database
