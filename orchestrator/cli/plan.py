@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from orchestrator.core.planning import Plan
     from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
@@ -233,8 +235,15 @@ def live_market(job: LoadedJob) -> Market | None:
     return search(providers, reqs)
 
 
-def offers_line(market: Market | None) -> str:
-    """Which offers the plan ranked: live (from whom) or the price catalogs (and why)."""
+def offers_line(market: Market | None, named: Sequence[str] | None = None) -> str:
+    """Which offers the plan ranked: live (from whom) or the price catalogs (and why).
+    `named`: the job's `resources.providers` (None: any)."""
+    from orchestrator.core.planning import CONTAINER_RENTALS
+
+    if named is not None and not set(named) & CONTAINER_RENTALS:
+        # No cloud market is in the job's choice: an API key would change nothing.
+        return (f"Offers: those of {', '.join(named)} (resources.providers names no cloud: "
+                "no API key is needed)")
     if market is None:
         return ("Offers: the price catalogs (estimates; no API key for a cloud this job may "
                 "use: set VAST_API_KEY or RUNPOD_API_KEY for live offers)")
@@ -266,5 +275,5 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
         render_plan(result, 10_000 if all_rows else 12)
         from orchestrator.cli.term import prose
 
-        print(prose(offers_line(market)))
+        print(prose(offers_line(market, job.spec.resources.providers)))
         print(prose(runs_on(result, who)))

@@ -236,7 +236,10 @@ def make_plan(
     evaluation = None
     if work is not None:
         evaluation = evalsizing.place(work, chosen.offer, gpus.get(chosen.offer.gpu))
-    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
+    # A tier without a published price is worth naming only to a job that may run there.
+    unpriced = tuple(u for u in cat.unpriced
+                     if named is None or u.provider in named or "dedicated" in named)
+    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=unpriced,
                 without_savers=tuple(without), evaluation=evaluation,
                 warm=warmfit.saving(ranking.placements), warm_machines=tuple(warm))
 
