@@ -26,8 +26,8 @@ def check_names(extra: Mapping[Any, Any], gpus: Sequence[str | None],
     for i, gpu in enumerate(gpus):
         if gpu is not None and not catalog.resolve_gpu(gpu):
             known = list(catalog.gpus())
-            close = gpu_suggestion(gpu)
-            hint = f"did you mean {close!r}? " if close else ""
+            meant = gpu_suggestion(gpu)
+            hint = f"did you mean {meant!r}? " if meant else ""
             found.add(("resources", "gpus", i), f"unknown GPU {gpu!r}; {hint}known: "
                       f"{', '.join(known)}")
     providers = catalog.provider_names()
@@ -90,7 +90,7 @@ def gpu_suggestion(name: str) -> str | None:
     joined = "".join(words)
     number = _model_number(joined)
     same = [k for k in known if number is not None and _model_number(k) == number]
-    if same:
+    if number is not None and same:
         ratio = {k: difflib.SequenceMatcher(None, joined, k).ratio() for k in same}
         best = max(ratio.values())
         tops = sorted({known[k] for k in same if ratio[k] == best})
