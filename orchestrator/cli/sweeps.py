@@ -81,7 +81,7 @@ def _metric(value: float | None) -> str:
 def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.records.store import StoreError
+    from orchestrator.records.store import DatabaseReadOnly, StoreError
     from orchestrator.records.sweep.store import submit_sweep
 
     loaded = _load(file)
@@ -91,6 +91,8 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
         # can run; a worker would only fail them one by one.
         require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
+    except DatabaseReadOnly as exc:  # nothing was recorded: no run to retry
+        fail(f"{file}: {exc}")
     except (StoreError, SQLAlchemyError) as exc:
         fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
     finally:

@@ -41,6 +41,7 @@ from orchestrator.records.store.tables import (
     AlreadyExists,
     DatabaseBusy,
     DatabaseFull,
+    DatabaseReadOnly,
     DatabaseURLError,
     Event,
     IllegalTransition,
@@ -81,7 +82,7 @@ def open_store(url: str | None = None) -> Store:
 __all__ = [
     "ACTIVE_STATUSES", "BILLINGS", "BUSY_TIMEOUT_MS", "FINAL_STATUSES", "JOB_STATUSES",
     "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "DatabaseBusy",
-    "DatabaseFull", "DatabaseURLError", "Event",
+    "DatabaseFull", "DatabaseReadOnly", "DatabaseURLError", "Event",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
     "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "WarmInstance", "claim_in",
