@@ -160,3 +160,96 @@ def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
     assert done.returncode != 0, out
     assert "before renting" in out and "is gated" in out and "HF_TOKEN" in out
     assert "renting sim" not in out
+
+
+# --- issue 36 §2: output.push_to_hub needs a token that may write ----------------------------
+
+READER, FINE_RO, FINE_RW = "hf_read_token", "hf_fine_read_token", "hf_fine_write_token"
+
+
+@pytest.fixture(scope="module")
+def writers() -> Iterator[HubEmulator]:
+    with HubEmulator(tokens=(GOOD, READER, FINE_RO, FINE_RW)) as emulator:
+        emulator.namespaces.update({GOOD: "alice,my-org", READER: "alice,my-org",
+                                    FINE_RO: "alice,my-org", FINE_RW: "alice,my-org"})
+        emulator.roles.update({READER: "read", FINE_RO: "fineGrained",
+                               FINE_RW: "fineGrained"})
+        emulator.scopes[FINE_RO] = [{"entity": {"_id": "1", "type": "org", "name": "my-org"},
+                                     "permissions": ["repo.content.read"]}]
+        emulator.scopes[FINE_RW] = [{"entity": {"_id": "1", "type": "org", "name": "my-org"},
+                                     "permissions": ["repo.content.read", "repo.write"]}]
+        yield emulator
+
+
+def real_client_writes(hub: HubEmulator, repo: str, token: str) -> bool:
+    """Whether the real huggingface_hub 1.17.0 client may create `repo` on this Hub, and
+    that its whoami reads the role where `hf auth login` reads it (`_login.py`)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=hub.url, token=token)
+    assert api.whoami()["auth"]["accessToken"]["role"] == hub.roles.get(token, "write")
+    try:
+        api.create_repo(repo, private=True)
+    except HfHubHTTPError as exc:
+        assert exc.response.status_code == 403, exc
+        return False
+    finally:
+        hub.repos.pop(("model", repo), None)
+    return True
+
+
+@pytest.mark.parametrize(("token", "repo", "words"), [
+    (READER, "my-org/tuned", "is a read token"),
+    (FINE_RO, "my-org/tuned", "fine-grained token without repo.write on my-org"),
+    (GOOD, "someone-else/tuned", "(alice, my-org) has no write access to someone-else"),
+    (FINE_RW, "other-org/tuned", "without repo.write on other-org"),
+])
+def test_a_token_that_cannot_write_is_refused(writers: HubEmulator,
+                                              monkeypatch: pytest.MonkeyPatch, token: str,
+                                              repo: str, words: str) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    assert not real_client_writes(writers, repo, token)
+    access = hubaccess.check_write(repo, token)
+    assert access.problem is not None and access.unchecked is None
+    assert access.problem.startswith("output.push_to_hub: ") and words in access.problem
+    assert "huggingface.co/settings/tokens" in access.problem or "namespace of yours" in \
+        access.problem
+
+
+@pytest.mark.parametrize(("token", "repo"), [(GOOD, "my-org/tuned"), (GOOD, "alice/tuned"),
+                                             (FINE_RW, "my-org/tuned")])
+def test_a_token_that_can_write_passes(writers: HubEmulator, monkeypatch: pytest.MonkeyPatch,
+                                       token: str, repo: str) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    assert real_client_writes(writers, repo, token)
+    assert hubaccess.check_write(repo, token) == hubaccess.Access()
+
+
+def test_no_token_and_an_unknown_token_are_refused(writers: HubEmulator,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    missing = hubaccess.check_write("my-org/tuned", None).problem
+    assert missing is not None and "needs HF_TOKEN" in missing
+    unknown = hubaccess.check_write("my-org/tuned", BAD).problem
+    assert unknown is not None and "rejected HF_TOKEN" in unknown
+
+
+def test_a_read_token_pushing_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The engine: a job whose upload would be refused after training rents nothing."""
+    monkeypatch.setenv("HF_TOKEN", READER)
+    session_hub.roles[READER] = "read"
+    try:
+        cloud = rig.cloud()
+        path = rig.job_file()
+        path.write_text(path.read_text() + "output: {push_to_hub: my-org/tuned}\n")
+        job_id = rig.queue(path)
+        job = rig.run(cloud, job_id)
+    finally:
+        session_hub.roles.pop(READER, None)
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason.startswith("before renting: output.push_to_hub: HF_TOKEN") and \
+        "is a read token" in reason
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
