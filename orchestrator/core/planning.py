@@ -17,6 +17,7 @@ from orchestrator.core.scheduler import Constraints, Placement, Ranking
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
+from orchestrator.core.utc import iso_z
 from playbooks import images
 from providers import catalog
 from providers.base import Billing, Offer, Requirements
@@ -100,7 +101,7 @@ class Plan:
         m = next(m for m in self.warm_machines if m.warm_id == wid)
         fresh = self.warm.fresh
         return {"warm_id": wid, "instance_id": m.instance_id, "provider": m.offer.provider,
-                "parked_by": m.parked_by, "expires_at": m.expires_at.isoformat(),
+                "parked_by": m.parked_by, "expires_at": iso_z(m.expires_at),
                 "model_cached": self.warm.warm.duration.model_pull == 0,
                 "est_cost": str(self.warm.warm.est_cost),
                 "fresh_est_cost": None if fresh is None else str(fresh.est_cost),

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.core import money, scheduler, warmfit
+from orchestrator.core.utc import iso_z
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import LOST, Placed, RunState, failpoint, log
 from orchestrator.engine.teardown import Teardown
@@ -125,7 +126,7 @@ class Warm:
                           f"({money.usd(price)}/h while idle, billed to no job; `orch warm` "
                           "lists it, `orch warm release` ends it)",
                           {"instance": warm.provider_instance_id, "warm_id": warm.id,
-                           "expires_at": warm.expires_at.isoformat()})
+                           "expires_at": iso_z(warm.expires_at)})
 
     def _clean(self, placed: Placed) -> bool:
         """Remove the finished job's directory from the machine (artifacts were copied back;

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.core.jobstatus import ACTIVE_STATUSES
 from orchestrator.core.money import dollars_text
+from orchestrator.core.utc import iso_z
 from orchestrator.records.historyread import Reader, parse_stored
 from orchestrator.records.sweep.rules import (
     RUNNING_STATUSES,
@@ -106,7 +107,7 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
     estimated = sum(j.est_cost_micros or 0 for j in jobs)
     return {
         "sweep": sweep_name, "sweep_id": sweep_id,
-        "created_at": created_at.isoformat().replace("+00:00", "Z"),
+        "created_at": iso_z(created_at),
         "base": spec.get("base"), "max_parallel": usage.max_parallel,
         "budget": dollars_text(budget_micros), "spent": dollars_text(spent),
         "estimated": dollars_text(estimated), "objective": objective,
