@@ -310,7 +310,7 @@ VERBS = {"show": sweep_show, "cancel": sweep_cancel}
 
 
 def sweeps(json_out: JsonFlag = False) -> None:
-    """List sweeps: runs, done/running/queued/failed/cancelled, spent/budget, best run."""
+    """List sweeps: runs, succeeded/running/queued/failed/cancelled, spent/budget, best run."""
     from orchestrator.cli.tables import table
     from orchestrator.core.money import usd
 
@@ -328,9 +328,9 @@ def sweeps(json_out: JsonFlag = False) -> None:
         b = s["best"]
         best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
                                       f"{_metric(b['metric'])}")
-        out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
+        out.append([s["sweep"], len(s["runs"]), c["succeeded"], c["running"], c["queued"],
                     c["failed"], c["cancelled"], spent, best])
-    typer.echo(table(["name", "runs", "done", "running", "queued", "failed", "cancelled",
+    typer.echo(table(["name", "runs", "succeeded", "running", "queued", "failed", "cancelled",
                       "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6, 7],
                      drop=[3, 4, 2]))
 

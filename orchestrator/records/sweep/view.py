@@ -93,14 +93,14 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         # Ties go to the run that finished first, then the smaller id: the rule of
         # v_best_run_per_sweep and of the best-run queries in docs/schema.md.
         finished = {j.id: j.finished_at for j in jobs}
-        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "done"),
+        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "succeeded"),
                       key=lambda d: (finished[d[0]] is None, finished[d[0]] or now, d[0]))
         best_id = best_of(done, objective["goal"])
         if best_id is not None:
             b = next(r for r in runs if r["job_id"] == best_id)
             best = {"job_id": b["job_id"], "name": b["name"], "index": b["index"],
                     "params": b["params"], "metric": b["metric"]}
-    counts = dict.fromkeys(("done", "running", "queued", "failed", "cancelled"), 0)
+    counts = dict.fromkeys(("succeeded", "running", "queued", "failed", "cancelled"), 0)
     for r in runs:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     spent = sum(j.cost_micros or 0 for j in jobs)
