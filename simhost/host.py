@@ -100,7 +100,7 @@ class SimHostOptions:
     hf_revisions_not_found: tuple[str, ...] = ()  # revisions no repo has
     hf_token: str | None = None  # the only valid token (None: any non-empty token)
     # training and serving
-    train_steps: int = 6
+    train_steps: int = 6  # per epoch (the run: ceil(train_steps * num_epochs), or max_steps)
     train_step_seconds: float = 0.1
     train_crash_at_step: int | None = None
     train_crash_repeats: bool = False  # False: the crash happens once per host
