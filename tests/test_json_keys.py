@@ -81,12 +81,6 @@ def test_every_json_time_has_one_form(tmp_path: Path) -> None:
     """Issue 36 §6: `--json` wrote `+00:00` in some places and `Z` in others; every time is
     now UTC as the database stores it, `YYYY-MM-DDTHH:MM:SS.ffffffZ` (docs/schema.md)."""
     import shutil
-    from datetime import UTC, datetime
-    from decimal import Decimal
-
-    from orchestrator.records import prices
-    from orchestrator.records.store import open_store
-    from providers.base import Billing, Offer
 
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "ORCH_SIM_TRAIN_STEPS": "4",
            "ORCH_SIM_STEP_S": "0.1", "HF_ENDPOINT": os.environ["HF_ENDPOINT"]}
@@ -99,6 +93,23 @@ def test_every_json_time_has_one_form(tmp_path: Path) -> None:
     def orch(*args: str) -> Any:
         return json.loads(orchfork.run(list(args), env=env, cwd=tmp_path, check=True,
                                        timeout=300).stdout)
+
+    try:
+        check_every_json_time(orch, env, tmp_path, job)
+    finally:  # the machine the job left warm: released, as `orch warm release` does
+        from providers.sim.compute import SimCloud
+
+        SimCloud(tmp_path / ".local" / "share" / "orch" / "sim").terminate_all()
+
+
+def check_every_json_time(orch: Any, env: dict[str, str], tmp_path: Path, job: Path) -> None:
+    """Run the job, then read every --json document a script reads for times."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from orchestrator.records import prices
+    from orchestrator.records.store import open_store
+    from providers.base import Billing, Offer
 
     submitted = orch("submit", str(job), "--json")
     job_id = submitted["job_id"]
@@ -131,3 +142,5 @@ def test_every_json_time_has_one_form(tmp_path: Path) -> None:
     bad = [(name, where, text) for name, items in found.items() for where, text in items
            if not ONE_FORM.fullmatch(text)]
     assert bad == []
+    released = orch("warm", "release", "--all", "--json")["released"]
+    assert [r["result"] for r in released] == ["terminated"], released

@@ -21,6 +21,8 @@ from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
 from orchestrator.engine import hubaccess
 
 GOOD, OTHER, BAD = "hf_good_token", "hf_other_token", "hf_unknown_token"
+# The base model of examples/quickstart.yml (the engine rig's job file).
+QUICKSTART_MODEL = "Qwen/Qwen2.5-0.5B"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_a_gated_base_model_without_access_fails_before_renting(
         rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The engine (the same path as `orch submit`/`orch worker`): nothing is rented."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    repo = "meta-llama/Llama-3.2-1B"
+    repo = QUICKSTART_MODEL
     session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
     try:
         cloud = rig.cloud()
@@ -118,7 +120,7 @@ def test_a_gated_base_model_without_access_fails_before_renting(
     assert job.status == "failed"
     reason: Any = job.failure_reason
     assert reason.startswith("before renting: ") and "is gated" in reason
-    assert "HF_TOKEN" in reason and "huggingface.co/meta-llama/Llama-3.2-1B" in reason
+    assert "HF_TOKEN" in reason and f"huggingface.co/{repo}" in reason
     assert rig.store.instances_of(job_id) == [] and cloud.list() == []
     assert rig.states(job_id) == ["provisioning", "failed"]  # the claim's, then this
 
@@ -149,7 +151,7 @@ def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
     job.write_text((examples / "quickstart.yml").read_text())
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "ORCH_DB_URL")}
     env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
-    repo = "meta-llama/Llama-3.2-1B"
+    repo = QUICKSTART_MODEL
     session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
     try:
         done = subprocess.run([str(Path(sys.executable).parent / "orch"), "submit", str(job)],
@@ -253,3 +255,63 @@ def test_a_read_token_pushing_fails_before_renting(
     assert reason.startswith("before renting: output.push_to_hub: HF_TOKEN") and \
         "is a read token" in reason
     assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+
+
+# --- issue 36 §6: `sim` refuses a gated model without HF_TOKEN, as the Hub would -----------
+
+
+def gated_job(rig: Rig) -> Path:  # noqa: F811
+    """The rig's quickstart job on Meta's Llama-3.2-1B, gated on huggingface.co."""
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(f"base_model: {QUICKSTART_MODEL}",
+                                             "base_model: meta-llama/Llama-3.2-1B"))
+    return path
+
+
+def test_sim_refuses_a_gated_model_without_a_token_before_renting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Without HF_ENDPOINT a sim job's model is judged by the simulated cloud's Hub, which
+    gates what huggingface.co gates; the words are the real check's and huggingface_hub's."""
+    from providers.sim.hub import gated_repos
+
+    monkeypatch.delenv("HF_ENDPOINT")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert "meta-llama/Llama-3.2-1B" in gated_repos()
+    cloud = rig.cloud()
+    job_id = rig.queue(gated_job(rig))
+    job = rig.run(cloud, job_id)
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason == (
+        "before renting: meta-llama/Llama-3.2-1B is gated: accept its licence on "
+        "https://huggingface.co/meta-llama/Llama-3.2-1B, then set HF_TOKEN to a token of that "
+        "account (https://huggingface.co/settings/tokens): `hf` says: Access denied. Model "
+        "'meta-llama/Llama-3.2-1B' requires approval.")
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+    # With a token the same job runs (sim has no accounts: any token is one that accepted).
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
+    job = rig.run(cloud, rig.queue(gated_job(rig)))
+    assert job.status == "succeeded", job.failure_reason
+
+
+def test_the_real_hub_words_the_gate_as_the_sim_check_does(hubm: HubEmulator) -> None:
+    """The text the sim check quotes is what huggingface_hub 1.17.0 prints for a gated model
+    asked without a token (model_info, then auth_check)."""
+    from providers.sim.hub import refusal
+
+    assert refusal("org/gated", None, ("org/gated",)) == \
+        "Error: " + real_client_text(hubm, "org/gated", "main", None)
+    assert refusal("org/gated", GOOD, ("org/gated",)) is None
+
+
+def test_sim_hosts_refuse_a_gated_download_without_a_token(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Where the check before renting is not made (HF_ENDPOINT names another Hub, which
+    lets it through), the simulated host's `hf` still refuses it, as huggingface.co's files
+    are refused."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    cloud = rig.cloud()
+    job = rig.run(cloud, rig.queue(gated_job(rig)))
+    assert job.status == "failed"
+    assert "meta-llama/Llama-3.2-1B is gated" in (job.failure_reason or "")
+    assert "This repository requires approval" in (job.failure_reason or "")

@@ -89,9 +89,9 @@ def test_the_delivery_to_the_hub_is_rendered(tmp_path: Path, host: str) -> None:
         "-e HF_TOKEN", "")
     if host == "docker":
         assert deliver[:3] == ["docker", "run", "--rm"]
-        assert "/workspace/data/jobs/quickstart-llama32-1b/output/merged" in deliver
+        assert "/workspace/data/jobs/quickstart-qwen25-05b/output/merged" in deliver
     else:
-        assert "/workspace/orch/jobs/quickstart-llama32-1b/output/merged" in deliver
+        assert "/workspace/orch/jobs/quickstart-qwen25-05b/output/merged" in deliver
 
 
 @pytest.mark.parametrize("host", ["docker", "container"])

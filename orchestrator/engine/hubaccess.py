@@ -73,6 +73,14 @@ def hf_cli_text(response: httpx.Response, repo: str) -> str | None:
     return None
 
 
+def refused(text: str, repo: str, revision: str, token: str | None,
+            field: str = "base_model") -> str | None:
+    """What to do about a refusal `hf` words as `text` (`Error: ...`), with its words; None
+    when it is no refusal a user can fix."""
+    why = classify_download_error(text, 1, repo, revision, has_token=bool(token), field=field)
+    return None if why is None else f"{why}: `hf` says: {text.removeprefix('Error: ')}"
+
+
 def check_model(repo: str, revision: str, token: str | None, *, field: str = "base_model",
                 client: httpx.Client | None = None) -> Access:
     """Whether `token` can download `repo` at `revision` (see the module docstring)."""
@@ -91,11 +99,10 @@ def check_model(repo: str, revision: str, token: str | None, *, field: str = "ba
             if response.is_success:
                 continue
             text = hf_cli_text(response, repo)
-            refused = None if text is None else classify_download_error(
-                text, 1, repo, revision, has_token=bool(token), field=field)
-            if text is None or refused is None:
+            problem = None if text is None else refused(text, repo, revision, token, field)
+            if problem is None:
                 return Access(unchecked=f"the Hub answered {response.status_code} for {url}")
-            return Access(problem=f"{refused}: `hf` says: {text.removeprefix('Error: ')}")
+            return Access(problem=problem)
     finally:
         if own:
             http.close()

@@ -42,6 +42,7 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
+    HubStandIn,
     KeepsMachine,
     NotFound,
     Offer,
@@ -262,13 +263,20 @@ class Placement:
         if self.ledger.job().phase_done or any(r.terminated_at is None for r in rows):
             return
         usable = [self.state.providers[name] for name in self.usable()]
+        spec = self.inputs.loaded.spec
+        token = os.environ.get("HF_TOKEN") or None
         if not os.environ.get("HF_ENDPOINT") and usable and all(
                 isinstance(p, Simulated) for p in usable):
             # The simulated cloud's hosts download from their `hf` stand-in, not from
-            # huggingface.co: asking the real Hub would judge a download that never happens.
+            # huggingface.co: its Hub is asked instead, which gates what huggingface.co does.
+            base = spec.base_model
+            for text in (p.hub_refusal(base.repo, token) for p in usable
+                         if isinstance(p, HubStandIn)):
+                problem = None if text is None else hubaccess.refused(text, base.repo,
+                                                                      base.revision, token)
+                if problem is not None:
+                    raise JobFailed(f"before renting: {problem}")
             return
-        spec = self.inputs.loaded.spec
-        token = os.environ.get("HF_TOKEN") or None
         access = hubaccess.check_model(spec.base_model.repo, spec.base_model.revision, token)
         if access.problem is not None:
             raise JobFailed(f"before renting: {access.problem}")

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from providers import catalog
 from providers.base import (
+    AuthError,
     Billing,
     CapacityError,
     Instance,
@@ -60,6 +61,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.sim import hub
 
 if TYPE_CHECKING:
     from simhost import SimHost
@@ -164,6 +166,10 @@ class SimCloud(OptInOnly, Simulated):
         self._hosts: dict[str, SimHost] = {}  # hosts this object started (their init is our child)
         self._thread_lock = threading.RLock()
 
+    def hub_refusal(self, repo: str, token: str | None) -> str | None:
+        """What this cloud's Hub says to `token` about `repo` (None: its hosts may download)."""
+        return hub.refusal(repo, token, self.host_options.get("hf_gated_repos"))
+
     # --- the Provider protocol -----------------------------------------------------------------
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -191,6 +197,10 @@ class SimCloud(OptInOnly, Simulated):
         """Boot a simulated host for `offer`, tagged `tag_for(job_id)`; CapacityError if full."""
         from providers.catalog import gpus as gpu_specs
         from simhost import SimHost, SimHostError, SimHostOptions
+        from simhost.host import login_shell_problem
+
+        if (shell := login_shell_problem()) is not None:  # no host of ours could run a command
+            raise AuthError(f"sim: {shell}")
 
         if offer.provider != self.name:
             raise ValueError(f"sim: offer {offer.offer_id!r} is from {offer.provider!r}, not sim")
@@ -204,6 +214,7 @@ class SimCloud(OptInOnly, Simulated):
             "gpu_model": NVIDIA_SMI_NAMES[offer.gpu],
             "gpu_count": offer.gpu_count,
             "gpu_memory_mib": gpu_specs()[offer.gpu].memory_bytes // _MIB,
+            "hf_gated_repos": hub.gated_repos(),  # as huggingface.co gates them
             **self.host_options,
         })  # fmt: skip
         host = SimHost(host_dir, ssh_public_key, options, die_with_parent=False)
