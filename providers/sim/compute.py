@@ -200,7 +200,7 @@ class SimCloud(OptInOnly, Simulated):
         from simhost.host import login_shell_problem
 
         if (shell := login_shell_problem()) is not None:  # no host of ours could run a command
-            raise AuthError(f"sim: {shell}")
+            raise AuthError(shell)
 
         if offer.provider != self.name:
             raise ValueError(f"sim: offer {offer.offer_id!r} is from {offer.provider!r}, not sim")
