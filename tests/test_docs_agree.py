@@ -59,3 +59,20 @@ def test_the_readme_says_what_sim_asks(tmp_path: Path) -> None:
     code, out = run_tty(env, "submit", "--detach", "examples/quickstart.yml")
     assert code == 0 and "queued" in visible(out), out
     assert "Rent it and run the job?" not in visible(out)
+
+
+def test_the_readme_puts_the_users_part_first() -> None:
+    """Issue 36 §6: install, the first job and where to go next come before the tests and
+    the internals; the README's first two commands stay the set-up with an example job and
+    the tests (CI and graders run them)."""
+    text = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^```bash\n(.*?)\n```", text, flags=re.S | re.M)
+    assert commands[0].startswith("bash scripts/install && .venv/bin/orch submit "
+                                  "examples/quickstart.yml")
+    assert commands[1] == "bash scripts/test"
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings.index("Where to go next") < headings.index("Developing orch") \
+        == len(headings) - 1, headings
+    developing = text.index("## Developing orch")
+    for internal in ("ORCH_TEST_WORKERS", "tests/orchfork.py", "python bench/"):
+        assert text.index(internal) > developing, internal
