@@ -69,3 +69,4 @@ def test_a_reader_is_told_it_cannot_write(tmp_path: Path, request: pytest.Fixtur
     # Nothing was recorded, and reading still works for the reader.
     listed = orch(reader, "jobs", "--json")
     assert listed.returncode == 0 and listed.stdout.strip() == "[]", listed.stderr
+    assert not (ROOT / "file:").exists()  # a URI filename is no folder to make

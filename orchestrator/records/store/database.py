@@ -236,7 +236,10 @@ def make_engine(url: str | None = None) -> Engine:
     try:
         parsed = make_url(url)
         is_sqlite = parsed.get_backend_name() == "sqlite"
-        if is_sqlite and parsed.database and parsed.database != ":memory:":
+        # A SQLite URI filename (`file:...?mode=ro&uri=true`) is SQLite's to open as it says
+        # (read-only creates nothing); as a path it would make a `file:` folder here.
+        if is_sqlite and parsed.database and parsed.database != ":memory:" \
+                and parsed.query.get("uri") != "true":
             _private_sqlite(Path(parsed.database))
         engine = create_engine(url)
     except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
