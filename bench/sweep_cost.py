@@ -104,8 +104,9 @@ def run_sweep(keep: str, scale: float, train_s: float) -> Result:
         (tmp / "job.yml").write_text(JOB.format(keep=keep))
         (tmp / "sweep.yml").write_text(SWEEP)
         steps = 20
-        env = {**os.environ, "XDG_DATA_HOME": str(tmp / "xdg"), **setup(scale),
-               "ORCH_SIM_TRAIN_STEPS": str(steps),
+        # Llama-3.1-8B is gated: `sim` wants a token for it, as the Hub does (any token).
+        env = {"HF_TOKEN": "hf_bench_token", **os.environ, "XDG_DATA_HOME": str(tmp / "xdg"),
+               **setup(scale), "ORCH_SIM_TRAIN_STEPS": str(steps),
                "ORCH_SIM_STEP_S": f"{train_s * scale / steps:.3f}"}
         for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY"):
             env.pop(key, None)

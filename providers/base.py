@@ -334,6 +334,16 @@ class Simulated:
     __slots__ = ()
 
 
+@runtime_checkable
+class HubStandIn(Protocol):
+    """The provider's hosts download from a stand-in of the Hub: what it refuses is asked
+    of the provider before renting, as the real Hub is asked for real providers."""
+
+    def hub_refusal(self, repo: str, token: str | None) -> str | None:
+        """What `hf` would print for `repo` with `token` (`Error: ...`), or None."""
+        ...
+
+
 class ContainerRental:
     """Marker: instances are containers started from the image `create` is given (no Docker
     on the host), as opposed to a full machine that runs the trainer image in Docker."""

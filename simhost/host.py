@@ -102,7 +102,7 @@ class SimHostOptions:
     hf_revisions_not_found: tuple[str, ...] = ()  # revisions no repo has
     hf_token: str | None = None  # the only valid token (None: any non-empty token)
     # training and serving
-    train_steps: int = 6
+    train_steps: int = 6  # per epoch (the run: ceil(train_steps * num_epochs), or max_steps)
     train_step_seconds: float = 0.1
     train_crash_at_step: int | None = None
     train_crash_repeats: bool = False  # False: the crash happens once per host
@@ -116,6 +116,25 @@ class SimHostOptions:
     container_image: str | None = None
     volume_mount: str | None = None  # where the provider mounts the job's volume
     persisted_env: tuple[str, ...] = ()  # files the boot wrote the image's environment to
+
+
+# Shells that run nothing: an account with one cannot run a command over SSH.
+NO_LOGIN_SHELLS = ("nologin", "false")
+
+
+def login_shell_problem(entry: pwd.struct_passwd | None = None) -> str | None:
+    """Why this user (`entry`: its passwd line) cannot run a simulated host's commands, or
+    None. Each host's sshd runs them as this user, through its login shell (sshd(8): the
+    command is run with the user's shell and `-c`); a nologin shell answers every one with
+    "This account is currently not available"."""
+    entry = entry or pwd.getpwuid(os.getuid())
+    shell = entry.pw_shell or "/bin/sh"
+    if os.path.basename(shell) not in NO_LOGIN_SHELLS and os.access(shell, os.X_OK):
+        return None
+    return (f"the simulated hosts run their commands over SSH as {entry.pw_name}, and sshd "
+            f"runs each with that account's login shell, {shell}, which runs nothing "
+            "(\"This account is currently not available\"): give the account a shell "
+            f"(`usermod --shell /bin/sh {entry.pw_name}`) or run `sim` jobs as another user")
 
 
 def _sshd_binary() -> str:
@@ -277,6 +296,9 @@ class SimHost:
         if self.running:
             return self
         sshd = _sshd_binary()
+        shell = login_shell_problem()
+        if shell is not None:
+            raise SimHostError(shell)
         self._prepare()
         if os.geteuid() == 0:
             os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privsep directory

@@ -72,6 +72,22 @@ def test_plan_human_output(env: dict[str, str]) -> None:
     assert "Not planned, price not published" in out
 
 
+def test_plan_of_a_sim_job_has_no_cloud_or_dedicated_notes(env: dict[str, str]) -> None:
+    """Issue 36 §6: a `providers: [sim]` job was told to set cloud API keys and about
+    dedicated-host tiers it may not use."""
+    env = {k: v for k, v in env.items() if k not in ("VAST_API_KEY", "RUNPOD_API_KEY")}
+    out = orch(env, "plan", "examples/quickstart.yml").stdout
+    for words in ("VAST_API_KEY", "RUNPOD_API_KEY", "price not published", "dedicated-host"):
+        assert words not in out, out
+    assert "Offers: those of sim (resources.providers names no cloud: no API key" in out
+    data = json.loads(orch(env, "plan", "examples/quickstart.yml", "--json").stdout)
+    assert data["unpriced_tiers"] == []
+    # A job that may use any provider is still told both.
+    any_out = orch(env, "plan", "examples/qlora-8b.yml").stdout
+    assert "set VAST_API_KEY or RUNPOD_API_KEY" in any_out
+    assert "Not planned, price not published: dedicated-host" in any_out
+
+
 def test_invalid_job_file_exits_2_and_writes_nothing(env: dict[str, str], tmp_path: Path) -> None:
     bad = tmp_path / "job.yml"
     bad.write_text("name: x\nbase_model: meta-llama/Llama-3.1-8B\nmethod: qlora\n"

@@ -101,12 +101,31 @@ def test_push_to_hub_uploads_the_merged_model_with_the_real_hf_client(
 
 def test_a_push_the_hub_refuses_fails_the_job_saying_why(
         rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    job = run_pushing(rig, session_hub, monkeypatch, "someone-else",
-                      "{push_to_hub: my-org/adapter, private: false}")
+    # A token whose role orch cannot judge before renting (so the check only notes it), and
+    # that the Hub then refuses at the upload.
+    session_hub.roles[WRITER] = "someNewRole"
+    try:
+        job = run_pushing(rig, session_hub, monkeypatch, "my-org",
+                          "{push_to_hub: my-org/adapter, private: false}")
+    finally:
+        session_hub.roles.pop(WRITER, None)
     assert job.status == "failed"
     reason: Any = job.failure_reason
     assert "refused to write my-org/adapter" in reason and "write access" in reason
     assert ("model", "my-org/adapter") not in session_hub.repos
+    assert "hub.unchecked" in rig.kinds(job.id)
+
+
+def test_a_namespace_the_token_cannot_write_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Issue 36 §2: found by the upload, after every paid hour; now before renting."""
+    job = run_pushing(rig, session_hub, monkeypatch, "someone-else",
+                      "{push_to_hub: my-org/adapter, private: false}")
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason.startswith("before renting: output.push_to_hub: ") and \
+        "(someone-else) has no write access to my-org" in reason
+    assert rig.store.instances_of(job.id) == []
 
 
 def _sha(data: bytes) -> str:

@@ -37,6 +37,7 @@ from playbooks.train import (
     train_argv,
     wait,
 )
+from playbooks.trainjob import render_config
 from simhost import SimHost
 
 TOOLKIT = "1.17.8-1"
@@ -392,3 +393,26 @@ def test_a_run_that_crashes_right_after_starting_counts_as_started(
         time.sleep(0.05)
     assert status(host, job).state is TrainState.FAILED
     assert start.check(host), "a started run that failed must not read as never started"
+
+
+@pytest.mark.parametrize(("epochs", "total"), [(2, 12), (1.5, 9)])
+def test_the_trainer_runs_the_epochs_the_job_asks_for(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path, epochs: float,
+        total: int) -> None:
+    """Issue 36 §6: the sim trainer ran `train_steps` whatever `epochs` said. As
+    transformers' Trainer: max_steps = ceil(num_train_epochs * steps per epoch), and the
+    logged `epoch` counts epochs."""
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=6,
+                              train_step_seconds=0.02)
+    job = make_job(sim, host, tmp_path, save_steps=100)
+    job = replace(job, config=replace(job.config, epochs=epochs))
+    assert f"num_epochs: {epochs:g}" in render_config(job)
+    run_playbook("train", steps(job), host, reports)
+    seen: list[Progress] = []
+    final = wait(host, job, seen.append, poll_s=0.05)
+    assert final.state is TrainState.SUCCEEDED
+    assert seen[-1].step == seen[-1].total == total
+    state = json.loads((Path(job.output_dir) / f"checkpoint-{total}" / "trainer_state.json")
+                       .read_text())
+    assert (state["global_step"], state["max_steps"], state["epoch"]) == (total, total, epochs)
+    assert state["num_train_epochs"] == epochs

@@ -21,6 +21,8 @@ from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
 from orchestrator.engine import hubaccess
 
 GOOD, OTHER, BAD = "hf_good_token", "hf_other_token", "hf_unknown_token"
+# The base model of examples/quickstart.yml (the engine rig's job file).
+QUICKSTART_MODEL = "Qwen/Qwen2.5-0.5B"
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +109,7 @@ def test_a_gated_base_model_without_access_fails_before_renting(
         rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     """The engine (the same path as `orch submit`/`orch worker`): nothing is rented."""
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    repo = "meta-llama/Llama-3.2-1B"
+    repo = QUICKSTART_MODEL
     session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
     try:
         cloud = rig.cloud()
@@ -118,7 +120,7 @@ def test_a_gated_base_model_without_access_fails_before_renting(
     assert job.status == "failed"
     reason: Any = job.failure_reason
     assert reason.startswith("before renting: ") and "is gated" in reason
-    assert "HF_TOKEN" in reason and "huggingface.co/meta-llama/Llama-3.2-1B" in reason
+    assert "HF_TOKEN" in reason and f"huggingface.co/{repo}" in reason
     assert rig.store.instances_of(job_id) == [] and cloud.list() == []
     assert rig.states(job_id) == ["provisioning", "failed"]  # the claim's, then this
 
@@ -149,7 +151,7 @@ def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
     job.write_text((examples / "quickstart.yml").read_text())
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TOKEN", "ORCH_DB_URL")}
     env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
-    repo = "meta-llama/Llama-3.2-1B"
+    repo = QUICKSTART_MODEL
     session_hub.add_repo(repo, {"config.json": b"{}"}, gated=True)
     try:
         done = subprocess.run([str(Path(sys.executable).parent / "orch"), "submit", str(job)],
@@ -160,3 +162,156 @@ def test_orch_submit_of_a_gated_model_exits_before_renting_with_what_to_do(
     assert done.returncode != 0, out
     assert "before renting" in out and "is gated" in out and "HF_TOKEN" in out
     assert "renting sim" not in out
+
+
+# --- issue 36 §2: output.push_to_hub needs a token that may write ----------------------------
+
+READER, FINE_RO, FINE_RW = "hf_read_token", "hf_fine_read_token", "hf_fine_write_token"
+
+
+@pytest.fixture(scope="module")
+def writers() -> Iterator[HubEmulator]:
+    with HubEmulator(tokens=(GOOD, READER, FINE_RO, FINE_RW)) as emulator:
+        emulator.namespaces.update({GOOD: "alice,my-org", READER: "alice,my-org",
+                                    FINE_RO: "alice,my-org", FINE_RW: "alice,my-org"})
+        emulator.roles.update({READER: "read", FINE_RO: "fineGrained",
+                               FINE_RW: "fineGrained"})
+        emulator.scopes[FINE_RO] = [{"entity": {"_id": "1", "type": "org", "name": "my-org"},
+                                     "permissions": ["repo.content.read"]}]
+        emulator.scopes[FINE_RW] = [{"entity": {"_id": "1", "type": "org", "name": "my-org"},
+                                     "permissions": ["repo.content.read", "repo.write"]}]
+        yield emulator
+
+
+def real_client_writes(hub: HubEmulator, repo: str, token: str) -> bool:
+    """Whether the real huggingface_hub 1.17.0 client may create `repo` on this Hub, and
+    that its whoami reads the role where `hf auth login` reads it (`_login.py`)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(endpoint=hub.url, token=token)
+    assert api.whoami()["auth"]["accessToken"]["role"] == hub.roles.get(token, "write")
+    try:
+        api.create_repo(repo, private=True)
+    except HfHubHTTPError as exc:
+        assert exc.response.status_code == 403, exc
+        return False
+    finally:
+        hub.repos.pop(("model", repo), None)
+    return True
+
+
+@pytest.mark.parametrize(("token", "repo", "words"), [
+    (READER, "my-org/tuned", "is a read token"),
+    (FINE_RO, "my-org/tuned", "fine-grained token without repo.write on my-org"),
+    (GOOD, "someone-else/tuned", "(alice, my-org) has no write access to someone-else"),
+    (FINE_RW, "other-org/tuned", "without repo.write on other-org"),
+])
+def test_a_token_that_cannot_write_is_refused(writers: HubEmulator,
+                                              monkeypatch: pytest.MonkeyPatch, token: str,
+                                              repo: str, words: str) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    assert not real_client_writes(writers, repo, token)
+    access = hubaccess.check_write(repo, token)
+    assert access.problem is not None and access.unchecked is None
+    assert access.problem.startswith("output.push_to_hub: ") and words in access.problem
+    assert "huggingface.co/settings/tokens" in access.problem or "namespace of yours" in \
+        access.problem
+
+
+@pytest.mark.parametrize(("token", "repo"), [(GOOD, "my-org/tuned"), (GOOD, "alice/tuned"),
+                                             (FINE_RW, "my-org/tuned")])
+def test_a_token_that_can_write_passes(writers: HubEmulator, monkeypatch: pytest.MonkeyPatch,
+                                       token: str, repo: str) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    assert real_client_writes(writers, repo, token)
+    assert hubaccess.check_write(repo, token) == hubaccess.Access()
+
+
+def test_no_token_and_an_unknown_token_are_refused(writers: HubEmulator,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", writers.url)
+    missing = hubaccess.check_write("my-org/tuned", None).problem
+    assert missing is not None and "needs HF_TOKEN" in missing
+    unknown = hubaccess.check_write("my-org/tuned", BAD).problem
+    assert unknown is not None and "rejected HF_TOKEN" in unknown
+
+
+def test_a_read_token_pushing_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The engine: a job whose upload would be refused after training rents nothing."""
+    monkeypatch.setenv("HF_TOKEN", READER)
+    session_hub.roles[READER] = "read"
+    try:
+        cloud = rig.cloud()
+        path = rig.job_file()
+        path.write_text(path.read_text() + "output: {push_to_hub: my-org/tuned}\n")
+        job_id = rig.queue(path)
+        job = rig.run(cloud, job_id)
+    finally:
+        session_hub.roles.pop(READER, None)
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason.startswith("before renting: output.push_to_hub: HF_TOKEN") and \
+        "is a read token" in reason
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+
+
+# --- issue 36 §6: `sim` refuses a gated model without HF_TOKEN, as the Hub would -----------
+
+
+def gated_job(rig: Rig) -> Path:  # noqa: F811
+    """The rig's quickstart job on Meta's Llama-3.2-1B, gated on huggingface.co."""
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(f"base_model: {QUICKSTART_MODEL}",
+                                             "base_model: meta-llama/Llama-3.2-1B"))
+    return path
+
+
+def test_sim_refuses_a_gated_model_without_a_token_before_renting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Without HF_ENDPOINT a sim job's model is judged by the simulated cloud's Hub, which
+    gates what huggingface.co gates; the words are the real check's and huggingface_hub's."""
+    from providers.sim.hub import gated_repos
+
+    monkeypatch.delenv("HF_ENDPOINT")
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert "meta-llama/Llama-3.2-1B" in gated_repos()
+    cloud = rig.cloud()
+    job_id = rig.queue(gated_job(rig))
+    job = rig.run(cloud, job_id)
+    assert job.status == "failed"
+    reason: Any = job.failure_reason
+    assert reason == (
+        "before renting: meta-llama/Llama-3.2-1B is gated: accept its licence on "
+        "https://huggingface.co/meta-llama/Llama-3.2-1B, then set HF_TOKEN to a token of that "
+        "account (https://huggingface.co/settings/tokens): `hf` says: Access denied. Model "
+        "'meta-llama/Llama-3.2-1B' requires approval.")
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+    # With a token the same job runs (sim has no accounts: any token is one that accepted).
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
+    job = rig.run(cloud, rig.queue(gated_job(rig)))
+    assert job.status == "succeeded", job.failure_reason
+
+
+def test_the_real_hub_words_the_gate_as_the_sim_check_does(hubm: HubEmulator) -> None:
+    """The text the sim check quotes is what huggingface_hub 1.17.0 prints for a gated model
+    asked without a token (model_info, then auth_check)."""
+    from providers.sim.hub import refusal
+
+    assert refusal("org/gated", None, ("org/gated",)) == \
+        "Error: " + real_client_text(hubm, "org/gated", "main", None)
+    assert refusal("org/gated", GOOD, ("org/gated",)) is None
+
+
+def test_sim_hosts_refuse_a_gated_download_without_a_token(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Where the check before renting is not made (HF_ENDPOINT names another Hub, which
+    lets it through), the simulated host's `hf` still refuses it, as huggingface.co's files
+    are refused."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    cloud = rig.cloud()
+    job = rig.run(cloud, rig.queue(gated_job(rig)))
+    assert job.status == "failed"
+    assert "meta-llama/Llama-3.2-1B is gated" in (job.failure_reason or "")
+    assert "This repository requires approval" in (job.failure_reason or "")

@@ -346,3 +346,22 @@ def test_the_environment_shapes_the_simulated_cloud(tmp_path: Path,
     monkeypatch.setenv("ORCH_SIM_DOWNLOAD_BPS", "fast")
     with pytest.raises(ValueError, match="ORCH_SIM_DOWNLOAD_BPS='fast': give a number"):
         sim_from_env()
+
+
+@pytest.mark.parametrize("shell", ["/usr/sbin/nologin", "/bin/false", "/nonexistent/sh"])
+def test_an_account_without_a_login_shell_is_named_as_the_cause(shell: str) -> None:
+    """Issue 36 §6: as docs/team.md's nologin `orch` user, sim jobs failed with "no working
+    NVIDIA driver ... This account is currently not available": each host's sshd runs the
+    commands through the account's login shell. The cause is now said, before renting."""
+    import pwd
+
+    from simhost.host import login_shell_problem
+
+    entry = pwd.struct_passwd(("orch", "x", 999, 999, "", "/var/lib/orch", shell))
+    problem = login_shell_problem(entry)
+    assert problem is not None and f"as orch, and sshd runs each with that account's login " \
+        f"shell, {shell}, which runs nothing" in problem
+    assert "usermod --shell /bin/sh orch" in problem
+    assert login_shell_problem(pwd.struct_passwd(("orch", "x", 999, 999, "", "/", "/bin/sh"))) \
+        is None
+    assert login_shell_problem() is None  # this test's own account runs the sim hosts

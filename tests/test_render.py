@@ -89,9 +89,9 @@ def test_the_delivery_to_the_hub_is_rendered(tmp_path: Path, host: str) -> None:
         "-e HF_TOKEN", "")
     if host == "docker":
         assert deliver[:3] == ["docker", "run", "--rm"]
-        assert "/workspace/data/jobs/quickstart-llama32-1b/output/merged" in deliver
+        assert "/workspace/data/jobs/quickstart-qwen25-05b/output/merged" in deliver
     else:
-        assert "/workspace/orch/jobs/quickstart-llama32-1b/output/merged" in deliver
+        assert "/workspace/orch/jobs/quickstart-qwen25-05b/output/merged" in deliver
 
 
 @pytest.mark.parametrize("host", ["docker", "container"])
@@ -119,6 +119,22 @@ def test_lm_eval_tasks_are_rendered(tmp_path: Path, host: str) -> None:
         assert argv[argv.index("--network") + 1] == "host"
     else:  # natively in the rented image, its environment restored
         assert "docker" not in argv and "/workspace/axolotl-venv/bin" in " ".join(argv)
+
+
+@pytest.mark.parametrize(("example", "kind"), [("quickstart", "docker"),
+                                             ("qlora-8b", "container")])
+def test_the_default_host_is_the_kind_the_plan_chose(tmp_path: Path, example: str,
+                                                     kind: str) -> None:
+    """Issue 36 §6: a plan on a container rental rendered for Docker unless told."""
+    proc = orch(tmp_path, "render", f"examples/{example}.yml", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["host"] == kind
+    assert any(n.startswith(f"host: {kind}, the kind the placement is") for n in out["notes"])
+    explicit = json.loads(orch(tmp_path, "render", f"examples/{example}.yml", "--host", kind,
+                               "--json").stdout)
+    assert {k: v for k, v in explicit.items() if k != "notes"} == \
+        {k: v for k, v in out.items() if k != "notes"}
 
 
 def test_sweep_file_points_at_its_base_job(tmp_path: Path) -> None:

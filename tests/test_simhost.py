@@ -444,9 +444,45 @@ def test_merge_then_vllm_serves_completions_through_a_tunnel(
 
         assert complete("What is the capital of France?") == "Paris"
         assert complete("Who are you?") == "I do not know."
+    # The server is gone with its container: its listening socket and every process that held
+    # it. Not "the port refuses": once freed, another test's server may take the port.
+    inode = listening_inode(port)
+    assert inode is not None
+    holders = [(pid, process_starttime(pid)) for pid in socket_holders(inode)]
+    assert holders
     run(conn, ["docker", "rm", "-f", "job4-serve"], 30).check()
-    with socket.socket() as check:
-        assert check.connect_ex(("127.0.0.1", port)) != 0  # the server is gone with its container
+    deadline = time.monotonic() + 30
+    while any(alive(pid, start) for pid, start in holders) and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILL is sent; the kernel ends the processes when they next run
+    assert not [pid for pid, start in holders if alive(pid, start)]
+    assert inode not in listening_inodes()
+
+
+def listening_inodes() -> dict[int, int]:
+    """Socket inode -> local port of every TCP socket listening on this machine (IPv4)."""
+    found = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A":  # TCP_LISTEN
+            found[int(fields[9])] = int(fields[1].rsplit(":", 1)[1], 16)
+    return found
+
+
+def listening_inode(port: int) -> int | None:
+    """The inode of the socket listening on `port`: the identity of that one server."""
+    return next((inode for inode, p in listening_inodes().items() if p == port), None)
+
+
+def socket_holders(inode: int) -> list[int]:
+    """The processes that hold socket `inode` open."""
+    holders = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            if any(os.readlink(fd) == f"socket:[{inode}]" for fd in fd_dir.iterdir()):
+                holders.append(int(fd_dir.parent.name))
+        except OSError:  # ended, or not ours to read, while we looked
+            continue
+    return holders
 
 
 # meta-llama/Llama-3.1-70B's config.json (orchestrator/core/data/models.yaml) and bf16 size.

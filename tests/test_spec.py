@@ -385,3 +385,66 @@ def test_lora_section_with_full_method_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL.replace("method: qlora", "method: full") + "lora: {r: 8}\n")
     assert problems(path) == [f"{path}:6 lora: only used by method qlora or lora; remove it "
                               "for a full fine-tune"]
+
+
+# --- issue 36 §6: every problem at once, GPU look-alikes, paths orch does not fetch ----------
+
+
+def test_file_problems_come_with_the_schema_problems(tmp_path: Path) -> None:
+    """A missing dataset was reported only once the schema's problems had been fixed."""
+    text = (MINIMAL.replace("train.jsonl", "missing.jsonl")
+            + "  format: alpaca\ntraining: {learning_rate: -1}\neval: {eval_set: gone.jsonl}\n")
+    path = write(tmp_path, text)
+    found = problems(path)
+    assert [p.split(": ")[0] for p in found] == [
+        f"{path}:5 dataset.path", f"{path}:7 training.learning_rate", f"{path}:8 eval.eval_set"]
+    assert "file not found" in found[0] and "file not found" in found[2]
+    # Rows are checked too, in the format the file names.
+    (tmp_path / "rows.jsonl").write_text('{"prompt": "x"}\n')
+    rows = write(tmp_path, MINIMAL.replace("train.jsonl", "rows.jsonl")
+                 + "  format: alpaca\nmethod2: x\n")
+    found = problems(rows)
+    assert any("rows.jsonl:1: an alpaca row needs" in p for p in found), found
+    assert any("method2: unknown key" in p for p in found), found
+
+
+@pytest.mark.parametrize(("given", "meant"), [
+    ("H100s", "H100"), ("Nvidia H100", "H100"), ("h100-sxm6", "H100 SXM"),
+    ("A100-80G", "A100 80GB"), ("L40SS", "L40S"), ("RTX4090ti", "RTX 4090"), ("B200x", "B200")])
+def test_an_unknown_gpu_gets_the_nearest_known_name(tmp_path: Path, given: str,
+                                                    meant: str) -> None:
+    path = write(tmp_path, MINIMAL + f"resources:\n  gpus: [{given!r}]\n")
+    (msg,) = problems(path)
+    assert f"unknown GPU {given!r}; did you mean {meant!r}?" in msg, msg
+    # Also when the schema refuses something else in the file.
+    found = problems(write(tmp_path, MINIMAL + f"resources:\n  gpus: [{given!r}]\n"
+                                               "  spot: maybe\n"))
+    assert len(found) == 2 and any(f"did you mean {meant!r}?" in p for p in found), found
+
+
+def test_an_unknown_model_number_gets_no_look_alike(tmp_path: Path) -> None:
+    (msg,) = problems(write(tmp_path, MINIMAL + "resources:\n  gpus: [V100]\n"))
+    assert "unknown GPU 'V100'; known:" in msg, msg
+
+
+@pytest.mark.parametrize("where", ["dataset", "eval"])
+@pytest.mark.parametrize("url", ["s3://bucket/train.jsonl", "gs://b/t.jsonl",
+                                 "https://example.com/t.jsonl"])
+def test_a_url_is_said_to_be_one(tmp_path: Path, where: str, url: str) -> None:
+    text = (MINIMAL.replace("path: train.jsonl", f"path: {url}") if where == "dataset"
+            else MINIMAL + f"eval: {{eval_set: {url!r}}}\n")
+    (msg,) = problems(write(tmp_path, text))
+    scheme = url.split(":")[0]
+    assert f"{url!r} is a URL ({scheme}://); orch reads a local JSONL file only" in msg, msg
+    assert "file not found" not in msg and "s3:/b" not in msg
+
+
+def test_a_hub_id_as_the_path_says_how_to_download_it(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL.replace("path: train.jsonl", "path: tatsu-lab/alpaca"))
+    (msg,) = problems(path)
+    assert msg.startswith(f"{path}:5 dataset.path: file not found: "), msg
+    assert ("if 'tatsu-lab/alpaca' is a Hugging Face dataset id, download it first with "
+            "`hf download --repo-type dataset tatsu-lab/alpaca --local-dir data/alpaca`") in msg
+    # A missing file with a data file's name is just missing.
+    (msg,) = problems(write(tmp_path, MINIMAL.replace("train.jsonl", "data/x.jsonl")))
+    assert "Hugging Face" not in msg

@@ -137,13 +137,13 @@ def test_sim_sweep_example_runs_as_the_readme_shows(tmp_path: Path) -> None:
     proc = subprocess.run(["/bin/sh", "-c", line], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert ": 4 runs: 4 done (budget $1.00, spent $0.00" in proc.stdout
+    assert ": 4 runs: 4 succeeded (budget $1.00, spent $0.00" in proc.stdout
     assert "best (max eval.exact_match): " in proc.stdout
 
 
 def test_sweep_cancel_stops_real_workers_at_once(tmp_path: Path, folder: Path) -> None:
     """Two `orch worker`s on the sim sweep; `orch sweep cancel` while they run: no run starts
-    after the cancel, and every run ends cancelled or (finished before it) done."""
+    after the cancel, and every run ends cancelled or (finished before it) succeeded."""
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
            "ORCH_DB_URL": f"sqlite:///{tmp_path / 'orch.db'}"}
     assert orch(env, "sweep", str(folder / "sweep-sim.yml")).returncode == 0

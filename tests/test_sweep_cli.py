@@ -187,12 +187,12 @@ def test_retry_failed_requeues_only_failed_runs(env: dict[str, str], folder: Pat
     finish(store, jobs[2].id, "succeeded", cost_micros=1000)
 
     plain = json.loads(orch(env, "sweep", str(path), "--json").stdout)
-    assert [r["state"] for r in plain["runs"]] == ["failed", "cancelled", "done", "queued"]
+    assert [r["state"] for r in plain["runs"]] == ["failed", "cancelled", "succeeded", "queued"]
     assert store.get_job(jobs[0].id).status == "failed"
 
     retried = orch(env, "sweep", str(path), "--retry-failed")
     assert "1 requeued" in retried.stdout and "1 cancelled" in retried.stdout
-    assert "1 done" in retried.stdout and "1 queued" in retried.stdout
+    assert "1 succeeded" in retried.stdout and "1 queued" in retried.stdout
     job = store.get_job(jobs[0].id)
     assert (job.status, job.attempt, job.failure_reason, job.finished_at) == (
         "queued", 1, None, None)
@@ -373,9 +373,9 @@ def test_sweep_show_picks_the_best_run_by_the_objective(env: dict[str, str], fol
     assert shown["best"]["job_id"] == jobs[1].id
     assert shown["best"]["params"] == {"training.learning_rate": 1.0e-4, "lora.r": 16}
     assert [r["metric"] for r in shown["runs"]] == [0.9, 0.4, 0.6, 0.1]
-    assert [r["state"] for r in shown["runs"]] == ["done", "done", "done", "failed"]
+    assert [r["state"] for r in shown["runs"]] == ["succeeded", "succeeded", "succeeded", "failed"]
     assert [r["cost"] for r in shown["runs"]][:3] == ["1.000000", "2.000000", "3.000000"]
-    assert shown["spent"] == "6.000000" and shown["counts"]["done"] == 3
+    assert shown["spent"] == "6.000000" and shown["counts"]["succeeded"] == 3
 
     text = orch(env, "sweep", "show", "qs").stdout
     assert f"best (min eval_loss): {jobs[1].id} qs-001 eval_loss=0.4" in text
@@ -409,7 +409,7 @@ def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
     finish(store, jobs[0].id)
     monkeypatch.setattr(sweepstore, "_jobs_by_key", lambda _store, _keys: {})
     report = submit_sweep(store, load_sweep(path))
-    assert [r.state for r in report.runs] == ["done", "queued", "queued", "queued"]
+    assert [r.state for r in report.runs] == ["succeeded", "queued", "queued", "queued"]
     assert [r.job_id for r in report.runs] == [j.id for j in jobs]
     assert len(jobs_of(store)) == 4
 
@@ -442,7 +442,7 @@ def test_sqlite_status_is_the_store_status(env: dict[str, str], folder: Path,
     by_store, by_sqlite = _both(store, env, "qs")
     assert by_sqlite == by_store
     assert json.dumps(by_sqlite, default=str) == json.dumps(by_store, default=str)
-    assert [r["state"] for r in by_sqlite["runs"]] == ["running", "done", "failed", "queued"]
+    assert [r["state"] for r in by_sqlite["runs"]] == ["running", "succeeded", "failed", "queued"]
     assert by_sqlite["runs"][3]["waiting"] == "budget"
     assert by_sqlite["best"]["job_id"] == jobs[1].id and by_sqlite["best"]["metric"] == 0.4
 
@@ -506,3 +506,29 @@ def test_sweep_show_and_sweeps_do_not_import_sqlalchemy(env: dict[str, str], fol
                           timeout=60, check=True, env=env)
     assert done.stderr.strip().splitlines()[-1] == "False False"
     assert "qs-000" in done.stdout
+
+
+@pytest.mark.parametrize("verb", ["show", "cancel"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("name", [[], ["qs"]])
+def test_a_sweep_verb_prints_its_own_help(tmp_path: Path, verb: str, flag: str,
+                                          name: list[str]) -> None:
+    """Issue 36 §6: `orch sweep cancel --help` printed `orch sweep FILE`'s help."""
+    import os
+
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    out = orch(env, "sweep", verb, *name, flag).stdout
+    assert out.startswith(f"Usage: orch sweep {verb} [OPTIONS] NAME\n"), out
+    assert "--retry-failed" not in out and "--json" in out
+    assert not (tmp_path / "xdg").exists()  # help opens no database
+
+
+def test_sweep_states_are_the_jobs_words() -> None:
+    """Issue 36 §6: `orch sweep show` said `done` where `orch jobs` says `succeeded`. A run's
+    state is a job status, or `running` (what `orch jobs --status running` means), or what
+    `orch sweep` did with it (`new`, `requeued`, `nofit`)."""
+    from orchestrator.core.jobstatus import JOB_STATUSES
+    from orchestrator.records.sweep.store import STATES
+
+    assert "done" not in STATES
+    assert set(STATES) - set(JOB_STATUSES) == {"new", "requeued", "running", "nofit"}

@@ -209,3 +209,79 @@ def test_password_is_never_shown(tmp_path: Path) -> None:
 
     assert describe_db("postgresql+psycopg://orch:s3cret@db:5432/orch") == \
         "postgresql+psycopg://orch:***@db:5432/orch"
+
+
+# --- issue 36 §6: the set-up commands run as pasted on a root machine ------------------------
+
+
+def setup_blocks() -> dict[str, list[str]]:
+    """The command lines of the sh blocks of sections 1 (the database) and 2 (each machine)
+    and the checks after the env file, by section."""
+    text = TEAM.read_text()
+    found = {}
+    for key, start, end in (("database", "## 1. The database", "## 2."),
+                            ("machine", "## 2. Each machine", "`/etc/orch/env` holds"),
+                            ("check", "Check the set-up as the services", "An empty")):
+        part = text[text.index(start):text.index(end, text.index(start))]
+        (block,) = re.findall(r"^```sh\n(.*?)^```", part, flags=re.S | re.M)
+        found[key] = [ln for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+    return found
+
+
+def test_setup_commands_need_no_sudo_and_start_what_they_use() -> None:
+    blocks = setup_blocks()
+    for key, lines in blocks.items():
+        syntax = subprocess.run(["sh", "-n"], input="\n".join(lines), text=True,
+                                capture_output=True)
+        assert syntax.returncode == 0, (key, syntax.stderr)
+        assert not [ln for ln in lines if re.search(r"(^|[;&|]\s*)sudo\b", ln)], key
+    database = blocks["database"]
+    started = next(i for i, ln in enumerate(database) if ln.startswith("service postgresql start"))
+    assert started < next(i for i, ln in enumerate(database) if "createuser" in ln)
+    machine = " ".join(blocks["machine"])
+    assert machine.index("ORCH_REPO=") < machine.index('"$ORCH_REPO"')
+    assert "/usr/bin/python3 -m venv /opt/orch/.venv" in machine
+    assert "'/opt/orch[postgres,report]'" in machine
+    # The check runs as the account, with its own HOME (a login shell), not root's.
+    assert all(ln.startswith("runuser -l orch -c '") for ln in blocks["check"])
+
+
+def test_the_service_account_can_run_sim_jobs() -> None:
+    """The doc's `orch` account has a login shell the simulated hosts' sshd can run commands
+    with (a nologin one made every `sim` job fail: the product now says so)."""
+    import pwd
+
+    from simhost.host import login_shell_problem
+
+    (useradd,) = [ln for ln in setup_blocks()["machine"] if ln.startswith("useradd ")]
+    argv = shlex.split(useradd)
+    shell, home = argv[argv.index("--shell") + 1], argv[argv.index("--home-dir") + 1]
+    assert argv[-1] == "orch" and "--system" in argv
+    entry = pwd.struct_passwd(("orch", "x", 999, 999, "", home, shell))
+    assert login_shell_problem(entry) is None, login_shell_problem(entry)
+
+
+def test_clone_and_venv_as_pasted_give_the_account_a_venv_it_can_run(tmp_path: Path) -> None:
+    """`ORCH_REPO` defaults to the checkout the commands are run in; the venv is made from
+    the system Python, whose files every account may read (one made from a pyenv or uv
+    Python under /root does not start for the `orch` account)."""
+    lines = setup_blocks()["machine"]
+    steps = [ln for ln in lines if ln.startswith(("ORCH_REPO=", "git clone"))]
+    venv = next(ln for ln in lines if "-m venv" in ln).split(" && ")[0]
+    script = "\n".join([*steps, venv]).replace("/opt/orch", str(tmp_path / "opt-orch"))
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    done = subprocess.run(["sh", "-ec", script], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "opt-orch" / "pyproject.toml").is_file()
+    python = (tmp_path / "opt-orch" / ".venv" / "bin" / "python").resolve()
+    assert not str(python).startswith("/root/")
+    assert python.stat().st_mode & 0o005 == 0o005, f"{python}: others may not run it"
+    for folder in python.parents:
+        assert folder.stat().st_mode & 0o001, f"{folder}: others may not enter it"
+    # The extras the doc installs exist.
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert {"postgres", "report"} <= set(extras)

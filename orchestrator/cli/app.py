@@ -274,10 +274,11 @@ def main() -> None:
     except Exception as exc:  # a defect: one line for the user, the traceback on request
         import os
 
-        # A locked or full database is no defect: its own line. (The store's module is
+        # A locked, full or read-only database is no defect: its own line. (The store's module is
         # loaded whenever one was raised; looked up here to keep `orch --help` light.)
         tables = sys.modules.get("orchestrator.records.store.tables")
-        if tables is not None and isinstance(exc, tables.DatabaseBusy | tables.DatabaseFull):
+        if tables is not None and isinstance(
+                exc, tables.DatabaseBusy | tables.DatabaseFull | tables.DatabaseReadOnly):
             typer.echo(f"error: {exc}", err=True)
             sys.exit(1)
 

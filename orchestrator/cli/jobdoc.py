@@ -242,8 +242,12 @@ def _models_part() -> list[str]:
         "unknown revision or a rejected token fail the job at once, with `hf`'s own words",
         "and what to do (orchestrator/engine/hubaccess.py). A Hub that does not answer is",
         "no verdict: the job goes on and the host's download decides. Jobs that may run only",
-        "on the simulated cloud ask no Hub unless `HF_ENDPOINT` is set (their hosts download",
-        "from a stand-in).",
+        "on the simulated cloud ask no real Hub unless `HF_ENDPOINT` is set (their hosts",
+        "download from a stand-in): the simulated cloud's Hub gates what huggingface.co gates",
+        "(Meta's Llama and Mistral's 7B v0.3 repos: `providers/sim/hub.yaml`), so such a",
+        "model needs `HF_TOKEN` there too (any token: `sim` has no accounts). With",
+        "`output.push_to_hub`, the token must also be allowed to write there (a Write token,",
+        "or a fine-grained one with `repo.write` on the namespace): checked before renting.",
         "",
     ]
 

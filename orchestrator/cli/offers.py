@@ -228,6 +228,7 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
 
     from orchestrator.cli.common import open_db
     from orchestrator.core.money import from_micros, usd
+    from orchestrator.core.utc import iso_z
     from orchestrator.records import prices
     from orchestrator.records.history import HistoryError, parse_when
 
@@ -243,7 +244,7 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
         print(json.dumps([{"provider": r.provider, "gpu": r.gpu, "gpu_count": r.gpu_count,
                            "interruptible": r.interruptible, "observations": r.observations,
                            "latest": str(from_micros(r.latest)),
-                           "latest_at": r.latest_at.isoformat(),
+                           "latest_at": iso_z(r.latest_at),
                            "min": str(from_micros(r.least)),
                            "median": str(from_micros(r.median)),
                            "max": str(from_micros(r.most))} for r in rows], indent=2))

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from orchestrator.core.planning import Plan
     from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
@@ -243,8 +245,15 @@ def live_market(job: LoadedJob) -> Market | None:
     return search(providers, reqs)
 
 
-def offers_line(market: Market | None) -> str:
-    """Which offers the plan ranked: live (from whom) or the price catalogs (and why)."""
+def offers_line(market: Market | None, named: Sequence[str] | None = None) -> str:
+    """Which offers the plan ranked: live (from whom) or the price catalogs (and why).
+    `named`: the job's `resources.providers` (None: any)."""
+    from orchestrator.core.planning import CONTAINER_RENTALS
+
+    if named is not None and not set(named) & CONTAINER_RENTALS:
+        # No cloud market is in the job's choice: an API key would change nothing.
+        return (f"Offers: those of {', '.join(named)} (resources.providers names no cloud: "
+                "no API key is needed)")
     from providers.catalog import snapshot
 
     dates = ", ".join(f"{p} {d}" for p, d in sorted(snapshot.load().dates.items()))
@@ -281,5 +290,5 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
         render_plan(result, 10_000 if all_rows else 12)
         from orchestrator.cli.term import prose
 
-        print(prose(offers_line(market)))
+        print(prose(offers_line(market, job.spec.resources.providers)))
         print(prose(runs_on(result, who)))

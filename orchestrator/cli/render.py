@@ -18,13 +18,23 @@ import typer
 from orchestrator.cli.common import EXIT_INVALID, fail
 from orchestrator.cli.plan import load, plan_job, servers_for_plan
 
-HostOpt = Annotated[str, typer.Option(
+HostOpt = Annotated[str | None, typer.Option(
     "--host", help="docker: a full machine with Docker (monthly server); container: a "
-                   "container rental (Vast.ai, RunPod), where the job runs natively.")]
+                   "container rental (Vast.ai, RunPod), where the job runs natively. "
+                   "Default: the kind of host the plan chose.", show_default=False)]
 
 
-def render_job(file: Path, host: str) -> Any:
-    """The job file rendered for `host` (a playbooks.rendering.Rendered)."""
+def planned_kind(provider: str) -> str:
+    """The kind of host a plan's placement is: a container rental runs the job natively in
+    the trainer image; a monthly server or a `sim` host runs it in Docker."""
+    from orchestrator.core.planning import CONTAINER_RENTALS
+
+    return "container" if provider in CONTAINER_RENTALS else "docker"
+
+
+def render_job(file: Path, host: str | None) -> Any:
+    """The job file rendered for `host` (a playbooks.rendering.Rendered); None: the kind of
+    host the plan chose."""
     from orchestrator.core.planning import total_tokens
     from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
     from playbooks import images, rendering
@@ -33,12 +43,13 @@ def render_job(file: Path, host: str) -> Any:
     from playbooks.pipeline import DEFAULT_VLLM_IMAGE
     from playbooks.train import TrainJob
 
-    if host not in images.HOST_KINDS:
+    if host is not None and host not in images.HOST_KINDS:
         fail(f"--host must be docker or container (got {host!r})", EXIT_INVALID)
-    kind: images.HostKind = "docker" if host == "docker" else "container"
     _refuse_sweep(file)
     job = load(file)
     plan = plan_job(job, servers_for_plan())
+    chosen = planned_kind(plan.chosen.offer.provider)
+    kind: images.HostKind = "docker" if (host or chosen) == "docker" else "container"
     est = plan.estimate
     spec = job.spec
     inputs = Inputs(job, total_tokens(job), plan.chosen.est_hours, {})
@@ -66,6 +77,10 @@ def render_job(file: Path, host: str) -> Any:
                                                     plan.chosen.offer.gpu_memory_bytes))
     rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
                           f"x{est.gpu_count}, strategy {est.strategy.value}")
+    if host is None:
+        rendered.notes.append(f"host: {kind}, the kind the placement is (--host "
+                              f"{'docker' if kind == 'container' else 'container'} renders "
+                              "the other)")
     return rendered
 
 
@@ -99,7 +114,7 @@ def write_dir(rendered: Any, out: Path) -> list[Path]:
 
 def render_cmd(
     file: Annotated[Path, typer.Argument(help="The job file (job.yml).")],
-    host: HostOpt = "docker",
+    host: HostOpt = None,
     out: Annotated[Path | None, typer.Option(
         "-o", "--out", help="Also write the config files and render.json here.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

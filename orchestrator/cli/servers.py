@@ -168,13 +168,14 @@ def servers_trust(
 
 
 def _server_dict(s: Any) -> dict[str, Any]:
+    from orchestrator.core.utc import iso_z
     from orchestrator.records.store import from_micros
 
     return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
             "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
             "status": "failed" if s.check_error else s.status, "check_error": s.check_error,
             "host_key": s.host_key,
-            "checked_at": s.checked_at.isoformat().replace("+00:00", "Z")
+            "checked_at": iso_z(s.checked_at)
             if s.checked_at else None}
 
 

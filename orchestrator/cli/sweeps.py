@@ -21,7 +21,9 @@ A sweep file named `show` in the current directory must be given as `./show`.
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
+from typer.core import TyperCommand
 
 from orchestrator.cli.common import (
     EXIT_ERROR,
@@ -79,7 +81,7 @@ def _metric(value: float | None) -> str:
 def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from orchestrator.records.store import StoreError
+    from orchestrator.records.store import DatabaseReadOnly, StoreError
     from orchestrator.records.sweep.store import submit_sweep
 
     loaded = _load(file)
@@ -89,6 +91,8 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
         # can run; a worker would only fail them one by one.
         require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
+    except DatabaseReadOnly as exc:  # nothing was recorded: no run to retry
+        fail(f"{file}: {exc}")
     except (StoreError, SQLAlchemyError) as exc:
         fail(f"{file}: {exc}; runs recorded before the error stay recorded, run it again")
     finally:
@@ -267,8 +271,46 @@ def sweep_show(
     """A sweep's runs: parameters, state, metric, cost, and the best by its objective."""
     _show(name, json_out)
 
+def sweep_cancel(
+    name: Annotated[str, typer.Argument(help="The sweep's name.")],
+    json_out: JsonFlag = False,
+) -> None:
+    """Cancel a sweep's queued and running runs at once (a later `orch sweep FILE` does not
+    queue them again); running runs stop and their instances are torn down."""
+    _cancel(name, json_out)
+
+
+class _SweepCommand(TyperCommand):
+    """`orch sweep`, whose `show NAME` / `cancel NAME` verbs answer `-h` with their own help.
+
+    `--help` is eager: click would print `orch sweep FILE`'s help before the verb is seen, so
+    the verb's help is printed here, from its own command (`sweep_show` / `sweep_cancel`).
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Print `orch sweep VERB`'s help when asked for it, else parse as usual."""
+        names = ctx.help_option_names
+        if args and args[0] in VERBS and any(a in names for a in args[1:]):
+            verb = typer.main.get_command(_verb_app(args[0]))
+            with click.Context(verb, info_name=f"{ctx.info_name} {args[0]}", parent=ctx.parent,
+                               help_option_names=names) as sub:
+                typer.echo(verb.get_help(sub))
+            ctx.exit()
+        return super().parse_args(ctx, args)
+
+
+def _verb_app(verb: str) -> typer.Typer:
+    """A one-command app for a sweep verb, so typer builds its help as for any command."""
+    verb_app = typer.Typer(rich_markup_mode=None, add_completion=False)
+    verb_app.command()(VERBS[verb])
+    return verb_app
+
+
+VERBS = {"show": sweep_show, "cancel": sweep_cancel}
+
+
 def sweeps(json_out: JsonFlag = False) -> None:
-    """List sweeps: runs, done/running/queued/failed/cancelled, spent/budget, best run."""
+    """List sweeps: runs, succeeded/running/queued/failed/cancelled, spent/budget, best run."""
     from orchestrator.cli.tables import table
     from orchestrator.core.money import usd
 
@@ -286,16 +328,16 @@ def sweeps(json_out: JsonFlag = False) -> None:
         b = s["best"]
         best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
                                       f"{_metric(b['metric'])}")
-        out.append([s["sweep"], len(s["runs"]), c["done"], c["running"], c["queued"],
+        out.append([s["sweep"], len(s["runs"]), c["succeeded"], c["running"], c["queued"],
                     c["failed"], c["cancelled"], spent, best])
-    typer.echo(table(["name", "runs", "done", "running", "queued", "failed", "cancelled",
+    typer.echo(table(["name", "runs", "succeeded", "running", "queued", "failed", "cancelled",
                       "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6, 7],
                      drop=[3, 4, 2]))
 
 
 def register(app: typer.Typer) -> None:
     """Add the sweep commands to `app`."""
-    app.command("sweep")(sweep)
+    app.command("sweep", cls=_SweepCommand)(sweep)
     # Kept for scripts written against it; `orch sweep show NAME` is the documented spelling.
     app.command("sweep-show", hidden=True)(sweep_show)
     app.command("sweeps")(sweeps)

@@ -49,7 +49,9 @@ def iso_utc(value: datetime | None) -> str | None:
     """A time for scripts: UTC ISO-8601 with `Z` (`2026-12-03T07:17:44.123456Z`)."""
     if value is None:
         return None
-    return _aware(value).astimezone(UTC).isoformat().replace("+00:00", "Z")
+    from orchestrator.core.utc import iso_z
+
+    return iso_z(value)
 
 
 def is_tty(stream: TextIO | None = None) -> bool:

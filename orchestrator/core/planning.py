@@ -18,6 +18,7 @@ from orchestrator.core.scheduler import Constraints, Extras, Placement, Ranking
 from orchestrator.core.sizing import MemoryEstimate, Workload
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.throughput import Measured, MeasuredKey
+from orchestrator.core.utc import iso_z
 from playbooks import images
 from providers import catalog
 from providers.base import Billing, Offer, Requirements
@@ -103,7 +104,7 @@ class Plan:
         m = next(m for m in self.warm_machines if m.warm_id == wid)
         fresh = self.warm.fresh
         return {"warm_id": wid, "instance_id": m.instance_id, "provider": m.offer.provider,
-                "parked_by": m.parked_by, "expires_at": m.expires_at.isoformat(),
+                "parked_by": m.parked_by, "expires_at": iso_z(m.expires_at),
                 "model_cached": self.warm.warm.duration.model_pull == 0,
                 "est_cost": str(self.warm.warm.est_cost),
                 "fresh_est_cost": None if fresh is None else str(fresh.est_cost),
@@ -280,7 +281,10 @@ def make_plan(
     evaluation = None
     if work is not None:
         evaluation = evalsizing.place(work, chosen.offer, gpus.get(chosen.offer.gpu))
-    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=cat.unpriced,
+    # A tier without a published price is worth naming only to a job that may run there.
+    unpriced = tuple(u for u in cat.unpriced
+                     if named is None or u.provider in named or "dedicated" in named)
+    return Plan(job=job, workload=w, ranking=ranking, chosen=chosen, unpriced=unpriced,
                 without_savers=tuple(without), evaluation=evaluation,
                 warm=warmfit.saving(ranking.placements), warm_machines=tuple(warm))
 

@@ -29,11 +29,17 @@ from orchestrator.core.architectures import (
     from_fields,
     lookup,
 )
-from orchestrator.core.datafiles import DatasetError, DatasetSize, check_eval_set, count_tokens
+from orchestrator.core.datafiles import DatasetSize
 from orchestrator.core.durations import WarmWindow
 from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
 from orchestrator.core.specerrors import Problems, closest, translate
+from orchestrator.core.specfiles import (
+    check_dataset,
+    check_eval,
+    hub_dataset_problem,
+    raw_file_problems,
+)
 from orchestrator.core.specnames import check_names, with_name_problems
 from orchestrator.core.strictmodel import Strict
 from playbooks import images
@@ -498,10 +504,12 @@ def load_job(path: str | Path) -> LoadedJob:
     try:
         spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
-        # With the schema's errors, the name checks that need no valid spec, so that a file
-        # with problems in several places hears of all of them at once (README).
+        # With the schema's errors, the name and file checks that need no valid spec, so
+        # that a file with problems in several places hears of all of them at once (README).
+        files = Problems(name, pos)
+        raw_file_problems(raw, path.parent, files)
         raise SpecError(with_name_problems(translate(exc, JobSpec, name, pos), raw, name,
-                                            pos)) from None
+                                            pos, files.items)) from None
     return resolve(spec, path, pos)
 
 
@@ -520,12 +528,7 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
                   f"{spec.training.epochs:g} epochs is more than {MAX_TOKENS:,} tokens; "
                   "train fewer epochs or tokens")
     if spec.eval.eval_set is not None:
-        eval_file = path.parent / spec.eval.eval_set
-        if not eval_file.exists():
-            found.add(("eval", "eval_set"), f"file not found: {eval_file}; give a JSONL file "
-                      "of {prompt, expected} rows (relative to the job file)")
-        else:
-            found.extend(("eval", "eval_set"), check_eval_set(eval_file))
+        check_eval(spec.eval.eval_set, path.parent, found)
     check_names(spec.trainer.extra, list(spec.resources.gpus or []),
                 list(spec.resources.providers or []), found)
     if found.items or arch is None or dataset is None:
@@ -563,22 +566,7 @@ def _dataset(spec: JobSpec, base: Path, found: Problems) -> DatasetSize | None:
     if spec.dataset.path.local is None:
         # Refused before renting: the host pipeline uploads a local JSONL file only, and
         # a dataset repo's files, gate and format cannot be checked from here.
-        hf = spec.dataset.path.hf or ""
-        bad = repo_id_problem(hf)
-        found.add(("dataset", "path", "hf"), (f"{bad}; " if bad else "") + "Hugging Face "
-                  "datasets are not downloaded by orch: download it with `hf download "
-                  f"--repo-type dataset {'ORG/NAME' if bad else hf} "
-                  f"--local-dir data/{'NAME' if bad else hf.rsplit('/', 1)[-1]}`, then give "
-                  "the JSONL file's path in dataset.path (relative to the job file)")
+        found.add(("dataset", "path", "hf"), hub_dataset_problem(spec.dataset.path.hf or ""))
         return None
-    data_file = base / spec.dataset.path.local
-    if data_file.is_dir() or not data_file.exists():
-        what = "is a directory, not a file" if data_file.is_dir() else "file not found"
-        found.add(("dataset", "path"), f"{what}: {data_file}; give the JSONL file's path "
-                  "(relative to the job file)")
-        return None
-    try:
-        return count_tokens(data_file, spec.dataset.format, spec.dataset.tokens)
-    except DatasetError as exc:
-        found.extend(("dataset", "path"), exc.problems)
-    return None
+    return check_dataset(spec.dataset.path.local, spec.dataset.format, spec.dataset.tokens,
+                         base, found)

@@ -74,6 +74,7 @@ SHAPES: dict[tuple[str | int, ...], str] = {
     ("lora", "target"): "all-linear or a list of module names such as [q_proj, v_proj]",
     ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
     ("resources", "providers"): "any or a list of provider names",
+    ("resources", "keep_warm"): "a duration: seconds, or text such as 90s, 15m or 1h",
 }
 
 

@@ -17,12 +17,20 @@ private, ...", "Revision not found in model 'x'.") and then into what to do, by 
 the same before and after renting. The Hub is `HF_ENDPOINT` when set (as for `hf`), else
 https://huggingface.co. A Hub that cannot be reached is not a verdict on the job: the
 check says so and the host's download decides.
+
+`output.push_to_hub` needs more than read access: `check_write` asks `GET
+{endpoint}/api/whoami-v2` (`HfApi.whoami`) for the token's account and role, as `hf auth
+login` reads it (huggingface_hub 1.17.0 `_login.py`: `auth.accessToken.role`). A `read`
+token cannot create or upload; a `fineGrained` one can where its `fineGrained.scoped` entry
+for the namespace (or the repo) has `repo.write`; a write token only in its account's own
+namespace or an organisation the account belongs to (`name`, `orgs`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -65,6 +73,14 @@ def hf_cli_text(response: httpx.Response, repo: str) -> str | None:
     return None
 
 
+def refused(text: str, repo: str, revision: str, token: str | None,
+            field: str = "base_model") -> str | None:
+    """What to do about a refusal `hf` words as `text` (`Error: ...`), with its words; None
+    when it is no refusal a user can fix."""
+    why = classify_download_error(text, 1, repo, revision, has_token=bool(token), field=field)
+    return None if why is None else f"{why}: `hf` says: {text.removeprefix('Error: ')}"
+
+
 def check_model(repo: str, revision: str, token: str | None, *, field: str = "base_model",
                 client: httpx.Client | None = None) -> Access:
     """Whether `token` can download `repo` at `revision` (see the module docstring)."""
@@ -83,12 +99,87 @@ def check_model(repo: str, revision: str, token: str | None, *, field: str = "ba
             if response.is_success:
                 continue
             text = hf_cli_text(response, repo)
-            refused = None if text is None else classify_download_error(
-                text, 1, repo, revision, has_token=bool(token), field=field)
-            if text is None or refused is None:
+            problem = None if text is None else refused(text, repo, revision, token, field)
+            if problem is None:
                 return Access(unchecked=f"the Hub answered {response.status_code} for {url}")
-            return Access(problem=f"{refused}: `hf` says: {text.removeprefix('Error: ')}")
+            return Access(problem=problem)
     finally:
         if own:
             http.close()
     return Access()
+
+
+# Roles of classic tokens that may create repos and upload (huggingface.js AccessTokenRole:
+# admin | write | contributor | read).
+WRITE_ROLES = ("write", "admin", "contributor")
+TOKENS_PAGE = "https://huggingface.co/settings/tokens"
+
+
+def _fine_grained_write(access: dict[str, Any], namespace: str, repo: str) -> bool:
+    """Whether a fine-grained token's scopes grant `repo.write` on `namespace` or `repo`."""
+    granted = access.get("fineGrained") or {}
+    scoped = granted.get("scoped") if isinstance(granted, dict) else None
+    for scope in scoped if isinstance(scoped, list) else []:
+        entity = scope.get("entity") if isinstance(scope, dict) else None
+        permissions = scope.get("permissions") if isinstance(scope, dict) else None
+        if (isinstance(entity, dict) and entity.get("name") in (namespace, repo)
+                and isinstance(permissions, list) and "repo.write" in permissions):
+            return True
+    return False
+
+
+def write_problem(me: dict[str, Any], repo: str) -> str | None:
+    """What stops the token `me` (a whoami-v2 answer) from pushing to `repo`, or None;
+    raises ValueError when the answer has no role to judge by."""
+    namespace = repo.split("/")[0] if "/" in repo else str(me.get("name"))
+    access = (me.get("auth") or {}).get("accessToken") or {}
+    role = access.get("role")
+    name = f" ({access['displayName']})" if access.get("displayName") else ""
+    fix = (f"set HF_TOKEN to a token that may write there ({TOKENS_PAGE}: a Write token, or a "
+           f"fine-grained one with \"Write access to contents/settings of all repos\" on "
+           f"{namespace})")
+    if role == "read":
+        return (f"output.push_to_hub: HF_TOKEN{name} is a read token: the Hub refuses it any "
+                f"write, so {repo} could not be created or uploaded to; {fix}")
+    if role == "fineGrained":
+        if not _fine_grained_write(access, namespace, repo):
+            return (f"output.push_to_hub: HF_TOKEN{name} is a fine-grained token without "
+                    f"repo.write on {namespace}: the Hub would refuse to write {repo}; {fix}")
+        return None
+    if role not in WRITE_ROLES:
+        raise ValueError(f"a token role orch does not know: {role!r}")
+    orgs = [o.get("name") for o in me.get("orgs") or [] if isinstance(o, dict)]
+    if namespace not in (me.get("name"), *orgs):
+        mine = ", ".join(str(n) for n in (me.get("name"), *orgs) if n)
+        return (f"output.push_to_hub: HF_TOKEN's account ({mine}) has no write access to "
+                f"{namespace}: the Hub would refuse to write {repo}; push to a namespace of "
+                f"yours (e.g. {me.get('name')}/{repo.split('/')[-1]}) or {fix}")
+    return None
+
+
+def check_write(repo: str, token: str | None, *, client: httpx.Client | None = None) -> Access:
+    """Whether `token` may create `repo` and upload to it (see the module docstring)."""
+    if not token:
+        return Access(problem=f"output.push_to_hub: uploading to {repo} needs HF_TOKEN, a "
+                              f"token with write access ({TOKENS_PAGE}); none is set here")
+    url = f"{endpoint()}/api/whoami-v2"
+    own = client is None
+    http = client or httpx.Client(timeout=TIMEOUT_S)
+    try:
+        response = http.get(url, headers={"Authorization": f"Bearer {token}"})
+        if response.status_code == 401:
+            return Access(problem=f"output.push_to_hub: the Hub rejected HF_TOKEN "
+                                  f"({response.headers.get('X-Error-Message') or 401}); set "
+                                  f"a valid token with write access ({TOKENS_PAGE})")
+        if not response.is_success:
+            return Access(unchecked=f"the Hub answered {response.status_code} for {url}")
+        problem = write_problem(response.json(), repo)
+    except httpx.HTTPError as exc:
+        return Access(unchecked=f"the Hub ({endpoint()}) did not answer: "
+                                f"{type(exc).__name__}: {exc}")
+    except (ValueError, AttributeError, TypeError) as exc:  # an answer of another shape
+        return Access(unchecked=f"the Hub's answer to {url} could not be read ({exc})")
+    finally:
+        if own:
+            http.close()
+    return Access(problem=problem)

@@ -44,6 +44,7 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
+    HubStandIn,
     KeepsMachine,
     NotFound,
     Offer,
@@ -281,8 +282,9 @@ class Placement:
         """What can fail the job on any host fails it here, before anything is billed.
 
         The base model's access on the Hub with the worker's `HF_TOKEN` (gated, private,
-        missing, wrong revision: `hubaccess`). Only while the job holds no instance and no
-        phase is durable: a takeover's host has (or is fetching) the model already.
+        missing, wrong revision: `hubaccess`), and write access to `output.push_to_hub`.
+        Only while the job holds no instance and no phase is durable: a takeover's host has
+        (or is fetching) the model already.
         """
         from orchestrator.engine import hubaccess
 
@@ -290,19 +292,35 @@ class Placement:
         if self.ledger.job().phase_done or any(r.terminated_at is None for r in rows):
             return
         usable = [self.state.providers[name] for name in self.usable()]
+        spec = self.inputs.loaded.spec
+        token = os.environ.get("HF_TOKEN") or None
         if not os.environ.get("HF_ENDPOINT") and usable and all(
                 isinstance(p, Simulated) for p in usable):
             # The simulated cloud's hosts download from their `hf` stand-in, not from
-            # huggingface.co: asking the real Hub would judge a download that never happens.
+            # huggingface.co: its Hub is asked instead, which gates what huggingface.co does.
+            base = spec.base_model
+            for text in (p.hub_refusal(base.repo, token) for p in usable
+                         if isinstance(p, HubStandIn)):
+                problem = None if text is None else hubaccess.refused(text, base.repo,
+                                                                      base.revision, token)
+                if problem is not None:
+                    raise JobFailed(f"before renting: {problem}")
             return
-        base = self.inputs.loaded.spec.base_model
-        access = hubaccess.check_model(base.repo, base.revision,
-                                       os.environ.get("HF_TOKEN") or None)
+        access = hubaccess.check_model(spec.base_model.repo, spec.base_model.revision, token)
         if access.problem is not None:
             raise JobFailed(f"before renting: {access.problem}")
         if access.unchecked is not None:
             self.ledger.event("hub.unchecked", f"base model access not checked before renting: "
                               f"{access.unchecked}; the host's download will tell")
+        if spec.output.push_to_hub is not None:
+            # The upload comes last, after every paid hour: a token that cannot write is
+            # found here (issue 36 §2).
+            access = hubaccess.check_write(spec.output.push_to_hub, token)
+            if access.problem is not None:
+                raise JobFailed(f"before renting: {access.problem}")
+            if access.unchecked is not None:
+                self.ledger.event("hub.unchecked", f"write access to {spec.output.push_to_hub} "
+                                  f"not checked before renting: {access.unchecked}")
 
     def place(self, tried: set[tuple[str, str]]) -> Placed:
         """Rent the cheapest fitting placement not `tried`; search again (a bounded number

@@ -38,6 +38,7 @@ from typing import Any
 
 from orchestrator.core import money
 from orchestrator.core.paths import data_dir, private_dir
+from orchestrator.core.utc import iso_z
 from orchestrator.engine import recovery
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
@@ -188,7 +189,7 @@ class JobRunner:
                                   "amortised_micros": to_micros(amortised)}
         try:
             if kind == "deferred":
-                ledger.set("queued", reason, {"not_before": self._not_before.isoformat()},
+                ledger.set("queued", reason, {"not_before": iso_z(self._not_before)},
                            lease_owner=None, lease_expires_at=None, not_before=self._not_before,
                            **fields)
                 return

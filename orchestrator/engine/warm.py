@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.core import money, scheduler, warmfit
+from orchestrator.core.utc import iso_z
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     CANCELLED,
@@ -140,7 +141,7 @@ class Warm:
                           f"({money.usd(price)}/h while idle, billed to no job; `orch warm` "
                           "lists it, `orch warm release` ends it)",
                           {"instance": warm.provider_instance_id, "warm_id": warm.id,
-                           "expires_at": warm.expires_at.isoformat()})
+                           "expires_at": iso_z(warm.expires_at)})
 
     def unpark(self) -> None:
         """The job was cancelled after this run parked its machine (before it could

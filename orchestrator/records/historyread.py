@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from orchestrator.core.utc import iso_z
 from orchestrator.records.readonly import sqlite_path
 
 _SPAN = re.compile(r"(\d+)\s*([mhdw])")
@@ -39,7 +40,7 @@ class QueryError(HistoryError):
 
 def to_text(when: datetime) -> str:
     """The stored form of an aware time: `YYYY-MM-DDTHH:MM:SS.ffffffZ` in UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return iso_z(when)
 
 
 def parse_when(value: str, flag: str, now: datetime) -> datetime:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from providers import catalog
 from providers.base import (
+    AuthError,
     Billing,
     CapacityError,
     Instance,
@@ -60,6 +61,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.sim import hub
 
 if TYPE_CHECKING:
     from simhost import SimHost
@@ -164,6 +166,23 @@ class SimCloud(OptInOnly, Simulated):
         self._hosts: dict[str, SimHost] = {}  # hosts this object started (their init is our child)
         self._thread_lock = threading.RLock()
 
+    def _host_options(self, offer: Offer) -> Any:
+        """A host's SimHostOptions; AuthError if this account's login shell runs nothing."""
+        from simhost import SimHostOptions
+        from simhost.host import login_shell_problem
+
+        if (shell := login_shell_problem()) is not None:
+            raise AuthError(shell)
+        return SimHostOptions(**{
+            "gpu_model": NVIDIA_SMI_NAMES[offer.gpu], "gpu_count": offer.gpu_count,
+            "gpu_memory_mib": catalog.gpus()[offer.gpu].memory_bytes // _MIB,
+            "hf_gated_repos": hub.gated_repos(),  # as huggingface.co gates them
+            **self.host_options})
+
+    def hub_refusal(self, repo: str, token: str | None) -> str | None:
+        """What this cloud's Hub says to `token` about `repo` (None: its hosts may download)."""
+        return hub.refusal(repo, token, self.host_options.get("hf_gated_repos"))
+
     # --- the Provider protocol -----------------------------------------------------------------
 
     def offers(self, req: Requirements) -> list[Offer]:
@@ -189,8 +208,7 @@ class SimCloud(OptInOnly, Simulated):
     def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
                disk_gb: int = 100) -> Instance:
         """Boot a simulated host for `offer`, tagged `tag_for(job_id)`; CapacityError if full."""
-        from providers.catalog import gpus as gpu_specs
-        from simhost import SimHost, SimHostError, SimHostOptions
+        from simhost import SimHost, SimHostError
 
         if offer.provider != self.name:
             raise ValueError(f"sim: offer {offer.offer_id!r} is from {offer.provider!r}, not sim")
@@ -200,13 +218,8 @@ class SimCloud(OptInOnly, Simulated):
             raise CapacityError(f"sim: no {offer.gpu} in this cloud")
         instance_id = f"sim-{secrets.token_hex(6)}"
         host_dir = self.state_dir / "instances" / instance_id
-        options = SimHostOptions(**{
-            "gpu_model": NVIDIA_SMI_NAMES[offer.gpu],
-            "gpu_count": offer.gpu_count,
-            "gpu_memory_mib": gpu_specs()[offer.gpu].memory_bytes // _MIB,
-            **self.host_options,
-        })  # fmt: skip
-        host = SimHost(host_dir, ssh_public_key, options, die_with_parent=False)
+        host = SimHost(host_dir, ssh_public_key, self._host_options(offer),
+                       die_with_parent=False)
         now = self.clock()
         preempt_at = None
         if offer.interruptible and self.settings.preempt_after_s is not None:

@@ -1,6 +1,8 @@
 """`axolotl train CONFIG` and `axolotl merge-lora CONFIG`: fast, faithful-in-shape training.
 
-Training runs `max_steps` (else SimHostOptions.train_steps) steps of `train_step_seconds`,
+Training runs `max_steps`, else `num_epochs` epochs of SimHostOptions.train_steps steps each
+(rounded up, as transformers' Trainer sets `max_steps = ceil(num_train_epochs *
+num_update_steps_per_epoch)`), of `train_step_seconds` each,
 prints HF-trainer style loss lines and a progress bar, and saves `checkpoint-N/` every
 `save_steps` steps (writing adapter, optimizer and scheduler files first and
 `trainer_state.json` last, so a cut save is partial as in reality). With
@@ -316,10 +318,14 @@ def train(host: Host, argv: list[str]) -> int:
         raise SimError("RuntimeError: No CUDA GPUs are available", 1)
     out = host.writable(container_to_host(str(config.get("output_dir") or "./outputs")))
     adapter = str(config.get("adapter") or "").lower() in ("lora", "qlora")
-    total = int(config.get("max_steps") or opts["train_steps"])
+    per_epoch = int(opts["train_steps"])
+    epochs = float(config.get("num_epochs") or 1)
+    total = int(config.get("max_steps") or math.ceil(per_epoch * epochs))
     save_steps = config.get("save_steps")
     if not save_steps and config.get("saves_per_epoch"):
-        save_steps = max(1, total // int(config["saves_per_epoch"]))
+        # axolotl passes 1 / (saves_per_epoch * num_epochs) of the run; the Trainer rounds
+        # that fraction of max_steps up.
+        save_steps = max(1, math.ceil(total / (int(config["saves_per_epoch"]) * epochs)))
     save_every = int(save_steps) if save_steps else None
     limit = config.get("save_total_limit")
     base = str(config.get("base_model") or "")
@@ -393,7 +399,7 @@ def train(host: Host, argv: list[str]) -> int:
             "loss": loss,
             "grad_norm": round(0.9 / math.sqrt(step), 4),
             "learning_rate": lr,
-            "epoch": round(step / total, 4),
+            "epoch": round(step / per_epoch, 4),
             "step": step,
         }
         history.append(entry)
@@ -410,8 +416,9 @@ def train(host: Host, argv: list[str]) -> int:
             requested.unlink()
             save_now = True
         if save_now and step != total:
-            _save_checkpoint(out, step, total, history, config, memory, adapter, limit)
-    _save_checkpoint(out, total, total, history, config, memory, adapter, limit)
+            _save_checkpoint(out, (step, total, per_epoch), history, config, memory, adapter,
+                             limit)
+    _save_checkpoint(out, (total, total, per_epoch), history, config, memory, adapter, limit)
     _write_model(out, config, memory, adapter)
     say(f"[simhost] Training completed! Saving trained model to {config.get('output_dir')}.")
     host.event("train-finished", output_dir=str(out), steps=total, resumed_from=start)
@@ -420,14 +427,14 @@ def train(host: Host, argv: list[str]) -> int:
 
 def _save_checkpoint(
     out: Path,
-    step: int,
-    total: int,
+    steps: tuple[int, int, int],  # this step, the run's total, steps per epoch
     history: list[dict[str, Any]],
     config: dict[str, Any],
     memory: dict[str, str],
     adapter: bool,
     limit: Any,
 ) -> None:
+    step, total, per_epoch = steps
     folder = out / f"checkpoint-{step}"
     _write_model(folder, config, memory, adapter)
     (folder / "optimizer.pt").write_bytes(b"simhost optimizer state " + str(step).encode())
@@ -436,7 +443,7 @@ def _save_checkpoint(
     state = {
         "global_step": step,
         "max_steps": total,
-        "epoch": round(step / total, 4),
+        "epoch": round(step / per_epoch, 4),
         "log_history": history,
         "best_model_checkpoint": None,
         "is_world_process_zero": True,

@@ -35,6 +35,13 @@ Errors carry the headers the real Hub sends and the client maps to exceptions
   403 with a token of an account that has not accepted the licence;
 - unknown revision: 404 `RevisionNotFound`;
 - a token the Hub does not know: 401 "Invalid credentials in Authorization header", no code;
+- `GET /api/whoami-v2` (`HfApi.whoami`, which `hf auth login` reads
+  `auth.accessToken.role` from: `_login.py`): the token's account (`name`, `orgs`) and
+  `auth.accessToken` with its `role` (`read`, `write`, or `fineGrained` with
+  `fineGrained: {canReadGatedRepos, global, scoped: [{entity: {_id, type, name},
+  permissions}]}`, the shape the Hub answers for fine-grained tokens); orch asks it before
+  renting a job that pushes to the Hub. A read token, or a fine-grained one without
+  `repo.write` on the namespace, is refused every write (403);
 - `slow`: the next N file bodies stall (longer than the client's read timeout) before the
   first byte; `truncated`: the next N file bodies stop halfway and the connection closes.
 
@@ -108,7 +115,11 @@ class HubEmulator(Served):
         self.open_models = open_models
         self.requests: list[Recorded] = []
         self.blobs: dict[str, bytes] = {}  # LFS objects by sha256
-        self.namespaces: dict[str, str] = {}  # token -> the account's user name
+        # token -> "user[,org...]": the account's name and its organisations (the first is
+        # the user); a token not listed is an account named `hf-user` that may write anywhere.
+        self.namespaces: dict[str, str] = {}
+        self.roles: dict[str, str] = {}  # token -> read | write | fineGrained (default write)
+        self.scopes: dict[str, list[dict[str, object]]] = {}  # fineGrained token -> scoped
         self.slow = 0  # file bodies still to stall
         self.stall_s = 3.0
         self.truncated = 0  # file bodies still to cut halfway
@@ -183,6 +194,9 @@ class HubEmulator(Served):
                record: Recorded) -> None:
         if h.command in ("POST", "PUT"):
             hubwrite.route(self, h, record, path, token)
+            return
+        if path == "/api/whoami-v2":
+            hubwrite.whoami(self, h, record, token, body)
             return
         if path.startswith("/api/models/") or path.startswith("/api/datasets/"):
             _, _, kind, rest = path.split("/", 3)

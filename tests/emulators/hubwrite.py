@@ -62,10 +62,46 @@ def route(hub: HubEmulator, h: BaseHTTPRequestHandler, record: Recorded, path: s
         hub._error(h, record, 404, f"Cannot {h.command} {path}", None, True)
 
 
-def may_write(hub: HubEmulator, token: str, namespace: str) -> bool:
-    """Whether the token's account may write in `namespace` (its user or an org of it)."""
+def may_write(hub: HubEmulator, token: str, namespace: str, repo_id: str | None = None) -> bool:
+    """Whether the token may write in `namespace` (its user or an org of it): a write or
+    admin token, or a fine-grained one with `repo.write` on the namespace (or on the repo)."""
     allowed = hub.namespaces.get(token)
-    return allowed is None or namespace in allowed.split(",")
+    if allowed is not None and namespace not in allowed.split(","):
+        return False
+    role = hub.roles.get(token, "write")
+    if role == "fineGrained":
+        return any("repo.write" in scope.get("permissions", [])  # type: ignore[operator]
+                   and scope.get("entity", {}).get("name") in (namespace, repo_id)  # type: ignore[attr-defined]
+                   for scope in hub.scopes.get(token, []))
+    return role in ("write", "admin", "contributor")
+
+
+def whoami(hub: HubEmulator, h: BaseHTTPRequestHandler, record: Recorded, token: str | None,
+           body: bool) -> None:
+    """`GET /api/whoami-v2`: the token's account and the token's role (module docstring)."""
+    if token is None:
+        hub._error(h, record, 401, "Invalid username or password.", None, body)
+        return
+    if token not in hub.tokens and not hub.open_models:
+        hub._error(h, record, 401, "Invalid credentials in Authorization header", None, body)
+        return
+    user, *orgs = (hub.namespaces.get(token) or "hf-user").split(",")
+
+    def entity(kind: str, name: str) -> dict[str, object]:
+        return {"type": kind, "id": hashlib.md5(name.encode()).hexdigest()[:24], "name": name,
+                "fullname": name, "email": None, "canPay": False, "avatarUrl": "",
+                "periodEnd": None}
+
+    access: dict[str, object] = {"displayName": "orch-tests",
+                                 "role": hub.roles.get(token, "write"),
+                                 "createdAt": "2026-01-01T00:00:00.000Z"}
+    if access["role"] == "fineGrained":
+        access["fineGrained"] = {"canReadGatedRepos": True, "global": [],
+                                 "scoped": hub.scopes.get(token, [])}
+    answer = {**entity("user", user), "email": f"{user}@example.com", "emailVerified": True,
+              "isPro": False, "orgs": [{**entity("org", o), "roleInOrg": "write"} for o in orgs],
+              "auth": {"type": "access_token", "accessToken": access}}
+    hub._json(h, record, answer, body)
 
 
 def _writable(hub: HubEmulator, h: BaseHTTPRequestHandler, record: Recorded, token: str,
@@ -74,7 +110,7 @@ def _writable(hub: HubEmulator, h: BaseHTTPRequestHandler, record: Recorded, tok
     if repo is None or repo.hidden_from(token):
         hub._error(h, record, 404, "Repository not found", "RepoNotFound", True)
         return None
-    if not may_write(hub, token, repo_id.split("/")[0]):
+    if not may_write(hub, token, repo_id.split("/")[0], repo_id):
         hub._error(h, record, 403, "You don't have the rights to write to this repository",
                    None, True)
         return None
@@ -86,9 +122,10 @@ def _create(hub: HubEmulator, h: BaseHTTPRequestHandler, record: Recorded, token
     name, org = payload.get("name"), payload.get("organization")
     repo_type = payload.get("type") or "model"
     repo_id = f"{org}/{name}" if org else str(name)
-    if org and not may_write(hub, token, org):
+    namespace = org or (hub.namespaces.get(token) or "hf-user").split(",")[0]
+    if not may_write(hub, token, namespace, repo_id):
         hub._error(h, record, 403, f'You don\'t have the rights to create a {repo_type} '
-                   f'under the namespace "{org}"', None, True)
+                   f'under the namespace "{namespace}"', None, True)
         return
     if (repo_type, repo_id) in hub.repos:
         hub._error(h, record, 409, "You already created this model repo", None, True)

@@ -42,6 +42,7 @@ from orchestrator.records.store.tables import (
     CancelRequested,
     DatabaseBusy,
     DatabaseFull,
+    DatabaseReadOnly,
     DatabaseURLError,
     Event,
     IllegalTransition,
@@ -82,8 +83,7 @@ def open_store(url: str | None = None) -> Store:
 __all__ = [
     "ACTIVE_STATUSES", "BILLINGS", "BUSY_TIMEOUT_MS", "FINAL_STATUSES", "JOB_STATUSES",
     "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "CancelRequested",
-    "DatabaseBusy",
-    "DatabaseFull", "DatabaseURLError", "Event",
+    "DatabaseBusy", "DatabaseFull", "DatabaseReadOnly", "DatabaseURLError", "Event",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
     "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "WarmInstance", "claim_in",

@@ -3,7 +3,8 @@
 SQLite by default, WAL mode, one writer at a time with a busy timeout, and Alembic
 migrations applied at open. A writer that finds the SQLite file locked waits (SQLite's busy
 handler, then tenacity) up to `lock_wait_s()` in all before `DatabaseBusy`; a full disk is
-`DatabaseFull`: both are one clear line, never a driver traceback (issue 23 §1, §7). Lease
+`DatabaseFull`, a role or file that may not be written `DatabaseReadOnly`: each is one clear
+line, never a driver traceback with its SQL (issue 23 §1, §7; issue 36 §6). Lease
 times come from `db_now`: PostgreSQL's own clock, so workers on machines whose clocks
 disagree still agree on when a lease lapsed (§6). The SQLite file, its -wal/-shm and the
 folder made for it are private to the user (0600/0700, §9).
@@ -32,6 +33,7 @@ from orchestrator.core.paths import data_dir, default_db_url, private_dir, priva
 from orchestrator.records.store.tables import (
     DatabaseBusy,
     DatabaseFull,
+    DatabaseReadOnly,
     DatabaseURLError,
     StoreError,
     utcnow,
@@ -112,6 +114,40 @@ def is_full(exc: BaseException) -> bool:
     return (getattr(orig, "sqlite_errorname", "") == "SQLITE_FULL"
             or getattr(orig, "sqlstate", "") == "53100"
             or "database or disk is full" in str(orig))
+
+
+# PostgreSQL's insufficient_privilege (a role without INSERT/UPDATE) and
+# read_only_sql_transaction (a standby, or default_transaction_read_only): Appendix A.
+READ_ONLY_SQLSTATES = {"42501": "insufficient_privilege", "25006": "read_only_sql_transaction"}
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The database refused a write to this role or user: PostgreSQL's 42501/25006, or
+    SQLite's SQLITE_READONLY ("attempt to write a readonly database")."""
+    orig = _driver_error(exc)
+    return (getattr(orig, "sqlstate", "") in READ_ONLY_SQLSTATES
+            or str(getattr(orig, "sqlite_errorname", "")).startswith("SQLITE_READONLY")
+            or "attempt to write a readonly database" in str(orig))
+
+
+def read_only_error(engine: Engine, exc: BaseException) -> DatabaseReadOnly:
+    """The one line a refused write is reported with: who may not write, and the fix."""
+    orig = _driver_error(exc)
+    reason = str(orig).strip().splitlines()[0]
+    if engine.dialect.name == "sqlite":
+        return DatabaseReadOnly(
+            f"the database {_where(engine)} is read-only for this user ({reason}): this "
+            "command records to it; run it as a user that may write the file and its folder "
+            "(SQLite writes its -wal and -shm files there). Reading commands (`orch jobs`, "
+            "`show`, `history`, `sql`) work as this user")
+    code = str(getattr(orig, "sqlstate", "") or "?")
+    return DatabaseReadOnly(
+        f"the database {_where(engine)} does not let this role write ({reason}; PostgreSQL "
+        f"{READ_ONLY_SQLSTATES.get(code, 'SQLSTATE')} {code}): this command records to it; "
+        "use a role that may write "
+        "(`GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ROLE`, or "
+        "the database's owner). Reading commands (`orch jobs`, `show`, `history`, `sql`) "
+        "work with this role")
 
 
 def _where(engine: Engine) -> str:
@@ -200,7 +236,10 @@ def make_engine(url: str | None = None) -> Engine:
     try:
         parsed = make_url(url)
         is_sqlite = parsed.get_backend_name() == "sqlite"
-        if is_sqlite and parsed.database and parsed.database != ":memory:":
+        # A SQLite URI filename (`file:...?mode=ro&uri=true`) is SQLite's to open as it says
+        # (read-only creates nothing); as a path it would make a `file:` folder here.
+        if is_sqlite and parsed.database and parsed.database != ":memory:" \
+                and parsed.query.get("uri") != "true":
             _private_sqlite(Path(parsed.database))
         engine = create_engine(url)
     except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
@@ -265,7 +304,7 @@ class StoreBase:
         `lock_wait_s()`; then DatabaseBusy. A full disk anywhere in it is DatabaseFull.
         """
         session = self._begin_write()
-        with self._full_is_said():
+        with self._refusal_is_said():
             with session:
                 try:
                     yield session
@@ -286,16 +325,19 @@ class StoreBase:
             # SQLite's writers need BEGIN IMMEDIATE to wait for the lock: use transaction().
             raise StoreError("statement() is for PostgreSQL; use transaction() on SQLite")
         bind = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        with self._full_is_said(), Session(bind, expire_on_commit=False) as session:
+        with self._refusal_is_said(), Session(bind, expire_on_commit=False) as session:
             yield session
 
     @contextmanager
-    def _full_is_said(self) -> Iterator[None]:
+    def _refusal_is_said(self) -> Iterator[None]:
+        """A full disk, or a write this role may not make, as its one line."""
         try:
             yield
-        except OperationalError as exc:
+        except DBAPIError as exc:
             if is_full(exc):
                 raise full_error(self.engine, exc) from exc
+            if is_read_only(exc):
+                raise read_only_error(self.engine, exc) from exc
             raise
 
     def _begin_write(self) -> Session:
@@ -322,5 +364,7 @@ class StoreBase:
                     "it finish") from exc
             if is_full(exc):
                 raise full_error(self.engine, exc) from exc
+            if is_read_only(exc):
+                raise read_only_error(self.engine, exc) from exc
             raise
         return session

@@ -85,6 +85,11 @@ class DatabaseFull(StoreError):
     """The disk (or file system) under the database is full: no write can be recorded."""
 
 
+class DatabaseReadOnly(StoreError):
+    """The database refuses this role's (or this user's) writes: a read-only role, or a
+    SQLite file this user may only read."""
+
+
 
 # --- helpers -----------------------------------------------------------------------------
 

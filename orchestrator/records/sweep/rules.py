@@ -71,9 +71,11 @@ def is_running(job: JobLike, now: datetime | None = None) -> bool:
 
 
 def run_state(job: JobLike, now: datetime | None = None) -> str:
-    """The sweep view of a job's status: done, running, queued, failed, cancelled."""
+    """The sweep view of a job's status, in the jobs' own words (issue 36 §6: `done` here
+    was `succeeded` in `orch jobs`): succeeded, running (every state a worker drives, as
+    `orch jobs --status running`), queued, failed, cancelled."""
     if job.status == "succeeded":
-        return "done"
+        return "succeeded"
     if is_running(job, now):
         return "running"
     return job.status  # queued, failed, cancelled (planned: never written by sweeps)

@@ -58,7 +58,7 @@ from orchestrator.records.sweep.view import (
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
-STATES: tuple[str, ...] = ("new", "requeued", "done", "running", "queued", "failed",
+STATES: tuple[str, ...] = ("new", "requeued", "succeeded", "running", "queued", "failed",
                            "cancelled", "nofit")
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
 _IN_CHUNK = 500
@@ -172,7 +172,7 @@ class SubmitReport:
         return not (c["new"] or c["requeued"] or c["nofit"])
 
     def summary(self) -> str:
-        """One line: `NAME: N runs: 2 new, 3 done, 1 running (budget $25.00, spent ...)`."""
+        """One line: `NAME: N runs: 2 new, 3 succeeded, 1 running (budget $25.00, spent ...)`."""
         parts = [f"{n} {state}" for state, n in self.counts.items() if n]
         money = []
         if self.budget_micros is not None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestrator.core.jobstatus import ACTIVE_STATUSES
 from orchestrator.core.money import dollars_text
+from orchestrator.core.utc import iso_z
 from orchestrator.records.historyread import Reader, parse_stored
 from orchestrator.records.sweep.rules import (
     RUNNING_STATUSES,
@@ -92,21 +93,21 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         # Ties go to the run that finished first, then the smaller id: the rule of
         # v_best_run_per_sweep and of the best-run queries in docs/schema.md.
         finished = {j.id: j.finished_at for j in jobs}
-        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "done"),
+        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "succeeded"),
                       key=lambda d: (finished[d[0]] is None, finished[d[0]] or now, d[0]))
         best_id = best_of(done, objective["goal"])
         if best_id is not None:
             b = next(r for r in runs if r["job_id"] == best_id)
             best = {"job_id": b["job_id"], "name": b["name"], "index": b["index"],
                     "params": b["params"], "metric": b["metric"]}
-    counts = dict.fromkeys(("done", "running", "queued", "failed", "cancelled"), 0)
+    counts = dict.fromkeys(("succeeded", "running", "queued", "failed", "cancelled"), 0)
     for r in runs:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     spent = sum(j.cost_micros or 0 for j in jobs)
     estimated = sum(j.est_cost_micros or 0 for j in jobs)
     return {
         "sweep": sweep_name, "sweep_id": sweep_id,
-        "created_at": created_at.isoformat().replace("+00:00", "Z"),
+        "created_at": iso_z(created_at),
         "base": spec.get("base"), "max_parallel": usage.max_parallel,
         "budget": dollars_text(budget_micros), "spent": dollars_text(spent),
         "estimated": dollars_text(estimated), "objective": objective,
