@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
@@ -205,6 +206,10 @@ class StepReport:
     message: str = ""
     stderr_tail: str = ""
     fault: str | None = None
+    # When the run moved on to this step, taken before its stop check (UTC): a step whose
+    # check read the job before a cancel was committed may start just after it, and this
+    # says so exactly, where the event's own time (its write) comes later under load.
+    started_at: datetime | None = None
 
     @property
     def kind(self) -> str:
@@ -219,6 +224,8 @@ class StepReport:
             out["stderr_tail"] = self.stderr_tail
         if self.fault:
             out["fault"] = self.fault
+        if self.started_at is not None:
+            out["started_at"] = self.started_at.isoformat().replace("+00:00", "Z")
         return out
 
 
@@ -233,6 +240,7 @@ def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit,
     cancel: no step starts once the job was asked to stop)."""
     reports: list[StepReport] = []
     for step in steps:
+        at = datetime.now(UTC)
         if check is not None:
             check()
         started = time.monotonic()
@@ -243,13 +251,14 @@ def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit,
             fault = exc.fault if isinstance(exc, StepFailed) else _ssh_fault(exc)
             tail = exc.stderr_tail if isinstance(exc, StepFailed) else ""
             report = StepReport(name, step.name, "failed", time.monotonic() - started,
-                                str(exc), tail, fault.value)
+                                str(exc), tail, fault.value, at)
             reports.append(report)
             emit(report)
             raise PlaybookFailed(name, step.name, str(exc), fault, tail) from exc
         finally:
             host._deadline = None
-        report = StepReport(name, step.name, outcome, time.monotonic() - started, message)
+        report = StepReport(name, step.name, outcome, time.monotonic() - started, message,
+                            started_at=at)
         reports.append(report)
         emit(report)
     return reports
