@@ -8,6 +8,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,23 @@ def test_offers_for_l40s_without_keys_list_the_snapshot_with_its_date(
     assert f"snapshot {dates['vastai']}" in human and "no API key" in human
 
 
+@pytest.mark.parametrize(("gpu", "listed"), [("RTX 3090", "0.50"), ("RTX 5090", "0.99"),
+                                           ("A40", "0.44"), ("RTX A6000", "0.53"),
+                                           ("L40S", "0.99")])
+def test_runpod_gpus_without_keys_are_listed_with_their_date_and_disks(
+        env: dict[str, str], gpu: str, listed: str) -> None:
+    out = json.loads(orch(env, "offers", "--provider", "runpod", "--gpu", gpu,
+                          "--json").stdout)
+    assert out["source"] == "catalog" and out["offers"], out["why_none"]
+    (row,) = out["offers"]
+    assert (row["gpu"], row["gpu_count"], row["source"]) == (gpu, 1, "snapshot 2026-12-06")
+    # The GPU's list price (skypilot-catalog@01acdfd419ce) plus the pod's 50 GB container
+    # disk and 100 GB volume at $0.10/GB/month (720 h), as a live RunPod offer is priced.
+    assert Decimal(row["price_per_hour"]) == (Decimal(listed) + Decimal(150) * Decimal(
+        "0.10") / 720).quantize(Decimal("0.000001"), ROUND_HALF_UP)
+    assert row["ram_gb"] and row["ram_gb"] > 0
+
+
 def test_a_pinned_offload_job_plans_on_a_rental_whose_host_ram_is_known(
         env: dict[str, str], tmp_path: Path) -> None:
     path = job(tmp_path, "  layout: zero3_offload\n")
@@ -72,7 +90,7 @@ def test_a_pinned_offload_job_plans_on_a_rental_whose_host_ram_is_known(
     assert p["provider"] in {"vastai", "runpod"} and p["source"].startswith("snapshot ")
     from providers.catalog import snapshot
 
-    offer = next(o for o in snapshot.load().offers
+    offer = next(o for o in snapshot.load().listed_offers
                  if (o.provider, o.offer_id) == (p["provider"], p["offer_id"]))
     need = out["estimate"]["host_ram_bytes"]
     assert need > 0 and offer.ram_bytes is not None and offer.ram_bytes >= need
@@ -89,9 +107,9 @@ def test_no_offers_say_why_without_keys(env: dict[str, str]) -> None:
     why = out["why_none"]
     assert why[0].startswith("no API key for vastai or runpod: searched the market snapshot")
     assert any("--gpu L40S left out" in w and "--count 8 left out" in w for w in why)
-    human = orch(env, "offers", "--provider", "runpod", "--gpu", "RTX A4500").stdout
+    human = orch(env, "offers", "--provider", "runpod", "--gpu", "RTX 3080 Ti").stdout
     assert "note: 0 offers: no API key for runpod: searched the market snapshot" in human
-    assert "note: 0 offers: nothing of RTX A4500 in the catalogs" in human
+    assert "note: 0 offers: nothing of RTX 3080 Ti in the catalogs" in human
     assert "--provider runpod left out" in human
     bad = orch(env, "offers", "--gpu", "L41", check=False)
     assert bad.returncode == 2 and "did you mean L4 or L40?" in bad.stderr
@@ -112,7 +130,7 @@ def test_no_live_offers_say_why(env: dict[str, str], vast: VastEmulator) -> None
 
 def test_a_plan_that_fits_nothing_says_where_it_looked(env: dict[str, str],
                                                        tmp_path: Path) -> None:
-    path = job(tmp_path, "  providers: [runpod]\n  gpus: [RTX A4500]\n")
+    path = job(tmp_path, "  providers: [runpod]\n  gpus: [RTX 3080 Ti]\n")
     proc = orch(env, "plan", str(path), check=False)
     assert proc.returncode == 3
     assert "no placement fits" in proc.stderr

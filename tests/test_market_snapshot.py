@@ -162,12 +162,12 @@ def test_refresh_of_files_cites_the_given_commit_and_loads_as_offers(tmp_path: P
     assert doc["vastai"]["date_is"] == "retrieved"
     assert doc["vastai"]["source"] == "skypilot-catalog@0123456789ab catalogs/v8/vast/vms.csv"
     snap = snapshot.load.__wrapped__(out)
-    l40s = {(o.provider, o.gpu_count, o.interruptible): o for o in snap.offers
+    l40s = {(o.provider, o.gpu_count, o.interruptible): o for o in snap.listed_offers
             if o.gpu == "L40S"}
     assert l40s[("vastai", 2, True)].price_per_hour == Decimal("0.45")
     assert l40s[("runpod", 1, False)].ram_bytes == 62 * 1000**3  # GB, the smaller reading
     assert l40s[("vastai", 1, False)].ram_bytes is None
-    assert not any(o.interruptible for o in snap.offers if o.provider == "runpod")
+    assert not any(o.interruptible for o in snap.listed_offers if o.provider == "runpod")
     assert snap.dates == {"vastai": "2026-12-01", "runpod": "2026-12-01"}
     assert snap.listed[("runpod", l40s[("runpod", 1, False)].offer_id)].listed == \
         "1x_L40S_SECURE"

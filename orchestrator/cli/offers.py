@@ -167,14 +167,15 @@ def run(f: Filters, json_out: bool = False) -> None:
     named = None if f.provider is None else [f.provider]
     providers, key_notes = clouds(named)
     market = Market()
+    req = Requirements(gpu_count=f.count, min_gpu_memory_bytes=int(f.min_memory_gib * GIB),
+                       gpus=f.gpus, interruptible=f.spot)
     if providers:
-        req = Requirements(gpu_count=f.count, min_gpu_memory_bytes=int(f.min_memory_gib * GIB),
-                           gpus=f.gpus, interruptible=f.spot)
         market = search(providers, [req])
     live = bool(market.answered)
     if live:
         record_prices(market.offers)
-    pool = list(market.offers) if live else snapshot.keyless_offers()
+    # Without live offers, the snapshot is priced for the same disk a live search asks for.
+    pool = list(market.offers) if live else snapshot.keyless_offers(req.disk_gb)
     kept, removed = funnel(pool, f)
     shown = sorted(kept, key=_price_key)
     source = f"live offers from {', '.join(market.answered)}" if live else keyless_source(

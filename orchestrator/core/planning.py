@@ -248,7 +248,7 @@ def make_plan(
     if live is None and (named is None or LIVE_PROVIDERS & set(named)):
         # Read only for a job that may use Vast.ai or RunPod (a `sim` job never parses it).
         snap = snapshot.load()
-        offers += snap.offers
+        offers += snapshot.offers(DISK_GB)  # with the disks a live offer's price holds
         for cloud in sorted(set(named or ()) & LIVE_PROVIDERS - snap.providers()):
             # A live provider the snapshot has no rows for: the per-second seed catalog
             # stands in for its prices; at run time the engine ranks its real offers.

@@ -15,9 +15,17 @@ sky/catalog/data_fetchers/):
   and PCIe alike), so the former is used. Every row of catalogs v6 to v9 reads 32 vCPUs and
   64 GiB whatever the machine (eight H200s included): not a host's RAM, so none is taken.
 * RunPod (`fetch_runpod.py`): secure-cloud pods; `Price` is `securePrice` x count (rounded
-  to cents), `MemoryGiB` the pod's RAM (per GPU x count, from RunPod's pricing page or the
-  API's `minMemory`), one row per data centre. `SpotPrice` is ignored: RunPod withdrew spot
-  pods (shared/reference/provider-apis.md; providers/runpod/compute.py sells none).
+  to cents), one row per data centre. `vCPUs` is the pod's. `MemoryGiB` is the fetcher's
+  `memory x count` (get_gpu_info), where `memory` is its table's RAM per GPU, or for a GPU
+  missing from that table the API's `minMemory` for that count, which is already the pod's:
+  such rows are `count` times too big (skypilot-catalog@01acdfd419ce: B300 1x 503.0, 2x
+  2012.0; RTX PRO 4500 SE 8x 6016.0 = 94 x 8 x 8). A row's RAM and vCPUs are therefore its
+  GPU type's per GPU at the smallest count listed (where both readings agree) times its
+  count: RunPod publishes both per GPU, and for every GPU of the fetcher's table this is
+  the file's own figure (`minVcpu` can be a little more: RTX PRO 5000 2x lists 48, not 40).
+  `SpotPrice` is ignored: RunPod withdrew spot pods (shared/reference/provider-apis.md;
+  providers/runpod/compute.py sells none). Prices are the GPUs' alone: the pod's disks are
+  added when the snapshot is planned (catalog/disks.py, as the live adapter adds them).
 """
 
 from __future__ import annotations
@@ -158,9 +166,10 @@ def _display(info: str, fallback: str) -> str:
 def runpod(text: str, path: str = "runpod/vms.csv") -> Parsed:
     """Rows of SkyPilot's RunPod catalog for 1, 2, 4 and 8 GPUs up to the most it lists.
 
-    A count the file lists is taken as listed; one up to the largest listed that it does
-    not list is the smallest listed machine scaled per GPU, as `fetch_runpod.py` builds
+    A count the file lists is taken with its price; one up to the largest listed that it
+    does not list is the smallest listed machine scaled per GPU, as `fetch_runpod.py` builds
     every count (price x count, RAM x count), and keeps that machine's name in `listed`.
+    RAM and vCPUs are always the smallest listing's per GPU x count (module docstring).
     """
     out = Parsed()
     seen: dict[tuple[str, str], dict[int, Row]] = {}
@@ -194,8 +203,19 @@ def _counts(by_count: dict[int, Row]) -> list[Row]:
         if n > max(by_count):
             break
         listed = by_count.get(n)
-        rows.append(listed if listed is not None else _scaled(base, n))
+        rows.append(_per_gpu(listed, base) if listed is not None else _scaled(base, n))
     return rows
+
+
+def _per_gpu(row: Row, base: Row) -> Row:
+    """`row` with the RAM and vCPUs of its count at `base`'s per GPU (the module docstring)."""
+    if row is base:
+        return row
+
+    def scale(value: Decimal | None) -> Decimal | None:
+        return None if value is None else value / base.count * row.count
+
+    return replace(row, ram_gb=scale(base.ram_gb), vcpu=scale(base.vcpu))
 
 
 def _scaled(base: Row, n: int) -> Row:
@@ -230,9 +250,14 @@ class Source:
 
 
 # Planning assumptions per provider (the adapters' defaults): what the source does not give.
+# `storage_in_price_gb`: the disk the listed on-demand price already pays for (Vast.ai: the
+# 5 GB SkyPilot's search prices, catalog/disks.yaml); the snapshot adds the rest of orch's
+# disk as the live adapter prices it (catalog/disks.py).
 SETTINGS = {
-    "vastai": {"billing": "per_second", "boot_minutes": 5.0, "pull_gbps": 2.0},
-    "runpod": {"billing": "per_second", "boot_minutes": 5.0, "pull_gbps": 2.0},
+    "vastai": {"billing": "per_second", "boot_minutes": 5.0, "pull_gbps": 2.0,
+               "storage_in_price_gb": 5},
+    "runpod": {"billing": "per_second", "boot_minutes": 5.0, "pull_gbps": 2.0,
+               "storage_in_price_gb": 0},
 }
 
 HEADER = """\
@@ -244,21 +269,28 @@ HEADER = """\
 # Live offers replace these rows whenever a key is configured (orchestrator/core/planning.py).
 #
 # Each row (a list under `columns`): one machine shape (GPU model x count), the source's
-# instance type (`listed`), the whole machine's $/h on demand and spot, host RAM in GB and
-# vCPUs where published (null: unknown, never guessed), and its source (file @ commit) and
-# date.
+# instance type (`listed`), the whole machine's $/h on demand and spot as the source lists
+# it, host RAM in GB and vCPUs where published (null: unknown, never guessed), and its source
+# (file @ commit) and date.
+# Disks: orch adds to a row's price what the machine's disks cost for the job's disk, with
+# the live adapter's rule (providers/catalog/disks.py and disks.yaml), so `orch offers` and
+# `orch plan` show the price a live offer of that machine would have.
 # * vastai: a marketplace. `on_demand` is SkyPilot's per-instance-type figure: the MEDIAN of
 #   Vast's `search.totalHour` over the offers of that GPU, count and CPU shape
-#   (sky/catalog/data_fetchers/fetch_vast.py); it includes only the storage of Vast's default
-#   search, not orch's 100 GB disk. `spot` is the highest `min_bid` among the offers at or
-#   under that median, null when the file has none (0.00) or it is not below on-demand. Host
-#   RAM is null: every row of the file reads 64 GiB / 32 vCPUs whatever the machine (a bucket
-#   label, not the host's), so offload layouts plan on live Vast offers (`cpu_ram`) instead.
-# * runpod: list prices of secure-cloud pods (`securePrice` x count, fetch_runpod.py); host
-#   RAM is the pod's RAM as published per GPU x count (GB; read as 10^9 bytes, the smaller
-#   reading of SkyPilot's `MemoryGiB`). No spot: RunPod withdrew spot pods. Disk is not in
-#   the price. A count up to the largest listed that the file does not list is the smallest
-#   listing scaled per GPU, as the fetcher builds every count (`listed` names the listing).
+#   (sky/catalog/data_fetchers/fetch_vast.py); it pays for the 5 GB of storage the search
+#   prices (`storage_in_price_gb`), and orch adds the rest of its disk at the storage price
+#   disks.yaml assumes (the source has no per-offer `storage_cost`). `spot` is the highest
+#   `min_bid` among the offers at or under that median (no storage in it), null when the file
+#   has none (0.00) or it is not below on-demand. Host RAM is null: every row of the file
+#   reads 64 GiB / 32 vCPUs whatever the machine (a bucket label, not the host's), so offload
+#   layouts plan on live Vast offers (`cpu_ram`) instead.
+# * runpod: list prices of secure-cloud pods (`securePrice` x count, fetch_runpod.py), the
+#   GPUs only: orch adds the pod's 50 GB container disk and its volume while running, as the
+#   live adapter does. Host RAM (and vCPUs) is the pod's per GPU x count (GB; read as 10^9
+#   bytes, the smaller reading of SkyPilot's `MemoryGiB`), per GPU from the smallest count
+#   listed (providers/catalog/skypilot.py says why). No spot: RunPod withdrew spot pods. A
+#   count up to the largest listed that the file does not list is the smallest listing
+#   scaled per GPU, as the fetcher builds every count (`listed` names the listing).
 """
 
 

@@ -3,14 +3,16 @@ catalogs list them, planned when no API key gives live offers, each with its sou
 
 How it sits beside the seed catalogs (cloud.yaml, dedicated.yaml) is in docs/providers.md
 ("The market without keys"): all are ranked together, each offer labelled by where its
-price comes from (`label`).
+price comes from (`label`). A row holds the price its source lists; `offers(disk_gb)` adds
+what the machine's disks cost for the job's disk, with the rule the live adapters price
+their offers with (catalog/disks.py), so a keyless plan and a live one price a machine alike.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
@@ -41,9 +43,10 @@ class Listed:
 class Snapshot:
     """The snapshot's offers, where each comes from, and each provider's date."""
 
-    offers: tuple[Offer, ...]
+    listed_offers: tuple[Offer, ...]  # at the price the source lists (no disks added)
     listed: Mapping[tuple[str, str], Listed]  # (provider, offer_id) -> source
     dates: Mapping[str, str]  # provider -> YYYY-MM-DD
+    included_gb: Mapping[str, int]  # provider -> disk GB its listed on-demand prices pay for
 
     def providers(self) -> frozenset[str]:
         """The providers the snapshot has rows for."""
@@ -92,19 +95,36 @@ def load(path: Path = _FILE) -> Snapshot:
     offers: list[Offer] = []
     listed: dict[tuple[str, str], Listed] = {}
     dates: dict[str, str] = {}
+    included: dict[str, int] = {}
     for provider, raw in (doc.get("providers") or {}).items():
         dates[provider] = str(raw["date"])
+        included[provider] = int(raw.get("storage_in_price_gb") or 0)
         for offer, where in _offers(provider, raw, rows(doc, provider)):
             offers.append(offer)
             listed[(offer.provider, offer.offer_id)] = where
-    return Snapshot(tuple(offers), listed, dates)
+    return Snapshot(tuple(offers), listed, dates, included)
 
 
-def keyless_offers() -> list[Offer]:
-    """What orch ranks without live offers: the seed catalogs (`cloud`, `dedicated-host`)
-    and the snapshot of what Vast.ai and RunPod list, side by side, each offer labelled by
-    its source (`label`; docs/providers.md "The market without keys")."""
-    return [*catalog.load().offers, *load().offers]
+@cache
+def offers(disk_gb: int, path: Path | None = None) -> tuple[Offer, ...]:
+    """The snapshot's offers priced for a machine with `disk_gb` of job disk: each listed
+    price plus what that machine's disks cost, as the provider's live offers are priced."""
+    from providers.catalog import disks  # its models are built only when a plan prices this
+
+    snap = load() if path is None else load(path)  # one parse: load() is cached by argument
+    extra = {(p, spot): disks.snapshot_extra(p, disk_gb, spot=spot, included_gb=gb)
+             for p, gb in snap.included_gb.items() for spot in (False, True)}
+    return tuple(replace(o, disk_bytes=disk_gb * _GB, price_per_hour=disks.quantize(
+        (o.price_per_hour or Decimal(0)) + extra[(o.provider, o.interruptible)]))
+        for o in snap.listed_offers)
+
+
+def keyless_offers(disk_gb: int) -> list[Offer]:
+    """What orch ranks without live offers for a job of `disk_gb`: the seed catalogs
+    (`cloud`, `dedicated-host`) and the snapshot of what Vast.ai and RunPod list, side by
+    side, each offer labelled by its source (`label`; docs/providers.md "The market without
+    keys")."""
+    return [*catalog.load().offers, *offers(disk_gb)]
 
 
 def label(offer: Offer) -> str:

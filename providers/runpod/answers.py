@@ -1,5 +1,6 @@
-"""RunPod's REST v2 answers as orch reads them, and its published storage prices: the one
-place that says which fields, of what type, within which bounds (`providers.answers`).
+"""RunPod's REST v2 answers as orch reads them: the one place that says which fields, of
+what type, within which bounds (`providers.answers`). Its storage prices are
+providers/catalog/disks.yaml's (shared with the market snapshot).
 
 A changed or hostile answer fails here, naming the field: a whole answer of the wrong shape
 is a `BadAnswer` (the provider is unavailable for now), one bad GPU row is left out and
@@ -9,13 +10,9 @@ counted (`RunPod.rejected`). Shapes: api-reference-v2/openapi.json in runpod/doc
 
 from __future__ import annotations
 
-from decimal import Decimal
-from functools import cache
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from providers.answers import (
     Answer,
@@ -142,33 +139,3 @@ class Problem(Answer):
     title: Lenient[Text] = None
     detail: Lenient[Text] = None
     errors: Lenient[list[Lenient[FieldProblem]]] = None
-
-
-class StoragePrices(BaseModel):
-    """`storage.yaml`: RunPod's storage prices, $/GB/month, with their source."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: str
-    checked: str
-    month_hours: int = Field(gt=0)
-    container_disk_running: Decimal = Field(ge=0)
-    volume_disk_running: Decimal = Field(ge=0)
-    volume_disk_stopped: Decimal = Field(ge=0)
-
-    def running_per_hour(self, container_gb: int, volume_gb: int) -> Decimal:
-        """$/h a running pod's container disk and volume disk cost."""
-        month = (container_gb * self.container_disk_running
-                 + volume_gb * self.volume_disk_running)
-        return month / self.month_hours
-
-    def stopped_per_hour(self, volume_gb: int) -> Decimal:
-        """$/h a stopped (EXITED) pod's volume disk costs (its container disk is gone)."""
-        return volume_gb * self.volume_disk_stopped / self.month_hours
-
-
-@cache
-def storage_prices() -> StoragePrices:
-    """RunPod's storage prices (providers/runpod/storage.yaml)."""
-    path = Path(__file__).with_name("storage.yaml")
-    return StoragePrices.model_validate(yaml.safe_load(path.read_text()))

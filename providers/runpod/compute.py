@@ -12,9 +12,10 @@ Shapes follow ../shared/reference/provider-apis.md ("RunPod REST v2"):
 RunPod withdrew spot pods in 2026, so every offer is on-demand (`interruptible=False`).
 
 Prices: an offer is the GPUs' list price × count plus the pod's container disk and volume
-disk while running, at RunPod's published storage prices (`storage.yaml`, with its source);
-a pod's hourly price is its `cost` (the GPUs) plus the same storage, so a parked warm pod's
-idle cost counts its disks too. The v2 catalog has no host RAM or vCPU figure for a GPU
+disk while running, at RunPod's published storage prices (providers/catalog/disks.yaml, with
+its source; the market snapshot prices its RunPod rows with the same rule); a pod's hourly
+price is its `cost` (the GPUs) plus the same storage, so a parked warm pod's idle cost counts
+its disks too. The v2 catalog has no host RAM or vCPU figure for a GPU
 type (openapi `GpuType`), so RunPod offers leave `ram_bytes` and `vcpu` unknown.
 
 Every answer is checked against its model in `answers.py` before anything here reads it:
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -66,6 +67,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.catalog import disks
 from providers.http import DEADLINE_S, MAX_ATTEMPTS
 from providers.runpod import answers
 from providers.runpod.api_client import DEFAULT_BASE_URL, RateLimited, RunPodApi
@@ -76,13 +78,13 @@ DEFAULT_IMAGE = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
 # Where the job's volume is mounted. RunPod's default `/workspace` would hide the image's
 # /workspace/axolotl and /workspace/axolotl-venv; axolotl recommends /workspace/data.
 VOLUME_PATH = "/workspace/data"
-MIN_VOLUME_GB = 10  # PersistentMount.size minimum (api-reference-v2/openapi.json)
-# The container disk (ephemeral: wiped on restart) holds only what the image writes outside
+# The pod's disks and their prices are shared with the market snapshot (catalog/disks.yaml):
+# the container disk (ephemeral: wiped on restart) holds only what the image writes outside
 # the volume (pip/uv caches, /tmp); the job's data goes to the volume.
-CONTAINER_DISK_GB = 50
+MIN_VOLUME_GB = disks.runpod().min_volume_gb  # PersistentMount.size minimum (openapi.json)
+CONTAINER_DISK_GB = disks.runpod().container_disk_gb
 CLOUDS = ("SECURE", "COMMUNITY")
 _GIB = 1024**3
-_PRICE_QUANTUM = Decimal("0.000001")
 
 # RunPod GPU type ids / display names -> our canonical names (providers/catalog/gpus.yaml).
 # RunPod GPU id (the name nvidia-smi prints on the pod) → canonical name, from gpus.yaml's
@@ -124,12 +126,7 @@ def canonical_gpu(gpu_id: str | None, name: str | None = None) -> str | None:
 
 def volume_gb(disk_gb: int) -> int:
     """The volume disk a pod for a job of `disk_gb` gets (RunPod's minimum is 10 GB)."""
-    return max(MIN_VOLUME_GB, int(disk_gb))
-
-
-def storage_per_hour(container_gb: int, volume: int) -> Decimal:
-    """$/h of a running pod's container disk and volume disk (storage.yaml)."""
-    return answers.storage_prices().running_per_hour(container_gb, volume)
+    return disks.runpod().volume_gb(disk_gb)
 
 
 def pod_price(pod: answers.Pod) -> Decimal | None:
@@ -137,7 +134,7 @@ def pod_price(pod: answers.Pod) -> Decimal | None:
     RunPod's storage prices for its state; None when the pod reports no valid cost."""
     if pod.cost is None:
         return None
-    prices = answers.storage_prices()
+    prices = disks.runpod()
     volume = (pod.mounts.persistent.size if pod.mounts and pod.mounts.persistent else 0) or 0
     status = (pod.status or "").upper()
     if status == "TERMINATED":
@@ -146,7 +143,7 @@ def pod_price(pod: answers.Pod) -> Decimal | None:
         storage = prices.stopped_per_hour(volume)
     else:
         storage = prices.running_per_hour(pod.disk or 0, volume)
-    return (pod.cost + storage).quantize(_PRICE_QUANTUM, rounding=ROUND_HALF_UP)
+    return disks.quantize(pod.cost + storage)
 
 
 class RunPod(ApiProvider[RunPodApi], ContainerRental):
@@ -218,9 +215,7 @@ class RunPod(ApiProvider[RunPodApi], ContainerRental):
         ceiling: int | None = getattr(row.max_count, key)
         if getattr(row, key) is False or per_gpu is None or (ceiling or 0) < req.gpu_count:
             return None
-        price = (per_gpu * req.gpu_count
-                 + storage_per_hour(CONTAINER_DISK_GB, volume_gb(req.disk_gb))).quantize(
-                     _PRICE_QUANTUM, rounding=ROUND_HALF_UP)
+        price = disks.quantize(per_gpu * req.gpu_count + disks.runpod().pod_per_hour(req.disk_gb))
         if req.max_price_per_hour is not None and price > req.max_price_per_hour:
             return None
         offer_id = f"{cloud}|{row.id}"

@@ -77,6 +77,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.catalog import disks
 from providers.credentials import api_key as credential
 from providers.http import DEADLINE_S, MAX_ATTEMPTS
 from providers.vastai import answers
@@ -93,7 +94,6 @@ MIN_DISK_GB = 8  # Vast rejects smaller disks
 _MIB = 1024**2
 _GB = 1000**3
 _PRICE_QUANTUM = Decimal("0.000001")
-_VAST_STORAGE_MONTH_HOURS = Decimal(30 * 24)  # Vast's storage_cost is $/GB/month of 30 days
 
 # Canonical GPU name → (Vast `gpu_name` values, minimum per-GPU `gpu_ram` in MB for the model
 # to count as this one), from gpus.yaml's `spellings: vastai` and `vastai_min_gpu_ram_mb`
@@ -115,13 +115,12 @@ def canonical_gpu(vast_name: str | None, gpu_ram_mb: float | int | None) -> str 
 
 
 def hourly_price(offer: answers.Offer, disk_gb: int, interruptible: bool) -> Decimal | None:
-    """Machine price per hour: `dph_base` (or `min_bid` for spot) + disk × storage_cost/30/24."""
+    """Machine price per hour: `dph_base` (or `min_bid` for spot) + disk × storage_cost/30/24
+    (catalog/disks.py, the rule the market snapshot prices its Vast.ai rows with)."""
     base = offer.min_bid if interruptible else offer.dph_base
     if base is None:
         return None
-    storage = offer.storage_cost or Decimal(0)
-    price = base + Decimal(disk_gb) * storage / _VAST_STORAGE_MONTH_HOURS
-    return price.quantize(_PRICE_QUANTUM, rounding=ROUND_HALF_UP)
+    return disks.quantize(base + disks.vast().per_hour(disk_gb, offer.storage_cost or Decimal(0)))
 
 
 def map_state(inst: answers.Instance) -> InstanceState:
