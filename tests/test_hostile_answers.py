@@ -51,7 +51,7 @@ HUGE = "__1e999999__"  # a placeholder json.dumps cannot write: replaced by the 
 GOOD_VAST_ROW: dict[str, Any] = {
     "id": 1, "machine_id": 5001, "gpu_name": "RTX 4090", "gpu_ram": 24564, "num_gpus": 1,
     "dph_base": 0.30, "min_bid": 0.15, "storage_cost": 0.10, "cpu_cores_effective": 16.0,
-    "cpu_ram": 64000, "disk_space": 500.0, "geolocation": "US", "reliability2": 0.99,
+    "cpu_ram": 64000, "disk_space": 500.0, "geolocation": "US", "reliability": 0.99,
     "verified": True, "cuda_max_good": 13.0}
 
 

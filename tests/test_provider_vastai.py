@@ -52,7 +52,16 @@ def seed(emu: VastEmulator) -> None:
     emu.add_offer(id=4, gpu_name="A100 PCIE", gpu_ram=40960, dph_base=0.50, min_bid=0.25)
     emu.add_offer(id=5, gpu_name="RTX 4090", num_gpus=2, dph_base=0.60, min_bid=0.30)
     emu.add_offer(id=6, gpu_name="RTX 4090", dph_base=0.20, min_bid=0.10, verified=False)
-    emu.add_offer(id=7, gpu_name="RTX 4090", dph_base=0.25, min_bid=0.12, reliability2=0.80)
+    emu.add_offer(id=7, gpu_name="RTX 4090", dph_base=0.25, min_bid=0.12, reliability=0.80)
+
+
+def test_offer_reliability_is_read_under_either_name(vast: VastEmulator) -> None:
+    """vast-cli 1.9.1 reads offers' `reliability` (its search field); an answer that still
+    names it `reliability2` is read the same, so a minimum keeps the same offers."""
+    vast.add_offer(id=1, gpu_name="RTX 4090", reliability=0.95)
+    vast.add_offer(id=2, gpu_name="RTX 4090", reliability2=0.97).pop("reliability")
+    offers = adapter(vast).offers(req(gpus=frozenset({"RTX 4090"}), interruptible=False))
+    assert {o.offer_id: o.reliability for o in offers} == {"1": 0.95, "2": 0.97}
 
 
 def spot(api: VastAI, **kw: object) -> Offer:
@@ -82,7 +91,7 @@ def test_offers_filters_and_price_math(vast: VastEmulator) -> None:
     assert body["num_gpus"] == {"eq": 1}
     assert body["gpu_ram"] == {"gte": 20 * 1024}
     assert body["verified"] == {"eq": True} and body["rentable"] == {"eq": True}
-    assert body["rented"] == {"eq": False} and body["reliability2"] == {"gte": 0.9}
+    assert body["rented"] == {"eq": False} and body["reliability"] == {"gte": 0.9}
     assert body["order"] == [["dph_total", "asc"]]
 
     bids = api.offers(req(gpus=frozenset({"RTX 4090"}), interruptible=True, disk_gb=50,

@@ -101,7 +101,7 @@ def test_stale_rows_closed_and_dead_workers_jobs_requeued(store: Store) -> None:
 def test_vast_orphan_found_by_label(store: Store) -> None:
     with VastEmulator("k") as emu:
         emu.add_offer(id=1, gpu_name="RTX 3090", num_gpus=1, gpu_ram=24576, dph_base=0.07,
-                      dph_total=0.08, min_bid=0.05, storage_cost=0.1, reliability2=0.99,
+                      dph_total=0.08, min_bid=0.05, storage_cost=0.1, reliability=0.99,
                       verified=True, rentable=True, rented=False, cpu_cores_effective=8,
                       cpu_ram=32000, disk_space=100, geolocation="X", cuda_max_good=12.8)
         vast = VastAI("k", base_url=emu.url, initial_s=0.01)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from providers.answers import (
     Answer,
@@ -50,7 +50,11 @@ class Offer(Answer):
     cpu_ram: Mib | None = None  # host RAM
     disk_space: Gb | None = None
     geolocation: Name | None = None
-    reliability2: Fraction | None = None
+    # An offer's reliability (vast-cli 1.9.1 shows and filters offers by `reliability`,
+    # `cli/display.py:77`); older answers named it `reliability2`, read when it is absent.
+    reliability: Fraction | None = Field(default=None,
+                                         validation_alias=AliasChoices("reliability",
+                                                                       "reliability2"))
     cuda_max_good: Cuda | None = None  # the highest CUDA the host's driver supports
 
 

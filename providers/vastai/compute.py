@@ -226,7 +226,10 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         reliability = req.min_reliability if req.min_reliability is not None \
             else self.min_reliability
         if reliability is not None:
-            q["reliability2"] = {"gte": reliability}
+            # The search field is `reliability` (vast-cli 1.9.1 `api/query.py:153`, where
+            # `reliability2` is commented out of the offer fields, and `data/query.py:234`
+            # remaps it to `reliability`); rows are read by `answers.Offer.reliability`.
+            q["reliability"] = {"gte": reliability}
         if req.max_price_per_hour is not None and kind == ON_DEMAND:
             q["dph_total"] = {"lte": float(req.max_price_per_hour)}
         if req.min_cuda is not None:
@@ -274,8 +277,8 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         if req.min_cuda is not None and (row.cuda_max_good is None or not cuda_at_least(
                 row.cuda_max_good, req.min_cuda)):
             return None
-        if req.min_reliability is not None and (row.reliability2 is None
-                                                or row.reliability2 < req.min_reliability):
+        if req.min_reliability is not None and (row.reliability is None
+                                                or row.reliability < req.min_reliability):
             return None
         offer_id = str(row.id)
         if row.machine_id is not None:
@@ -289,7 +292,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
             vcpu=int(row.cpu_cores_effective) if row.cpu_cores_effective is not None else None,
             ram_bytes=int(row.cpu_ram * _MIB) if row.cpu_ram is not None else None,
             disk_bytes=int(row.disk_space * _GB) if row.disk_space is not None else None,
-            region=row.geolocation, reliability=row.reliability2,
+            region=row.geolocation, reliability=row.reliability,
             boot_minutes=self.boot_minutes, pull_gbps=self.pull_gbps,
         )
 

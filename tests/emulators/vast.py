@@ -107,7 +107,7 @@ _DEFAULT_BODIES: dict[int, tuple[str, str]] = {
 _OFFER_DEFAULTS: dict[str, Any] = {
     "dph_base": 0.30, "min_bid": 0.15, "storage_cost": 0.10, "num_gpus": 1,
     "gpu_name": "RTX 4090", "gpu_ram": 24564, "cpu_cores_effective": 16.0, "cpu_ram": 64000,
-    "disk_space": 500.0, "geolocation": "US", "reliability2": 0.99, "verified": True,
+    "disk_space": 500.0, "geolocation": "US", "reliability": 0.99, "verified": True,
     "rentable": True, "rented": False, "cuda_max_good": 13.0, "machine_id": 0,
     "external": False,
 }
