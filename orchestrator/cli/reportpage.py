@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -82,7 +81,8 @@ def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
             metrics[m.name] = m.value
         elif m.name == "train.loss":
             by_step[m.step] = m.value  # a resumed run reports a step again: the last counts
-    placement = json.loads(job.placement_json or "{}").get("placement") or {}
+    chosen = job.placement().placement
+    placement = {} if chosen is None else chosen.as_stored()
     return RunData(
         id=job.id, name=job.name, status=job.status, sweep=sweep_name, provider=job.provider,
         gpu=job.gpu, gpu_count=job.gpu_count, spot=job.interruptible,
