@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
     from orchestrator.engine.market import Market
     from orchestrator.engine.runner import Options
-    from orchestrator.records.store import Job, Store
+    from orchestrator.records.store import Event, Instance, Job, Store
 
 
 def _env_float(name: str, default: float) -> float:
@@ -360,7 +360,8 @@ def show(
     _print_events(job, evs, events)
 
 
-def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], rows: list[Any],
+def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]],
+                   rows: list["Instance"],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
     from orchestrator.cli.tables import table
@@ -393,7 +394,7 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], 
             typer.echo(f"  ... {len(ranked) - 8} more (--json)")
 
 
-def _print_events(job: "Job", evs: list[Any], events: int) -> None:
+def _print_events(job: "Job", evs: list["Event"], events: int) -> None:
     """`orch show`'s newest `events` events."""
     from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time, prose
@@ -437,7 +438,7 @@ def logs(
         time.sleep(0.5)
 
 
-def _print_event(e: Any, json_out: bool) -> None:
+def _print_event(e: "Event", json_out: bool) -> None:
     """One line of `orch logs`: a JSON object, or time, kind and message."""
     from orchestrator.cli.term import human_time
     from orchestrator.records.columns import document

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
@@ -16,7 +16,7 @@ from orchestrator.core.states import EventKind
 
 if TYPE_CHECKING:
     from orchestrator.engine.runner import Progress
-    from orchestrator.records.store import Event, Job, Store
+    from orchestrator.records.store import Event, Instance, Job, Metric, Store
 
 
 class Display:
@@ -27,7 +27,7 @@ class Display:
     leave a cut-off line behind.
     """
 
-    def __init__(self, stream: Any = sys.stderr) -> None:
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
         from orchestrator.cli.term import colour_enabled, is_tty
 
         self.stream = stream
@@ -105,7 +105,7 @@ def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
     return []
 
 
-def time_summary(job: Job, instances: list[Any]) -> dict[str, Any]:
+def time_summary(job: Job, instances: list[Instance]) -> dict[str, Any]:
     """Estimated and actual hours: billed (every instance, create to terminate) and training.
 
     The estimates are what the planner priced at submit (`est_hours`, and the training part
@@ -143,7 +143,8 @@ def _hours(x: float) -> str:
     return f"{x * 60:.1f} min" if x * 60 >= 1 else f"{x * 3600:.0f} s"
 
 
-def iso(value: Any) -> str | None:
+def iso(value: datetime | None) -> str | None:
+    """A stored time as scripts read it (`term.iso_utc`)."""
     from orchestrator.cli.term import iso_utc
 
     return iso_utc(value)
@@ -207,7 +208,7 @@ def _kind(s: dict[str, Any]) -> str:
     return "spot" if s["interruptible"] else "on-demand"
 
 
-def loss_curve(metrics: list[Any], columns: int) -> str:
+def loss_curve(metrics: list[Metric], columns: int) -> str:
     """The training loss as a sparkline that fits `columns`, with its first, last and min."""
     from orchestrator.cli.term import sparkline
 

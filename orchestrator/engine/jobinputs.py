@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import host_disk_gb
@@ -50,7 +50,7 @@ class Inputs:
     est_train_hours: float | None
     measured: dict[MeasuredKey, Measured]  # throughput learned from finished jobs
 
-    def eval_rows(self) -> list[dict[str, Any]] | None:
+    def eval_rows(self) -> list[dict[str, object]] | None:
         """The eval set's rows, or None when the job has no eval set."""
         spec = self.loaded.spec
         if spec.eval.eval_set is None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from orchestrator.core import money
 from orchestrator.core.states import EndReason, ServerStatus
-from orchestrator.records.store import FINAL_STATUSES, Store, WarmInstance, from_micros
+from orchestrator.records.store import FINAL_STATUSES, Server, Store, WarmInstance, from_micros
 from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
 
 
@@ -95,7 +94,7 @@ def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[Acti
 
 def reconcile(store: Store, providers: Mapping[str, Provider], *,
               dry_run: bool = False, idle_grace_s: float | None = None,
-              scrub: Callable[[Any], list[str]] | None = None) -> Report:
+              scrub: Callable[[Server], list[str]] | None = None) -> Report:
     """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs.
 
     `idle_grace_s` (default `recovery.IDLE_GRACE_S`): how long an instance of a requeued
@@ -197,7 +196,7 @@ def _end_warm(store: Store, providers: Mapping[str, Provider],
     return done
 
 
-def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report,
+def _scrub_servers(store: Store, scrub: Callable[[Server], list[str]], report: Report,
                    provider: str) -> None:
     for server in store.list_servers():
         if server.claimed_by_job or server.status != ServerStatus.IDLE or not server.host_key:

@@ -26,7 +26,6 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, EventKind
@@ -138,7 +137,7 @@ class Outages:
     """
 
     def __init__(self) -> None:
-        self._until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._until: weakref.WeakKeyDictionary[Provider, float] = weakref.WeakKeyDictionary()
 
     def mark(self, provider: Provider, seconds: float) -> None:
         """`provider` just failed with an outage: skip it for `seconds`."""

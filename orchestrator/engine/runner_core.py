@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Unpack
 
 from orchestrator.core import money
 from orchestrator.core.jobstatus import JobStatus
@@ -234,7 +234,7 @@ class Ledger:
     def job(self) -> Job:
         return self.store.get_job(self.job_id)
 
-    def set(self, status: JobStatus, message: str = "", data: dict[str, Any] | None = None,
+    def set(self, status: JobStatus, message: str = "", data: Mapping[str, object] | None = None,
             **fields: Unpack[JobUpdate]) -> Job:
         """Move the job to `status` (with `fields`) and tell the watchdog and the display."""
         job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
@@ -254,7 +254,7 @@ class Ledger:
                         est_hours=placement.est_hours,
                         est_cost_micros=to_micros(placement.est_cost, rounding=ROUND_HALF_EVEN))
 
-    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
         """Record an event (progress for the watchdog; shown unless it is a training step)."""
         self.store.add_event(self.job_id, kind, message, data)
         self.watchdog.progress()

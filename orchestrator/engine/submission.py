@@ -7,7 +7,7 @@ resolves the recorded spec against when a worker picks the job up.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.planning import Plan, make_plan
@@ -19,7 +19,7 @@ from orchestrator.records.store import Job, Store
 def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus.QUEUED,
                plan: Plan | None = None, message: str | None = None,
                sweep_id: str | None = None, sweep_key: str | None = None,
-               data: dict[str, Any] | None = None) -> tuple[Job, Plan]:
+               data: Mapping[str, object] | None = None) -> tuple[Job, Plan]:
     """Plan `loaded` (scheduler.NoFit if nothing fits) and insert it; (job row, plan)."""
     plan = plan or make_plan(loaded, store.registered())
     placement = plan.to_dict(alternatives=10_000)

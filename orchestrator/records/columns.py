@@ -20,28 +20,11 @@ import json
 from decimal import Decimal
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictStr,
-    ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
-)
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
-
-def _absent_if_invalid(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-    """A field whose stored value has the wrong shape reads as absent (None)."""
-    try:
-        return handler(value)
-    except ValidationError:
-        return None
-
-
-_T = TypeVar("_T")
-# A field read as None when its stored value does not fit the type.
-Tolerant = Annotated[_T | None, WrapValidator(_absent_if_invalid)]
+# A field read as None when its stored value does not fit the type (the provider answers'
+# rule for fields they carry only as a hint: the same validator).
+from providers.answers import Lenient
 
 
 class _Record(BaseModel):
@@ -95,23 +78,23 @@ def document_object(text: str | None) -> dict[str, Any]:
 class PlacementChoice(_Kept):
     """One ranked placement of the plan (`scheduler.Placement.to_dict`)."""
 
-    provider: Tolerant[str] = None
-    offer_id: Tolerant[str] = None
-    gpu: Tolerant[str] = None
-    gpu_count: Tolerant[int] = None
-    billing: Tolerant[str] = None
-    strategy: Tolerant[str] = None
-    est_cost: Tolerant[Decimal] = None
-    est_training_hours: Tolerant[float] = None
-    throughput_source: Tolerant[str] = None
+    provider: Lenient[str] = None
+    offer_id: Lenient[str] = None
+    gpu: Lenient[str] = None
+    gpu_count: Lenient[int] = None
+    billing: Lenient[str] = None
+    strategy: Lenient[str] = None
+    est_cost: Lenient[Decimal] = None
+    est_training_hours: Lenient[float] = None
+    throughput_source: Lenient[str] = None
 
 
 class PlacementRecord(_Record):
     """`job.placement_json`: the chosen placement, the ranked alternatives, the job file."""
 
-    placement: Tolerant[PlacementChoice] = None
-    alternatives: Tolerant[list[PlacementChoice]] = None
-    job_file: Tolerant[str] = None
+    placement: Lenient[PlacementChoice] = None
+    alternatives: Lenient[list[PlacementChoice]] = None
+    job_file: Lenient[str] = None
 
     def ranked(self) -> list[PlacementChoice]:
         """The chosen placement, then the alternatives, in the plan's order."""
@@ -129,15 +112,15 @@ def placement_record(text: str | None) -> PlacementRecord:
 class ResourcesRecord(_Record):
     """The spec's `resources` fields orch reads back from a row."""
 
-    deadline_hours: Tolerant[float] = None
-    providers: Tolerant[list[str]] = None
+    deadline_hours: Lenient[float] = None
+    providers: Lenient[list[str]] = None
 
 
 class SpecRecord(_Record):
     """`job.spec_json` as the engine and CLI read it back without validating the whole job
     (`orchestrator.core.spec.JobSpec` validates it whole: `engine.jobinputs`)."""
 
-    method: Tolerant[str] = None
+    method: Lenient[str] = None
     resources: ResourcesRecord = Field(default_factory=ResourcesRecord)
 
 
@@ -153,20 +136,20 @@ class Place(_Kept):
     """Where one artifact went (a `delivered` event): what, where (local, volume, server,
     hub) and the location."""
 
-    what: Tolerant[str] = None
-    where: Tolerant[str] = None
-    location: Tolerant[str] = None
+    what: Lenient[str] = None
+    where: Lenient[str] = None
+    location: Lenient[str] = None
 
 
 class EventData(_Kept):
     """`event.data_json`: one model for every kind, with the fields readers use (each kind
     writes some of them; the others stay as written)."""
 
-    status: Tolerant[str] = None  # `state`: the status entered
-    places: Tolerant[list[Place]] = None  # `delivered`
-    index: Tolerant[int] = None  # a sweep run's `queued`: its index, params in file order
-    params: Tolerant[dict[str, Any]] = None
-    param_order: Tolerant[list[str]] = None
+    status: Lenient[str] = None  # `state`: the status entered
+    places: Lenient[list[Place]] = None  # `delivered`
+    index: Lenient[int] = None  # a sweep run's `queued`: its index, params in file order
+    params: Lenient[dict[str, Any]] = None
+    param_order: Lenient[list[str]] = None
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""
@@ -196,9 +179,9 @@ class ObjectiveRecord(BaseModel):
 class SweepSpecRecord(_Record):
     """`sweep.spec_json` as the claim path and the status views read it."""
 
-    max_parallel: Tolerant[int] = None
-    objective: Tolerant[ObjectiveRecord] = None
-    base: Tolerant[str] = None
+    max_parallel: Lenient[int] = None
+    objective: Lenient[ObjectiveRecord] = None
+    base: Lenient[str] = None
 
 
 def sweep_spec_record(text: str | None) -> SweepSpecRecord:
@@ -208,6 +191,6 @@ def sweep_spec_record(text: str | None) -> SweepSpecRecord:
 
 __all__ = [
     "EventData", "ObjectiveRecord", "Place", "PlacementChoice", "PlacementRecord",
-    "ResourcesRecord", "SpecRecord", "SweepSpecRecord", "Tolerant", "document",
+    "ResourcesRecord", "SpecRecord", "SweepSpecRecord", "document",
     "document_object", "event_data", "placement_record", "spec_record", "sweep_spec_record",
 ]

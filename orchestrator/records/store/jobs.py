@@ -10,9 +10,10 @@ that breaks a limit.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any, Unpack
+from typing import Unpack
 
 from sqlalchemy import String, column, or_, text, update
 from sqlmodel import Session, col, select
@@ -77,7 +78,7 @@ def enter(job: Job, status: JobStatus, now: datetime, fields: JobUpdate | None =
 
 
 def _state(session: Session, job: Job, status: JobStatus, now: datetime, message: str,
-           data: dict[str, Any] | None = None, fields: JobUpdate | None = None) -> None:
+           data: Mapping[str, object] | None = None, fields: JobUpdate | None = None) -> None:
     """`enter` plus the job's `state` event, in the caller's transaction."""
     enter(job, status, now, fields)
     session.add(Event(job_id=job.id, at=now, kind=EventKind.STATE, message=message,
@@ -271,7 +272,7 @@ class JobsMixin(StoreBase):
         base_model: str,
         spec_json: str,
         spec_hash: str,
-        placement: dict[str, Any] | None,
+        placement: Mapping[str, object] | None,
         provider: str | None,
         gpu: str | None,
         gpu_count: int | None,
@@ -281,7 +282,7 @@ class JobsMixin(StoreBase):
         est_cost: Decimal | None,
         event_kind: str,
         event_message: str,
-        event_data: dict[str, Any] | None,
+        event_data: Mapping[str, object] | None,
         sweep_id: str | None = None,
         sweep_key: str | None = None,
     ) -> Job:
@@ -419,7 +420,8 @@ class JobsMixin(StoreBase):
             return session.get(Job, job_id)
 
     def set_status(self, job_id: str, owner: str, status: JobStatus, message: str = "",
-                   data: dict[str, Any] | None = None, **fields: Unpack[JobUpdate]) -> Job:
+                   data: Mapping[str, object] | None = None,
+                   **fields: Unpack[JobUpdate]) -> Job:
         """Move `owner`'s job to `status` (plus `fields`, the columns a status change may
         carry: `tables.JobUpdate`) with a `state` event, atomically.
 

@@ -7,9 +7,9 @@ between the two leaves a row that reconciliation finds, never an unrecorded paid
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
 
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, select
@@ -40,7 +40,7 @@ class RecordsMixin(StoreBase):
     """Events, instances, metrics and throughput (part of `store.Store`)."""
 
     def add_event(self, job_id: str, kind: str, message: str,
-                  data: dict[str, Any] | None = None) -> None:
+                  data: Mapping[str, object] | None = None) -> None:
         """Append one event to a job's history."""
         payload = None if data is None else json.dumps(data, sort_keys=True,
                                                        separators=(",", ":"))

@@ -130,7 +130,7 @@ def to_micros(amount: Decimal | int, *, rounding: str | None = None) -> int:
         raise InvalidValueError(str(exc)) from None
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     # Canonical form (sorted keys, no spaces) so equal data gives equal text in the DB.
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 

@@ -27,11 +27,12 @@ from sqlmodel import Session, col, select
 from orchestrator import retrying
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
-from orchestrator.core.planning import make_plan
+from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.scheduler import NoFit
 from orchestrator.core.spec import spec_hash
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import LoadedSweep, SweepRun
+from orchestrator.core.throughput import Measured, MeasuredKey
 from orchestrator.records.columns import EventData, document_object
 from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
@@ -57,6 +58,7 @@ from orchestrator.records.sweep.view import (
     not_found,
     run_state,
 )
+from providers.dedicated.compute import RegisteredServer
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
@@ -66,7 +68,7 @@ R = SweepRunState
 _IN_CHUNK = 500
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
@@ -303,7 +305,7 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
         return True
 
 
-def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Any,
+def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan,
                 name: str) -> Job:
     """Insert the run's queued job (named `name`) and its first event; IntegrityError if its
     key exists. The key stays the sweep file's (`run.sweep_key`), so a later tick finds it."""
@@ -337,7 +339,7 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
     return job
 
 
-def _measured(store: Store) -> Mapping[Any, Any]:
+def _measured(store: Store) -> Mapping[MeasuredKey, Measured]:
     try:
         return measured_throughput(store.engine.url.render_as_string(hide_password=False))
     except Exception:  # an estimate aid only: never a reason not to submit
@@ -365,8 +367,8 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
                           max_parallel=spec.max_parallel, dry_run=dry_run,
                           duplicates=loaded.duplicates)
     existing = _jobs_by_key(store, [r.sweep_key for r in loaded.runs])
-    servers: list[Any] | None = None
-    measured: Mapping[Any, Any] | None = None
+    servers: list[RegisteredServer] | None = None
+    measured: Mapping[MeasuredKey, Measured] | None = None
     for run in loaded.runs:
         job = existing.get(run.sweep_key)
         if job is not None:
