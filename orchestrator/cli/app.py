@@ -11,7 +11,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import click
 import typer
@@ -140,15 +140,18 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    from orchestrator.records.store import InvalidValueError
+    from orchestrator.core.jobstatus import JobStatus, parse_status
 
     if not 1 <= limit <= 100_000:
         fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+    wanted: JobStatus | Literal["running"] | None = None
     try:
-        found = open_db().list_jobs(limit=limit, status=status)
-    except InvalidValueError as exc:
+        wanted = "running" if status == "running" else (
+            None if status is None else parse_status(status))
+    except ValueError as exc:
         fail(f"--status {status}: {exc}; or running (every state a worker drives)",
              EXIT_INVALID)
+    found = open_db().list_jobs(limit=limit, status=wanted)
     now = datetime.now(UTC)
     rows = [_job_dict(j, now) for j in found]
     if json_out:

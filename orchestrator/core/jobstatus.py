@@ -73,6 +73,15 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
+def parse_status(word: str) -> JobStatus:
+    """The status `word` names; ValueError saying which words there are otherwise."""
+    try:
+        return JobStatus(word)
+    except ValueError:
+        raise ValueError(f"unknown job status {str(word)!r}; use one of "
+                         f"{', '.join(JOB_STATUSES)}") from None
+
+
 def allowed(current: JobStatus, new: JobStatus) -> bool:
     """Whether a job in `current` may move to `new` (both known statuses)."""
     return JobStatus(new) in TRANSITIONS[JobStatus(current)]
@@ -104,5 +113,5 @@ def lease_state(owner: str | None, expires_at: datetime | None, now: datetime
 
 __all__ = [
     "ACTIVE_STATUSES", "CANCELLED_AT_ONCE", "FINAL_STATUSES", "JOB_STATUSES", "RUNNING_STATUSES",
-    "TRANSITIONS", "JobStatus", "allowed", "in_order", "lease_state", "why_not",
+    "TRANSITIONS", "JobStatus", "allowed", "in_order", "lease_state", "parse_status", "why_not",
 ]

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Unpack
+from typing import Literal, Unpack
 
 from sqlalchemy import String, column, or_, text, update
 from sqlmodel import Session, col, select
@@ -350,7 +350,8 @@ class JobsMixin(StoreBase):
             raise NotFoundError(f"job {job_id!r} not found; list recent jobs with `orch jobs`")
         return job
 
-    def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
+    def list_jobs(self, limit: int = 50,
+                  status: JobStatus | Literal["running"] | None = None) -> list[Job]:
         """The newest `limit` jobs, optionally only those in `status` (`running`: every
         state a worker drives, as the running column of `orch sweeps` counts)."""
         query = select(Job)

@@ -32,7 +32,7 @@ from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
 from orchestrator.core import money
-from orchestrator.core.jobstatus import JOB_STATUSES, JobStatus
+from orchestrator.core.jobstatus import JobStatus, parse_status
 from orchestrator.core.states import EndReason, RowState, ServerStatus, WarmState
 from orchestrator.records.columns import (
     EventData,
@@ -542,8 +542,7 @@ class ThroughputObservation(SQLModel, table=True):
 
 def check_status(status: str) -> JobStatus:
     """`status` as a JobStatus; InvalidValueError unless it is one."""
-    if status not in JOB_STATUSES:
-        raise InvalidValueError(
-            f"unknown job status {str(status)!r}; use one of {', '.join(JOB_STATUSES)}"
-        )
-    return JobStatus(status)
+    try:
+        return parse_status(status)
+    except ValueError as exc:
+        raise InvalidValueError(str(exc)) from None
