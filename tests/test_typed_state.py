@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterator
 from datetime import timedelta
@@ -236,3 +237,27 @@ def test_show_and_logs_print_the_plan_as_stored(tmp_path: Path) -> None:
     assert first["data"]["placement"] == submitted["placement"]
     db = Path(env["XDG_DATA_HOME"]) / "orch" / "orch.db"
     assert _raw(db, "SELECT status FROM job") == [("planned",)]
+
+
+# --- the schema's documentation lists every word -----------------------------------------------
+
+
+def _doc_row(table: str, column: str) -> str:
+    """The Meaning cell of `column` in docs/schema.md's table of `table`."""
+    doc = (ROOT / "docs" / "schema.md").read_text()
+    section = doc.split(f"### `{table}`", 1)[1].split("\n### ", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| `{column}` |"))
+    return re.split(r"(?<!\\)\|", row)[4]  # `\|` inside a cell is a pipe, not a border
+
+
+def test_the_schema_doc_lists_every_stored_word() -> None:
+    words = {(t, c): _doc_row(t, c) for t, c in (
+        ("instance", "state"), ("instance", "end_reason"), ("warm_instance", "state"),
+        ("warm_instance", "end_reason"), ("server", "status"))}
+    assert all(f"`{s}`" in words["instance", "state"] for s in RowState)
+    assert all(f"`{r}`" in words["instance", "end_reason"] for r in EndReason
+               if r is not EndReason.EXPIRED)
+    assert all(f"`{s}`" in words["warm_instance", "state"] for s in WarmState)
+    assert all(f"`{r}`" in words["warm_instance", "end_reason"]
+               for r in (EndReason.EXPIRED, EndReason.RELEASED, EndReason.CANCELLED))
+    assert all(f"`{s}`" in words["server", "status"] for s in ServerStatus)
