@@ -27,7 +27,7 @@ from orchestrator.core.states import (
     StopKind,
     WarmState,
 )
-from orchestrator.engine.teardown import _END_OF
+from orchestrator.engine.teardown import END_REASON_OF
 from orchestrator.records.columns import (
     event_data,
     placement_record,
@@ -91,7 +91,7 @@ def test_each_stop_has_its_outcome_and_each_outcome_ends_its_instances() -> None
     assert [Outcome.of_stop(k) for k in StopKind] == [
         Outcome.CANCELLED, Outcome.INTERRUPTED, Outcome.STALLED, Outcome.LOST]
     # What Teardown.release_all writes as each instance's end (others: failed; lost: kept).
-    assert _END_OF == {Outcome.SUCCEEDED: EndReason.RELEASED,
+    assert END_REASON_OF == {Outcome.SUCCEEDED: EndReason.RELEASED,
                        Outcome.CANCELLED: EndReason.CANCELLED,
                        Outcome.REQUEUE: EndReason.INTERRUPTED,
                        Outcome.DATABASE: EndReason.INTERRUPTED}

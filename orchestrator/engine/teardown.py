@@ -30,8 +30,10 @@ from providers import retried
 from providers.base import KeepsMachine, NotFound, ProviderError, Volumes
 
 # How the instances of a run that ended so are closed (any other outcome: failed).
-_END_OF = {Outcome.SUCCEEDED: EndReason.RELEASED, Outcome.CANCELLED: EndReason.CANCELLED,
-           Outcome.REQUEUE: EndReason.INTERRUPTED, Outcome.DATABASE: EndReason.INTERRUPTED}
+END_REASON_OF = {Outcome.SUCCEEDED: EndReason.RELEASED,
+                 Outcome.CANCELLED: EndReason.CANCELLED,
+                 Outcome.REQUEUE: EndReason.INTERRUPTED,
+                 Outcome.DATABASE: EndReason.INTERRUPTED}
 
 
 class Teardown:
@@ -151,7 +153,7 @@ class Teardown:
         """Release every instance this run holds, as the run's `outcome` says."""
         if outcome is Outcome.LOST:
             return  # the new owner drives these instances now
-        reason = _END_OF.get(outcome, EndReason.FAILED)
+        reason = END_REASON_OF.get(outcome, EndReason.FAILED)
         for row_id in list(self.state.held):
             try:
                 self.release(row_id, reason)
