@@ -195,13 +195,23 @@ class Step:
     fault: Fault = Fault.HOST
 
 
+class StepOutcome(StrEnum):
+    """What a step did: its check passed (`ok`: a check-only step; `skipped`: nothing to
+    apply), it applied its change, or it failed (the event kind is `step.<outcome>`)."""
+
+    OK = "ok"
+    SKIPPED = "skipped"
+    CHANGED = "changed"
+    FAILED = "failed"
+
+
 @dataclass(frozen=True)
 class StepReport:
     """What one step did, as reported to `emit`."""
 
     playbook: str
     step: str
-    outcome: str  # skipped | changed | ok | failed
+    outcome: StepOutcome
     duration_s: float
     message: str = ""
     stderr_tail: str = ""
@@ -250,7 +260,7 @@ def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit,
         except (StepFailed, ssh.SSHError) as exc:
             fault = exc.fault if isinstance(exc, StepFailed) else _ssh_fault(exc)
             tail = exc.stderr_tail if isinstance(exc, StepFailed) else ""
-            report = StepReport(name, step.name, "failed", time.monotonic() - started,
+            report = StepReport(name, step.name, StepOutcome.FAILED, time.monotonic() - started,
                                 str(exc), tail, fault.value, at)
             reports.append(report)
             emit(report)
@@ -264,16 +274,16 @@ def run_playbook(name: str, steps: Sequence[Step], host: Host, emit: Emit,
     return reports
 
 
-def _run_step(step: Step, host: Host) -> tuple[str, str]:
+def _run_step(step: Step, host: Host) -> tuple[StepOutcome, str]:
     if step.check(host):
-        return ("ok" if step.apply is None else "skipped"), ""
+        return (StepOutcome.OK if step.apply is None else StepOutcome.SKIPPED), ""
     if step.apply is None:
         raise StepFailed(step.message, fault=step.fault)
     step.apply(host)
     if not step.check(host):
         raise StepFailed(f"{step.name}: applied, but the host still is not in the desired "
                          "state", fault=step.fault)
-    return "changed", ""
+    return StepOutcome.CHANGED, ""
 
 
 def _ssh_fault(exc: ssh.SSHError) -> Fault:

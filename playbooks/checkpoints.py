@@ -22,7 +22,8 @@ from pathlib import Path, PurePosixPath
 
 from playbooks import ssh
 from playbooks.base import Host
-from playbooks.train import _CHECKPOINT, TrainJob, _checkpoint_problem, list_dir
+from playbooks.train import TrainJob, _checkpoint_problem, list_dir
+from playbooks.trainjob import _CHECKPOINT
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
 _LOCAL = re.compile(r"checkpoint-([0-9]+)")

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
 from playbooks import (
@@ -160,9 +161,22 @@ def train_job(job: PipelineJob, layout: Layout, model_dir: str,
                           native=train.NativeEnv.mapped(paths or HostPaths()))
 
 
+class PhaseName(StrEnum):
+    """The pipeline's phases. A phase that announces itself (`Hooks.status`) is named as the
+    job status it puts the job in (`orchestrator.core.jobstatus.JobStatus`, same words);
+    `artifacts` is durable but no status of its own (the job is still merging)."""
+
+    PREPARING = "preparing"
+    TRAINING = "training"
+    MERGING = "merging"
+    ARTIFACTS = "artifacts"
+    EVALUATING = "evaluating"
+
+
+P = PhaseName
 # The phases whose completion is durable (the engine's job.phase_done), in order: a takeover
 # on the same instance skips those done; once the last is done a takeover finishes the job.
-DURABLE = ("training", "merging", "artifacts", "evaluating")
+DURABLE: tuple[PhaseName, ...] = (P.TRAINING, P.MERGING, P.ARTIFACTS, P.EVALUATING)
 
 
 @dataclass
@@ -210,8 +224,10 @@ class Hooks:
     def check_stop(self) -> None:
         """Raise if the run must stop now (cancelled, instance lost, stalled)."""
 
-    def status(self, status: str, message: str, **fields: object) -> None:
-        """The job entered `status` (a phase); `fields` go with it (durable progress)."""
+    def status(self, status: PhaseName, message: str, *, train_seconds: float | None = None,
+               phase_done: PhaseName | None = None) -> None:
+        """The job entered `status` (a phase); with it, durable progress: the seconds the
+        training took and the phase now done."""
 
     def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
         """Something worth telling the user happened."""
@@ -219,8 +235,8 @@ class Hooks:
     def emit(self, report: StepReport) -> None:
         """A playbook step finished."""
 
-    def phase_done(self, phase: str, **fields: object) -> None:
-        """A durable phase completed (persist it, with `fields`)."""
+    def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
+        """A durable phase completed (persist it; `artifacts`: with where they went)."""
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         """The prepare phase failed (the error is raised after this)."""
@@ -272,7 +288,7 @@ class Hooks:
 
 
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
-    hooks.status("preparing", "GPU check, Container Toolkit, base model to NVMe")
+    hooks.status(P.PREPARING, "GPU check, Container Toolkit, base model to NVMe")
     try:
         run.cache, run.runner = prepare(run.host, run.job, hooks.emit, hooks.check_stop)
     except PlaybookFailed as exc:
@@ -285,12 +301,12 @@ def _prepare(run: PipelineRun, hooks: Hooks) -> None:
 
 def _train(run: PipelineRun, hooks: Hooks) -> None:
     """Start (or resume, or reattach to) training and wait for it."""
-    if "training" in run.done:  # a takeover on the same instance after training ended
+    if P.TRAINING in run.done:  # a takeover on the same instance after training ended
         hooks.event("resume", f"{run.done[-1]} already done on this instance; resuming "
                     "after it")
         return
     host, tj = run.host, run.train_job
-    hooks.status("training", "training (detached on the host)")
+    hooks.status(P.TRAINING, "training (detached on the host)")
     status = train.status(host, tj)
     if status.state is not train.TrainState.RUNNING and (
             run.resume or status.state is train.TrainState.FAILED):
@@ -317,21 +333,21 @@ def _train(run: PipelineRun, hooks: Hooks) -> None:
 
 
 def _merge(run: PipelineRun, hooks: Hooks) -> None:
-    if "merging" in run.done:
+    if P.MERGING in run.done:
         return
     tj = run.train_job
     # One durable write: training done, with what it measured, as merging starts.
-    hooks.status("merging", "merging the adapter into the base model" if tj.adapter
+    hooks.status(P.MERGING, "merging the adapter into the base model" if tj.adapter
                  else "nothing to merge (full fine-tune)", train_seconds=run.train_seconds,
-                 phase_done="training")
+                 phase_done=P.TRAINING)
     run_playbook("merge", merge.steps(tj, poll_s=min(run.job.poll_s, 2.0)), run.host,
                  hooks.emit, hooks.check_stop)
-    hooks.phase_done("merging")
+    hooks.phase_done(P.MERGING)
 
 
 def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
     hooks.check_stop()
-    if "artifacts" in run.done:
+    if P.ARTIFACTS in run.done:
         return
     # The trained model comes back before evaluation starts: nothing that fails after
     # training (an eval set, lm-eval on the host) may lose what the GPU hours paid for.
@@ -362,7 +378,7 @@ def _artifacts(run: PipelineRun, hooks: Hooks) -> None:
                        "location": f"{job.kept_on}:{run.train_job.output_dir}"})
     hooks.event("delivered", "; ".join(f"{p['what']}: {p['location']}" for p in places),
                 {"places": places})
-    hooks.phase_done("artifacts", artifacts_dir=job.artifacts_dir)
+    hooks.phase_done(P.ARTIFACTS, artifacts_dir=job.artifacts_dir)
     hooks.trained(run)
 
 
@@ -371,7 +387,7 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
     job, tj = run.job, run.train_job
     if job.eval_set is not None or job.eval_tasks:
         hooks.check_stop()
-        hooks.status("evaluating", "serving the model with vLLM and scoring the evaluation")
+        hooks.status(P.EVALUATING, "serving the model with vLLM and scoring the evaluation")
         model, adapter = merge.served_dirs(tj, job.serving.served == "adapter")
         context = images.eval_context(job.config.sequence_len, bool(job.eval_tasks))
         try:
@@ -394,12 +410,12 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
 
 Phase = Callable[[PipelineRun, Hooks], None]
 # The job's phases, in production order (prepare always runs: it reattaches to the host).
-PHASES: Sequence[tuple[str, Phase]] = (
-    ("preparing", _prepare),
-    ("training", _train),
-    ("merging", _merge),
-    ("artifacts", _artifacts),
-    ("evaluating", _evaluate),
+PHASES: Sequence[tuple[PhaseName, Phase]] = (
+    (P.PREPARING, _prepare),
+    (P.TRAINING, _train),
+    (P.MERGING, _merge),
+    (P.ARTIFACTS, _artifacts),
+    (P.EVALUATING, _evaluate),
 )
 
 

@@ -342,3 +342,14 @@ def describe(info: ResumeInfo) -> dict[str, Any]:
             "resumed_from_step": info.step, "checkpoint": info.checkpoint,
             "last_step": info.last_step, "lost_steps": info.lost_steps,
             "moved_aside": list(info.moved_aside), "problems": list(info.problems)}
+
+
+# What callers use as `train.<name>`: this module's own and those of `trainjob` it re-exports.
+__all__ = [
+    "ADAPTER_WEIGHTS", "DEFAULT_IMAGE", "FULL_WEIGHTS", "OPTIMIZER_STATE", "WRAPPER",
+    "Detached", "NativeEnv", "Progress", "ResumeInfo", "Runner", "TrainJob", "TrainState",
+    "TrainStatus", "config_input", "deepspeed_text", "describe", "detect_runner",
+    "docker_options", "list_dir", "local_sha256", "log_tail", "parse_progress",
+    "prepare_resume", "remote_sha256", "render_config", "status", "steps", "train_argv",
+    "wait", "wrapper_step", "wrapper_text",
+]

@@ -25,6 +25,7 @@ from emulators.hosts import SimHostBackend
 from emulators.runpod import RunPodEmulator
 from emulators.tcpfault import FaultyHosts
 from emulators.vast import VastEmulator
+from rows import set_job_columns
 from test_emulator_hosts import RUNPOD_CATALOG as RUNPOD_GPUS
 from test_engine import Rig
 from test_engine_crash import (
@@ -145,7 +146,7 @@ def test_outage_gives_up_after_the_limit_with_a_clear_reason(rig: Rig,
         job_id = job_for(rig, "vastai")
         assert run(rig, {"vastai": hosts.serving(vast(emu))}, job_id).status == "queued"
         # The outage began long ago (as if the job had been retried for hours).
-        rig.store.update_job_fields(job_id, not_before=None,
+        set_job_columns(rig.store, job_id, not_before=None,
                                     outage_since=utcnow() - timedelta(hours=7))
         job = run(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
         assert job.status == "failed"

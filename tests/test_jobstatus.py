@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rows import set_job_columns
 
 from orchestrator.core.jobstatus import TRANSITIONS, JobStatus, allowed
 from orchestrator.records.store import (
     IllegalTransition,
     InvalidValueError,
+    JobUpdate,
     Store,
     open_store,
 )
@@ -59,15 +61,19 @@ def test_an_illegal_transition_is_refused_and_writes_nothing(store: Store) -> No
         store.set_status(job_id, OWNER, "planned")
     assert store.get_job(job_id).status == "provisioning"
     assert _statuses(store, job_id) == before
-    # A status change must go through set_status, which checks it.
-    with pytest.raises(InvalidValueError, match="cannot change a job's status"):
-        store.update_job_fields(job_id, status="succeeded")
+    # A status change must go through set_status, which checks it: no store setter takes a
+    # status, and the one that carries columns with a status change (JobUpdate) has none.
+    assert "status" not in JobUpdate.__annotations__
+    assert not hasattr(store, "update_job_fields")
+    # A word that is no job status is refused before anything is written.
+    with pytest.raises(InvalidValueError, match="unknown job status 'running'"):
+        store.set_status(job_id, OWNER, "running")  # type: ignore[arg-type]
     assert store.get_job(job_id).status == "provisioning"
 
 
 def test_a_planned_job_cannot_be_driven(store: Store) -> None:
     job_id = _claimed(store, status="planned")
-    store.update_job_fields(job_id, lease_owner=OWNER)
+    set_job_columns(store, job_id, lease_owner=OWNER)
     with pytest.raises(IllegalTransition, match="from planned it may become: cancelled"):
         store.set_status(job_id, OWNER, "training")
     assert store.request_cancel(job_id).status == "cancelled"
@@ -99,7 +105,7 @@ def test_each_move_the_engine_makes_is_allowed(store: Store, path: list[str]) ->
         assert job.status == status
         if status == "queued" and path[-1] != "queued":
             # The worker keeps its lease while it re-places the job.
-            store.update_job_fields(job_id, lease_owner=OWNER)
+            set_job_columns(store, job_id, lease_owner=OWNER)
     assert store.get_job(job_id).status == path[-1]
     assert _statuses(store, job_id)[-len(path):] == path
 
@@ -115,7 +121,7 @@ def test_the_store_s_own_moves_are_allowed(store: Store) -> None:
     store.set_status(b, OWNER, "interrupted")
     assert store.request_cancel(b).status == "cancelled"
     c = _claimed(store)
-    store.update_job_fields(c, lease_expires_at=None, lease_owner=None)
+    set_job_columns(store, c, lease_expires_at=None, lease_owner=None)
     assert store.cancel_orphan(c, "torn down")
     assert store.get_job(c).status == "cancelled"
     # `orch sweep --retry-failed`: failed → queued.

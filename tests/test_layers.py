@@ -36,10 +36,11 @@ ONLY_FROM = {"simhost": ("simhost", "providers.sim")}
 # Within a layer, packages that may reach only some of their siblings: (importer, scope,
 # what in scope it may import). The store is the bottom of records: it imports none of the
 # sweep, history or SQL modules, only the sweep's rules (run states and the gate), a leaf
-# its claim path shares with `orch sweep show`.
+# its claim path shares with `orch sweep show`, and the JSON columns' models (`columns`).
 SIBLING_RULES = (
     ("orchestrator.records.store", "orchestrator.records",
-     ("orchestrator.records.store", "orchestrator.records.sweep.rules")),
+     ("orchestrator.records.store", "orchestrator.records.sweep.rules",
+      "orchestrator.records.columns")),
 )
 # Stand-ins for the tools of a GPU host and the migrations are not application layers.
 SIZE_EXEMPT = ("simhost/",)
@@ -280,7 +281,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
     assert sideways(root) == [
         "orchestrator/records/store/jobs.py:1: orchestrator.records.store.jobs imports "
         "orchestrator.records.history: orchestrator.records.store may reach only "
-        "orchestrator.records.store and orchestrator.records.sweep.rules in orchestrator.records",
+        "orchestrator.records.store and orchestrator.records.sweep.rules and "
+        "orchestrator.records.columns in orchestrator.records",
         "providers/base.py:1: providers.base imports providers.sim.compute: provider folders "
         "are independent of each other, and the shared provider modules name none of them",
         "providers/vastai/compute.py:1: providers.vastai.compute imports providers.sim.compute: "

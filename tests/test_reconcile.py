@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import KeyPair
 from emulators.vast import VastEmulator
+from rows import set_job_columns
 
 from orchestrator.engine.reconcile import reconcile
 from orchestrator.records.store import Instance as InstanceRow
@@ -53,7 +54,7 @@ def test_orphans_are_terminated_and_live_jobs_kept(store: Store, cloud: SimCloud
     done, running = new_job(store, "succeeded"), new_job(store, "training")
     # A live worker drives `running` (its lease is current), so its instance is kept even
     # before the worker wrote the instance's id down.
-    store.update_job_fields(running, lease_owner="worker-1",
+    set_job_columns(store, running, lease_owner="worker-1",
                             lease_expires_at=utcnow() + timedelta(minutes=5))
     offer = spot_offer(cloud)
     finished = cloud.create(offer, ssh_keypair.public, done)

@@ -11,7 +11,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import click
 import typer
@@ -27,6 +27,9 @@ from orchestrator.cli import servers as cli_servers
 from orchestrator.cli import sweeps as cli_sweeps
 from orchestrator.cli import warmcmd as cli_warm
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
+
+if TYPE_CHECKING:
+    from orchestrator.records.store import Job
 
 app = typer.Typer(
     name="orch",
@@ -110,7 +113,7 @@ def prices(
     cli_offers.prices_run(gpu, since, json_out)
 
 
-def _job_dict(j: Any, now: datetime) -> dict[str, Any]:
+def _job_dict(j: "Job", now: datetime) -> dict[str, Any]:
     from orchestrator.cli.term import iso_utc
     from orchestrator.core.jobstatus import lease_state
     from orchestrator.records.store import from_micros
@@ -137,15 +140,18 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    from orchestrator.records.store import InvalidValueError
+    from orchestrator.core.jobstatus import JobStatus, parse_status
 
     if not 1 <= limit <= 100_000:
         fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
+    wanted: JobStatus | Literal["running"] | None = None
     try:
-        found = open_db().list_jobs(limit=limit, status=status)
-    except InvalidValueError as exc:
+        wanted = "running" if status == "running" else (
+            None if status is None else parse_status(status))
+    except ValueError as exc:
         fail(f"--status {status}: {exc}; or running (every state a worker drives)",
              EXIT_INVALID)
+    found = open_db().list_jobs(limit=limit, status=wanted)
     now = datetime.now(UTC)
     rows = [_job_dict(j, now) for j in found]
     if json_out:

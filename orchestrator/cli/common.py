@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
@@ -26,6 +26,7 @@ from orchestrator.cli.plan import EXIT_INVALID, EXIT_NO_FIT, load, money, proble
 if TYPE_CHECKING:
     from orchestrator.records.history import Reader
     from orchestrator.records.store import Store
+    from providers.base import Provider
 
 __all__ = ["EXIT_CANCELLED", "EXIT_ERROR", "EXIT_FAILED", "EXIT_INVALID", "EXIT_NO_FIT",
            "EXIT_NOT_FOUND", "JsonFlag", "fail", "history_reader", "load", "money",
@@ -47,7 +48,8 @@ def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     raise typer.Exit(code)
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: object) -> None:
+    """`obj` as indented JSON on stdout (what JSON lacks, as text: Decimal, datetime)."""
     typer.echo(json.dumps(obj, indent=2, default=str))
 
 
@@ -138,7 +140,7 @@ def require_runners(store: Store, file: Path, named: list[list[str] | None]) -> 
             fail(found.problem(file), EXIT_NO_FIT)
 
 
-def configured_here(store: Store) -> tuple[dict[str, Any], list[str]]:
+def configured_here(store: Store) -> tuple[dict[str, Provider], list[str]]:
     """The providers this machine can use (the simulated cloud too), and notes on those left
     out; exit 2 with one line for a malformed ORCH_SIM_* variable."""
     from orchestrator.engine.wiring import configured_providers

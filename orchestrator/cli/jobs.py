@@ -36,12 +36,14 @@ from orchestrator.cli.jobview import (
     print_summary,
 )
 from orchestrator.cli.stops import stops_delivered
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.states import EndReason
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
     from orchestrator.engine.market import Market
     from orchestrator.engine.runner import Options
-    from orchestrator.records.store import Job, Store
+    from orchestrator.records.store import Event, Instance, Job, Store
 
 
 def _env_float(name: str, default: float) -> float:
@@ -75,13 +77,13 @@ def engine_options(quick: bool = False) -> "Options":
 
 
 def _sim_only(job: "Job") -> bool:
-    spec = json.loads(job.spec_json)
-    named = (spec.get("resources") or {}).get("providers") or []
+    named = job.spec().resources.providers or []
     return bool(named) and set(named) == {"sim"}
 
 
 def _exit_code(job: "Job") -> int:
-    return {"succeeded": 0, "cancelled": EXIT_CANCELLED}.get(job.status, EXIT_FAILED)
+    return {JobStatus.SUCCEEDED: 0, JobStatus.CANCELLED: EXIT_CANCELLED}.get(job.status,
+                                                                            EXIT_FAILED)
 
 
 JobIdArg = Annotated[str, typer.Argument(help="The job id (j-...).")]
@@ -104,7 +106,7 @@ def submit(
 
     loaded = load(file)
     store = open_db()
-    status = "planned" if dry_run else "queued"
+    status = JobStatus.PLANNED if dry_run else JobStatus.QUEUED
     # Checked before anything is recorded, in every mode: a job nothing here can run is
     # neither queued for a worker to fail nor planned as if it could run.
     require_runners(store, file, [loaded.spec.resources.providers])
@@ -343,8 +345,7 @@ def show(
             "attempt": r.attempt, "state": r.state, "end_reason": r.end_reason,
             "created_at": iso(r.created_at), "terminated_at": iso(r.terminated_at),
             "cost": str(charged), "amortised": str(amortised)})
-    placement = json.loads(job.placement_json or "{}")
-    ranked = [placement.get("placement"), *placement.get("alternatives", [])]
+    ranked = [p.as_stored() for p in job.placement().ranked()]
     ranked = [p for p in ranked if p]
     evs = store.events(job.id)
     if json_out:
@@ -359,7 +360,8 @@ def show(
     _print_events(job, evs, events)
 
 
-def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], rows: list[Any],
+def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]],
+                   rows: list["Instance"],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
     from orchestrator.cli.tables import table
@@ -392,7 +394,7 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], 
             typer.echo(f"  ... {len(ranked) - 8} more (--json)")
 
 
-def _print_events(job: "Job", evs: list[Any], events: int) -> None:
+def _print_events(job: "Job", evs: list["Event"], events: int) -> None:
     """`orch show`'s newest `events` events."""
     from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time, prose
@@ -436,14 +438,14 @@ def logs(
         time.sleep(0.5)
 
 
-def _print_event(e: Any, json_out: bool) -> None:
+def _print_event(e: "Event", json_out: bool) -> None:
     """One line of `orch logs`: a JSON object, or time, kind and message."""
     from orchestrator.cli.term import human_time
+    from orchestrator.records.columns import document
 
     if json_out:
         typer.echo(json.dumps({"id": e.id, "at": iso(e.at), "kind": e.kind,
-                               "message": e.message,
-                               "data": json.loads(e.data_json or "null")}))
+                               "message": e.message, "data": document(e.data_json)}))
     else:
         typer.echo(f"{human_time(e.at)}  {e.kind:<20} {event_line(e)}")
 
@@ -477,15 +479,15 @@ def cancel(
         time.sleep(0.3)
         job = store.get_job(job_id)
     left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
-    if left and job.status == "cancelled" and _orphaned(store, job):
+    if left and job.status == JobStatus.CANCELLED and _orphaned(store, job):
         # A requeued job no worker has adopted yet still holds its instance: nobody
         # else will tear it down.
         from orchestrator.engine.recovery import teardown_open
 
-        teardown_open(store, configured_here(store)[0], job_id, "cancelled")
+        teardown_open(store, configured_here(store)[0], job_id, EndReason.CANCELLED)
         left = [r for r in store.instances_of(job_id) if r.terminated_at is None]
     # What the worker did ("cancelled in evaluating; adapter kept at ...; ... terminated").
-    said = _final_message(store, job_id) if job.status == "cancelled" else None
+    said = _final_message(store, job_id) if job.status == JobStatus.CANCELLED else None
     if json_out:
         print_json({"job_id": job_id, "status": job.status, "message": said,
                    "instances_left": [r.provider_instance_id for r in left]})
@@ -493,7 +495,7 @@ def cancel(
         typer.echo(f"{job_id}: {said or job.status}" + (
             f"; {len(left)} instance(s) not yet terminated, run `orch reconcile`"
             if left and not (said and "orch reconcile" in said) else ""))
-    if job.status != "cancelled" and job.status not in FINAL_STATUSES:
+    if job.status != JobStatus.CANCELLED and job.status not in FINAL_STATUSES:
         raise typer.Exit(EXIT_FAILED)
 
 
@@ -550,7 +552,7 @@ def _train_logs(store: "Store", job_id: str, follow: bool, json_out: bool) -> No
 
 
 def _next_is_sim(store: "Store") -> bool:
-    queued = store.list_jobs(limit=1, status="queued")
+    queued = store.list_jobs(limit=1, status=JobStatus.QUEUED)
     return bool(queued) and _sim_only(queued[0])
 
 
@@ -562,5 +564,5 @@ def _cancel_orphan(store: "Store", job: "Job") -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
     from orchestrator.engine.recovery import teardown_open
 
-    teardown_open(store, configured_here(store)[0], job.id, "cancelled")
+    teardown_open(store, configured_here(store)[0], job.id, EndReason.CANCELLED)
     store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

@@ -3,19 +3,20 @@ event's line (`orch submit`, `orch show`, `orch logs`)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
+from orchestrator.core.states import EventKind
+
 if TYPE_CHECKING:
     from orchestrator.engine.runner import Progress
-    from orchestrator.records.store import Job, Store
+    from orchestrator.records.store import Event, Instance, Job, Metric, Store
 
 
 class Display:
@@ -26,7 +27,7 @@ class Display:
     leave a cut-off line behind.
     """
 
-    def __init__(self, stream: Any = sys.stderr) -> None:
+    def __init__(self, stream: TextIO = sys.stderr) -> None:
         from orchestrator.cli.term import colour_enabled, is_tty
 
         self.stream = stream
@@ -99,13 +100,12 @@ def kept_warm(store: Store, job_id: str) -> dict[str, Any] | None:
 def delivered(store: Store, job_id: str) -> list[dict[str, str]]:
     """Where each artifact of the job is (the last `delivered` event: what, where, location)."""
     for event in reversed(store.events(job_id)):
-        if event.kind == "delivered":
-            places: list[dict[str, str]] = json.loads(event.data_json or "{}").get("places") or []
-            return places
+        if event.kind == EventKind.DELIVERED:
+            return [p.as_stored() for p in event.data().places or ()]
     return []
 
 
-def time_summary(job: Job, instances: list[Any]) -> dict[str, Any]:
+def time_summary(job: Job, instances: list[Instance]) -> dict[str, Any]:
     """Estimated and actual hours: billed (every instance, create to terminate) and training.
 
     The estimates are what the planner priced at submit (`est_hours`, and the training part
@@ -118,14 +118,14 @@ def time_summary(job: Job, instances: list[Any]) -> dict[str, Any]:
     now = utcnow()
     billed = (float(sum(hours_between(r.created_at, r.terminated_at or now) for r in instances))
               if instances else None)
-    placed = json.loads(job.placement_json or "{}").get("placement") or {}
+    placed = job.placement().placement
     train_s = job.train_seconds
     return {
         "est_hours": job.est_hours, "hours": billed,
-        "est_training_hours": placed.get("est_training_hours"),
+        "est_training_hours": None if placed is None else placed.est_training_hours,
         "training_hours": None if train_s is None else train_s / 3600,
         "tokens_per_s": job.tokens / train_s if job.tokens and train_s else None,
-        "throughput_source": placed.get("throughput_source"),
+        "throughput_source": None if placed is None else placed.throughput_source,
     }
 
 
@@ -143,7 +143,8 @@ def _hours(x: float) -> str:
     return f"{x * 60:.1f} min" if x * 60 >= 1 else f"{x * 3600:.0f} s"
 
 
-def iso(value: Any) -> str | None:
+def iso(value: datetime | None) -> str | None:
+    """A stored time as scripts read it (`term.iso_utc`)."""
     from orchestrator.cli.term import iso_utc
 
     return iso_utc(value)
@@ -207,7 +208,7 @@ def _kind(s: dict[str, Any]) -> str:
     return "spot" if s["interruptible"] else "on-demand"
 
 
-def loss_curve(metrics: list[Any], columns: int) -> str:
+def loss_curve(metrics: list[Metric], columns: int) -> str:
     """The training loss as a sparkline that fits `columns`, with its first, last and min."""
     from orchestrator.cli.term import sparkline
 
@@ -221,11 +222,11 @@ def loss_curve(metrics: list[Any], columns: int) -> str:
     return f"{head}\n  {sparkline(values, max(8, columns - 2))}"
 
 
-def event_line(event: Any) -> str:
+def event_line(event: Event) -> str:
     """An event's message; a state change says which state it entered."""
-    if event.kind != "state":
+    if event.kind != EventKind.STATE:
         return str(event.message)
-    status = json.loads(event.data_json or "{}").get("status", "")
+    status = event.data().status or ""
     message = str(event.message)
     return message if not status or message.startswith(status) else f"{status}: {message}"
 

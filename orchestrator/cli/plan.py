@@ -10,14 +10,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
+    from decimal import Decimal
 
     from orchestrator.core.planning import Plan
     from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
+    from orchestrator.engine.runnable import Runners
+    from providers.dedicated.compute import RegisteredServer
+
+_T = TypeVar("_T")
 
 # Exit codes scripts can rely on.
 EXIT_INVALID = 2  # a job file or argument is wrong
@@ -48,7 +53,8 @@ def load(path: Path) -> LoadedJob:
         problems_exit(path, exc.problems)
 
 
-def plan_job(job: LoadedJob, servers: list[Any], market: Market | None = None) -> Plan:
+def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | None = None
+             ) -> Plan:
     """`job` planned on `market`'s live offers when some provider answered, else on the
     price catalogs; exits EXIT_NO_FIT (with the gap) when nothing fits."""
     from orchestrator.core.planning import make_plan
@@ -57,8 +63,8 @@ def plan_job(job: LoadedJob, servers: list[Any], market: Market | None = None) -
 
     live = list(market.offers) if market is not None and market.answered else None
     try:
-        return make_plan(job, servers, without_db(measured_throughput, {}), live,
-                         warm=without_db(parked_warm, []))
+        return make_plan(job, servers, without_db(measured_throughput) or {}, live,
+                         warm=without_db(parked_warm) or [])
     except NoFit as exc:
         _err(f"error: {job.path}: {exc}")
         _err(offers_line(market))  # where the offers were looked for, and why there
@@ -69,7 +75,8 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
 
 
-def money(value: Any) -> str:
+def money(value: Decimal | str | None) -> str:
+    """Dollars for people (`core.money.usd`)."""
     from orchestrator.core.money import usd
 
     return usd(value)
@@ -189,14 +196,14 @@ def warm_lines(plan: Plan) -> list[str]:
                   "first, a fresh machine is rented")]
 
 
-def servers_for_plan() -> list[Any]:
+def servers_for_plan() -> list[RegisteredServer]:
     from orchestrator.records.readonly import registered_servers
 
-    return list(without_db(registered_servers, []))
+    return without_db(registered_servers) or []
 
 
-def without_db(read: Any, empty: Any) -> Any:
-    """`read(db_url)`, or `empty` with a note when the database cannot be read: planning
+def without_db(read: Callable[[str], _T]) -> _T | None:
+    """`read(db_url)`, or None with a note when the database cannot be read: planning
     needs no database (it only adds registered servers and measured throughput)."""
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.readonly import Unavailable
@@ -207,13 +214,13 @@ def without_db(read: Any, empty: Any) -> Any:
         if str(exc) not in _NOTED:  # servers and throughput fail alike: say it once
             _NOTED.add(str(exc))
             _err(f"note: {exc}; planning without registered servers and measured throughput")
-        return empty
+        return None
 
 
 _NOTED: set[str] = set()
 
 
-def runs_on(plan: Plan, who: Any) -> str:
+def runs_on(plan: Plan, who: Runners) -> str:
     """Who would run the plan here: catalog prices are estimates, not a provider."""
     from orchestrator.engine.runnable import HOW_TO_CONFIGURE
 

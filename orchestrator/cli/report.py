@@ -8,11 +8,14 @@ imported only when the command runs, so no other command loads it.
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from orchestrator.cli.common import EXIT_INVALID, EXIT_NOT_FOUND, fail, open_db
+
+if TYPE_CHECKING:
+    from orchestrator.records.store import Job, Store
 
 
 class PlotlyFrom(StrEnum):
@@ -26,8 +29,8 @@ class PlotlyFrom(StrEnum):
 CONTEXT_DAYS = "30d"
 
 
-def _select(store: Any, job_id: str | None, sweep: str | None, since: datetime | None
-            ) -> tuple[str, list[Any], dict[str, str]]:
+def _select(store: "Store", job_id: str | None, sweep: str | None, since: datetime | None
+            ) -> tuple[str, list["Job"], dict[str, str]]:
     """(title, jobs oldest first, sweep id → name) for what the arguments name."""
     from sqlmodel import col, select
 

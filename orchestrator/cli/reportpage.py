@@ -12,14 +12,18 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.term import human_time
+
+if TYPE_CHECKING:
+    from orchestrator.records.columns import PlacementChoice
+    from orchestrator.records.historyread import Reader
+    from orchestrator.records.store import Job, Store
 
 INSTALL_HINT = ("orch report draws its charts with plotly, the report extra: in orch's "
                 "checkout run .venv/bin/pip install -e '.[report]'")
@@ -54,7 +58,7 @@ class RunData:
     amortised: Decimal
     est_cost: Decimal | None
     est_hours: float | None
-    placement: dict[str, Any]
+    placement: PlacementChoice | None  # the plan's choice, recorded at submit
     loss: list[tuple[int, float]]
     metrics: dict[str, float]
 
@@ -71,7 +75,7 @@ class ReportData:
     plotly: str = "inline"  # one of PLOTLY_MODES
 
 
-def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
+def run_data(store: Store, job: Job, sweep_name: str | None) -> RunData:
     """A job's row, metrics and placement as RunData."""
     from orchestrator.records.store import from_micros
 
@@ -82,18 +86,18 @@ def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
             metrics[m.name] = m.value
         elif m.name == "train.loss":
             by_step[m.step] = m.value  # a resumed run reports a step again: the last counts
-    placement = json.loads(job.placement_json or "{}").get("placement") or {}
     return RunData(
         id=job.id, name=job.name, status=job.status, sweep=sweep_name, provider=job.provider,
         gpu=job.gpu, gpu_count=job.gpu_count, spot=job.interruptible,
         created_at=job.created_at, cost=from_micros(job.cost_micros),
         storage=from_micros(job.storage_micros), amortised=from_micros(job.amortised_micros),
         est_cost=None if job.est_cost_micros is None else from_micros(job.est_cost_micros),
-        est_hours=job.est_hours, placement=placement, loss=sorted(by_step.items()),
+        est_hours=job.est_hours, placement=job.placement().placement,
+        loss=sorted(by_step.items()),
         metrics=metrics)
 
 
-def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime,
+def cost_rows(reader: Reader | None, when: str, since: datetime | None, now: datetime,
               ids: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts, of
     the jobs `ids` (none: every job since `since`)."""
@@ -244,6 +248,13 @@ def _metrics_section(go: Any, runs: list[RunData]) -> list[str]:
     return sections
 
 
+def _field(placement: PlacementChoice | None, name: str) -> str:
+    """A field of the recorded placement as the table shows it (`-`: not recorded)."""
+    if placement is None or name not in placement.model_fields_set:
+        return "-"
+    return str(getattr(placement, name))
+
+
 def _cost_section(go: Any, runs: list[RunData]) -> list[str]:
     """Each run's placement and cost: a stacked bar chart and a table."""
     e = html.escape
@@ -263,7 +274,7 @@ def _cost_section(go: Any, runs: list[RunData]) -> list[str]:
         where = (f"{r.provider} {r.gpu} x{r.gpu_count}" if r.gpu else "not placed")
         kind = "-" if r.spot is None else ("spot" if r.spot else "on-demand")
         rows.append([e(r.id), e(r.name), e(r.status), e(where), e(kind),
-                     e(str(p.get("strategy", "-"))), e(str(p.get("billing", "-"))),
+                     e(_field(p, "strategy")), e(_field(p, "billing")),
                      "-" if r.est_hours is None else e(f"{r.est_hours:.2f}"),
                      _usd(r.est_cost), _usd(r.cost), _usd(r.storage), _usd(r.amortised),
                      e(human_time(r.created_at))])

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -26,6 +26,10 @@ from orchestrator.cli.common import (
     open_db,
     print_json,
 )
+
+if TYPE_CHECKING:
+    from orchestrator.cli.serverprobe import ServerFacts
+    from orchestrator.records.store import Server
 
 EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
@@ -167,7 +171,7 @@ def servers_trust(
 # --- list and remove -------------------------------------------------------------------------
 
 
-def _server_dict(s: Any) -> dict[str, Any]:
+def _server_dict(s: "Server") -> dict[str, Any]:
     from orchestrator.core.utc import iso_z
     from orchestrator.records.store import from_micros
 
@@ -220,20 +224,21 @@ def servers_remove(name: NameArg) -> None:
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def scrubber() -> Callable[[Any], list[str]]:
+def scrubber() -> Callable[["Server"], list[str]]:
     """For `orch reconcile`: remove the secret files a crashed job left on a kept server."""
 
-    def scrub(server: Any) -> list[str]:
+    def scrub(server: "Server") -> list[str]:
         from orchestrator.cli.serverprobe import scrub_secrets
         from orchestrator.engine.runner import ensure_key
 
         key_path, _ = ensure_key()
+        assert server.host_key is not None  # reconcile scrubs only servers it pinned
         return scrub_secrets(server.host, server.port, server.user, key_path, server.host_key)
 
     return scrub
 
 
-def _get(name: str) -> Any:
+def _get(name: str) -> "Server":
     for s in open_db().list_servers():
         if s.name == name:
             return s
@@ -241,7 +246,7 @@ def _get(name: str) -> Any:
 
 
 def _probe_or_exit(host: str, port: int, user: str, gpu: str, gpu_count: int, *,
-                   pinned: str | None, name: str) -> Any:
+                   pinned: str | None, name: str) -> "ServerFacts":
     from orchestrator.cli.serverprobe import ProbeError, probe
     from orchestrator.engine.runner import ensure_key
 
@@ -272,7 +277,7 @@ def _gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 1024**3:,.0f} GiB"
 
 
-def _report(facts: Any, json_out: bool, payload: dict[str, Any] | None) -> None:
+def _report(facts: "ServerFacts", json_out: bool, payload: dict[str, Any] | None) -> None:
     if json_out:
         if payload is not None:
             print_json(payload)

@@ -38,6 +38,7 @@ from orchestrator.cli.common import (
     problems_exit,
     require_runners,
 )
+from orchestrator.core.states import SWEEP_COUNTED, SweepRunState
 
 if TYPE_CHECKING:
     from orchestrator.core.sweepspec import LoadedSweep
@@ -111,7 +112,7 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
                        err=True)
         for warning in report.warnings:
             typer.echo(f"warning: {file}: {warning}", err=True)
-        cancelled = report.counts.get("cancelled", 0)
+        cancelled = report.counts.get(SweepRunState.CANCELLED, 0)
         if retry_failed and cancelled:
             stay = "runs stay" if cancelled != 1 else "run stays"
             typer.echo(f"note: {file}: {cancelled} cancelled {stay} cancelled: --retry-failed "
@@ -202,7 +203,8 @@ def _show(name: str, json_out: bool) -> None:
         b = status["best"]
         lines.append(f"best ({obj['goal']} {obj['metric']}): {b['job_id']} {b['name']} "
                      f"{obj['metric']}={_metric(b['metric'])} ({_params(b['params'])})")
-    failed = [r for r in status["runs"] if r["state"] == "failed" and r["failure_reason"]]
+    failed = [r for r in status["runs"]
+              if r["state"] == SweepRunState.FAILED and r["failure_reason"]]
     for r in failed:
         lines.append(f"  {r['job_id']} failed: {r['failure_reason'].splitlines()[0]}")
     typer.echo("\n".join(lines))
@@ -328,10 +330,9 @@ def sweeps(json_out: JsonFlag = False) -> None:
         b = s["best"]
         best = "-" if b is None else (f"{b['job_id']} {s['objective']['metric']}="
                                       f"{_metric(b['metric'])}")
-        out.append([s["sweep"], len(s["runs"]), c["succeeded"], c["running"], c["queued"],
-                    c["failed"], c["cancelled"], spent, best])
-    typer.echo(table(["name", "runs", "succeeded", "running", "queued", "failed", "cancelled",
-                      "spent / budget", "best"], out, right=[1, 2, 3, 4, 5, 6, 7],
+        out.append([s["sweep"], len(s["runs"]), *(c[k] for k in SWEEP_COUNTED), spent, best])
+    typer.echo(table(["name", "runs", *SWEEP_COUNTED, "spent / budget", "best"], out,
+                     right=[1, 2, 3, 4, 5, 6, 7],
                      drop=[3, 4, 2]))
 
 

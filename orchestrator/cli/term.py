@@ -12,6 +12,9 @@ import sys
 from datetime import UTC, datetime
 from typing import TextIO
 
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.states import ServerStatus, SweepRunState
+
 # The one human form of a time: local wall-clock time and the zone it is in, to the second
 # (`2026-12-03 08:17:44 CET`). --json always carries UTC ISO-8601 instead (iso_utc).
 HUMAN_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
@@ -85,11 +88,13 @@ def width(stream: TextIO | None = None) -> int:
 
 
 # Green for done, red for gave up, yellow for stopped or waiting, cyan for under way.
-_STATE_COLOURS = {
-    "succeeded": "32", "done": "32", "idle": "32",
-    "failed": "31", "nofit": "31", "error": "31", "disabled": "31",
-    "cancelled": "33", "interrupted": "33", "queued": "33", "planned": "33",
-    "held": "33", "busy": "36",
+_STATE_COLOURS: dict[str, str] = {
+    JobStatus.SUCCEEDED: "32", "done": "32", ServerStatus.IDLE: "32",
+    JobStatus.FAILED: "31", SweepRunState.NOFIT: "31", "error": "31",
+    ServerStatus.DISABLED: "31",
+    JobStatus.CANCELLED: "33", JobStatus.INTERRUPTED: "33", JobStatus.QUEUED: "33",
+    JobStatus.PLANNED: "33",
+    "held": "33", ServerStatus.BUSY: "36",
     "lapsed": "31",  # a job's lease its worker stopped renewing (`orch jobs`)
     "-": "",  # nothing to say: no colour
 }

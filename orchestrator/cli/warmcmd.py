@@ -20,6 +20,7 @@ from orchestrator.cli.common import (
     open_db,
     print_json,
 )
+from orchestrator.core.states import EndReason, WarmState
 
 
 def _list(all_rows: bool, json_out: bool) -> None:
@@ -63,7 +64,7 @@ def _release(ids: list[int], all_parked: bool, json_out: bool) -> None:
     store = open_db()
     try:
         providers, _notes = configured_here(store)
-        rows = store.warm_instances(("parked", "ending"))
+        rows = store.warm_instances((WarmState.PARKED, WarmState.ENDING))
         chosen = rows if all_parked else [r for r in rows if r.id in ids]
         unknown = sorted(set(ids) - {r.id for r in rows})
         results = []
@@ -72,7 +73,7 @@ def _release(ids: list[int], all_parked: bool, json_out: bool) -> None:
             if provider is None:
                 results.append((row, f"provider {row.provider} is not configured here"))
                 continue
-            ended = end_one(store, provider, row, "released", expired_only=False)
+            ended = end_one(store, provider, row, EndReason.RELEASED, expired_only=False)
             results.append((row, "taken by a job meanwhile" if ended is None else
                             ended.error or "terminated"))
     finally:

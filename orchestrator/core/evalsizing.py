@@ -30,8 +30,7 @@ from typing import Literal
 from orchestrator.core import money
 from orchestrator.core.architectures import Architecture
 from orchestrator.core.sizing import BF16, FP32, GIB, NF4, NF4_DOUBLE_QUANT_SCALES, Method
-from providers.base import Offer
-from providers.catalog import GpuSpec
+from providers.base import GpuSpec, Offer
 
 Served = Literal["merged", "adapter"]  # bf16 merged model | 4-bit base + LoRA adapter
 # "same": on the training machine, the only placement the engine runs (docs/architecture.md,

@@ -44,15 +44,21 @@ class JobStatus(StrEnum):
 
 
 S = JobStatus
-JOB_STATUSES: tuple[str, ...] = tuple(s.value for s in JobStatus)
+# Every status in lifecycle order (docs/schema.md's job-states table).
+JOB_STATUSES: tuple[JobStatus, ...] = tuple(JobStatus)
 # States in which a worker is driving the job (and may hold a paid instance).
-ACTIVE_STATUSES: tuple[str, ...] = (
-    "provisioning", "connecting", "preparing", "training", "merging", "evaluating", "releasing",
-)
+ACTIVE_STATUSES: frozenset[JobStatus] = frozenset({
+    S.PROVISIONING, S.CONNECTING, S.PREPARING, S.TRAINING, S.MERGING, S.EVALUATING, S.RELEASING,
+})
 # States after which nothing more happens to the job.
-FINAL_STATUSES: tuple[str, ...] = ("succeeded", "failed", "cancelled")
+FINAL_STATUSES: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+# States in which a job counts against a sweep's max_parallel and `orch jobs --status running`
+# lists it: a worker drives it (an interrupted job is being re-placed by its worker).
+RUNNING_STATUSES: frozenset[JobStatus] = ACTIVE_STATUSES | {S.INTERRUPTED}
+# States in which `orch cancel` cancels a job at once: no worker drives it to a stop.
+CANCELLED_AT_ONCE: frozenset[JobStatus] = frozenset({S.QUEUED, S.PLANNED, S.INTERRUPTED})
 
-_ACTIVE = frozenset(JobStatus(s) for s in ACTIVE_STATUSES)
+_ACTIVE = ACTIVE_STATUSES
 # Where a worker may take a job it drives (also while re-placing it, queued or interrupted).
 _STOPS = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.INTERRUPTED, S.QUEUED})
 
@@ -67,12 +73,26 @@ TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 
-def allowed(current: str, new: str) -> bool:
+def parse_status(word: str) -> JobStatus:
+    """The status `word` names; ValueError saying which words there are otherwise."""
+    try:
+        return JobStatus(word)
+    except ValueError:
+        raise ValueError(f"unknown job status {str(word)!r}; use one of "
+                         f"{', '.join(JOB_STATUSES)}") from None
+
+
+def allowed(current: JobStatus, new: JobStatus) -> bool:
     """Whether a job in `current` may move to `new` (both known statuses)."""
     return JobStatus(new) in TRANSITIONS[JobStatus(current)]
 
 
-def why_not(current: str, new: str) -> str:
+def in_order(statuses: frozenset[JobStatus]) -> tuple[JobStatus, ...]:
+    """`statuses` in lifecycle order (for SQL `IN` lists and messages: a set has no order)."""
+    return tuple(s for s in JobStatus if s in statuses)
+
+
+def why_not(current: JobStatus, new: JobStatus) -> str:
     """The message for a refused move from `current` to `new`."""
     targets = sorted(TRANSITIONS[JobStatus(current)])
     can = ", ".join(targets) if targets else "nothing (it is final)"
@@ -92,6 +112,6 @@ def lease_state(owner: str | None, expires_at: datetime | None, now: datetime
 
 
 __all__ = [
-    "ACTIVE_STATUSES", "FINAL_STATUSES", "JOB_STATUSES", "TRANSITIONS", "JobStatus", "allowed",
-    "lease_state", "why_not",
+    "ACTIVE_STATUSES", "CANCELLED_AT_ONCE", "FINAL_STATUSES", "JOB_STATUSES", "RUNNING_STATUSES",
+    "TRANSITIONS", "JobStatus", "allowed", "in_order", "lease_state", "parse_status", "why_not",
 ]

@@ -30,10 +30,10 @@ from orchestrator.core.spec import (
     LoadedJob,
     Money,
     SpecError,
-    Strict,
     read_mapping,
 )
 from orchestrator.core.specerrors import submodel
+from orchestrator.core.strictmodel import Strict
 
 # More runs than this is a typo in a grid, not an experiment anyone pays for.
 MAX_RUNS = 1000

@@ -165,7 +165,7 @@ def efficiency(w: Workload, gpu: GpuSpec, compiled: bool = False) -> float:
 
     `compiled` is for published points measured with torch.compile; orch's runs are not.
     """
-    width = (w.arch.hidden_size / REFERENCE_WIDTH) ** WIDTH_EXPONENT
+    width: float = (w.arch.hidden_size / REFERENCE_WIDTH) ** WIDTH_EXPONENT
     e = min(1.0, gpu.mfu * width)  # no GPU beats its peak, however wide the model
     if w.method == "qlora":
         e *= QLORA_SPEED

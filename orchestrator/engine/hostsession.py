@@ -20,6 +20,8 @@ from tenacity import RetryCallState
 
 from orchestrator import retrying
 from orchestrator.core import throughput
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.states import EndReason, RowState, StopKind
 from orchestrator.engine import recovery, trainlog
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
@@ -37,10 +39,10 @@ from orchestrator.engine.runner_core import (
 )
 from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
-from orchestrator.records.store import LeaseLost
+from orchestrator.records.store import JobUpdate, LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
-from playbooks.pipeline import PipelineRun
+from playbooks.pipeline import PhaseName, PipelineRun
 from providers.base import (
     Instance,
     KeepsMachine,
@@ -53,7 +55,7 @@ from providers.base import (
 )
 
 # Statuses whose start is a crash-test failpoint (ORCH_FAILPOINT=<status>).
-_FAILPOINTS = frozenset({"training", "merging", "evaluating"})
+_FAILPOINTS = frozenset({JobStatus.TRAINING, JobStatus.MERGING, JobStatus.EVALUATING})
 
 # Times one attempt connects again after its SSH connection dropped (issue 23 §2).
 SSH_RETRIES = 3
@@ -145,24 +147,25 @@ class HostSession:
     def _connect(self, placed: Placed) -> Host:
         """Wait until the instance runs, pin its host key, open SSH: the pipeline's Host."""
         row_id, provider, inst = placed.row_id, placed.provider, placed.inst
-        self.ledger.set("connecting", f"waiting for {inst.provider} instance {inst.instance_id}")
+        self.ledger.set(JobStatus.CONNECTING,
+                        f"waiting for {inst.provider} instance {inst.instance_id}")
         self.state.watching = None
         deadline = time.monotonic() + self.state.opts.boot_deadline_s
         while not inst.reachable:
             self.state.check_stop()
             if inst.state in LOST:
                 why = inst.message or inst.raw_status
-                raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
+                raise Stop(StopKind.INTERRUPTED, f"{inst.provider} instance {inst.instance_id} "
                            f"{inst.state.value} before it booted: {why}")
             if time.monotonic() > deadline:
-                self.teardown.release(row_id, "unreachable")
-                raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} not "
+                self.teardown.release(row_id, EndReason.UNREACHABLE)
+                raise Stop(StopKind.INTERRUPTED, f"{inst.provider} instance {inst.instance_id} not "
                            f"running after {self.state.opts.boot_deadline_s:.0f}s")
             time.sleep(min(1.0, self.state.opts.watch_s))
             try:
                 inst = provider.get(inst.instance_id)
             except NotFound as exc:
-                raise Stop("interrupted", f"{inst.provider} instance {inst.instance_id} "
+                raise Stop(StopKind.INTERRUPTED, f"{inst.provider} instance {inst.instance_id} "
                            "vanished while booting") from exc
             except TransientError:
                 continue
@@ -177,9 +180,9 @@ class HostSession:
                 raise self._unreachable(placed, exc) from exc
             if kept is not None:  # the server outlives the job: its registry pins the key
                 self.state.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
-        self.state.store.update_instance(row_id, host=inst.ssh_host, port=inst.ssh_port,
-                                         ssh_user=inst.ssh_user, host_key=host_key,
-                                         state=inst.state.value)
+        self.state.store.record_address(row_id, host=inst.ssh_host, port=inst.ssh_port,
+                                        ssh_user=inst.ssh_user, host_key=host_key,
+                                        state=RowState(inst.state.value))
         self.state.watching = (inst.provider, inst.instance_id)
         try:
             conn = self.state.factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user,
@@ -195,8 +198,8 @@ class HostSession:
     def _unreachable(self, placed: Placed, exc: Exception) -> Stop:
         """A host that stays unreachable over SSH: release it; the job is re-placed."""
         inst = placed.inst
-        self.teardown.release(placed.row_id, "unreachable")
-        return Stop("interrupted", f"SSH to {inst.provider} instance {inst.instance_id} "
+        self.teardown.release(placed.row_id, EndReason.UNREACHABLE)
+        return Stop(StopKind.INTERRUPTED, f"SSH to {inst.provider} instance {inst.instance_id} "
                     f"failed: {exc}")
 
     def _known_host_key(self, row_id: int, inst: Instance,
@@ -231,9 +234,9 @@ class HostSession:
                           train_seconds=job.train_seconds or 0.0)
         pipeline.run_phases(run, JobHooks(self, placed))
         self.state.check_cancel()
-        self.ledger.set("releasing", "artifacts copied to " + pj.artifacts_dir
+        self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
                         + "; releasing the instance")
-        failpoint("releasing")
+        failpoint(JobStatus.RELEASING)
 
     def on_train_progress(self, p: train.Progress) -> None:
         progress = self.ledger.progress
@@ -284,13 +287,20 @@ class JobHooks(pipeline.Hooks):
     def check_stop(self) -> None:
         self.session.state.check_cancel()
 
-    def status(self, status: str, message: str, **fields: object) -> None:
+    def status(self, status: PhaseName, message: str, *, train_seconds: float | None = None,
+               phase_done: PhaseName | None = None) -> None:
         self.session.state.check_cancel()  # no phase starts once a cancel is committed
-        if status == "merging":  # training done: what it measured goes with it
+        entered = JobStatus(status)  # a phase that announces itself is named as its status
+        fields: JobUpdate = {}
+        if train_seconds is not None:
+            fields["train_seconds"] = train_seconds
+        if phase_done is not None:
+            fields["phase_done"] = phase_done
+        if entered is JobStatus.MERGING:  # training done: what it measured goes with it
             fields["tokens"] = self.inputs.tokens
-        self.ledger.set(status, message, None, **fields)
-        if status in _FAILPOINTS:
-            failpoint(status)
+        self.ledger.set(entered, message, None, **fields)
+        if entered in _FAILPOINTS:
+            failpoint(entered)
 
     def event(self, kind: str, message: str, data: dict[str, object] | None = None) -> None:
         self.ledger.event(kind, message, data)
@@ -298,8 +308,8 @@ class JobHooks(pipeline.Hooks):
     def emit(self, report: StepReport) -> None:
         self.session.emit(report)
 
-    def phase_done(self, phase: str, **fields: object) -> None:
-        self.ledger.store.update_job_fields(self.ledger.job_id, phase_done=phase, **fields)
+    def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
+        self.ledger.store.mark_phase_done(self.ledger.job_id, phase, artifacts_dir=artifacts_dir)
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         if exc.playbook == "gpu" and self.kept is not None and self.session.state.stop is None:
@@ -313,10 +323,13 @@ class JobHooks(pipeline.Hooks):
 
     def prepared(self, run: PipelineRun) -> None:
         state = self.session.state
+        held = state.held.get(self.placed.row_id)
+        if held is None:  # released meanwhile: nothing left to clean up on it
+            return
         if self.kept is not None:  # a server we keep: its secrets go when the job ends
-            state.secrets_base[self.placed.row_id] = run.layout.base
+            held.secrets_base = run.layout.base
         # What a machine kept warm is cleaned of before the next job (its artifacts are home).
-        state.job_dirs[self.placed.row_id] = run.layout.job_dir(self.ledger.job_id)
+        held.job_dir = run.layout.job_dir(self.ledger.job_id)
 
     def restore(self, run: PipelineRun) -> None:
         # Also on a machine with this job's volume: an earlier attempt on a machine taken
@@ -338,7 +351,7 @@ class JobHooks(pipeline.Hooks):
                               {"step": info.step, "lost_steps": lost,
                                "moved_aside": list(info.moved_aside)})
         if lost:
-            self.ledger.set("training", f"resumed from step {info.step}",
+            self.ledger.set(JobStatus.TRAINING, f"resumed from step {info.step}",
                             lost_steps=self.ledger.job().lost_steps + lost)
 
     def mirror(self, run: PipelineRun) -> None:
@@ -368,7 +381,7 @@ class JobHooks(pipeline.Hooks):
             code = status.exit_code if status is not None else None
             tail = train.log_tail(run.host, run.train_job, 30).strip()[-1500:]
             raise JobFailed(f"training exited with {code}; the last lines of its log:\n{tail}")
-        raise Stop("interrupted", "training stopped with its host")
+        raise Stop(StopKind.INTERRUPTED, "training stopped with its host")
 
     def trained(self, run: PipelineRun) -> None:
         # Only an uninterrupted run on a real machine measures the hardware: a simulated

@@ -13,12 +13,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import host_disk_gb
 from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
+from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job
 from providers.base import Instance
 
@@ -49,7 +50,7 @@ class Inputs:
     est_train_hours: float | None
     measured: dict[MeasuredKey, Measured]  # throughput learned from finished jobs
 
-    def eval_rows(self) -> list[dict[str, Any]] | None:
+    def eval_rows(self) -> list[dict[str, object]] | None:
         """The eval set's rows, or None when the job has no eval set."""
         spec = self.loaded.spec
         if spec.eval.eval_set is None:
@@ -192,8 +193,7 @@ def artifacts_dir(job_id: str) -> Path:
 
 def job_file(job: Job) -> Path:
     """The job file recorded at submit time."""
-    placement = json.loads(job.placement_json or "{}")
-    path = placement.get("job_file")
+    path = job.placement().job_file
     if not path:
         raise InputsError(f"job {job.id} was recorded without its job file (a dry run?); "
                           "submit the job file again")
@@ -205,8 +205,8 @@ def load_inputs(job: Job) -> Inputs:
     from orchestrator.core.planning import total_tokens
 
     path = job_file(job)
-    data = json.loads(job.spec_json)
-    if data.get("method") == "full":
+    data = document_object(job.spec_json)
+    if job.spec().method == "full":
         # The recorded spec carries every default, lora's too; a full fine-tune's job file
         # may not set lora, so leave the defaults out when validating it again.
         data.pop("lora", None)
@@ -215,9 +215,9 @@ def load_inputs(job: Job) -> Inputs:
         loaded = resolve(spec, path)
     except SpecError as exc:
         raise InputsError(f"job {job.id}: {'; '.join(exc.problems)}") from exc
-    placement = json.loads(job.placement_json or "{}")
-    est = (placement.get("placement") or {}).get("est_training_hours")
-    return Inputs(loaded, total_tokens(loaded), float(est) if est else None,
+    planned = job.placement().placement
+    est = None if planned is None else planned.est_training_hours
+    return Inputs(loaded, total_tokens(loaded), est or None,
                   measured_throughput())
 
 

@@ -8,7 +8,6 @@ before `create`, and the sweep of instances tagged with the job that no row know
 
 from __future__ import annotations
 
-import json
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -22,6 +21,7 @@ from orchestrator.core.planning import (
     total_tokens,
     workload_from,
 )
+from orchestrator.core.states import EndReason, RowState
 from orchestrator.engine import market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
@@ -119,24 +119,24 @@ class Placement:
                 # Created, maybe, but the id never reached the database: find it by its tag.
                 found = self._tagged(provider, row.provider)
                 if not found:
-                    self.teardown.close_row(row.id, "failed")
+                    self.teardown.close_row(row.id, EndReason.FAILED)
                     continue
-                row = self.state.store.update_instance(row.id, provider_instance_id=found[0])
+                row = self.state.store.set_instance_id(row.id, found[0])
             assert row.provider_instance_id is not None and row.id is not None
             try:
                 inst = provider.get(row.provider_instance_id)
             except NotFound:
-                self.teardown.close_row(row.id, "interrupted")
+                self.teardown.close_row(row.id, EndReason.INTERRUPTED)
                 continue
             except ProviderError:
                 inst = None
-            self.state.held[row.id] = (row.provider, row.provider_instance_id)
+            self.state.hold(row.id, row.provider, row.provider_instance_id)
             if adopted is None and inst is not None and inst.state not in LOST:
                 self.ledger.event("instance.adopted", f"reattaching to {row.provider} instance "
                                   f"{row.provider_instance_id} after a takeover")
                 adopted = Placed(row.id, provider, inst)
             else:
-                self.teardown.release(row.id, "interrupted")
+                self.teardown.release(row.id, EndReason.INTERRUPTED)
         # Instances tagged with this job that no row knows (a crash inside create). Only
         # the providers this job can use or has used are asked: another provider being down
         # must not stall this job (sweeping those is `orch reconcile`'s work).
@@ -397,8 +397,7 @@ class Placement:
             interruptible=offer.interruptible, price_per_hour=hourly or Decimal(0),
             attempt=job.attempt)
         assert row.id is not None
-        self.state.held[row.id] = (offer.provider, None)
-        self.state.offers[row.id] = offer
+        self.state.hold(row.id, offer.provider, offer=offer)
         try:
             # A rental is created from the image it runs: the cloud variant (sshd on
             # PUBLIC_KEY); a monthly server ignores it and runs the trainer in Docker.
@@ -409,27 +408,27 @@ class Placement:
         except CapacityError as exc:
             self.ledger.event("provision.capacity", f"{offer.provider} {offer.gpu} "
                               f"x{offer.gpu_count}: {exc}; trying the next offer")
-            self.teardown.close_row(row.id, "capacity")
+            self.teardown.close_row(row.id, EndReason.CAPACITY)
             raise _Failed(f"{offer.provider} {offer.offer_id}: {exc}") from exc
         except TransientError as exc:
             self.ledger.event("provision.transient", f"{offer.provider}: {exc} (after "
                               "retries); trying the next offer")
             self._orphan_sweep(provider, offer.provider)
-            self.teardown.close_row(row.id, "failed")
+            self.teardown.close_row(row.id, EndReason.FAILED)
             raise _Failed(f"{offer.provider} {offer.offer_id}: {exc}", transient=True) from exc
         except PriceChanged as exc:
             raise self._repriced(row.id, offer, tried, exc) from exc
         except (AuthError, BalanceError, QuotaError) as exc:
-            self.teardown.close_row(row.id, "failed")
+            self.teardown.close_row(row.id, EndReason.FAILED)
             raise JobFailed(f"{offer.provider}: {exc}") from exc
         failpoint("after-create")
         price = inst.price_per_hour if inst.price_per_hour is not None else hourly
         if offer.billing is Billing.MONTHLY:
             price = hourly  # the rent is paid: the row keeps the amortisation rate
-        self.state.store.update_instance(
-            row.id, provider_instance_id=inst.instance_id, state=inst.state.value,
-            price_per_hour_micros=to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
-        self.state.held[row.id] = (offer.provider, inst.instance_id)
+        self.state.store.record_created(
+            row.id, inst.instance_id, RowState(inst.state.value),
+            to_micros(price or Decimal(0), rounding=ROUND_HALF_EVEN))
+        self.state.hold(row.id, offer.provider, inst.instance_id)
         self.ledger.event("instance.created",
                           f"registered server {inst.instance_id} claimed (rent already paid: "
                           f"no marginal cost; {money.usd(price)}/h amortised)"
@@ -438,34 +437,30 @@ class Placement:
                           {"instance": inst.instance_id, "price_per_hour": str(price)})
         # Placed: the outage (if any) is over, and phases done on an earlier instance
         # are not on this one.
-        self.state.store.update_job_fields(self.state.job_id, outage_since=None,
-                                           not_before=None, phase_done=None)
+        self.state.store.mark_placed(self.state.job_id)
         return Placed(row.id, provider, inst)
 
     def _note_moved(self, first: scheduler.Placement) -> None:
         """Say so when the cheapest placement now is not the one `orch plan`/`submit`
         recorded: the market moved (or the plan ranked the price catalogs)."""
-        try:
-            planned = json.loads(self.ledger.job().placement_json or "{}").get("placement") or {}
-        except ValueError:
-            return
+        planned = self.ledger.job().placement().placement
         o = first.offer
-        if not planned or (planned.get("provider"), planned.get("offer_id")) == (
-                o.provider, o.offer_id):
+        if planned is None or not planned.model_fields_set or (
+                planned.provider, planned.offer_id) == (o.provider, o.offer_id):
             return
         self.ledger.event("placement.changed",
-                          f"the market moved since the plan: planned {planned.get('provider')} "
-                          f"{planned.get('gpu')} x{planned.get('gpu_count')} at "
-                          f"{money.usd(planned.get('est_cost'))}, now {o.provider} {o.gpu} "
+                          f"the market moved since the plan: planned {planned.provider} "
+                          f"{planned.gpu} x{planned.gpu_count} at "
+                          f"{money.usd(planned.est_cost)}, now {o.provider} {o.gpu} "
                           f"x{o.gpu_count} at {money.usd(first.est_cost)}",
-                          {"planned": planned, "now": first.to_dict()})
+                          {"planned": planned.as_stored(), "now": first.to_dict()})
 
     def _repriced(self, row_id: int, offer: Offer, tried: set[tuple[str, str]],
                   exc: PriceChanged) -> _Repriced:
         """The offer's price moved before the create: close the row, search again."""
         # Not a verdict on the offer: it may still be the cheapest at its new price.
         tried.discard((offer.provider, offer.offer_id))
-        self.teardown.close_row(row_id, "price_changed")
+        self.teardown.close_row(row_id, EndReason.PRICE_CHANGED)
         self.ledger.event("provision.price_changed", f"{offer.provider} {offer.gpu} "
                           f"x{offer.gpu_count}: {exc}; searching the offers again")
         return _Repriced(str(exc))

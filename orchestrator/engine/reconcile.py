@@ -16,18 +16,33 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
 
 from orchestrator.core import money
-from orchestrator.records.store import FINAL_STATUSES, Store, WarmInstance, from_micros
+from orchestrator.core.states import EndReason, ServerStatus
+from orchestrator.records.store import FINAL_STATUSES, Server, Store, WarmInstance, from_micros
 from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
+
+
+class ActionKind(StrEnum):
+    """What reconcile did (or would do) about one machine, row, job or server."""
+
+    TERMINATE = "terminate"
+    KEEP = "keep"
+    MARK_TERMINATED = "mark-terminated"
+    REQUEUE = "requeue"
+    SCRUB_SECRETS = "scrub-secrets"
+    ERROR = "error"
+
+
+A = ActionKind
 
 
 @dataclass(frozen=True)
 class Action:
     """One thing reconcile did (or, in a dry run, would do)."""
 
-    kind: str  # terminate | keep | mark-terminated | requeue | scrub-secrets | error
+    kind: ActionKind
     provider: str
     instance_id: str | None
     job_id: str | None
@@ -41,29 +56,29 @@ class Report:
     dry_run: bool
     actions: list[Action] = field(default_factory=list)
 
-    def of(self, kind: str) -> list[Action]:
+    def of(self, kind: ActionKind) -> list[Action]:
         """Actions of one kind."""
         return [a for a in self.actions if a.kind == kind]
 
 
-def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str, str]:
+def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[ActionKind, str]:
     owner = store.machine_owner(inst.provider, inst.instance_id)
     if isinstance(owner, WarmInstance):
         # Kept warm for the next job; windows that closed were ended before this loop.
-        return "keep", (f"kept warm until {owner.expires_at:%Y-%m-%d %H:%M:%S} UTC for the "
+        return A.KEEP, (f"kept warm until {owner.expires_at:%Y-%m-%d %H:%M:%S} UTC for the "
                         "next job")
     # A machine taken warm carries the tag of the job that rented it; its owner is the job
     # whose open instance row names it.
     job_id = owner or inst.job_id
     if job_id is None:
-        return "keep", "not tagged as orch's"
+        return A.KEEP, "not tagged as orch's"
     job = store.find_job(job_id)
     if job is None:
-        return "terminate", f"job {job_id} is not in the database (crash before it was recorded?)"
+        return A.TERMINATE, f"job {job_id} is not in the database (crash before it was recorded?)"
     if job.status in FINAL_STATUSES:
-        return "terminate", f"job {job_id} is {job.status}"
+        return A.TERMINATE, f"job {job_id} is {job.status}"
     if job_id in idle:
-        return "terminate", (f"job {job_id} has waited over {idle[job_id]:.0f}s for a worker "
+        return A.TERMINATE, (f"job {job_id} has waited over {idle[job_id]:.0f}s for a worker "
                              "since it was requeued; its checkpoints stay on its volume")
     recorded = {r.provider_instance_id for r in store.instances_of(job_id)
                 if r.provider == inst.provider}
@@ -72,14 +87,14 @@ def _verdict(store: Store, inst: Instance, idle: dict[str, float]) -> tuple[str,
     if inst.instance_id not in recorded and lapsed:
         # Created, but the process died before writing its id down, and nobody drives the
         # job now: the next attempt rents a fresh machine, so this one only costs money.
-        return "terminate", (f"job {job_id} never recorded this instance and no worker holds "
+        return A.TERMINATE, (f"job {job_id} never recorded this instance and no worker holds "
                              "the job (crash between create and the database write)")
-    return "keep", f"job {job_id} is {job.status}"
+    return A.KEEP, f"job {job_id} is {job.status}"
 
 
 def reconcile(store: Store, providers: Mapping[str, Provider], *,
               dry_run: bool = False, idle_grace_s: float | None = None,
-              scrub: Callable[[Any], list[str]] | None = None) -> Report:
+              scrub: Callable[[Server], list[str]] | None = None) -> Report:
     """Terminate orphaned instances, close stale instance rows, requeue dead workers' jobs.
 
     `idle_grace_s` (default `recovery.IDLE_GRACE_S`): how long an instance of a requeued
@@ -98,18 +113,18 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
         try:
             instances = provider.list()
         except ProviderError as exc:
-            report.actions.append(Action("error", name, None, None, f"cannot list: {exc}"))
+            report.actions.append(Action(A.ERROR, name, None, None, f"cannot list: {exc}"))
             continue
         live[name] = {i.instance_id for i in instances}
         for inst in instances:
             if (name, inst.instance_id) in ended:
                 continue
             verdict, reason = _verdict(store, inst, idle)
-            if verdict == "terminate" and not dry_run:
+            if verdict is A.TERMINATE and not dry_run:
                 try:
                     provider.terminate(inst.instance_id)
                 except ProviderError as exc:
-                    report.actions.append(Action("error", name, inst.instance_id, inst.job_id,
+                    report.actions.append(Action(A.ERROR, name, inst.instance_id, inst.job_id,
                                                  f"terminate failed: {exc}"))
                     continue
                 owner = store.machine_owner(name, inst.instance_id)
@@ -118,7 +133,7 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
                     for row in store.instances_of(job_id):
                         if (row.provider, row.provider_instance_id) == (name, inst.instance_id) \
                                 and row.terminated_at is None:
-                            recovery.close_row(store, row, "idle")
+                            recovery.close_row(store, row, EndReason.IDLE)
                 store.mark_terminated(name, inst.instance_id)
                 if inst.job_id and store.find_job(inst.job_id) is not None:
                     store.add_event(inst.job_id, "reconcile.terminated",
@@ -137,19 +152,19 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
         except NotFound:
             pass
         except ProviderError as exc:
-            report.actions.append(Action("error", row.provider, row.provider_instance_id,
+            report.actions.append(Action(A.ERROR, row.provider, row.provider_instance_id,
                                          row.job_id, f"cannot check: {exc}"))
             continue
         if not dry_run:
             store.mark_terminated(row.provider, row.provider_instance_id)
-        report.actions.append(Action("mark-terminated", row.provider, row.provider_instance_id,
+        report.actions.append(Action(A.MARK_TERMINATED, row.provider, row.provider_instance_id,
                                      row.job_id, "the provider no longer has it"))
 
     for job in store.expired_leases():
         reason = f"worker {job.lease_owner or '?'} lost its lease while the job was {job.status}"
         if not dry_run:
             store.requeue(job.id, reason)
-        report.actions.append(Action("requeue", job.provider or "", None, job.id, reason))
+        report.actions.append(Action(A.REQUEUE, job.provider or "", None, job.id, reason))
     # Servers the user keeps (a provider that declares KeepsMachine) outlive jobs: a crashed
     # job's secret files are removed from them here.
     kept = next((n for n, p in providers.items() if isinstance(p, KeepsMachine)), None)
@@ -169,33 +184,33 @@ def _end_warm(store: Store, providers: Mapping[str, Provider],
         w = ended.warm
         done.add((w.provider, w.provider_instance_id))
         if ended.error is not None:
-            report.actions.append(Action("error", w.provider, w.provider_instance_id,
+            report.actions.append(Action(A.ERROR, w.provider, w.provider_instance_id,
                                          w.parked_by_job, f"warm instance {w.id}: "
                                          f"{ended.error}"))
             continue
         until = f"{w.expires_at:%Y-%m-%d %H:%M:%S}"
-        report.actions.append(Action("terminate", w.provider, w.provider_instance_id,
+        report.actions.append(Action(A.TERMINATE, w.provider, w.provider_instance_id,
                                      w.parked_by_job, f"kept warm until {until} UTC and no job "
                                      f"took it (idle cost "
                                      f"{money.usd(from_micros(w.idle_micros))})"))
     return done
 
 
-def _scrub_servers(store: Store, scrub: Callable[[Any], list[str]], report: Report,
+def _scrub_servers(store: Store, scrub: Callable[[Server], list[str]], report: Report,
                    provider: str) -> None:
     for server in store.list_servers():
-        if server.claimed_by_job or server.status != "idle" or not server.host_key:
+        if server.claimed_by_job or server.status != ServerStatus.IDLE or not server.host_key:
             continue  # a running job still needs its secrets; an unpinned server is unknown
         if report.dry_run:
-            report.actions.append(Action("scrub-secrets", provider, server.name, None,
+            report.actions.append(Action(A.SCRUB_SECRETS, provider, server.name, None,
                                          "would remove secret files a job left"))
             continue
         try:
             removed = scrub(server)
         except Exception as exc:  # one unreachable server must not stop the others
-            report.actions.append(Action("error", provider, server.name, None,
+            report.actions.append(Action(A.ERROR, provider, server.name, None,
                                          f"cannot remove secret files: {exc}"))
             continue
         if removed:
-            report.actions.append(Action("scrub-secrets", provider, server.name, None,
+            report.actions.append(Action(A.SCRUB_SECRETS, provider, server.name, None,
                                          f"removed {len(removed)} secret file(s) a job left"))

@@ -26,11 +26,11 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from orchestrator.core import money
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.states import EndReason, EventKind
 from orchestrator.records.store import Instance as InstanceRow
-from orchestrator.records.store import Job, Store, to_micros, utcnow
+from orchestrator.records.store import Job, Store, utcnow
 from providers.base import NotFound, Provider, ProviderError
 
 OUTAGE_LIMIT_S = 6 * 3600.0  # continuous provider outage a queued job waits out, at most
@@ -62,14 +62,9 @@ def backoff_s(outage_age_s: float, first_s: float = BACKOFF_S,
 
 def outage_limit_s(job: Job, default_s: float = OUTAGE_LIMIT_S) -> float:
     """How long `job` waits out outages: the documented limit or its deadline if shorter."""
-    import json
-
-    try:
-        hours = (json.loads(job.spec_json).get("resources") or {}).get("deadline_hours")
-    except (ValueError, AttributeError):
-        hours = None
-    if isinstance(hours, int | float) and hours > 0:
-        return min(default_s, float(hours) * 3600)
+    hours = job.spec().resources.deadline_hours
+    if hours is not None and hours > 0:
+        return min(default_s, hours * 3600)
     return default_s
 
 
@@ -142,7 +137,7 @@ class Outages:
     """
 
     def __init__(self) -> None:
-        self._until: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._until: weakref.WeakKeyDictionary[Provider, float] = weakref.WeakKeyDictionary()
 
     def mark(self, provider: Provider, seconds: float) -> None:
         """`provider` just failed with an outage: skip it for `seconds`."""
@@ -173,20 +168,15 @@ OUTAGES = Outages()
 # --- instances nobody drives -----------------------------------------------------------------
 
 
-def close_row(store: Store, row: InstanceRow, reason: str, now: datetime | None = None) -> None:
+def close_row(store: Store, row: InstanceRow, reason: EndReason,
+              now: datetime | None = None) -> None:
     """Mark an instance row terminated with its cost (what the engine's teardown records)."""
-
-    now = now or utcnow()
     assert row.id is not None
-    row_id = row.id
-    row = store.update_instance(row_id, terminated_at=now, state="terminated", end_reason=reason)
-    charged, amortised = money.instance_cost(row, now)
-    store.update_instance(row_id, cost_micros=to_micros(charged),
-                          amortised_micros=to_micros(amortised))
+    store.close_instance(row.id, reason, now or utcnow())
 
 
 def teardown_open(store: Store, providers: Mapping[str, Provider], job_id: str,
-                  reason: str) -> list[str]:
+                  reason: EndReason) -> list[str]:
     """Terminate every instance of `job_id` whose row is still open; the errors, if any.
 
     A row without an id (create crashed before the id was written) is found by its tag.
@@ -213,7 +203,7 @@ def teardown_open(store: Store, providers: Mapping[str, Provider], job_id: str,
             errors.append(f"{row.provider}: {exc}")
             continue
         close_row(store, row, reason)
-        store.add_event(job_id, "instance.terminated",
+        store.add_event(job_id, EventKind.INSTANCE_TERMINATED,
                         f"{row.provider} instance {row.provider_instance_id or '(untracked)'} "
                         f"terminated ({reason})",
                         {"instance": row.provider_instance_id, "reason": reason})
@@ -232,7 +222,7 @@ def unowned_idle(store: Store, grace_s: float, now: datetime | None = None) -> l
             continue
         seen.add(row.job_id)
         job = store.find_job(row.job_id)
-        if job is None or job.status not in ("queued", "interrupted"):
+        if job is None or job.status not in (JobStatus.QUEUED, JobStatus.INTERRUPTED):
             continue
         if job.lease_expires_at is not None and job.lease_expires_at > lease_now:
             continue  # its worker is re-placing it

@@ -29,15 +29,16 @@ outage waits and the job's final record are here.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Literal
 
 from orchestrator.core import money
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.paths import data_dir, private_dir
+from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
 from orchestrator.engine import recovery
 from orchestrator.engine.hostsession import HostSession
@@ -72,6 +73,7 @@ from orchestrator.records.store import (
     DatabaseBusy,
     DatabaseFull,
     Job,
+    JobUpdate,
     LeaseLost,
     Store,
     to_micros,
@@ -86,6 +88,8 @@ __all__ = ["PHASES", "JobFailed", "JobRunner", "Options", "Progress",
            "Terminated", "checkpoint_dir", "ensure_key", "failpoint", "instance_cost",
            "owner_id"]
 
+S = JobStatus
+
 
 class JobRunner:
     """Drives one job that `owner` has claimed, to a final state (see module doc)."""
@@ -93,7 +97,7 @@ class JobRunner:
     def __init__(self, store: Store, providers: Mapping[str, Provider], owner: str,
                  options: Options | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
-                 on_signal: str = "cancel") -> None:
+                 on_signal: Literal["cancel", "requeue"] = "cancel") -> None:
         self.store = store
         self.providers = dict(providers)
         self.owner = owner
@@ -124,36 +128,36 @@ class JobRunner:
         watcher = threading.Thread(target=monitor, args=(state, done), daemon=True,
                                    name=f"orch-monitor-{job_id}")
         watcher.start()
-        outcome: tuple[str, str] = ("failed", "the engine stopped unexpectedly")
+        outcome, reason = Outcome.FAILED, "the engine stopped unexpectedly"
         db_error: DatabaseBusy | DatabaseFull | None = None
         try:
-            outcome = self._drive(state, teardown)
+            outcome, reason = self._drive(state, teardown), ""
         except (DatabaseBusy, DatabaseFull) as exc:
             # Nothing can be recorded: tear the instances down (money first), requeue the job
             # if the database lets us, and let the caller report it (issue 23 §1, §7).
-            outcome, db_error = ("database", str(exc)), exc
+            outcome, reason, db_error = Outcome.DATABASE, str(exc), exc
         except LeaseLost:
-            outcome = ("lost", "another worker took the job over")
+            outcome, reason = Outcome.LOST, "another worker took the job over"
         except JobFailed as exc:
-            outcome = ("failed", str(exc))
+            outcome, reason = Outcome.FAILED, str(exc)
         except Deferred as exc:
-            outcome = ("deferred", str(exc))
+            outcome, reason = Outcome.DEFERRED, str(exc)
             self._not_before = exc.not_before
         except Stop as exc:
-            outcome = (exc.kind, str(exc))
+            outcome, reason = Outcome.of_stop(exc.kind), str(exc)
         except (KeyboardInterrupt, Terminated) as exc:
             what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
-            outcome = ("requeue" if self.on_signal == "requeue" else "cancelled",
-                       f"stopped by {what}")
+            outcome = Outcome.REQUEUE if self.on_signal == "requeue" else Outcome.CANCELLED
+            reason = f"stopped by {what}"
             raise
         except Exception as exc:  # a bug or an unexpected fault: fail, never leak the machine
             log.exception("job %s", job_id)
-            outcome = ("failed", f"internal error: {type(exc).__name__}: {exc}")
+            outcome, reason = Outcome.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
             done.set()
-            teardown.release_all(outcome[0])
+            teardown.release_all(outcome)
             factory.close_all()
-            db_error = self._finish(ledger, teardown, *outcome) or db_error
+            db_error = self._finish(ledger, teardown, outcome, reason) or db_error
         if db_error is not None:
             raise db_error
         return self.store.get_job(job_id)
@@ -161,10 +165,10 @@ class JobRunner:
     def _fail_early(self, ledger: Ledger, reason: str) -> Job:
         """Fail a claimed job before anything was rented (nothing to tear down)."""
         with contextlib.suppress(LeaseLost):
-            ledger.set("failed", reason, {"reason": reason}, failure_reason=reason)
+            ledger.set(S.FAILED, reason, {"reason": reason}, failure_reason=reason)
         return self.store.get_job(ledger.job_id)
 
-    def _finish(self, ledger: Ledger, teardown: Teardown, kind: str,
+    def _finish(self, ledger: Ledger, teardown: Teardown, kind: Outcome,
                 reason: str) -> DatabaseBusy | DatabaseFull | None:
         """Record how the attempt ended; the database error that prevented it, if any (the
         job then keeps its lease until it lapses, and the next orch process requeues it)."""
@@ -177,42 +181,45 @@ class JobRunner:
             return exc
         return None
 
-    def _record_end(self, ledger: Ledger, teardown: Teardown, kind: str, reason: str) -> None:
-        if kind in ("lost", "succeeded"):
+    def _record_end(self, ledger: Ledger, teardown: Teardown, kind: Outcome,
+                    reason: str) -> None:
+        if kind in (Outcome.LOST, Outcome.SUCCEEDED):
             return
-        if kind == "database":
+        if kind is Outcome.DATABASE:
             # Rows whose instance was terminated while the database refused the write.
             teardown.release_all(kind)
         cost, storage, amortised = ledger.costs()
-        fields: dict[str, Any] = {"cost_micros": to_micros(cost + storage),
-                                  "storage_micros": to_micros(storage),
-                                  "amortised_micros": to_micros(amortised)}
+        fields: JobUpdate = {"cost_micros": to_micros(cost + storage),
+                             "storage_micros": to_micros(storage),
+                             "amortised_micros": to_micros(amortised)}
         try:
-            if kind == "deferred":
-                ledger.set("queued", reason, {"not_before": iso_z(self._not_before)},
-                           lease_owner=None, lease_expires_at=None, not_before=self._not_before,
-                           **fields)
+            if kind is Outcome.DEFERRED:
+                deferred: JobUpdate = {**fields, "lease_owner": None, "lease_expires_at": None,
+                                       "not_before": self._not_before}
+                ledger.set(S.QUEUED, reason, {"not_before": iso_z(self._not_before)},
+                           **deferred)
                 return
-            if kind in ("requeue", "database"):
-                why = "worker stopping" if kind == "requeue" else "database unavailable"
-                ledger.set("interrupted", f"{why}: {reason}; requeued to resume", **fields)
-                ledger.set("queued", "waiting for a worker to resume it", lease_owner=None,
+            if kind in (Outcome.REQUEUE, Outcome.DATABASE):
+                why = "worker stopping" if kind is Outcome.REQUEUE else "database unavailable"
+                ledger.set(S.INTERRUPTED, f"{why}: {reason}; requeued to resume", **fields)
+                ledger.set(S.QUEUED, "waiting for a worker to resume it", lease_owner=None,
                            lease_expires_at=None, attempt=ledger.job().attempt + 1)
-                if kind == "database":
+                if kind is Outcome.DATABASE:
                     # The database takes writes again: close the rows of the instances
                     # terminated while it did not (else the resuming worker does).
                     teardown.release_all(kind)
                 return
-            status = "cancelled" if kind == "cancelled" else "failed"
-            if status == "cancelled":
+            # Cancelled, or failed (also a stall or a loss that escaped re-placement).
+            status = S.CANCELLED if kind is Outcome.CANCELLED else S.FAILED
+            if status is S.CANCELLED:
                 reason = cancel_summary(ledger, teardown, reason)
-            ledger.set(status, reason, {"reason": reason},
-                       failure_reason=reason if status == "failed" else None, **fields)
+            fields["failure_reason"] = reason if status is S.FAILED else None
+            ledger.set(status, reason, {"reason": reason}, **fields)
             teardown.delete_volumes()
         except LeaseLost:
             pass
 
-    def _drive(self, state: RunState, teardown: Teardown) -> tuple[str, str]:
+    def _drive(self, state: RunState, teardown: Teardown) -> Outcome:
         ledger = state.ledger
         try:
             inputs = load_inputs(ledger.job())
@@ -233,7 +240,7 @@ class JobRunner:
             if recovery.nothing_left(job.phase_done, PHASES):
                 # Everything was done before a crash: finish without renting.
                 if adopted is not None:
-                    teardown.release(adopted.row_id, "released")
+                    teardown.release(adopted.row_id, EndReason.RELEASED)
                 ledger.event("resume", "artifacts were already copied back; finishing")
                 return self._succeed(ledger, teardown, warm)
             try:
@@ -258,10 +265,10 @@ class JobRunner:
         try:
             session.run(placed)
         except Stop as stop:
-            if stop.kind == "stalled":
+            if stop.kind is StopKind.STALLED:
                 teardown.stalled(placed, stop)
                 return False
-            if stop.kind != "interrupted":
+            if stop.kind is not StopKind.INTERRUPTED:
                 raise
             teardown.interrupted(placed, str(stop))
             return False
@@ -269,7 +276,7 @@ class JobRunner:
             if isinstance(exc, JobFailed | LeaseLost | DatabaseBusy | DatabaseFull):
                 raise
             stalled = state.stop
-            if stalled is not None and stalled.kind == "stalled":
+            if stalled is not None and stalled.kind is StopKind.STALLED:
                 # The watchdog closed the connections: this error is the stall's.
                 teardown.stalled(placed, stalled)
                 return False
@@ -280,18 +287,18 @@ class JobRunner:
             return False
         return True
 
-    def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> tuple[str, str]:
+    def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> Outcome:
         cost, storage, amortised = ledger.costs()
         teardown.delete_volumes()
         try:
-            ledger.set("succeeded", f"succeeded; cost {money.usd(cost + storage)}",
+            ledger.set(S.SUCCEEDED, f"succeeded; cost {money.usd(cost + storage)}",
                        {"cost": str(cost + storage)},
                        cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
                        amortised_micros=to_micros(amortised))
         except CancelRequested as exc:  # asked to stop after the last check: it wins
             warm.unpark()
-            raise Stop("cancelled", CANCELLED) from exc
-        return "succeeded", ""
+            raise Stop(StopKind.CANCELLED, CANCELLED) from exc
+        return Outcome.SUCCEEDED
 
     def _outage(self, state: RunState, why: str, asked_s: float | None = None) -> None:
         """No placement because providers are unavailable: wait (foreground) or requeue
@@ -309,13 +316,13 @@ class JobRunner:
                             f"{limit:.0f}s)")
         wait, limit = plan.wait_s, plan.limit_s
         if job.outage_since is None:
-            self.store.update_job_fields(ledger.job_id, outage_since=now)
+            self.store.set_outage_since(ledger.job_id, now)
         message = (f"{why}; the job stays queued and is retried in {wait:.0f}s (fails after "
                    f"{limit:.0f}s of outage)")
         if self.on_signal == "requeue":  # a worker: let it run other jobs meanwhile
             raise Deferred(message, now + timedelta(seconds=wait))
         # `orch submit` in the foreground: wait here, holding the lease.
-        ledger.set("queued", message, {"retry_in_s": wait})
+        ledger.set(S.QUEUED, message, {"retry_in_s": wait})
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             state.check_stop()
@@ -328,10 +335,10 @@ def cancel_summary(ledger: Ledger, teardown: Teardown, reason: str) -> str:
     kept at PATH; sim instance i-1 terminated")."""
     job = ledger.job()
     parts = [f"{reason} in {job.status}"]
-    places = [p for e in ledger.store.events(ledger.job_id) if e.kind == "delivered"
-              for p in json.loads(e.data_json or "{}").get("places") or []]
-    home = [f"{p['what']} kept at {p['location']}" for p in places if p.get("where") == "local"]
-    if job.phase_done in ("artifacts", "evaluating") and home:
+    places = [p for e in ledger.store.events(ledger.job_id) if e.kind == EventKind.DELIVERED
+              for p in e.data().places or ()]
+    home = [f"{p.what} kept at {p.location}" for p in places if p.where == "local"]
+    if job.phase_done in PHASES[PHASES.index("artifacts"):] and home:
         parts += home
     elif any(artifacts_dir(ledger.job_id).glob("*")):
         parts.append(f"a partial copy of the results left in {artifacts_dir(ledger.job_id)} "

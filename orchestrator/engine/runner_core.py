@@ -2,9 +2,9 @@
 
 `orchestrator.engine.runner.JobRunner` drives one claimed job with three collaborators,
 `placement.Placement`, `hostsession.HostSession` and `teardown.Teardown`. What they share is
-one explicit object per run, `RunState` (the instances held, the stop signal, the SSH
-connections, the secrets left on kept servers), with its `Ledger` (the job's record: status
-changes, events, progress, cost so far); the instance one placement holds is a `Placed`. The
+one explicit object per run, `RunState` (the instances held, one `Attempt` record each, the
+stop signal, the SSH connections), with its `Ledger` (the job's record: status changes,
+events, progress, cost so far); the instance one placement holds is a `Placed`. The
 monitor thread that renews the lease and raises the stop signals (cancel, lease lost,
 stalled, instance lost) is `monitor` here. Each collaborator is handed what it uses when it
 is built: teardown needs only the run's state; placement and the host session also the
@@ -28,15 +28,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Any
+from typing import Unpack
 
 from orchestrator.core import money
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
 from orchestrator.core.scheduler import WARM_PREFIX, Placement
+from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
-from orchestrator.records.store import Job, LeaseLost, Store, StoreError, to_micros, utcnow
+from orchestrator.records.store import (
+    Job,
+    JobUpdate,
+    LeaseLost,
+    Store,
+    StoreError,
+    to_micros,
+    utcnow,
+)
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
 from playbooks.ssh import ConnectionFactory
@@ -51,7 +61,8 @@ LOST = (InstanceState.INTERRUPTED, InstanceState.TERMINATED, InstanceState.FAILE
 EVAL_AGAIN = ("To run only the evaluation again, fix its cause and follow \"Re-running only "
               "the evaluation\" in docs/playbooks.md (the training is not repeated).")
 
-CANCELLED = "cancelled"  # the Stop's reason; the job's record says in which phase, what stayed
+# The Stop's reason; the job's record says in which phase, what stayed.
+CANCELLED = StopKind.CANCELLED.value
 
 # The pipeline phases whose completion is recorded in job.phase_done, in order (one list:
 # playbooks.pipeline's); what a takeover resumes is orchestrator.engine.recovery's policy.
@@ -73,7 +84,7 @@ class Options:
     ssh_key: Path | None = None  # default: data_dir()/ssh/id_ed25519, created on first use
     # Per-phase no-progress deadlines (orchestrator/engine/watchdog.py); None: defaults +
     # ORCH_STALL_*.
-    stall_s: Mapping[str, float] | None = None
+    stall_s: Mapping[JobStatus, float] | None = None
     stall_retries: int = 1  # a stalled attempt is re-placed this often, then the job fails
     # Provider outages (orchestrator.engine.recovery): first wait, longest wait, and how long a job
     # waits out a continuous outage before it fails.
@@ -97,9 +108,9 @@ class Deferred(Exception):
 class Stop(Exception):
     """The monitor stopped the pipeline: cancelled, or the instance was lost."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: StopKind, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # cancelled | interrupted | stalled | lost
+        self.kind = kind
 
 
 class Terminated(BaseException):
@@ -111,7 +122,7 @@ class Progress:
     """What a live display shows; handed to the runner's `on_progress` callback."""
 
     job_id: str
-    status: str
+    status: JobStatus
     attempt: int
     step: int | None = None
     total: int | None = None
@@ -186,6 +197,19 @@ class Placed:
     warm: bool = False  # taken warm from an earlier job (docs/warm.md): no volume of this job
 
 
+@dataclass
+class Attempt:
+    """One instance this run holds, by its row in the store: what the end of the attempt
+    (teardown, parking it warm, scrubbing a kept server) needs to know about it."""
+
+    row_id: int
+    provider: str
+    instance_id: str | None = None  # None until the provider's create returns one
+    offer: Offer | None = None  # the offer it was rented as (None: adopted after a takeover)
+    secrets_base: str | None = None  # orch's directory on a kept server (scrubbed at release)
+    job_dir: str | None = None  # this job's directory on it (removed before it is parked)
+
+
 class Ledger:
     """The job's record as this run writes it: status changes, events, progress, cost so far.
 
@@ -210,8 +234,9 @@ class Ledger:
     def job(self) -> Job:
         return self.store.get_job(self.job_id)
 
-    def set(self, status: str, message: str = "", data: dict[str, Any] | None = None,
-            **fields: Any) -> Job:
+    def set(self, status: JobStatus, message: str = "", data: Mapping[str, object] | None = None,
+            **fields: Unpack[JobUpdate]) -> Job:
+        """Move the job to `status` (with `fields`) and tell the watchdog and the display."""
         job = self.store.set_status(self.job_id, self.owner, status, message, data, **fields)
         self.watchdog.phase(status)
         self.progress.status = status
@@ -223,16 +248,17 @@ class Ledger:
     def placing(self, placement: Placement, message: str) -> Job:
         """The job is being placed on `placement`: its status, event and the plan it follows."""
         offer = placement.offer
-        return self.set("provisioning", message, {"placement": placement.to_dict()},
+        return self.set(JobStatus.PROVISIONING, message, {"placement": placement.to_dict()},
                         provider=offer.provider, gpu=offer.gpu, gpu_count=offer.gpu_count,
                         billing=offer.billing.value, interruptible=offer.interruptible,
                         est_hours=placement.est_hours,
                         est_cost_micros=to_micros(placement.est_cost, rounding=ROUND_HALF_EVEN))
 
-    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    def event(self, kind: str, message: str, data: Mapping[str, object] | None = None) -> None:
+        """Record an event (progress for the watchdog; shown unless it is a training step)."""
         self.store.add_event(self.job_id, kind, message, data)
         self.watchdog.progress()
-        if kind != "train.progress":
+        if kind != EventKind.TRAIN_PROGRESS:
             self.progress.message = message
             self.notify()
 
@@ -289,10 +315,18 @@ class RunState:
         self.stop: Stop | None = None
         self._stop_lock = threading.Lock()
         self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
-        self.held: dict[int, tuple[str, str | None]] = {}  # instance row -> (provider, id)
-        self.secrets_base: dict[int, str] = {}  # instance row -> orch's directory on a kept server
-        self.offers: dict[int, Offer] = {}  # instance row -> the offer it was rented as
-        self.job_dirs: dict[int, str] = {}  # instance row -> this job's directory on it
+        self.held: dict[int, Attempt] = {}  # the instances this run holds, by row id
+
+    def hold(self, row_id: int, provider: str, instance_id: str | None = None,
+             offer: Offer | None = None) -> Attempt:
+        """Hold instance row `row_id` (released at the end unless handed on); a row held
+        already learns its instance id (and offer) if given."""
+        held = self.held.get(row_id)
+        if held is None:
+            held = self.held[row_id] = Attempt(row_id, provider)
+        held.instance_id = instance_id or held.instance_id
+        held.offer = offer or held.offer
+        return held
 
     def signal(self, stop: Stop, about: tuple[str, str] | None = None) -> None:
         """Stop the pipeline (the first signal wins): its SSH connections close at once."""
@@ -314,14 +348,14 @@ class RunState:
         this before it starts (a phase, a playbook step, a rental, parking the machine) never
         starts once a cancel was committed, without waiting for the monitor's next look."""
         if self.stop is None and self.store.cancel_requested(self.job_id):
-            self.signal(Stop("cancelled", CANCELLED))
+            self.signal(Stop(StopKind.CANCELLED, CANCELLED))
         self.check_stop()
 
     def check_stop(self) -> None:
         stop = self.stop
         if stop is None:
             return
-        if stop.kind == "lost":
+        if stop.kind is StopKind.LOST:
             raise LeaseLost(str(stop))
         raise stop
 
@@ -346,7 +380,7 @@ def monitor(state: RunState, done: threading.Event) -> None:
                 job = state.store.renew_lease(state.job_id, ledger.owner, opts.lease_s)
                 last_lease = time.monotonic()
                 if job is None:
-                    state.signal(Stop("lost", "lease lost"))
+                    state.signal(Stop(StopKind.LOST, "lease lost"))
                     return
                 cancelled = job.cancel_requested_at is not None
             else:
@@ -355,10 +389,10 @@ def monitor(state: RunState, done: threading.Event) -> None:
                 # pipeline also reads it before each phase and step (`check_cancel`).
                 cancelled = state.store.cancel_requested(state.job_id)
             if cancelled:
-                state.signal(Stop("cancelled", CANCELLED))
+                state.signal(Stop(StopKind.CANCELLED, CANCELLED))
             stalled = ledger.watchdog.overdue()
             if stalled is not None:
-                state.signal(Stop("stalled", stalled))
+                state.signal(Stop(StopKind.STALLED, stalled))
             watching = state.watching
             if watching is not None and not _watch(state, watching):
                 continue
@@ -376,9 +410,9 @@ def _watch(state: RunState, watching: tuple[str, str]) -> bool:
     try:
         inst = state.providers[name].get(iid)
     except NotFound:
-        state.signal(Stop("interrupted", f"{name} instance {iid} is gone"), watching)
+        state.signal(Stop(StopKind.INTERRUPTED, f"{name} instance {iid} is gone"), watching)
         return False
     if inst.state in LOST:
-        state.signal(Stop("interrupted", f"{name} instance {iid} {inst.state.value}: "
+        state.signal(Stop(StopKind.INTERRUPTED, f"{name} instance {iid} {inst.state.value}: "
                         f"{inst.message or inst.raw_status}"), watching)
     return True

@@ -7,17 +7,19 @@ resolves the recorded spec against when a worker picks the job up.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.spec import LoadedJob
+from orchestrator.core.states import EventKind
 from orchestrator.records.store import Job, Store
 
 
-def record_job(store: Store, loaded: LoadedJob, *, status: str = "queued",
+def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus.QUEUED,
                plan: Plan | None = None, message: str | None = None,
                sweep_id: str | None = None, sweep_key: str | None = None,
-               data: dict[str, Any] | None = None) -> tuple[Job, Plan]:
+               data: Mapping[str, object] | None = None) -> tuple[Job, Plan]:
     """Plan `loaded` (scheduler.NoFit if nothing fits) and insert it; (job row, plan)."""
     plan = plan or make_plan(loaded, store.registered())
     placement = plan.to_dict(alternatives=10_000)
@@ -29,7 +31,8 @@ def record_job(store: Store, loaded: LoadedJob, *, status: str = "queued",
         spec_hash=loaded.spec_hash, placement=placement, provider=p.offer.provider,
         gpu=p.offer.gpu, gpu_count=p.offer.gpu_count, billing=p.offer.billing.value,
         interruptible=p.offer.interruptible, est_hours=p.est_hours, est_cost=p.est_cost,
-        event_kind=status, event_message=message or f"{status}: {placement['why']}",
+        event_kind=EventKind(status.value),
+        event_message=message or f"{status}: {placement['why']}",
         event_data={"file": str(loaded.path), "placement": placement["placement"],
                     **(data or {})},
         sweep_id=sweep_id, sweep_key=sweep_key)

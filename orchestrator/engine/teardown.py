@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import shutil
 
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.engine import recovery
 from orchestrator.engine.runner_core import (
     LOST,
@@ -19,14 +21,19 @@ from orchestrator.engine.runner_core import (
     RunState,
     Stop,
     checkpoint_dir,
-    instance_cost,
     log,
 )
-from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, to_micros, utcnow
+from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, utcnow
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers import retried
 from providers.base import KeepsMachine, NotFound, ProviderError, Volumes
+
+# How the instances of a run that ended so are closed (any other outcome: failed).
+END_REASON_OF = {Outcome.SUCCEEDED: EndReason.RELEASED,
+                 Outcome.CANCELLED: EndReason.CANCELLED,
+                 Outcome.REQUEUE: EndReason.INTERRUPTED,
+                 Outcome.DATABASE: EndReason.INTERRUPTED}
 
 
 class Teardown:
@@ -42,7 +49,7 @@ class Teardown:
     def instance_lost(self, placed: Placed) -> str | None:
         """Why the instance is gone (the pipeline error was its loss), or None if it is fine."""
         stop = self.state.stop
-        if stop is not None and stop.kind == "interrupted":
+        if stop is not None and stop.kind is StopKind.INTERRUPTED:
             return str(stop)
         self.state.check_stop()
         provider, inst = placed.provider, placed.inst
@@ -70,29 +77,23 @@ class Teardown:
         self.state.clear_stop(unwatch=True)
         self.state.factory.close_all()
         job = self.ledger.job()
-        self.ledger.set("interrupted", why, {"instance": placed.inst.instance_id},
+        self.ledger.set(JobStatus.INTERRUPTED, why, {"instance": placed.inst.instance_id},
                         interruptions=job.interruptions + 1)
-        self.release(placed.row_id, "interrupted")
-        self.ledger.set("queued", "re-placing to resume from the last checkpoint",
+        self.release(placed.row_id, EndReason.INTERRUPTED)
+        self.ledger.set(JobStatus.QUEUED, "re-placing to resume from the last checkpoint",
                         attempt=job.attempt + 1)
 
-    def close_row(self, row_id: int, reason: str) -> None:
+    def close_row(self, row_id: int, reason: EndReason) -> None:
         """Close an instance row (terminated now) with what it cost."""
-        store = self.state.store
-        now = utcnow()
-        row = store.update_instance(row_id, terminated_at=now, state="terminated",
-                                    end_reason=reason)
-        charged, amortised = instance_cost(row, now)
-        store.update_instance(row_id, cost_micros=to_micros(charged),
-                              amortised_micros=to_micros(amortised))
+        self.state.store.close_instance(row_id, reason, utcnow())
         self.state.held.pop(row_id, None)
 
-    def release(self, row_id: int, reason: str) -> None:
+    def release(self, row_id: int, reason: EndReason) -> None:
         """Terminate (or release) one instance and close its row with its cost."""
         held = self.state.held.get(row_id)
         if held is None:
             return
-        name, iid = held
+        name, iid = held.provider, held.instance_id
         provider = self.state.providers.get(name)
         kept = isinstance(provider, KeepsMachine)  # released, never destroyed
         if kept:
@@ -107,7 +108,7 @@ class Teardown:
         self.close_row(row_id, reason)
         self.state.held.pop(row_id, None)
         self.ended.append(f"{name} instance {iid} {'released' if kept else 'terminated'}")
-        self.ledger.event("instance.released" if kept else "instance.terminated",
+        self.ledger.event(EventKind.INSTANCE_RELEASED if kept else EventKind.INSTANCE_TERMINATED,
                           f"{name} instance {iid} {'released' if kept else 'terminated'}"
                           f" ({reason})", {"instance": iid, "reason": reason})
 
@@ -117,9 +118,10 @@ class Teardown:
         Rented machines are destroyed with their disks; a monthly server is not. The pipeline's
         connection may have been closed (cancel, watchdog): connect again with the pinned key.
         """
-        base = self.state.secrets_base.pop(row_id, None)
-        if not base:
+        held = self.state.held.get(row_id)
+        if held is None or not held.secrets_base:
             return
+        base, held.secrets_base = held.secrets_base, None  # scrubbed once, whatever comes of it
         row = self.reachable_row(row_id)
         if row is None:
             return
@@ -147,15 +149,14 @@ class Teardown:
         return Host(self.state.factory.connect(row.host, row.port, row.ssh_user or "root",
                                                row.host_key))
 
-    def release_all(self, outcome: str) -> None:
+    def release_all(self, outcome: Outcome) -> None:
         """Release every instance this run holds, as the run's `outcome` says."""
-        if outcome == "lost":
+        if outcome is Outcome.LOST:
             return  # the new owner drives these instances now
+        reason = END_REASON_OF.get(outcome, EndReason.FAILED)
         for row_id in list(self.state.held):
             try:
-                self.release(row_id, {"succeeded": "released", "cancelled": "cancelled",
-                                      "requeue": "interrupted", "database": "interrupted"}
-                              .get(outcome, "failed"))
+                self.release(row_id, reason)
             except (DatabaseBusy, DatabaseFull) as exc:
                 # Terminated, but its row could not be closed: the next attempt's adoption
                 # (or `orch reconcile`) closes it once the database takes writes again.

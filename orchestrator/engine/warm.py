@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.core import money, scheduler, warmfit
+from orchestrator.core.states import EndReason, StopKind, WarmState
 from orchestrator.core.utc import iso_z
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
@@ -86,9 +87,9 @@ class Warm:
         row, taken = got
         assert row.id is not None  # flushed by the take; its machine id copied from the warm row
         iid = taken.provider_instance_id
-        self.state.held[row.id] = (offer.provider, iid)
+        held = self.state.hold(row.id, offer.provider, iid)
         failpoint("after-take")
-        self.state.offers[row.id] = warmfit.offer_from_json(taken.offer_json)
+        held.offer = warmfit.offer_from_json(taken.offer_json)
         try:
             inst = retried.look_up(provider, iid)
         except NotFound:
@@ -96,7 +97,7 @@ class Warm:
         if inst is None or inst.state in LOST:
             self.ledger.event("warm.lost", f"warm {offer.provider} instance {iid} is gone or "
                               "does not answer; trying the next placement")
-            self.teardown.release(row.id, "lost")
+            self.teardown.release(row.id, EndReason.LOST)
             return None
         price, idle = (money.usd(from_micros(m)) for m in (row.price_per_hour_micros,
                                                            taken.idle_micros))
@@ -105,15 +106,15 @@ class Warm:
                           f"{taken.parked_by_job}; {price}/h; its idle time, {idle}, is "
                           "billed to no job)",
                           {"instance": iid, "warm_id": wid, "parked_by": taken.parked_by_job})
-        self.state.store.update_job_fields(self.state.job_id, outage_since=None,
-                                           not_before=None, phase_done=None)
+        self.state.store.mark_placed(self.state.job_id)
         return Placed(row.id, provider, inst, warm=True)
 
     # --- parking -------------------------------------------------------------------------
 
     def parks(self, placed: Placed) -> bool:
         """Whether this job's machine is kept warm when it succeeds (else terminated)."""
-        provider, offer = placed.provider, self.state.offers.get(placed.row_id)
+        held = self.state.held.get(placed.row_id)
+        provider, offer = placed.provider, None if held is None else held.offer
         return (self.keep_s > 0 and offer is not None and offer.billing in METERED
                 and not offer.registered and not isinstance(provider, KeepsMachine))
 
@@ -121,16 +122,17 @@ class Warm:
         """The job succeeded on `placed`: keep its machine warm (keep_warm), else release.
         A job asked to stop meanwhile has its machine terminated, never parked (Stop)."""
         if not self.parks(placed) or not self._clean(placed):
-            self.teardown.release(placed.row_id, "released")
+            self.teardown.release(placed.row_id, EndReason.RELEASED)
             return
-        offer = self.state.offers[placed.row_id]
+        offer = self.state.held[placed.row_id].offer
+        assert offer is not None  # `parks` said so
         try:
             warm = self.state.store.park_instance(
                 placed.row_id, offer_json=warmfit.offer_json(offer), image=self.image,
                 disk_gb=self.ledger.disk_gb, model=self.model, keep_s=self.keep_s)
         except CancelRequested as exc:  # judged in the park's own transaction
-            self.teardown.release(placed.row_id, "cancelled")
-            raise Stop("cancelled", CANCELLED) from exc
+            self.teardown.release(placed.row_id, EndReason.CANCELLED)
+            raise Stop(StopKind.CANCELLED, CANCELLED) from exc
         self.parked = warm
         self.state.held.pop(placed.row_id, None)
         failpoint("after-park")
@@ -150,7 +152,8 @@ class Warm:
         if warm is None or warm.id is None:
             return
         provider = self.state.providers[warm.provider]
-        ended = end_one(self.state.store, provider, warm, "cancelled", expired_only=False)
+        ended = end_one(self.state.store, provider, warm, EndReason.CANCELLED,
+                        expired_only=False)
         what = f"{warm.provider} instance {warm.provider_instance_id}"
         if ended is None:
             taker = self.state.store.get_warm(warm.id).taken_by_job
@@ -163,7 +166,8 @@ class Warm:
     def _clean(self, placed: Placed) -> bool:
         """Remove the finished job's directory from the machine (artifacts were copied back;
         the model cache stays); False when the machine cannot be reached: not parked."""
-        job_dir = self.state.job_dirs.get(placed.row_id)
+        held = self.state.held.get(placed.row_id)
+        job_dir = None if held is None else held.job_dir
         row = self.teardown.reachable_row(placed.row_id)
         if job_dir is None or row is None:
             return False
@@ -197,19 +201,19 @@ def end_expired(store: Store, providers: Mapping[str, Provider], *,
         if dry_run:
             done.append(Ended(row))
             continue
-        ended = end_one(store, provider, row, "expired")
+        ended = end_one(store, provider, row, EndReason.EXPIRED)
         if ended is not None:
             done.append(ended)
     return done
 
 
-def end_one(store: Store, provider: Provider, row: WarmInstance, reason: str,
+def end_one(store: Store, provider: Provider, row: WarmInstance, reason: EndReason,
             *, expired_only: bool = True) -> Ended | None:
     """Terminate one warm machine: `ending` first (so no job takes it meanwhile), then the
     provider, then `ended`. None when it was not ours to end (taken meanwhile)."""
     warm_id = row.id
     assert warm_id is not None
-    if row.state == "parked":
+    if row.state == WarmState.PARKED:
         claimed = store.begin_ending(warm_id, expired_only=expired_only)
         if claimed is None:
             return None

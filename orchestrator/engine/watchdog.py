@@ -23,19 +23,21 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from orchestrator.core.jobstatus import JobStatus
+
 # Phases the watchdog guards, with their default deadlines. Connecting has its own
 # boot/connect deadlines in the engine; queued/provisioning do not hold a host.
-DEFAULT_DEADLINES_S: dict[str, float] = {
+DEFAULT_DEADLINES_S: dict[JobStatus, float] = {
     # The model download step may take 4 h (model_cache.DEFAULT_DOWNLOAD_TIMEOUT_S).
-    "preparing": 4 * 3600 + 900,
+    JobStatus.PREPARING: 4 * 3600 + 900,
     # No new training step for this long: image pull, dataset upload and model loading
     # before the first step each complete as playbook steps, which count as progress.
-    "training": 2 * 3600,
-    "merging": 4 * 3600 + 900,  # merge.MERGE_TIMEOUT_S + margin
-    "evaluating": 4 * 3600 + 900,  # the lm-eval step's 4 h + margin
+    JobStatus.TRAINING: 2 * 3600,
+    JobStatus.MERGING: 4 * 3600 + 900,  # merge.MERGE_TIMEOUT_S + margin
+    JobStatus.EVALUATING: 4 * 3600 + 900,  # the lm-eval step's 4 h + margin
     # Artifacts copied back: a merged 70B model is ~140 GB, hours on a slow link, and the
     # copy reports no progress of its own.
-    "releasing": 6 * 3600,
+    JobStatus.RELEASING: 6 * 3600,
 }
 
 
@@ -44,7 +46,7 @@ def env_name(phase: str) -> str:
     return f"ORCH_STALL_{phase.upper()}_S"
 
 
-def deadlines_from_env(env: Mapping[str, str] | None = None) -> dict[str, float]:
+def deadlines_from_env(env: Mapping[str, str] | None = None) -> dict[JobStatus, float]:
     """The default deadlines with ORCH_STALL_<PHASE>_S overrides; a bad value raises
     ValueError naming the variable."""
     env = os.environ if env is None else env
@@ -66,15 +68,15 @@ def deadlines_from_env(env: Mapping[str, str] | None = None) -> dict[str, float]
 class Watchdog:
     """Tracks the current phase and the time of the last progress signal (thread-safe)."""
 
-    def __init__(self, deadlines: Mapping[str, float],
+    def __init__(self, deadlines: Mapping[JobStatus, float],
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.deadlines = dict(deadlines)
         self._clock = clock
         self._lock = threading.Lock()
-        self._phase: str | None = None
+        self._phase: JobStatus | None = None
         self._last = clock()
 
-    def phase(self, name: str) -> None:
+    def phase(self, name: JobStatus) -> None:
         """The job entered `name` (a job status); entering a phase is progress."""
         with self._lock:
             self._phase = name

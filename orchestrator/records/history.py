@@ -11,7 +11,6 @@ are re-exported here for the CLI modules that import them from `history`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime
@@ -27,7 +26,9 @@ from orchestrator.core.money import (
     hourly_cost_micros,
     per_gpu_hour,
 )
+from orchestrator.core.states import EventKind
 from orchestrator.records.adhocsql import SqlResult, run_sql, single_statement
+from orchestrator.records.columns import event_data
 from orchestrator.records.historyread import (
     EngineReader,
     HistoryError,
@@ -268,11 +269,9 @@ def _with_deliveries(reader: Reader, rows: list[HistoryRow]) -> list[HistoryRow]
     names = ", ".join(f":{k}" for k in params)
     found: dict[str, tuple[dict[str, str], ...]] = {}
     for job_id, data in reader.rows(f"SELECT job_id, data_json FROM event WHERE kind = "
-                                    f"'delivered' AND job_id IN ({names}) ORDER BY id", params):
-        try:
-            found[job_id] = tuple((json.loads(data or "{}") or {}).get("places") or ())
-        except ValueError:
-            continue
+                                    f":delivered AND job_id IN ({names}) ORDER BY id",
+                                    {**params, "delivered": EventKind.DELIVERED.value}):
+        found[job_id] = tuple(p.as_stored() for p in event_data(data).places or ())
     return [replace(r, delivered=found[r.id]) if r.id in found else r for r in rows]
 
 

@@ -47,10 +47,10 @@ def _as_key(key: HostKey) -> paramiko.PKey:
 
 
 def _same_key(a: paramiko.PKey, b: paramiko.PKey) -> bool:
-    return a.get_name() == b.get_name() and a.asbytes() == b.asbytes()
+    return bool(a.get_name() == b.get_name() and a.asbytes() == b.asbytes())
 
 
-class PinnedHostKeyPolicy(paramiko.MissingHostKeyPolicy):
+class PinnedHostKeyPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # untyped base
     """Accept the one expected host key; anything else raises `HostKeyMismatch`.
 
     The client's known-hosts store stays empty, so paramiko asks this policy about every

@@ -395,7 +395,7 @@ class SimCloud(OptInOnly, Simulated):
         if bill is None:
             raise NotFound(f"sim: no billing record for {instance_id}")
         end = bill["end"] if bill["end"] is not None else self.clock()
-        return max(0, math.ceil(end - bill["start"] - 1e-6))
+        return max(0, math.ceil(float(end) - float(bill["start"]) - 1e-6))
 
     def billed(self) -> dict[str, int]:
         """Every instance ever created here (terminated too) -> seconds billed so far."""

@@ -214,7 +214,7 @@ def _takes(body: bytes) -> bool:
     import _relay  # simhost/bin
 
     name, argv, *_ = _request(body)
-    return _relay.relayable(name, argv)
+    return bool(_relay.relayable(name, argv))
 
 
 def _start_relayed(body: bytes, fds: list[int]) -> None:

@@ -172,7 +172,7 @@ def db_now(session: Session) -> datetime:
     so every process sharing it reads the same clock: this machine's.
     """
     if session.get_bind().dialect.name == "postgresql":
-        value = session.execute(text("SELECT clock_timestamp()")).scalar_one()
+        value: datetime = session.execute(text("SELECT clock_timestamp()")).scalar_one()
         return value.astimezone(UTC)
     return utcnow()
 

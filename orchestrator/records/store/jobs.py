@@ -10,14 +10,25 @@ that breaks a limit.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
+from typing import Literal, Unpack
 
 from sqlalchemy import String, column, or_, text, update
 from sqlmodel import Session, col, select
 
-from orchestrator.core.jobstatus import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, allowed, why_not
+from orchestrator.core.jobstatus import (
+    ACTIVE_STATUSES,
+    CANCELLED_AT_ONCE,
+    FINAL_STATUSES,
+    RUNNING_STATUSES,
+    JobStatus,
+    allowed,
+    in_order,
+    why_not,
+)
+from orchestrator.core.states import EventKind
 from orchestrator.records.store.database import StoreBase, db_now
 from orchestrator.records.store.tables import (
     BILLINGS,
@@ -26,16 +37,18 @@ from orchestrator.records.store.tables import (
     IllegalTransition,
     InvalidValueError,
     Job,
+    JobUpdate,
     LeaseLost,
     NotFoundError,
     Sweep,
     check_status,
     dumps,
-    set_columns,
     to_micros,
     utcnow,
 )
-from orchestrator.records.sweep.rules import RUNNING_STATUSES, Usage, gate, usage_of
+from orchestrator.records.sweep.rules import Usage, gate, usage_of
+
+S = JobStatus
 
 # How many queued jobs one claim looks at past gated ones (one row at a time).
 CLAIM_SCAN = 500
@@ -44,17 +57,17 @@ CLAIM_SCAN = 500
 # --- the one place a status changes ----------------------------------------------------------
 
 
-def check_move(job_id: str, current: str, new: str) -> None:
+def check_move(job_id: str, current: JobStatus, new: JobStatus) -> None:
     """IllegalTransition unless a job in `current` may become `new` (jobstatus.TRANSITIONS)."""
     check_status(new)
     if not allowed(current, new):
         raise IllegalTransition(f"job {job_id}: {why_not(current, new)}")
 
 
-def enter(job: Job, status: str, now: datetime, fields: dict[str, Any] | None = None) -> None:
+def enter(job: Job, status: JobStatus, now: datetime, fields: JobUpdate | None = None) -> None:
     """Move `job` to `status` (checked), set `fields`, and close it out if `status` is final."""
     check_move(job.id, job.status, status)
-    job.status = JobStatus(status).value
+    job.status = JobStatus(status)
     job.updated_at = now
     for key, value in (fields or {}).items():
         setattr(job, key, value)
@@ -64,11 +77,11 @@ def enter(job: Job, status: str, now: datetime, fields: dict[str, Any] | None = 
         job.lease_expires_at = None
 
 
-def _state(session: Session, job: Job, status: str, now: datetime, message: str,
-           data: dict[str, Any] | None = None, fields: dict[str, Any] | None = None) -> None:
+def _state(session: Session, job: Job, status: JobStatus, now: datetime, message: str,
+           data: Mapping[str, object] | None = None, fields: JobUpdate | None = None) -> None:
     """`enter` plus the job's `state` event, in the caller's transaction."""
     enter(job, status, now, fields)
-    session.add(Event(job_id=job.id, at=now, kind="state", message=message,
+    session.add(Event(job_id=job.id, at=now, kind=EventKind.STATE, message=message,
                       data_json=dumps({"status": job.status, **(data or {})})))
 
 
@@ -82,14 +95,14 @@ def claim_in(session: Session, job_id: str, owner: str, lease_s: float,
     check_move(job_id, JobStatus.QUEUED, JobStatus.PROVISIONING)
     result = session.execute(
         update(Job)
-        .where(col(Job.id) == job_id, col(Job.status) == "queued",
+        .where(col(Job.id) == job_id, col(Job.status) == S.QUEUED,
                col(Job.cancel_requested_at).is_(None),
                # A job briefly queued while its worker re-places it is still that
                # worker's: only an unowned (or lapsed) job can be claimed.
                or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now),
                # Requeued with a backoff after a provider outage: not yet.
                or_(col(Job.not_before).is_(None), col(Job.not_before) <= now))
-        .values(status="provisioning", lease_owner=owner,
+        .values(status=S.PROVISIONING, lease_owner=owner,
                 lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now))
     if not getattr(result, "rowcount", 0):
         return None
@@ -98,9 +111,9 @@ def claim_in(session: Session, job_id: str, owner: str, lease_s: float,
     session.refresh(job)  # the UPDATE bypassed the session's copy
     if job.started_at is None:
         job.started_at = now
-    session.add(Event(job_id=job_id, at=now, kind="state",
+    session.add(Event(job_id=job_id, at=now, kind=EventKind.STATE,
                       message=f"provisioning (claimed by {owner})",
-                      data_json=dumps({"status": "provisioning", "owner": owner,
+                      data_json=dumps({"status": S.PROVISIONING, "owner": owner,
                                         "attempt": job.attempt})))
     return job
 
@@ -111,7 +124,7 @@ def sweep_usage(session: Session, sweep_id: str, now: datetime) -> Usage | None:
     if sweep is None:
         return None
     jobs = session.exec(select(Job).where(Job.sweep_id == sweep_id))
-    return usage_of(sweep.spec_json, sweep.budget_micros, jobs, now)
+    return usage_of(sweep.spec(), sweep.budget_micros, jobs, now)
 
 
 def _next_claimable(session: Session, now: datetime, gated_sweeps: set[str],
@@ -119,7 +132,7 @@ def _next_claimable(session: Session, now: datetime, gated_sweeps: set[str],
     """The oldest queued job that nobody holds and that may start now, locked for this
     transaction; rows another worker is claiming are skipped, not waited for."""
     query = select(Job).where(
-        Job.status == "queued", col(Job.cancel_requested_at).is_(None),
+        col(Job.status) == S.QUEUED, col(Job.cancel_requested_at).is_(None),
         # A job briefly queued while its worker re-places it is still that worker's.
         or_(col(Job.lease_owner).is_(None), col(Job.lease_expires_at) < now),
         # Requeued with a backoff after a provider outage: not yet.
@@ -156,23 +169,24 @@ t AS (SELECT {_TIME_TEXT.format("ts")} AS now,
       FROM clock),
 head AS (
     SELECT job.id, job.sweep_id FROM job, t
-    WHERE job.status = 'queued' AND job.cancel_requested_at IS NULL
+    WHERE job.status = '{S.QUEUED}' AND job.cancel_requested_at IS NULL
       AND (job.lease_owner IS NULL OR job.lease_expires_at < t.now)
       AND (job.not_before IS NULL OR job.not_before <= t.now)
     ORDER BY job.created_at, job.id
     LIMIT 1
     FOR UPDATE OF job SKIP LOCKED),
 claimed AS (
-    UPDATE job SET status = 'provisioning', lease_owner = :owner, lease_expires_at = t.until,
+    UPDATE job SET status = '{S.PROVISIONING}', lease_owner = :owner, lease_expires_at = t.until,
                    updated_at = t.now, started_at = COALESCE(job.started_at, t.now)
     FROM head, t
     -- The row is locked by `head`; the status is checked again all the same.
-    WHERE job.id = head.id AND head.sweep_id IS NULL AND job.status = 'queued'
+    WHERE job.id = head.id AND head.sweep_id IS NULL AND job.status = '{S.QUEUED}'
     RETURNING job.*),
 logged AS (
     INSERT INTO event (job_id, at, kind, message, data_json)
-    SELECT id, updated_at, 'state', :message,
-           '{{"attempt":' || attempt || ',"owner":' || :owner_json || ',"status":"provisioning"}}'
+    SELECT id, updated_at, '{EventKind.STATE}', :message,
+           '{{"attempt":' || attempt || ',"owner":' || :owner_json
+           || ',"status":"{S.PROVISIONING}"}}'
     FROM claimed)
 SELECT {", ".join(f"claimed.{c.name}" for c in _JOB_COLUMNS)}, head.id AS head_id
 FROM head LEFT JOIN claimed ON claimed.id = head.id
@@ -253,12 +267,12 @@ class JobsMixin(StoreBase):
         self,
         *,
         name: str,
-        status: str,
+        status: JobStatus,
         method: str,
         base_model: str,
         spec_json: str,
         spec_hash: str,
-        placement: dict[str, Any] | None,
+        placement: Mapping[str, object] | None,
         provider: str | None,
         gpu: str | None,
         gpu_count: int | None,
@@ -268,12 +282,12 @@ class JobsMixin(StoreBase):
         est_cost: Decimal | None,
         event_kind: str,
         event_message: str,
-        event_data: dict[str, Any] | None,
+        event_data: Mapping[str, object] | None,
         sweep_id: str | None = None,
         sweep_key: str | None = None,
     ) -> Job:
         """Insert a job and its first event in one transaction (both or neither)."""
-        check_status(status)
+        status = check_status(status)
         if billing is not None and billing not in BILLINGS:
             raise InvalidValueError(
                 f"billing must be one of {', '.join(BILLINGS)} (got {billing!r})"
@@ -336,15 +350,15 @@ class JobsMixin(StoreBase):
             raise NotFoundError(f"job {job_id!r} not found; list recent jobs with `orch jobs`")
         return job
 
-    def list_jobs(self, limit: int = 50, status: str | None = None) -> list[Job]:
+    def list_jobs(self, limit: int = 50,
+                  status: JobStatus | Literal["running"] | None = None) -> list[Job]:
         """The newest `limit` jobs, optionally only those in `status` (`running`: every
         state a worker drives, as the running column of `orch sweeps` counts)."""
         query = select(Job)
         if status == "running":
-            query = query.where(col(Job.status).in_(RUNNING_STATUSES))
+            query = query.where(col(Job.status).in_(in_order(RUNNING_STATUSES)))
         elif status is not None:
-            check_status(status)
-            query = query.where(Job.status == status)
+            query = query.where(col(Job.status) == check_status(status))
         query = query.order_by(col(Job.created_at).desc(), col(Job.id).desc()).limit(limit)
         with self.session() as session:
             return list(session.exec(query))
@@ -354,7 +368,7 @@ class JobsMixin(StoreBase):
         by the database's clock unless `now` is given."""
         with self.session() as session:
             now = now or db_now(session)
-            query = select(Job).where(col(Job.status).in_(ACTIVE_STATUSES),
+            query = select(Job).where(col(Job.status).in_(in_order(ACTIVE_STATUSES)),
                                       col(Job.lease_expires_at).is_not(None),
                                       col(Job.lease_expires_at) < now)
             return list(session.exec(query))
@@ -375,10 +389,10 @@ class JobsMixin(StoreBase):
             job = session.get(Job, job_id)
             if job is None or job.status not in ACTIVE_STATUSES:
                 return False
-            enter(job, JobStatus.QUEUED, utcnow(), {"attempt": job.attempt + 1,
-                                                     "lease_owner": None,
-                                                     "lease_expires_at": None})
-            session.add(Event(job_id=job_id, at=job.updated_at, kind="requeued", message=reason))
+            enter(job, S.QUEUED, utcnow(), {"attempt": job.attempt + 1, "lease_owner": None,
+                                            "lease_expires_at": None})
+            session.add(Event(job_id=job_id, at=job.updated_at, kind=EventKind.REQUEUED,
+                              message=reason))
             return True
 
     def claim_job(self, job_id: str, owner: str, lease_s: float) -> Job | None:
@@ -406,9 +420,11 @@ class JobsMixin(StoreBase):
                 return None
             return session.get(Job, job_id)
 
-    def set_status(self, job_id: str, owner: str, status: str, message: str = "",
-                   data: dict[str, Any] | None = None, **fields: Any) -> Job:
-        """Move `owner`'s job to `status` (plus `fields`) with a `state` event, atomically.
+    def set_status(self, job_id: str, owner: str, status: JobStatus, message: str = "",
+                   data: Mapping[str, object] | None = None,
+                   **fields: Unpack[JobUpdate]) -> Job:
+        """Move `owner`'s job to `status` (plus `fields`, the columns a status change may
+        carry: `tables.JobUpdate`) with a `state` event, atomically.
 
         LeaseLost when the job is no longer `owner`'s: a worker that lost its lease must
         not overwrite what the new owner does.
@@ -416,7 +432,7 @@ class JobsMixin(StoreBase):
         row is read locked (PostgreSQL; SQLite's write lock serialises anyway), so a cancel
         either commits first and is seen here, or comes after the job succeeded.
         """
-        check_status(status)
+        status = check_status(status)
         now = utcnow()
         with self.transaction() as session:
             job = session.get(Job, job_id, with_for_update=status == JobStatus.SUCCEEDED)
@@ -446,12 +462,12 @@ class JobsMixin(StoreBase):
                 return job
             if job.cancel_requested_at is None:
                 job.cancel_requested_at = now
-            if job.status in ("queued", "planned", "interrupted"):
+            if job.status in CANCELLED_AT_ONCE:
                 _state(session, job, JobStatus.CANCELLED, now,
                        "cancelled before it started" if job.started_at is None
                        else f"cancelled while {job.status} to resume")
             else:
-                session.add(Event(job_id=job_id, at=now, kind="cancel.requested",
+                session.add(Event(job_id=job_id, at=now, kind=EventKind.CANCEL_REQUESTED,
                                   message="cancel requested; the worker tears down"))
             job.updated_at = now
             return job
@@ -463,17 +479,18 @@ class JobsMixin(StoreBase):
         from then on (a claim requires `cancel_requested_at IS NULL`): cancelling run by run
         raced with workers that claimed, and billed, the next run meanwhile."""
         now = utcnow()
-        unfinished = (col(Job.sweep_id) == sweep_id) & col(Job.status).not_in(FINAL_STATUSES)
+        unfinished = ((col(Job.sweep_id) == sweep_id)
+                      & col(Job.status).not_in(in_order(FINAL_STATUSES)))
         with self.transaction() as session:
             session.execute(update(Job).where(unfinished, col(Job.cancel_requested_at).is_(None))
                             .values(cancel_requested_at=now))
             cancelled, flagged = [], []
             for job in session.exec(select(Job).where(unfinished).order_by(col(Job.id))):
-                if job.status in ("queued", "planned", "interrupted"):
+                if job.status in CANCELLED_AT_ONCE:
                     _state(session, job, JobStatus.CANCELLED, now, reason)
                     cancelled.append(job.id)
                 else:
-                    session.add(Event(job_id=job.id, at=now, kind="cancel.requested",
+                    session.add(Event(job_id=job.id, at=now, kind=EventKind.CANCEL_REQUESTED,
                                       message=f"{reason}; the worker tears down"))
                     job.updated_at = now
                     flagged.append(job.id)
@@ -491,11 +508,31 @@ class JobsMixin(StoreBase):
             _state(session, job, JobStatus.CANCELLED, now, reason)
             return True
 
-    def update_job_fields(self, job_id: str, **fields: Any) -> None:
-        """Change a job's columns without a state change (artifacts dir, say)."""
-        if "status" in fields:
-            raise InvalidValueError("update_job_fields cannot change a job's status; use "
-                                    "set_status, which checks the move and records it")
+    # --- columns that change without a status change (each says what it sets) ---------------
+
+    def _change(self, job_id: str, fields: JobUpdate) -> None:
         with self.transaction() as session:
-            job = set_columns(session, Job, job_id, fields, f"job {job_id!r} not found")
+            job = session.get(Job, job_id)
+            if job is None:
+                raise NotFoundError(f"job {job_id!r} not found")
+            for key, value in fields.items():
+                setattr(job, key, value)
             job.updated_at = utcnow()
+
+    def set_outage_since(self, job_id: str, since: datetime) -> None:
+        """The job's providers became unavailable at `since` (the outage limit runs from it)."""
+        self._change(job_id, {"outage_since": since})
+
+    def mark_placed(self, job_id: str) -> None:
+        """The job holds a machine again: its outage (if any) is over, it is not deferred,
+        and no phase is done on the new machine yet."""
+        self._change(job_id, {"outage_since": None, "not_before": None, "phase_done": None})
+
+    def mark_phase_done(self, job_id: str, phase: str, *,
+                        artifacts_dir: str | None = None) -> None:
+        """`phase` of the pipeline is durable (a takeover resumes after it); with
+        `artifacts_dir`, where the job's artifacts were copied back."""
+        fields: JobUpdate = {"phase_done": phase}
+        if artifacts_dir is not None:
+            fields["artifacts_dir"] = artifacts_dir
+        self._change(job_id, fields)

@@ -7,12 +7,15 @@ between the two leaves a row that reconciliation finds, never an unrecorded paid
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Any
 
 from sqlalchemy import delete, update
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
+from orchestrator.core import money
+from orchestrator.core.states import EndReason, RowState
 from orchestrator.records.store.database import StoreBase
 from orchestrator.records.store.tables import (
     Event,
@@ -21,17 +24,23 @@ from orchestrator.records.store.tables import (
     Metric,
     NotFoundError,
     ThroughputObservation,
-    set_columns,
     to_micros,
     utcnow,
 )
+
+
+def _instance(session: Session, row_id: int) -> Instance:
+    row = session.get(Instance, row_id)
+    if row is None:
+        raise NotFoundError(f"instance row {row_id} not found")
+    return row
 
 
 class RecordsMixin(StoreBase):
     """Events, instances, metrics and throughput (part of `store.Store`)."""
 
     def add_event(self, job_id: str, kind: str, message: str,
-                  data: dict[str, Any] | None = None) -> None:
+                  data: Mapping[str, object] | None = None) -> None:
         """Append one event to a job's history."""
         payload = None if data is None else json.dumps(data, sort_keys=True,
                                                        separators=(",", ":"))
@@ -64,16 +73,46 @@ class RecordsMixin(StoreBase):
         row = Instance(job_id=job_id, provider=provider, offer_id=offer_id, gpu=gpu,
                        gpu_count=gpu_count, billing=billing, interruptible=interruptible,
                        price_per_hour_micros=to_micros(price_per_hour, rounding=ROUND_HALF_EVEN),
-                       state="creating", attempt=attempt)
+                       state=RowState.CREATING, attempt=attempt)
         with self.transaction() as session:
             session.add(row)
         return row
 
-    def update_instance(self, row_id: int, **fields: Any) -> Instance:
-        """Change an instance row's columns."""
+    def set_instance_id(self, row_id: int, provider_instance_id: str) -> Instance:
+        """The provider's id of the row's machine (found by its tag after a crash)."""
         with self.transaction() as session:
-            return set_columns(session, Instance, row_id, fields,
-                               f"instance row {row_id} not found")
+            row = _instance(session, row_id)
+            row.provider_instance_id = provider_instance_id
+            return row
+
+    def record_created(self, row_id: int, provider_instance_id: str, state: RowState,
+                       price_per_hour_micros: int) -> Instance:
+        """The provider created the row's machine: its id, state and the price it charges."""
+        with self.transaction() as session:
+            row = _instance(session, row_id)
+            row.provider_instance_id = provider_instance_id
+            row.state = state
+            row.price_per_hour_micros = price_per_hour_micros
+            return row
+
+    def record_address(self, row_id: int, *, host: str, port: int, ssh_user: str,
+                       host_key: str, state: RowState) -> Instance:
+        """Where the row's machine answers SSH, its pinned host key, and its state."""
+        with self.transaction() as session:
+            row = _instance(session, row_id)
+            row.host, row.port, row.ssh_user, row.host_key = host, port, ssh_user, host_key
+            row.state = state
+            return row
+
+    def close_instance(self, row_id: int, reason: EndReason, at: datetime) -> Instance:
+        """The row's machine is gone (terminated, released, lost) at `at`: closed with
+        `reason` and what it cost (charged and amortised, to `at`), in one write."""
+        with self.transaction() as session:
+            row = _instance(session, row_id)
+            row.terminated_at, row.state, row.end_reason = at, RowState.TERMINATED, reason
+            charged, amortised = money.instance_cost(row, at)
+            row.cost_micros, row.amortised_micros = to_micros(charged), to_micros(amortised)
+            return row
 
     def instances_of(self, job_id: str) -> list[Instance]:
         """A job's instance rows, oldest first."""
@@ -96,7 +135,7 @@ class RecordsMixin(StoreBase):
                 .where(col(Instance.provider) == provider,
                        col(Instance.provider_instance_id) == provider_instance_id,
                        col(Instance.terminated_at).is_(None))
-                .values(terminated_at=utcnow(), state="terminated"))
+                .values(terminated_at=utcnow(), state=RowState.TERMINATED))
             return int(getattr(result, "rowcount", 0) or 0)
 
     def add_metrics(self, job_id: str, values: dict[str, float], step: int | None = None) -> None:

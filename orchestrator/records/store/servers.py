@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from orchestrator.core.money import from_micros
+from orchestrator.core.states import ServerStatus
 from orchestrator.records.store.database import StoreBase
 from orchestrator.records.store.tables import (
     AlreadyExists,
@@ -74,7 +75,8 @@ class ServersMixin(StoreBase):
         with self.session() as session:
             query = (
                 select(Server)
-                .where(Server.status == "idle", col(Server.claimed_by_job).is_(None))
+                .where(col(Server.status) == ServerStatus.IDLE,
+                       col(Server.claimed_by_job).is_(None))
                 .order_by(col(Server.name))
             )
             return list(session.exec(query))
@@ -114,9 +116,9 @@ class ServersMixin(StoreBase):
         with self.transaction() as session:
             result = session.execute(
                 update(Server)
-                .where(col(Server.name) == name, col(Server.status) == "idle",
+                .where(col(Server.name) == name, col(Server.status) == ServerStatus.IDLE,
                        col(Server.claimed_by_job).is_(None))
-                .values(status="busy", claimed_by_job=job_id)
+                .values(status=ServerStatus.BUSY, claimed_by_job=job_id)
             )
             return bool(getattr(result, "rowcount", 0))
 
@@ -124,10 +126,10 @@ class ServersMixin(StoreBase):
         """Mark a busy server idle again (only if `job_id` holds it, when given)."""
         with self.transaction() as session:
             query = update(Server).where(col(Server.name) == name,
-                                         col(Server.status) == "busy")
+                                         col(Server.status) == ServerStatus.BUSY)
             if job_id is not None:
                 query = query.where(col(Server.claimed_by_job) == job_id)
-            result = session.execute(query.values(status="idle", claimed_by_job=None))
+            result = session.execute(query.values(status=ServerStatus.IDLE, claimed_by_job=None))
             return bool(getattr(result, "rowcount", 0))
 
     def remove_server(self, name: str) -> None:
@@ -138,7 +140,7 @@ class ServersMixin(StoreBase):
                 raise NotFoundError(
                     f"server {name!r} not found; see registered servers with `orch servers list`"
                 )
-            if server.status == "busy" or server.claimed_by_job is not None:
+            if server.status == ServerStatus.BUSY or server.claimed_by_job is not None:
                 job = server.claimed_by_job or "a job"
                 raise ServerBusyError(
                     f"server {name!r} is busy running {job}; wait for it to finish "

@@ -14,7 +14,8 @@ import json
 import secrets
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, TypeVar
+from enum import StrEnum
+from typing import Any, TypedDict, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -27,12 +28,24 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlmodel import Field, Session, SQLModel
+from sqlmodel import Field, SQLModel
+from sqlmodel.sql.sqltypes import AutoString
 
 from orchestrator.core import money
-from orchestrator.core.jobstatus import JOB_STATUSES
+from orchestrator.core.jobstatus import JobStatus, parse_status
+from orchestrator.core.states import EndReason, RowState, ServerStatus, WarmState
+from orchestrator.records.columns import (
+    EventData,
+    PlacementRecord,
+    SpecRecord,
+    SweepSpecRecord,
+    event_data,
+    placement_record,
+    spec_record,
+    sweep_spec_record,
+)
 
-SERVER_STATUSES: tuple[str, ...] = ("idle", "busy", "disabled")
+SERVER_STATUSES: tuple[ServerStatus, ...] = tuple(ServerStatus)
 BILLINGS: tuple[str, ...] = ("per_second", "per_minute", "monthly")
 _TIME_FORMAT_LEN = len("2025-01-01T00:00:00.000000Z")
 
@@ -117,7 +130,7 @@ def to_micros(amount: Decimal | int, *, rounding: str | None = None) -> int:
         raise InvalidValueError(str(exc)) from None
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     # Canonical form (sorted keys, no spaces) so equal data gives equal text in the DB.
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
@@ -163,6 +176,30 @@ class UTCDateTime(TypeDecorator[datetime]):
         return parsed.astimezone(UTC)
 
 
+_Enum = TypeVar("_Enum", bound=StrEnum)
+
+
+class EnumText(TypeDecorator[_Enum]):
+    """A `StrEnum` column stored as its text: the column stays VARCHAR and every row reads as
+    before; a value read back is the enum's member, and a word outside the enum is refused
+    on write (ValueError) rather than stored."""
+
+    impl = AutoString
+    cache_ok = True
+
+    def __init__(self, enum: type[_Enum]) -> None:
+        super().__init__()
+        self.enum = enum
+
+    def process_bind_param(self, value: _Enum | str | None, dialect: Dialect) -> str | None:
+        """The member's text (a plain string is checked against the enum)."""
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> _Enum | None:
+        """The member the stored text names."""
+        return None if value is None else self.enum(value)
+
+
 def _time(*, nullable: bool = False, default_now: bool = True) -> Any:
     if default_now:
         return Field(default_factory=utcnow, sa_type=UTCDateTime(), nullable=nullable)
@@ -184,6 +221,10 @@ class Sweep(SQLModel, table=True):
     spec_json: str = Field(sa_type=Text)
     budget_micros: int | None = Field(default=None, sa_type=BigInteger)
     created_at: datetime = _time()
+
+    def spec(self) -> SweepSpecRecord:
+        """The sweep file's fields orch reads back (`records.columns`)."""
+        return sweep_spec_record(self.spec_json)
 
 
 class Job(SQLModel, table=True):
@@ -215,7 +256,7 @@ class Job(SQLModel, table=True):
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
     name: str
-    status: str
+    status: JobStatus = Field(sa_type=EnumText(JobStatus))
     method: str
     base_model: str
     spec_json: str = Field(sa_type=Text)
@@ -266,6 +307,43 @@ class Job(SQLModel, table=True):
     outage_since: datetime | None = _time(nullable=True, default_now=False)
     phase_done: str | None = None
 
+    def placement(self) -> PlacementRecord:
+        """The plan recorded at submit (`records.columns`)."""
+        return placement_record(self.placement_json)
+
+    def spec(self) -> SpecRecord:
+        """The resolved spec's fields orch reads back without validating it whole."""
+        return spec_record(self.spec_json)
+
+
+class JobUpdate(TypedDict, total=False):
+    """The `job` columns a status change may carry (`Store.set_status`), each typed: the
+    costs so far, the failure, the lease, the attempt's counters, the placement being
+    rented, and what training measured. The status itself never goes here."""
+
+    failure_reason: str | None
+    cost_micros: int
+    storage_micros: int
+    amortised_micros: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    not_before: datetime | None
+    outage_since: datetime | None
+    attempt: int
+    interruptions: int
+    lost_steps: int
+    provider: str | None
+    gpu: str | None
+    gpu_count: int | None
+    billing: str | None
+    interruptible: bool | None
+    est_hours: float | None
+    est_cost_micros: int | None
+    tokens: int | None
+    train_seconds: float | None
+    phase_done: str | None
+    artifacts_dir: str | None
+
 
 class Event(SQLModel, table=True):
     """One line of a job's history: state changes, step results, notes."""
@@ -284,6 +362,10 @@ class Event(SQLModel, table=True):
     kind: str
     message: str = Field(default="", sa_type=Text)
     data_json: str | None = Field(default=None, sa_type=Text)
+
+    def data(self) -> EventData:
+        """The event's data (`records.columns`)."""
+        return event_data(self.data_json)
 
 
 class Instance(SQLModel, table=True):
@@ -305,7 +387,7 @@ class Instance(SQLModel, table=True):
     billing: str
     interruptible: bool
     price_per_hour_micros: int = Field(sa_type=BigInteger)
-    state: str
+    state: RowState = Field(sa_type=EnumText(RowState))
     host: str | None = None
     port: int | None = None
     ssh_user: str | None = None
@@ -322,11 +404,11 @@ class Instance(SQLModel, table=True):
     amortised_micros: int = Field(
         default=0, sa_type=BigInteger, sa_column_kwargs={"server_default": text("0")}
     )
-    end_reason: str | None = None  # released | interrupted | failed | cancelled | unreachable
+    end_reason: EndReason | None = Field(default=None, sa_type=EnumText(EndReason))
     lost_steps: int | None = None  # training steps redone because this instance was lost
 
 
-WARM_STATES: tuple[str, ...] = ("parked", "taken", "ending", "ended")
+WARM_STATES: tuple[WarmState, ...] = tuple(WarmState)
 
 
 class WarmInstance(SQLModel, table=True):
@@ -366,11 +448,12 @@ class WarmInstance(SQLModel, table=True):
     parked_by_job: str = Field(foreign_key="job.id")
     parked_at: datetime = _time()
     expires_at: datetime = _time()
-    state: str = Field(default="parked", sa_column_kwargs={"server_default": "parked"})
+    state: WarmState = Field(default=WarmState.PARKED, sa_type=EnumText(WarmState),
+                             sa_column_kwargs={"server_default": "parked"})
     taken_by_job: str | None = Field(default=None, foreign_key="job.id")
     taken_at: datetime | None = _time(nullable=True, default_now=False)
     ended_at: datetime | None = _time(nullable=True, default_now=False)
-    end_reason: str | None = None  # expired | released | lost
+    end_reason: EndReason | None = Field(default=None, sa_type=EnumText(EndReason))
     # What the idle time cost (price x billed seconds from parked to taken or ended): billed
     # to no job; `orch cost` shows it.
     idle_micros: int = Field(default=0, sa_type=BigInteger,
@@ -391,7 +474,8 @@ class Server(SQLModel, table=True):
     gpu: str
     gpu_count: int = Field(default=1, sa_column_kwargs={"server_default": text("1")})
     monthly_price_micros: int = Field(sa_type=BigInteger)
-    status: str = Field(default="idle", sa_column_kwargs={"server_default": "idle"})
+    status: ServerStatus = Field(default=ServerStatus.IDLE, sa_type=EnumText(ServerStatus),
+                                 sa_column_kwargs={"server_default": "idle"})
     claimed_by_job: str | None = Field(default=None, foreign_key="job.id")
     host_key: str | None = Field(default=None, sa_type=Text)
     created_at: datetime = _time()
@@ -456,23 +540,9 @@ class ThroughputObservation(SQLModel, table=True):
     observed_at: datetime = _time()
 
 
-_Row = TypeVar("_Row", bound=SQLModel)
-
-
-def set_columns(session: Session, model: type[_Row], key: Any, fields: dict[str, Any],
-                missing: str) -> _Row:
-    """Set `fields` on the `model` row with primary key `key`; NotFoundError(`missing`) if none."""
-    row = session.get(model, key)
-    if row is None:
-        raise NotFoundError(missing)
-    for name, value in fields.items():
-        setattr(row, name, value)
-    return row
-
-
-def check_status(status: str) -> None:
-    """InvalidValueError unless `status` is a job status."""
-    if status not in JOB_STATUSES:
-        raise InvalidValueError(
-            f"unknown job status {status!r}; use one of {', '.join(JOB_STATUSES)}"
-        )
+def check_status(status: str) -> JobStatus:
+    """`status` as a JobStatus; InvalidValueError unless it is one."""
+    try:
+        return parse_status(status)
+    except ValueError as exc:
+        raise InvalidValueError(str(exc)) from None

@@ -22,6 +22,7 @@ from sqlalchemy import update
 from sqlmodel import col, select
 
 from orchestrator.core import money
+from orchestrator.core.states import WARM_OWNING, EndReason, RowState, WarmState
 from orchestrator.core.warmfit import WarmMachine, offer_from_json
 from orchestrator.records.store.database import StoreBase, db_now
 from orchestrator.records.store.tables import (
@@ -35,8 +36,8 @@ from orchestrator.records.store.tables import (
 )
 from providers.base import Billing
 
-# The states in which the warm row owns the machine.
-OWNING = ("parked", "ending")
+# The states in which the warm row owns the machine, in a fixed order (for SQL `IN`).
+OWNING = tuple(s for s in WarmState if s in WARM_OWNING)
 
 
 def as_machine(row: WarmInstance) -> WarmMachine:
@@ -77,7 +78,7 @@ class WarmMixin(StoreBase):
                                         "id: nothing to park")
             if row.billing == Billing.MONTHLY.value:
                 raise InvalidValueError("a monthly server is kept, never parked")
-            row.terminated_at, row.state, row.end_reason = now, "parked", "parked"
+            row.terminated_at, row.state, row.end_reason = now, RowState.PARKED, EndReason.PARKED
             charged, amortised = money.instance_cost(row, now)
             row.cost_micros, row.amortised_micros = to_micros(charged), to_micros(amortised)
             warm = WarmInstance(
@@ -88,7 +89,8 @@ class WarmMixin(StoreBase):
                 model_repo=model[0] if model else None,
                 model_revision=model[1] if model else None, host=row.host, port=row.port,
                 ssh_user=row.ssh_user, host_key=row.host_key, parked_by_job=row.job_id,
-                parked_at=now, expires_at=now + timedelta(seconds=keep_s), state="parked")
+                parked_at=now, expires_at=now + timedelta(seconds=keep_s),
+                state=WarmState.PARKED)
             session.add(row)
             session.add(warm)
             session.flush()
@@ -103,9 +105,10 @@ class WarmMixin(StoreBase):
             now = db_now(session)
             result = session.execute(
                 update(WarmInstance)
-                .where(col(WarmInstance.id) == warm_id, col(WarmInstance.state) == "parked",
+                .where(col(WarmInstance.id) == warm_id,
+                       col(WarmInstance.state) == WarmState.PARKED,
                        col(WarmInstance.expires_at) > now)
-                .values(state="taken", taken_by_job=job_id, taken_at=now))
+                .values(state=WarmState.TAKEN, taken_by_job=job_id, taken_at=now))
             if not getattr(result, "rowcount", 0):
                 return None
             warm = session.get(WarmInstance, warm_id)
@@ -116,7 +119,7 @@ class WarmMixin(StoreBase):
                            provider_instance_id=warm.provider_instance_id,
                            offer_id=f"warm:{warm_id}", gpu=warm.gpu, gpu_count=warm.gpu_count,
                            billing=warm.billing, interruptible=warm.interruptible,
-                           price_per_hour_micros=warm.price_per_hour_micros, state="running",
+                           price_per_hour_micros=warm.price_per_hour_micros, state=RowState.RUNNING,
                            host=warm.host, port=warm.port, ssh_user=warm.ssh_user,
                            host_key=warm.host_key, created_at=now, attempt=attempt)
             session.add(warm)
@@ -131,10 +134,10 @@ class WarmMixin(StoreBase):
         with self.transaction() as session:
             now = db_now(session)
             query = update(WarmInstance).where(col(WarmInstance.id) == warm_id,
-                                               col(WarmInstance.state) == "parked")
+                                               col(WarmInstance.state) == WarmState.PARKED)
             if expired_only:
                 query = query.where(col(WarmInstance.expires_at) <= now)
-            result = session.execute(query.values(state="ending"))
+            result = session.execute(query.values(state=WarmState.ENDING))
             if not getattr(result, "rowcount", 0):
                 return None
             warm = session.get(WarmInstance, warm_id)
@@ -142,15 +145,15 @@ class WarmMixin(StoreBase):
             session.refresh(warm)
             return warm
 
-    def finish_ending(self, warm_id: int, reason: str) -> WarmInstance | None:
+    def finish_ending(self, warm_id: int, reason: EndReason) -> WarmInstance | None:
         """An owning row whose machine is gone (terminated, or lost): `ended`, with the idle
         time's cost; None if it no longer owned one."""
         with self.transaction() as session:
             now = db_now(session)
             warm = session.get(WarmInstance, warm_id)
-            if warm is None or warm.state not in OWNING:
+            if warm is None or warm.state not in WARM_OWNING:
                 return None
-            warm.state, warm.ended_at, warm.end_reason = "ended", now, reason
+            warm.state, warm.ended_at, warm.end_reason = WarmState.ENDED, now, reason
             warm.idle_micros = idle_micros(warm, now)
             session.add(warm)
             return warm
@@ -163,7 +166,8 @@ class WarmMixin(StoreBase):
                 raise NotFoundError(f"warm instance {warm_id} not found; see `orch warm`")
             return warm
 
-    def warm_instances(self, states: tuple[str, ...] | None = None) -> list[WarmInstance]:
+    def warm_instances(self, states: tuple[WarmState, ...] | None = None
+                       ) -> list[WarmInstance]:
         """Warm rows (in `states`, default all), newest first."""
         with self.session() as session:
             query = select(WarmInstance)
@@ -175,7 +179,7 @@ class WarmMixin(StoreBase):
         """The parked rows whose window is still open, and the database's time now."""
         with self.session() as session:
             now = db_now(session)
-            query = select(WarmInstance).where(col(WarmInstance.state) == "parked",
+            query = select(WarmInstance).where(col(WarmInstance.state) == WarmState.PARKED,
                                                col(WarmInstance.expires_at) > now)
             return list(session.exec(query.order_by(col(WarmInstance.id)))), now
 
@@ -184,8 +188,9 @@ class WarmMixin(StoreBase):
         with self.session() as session:
             now = db_now(session)
             query = select(WarmInstance).where(
-                (col(WarmInstance.state) == "ending")
-                | ((col(WarmInstance.state) == "parked") & (col(WarmInstance.expires_at) <= now)))
+                (col(WarmInstance.state) == WarmState.ENDING)
+                | ((col(WarmInstance.state) == WarmState.PARKED)
+                   & (col(WarmInstance.expires_at) <= now)))
             return list(session.exec(query.order_by(col(WarmInstance.id))))
 
     def machine_owner(self, provider: str, instance_id: str) -> WarmInstance | str | None:

@@ -1,33 +1,32 @@
-"""A sweep's rules, shared by the claim path and the status views (standard library only).
+"""A sweep's rules, shared by the claim path and the status views (no SQLAlchemy).
 
 Run states, the `max_parallel` / budget gate, and the objective's best run. The store's claim
 (`store.jobs.claim_next_gated`) and `orch sweep show` (`sweep.view`) both decide with these
 functions, so what the status says is waiting is what the claim holds back. Imports nothing
-heavier than `jobstatus`: the claim path is in the store, the views must start fast.
+heavier than `jobstatus` and the JSON columns' models: the claim path is in the store, the
+views must start without SQLAlchemy.
 
 Money is integer micro-dollars.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Union
 
-from orchestrator.core.jobstatus import ACTIVE_STATUSES
+# RUNNING_STATUSES: the states in which a job counts against max_parallel (re-exported).
+from orchestrator.core.jobstatus import RUNNING_STATUSES, JobStatus
+from orchestrator.core.states import SweepRunState
+from orchestrator.records.columns import SweepSpecRecord
 
 if TYPE_CHECKING:
     from orchestrator.core.sweepspec import Objective
     from orchestrator.records.store.tables import Job
 
-# States in which a job counts against max_parallel: a worker drives it (an interrupted job is
-# being re-placed by its worker).
-RUNNING_STATUSES: tuple[str, ...] = (*ACTIVE_STATUSES, "interrupted")
 DEFAULT_MAX_PARALLEL = 4  # SweepSpec's default, for rows whose spec_json lacks it
-GOALS: tuple[str, ...] = ("max", "min")
 
 
 @dataclass
@@ -36,7 +35,7 @@ class JobRow:
 
     id: str
     name: str
-    status: str
+    status: JobStatus
     lease_owner: str | None
     lease_expires_at: datetime | None
     cost_micros: int
@@ -67,18 +66,20 @@ def is_running(job: JobLike, now: datetime | None = None) -> bool:
     """Whether a worker drives the job now (a queued job still leased is being re-placed)."""
     if job.status in RUNNING_STATUSES:
         return True
-    return job.status == "queued" and live_lease(job, now or datetime.now(UTC))
+    return job.status == JobStatus.QUEUED and live_lease(job, now or datetime.now(UTC))
 
 
-def run_state(job: JobLike, now: datetime | None = None) -> str:
+def run_state(job: JobLike, now: datetime | None = None) -> SweepRunState:
     """The sweep view of a job's status, in the jobs' own words (issue 36 §6: `done` here
     was `succeeded` in `orch jobs`): succeeded, running (every state a worker drives, as
     `orch jobs --status running`), queued, failed, cancelled."""
-    if job.status == "succeeded":
-        return "succeeded"
+    if job.status == JobStatus.SUCCEEDED:
+        return SweepRunState.SUCCEEDED
     if is_running(job, now):
-        return "running"
-    return job.status  # queued, failed, cancelled (planned: never written by sweeps)
+        return SweepRunState.RUNNING
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        return SweepRunState(job.status.value)
+    return SweepRunState.QUEUED  # queued (planned: never written by sweeps)
 
 
 @dataclass
@@ -92,17 +93,12 @@ class Usage:
     running_est_micros: dict[str, int]  # est_cost_micros of the running jobs
 
 
-def max_parallel_of(spec_json: str) -> int:
+def max_parallel_of(spec: SweepSpecRecord) -> int:
     """The sweep's max_parallel (the default when the stored spec lacks or garbles it)."""
-    try:
-        spec = json.loads(spec_json)
-        max_parallel = int(spec.get("max_parallel") or DEFAULT_MAX_PARALLEL)
-    except (ValueError, TypeError, AttributeError):
-        max_parallel = DEFAULT_MAX_PARALLEL
-    return max(1, max_parallel)
+    return max(1, spec.max_parallel or DEFAULT_MAX_PARALLEL)
 
 
-def usage_of(spec_json: str, budget_micros: int | None, jobs: Iterable[JobLike],
+def usage_of(spec: SweepSpecRecord, budget_micros: int | None, jobs: Iterable[JobLike],
              now: datetime) -> Usage:
     """What the sweep's `jobs` use of its limits at `now`."""
     running: set[str] = set()
@@ -113,7 +109,7 @@ def usage_of(spec_json: str, budget_micros: int | None, jobs: Iterable[JobLike],
         if is_running(job, now):
             running.add(job.id)
             est[job.id] = job.est_cost_micros or 0
-    return Usage(max_parallel_of(spec_json), budget_micros, running, spent, est)
+    return Usage(max_parallel_of(spec), budget_micros, running, spent, est)
 
 
 def gate(usage: Usage | None, job: JobLike) -> str | None:
@@ -133,23 +129,6 @@ def gate(usage: Usage | None, job: JobLike) -> str | None:
 
 
 # --- objective and best run ------------------------------------------------------------------
-
-
-def objective_of(spec: Mapping[str, Any]) -> dict[str, str] | None:
-    """The stored spec's objective as `{"metric", "goal"}`, or None (absent or invalid).
-
-    The same acceptance as `sweeps.Objective` (strict, no other keys, a non-empty metric,
-    goal max or min, max by default) over the stored JSON, without building the model.
-    """
-    raw = spec.get("objective")
-    if not raw:
-        return None
-    if not isinstance(raw, dict) or set(raw) - {"metric", "goal"}:
-        return None
-    metric, goal = raw.get("metric"), raw.get("goal", "max")
-    if type(metric) is not str or not metric or type(goal) is not str or goal not in GOALS:
-        return None
-    return {"metric": metric, "goal": goal}
 
 
 def best_of(rows: Iterable[tuple[str, float | None]], goal: str) -> str | None:

@@ -25,11 +25,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from orchestrator import retrying
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
-from orchestrator.core.planning import make_plan
+from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.scheduler import NoFit
 from orchestrator.core.spec import spec_hash
+from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import LoadedSweep, SweepRun
+from orchestrator.core.throughput import Measured, MeasuredKey
+from orchestrator.records.columns import EventData, document_object
 from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
     Event,
@@ -52,19 +56,19 @@ from orchestrator.records.sweep.view import (
     gate,
     is_running,
     not_found,
-    objective_of,
     run_state,
 )
+from providers.dedicated.compute import RegisteredServer
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
-STATES: tuple[str, ...] = ("new", "requeued", "succeeded", "running", "queued", "failed",
-                           "cancelled", "nofit")
+STATES: tuple[SweepRunState, ...] = tuple(SweepRunState)
+R = SweepRunState
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
 _IN_CHUNK = 500
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
@@ -79,9 +83,9 @@ class RunReport:
     name: str
     params: dict[str, Any]
     sweep_key: str
-    state: str  # one of STATES
+    state: SweepRunState
     job_id: str | None = None
-    status: str | None = None  # the job row's status (None when there is no row)
+    status: JobStatus | None = None  # the job row's status (None when there is no row)
     est_cost_micros: int | None = None
     cost_micros: int = 0
     message: str = ""  # nofit: why; requeued: the earlier failure
@@ -114,7 +118,7 @@ class SubmitReport:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[SweepRunState, int]:
         """Runs per state, in STATES order (zero counts included)."""
         out = dict.fromkeys(STATES, 0)
         for r in self.runs:
@@ -149,10 +153,10 @@ class SubmitReport:
         total = self.other_spent_micros
         waiting: list[RunReport] = []
         for r in self.runs:
-            if r.state in ("new", "requeued", "queued"):
+            if r.state in (R.NEW, R.REQUEUED, R.QUEUED):
                 total += r.cost_micros
                 waiting.append(r)
-            elif r.state == "running":
+            elif r.state == R.RUNNING:
                 total += r.cost_micros + (r.est_cost_micros or 0)
             else:
                 total += r.cost_micros
@@ -169,7 +173,7 @@ class SubmitReport:
     def idle(self) -> bool:
         """Nothing was submitted or requeued and nothing is wrong (a quiet cron tick)."""
         c = self.counts
-        return not (c["new"] or c["requeued"] or c["nofit"])
+        return not (c[R.NEW] or c[R.REQUEUED] or c[R.NOFIT])
 
     def summary(self) -> str:
         """One line: `NAME: N runs: 2 new, 3 succeeded, 1 running (budget $25.00, spent ...)`."""
@@ -269,7 +273,7 @@ def _job_by_key(store: Store, key: str) -> Job | None:
         return session.exec(select(Job).where(Job.sweep_key == key)).first()
 
 
-def _existing(run: SweepRun, job: Job, state: str | None = None,
+def _existing(run: SweepRun, job: Job, state: SweepRunState | None = None,
               message: str = "") -> RunReport:
     return RunReport(run.index, job.name, run.params, run.sweep_key, state or run_state(job),
                      job.id, job.status, job.est_cost_micros, job.cost_micros, message)
@@ -281,26 +285,27 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
     One conditional UPDATE, so of two processes retrying at once only one requeues.
     """
     now = utcnow()
-    check_move(job_id, "failed", "queued")
+    check_move(job_id, JobStatus.FAILED, JobStatus.QUEUED)
     with store.transaction() as session:
         job = session.get(Job, job_id)
-        if job is None or job.status != "failed":
+        if job is None or job.status != JobStatus.FAILED:
             return False
         previous = job.failure_reason
         result = session.execute(
-            update(Job).where(col(Job.id) == job_id, col(Job.status) == "failed")
-            .values(status="queued", attempt=job.attempt + 1, failure_reason=None,
+            update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.FAILED)
+            .values(status=JobStatus.QUEUED, attempt=job.attempt + 1, failure_reason=None,
                     finished_at=None, lease_owner=None, lease_expires_at=None,
                     cancel_requested_at=None, updated_at=now))
         if not getattr(result, "rowcount", 0):
             return False
-        session.add(Event(job_id=job_id, at=now, kind="requeued",
+        session.add(Event(job_id=job_id, at=now, kind=EventKind.REQUEUED,
                           message=f"{why} (was failed: {previous or 'no reason recorded'})",
-                          data_json=_dumps({"status": "queued", "previous_reason": previous})))
+                          data_json=_dumps({"status": JobStatus.QUEUED,
+                                            "previous_reason": previous})))
         return True
 
 
-def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Any,
+def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan,
                 name: str) -> Job:
     """Insert the run's queued job (named `name`) and its first event; IntegrityError if its
     key exists. The key stays the sweep file's (`run.sweep_key`), so a later tick finds it."""
@@ -313,7 +318,8 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
         spec = type(spec).model_validate({**spec.model_dump(mode="json", by_alias=True),
                                           "name": name})
     job = Job(
-        name=spec.name, status="queued", method=spec.method, base_model=spec.base_model.repo,
+        name=spec.name, status=JobStatus.QUEUED, method=spec.method,
+        base_model=spec.base_model.repo,
         spec_json=spec.model_dump_json(), spec_hash=spec_hash(spec), sweep_id=sweep_id,
         sweep_key=run.sweep_key, provider=p.offer.provider, gpu=p.offer.gpu,
         gpu_count=p.offer.gpu_count, billing=p.offer.billing.value,
@@ -324,7 +330,7 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
         session.add(job)
         session.flush()  # IntegrityError here when another process inserted the run first
         session.add(Event(
-            job_id=job.id, at=now, kind="queued",
+            job_id=job.id, at=now, kind=EventKind.QUEUED,
             message=f"submitted by sweep {sweep_name} (run {run.index}): {placement['why']}",
             data_json=_dumps({"sweep": sweep_name, "sweep_id": sweep_id, "index": run.index,
                               "params": run.params, "param_order": list(run.params),
@@ -333,7 +339,7 @@ def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, pla
     return job
 
 
-def _measured(store: Store) -> Mapping[Any, Any]:
+def _measured(store: Store) -> Mapping[MeasuredKey, Measured]:
     try:
         return measured_throughput(store.engine.url.render_as_string(hide_password=False))
     except Exception:  # an estimate aid only: never a reason not to submit
@@ -361,18 +367,18 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
                           max_parallel=spec.max_parallel, dry_run=dry_run,
                           duplicates=loaded.duplicates)
     existing = _jobs_by_key(store, [r.sweep_key for r in loaded.runs])
-    servers: list[Any] | None = None
-    measured: Mapping[Any, Any] | None = None
+    servers: list[RegisteredServer] | None = None
+    measured: Mapping[MeasuredKey, Measured] | None = None
     for run in loaded.runs:
         job = existing.get(run.sweep_key)
         if job is not None:
-            if retry_failed and job.status == "failed":
+            if retry_failed and job.status == JobStatus.FAILED:
                 if dry_run:
-                    report.runs.append(_existing(run, job, "requeued", job.failure_reason or ""))
+                    report.runs.append(_existing(run, job, R.REQUEUED, job.failure_reason or ""))
                     continue
                 if requeue_failed(store, job.id, "requeued by `orch sweep --retry-failed`"):
                     again = store.get_job(job.id)
-                    report.runs.append(_existing(run, again, "requeued",
+                    report.runs.append(_existing(run, again, R.REQUEUED,
                                                  job.failure_reason or ""))
                     continue
                 job = store.get_job(job.id)  # another process requeued it first
@@ -384,11 +390,11 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
             plan = make_plan(run.job, servers, measured)
         except NoFit as exc:
             report.runs.append(RunReport(run.index, run.job.spec.name, run.params,
-                                         run.sweep_key, "nofit", message=str(exc)))
+                                         run.sweep_key, R.NOFIT, message=str(exc)))
             continue
         if dry_run:
             report.runs.append(RunReport(
-                run.index, run.job.spec.name, run.params, run.sweep_key, "new",
+                run.index, run.job.spec.name, run.params, run.sweep_key, R.NEW,
                 est_cost_micros=to_micros(plan.chosen.est_cost, rounding=ROUND_HALF_EVEN)))
             continue
         assert sweep_id is not None
@@ -400,7 +406,7 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
                 raise  # not the sweep_key: a real integrity problem
             report.runs.append(_existing(run, found))
             continue
-        report.runs.append(_existing(run, created, "new"))
+        report.runs.append(_existing(run, created, R.NEW))
     keys = {r.sweep_key for r in loaded.runs}
     report.other_spent_micros = sum(j.cost_micros for j in before.jobs if j.sweep_key not in keys)
     report.warnings = before.changes(loaded)
@@ -444,12 +450,12 @@ class _Recorded:
         stale = [j for j in self.jobs if j.sweep_key not in keys]
         if not stale:
             return []
-        what = _diff(json.loads(self.spec_json or "{}"), json.loads(loaded.spec_json),
+        what = _diff(document_object(self.spec_json), document_object(loaded.spec_json),
                      ("grid", "random"))
         if what:
             what = f"changed in the sweep file: {what}"
         else:  # the sweep file is the same: the base job file changed
-            old = json.loads(stale[-1].spec_json)
+            old = document_object(stale[-1].spec_json)
             what = _diff(old, loaded.runs[0].job.spec.model_dump(mode="json"),
                          ("name", *loaded.runs[0].params), base=True)
             what = f"changed in the base job file: {what or 'its resolved values'}"
@@ -526,14 +532,14 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
         jobs = list(session.exec(select(Job).where(Job.sweep_id == sweep.id)
                                  .order_by(col(Job.created_at), col(Job.id))))
         ids = [j.id for j in jobs]
-        first: dict[str, dict[str, Any]] = {}
+        first: dict[str, EventData] = {}
         for i in range(0, len(ids), _IN_CHUNK):
             query = (select(Event.job_id, Event.data_json)
                      .where(col(Event.job_id).in_(ids[i:i + _IN_CHUNK]))
-                     .where(Event.kind == "queued").order_by(col(Event.id)))
+                     .where(col(Event.kind) == EventKind.QUEUED).order_by(col(Event.id)))
             first.update(first_event_data(session.exec(query)))
-        objective = objective_of(json.loads(sweep.spec_json))
-        metrics = _final_metrics(session, ids, objective["metric"]) if objective else {}
+        objective = sweep.spec().objective
+        metrics = _final_metrics(session, ids, objective.metric) if objective else {}
         return build_status(sweep_id=sweep.id, sweep_name=sweep.name,
                             created_at=sweep.created_at, spec_json=sweep.spec_json,
                             budget_micros=sweep.budget_micros, jobs=jobs, first=first,

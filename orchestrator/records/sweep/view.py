@@ -12,14 +12,15 @@ Money is integer micro-dollars until display.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from orchestrator.core.jobstatus import ACTIVE_STATUSES
+from orchestrator.core.jobstatus import ACTIVE_STATUSES, JobStatus
 from orchestrator.core.money import dollars_text
+from orchestrator.core.states import SWEEP_COUNTED, EventKind, SweepRunState
 from orchestrator.core.utc import iso_z
+from orchestrator.records.columns import EventData, event_data, sweep_spec_record
 from orchestrator.records.historyread import Reader, parse_stored
 from orchestrator.records.sweep.rules import (
     RUNNING_STATUSES,
@@ -29,7 +30,6 @@ from orchestrator.records.sweep.rules import (
     gate,
     is_running,
     live_lease,
-    objective_of,
     run_state,
     usage_of,
 )
@@ -42,47 +42,41 @@ class SweepNotFound(LookupError):
 # --- the status --------------------------------------------------------------------------------
 
 
-def first_event_data(rows: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, Any]]:
+def first_event_data(rows: Iterable[tuple[str, str | None]]) -> dict[str, EventData]:
     """Per job, the data of its first `queued` event that holds a JSON object.
 
     `rows` are (job_id, data_json) of `queued` events in id order.
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, EventData] = {}
     for job_id, data_json in rows:
         if job_id in out or not data_json:
             continue
-        try:
-            data = json.loads(data_json)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
+        data = event_data(data_json)
+        if data.model_fields_set:  # else not a JSON object (or an empty one)
             out[job_id] = data
     return out
 
 
 def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_json: str,
                  budget_micros: int | None, jobs: Sequence[JobLike],
-                 first: Mapping[str, dict[str, Any]], metrics: Mapping[str, float],
+                 first: Mapping[str, EventData], metrics: Mapping[str, float],
                  now: datetime) -> dict[str, Any]:
     """The status dict of `orch sweep show --json` (and each item of `orch sweeps --json`).
 
     `jobs` in (created_at, id) order; `first`: `first_event_data`; `metrics`: each job's
     newest final (step NULL) value of the objective's metric.
     """
-    spec = json.loads(spec_json)
-    objective = objective_of(spec)
-    usage = usage_of(spec_json, budget_micros, jobs, now)
+    spec = sweep_spec_record(spec_json)
+    objective = spec.objective
+    usage = usage_of(spec, budget_micros, jobs, now)
     runs: list[dict[str, Any]] = []
     for job in jobs:
-        data = first.get(job.id, {})
-        params = data.get("params") or {}
-        order = [k for k in data.get("param_order") or [] if k in params]
-        params = {**{k: params[k] for k in order}, **params}  # the sweep file's key order
+        data = first.get(job.id, EventData())
         state = run_state(job, now)
         runs.append({
-            "index": data.get("index"), "job_id": job.id, "name": job.name,
-            "params": params, "state": state, "status": job.status,
-            "waiting": gate(usage, job) if state == "queued" else None,
+            "index": data.index, "job_id": job.id, "name": job.name,
+            "params": data.ordered_params(), "state": state, "status": job.status,
+            "waiting": gate(usage, job) if state == SweepRunState.QUEUED else None,
             "metric": metrics.get(job.id), "cost": dollars_text(job.cost_micros),
             "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
@@ -93,14 +87,15 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         # Ties go to the run that finished first, then the smaller id: the rule of
         # v_best_run_per_sweep and of the best-run queries in docs/schema.md.
         finished = {j.id: j.finished_at for j in jobs}
-        done = sorted(((r["job_id"], r["metric"]) for r in runs if r["state"] == "succeeded"),
+        done = sorted(((r["job_id"], r["metric"]) for r in runs
+                       if r["state"] == SweepRunState.SUCCEEDED),
                       key=lambda d: (finished[d[0]] is None, finished[d[0]] or now, d[0]))
-        best_id = best_of(done, objective["goal"])
+        best_id = best_of(done, objective.goal)
         if best_id is not None:
             b = next(r for r in runs if r["job_id"] == best_id)
             best = {"job_id": b["job_id"], "name": b["name"], "index": b["index"],
                     "params": b["params"], "metric": b["metric"]}
-    counts = dict.fromkeys(("succeeded", "running", "queued", "failed", "cancelled"), 0)
+    counts: dict[str, int] = dict.fromkeys(SWEEP_COUNTED, 0)
     for r in runs:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     spent = sum(j.cost_micros or 0 for j in jobs)
@@ -108,9 +103,10 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
     return {
         "sweep": sweep_name, "sweep_id": sweep_id,
         "created_at": iso_z(created_at),
-        "base": spec.get("base"), "max_parallel": usage.max_parallel,
+        "base": spec.base, "max_parallel": usage.max_parallel,
         "budget": dollars_text(budget_micros), "spent": dollars_text(spent),
-        "estimated": dollars_text(estimated), "objective": objective,
+        "estimated": dollars_text(estimated),
+        "objective": None if objective is None else objective.model_dump(),
         "counts": counts, "runs": runs, "best": best,
     }
 
@@ -140,7 +136,7 @@ def sweep_status(reader: Reader | None, name: str,
         raise not_found(name, known)
     sweep_id, sweep_name, spec_json, budget, created = found[0]
     params = {"sid": sweep_id}
-    jobs = [JobRow(r[0], r[1], r[2], r[3], parse_stored(r[4]), int(r[5] or 0),
+    jobs = [JobRow(r[0], r[1], JobStatus(r[2]), r[3], parse_stored(r[4]), int(r[5] or 0),
                    None if r[6] is None else int(r[6]), r[7], r[8], r[9],
                    None if r[10] is None else int(r[10]),
                    None if r[11] is None else parse_stored(r[11]))
@@ -148,14 +144,15 @@ def sweep_status(reader: Reader | None, name: str,
                                  "ORDER BY created_at, id", params)]
     first = first_event_data(reader.rows(
         "SELECT e.job_id, e.data_json FROM event e JOIN job j ON j.id = e.job_id "
-        "WHERE j.sweep_id = :sid AND e.kind = 'queued' ORDER BY e.id", params))
+        "WHERE j.sweep_id = :sid AND e.kind = :kind ORDER BY e.id",
+        {**params, "kind": EventKind.QUEUED.value}))
     metrics: dict[str, float] = {}
-    objective = objective_of(json.loads(spec_json))
+    objective = sweep_spec_record(spec_json).objective
     if objective is not None:
         for job_id, value in reader.rows(
                 "SELECT m.job_id, m.value FROM metric m JOIN job j ON j.id = m.job_id "
                 "WHERE j.sweep_id = :sid AND m.name = :metric AND m.step IS NULL "
-                "ORDER BY m.id", {**params, "metric": objective["metric"]}):
+                "ORDER BY m.id", {**params, "metric": objective.metric}):
             metrics[job_id] = value  # the newest one recorded wins
     created_at = parse_stored(created)
     assert created_at is not None  # NOT NULL column
@@ -176,5 +173,5 @@ def list_sweeps(reader: Reader | None) -> list[dict[str, Any]]:
 __all__ = [
     "ACTIVE_STATUSES", "RUNNING_STATUSES", "JobLike", "JobRow", "SweepNotFound", "best_of",
     "build_status", "first_event_data", "gate", "is_running", "list_sweeps", "live_lease",
-    "not_found", "objective_of", "run_state", "sweep_status",
+    "not_found", "run_state", "sweep_status",
 ]
