@@ -104,6 +104,7 @@ def submit(
     from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
     from orchestrator.engine.submission import record_job
+    from orchestrator.engine.wiring import price_lists
 
     loaded = load(file)
     store = open_db()
@@ -120,7 +121,8 @@ def submit(
         prices.record(store, market.offers)  # price history (`orch prices`)
     try:
         live = list(market.offers) if market is not None and market.answered else None
-        plan = make_plan(loaded, store.registered(), live=live)
+        plan = make_plan(loaded, store.registered(), live=live,
+                         listed=price_lists(loaded.spec.resources.providers))
         if not (dry_run or yes or json_out):
             confirm(plan, market)
         row, plan = record_job(store, loaded, status=status, plan=plan,
@@ -147,14 +149,16 @@ def submit(
 
 def confirm(plan: "Plan", market: "Market | None") -> None:
     """On a terminal, show what will be rented and what it should cost, and ask (as `sky
-    launch` does); not on a pipe, under cron or a worker. The simulated cloud spends nothing
-    and is not asked about. A "no" exits 1 with nothing recorded."""
+    launch` does); not on a pipe, under cron or a worker. A simulated provider spends
+    nothing and is not asked about. A "no" exits 1 with nothing recorded."""
     import sys
 
     from orchestrator.cli.term import is_tty
+    from orchestrator.engine.wiring import declares
+    from providers.base import Simulated
 
     o, p = plan.chosen.offer, plan.chosen
-    if o.provider == "sim" or not (is_tty() and is_tty(sys.stdin)):
+    if declares(o.provider, Simulated) or not (is_tty() and is_tty(sys.stdin)):
         return
     rate = (f"{money(o.price_per_hour)}/h" if o.price_per_hour is not None else
             f"{money(o.monthly_price)}/month" if o.monthly_price is not None else "no rate")

@@ -161,8 +161,8 @@ def why_none(f: Filters, pool: list[Offer], removed: list[tuple[str, int]],
 
 def run(f: Filters, json_out: bool = False) -> None:
     """Print the offers passing `f`, cheapest first, and where they came from."""
-    from orchestrator.engine.market import Market, clouds, search
-    from orchestrator.engine.runnable import CLOUDS
+    from orchestrator.engine.market import Market, search
+    from orchestrator.engine.wiring import CLOUDS, clouds
 
     named = None if f.provider is None else [f.provider]
     providers, key_notes = clouds(named)

@@ -1,4 +1,4 @@
-"""Money in one place (pure): micro-dollars, billing, instance and storage cost, offer prices.
+"""Money in one place (pure): micro-dollars, billing, instance cost, offer prices.
 
 Money is integer micro-dollars in the database and Decimal dollars in computations; floats
 never carry money. Billing math follows each provider's granularity: per-second and
@@ -199,12 +199,6 @@ def idle_micros(price_per_hour_micros: int, billing: str, since: datetime,
     of a window still open."""
     hours = hours_between(since, max(until, since))
     return to_micros(metered_cost(from_micros(price_per_hour_micros), hours, Billing(billing)))
-
-
-def volume_cost(disk_gb: int | Decimal, per_gb_month: Decimal,
-                hours: float | Decimal) -> Decimal:
-    """Storage of a `disk_gb` volume kept `hours` at `per_gb_month` dollars per GB-month."""
-    return money(Decimal(disk_gb) * per_gb_month * _hours(hours) / HOURS_PER_MONTH)
 
 
 # --- display ---------------------------------------------------------------------------------

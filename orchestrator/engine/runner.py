@@ -183,9 +183,8 @@ class JobRunner:
         if kind == "database":
             # Rows whose instance was terminated while the database refused the write.
             teardown.release_all(kind)
-        cost, storage, amortised = ledger.costs()
-        fields: dict[str, Any] = {"cost_micros": to_micros(cost + storage),
-                                  "storage_micros": to_micros(storage),
+        cost, amortised = ledger.costs()
+        fields: dict[str, Any] = {"cost_micros": to_micros(cost),
                                   "amortised_micros": to_micros(amortised)}
         try:
             if kind == "deferred":
@@ -208,7 +207,7 @@ class JobRunner:
                 reason = cancel_summary(ledger, teardown, reason)
             ledger.set(status, reason, {"reason": reason},
                        failure_reason=reason if status == "failed" else None, **fields)
-            teardown.delete_volumes()
+            teardown.delete_checkpoints()
         except LeaseLost:
             pass
 
@@ -281,13 +280,11 @@ class JobRunner:
         return True
 
     def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> tuple[str, str]:
-        cost, storage, amortised = ledger.costs()
-        teardown.delete_volumes()
+        cost, amortised = ledger.costs()
+        teardown.delete_checkpoints()
         try:
-            ledger.set("succeeded", f"succeeded; cost {money.usd(cost + storage)}",
-                       {"cost": str(cost + storage)},
-                       cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
-                       amortised_micros=to_micros(amortised))
+            ledger.set("succeeded", f"succeeded; cost {money.usd(cost)}", {"cost": str(cost)},
+                       cost_micros=to_micros(cost), amortised_micros=to_micros(amortised))
         except CancelRequested as exc:  # asked to stop after the last check: it wins
             warm.unpark()
             raise Stop("cancelled", CANCELLED) from exc
