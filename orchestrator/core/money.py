@@ -148,26 +148,11 @@ def job_cost(offer: Offer, hours: float | Decimal) -> Decimal:
     return metered_cost(offer.price_per_hour, hours, offer.billing)
 
 
-def effective_hourly(monthly_price: Decimal, hours_used: float | Decimal) -> Decimal:
-    """$/h a monthly rent works out to when used `hours_used` hours in the month."""
-    h = _hours(hours_used)
-    if h == 0:
-        raise ValueError("hours_used must be > 0")
-    return money(monthly_price / h)
-
-
 def breakeven_hours(monthly_price: Decimal, hourly_price: Decimal) -> Decimal:
     """Hours of use a month above which renting monthly beats paying by the hour."""
     if hourly_price <= 0:
         raise ValueError("hourly_price must be > 0")
     return (monthly_price / hourly_price).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-
-
-def monthly_beats_hourly(
-    monthly_price: Decimal, hourly_price: Decimal, hours_per_month: float | Decimal
-) -> bool:
-    """True when `hours_per_month` of use cost more by the hour than the monthly rent."""
-    return hourly_price * _hours(hours_per_month) > monthly_price
 
 
 class CostedInstance(Protocol):
