@@ -295,6 +295,8 @@ def show(
     from orchestrator.engine.runner import instance_cost
     from orchestrator.records.store import utcnow
 
+    if not 0 <= events <= 100_000:
+        fail(f"--events must be 0 to 100000 (got {events})", 2)
     store = open_db()
     job = _get_job(store, job_id)
     summary = job_summary(store, job)
@@ -423,6 +425,8 @@ def cancel(
     """Stop a job: its worker terminates the instance and marks it cancelled."""
     from orchestrator.records.store import FINAL_STATUSES, NotFoundError
 
+    if not 0 <= wait <= 86_400:  # also refuses nan
+        fail(f"--wait must be 0 to 86400 seconds (got {wait})", 2)
     store = open_db()
     try:
         before = store.get_job(job_id).status
