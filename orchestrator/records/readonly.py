@@ -74,7 +74,8 @@ def registered_servers(url: str) -> list[RegisteredServer]:
 
 def measured_throughput(url: str) -> dict[MeasuredKey, Measured]:
     """Median tokens/s per (GPU, count, method, size class) over its newest observations."""
-    return _medians(_rows(url, "measured throughput", _MEASURED_SQL))
+    rows = _rows(url, "measured throughput", _MEASURED_SQL)
+    return _medians(rows) if rows else {}
 
 
 def parked_warm(url: str) -> list[WarmMachine]:
