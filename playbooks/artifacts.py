@@ -57,11 +57,6 @@ class FetchResult:
     skipped: list[str] = field(default_factory=list)  # already present with the same sha256
     manifest: Path | None = None
 
-    @property
-    def bytes_total(self) -> int:
-        """Size of everything fetched (copied or already present)."""
-        return sum(f.size for f in self.files)
-
 
 def _find_argv(include_merged: bool) -> list[str]:
     """`find` over the output dir (run after cd), pruning what is never copied."""

@@ -12,7 +12,6 @@ sourced by the command, never on its argv.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from playbooks import artifacts, merge, ssh
@@ -99,11 +98,6 @@ def classify_upload_error(stderr: str, repo: str) -> StepFailed:
     return StepFailed(f"hf upload to {repo} failed: {last_line(stderr)}; the results are "
                       "still on the host and in the artifacts", fault=Fault.TRANSIENT,
                       stderr=stderr)
-
-
-def upload_preview(tj: TrainJob, targets: Sequence[HubTarget]) -> list[list[str]]:
-    """The upload commands `orch render` shows."""
-    return [upload_argv(tj, t, token=True) for t in targets]
 
 
 @dataclass

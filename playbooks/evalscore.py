@@ -16,7 +16,7 @@ import string
 import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -82,10 +82,6 @@ class RowScore:
     answer: str
     exact_match: bool
     contains: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return asdict(self)
 
 
 @dataclass(frozen=True)

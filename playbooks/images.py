@@ -109,12 +109,6 @@ def default_image(kind: HostKind = "docker") -> str:
     return f"{repository(kind)}:{catalog().default_tag}"
 
 
-def known_images() -> list[str]:
-    """Every published image reference orch accepts, docker repository first."""
-    cat = catalog()
-    return [f"{repo}:{tag}" for repo in cat.repositories.values() for tag in cat.tags]
-
-
 def _split(image: str) -> tuple[str, str]:
     repo, colon, tag = image.rpartition(":")
     if not colon or "/" in tag:

@@ -12,21 +12,24 @@ gets root on the box next. `scrub` deletes every such file under orch's director
 
 from __future__ import annotations
 
+import shlex
+
 from playbooks.base import Host
 
-# Every name `ssh.write_secret_env` can leave: the files and their temporary copies.
-SECRET_NAMES = ("hf.env", "secrets.env", "upload.env", ".hf.env.*.tmp", ".secrets.env.*.tmp",
-                ".upload.env.*.tmp")
+# The files `ssh.write_secret_env` writes HF_TOKEN to (`model_cache`: hf.env, `Layout`:
+# secrets.env, `deliver`: upload.env), and the temporary copy each is written through
+# (`.<name>.<hex>.tmp`, playbooks/ssh/secret_env.py), which a failed upload leaves.
+SECRET_FILES = ("hf.env", "secrets.env", "upload.env")
+SECRET_NAMES = (*SECRET_FILES, *(f".{name}.*.tmp" for name in SECRET_FILES))
 
-# Positional parameters only: the directories are data, never shell syntax.
-_SCRUB = r"""
-for dir in "$@"; do
-  [ -d "$dir" ] || continue
-  find "$dir" -maxdepth 2 -type f \( -name hf.env -o -name secrets.env -o -name upload.env \
-    -o -name '.hf.env.*.tmp' -o -name '.secrets.env.*.tmp' -o -name '.upload.env.*.tmp' \) \
-    -print -delete
-done
-"""
+# Generated from SECRET_NAMES, the one list. Positional parameters only: the directories
+# are data, never shell syntax.
+_SCRUB = ('for dir in "$@"; do\n'
+          '  [ -d "$dir" ] || continue\n'
+          '  find "$dir" -maxdepth 2 -type f \\( '
+          + " -o ".join(f"-name {shlex.quote(name)}" for name in SECRET_NAMES)
+          + ' \\) -print -delete\n'
+          'done\n')
 
 
 def scrub(host: Host, base: str, timeout: float = 60.0) -> list[str]:

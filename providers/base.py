@@ -185,9 +185,6 @@ class Instance:
     ssh_user: str = "root"
     raw_status: str = ""  # the provider's own words, for events
     message: str = ""
-    # The SSH host key when the provider reports it (`ssh-ed25519 AAAA...`); None means the
-    # engine pins the key it sees at first contact (trust on first use).
-    host_key: str | None = None
 
     @property
     def job_id(self) -> str | None:
@@ -295,24 +292,6 @@ class KeepsMachine(Protocol):
         ...
 
 
-@runtime_checkable
-class Volumes(Protocol):
-    """Jobs keep their checkpoints on a volume that outlives the instances."""
-
-    @property
-    def volume_per_gb_month(self) -> Decimal:
-        """Storage price of a volume, per GB and month."""
-        ...
-
-    def volume_dir(self, job_id: str) -> object:
-        """Where the job's volume is (for the provider's own use and tests)."""
-        ...
-
-    def delete_volume(self, job_id: str) -> None:
-        """Delete the job's volume; already gone is success; ProviderError otherwise."""
-        ...
-
-
 # Markers: a capability that is only a fact about the provider, with nothing to call, is a
 # nominal base class the adapter inherits (`class SimCloud(OptInOnly, Simulated)`), not a
 # dummy method that returns True: an empty Protocol would match every object. A wrapper
@@ -328,19 +307,31 @@ class OptInOnly:
 
 class Simulated:
     """Marker: the machines run stand-ins at whatever speed they are told: what runs there
-    measures no hardware, so no throughput is recorded from it, and no Hub is asked before
-    renting (the hosts download from a stand-in)."""
+    measures no hardware, so no throughput is recorded from it, and it costs nothing (a
+    job on it is not asked about before renting, and runs with quick engine timings)."""
 
     __slots__ = ()
 
 
 @runtime_checkable
-class HubStandIn(Protocol):
-    """The provider's hosts download from a stand-in of the Hub: what it refuses is asked
-    of the provider before renting, as the real Hub is asked for real providers."""
+class HubMirror(Protocol):
+    """The provider's hosts download models from a Hub of its own (a mirror of
+    huggingface.co), not from `HF_ENDPOINT` or huggingface.co: the check before renting asks
+    that Hub, over the same HTTP API (`orchestrator/engine/hubaccess.py`)."""
 
-    def hub_refusal(self, repo: str, token: str | None) -> str | None:
-        """What `hf` would print for `repo` with `token` (`Error: ...`), or None."""
+    def hub_endpoint(self) -> str:
+        """The Hub's base URL (`http://127.0.0.1:PORT`), as `HF_ENDPOINT` would name it."""
+        ...
+
+
+@runtime_checkable
+class PriceList(Protocol):
+    """The provider's offers are a fixed price list, known without asking it (no account,
+    no network): `orch plan` ranks them for a job that names the provider."""
+
+    @staticmethod
+    def price_list() -> list[Offer]:
+        """Everything the provider sells, cheapest first."""
         ...
 
 
@@ -351,20 +342,6 @@ class ContainerRental:
     __slots__ = ()
 
 
-@runtime_checkable
-class HostKeyReporting(Protocol):
-    """The provider reports an instance's SSH host key (no trust on first use needed)."""
-
-    def host_key(self, instance_id: str) -> str:
-        """The instance's host key, `ssh-ed25519 AAAA...`."""
-        ...
-
-
 def keeps_machine(provider: object) -> KeepsMachine | None:
     """`provider` as a KeepsMachine, or None."""
     return provider if isinstance(provider, KeepsMachine) else None
-
-
-def volumes(provider: object) -> Volumes | None:
-    """`provider` as a Volumes provider, or None."""
-    return provider if isinstance(provider, Volumes) else None

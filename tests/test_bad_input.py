@@ -137,9 +137,16 @@ def test_trainer_extra_cannot_set_what_orch_owns(tmp_path: Path) -> None:
 
 
 def test_trainer_extra_may_add_keys(tmp_path: Path) -> None:
+    """Keys orch does not own pass: the job plans, and the trainer's config has them."""
     path = job_file(tmp_path, HEAD + "trainer: {extra: {warmup_steps: 10, "
                     "lr_scheduler: cosine}}\n")
-    assert invoke(tmp_path, "plan", str(path)).exit_code == 0
+    planned = invoke(tmp_path, "plan", "--json", str(path))
+    assert planned.exit_code == 0, planned.output
+    assert json.loads(planned.output)["job"] == "t"
+    rendered = invoke(tmp_path, "render", "--json", str(path))
+    assert rendered.exit_code == 0, rendered.output
+    config = json.loads(rendered.output)["axolotl_config"]
+    assert config["warmup_steps"] == 10 and config["lr_scheduler"] == "cosine"
 
 
 # --- paths that are not regular files: run as processes, bounded in time and memory -----

@@ -13,22 +13,23 @@ from pathlib import Path
 
 from test_engine import Rig, rig  # noqa: F401 - the fixture
 
+from orchestrator.engine import wiring
 from providers.base import (
     ContainerRental,
-    HostKeyReporting,
     HostPathMapping,
+    HubMirror,
     KeepsMachine,
     OptInOnly,
+    PriceList,
     Simulated,
-    Volumes,
 )
 from providers.dedicated.compute import Dedicated, offer_id
 from providers.runpod.compute import RunPod
 from providers.vastai.compute import VastAI
 
 ROOT = Path(__file__).resolve().parent.parent
-CAPABILITIES = (KeepsMachine, Volumes, OptInOnly, Simulated, ContainerRental, HostKeyReporting,
-                HostPathMapping)
+CAPABILITIES = (KeepsMachine, OptInOnly, Simulated, ContainerRental, HostPathMapping, HubMirror,
+                PriceList)
 # The engine and the parts it is assembled from (orchestrator/engine/runner.py's JobRunner).
 ENGINE_MODULES = ("runner", "runner_core", "placement", "hostsession", "teardown", "recovery")
 
@@ -38,11 +39,37 @@ def _declared(provider: object) -> set[str]:
 
 
 def test_each_provider_declares_its_capabilities(rig: Rig) -> None:  # noqa: F811
-    assert _declared(rig.cloud()) == {"Volumes", "OptInOnly", "Simulated", "HostKeyReporting",
-                                      "HostPathMapping"}
+    assert _declared(rig.cloud()) == {"OptInOnly", "Simulated", "HostPathMapping", "HubMirror",
+                                      "PriceList"}
     assert _declared(Dedicated(rig.store)) == {"KeepsMachine"}
     assert _declared(VastAI("k", base_url="http://127.0.0.1:9/api/v0")) == {"ContainerRental"}
     assert _declared(RunPod("k", base_url="http://127.0.0.1:9/v2")) == {"ContainerRental"}
+
+
+def test_the_composition_root_names_each_adapter_by_its_own_name() -> None:
+    """`wiring.ADAPTERS` is the one place a name meets its class: each class's `name` is its
+    key, and what a name declares is its class's (the marker, without building it)."""
+    for name in wiring.ADAPTERS:
+        cls = wiring.adapter(name)
+        assert cls is not None and cls.name == name  # type: ignore[attr-defined]
+    assert wiring.CLOUDS == ("vastai", "runpod")
+    assert [n for n in wiring.ADAPTERS if wiring.declares(n, OptInOnly)] == ["sim"]
+    assert [n for n in wiring.ADAPTERS if wiring.declares(n, Simulated)] == ["sim"]
+    assert wiring.adapter("cloud") is None and not wiring.declares("cloud", OptInOnly)
+    # A price list only for a job that names its provider.
+    assert wiring.price_lists(None) == [] and wiring.price_lists(["vastai"]) == []
+    assert {o.provider for o in wiring.price_lists(["sim"])} == {"sim"}
+
+
+def test_no_product_module_asks_for_the_simulated_cloud_by_name() -> None:
+    """What `sim` needs is a capability it declares (issue 37 §2): outside the composition
+    root's table of adapters no module of orchestrator/ spells its name as a string."""
+    pattern = re.compile(r"""["']sim["']""")
+    found = [(str(path.relative_to(ROOT)), line.strip())
+             for path in sorted((ROOT / "orchestrator").rglob("*.py"))
+             for line in path.read_text().splitlines() if pattern.search(line)]
+    assert found == [("orchestrator/engine/wiring.py", '"vastai": _vastai, "runpod": _runpod, '
+                      '"dedicated": _dedicated, "sim": _sim}')]
 
 
 def test_a_kept_server_owns_its_id_format(rig: Rig) -> None:  # noqa: F811

@@ -71,16 +71,21 @@ def test_a_rental_without_uv_says_so(
     assert "uv is not on the rental" in info.value.reason
 
 
+SERVER = ["--model", "local-completions", "--model_args",
+          "model=ft,base_url=http://127.0.0.1:9/v1/completions,tokenizer={model}"]
+
+
 @pytest.mark.parametrize(("args", "code", "text"), [
-    (["--model", "hf", "--model_args", "pretrained=/nowhere", "--tasks", "gsm8k"], 1,
-     "couldn't find them in the cached files"),
-    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "nosuchtask"], 1,
-     "ValueError: Tasks not found: nosuchtask."),
-    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k",
-      "--bogus"], 2, "unrecognized arguments: --bogus"),
-    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k",
-      "--log_samples"], 1, "Specify --output_path if providing --log_samples"),
+    ([*SERVER, "--tasks", "nosuchtask"], 1, "ValueError: Tasks not found: nosuchtask."),
+    ([*SERVER, "--tasks", "gsm8k", "--bogus"], 2, "unrecognized arguments: --bogus"),
+    ([*SERVER, "--tasks", "gsm8k", "--log_samples"], 1,
+     "Specify --output_path if providing --log_samples"),
     (["--model", "openai-completions", "--tasks", "gsm8k"], 2, "is not simulated"),
+    # The backend orch ran before vLLM served every evaluation: gone from the stand-in.
+    (["--model", "hf", "--model_args", "pretrained={model}", "--tasks", "gsm8k"], 2,
+     "--model hf is not simulated"),
+    (["--model_args", "pretrained={model}", "--tasks", "gsm8k"], 2,
+     "--model hf is not simulated"),
     # The image's bare lm_eval (no api extra): lm-eval's own refusal (api_models.py @v0.4.11).
     (["--model", "local-completions", "--model_args",
       "model=ft,base_url=http://127.0.0.1:9/v1/completions", "--tasks", "gsm8k"], 1,

@@ -35,12 +35,14 @@ def hubm() -> Iterator[HubEmulator]:
         yield emulator
 
 
-def real_client_text(hub: HubEmulator, repo: str, revision: str, token: str | None) -> str:
-    """What `hf` prints for the first refusal of model_info then auth_check (real client)."""
+def real_client_text(hub: HubEmulator | str, repo: str, revision: str,
+                     token: str | None) -> str:
+    """What `hf` prints for the first refusal of model_info then auth_check (real client)
+    by the Hub `hub` (an emulator or a URL)."""
     from huggingface_hub import HfApi
     from huggingface_hub.cli._errors import format_known_exception
 
-    api = HfApi(endpoint=hub.url, token=token or False)
+    api = HfApi(endpoint=hub if isinstance(hub, str) else hub.url, token=token or False)
     try:
         api.model_info(repo, revision=revision)
         api.auth_check(repo)
@@ -294,14 +296,22 @@ def test_sim_refuses_a_gated_model_without_a_token_before_renting(
     assert job.status == "succeeded", job.failure_reason
 
 
-def test_the_real_hub_words_the_gate_as_the_sim_check_does(hubm: HubEmulator) -> None:
-    """The text the sim check quotes is what huggingface_hub 1.17.0 prints for a gated model
-    asked without a token (model_info, then auth_check)."""
-    from providers.sim.hub import refusal
+def test_the_sim_hub_answers_the_gate_as_the_real_hub_does(hubm: HubEmulator) -> None:
+    """The simulated cloud's Hub answers over HTTP what the Hub answers: huggingface_hub
+    1.17.0 itself prints the same for a gated model asked without a token (model_info, then
+    auth_check), and the check before renting, asking it as it asks the real Hub, gives the
+    same advice; with a token (sim has no accounts) and for a repo it does not gate,
+    nothing is refused."""
+    from providers.sim.hub import serve
 
-    assert refusal("org/gated", None, ("org/gated",)) == \
-        "Error: " + real_client_text(hubm, "org/gated", "main", None)
-    assert refusal("org/gated", GOOD, ("org/gated",)) is None
+    sim = serve(("org/gated",))
+    assert real_client_text(sim, "org/gated", "main", None) == \
+        real_client_text(hubm, "org/gated", "main", None) != ""
+    assert hubaccess.check_model("org/gated", "main", None, hub=sim) == \
+        hubaccess.check_model("org/gated", "main", None, hub=hubm.url)
+    assert real_client_text(sim, "org/gated", "main", GOOD) == ""
+    assert real_client_text(sim, "org/model", "v1", None) == ""
+    assert hubaccess.check_model("org/model", "v1", None, hub=sim) == hubaccess.Access()
 
 
 def test_sim_hosts_refuse_a_gated_download_without_a_token(

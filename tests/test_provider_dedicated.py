@@ -80,3 +80,24 @@ def test_two_jobs_racing_for_one_server_get_it_once(store: Store) -> None:
     assert len(wins) == 1
     assert not store.release_server("box1", job_id="someone-else")
     assert store.release_server("box1", job_id=wins[0])
+
+
+def test_plan_reads_the_servers_as_the_engine_does(store: Store, tmp_path: Path) -> None:
+    """`orch plan`'s read-only look-up (`records.readonly`, no SQLAlchemy) and the engine's
+    store give the same servers: one that failed its GPU check is offered by neither (issue
+    37 §3: the read-only SQL once left `check_error` out, so `orch plan` chose a server the
+    engine then refused)."""
+    from orchestrator.records import readonly
+
+    store.record_server_check("box1", error="nvidia-smi: no devices found")
+    url = f"sqlite:///{tmp_path / 'orch.db'}"
+    assert readonly.registered_servers(url) == store.registered()
+    d = Dedicated(store)
+    offered = {o.offer_id for o in d.offers(Requirements(gpu_count=1, min_gpu_memory_bytes=0))}
+    assert offered == {offer_id("big")}
+    from orchestrator.core.planning import server_offers
+
+    assert {o.offer_id for o in server_offers(readonly.registered_servers(url))} == {
+        o.offer_id for o in server_offers(store.registered())}
+    assert offer_id("box1") not in {o.offer_id for o in server_offers(
+        readonly.registered_servers(url))}

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from conftest import KeyPair
 
-from playbooks.ssh import ConnectionFactory, run
+from playbooks.ssh import ConnectionFactory, format_host_key, run, trust_on_first_use
 from providers.base import (
     Billing,
     CapacityError,
@@ -91,7 +91,10 @@ def one_offer(cloud: SimCloud, gpu: str, count: int = 1, spot: bool = True) -> O
 def nvidia_smi(factory: ConnectionFactory, cloud: SimCloud, instance_id: str) -> list[str]:
     inst = cloud.get(instance_id)
     assert inst.reachable and inst.ssh_host and inst.ssh_port
-    key = cloud.host_key(inst.instance_id)
+    # As for Vast.ai and RunPod, the key is the one seen at first contact; it is the host's.
+    key = format_host_key(trust_on_first_use(inst.ssh_host, inst.ssh_port))
+    record = json.loads((cloud.state_dir / "sim.json").read_text())["instances"][instance_id]
+    assert key == record["host_key"]
     conn = factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, key)
     result = run(conn, ["nvidia-smi", "--query-gpu=name,memory.total",
                         "--format=csv,noheader,nounits"], timeout=30).check()
@@ -142,7 +145,6 @@ def test_create_boots_a_host_with_the_offers_gpus_seen_by_another_process_object
     assert other.list("job-2") == []
     again = other.get(inst.instance_id)
     assert (again.state, again.ssh_port, again.label) == (inst.state, inst.ssh_port, inst.label)
-    assert other.host_key(inst.instance_id) == cloud.host_key(inst.instance_id)
     record = json.loads((state_dir / "sim.json").read_text())["instances"][inst.instance_id]
     assert record["created_at"].endswith("+00:00") and record["price_per_hour"] == "0.354"
     assert record["host_dir"] == host_dir(cloud, inst.instance_id)

@@ -366,11 +366,16 @@ def test_key_never_leaves_the_authorization_header(vast: VastEmulator) -> None:
         assert all(KEY not in v for v in r.headers.values())
 
 
-def test_from_credentials_reads_env_or_returns_none(vast: VastEmulator, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_key_comes_from_the_environment_or_vastai_is_left_out(
+        vast: VastEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.engine import wiring
+
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.delenv("VAST_API_KEY", raising=False)
-    assert VastAI.from_credentials(base_url=vast.url) is None
+    keys, notes = wiring.cloud_keys()
+    assert "vastai" not in keys and any(n.startswith("vastai: no API key") for n in notes)
     monkeypatch.setenv("VAST_API_KEY", KEY)
-    with VastAI.from_credentials(base_url=vast.url) as api:  # type: ignore[union-attr]
+    monkeypatch.setenv("ORCH_VASTAI_URL", vast.url)
+    keys, _ = wiring.cloud_keys()
+    with wiring.cloud("vastai", keys["vastai"]) as api:  # type: ignore[attr-defined]
         assert api.list() == []

@@ -29,6 +29,7 @@ from orchestrator.records.sweep.store import (
     sweep_gate,
     sweep_status,
 )
+from providers.sim.compute import SimCloud
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -284,7 +285,7 @@ def test_over_budget_estimate_is_submitted_and_said(env: dict[str, str], folder:
 
 
 def submit(store: Store, path: Path) -> list[Job]:
-    report = submit_sweep(store, load_sweep(path))
+    report = submit_sweep(store, load_sweep(path), listed=SimCloud.price_list())
     assert report.counts["new"] == len(report.runs)
     return jobs_of(store)
 
@@ -408,7 +409,7 @@ def test_a_run_inserted_by_another_process_meanwhile_is_reported_not_duplicated(
     jobs = submit(store, path)
     finish(store, jobs[0].id)
     monkeypatch.setattr(sweepstore, "_jobs_by_key", lambda _store, _keys: {})
-    report = submit_sweep(store, load_sweep(path))
+    report = submit_sweep(store, load_sweep(path), listed=SimCloud.price_list())
     assert [r.state for r in report.runs] == ["succeeded", "queued", "queued", "queued"]
     assert [r.job_id for r in report.runs] == [j.id for j in jobs]
     assert len(jobs_of(store)) == 4

@@ -59,11 +59,9 @@ def test_duration_includes_boot_pull_and_eval() -> None:
 
 
 def test_monthly_amortisation_matches_seed() -> None:
-    assert money.effective_hourly(Decimal("2190"), 730) == Decimal("3.00")
-    assert money.effective_hourly(Decimal("2190"), 100) == Decimal("21.90")
+    # $2190 a month is $3.00/h over its 730 hours: the break-even (`orch advise`).
     assert money.breakeven_hours(Decimal("2190"), Decimal("3")) == Decimal("730")
-    assert money.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 1300)
-    assert not money.monthly_beats_hourly(Decimal("2190"), Decimal("1.811"), 100)
+    assert money.breakeven_hours(Decimal("2190"), Decimal("1.811")) == Decimal("1209.28")
 
 
 def test_metered_billing_granularity() -> None:

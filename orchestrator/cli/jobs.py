@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
     from orchestrator.engine.market import Market
     from orchestrator.engine.runner import Options
+    from orchestrator.engine.worker import Timings
     from orchestrator.records.store import Event, Instance, Job, Store
 
 
@@ -58,7 +59,7 @@ def _env_float(name: str, default: float) -> float:
 
 
 def engine_options(quick: bool = False) -> "Options":
-    """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
+    """Engine timing: the defaults, quicker for simulated providers, ORCH_*_S overrides."""
     from orchestrator.engine.runner import Options
     from orchestrator.engine.watchdog import deadlines_from_env
 
@@ -76,9 +77,12 @@ def engine_options(quick: bool = False) -> "Options":
                    max_placements=base.max_placements, max_attempts=base.max_attempts)
 
 
-def _sim_only(job: "Job") -> bool:
-    named = job.spec().resources.providers or []
-    return bool(named) and set(named) == {"sim"}
+def timings() -> "Timings":
+    """The engine's options for normal and for simulated-only jobs (exit 2 on a bad
+    ORCH_*_S value)."""
+    from orchestrator.engine.worker import Timings
+
+    return Timings(normal=engine_options(), quick=engine_options(quick=True))
 
 
 def _exit_code(job: "Job") -> int:
@@ -103,6 +107,7 @@ def submit(
     from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
     from orchestrator.engine.submission import record_job
+    from orchestrator.engine.wiring import price_lists
 
     loaded = load(file)
     store = open_db()
@@ -119,7 +124,8 @@ def submit(
         prices.record(store, market.offers)  # price history (`orch prices`)
     try:
         live = list(market.offers) if market is not None and market.answered else None
-        plan = make_plan(loaded, store.registered(), live=live)
+        plan = make_plan(loaded, store.registered(), live=live,
+                         listed=price_lists(loaded.spec.resources.providers))
         if not (dry_run or yes or json_out):
             confirm(plan, market)
         row, plan = record_job(store, loaded, status=status, plan=plan,
@@ -146,14 +152,16 @@ def submit(
 
 def confirm(plan: "Plan", market: "Market | None") -> None:
     """On a terminal, show what will be rented and what it should cost, and ask (as `sky
-    launch` does); not on a pipe, under cron or a worker. The simulated cloud spends nothing
-    and is not asked about. A "no" exits 1 with nothing recorded."""
+    launch` does); not on a pipe, under cron or a worker. A simulated provider spends
+    nothing and is not asked about. A "no" exits 1 with nothing recorded."""
     import sys
 
     from orchestrator.cli.term import is_tty
+    from orchestrator.engine.wiring import declares
+    from providers.base import Simulated
 
     o, p = plan.chosen.offer, plan.chosen
-    if o.provider == "sim" or not (is_tty() and is_tty(sys.stdin)):
+    if declares(o.provider, Simulated) or not (is_tty() and is_tty(sys.stdin)):
         return
     rate = (f"{money(o.price_per_hour)}/h" if o.price_per_hour is not None else
             f"{money(o.monthly_price)}/month" if o.monthly_price is not None else "no rate")
@@ -173,7 +181,7 @@ def _run_here(store: "Store", row: "Job", providers: dict[str, Any], notes: list
     from orchestrator.engine.runner import JobRunner, owner_id
 
     owner = owner_id("submit")
-    opts = engine_options(quick=_sim_only(row))
+    opts = timings().of(row, providers)
     if store.claim_job(row.id, owner, opts.lease_s) is None:
         fail(f"{row.id} was taken by a worker; follow it with `orch logs {row.id} -f`")
     for note in notes:
@@ -225,9 +233,13 @@ def worker(
     (`not_before`); --once does not wait for it.
     """
     from orchestrator.engine.runner import owner_id
+    from orchestrator.engine.worker import work
+    from orchestrator.records.store import DatabaseFull
 
     if not 0 < poll < 86_400:  # also refuses nan, which time.sleep would raise on
         fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
+    if not 0 <= max_jobs <= 1_000_000_000:
+        fail(f"--max-jobs must be 0 (no limit) to 1000000000 (got {max_jobs})", 2)
     store = open_db()
     owner = owner_id("worker")
     providers, notes = configured_here(store)
@@ -245,8 +257,11 @@ def worker(
             if not quiet:
                 for note in notes:
                     typer.echo(f"note: {note}", err=True)
-            _work(store, providers, owner, once=once, max_jobs=max_jobs, poll=poll, quiet=quiet,
-                  current=current)
+            work(store, providers, owner, timings(), once=once, max_jobs=max_jobs, poll=poll,
+                 say=lambda line, always: typer.echo(line, err=True) if always or not quiet
+                 else None, current=current)
+        except DatabaseFull as exc:  # nothing can be recorded: stop, one line
+            fail(f"worker stopped: {exc}", 1)
         except KeyboardInterrupt:
             typer.echo(f"worker stopped (Ctrl-C); {_stopped(current)}", err=True)
             raise typer.Exit(EXIT_CANCELLED) from None
@@ -262,53 +277,6 @@ def worker(
 def _stopped(current: list[str]) -> str:
     return (f"job {current[0]} was requeued to resume" if current
             else "it was idle: no job was running")
-
-
-def _work(store: "Store", providers: dict[str, Any], owner: str, *, once: bool, max_jobs: int,
-          poll: float, quiet: bool, current: list[str]) -> None:
-    """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
-    from orchestrator.engine.runner import JobRunner
-    from orchestrator.engine.warm import end_expired
-    from orchestrator.records.store import DatabaseBusy, DatabaseFull
-
-    done = 0
-    while True:
-        try:
-            store.requeue_lapsed(f"; {owner} resumes it")
-            # Machines kept warm past their window: terminated by whichever worker is here.
-            for ended in end_expired(store, providers):
-                if ended.error is not None or not quiet:
-                    typer.echo(f"warm instance {ended.warm.id} ({ended.warm.provider} "
-                               f"{ended.warm.provider_instance_id}): "
-                               + (ended.error or "window closed, terminated"), err=True)
-            quick_job = _next_is_sim(store)
-            opts = engine_options(quick=quick_job)
-            job = store.claim_next(owner, opts.lease_s)
-            if job is None:
-                if once:
-                    break
-                time.sleep(poll)
-                continue
-            if not quiet:
-                typer.echo(f"{job.id} {job.name}: started", err=True)
-            current[:] = [job.id]
-            finished = JobRunner(store, providers, owner, engine_options(_sim_only(job)),
-                                 on_signal="requeue").run(job.id)
-            current.clear()
-        except DatabaseBusy as exc:  # a lock held past the whole wait: never the worker's end
-            typer.echo(f"worker: {exc}; its job's instances were terminated and the job "
-                       "requeued (or it is when its lease lapses); going on", err=True)
-            time.sleep(poll)
-            continue
-        except DatabaseFull as exc:  # nothing can be recorded: stop, one line
-            fail(f"worker stopped: {exc}", 1)
-        if not quiet:
-            typer.echo(f"{finished.id} {finished.name}: {finished.status}"
-                       + (f" ({finished.failure_reason.splitlines()[0]})"
-                          if finished.failure_reason else ""), err=True)
-        done += 1
-        if max_jobs and done >= max_jobs:
-            break
 
 
 def _get_job(store: "Store", job_id: str) -> "Job":
@@ -330,6 +298,8 @@ def show(
     from orchestrator.engine.runner import instance_cost
     from orchestrator.records.store import utcnow
 
+    if not 0 <= events <= 100_000:
+        fail(f"--events must be 0 to 100000 (got {events})", 2)
     store = open_db()
     job = _get_job(store, job_id)
     summary = job_summary(store, job)
@@ -458,6 +428,8 @@ def cancel(
     """Stop a job: its worker terminates the instance and marks it cancelled."""
     from orchestrator.records.store import FINAL_STATUSES, NotFoundError
 
+    if not 0 <= wait <= 86_400:  # also refuses nan
+        fail(f"--wait must be 0 to 86400 seconds (got {wait})", 2)
     store = open_db()
     try:
         before = store.get_job(job_id).status
@@ -549,11 +521,6 @@ def _train_logs(store: "Store", job_id: str, follow: bool, json_out: bool) -> No
         time.sleep(0.5)
         emit()
     emit()
-
-
-def _next_is_sim(store: "Store") -> bool:
-    queued = store.list_jobs(limit=1, status=JobStatus.QUEUED)
-    return bool(queued) and _sim_only(queued[0])
 
 
 def _orphaned(store: "Store", job: "Job") -> bool:

@@ -68,8 +68,8 @@ def filters(gpu: str | None, min_memory: float, provider: str | None, spot: bool
     names = catalog.provider_names()
     if provider is not None and provider not in names:
         fail(f"--provider {provider!r}: unknown; one of {', '.join(names)}", EXIT_INVALID)
-    if min_memory < 0:
-        fail("--min-memory: a number of GiB per GPU, 0 or more", EXIT_INVALID)
+    if not 0 <= min_memory <= 10_000:  # also refuses nan
+        fail(f"--min-memory {min_memory}: a number of GiB per GPU, 0 to 10000", EXIT_INVALID)
     if count not in (1, 2, 4, 8):
         fail("--count: 1, 2, 4 or 8 GPUs", EXIT_INVALID)
     return Filters(gpus, min_memory, provider, spot, count, gpu)
@@ -161,8 +161,8 @@ def why_none(f: Filters, pool: list[Offer], removed: list[tuple[str, int]],
 
 def run(f: Filters, json_out: bool = False) -> None:
     """Print the offers passing `f`, cheapest first, and where they came from."""
-    from orchestrator.engine.market import Market, clouds, search
-    from orchestrator.engine.runnable import CLOUDS
+    from orchestrator.engine.market import Market, search
+    from orchestrator.engine.wiring import CLOUDS, clouds
 
     named = None if f.provider is None else [f.provider]
     providers, key_notes = clouds(named)

@@ -59,12 +59,18 @@ def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | N
     price catalogs; exits EXIT_NO_FIT (with the gap) when nothing fits."""
     from orchestrator.core.planning import make_plan
     from orchestrator.core.scheduler import NoFit
+    from orchestrator.engine.wiring import declares, price_lists
     from orchestrator.records.readonly import measured_throughput, parked_warm
+    from providers.base import OptInOnly
 
     live = list(market.offers) if market is not None and market.answered else None
+    named = job.spec.resources.providers
+    # An opt-in provider's warm machine only for a job that names it, as its fresh offers.
+    warm = [m for m in without_db(parked_warm) or []
+            if named is not None or not declares(m.offer.provider, OptInOnly)]
     try:
-        return make_plan(job, servers, without_db(measured_throughput) or {}, live,
-                         warm=without_db(parked_warm) or [])
+        return make_plan(job, servers, without_db(measured_throughput) or {}, live, warm=warm,
+                         listed=price_lists(named))
     except NoFit as exc:
         _err(f"error: {job.path}: {exc}")
         _err(offers_line(market))  # where the offers were looked for, and why there
@@ -131,7 +137,7 @@ def render_plan(plan: Plan, limit: int) -> None:
                      drop=[4, 7, 10, 8, 5]))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    from orchestrator.engine.runnable import CLOUDS
+    from orchestrator.engine.wiring import ADAPTERS
 
     # A price catalog (`cloud`) or the market snapshot runs nothing: its offer is an
     # estimate, not where it runs.
@@ -139,7 +145,7 @@ def render_plan(plan: Plan, limit: int) -> None:
     if source.startswith("snapshot"):
         chosen = (f"{o.gpu} x{o.gpu_count} at {o.provider}'s listed prices ({source}; an "
                   "estimate)")
-    elif o.provider in (*CLOUDS, "sim", "dedicated"):
+    elif o.provider in ADAPTERS:
         chosen = f"{o.provider} {o.gpu} x{o.gpu_count}"
     else:
         chosen = f"{o.gpu} x{o.gpu_count} at the {o.provider} catalog's prices (an estimate)"
@@ -237,14 +243,15 @@ def runs_on(plan: Plan, who: Runners) -> str:
 def live_market(job: LoadedJob) -> Market | None:
     """The live offers of the clouds with a key that the job may use (None: no such cloud),
     asked within `market.DEADLINE_S`."""
-    from orchestrator.engine.runnable import cloud_keys
+    from orchestrator.engine.wiring import cloud_keys
 
     named = job.spec.resources.providers
     keys, _notes = cloud_keys()
     if not any(named is None or name in named for name in keys):
         return None
     from orchestrator.core.planning import DISK_GB, constraints_from, requirements
-    from orchestrator.engine.market import clouds, search
+    from orchestrator.engine.market import search
+    from orchestrator.engine.wiring import clouds
     from playbooks.images import min_cuda
 
     providers, _ = clouds(named)

@@ -82,6 +82,7 @@ def _metric(value: float | None) -> str:
 def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.engine.wiring import price_lists
     from orchestrator.records.store import DatabaseReadOnly, StoreError
     from orchestrator.records.sweep.store import submit_sweep
 
@@ -91,7 +92,9 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
         # As `orch submit`: no run is queued (or reported as queueable) that nothing here
         # can run; a worker would only fail them one by one.
         require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
-        report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run)
+        named = sorted({n for r in loaded.runs for n in r.job.spec.resources.providers or ()})
+        report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run,
+                              listed=price_lists(named))
     except DatabaseReadOnly as exc:  # nothing was recorded: no run to retry
         fail(f"{file}: {exc}")
     except (StoreError, SQLAlchemyError) as exc:

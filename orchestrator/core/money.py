@@ -1,4 +1,4 @@
-"""Money in one place (pure): micro-dollars, billing, instance and storage cost, offer prices.
+"""Money in one place (pure): micro-dollars, billing, instance cost, offer prices.
 
 Money is integer micro-dollars in the database and Decimal dollars in computations; floats
 never carry money. Billing math follows each provider's granularity: per-second and
@@ -148,26 +148,11 @@ def job_cost(offer: Offer, hours: float | Decimal) -> Decimal:
     return metered_cost(offer.price_per_hour, hours, offer.billing)
 
 
-def effective_hourly(monthly_price: Decimal, hours_used: float | Decimal) -> Decimal:
-    """$/h a monthly rent works out to when used `hours_used` hours in the month."""
-    h = _hours(hours_used)
-    if h == 0:
-        raise ValueError("hours_used must be > 0")
-    return money(monthly_price / h)
-
-
 def breakeven_hours(monthly_price: Decimal, hourly_price: Decimal) -> Decimal:
     """Hours of use a month above which renting monthly beats paying by the hour."""
     if hourly_price <= 0:
         raise ValueError("hourly_price must be > 0")
     return (monthly_price / hourly_price).quantize(Decimal("0.01"), rounding=ROUND_HALF_UP)
-
-
-def monthly_beats_hourly(
-    monthly_price: Decimal, hourly_price: Decimal, hours_per_month: float | Decimal
-) -> bool:
-    """True when `hours_per_month` of use cost more by the hour than the monthly rent."""
-    return hourly_price * _hours(hours_per_month) > monthly_price
 
 
 class CostedInstance(Protocol):
@@ -199,12 +184,6 @@ def idle_micros(price_per_hour_micros: int, billing: str, since: datetime,
     of a window still open."""
     hours = hours_between(since, max(until, since))
     return to_micros(metered_cost(from_micros(price_per_hour_micros), hours, Billing(billing)))
-
-
-def volume_cost(disk_gb: int | Decimal, per_gb_month: Decimal,
-                hours: float | Decimal) -> Decimal:
-    """Storage of a `disk_gb` volume kept `hours` at `per_gb_month` dollars per GB-month."""
-    return money(Decimal(disk_gb) * per_gb_month * _hours(hours) / HOURS_PER_MONTH)
 
 
 # --- display ---------------------------------------------------------------------------------

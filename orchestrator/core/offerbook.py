@@ -140,8 +140,8 @@ def top(
 ) -> list[Placement]:
     """The `k` placements `scheduler.rank` would rank first, in its order (fewer when fewer
     are feasible): the engine's retry list. The walk stops once a lower bound on the next
-    offer's cost exceeds the k-th best exact cost found so far (the evaluation's hours and
-    the volume, never negative, are left out of the bound; the delivery's are in it)."""
+    offer's cost exceeds the k-th best exact cost found so far (the evaluation's hours,
+    never negative, are left out of the bound; the delivery's are in it)."""
     search = _Search(w, tokens, gpus, constraints, cached_on, measured, k, evaluation, extras)
     for offer in book.others:
         if constraint_failure(offer, constraints) is None:

@@ -116,7 +116,7 @@ class Plan:
         part of the chosen placement's cost: `Placement.duration.delivery`)."""
         c = self.chosen
         hours = Decimal(str(c.est_hours))
-        hourly = c.compute_cost / hours if hours > 0 else Decimal(0)
+        hourly = c.est_cost / hours if hours > 0 else Decimal(0)
         return plan_delivery(self.job, self.workload.trainable_params, hourly)
 
 
@@ -165,23 +165,18 @@ def workload_from(job: LoadedJob) -> Workload:
 def host_disk_gb(job: LoadedJob, minimum: int = DISK_GB) -> int:
     """Disk (GB) the job's host needs: the base model's cache (x1.1, as the model_cache
     playbook checks), the merged model beside it, and 10 GB for checkpoints, the data and
-    the image's caches. A volume is created (and billed) at this size."""
+    the image's caches. A rental's disk is asked for (and billed) at this size."""
     model = job.architecture.params * 2  # bf16 safetensors
     merged = model if job.spec.method != "full" else 0
     need = model * 1.1 + merged + 10e9
     return max(minimum, math.ceil(need / 1e9))
 
 
-def extras_for(job: LoadedJob, volume_per_gb_month: Mapping[str, Decimal],
-               disk_gb: int | None = None) -> Extras:
-    """What every placement of `job` bills beyond its compute phases: the delivery's hours
-    and the job's volume (`volume_per_gb_month`: the providers that keep one)."""
+def extras_for(job: LoadedJob) -> Extras:
+    """What every placement of `job` bills beyond its compute phases: the delivery's hours."""
     # The hours do not depend on the host; the cheaper route's wording needs a rate.
     delivery = plan_delivery(job, workload_from(job).trainable_params, Decimal(1))
-    return Extras(delivery_hours=delivery.hours,
-                  disk_gb=host_disk_gb(job) if disk_gb is None else disk_gb,
-                  volume_per_gb_month=dict(volume_per_gb_month),
-                  cheaper=delivery.cheaper(with_cost=False))
+    return Extras(delivery_hours=delivery.hours, cheaper=delivery.cheaper(with_cost=False))
 
 
 def total_tokens(job: LoadedJob) -> int:
@@ -225,26 +220,23 @@ def make_plan(
     live: Sequence[Offer] | None = None,
     warm: Sequence[warmfit.WarmMachine] = (),
     now: datetime | None = None,
+    listed: Sequence[Offer] = (),
 ) -> Plan:
     """Rank every offer for `job` (timed by `measured` history where known); NoFit if none fits.
 
     `live`: offers the configured clouds returned just now. They replace the price catalogs
     and the market snapshot, estimates of a market nobody can rent from here; without them
     those are planned side by side (`snapshot.keyless_offers`, docs/providers.md).
+    `listed`: the price lists of the providers the job names that have one (the caller
+    asks `wiring.price_lists`); `warm`: the machines kept warm that the job may take.
     """
     w = workload_from(job)
     cat = catalog.load()
     named = job.spec.resources.providers
     offers = [*(live if live is not None else cat.offers), *server_offers(servers or [])]
-    volumes: dict[str, Decimal] = {}
-    if named and "sim" in named:
-        # The simulated cloud is planned only for jobs that ask for it (never by accident).
-        from providers.sim.compute import CATALOG_PROVIDER, catalog_offers
-
-        offers += catalog_offers()
-        # It keeps every job's checkpoints on a volume, billed at its catalog's rate.
-        if cat.volume_per_gb_month.get(CATALOG_PROVIDER):
-            volumes["sim"] = cat.volume_per_gb_month[CATALOG_PROVIDER]
+    # Providers whose offers are a fixed price list, only for a job that names them
+    # (`wiring.price_lists`: the simulated cloud is never chosen by accident).
+    offers += [o for o in listed if named and o.provider in named]
     if live is None and (named is None or LIVE_PROVIDERS & set(named)):
         # Read only for a job that may use Vast.ai or RunPod (a `sim` job never parses it).
         snap = snapshot.load()
@@ -261,8 +253,8 @@ def make_plan(
     # The evaluation runs on the training machine: the ranking keeps machines that serve the
     # model too and prices the evaluation's hours in each (evalsizing; issue 19).
     work = eval_work(job)
-    # Everything the host bills counts: the delivery's hours and the volume (issue 36 §4).
-    extras = extras_for(job, volumes)
+    # Everything the host bills counts: the delivery's hours too (issue 36 §4).
+    extras = extras_for(job)
     chosen, ranking = scheduler.choose(w, tokens, offers, gpus, constraints, cached_on=cached,
                                        measured=measured, evaluation=work, extras=extras)
     # For each saver "auto" turned on: the cheapest placement without it, to show what it
@@ -291,11 +283,10 @@ def make_plan(
 
 def warm_offers_for(job: LoadedJob, warm: Sequence[warmfit.WarmMachine],
                     now: datetime | None) -> tuple[list[Offer], frozenset[str]]:
-    """The warm machines `job` may take, as offers, and those holding its base model. A
-    machine of the simulated cloud only for a job that names it, as its fresh offers."""
+    """The warm machines `job` may take, as offers, and those holding its base model (the
+    caller leaves out an opt-in provider's machines unless the job names it)."""
     named = job.spec.resources.providers
-    usable = {m.offer.provider for m in warm
-              if (named is None and m.offer.provider != "sim") or m.offer.provider in (named or ())}
+    usable = {m.offer.provider for m in warm if named is None or m.offer.provider in named}
     base = job.spec.base_model
     return warmfit.offers(warm, providers=usable,
                           image=images.for_host(job.spec.trainer.image, "container"),

@@ -28,27 +28,17 @@ class Constraints:
     deadline_hours: float | None = None
 
 
-# The offer ids of machines kept warm by earlier jobs (core.warmfit): a warm machine has no
-# volume of the job that takes it.
+# The offer ids of machines kept warm by earlier jobs (core.warmfit).
 WARM_PREFIX = "warm:"
 
 
 @dataclass(frozen=True)
 class Extras:
     """What a host bills a job beyond its compute phases, the same on every offer: the hours
-    it spends sending the results (core.delivery) and the job's volume (GB, and its price
-    per GB-month by provider: a provider absent keeps no volume)."""
+    it spends sending the results (core.delivery)."""
 
     delivery_hours: float = 0.0
-    disk_gb: int = 0
-    volume_per_gb_month: Mapping[str, Decimal] = field(default_factory=dict)
     cheaper: str | None = None  # a cheaper delivery route, said when the budget is short
-
-    def volume_rate(self, offer: Offer) -> Decimal | None:
-        """$/GB-month of the volume `offer`'s job keeps (None: none)."""
-        if offer.offer_id.startswith(WARM_PREFIX) or not self.disk_gb:
-            return None
-        return self.volume_per_gb_month.get(offer.provider) or None
 
 
 @dataclass(frozen=True)
@@ -59,34 +49,23 @@ class Placement:
     estimate: MemoryEstimate
     duration: throughput.Duration
     # Marginal dollars for the whole job: the host's every billed hour (boot, model download,
-    # training, merge, evaluation, delivery) and the job's volume (`storage_cost`), as the
-    # bill counts them (`orch show`, `orch cost`).
+    # training, merge, evaluation, delivery), as the bill counts them (`orch show`, `orch cost`).
     est_cost: Decimal
     amortised_cost: Decimal | None = None  # share of a monthly rent already paid
-    storage_cost: Decimal = Decimal(0)  # the job's volume over its hours (in est_cost)
 
     @property
     def est_hours(self) -> float:
         return self.duration.total
 
-    @property
-    def compute_cost(self) -> Decimal:
-        """What the machine bills (est_cost without the volume)."""
-        return self.est_cost - self.storage_cost
-
     def breakdown(self) -> str:
-        """What the cost is made of: the machine's billed hours by phase, and the volume."""
+        """What the cost is made of: the machine's billed hours by phase."""
         o = self.offer
         rate = (f" at {money.usd(o.price_per_hour)}/h" if o.price_per_hour is not None else
                 f" at {money.usd(o.monthly_price)}/month" if o.monthly_price is not None
                 else "")
         phases = ", ".join(f"{name} {_span(hours)}" for name, hours in
                            self.duration.phases().items() if hours > 0)
-        text = f"{self.est_hours:.2f} h of {o.gpu} x{o.gpu_count}{rate} ({phases})"
-        if self.storage_cost:
-            text += (f": {money.usd(self.compute_cost)}, + {money.usd(self.storage_cost)} "
-                     "for the job's volume")
-        return text
+        return f"{self.est_hours:.2f} h of {o.gpu} x{o.gpu_count}{rate} ({phases})"
 
     def sort_key(self) -> tuple[Decimal, float, str, str, int]:
         """Cost, then time, then a stable identity: ties never depend on input order."""
@@ -115,8 +94,6 @@ class Placement:
             "est_delivery_hours": round(self.duration.delivery, 4),
             "throughput_source": self.duration.source,
             "est_cost": str(self.est_cost),
-            "est_compute_cost": str(self.compute_cost),
-            "est_storage_cost": str(self.storage_cost),
             "amortised_cost": None if self.amortised_cost is None else str(self.amortised_cost),
         }
 
@@ -187,7 +164,7 @@ def rank(
     jobs; where a key has a figure it replaces the formula. With `evaluation`, a machine
     must also serve the trained model (the engine evaluates on the training machine) and
     the evaluation's hours are part of each placement's; `extras` adds the delivery's
-    hours and the volume to every placement's cost.
+    hours to every placement's.
     """
     rejected: Counter[str] = Counter()
     placements: list[Placement] = []
@@ -279,13 +256,11 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
            c: Constraints, extras: Extras = Extras()) -> Placement | str:
     """`offer` placed for `dur` hours, or the constraint (as a rejection reason) it breaks.
 
-    The cost is the whole bill: the machine for every hour of `dur` (delivery included) and
-    the job's volume for as long, as the engine records it (`runner_core.Ledger.costs`)."""
+    The cost is the whole bill: the machine for every hour of `dur` (delivery included), as
+    the engine records it (`runner_core.Ledger.costs`)."""
     if c.deadline_hours is not None and dur.total > c.deadline_hours:
         return "slower than resources.deadline_hours"
-    rate = extras.volume_rate(offer)
-    storage = Decimal(0) if rate is None else money.volume_cost(extras.disk_gb, rate, dur.total)
-    cost = money.job_cost(offer, dur.total) + storage
+    cost = money.job_cost(offer, dur.total)
     if c.max_cost is not None and cost > c.max_cost:
         return OVER_BUDGET
     if (c.max_price_per_hour is not None and offer.price_per_hour is None
@@ -296,7 +271,7 @@ def priced(offer: Offer, est: MemoryEstimate, dur: throughput.Duration,
     amortised = None
     if offer.billing is Billing.MONTHLY and offer.registered and offer.monthly_price:
         amortised = money.amortised_share(offer.monthly_price, dur.total)
-    return Placement(offer, est, dur, cost, amortised, storage)
+    return Placement(offer, est, dur, cost, amortised)
 
 
 def smallest_need(w: Workload, max_gpus: int = 8, gpu_count: int | None = None

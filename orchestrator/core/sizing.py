@@ -487,11 +487,6 @@ def estimate(w: Workload, gpu_count: int = 1, strategy: Strategy | None = None) 
     )
 
 
-def method_is_adapter(method: Method) -> bool:
-    """LoRA and QLoRA train adapters over a frozen base."""
-    return method in ("lora", "qlora")
-
-
 # bitsandbytes' 8-bit optimizers step only on GPU tensors: 0.49.1 (axolotl 0.18.0's pin)
 # registers `optimizer_update_8bit_blockwise` for CUDA and XPU only and its `is_on_gpu`
 # refuses CPU tensors, which is where ZeRO-Offload keeps the optimizer state. CPU support

@@ -49,7 +49,6 @@ from providers.base import (
     NotFound,
     Simulated,
     TransientError,
-    Volumes,
     host_root,
     keeps_machine,
 )
@@ -171,7 +170,9 @@ class HostSession:
                 continue
         assert inst.ssh_host and inst.ssh_port
         kept = keeps_machine(provider)
-        host_key = inst.host_key or self._known_host_key(row_id, inst, kept)
+        # No provider reports a host key: the one seen at first contact is pinned (in the
+        # instance row, or the server registry for a kept server) and must match ever after.
+        host_key = self._known_host_key(row_id, inst, kept)
         if host_key is None:
             try:
                 host_key = ssh.format_host_key(ssh.trust_on_first_use(
@@ -275,9 +276,6 @@ class JobHooks(pipeline.Hooks):
         self.provider = placed.provider
         self.inst = placed.inst
         self.kept = keeps_machine(placed.provider)
-        # No volume: the job's checkpoints are kept here, copied off the host as they come.
-        # A machine taken warm has no volume of this job even where the provider has them.
-        self.mirrored = placed.warm or not isinstance(placed.provider, Volumes)
         self.parks = session.warm.parks(placed)  # kept warm after the job (keep_warm)
         self.local = checkpoint_dir(self.ledger.job_id)
         self.next_mirror = 0
@@ -332,8 +330,7 @@ class JobHooks(pipeline.Hooks):
         held.job_dir = run.layout.job_dir(self.ledger.job_id)
 
     def restore(self, run: PipelineRun) -> None:
-        # Also on a machine with this job's volume: an earlier attempt on a machine taken
-        # warm kept its checkpoints here only (a no-op without local copies).
+        # A no-op without local copies (the first attempt, or a takeover on the same machine).
         restored = checkpoints.restore(run.host, run.train_job, self.local)
         if restored is not None:
             self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from the "
@@ -356,7 +353,7 @@ class JobHooks(pipeline.Hooks):
 
     def mirror(self, run: PipelineRun) -> None:
         step = self.ledger.progress.step
-        if not self.mirrored or step is None or step < self.next_mirror:
+        if step is None or step < self.next_mirror:
             return
         self.next_mirror = step + max(1, run.job.config.save_steps)
         copied = checkpoints.mirror(run.host, run.train_job, self.local)

@@ -15,8 +15,10 @@ Each refusal is turned into the text the `hf` CLI prints for it (`cli/_errors.py
 private, ...", "Revision not found in model 'x'.") and then into what to do, by the same
 `classify_download_error` that reads a failed `hf download` on the host, so the words are
 the same before and after renting. The Hub is `HF_ENDPOINT` when set (as for `hf`), else
-https://huggingface.co. A Hub that cannot be reached is not a verdict on the job: the
-check says so and the host's download decides.
+the Hub the job's hosts download from when its providers have their own
+(`providers.base.HubMirror`: the simulated cloud's), else https://huggingface.co. A Hub
+that cannot be reached is not a verdict on the job: the check says so and the host's
+download decides.
 
 `output.push_to_hub` needs more than read access: `check_write` asks `GET
 {endpoint}/api/whoami-v2` (`HfApi.whoami`) for the token's account and role, as `hf auth
@@ -82,9 +84,11 @@ def refused(text: str, repo: str, revision: str, token: str | None,
 
 
 def check_model(repo: str, revision: str, token: str | None, *, field: str = "base_model",
-                client: httpx.Client | None = None) -> Access:
-    """Whether `token` can download `repo` at `revision` (see the module docstring)."""
-    base = f"{endpoint()}/api/models/{repo}"
+                client: httpx.Client | None = None, hub: str | None = None) -> Access:
+    """Whether `token` can download `repo` at `revision` (see the module docstring) from
+    `hub` (a provider's own Hub, `providers.base.HubMirror`; None: `endpoint()`)."""
+    hub = hub or endpoint()
+    base = f"{hub}/api/models/{repo}"
     urls = (f"{base}/revision/{quote(revision, safe='')}", f"{base}/auth-check")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     own = client is None
@@ -94,7 +98,7 @@ def check_model(repo: str, revision: str, token: str | None, *, field: str = "ba
             try:
                 response = http.get(url, headers=headers)
             except httpx.HTTPError as exc:
-                return Access(unchecked=f"the Hub ({endpoint()}) did not answer: "
+                return Access(unchecked=f"the Hub ({hub}) did not answer: "
                                         f"{type(exc).__name__}: {exc}")
             if response.is_success:
                 continue

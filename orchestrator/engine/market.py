@@ -3,12 +3,12 @@
 The engine asks providers itself (`placement`, with its outage bookkeeping); a command that
 only shows the market must answer promptly even when a provider does not: each configured
 cloud is asked in its own thread, with the adapters' short HTTP settings
-(`runnable.QUICK_HTTP`), and whatever has not answered by the deadline is left out with a
-note saying so. Offers of GPUs orch does not plan are counted and named, never dropped
-silently (`providers.base.ReportsSkipped`); so are the rows an adapter refused as invalid
-(`providers.base.ReportsRejected`: a NaN or negative price, a string for a number). A
-provider whose answer is unusable (`BadAnswer`: not JSON, too large, nested too deep, the
-wrong shape) is left out with a note like one that did not answer.
+(`wiring.clouds`, `wiring.QUICK_HTTP`), and whatever has not answered by the deadline is
+left out with a note saying so. Offers of GPUs orch does not plan are counted and named,
+never dropped silently (`providers.base.ReportsSkipped`); so are the rows an adapter
+refused as invalid (`providers.base.ReportsRejected`: a NaN or negative price, a string
+for a number). A provider whose answer is unusable (`BadAnswer`: not JSON, too large,
+nested too deep, the wrong shape) is left out with a note like one that did not answer.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
 
 from providers import catalog
 from providers.answers import clean
@@ -41,36 +40,6 @@ class Market:
     notes: tuple[str, ...] = ()
     # provider -> its GPU name -> offers skipped (a GPU orch does not plan)
     skipped: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-
-
-def cloud(name: str, key: str, quick: bool = False) -> Provider:
-    """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
-    when set (emulators); `quick`: short HTTP timeouts and few retries."""
-    import os
-
-    from orchestrator.engine.runnable import QUICK_HTTP
-
-    url = os.environ.get(f"ORCH_{name.upper()}_URL")
-    kwargs: dict[str, Any] = {"base_url": url} if url else {}
-    if quick:
-        kwargs.update(QUICK_HTTP)
-    if name == "vastai":
-        from providers.vastai.compute import VastAI
-
-        return VastAI(key, **kwargs)
-    from providers.runpod.compute import RunPod
-
-    return RunPod(key, **kwargs)
-
-
-def clouds(named: Sequence[str] | None = None) -> tuple[dict[str, Provider], list[str]]:
-    """The clouds with credentials here (quick HTTP settings), limited to `named` (None:
-    all), and notes on those without a key."""
-    from orchestrator.engine.runnable import cloud_keys
-
-    keys, notes = cloud_keys()
-    return {name: cloud(name, key, quick=True) for name, key in keys.items()
-            if named is None or name in named}, notes
 
 
 def _ask(provider: Provider, reqs: Sequence[Requirements]) -> tuple[list[Offer], dict[str, int],

@@ -44,7 +44,7 @@ from providers.base import (
     BalanceError,
     Billing,
     CapacityError,
-    HubStandIn,
+    HubMirror,
     KeepsMachine,
     NotFound,
     Offer,
@@ -55,9 +55,7 @@ from providers.base import (
     QuotaError,
     ReportsRejected,
     ReportsSkipped,
-    Simulated,
     TransientError,
-    Volumes,
     keeps_machine,
 )
 
@@ -204,11 +202,9 @@ class Placement:
         offers += warm
         w, tokens, gpus = workload_from(loaded), total_tokens(loaded), catalog.gpus()
         work = eval_work(loaded)  # evaluated on the training machine: it must serve the model
-        # Priced as `orch plan` prices it and as the bill counts it: the delivery's hours and
-        # the job's volume included (the budget, resources.max_cost, is judged on that).
-        extras = extras_for(loaded, {n: p.volume_per_gb_month
-                                     for n, p in self.state.providers.items()
-                                     if isinstance(p, Volumes)}, self.ledger.disk_gb)
+        # Priced as `orch plan` prices it and as the bill counts it: the delivery's hours
+        # included (the budget, resources.max_cost, is judged on that).
+        extras = extras_for(loaded)
         placements = offerbook.top(w, tokens, offerbook.OfferBook.of(offers, alone=warm), gpus,
                                    k, constraints, cached_on=cached,
                                    measured=self.inputs.measured, evaluation=work,
@@ -294,19 +290,15 @@ class Placement:
         usable = [self.state.providers[name] for name in self.usable()]
         spec = self.inputs.loaded.spec
         token = os.environ.get("HF_TOKEN") or None
-        if not os.environ.get("HF_ENDPOINT") and usable and all(
-                isinstance(p, Simulated) for p in usable):
-            # The simulated cloud's hosts download from their `hf` stand-in, not from
-            # huggingface.co: its Hub is asked instead, which gates what huggingface.co does.
-            base = spec.base_model
-            for text in (p.hub_refusal(base.repo, token) for p in usable
-                         if isinstance(p, HubStandIn)):
-                problem = None if text is None else hubaccess.refused(text, base.repo,
-                                                                      base.revision, token)
-                if problem is not None:
-                    raise JobFailed(f"before renting: {problem}")
-            return
-        access = hubaccess.check_model(spec.base_model.repo, spec.base_model.revision, token)
+        # The Hub the hosts download from: HF_ENDPOINT (as for `hf`), else the providers' own
+        # when every one the job may use has the same (the simulated cloud's), else the real.
+        mirrors = {p.hub_endpoint() for p in usable if isinstance(p, HubMirror)}
+        hub = None
+        if not os.environ.get("HF_ENDPOINT") and usable and len(mirrors) == 1 and all(
+                isinstance(p, HubMirror) for p in usable):
+            hub = mirrors.pop()
+        access = hubaccess.check_model(spec.base_model.repo, spec.base_model.revision, token,
+                                       hub=hub)
         if access.problem is not None:
             raise JobFailed(f"before renting: {access.problem}")
         if access.unchecked is not None:

@@ -4,7 +4,7 @@ first (`orch submit` in all its modes, `orch sweep`), and what `orch plan` repor
 Only credentials and registered servers are looked at (no network, no heavy imports), so
 `orch plan` can say it too. Price catalogs (`cloud`, `dedicated-host`) estimate costs but
 run nothing: a job runs on `vastai`/`runpod` with an API key, on `dedicated` (a registered
-server), or on `sim` when the job names it.
+server), or on an opt-in provider (the simulated cloud) when the job names it.
 """
 
 from __future__ import annotations
@@ -12,37 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from providers import credentials
+from orchestrator.engine.wiring import CLOUDS, cloud_keys, declares, keyless
+from providers.base import OptInOnly
 
-# Adapters that rent machines through an API key, in the order notes name them.
-CLOUDS = ("vastai", "runpod")
-# `orch reconcile` sweeps every provider: one that does not answer must not hold it up for
-# the adapters' full retry budget (minutes), so it gets short timeouts and few retries and
-# reports the provider as an error instead; the next run tries again. `orch offers` and
-# `orch plan` ask with the same settings (engine/market.py).
-QUICK_HTTP = {"timeout_s": 5.0, "attempts": 2, "deadline_s": 10.0}
 # What to configure when nothing can run a job (README: "Providers").
 HOW_TO_CONFIGURE = ("Set VAST_API_KEY or RUNPOD_API_KEY, register a server with `orch servers "
                     "add`, or try the simulated cloud with `resources.providers: [sim]` (see "
                     "examples/quickstart.yml)")
-
-
-def cloud_keys() -> tuple[dict[str, str], list[str]]:
-    """(provider -> API key) for each cloud with credentials; a note for each left out."""
-    keys: dict[str, str] = {}
-    notes: list[str] = []
-    for name in CLOUDS:
-        try:
-            key = credentials.api_key(name)
-        except credentials.CredentialsError as exc:
-            notes.append(f"{name}: {exc}")
-            continue
-        if not key:
-            notes.append(f"{name}: no API key ({credentials.ENV[name]} or "
-                         f"{credentials.credentials_file()}); left out")
-            continue
-        keys[name] = key
-    return keys, notes
 
 
 @dataclass(frozen=True)
@@ -67,19 +43,20 @@ def runners(named: list[str] | None, has_servers: bool,
             ) -> Runners:
     """Who could run a job whose `resources.providers` is `named` (None: any).
 
-    `configured`/`notes` default to the clouds with credentials here; `sim` (local) and
-    `dedicated` (the server table) are always configured, but `sim` runs only jobs that name
-    it and `dedicated` only with a server registered.
+    `configured`/`notes` default to the clouds with credentials here and the adapters that
+    need no key (the simulated cloud, the server table), which are always configured; but a
+    provider that is opt-in only (`OptInOnly`) runs only jobs that name it, and `dedicated`
+    only with a server registered.
     """
     if configured is None:
         keys, notes = cloud_keys()
-        configured = frozenset({"sim", "dedicated", *keys})
+        configured = frozenset({*keyless(), *keys})
     found = []
     left_out = list(notes or [])
     for name in sorted(configured):
         if named is not None and name not in named:
             continue
-        if name == "sim" and not (named and "sim" in named):
+        if declares(name, OptInOnly) and not (named and name in named):
             continue
         if name == "dedicated" and not has_servers:
             if named is not None:

@@ -188,9 +188,8 @@ class JobRunner:
         if kind is Outcome.DATABASE:
             # Rows whose instance was terminated while the database refused the write.
             teardown.release_all(kind)
-        cost, storage, amortised = ledger.costs()
-        fields: JobUpdate = {"cost_micros": to_micros(cost + storage),
-                             "storage_micros": to_micros(storage),
+        cost, amortised = ledger.costs()
+        fields: JobUpdate = {"cost_micros": to_micros(cost),
                              "amortised_micros": to_micros(amortised)}
         try:
             if kind is Outcome.DEFERRED:
@@ -215,7 +214,7 @@ class JobRunner:
                 reason = cancel_summary(ledger, teardown, reason)
             fields["failure_reason"] = reason if status is S.FAILED else None
             ledger.set(status, reason, {"reason": reason}, **fields)
-            teardown.delete_volumes()
+            teardown.delete_checkpoints()
         except LeaseLost:
             pass
 
@@ -288,13 +287,11 @@ class JobRunner:
         return True
 
     def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> Outcome:
-        cost, storage, amortised = ledger.costs()
-        teardown.delete_volumes()
+        cost, amortised = ledger.costs()
+        teardown.delete_checkpoints()
         try:
-            ledger.set(S.SUCCEEDED, f"succeeded; cost {money.usd(cost + storage)}",
-                       {"cost": str(cost + storage)},
-                       cost_micros=to_micros(cost + storage), storage_micros=to_micros(storage),
-                       amortised_micros=to_micros(amortised))
+            ledger.set(S.SUCCEEDED, f"succeeded; cost {money.usd(cost)}", {"cost": str(cost)},
+                       cost_micros=to_micros(cost), amortised_micros=to_micros(amortised))
         except CancelRequested as exc:  # asked to stop after the last check: it wins
             warm.unpark()
             raise Stop(StopKind.CANCELLED, CANCELLED) from exc

@@ -34,7 +34,7 @@ from orchestrator.core import money
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
-from orchestrator.core.scheduler import WARM_PREFIX, Placement
+from orchestrator.core.scheduler import Placement
 from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
@@ -50,7 +50,7 @@ from orchestrator.records.store import (
 from playbooks.base import PlaybookFailed
 from playbooks.pipeline import DURABLE
 from playbooks.ssh import ConnectionFactory
-from providers.base import Instance, InstanceState, NotFound, Offer, Provider, Volumes
+from providers.base import Instance, InstanceState, NotFound, Offer, Provider
 
 log = logging.getLogger("orchestrator.engine.runner")
 
@@ -266,32 +266,20 @@ class Ledger:
         if self.on_progress is None:
             return
         try:
-            cost, storage, _ = self.costs()
-            self.progress.cost = cost + storage
+            self.progress.cost, _ = self.costs()
             self.on_progress(self.progress)
         except Exception:
             log.debug("progress display failed", exc_info=True)
 
-    def costs(self) -> tuple[Decimal, Decimal, Decimal]:
-        """(compute charged, volume storage, amortised rent) of the job so far."""
+    def costs(self) -> tuple[Decimal, Decimal]:
+        """(charged, amortised rent) of the job so far: what its instances billed."""
         charged = amortised = Decimal(0)
         now = utcnow()
-        rows = self.store.instances_of(self.job_id)
-        for row in rows:
+        for row in self.store.instances_of(self.job_id):
             c, a = instance_cost(row, now)
             charged += c
             amortised += a
-        storage = Decimal(0)
-        job = self.job()
-        if job.started_at is not None:
-            # A machine taken warm has no volume of this job (as `scheduler.Extras` plans it).
-            used = {r.provider for r in rows if not (r.offer_id or "").startswith(WARM_PREFIX)}
-            for name, provider in self.providers.items():
-                rate = provider.volume_per_gb_month if isinstance(provider, Volumes) else None
-                if rate and name in used:
-                    storage += money.volume_cost(self.disk_gb, rate,
-                                                 money.hours_between(job.started_at, now))
-        return money.money(charged), storage, money.money(amortised)
+        return money.money(charged), money.money(amortised)
 
 
 class RunState:

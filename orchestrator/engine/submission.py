@@ -13,6 +13,7 @@ from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.states import EventKind
+from orchestrator.engine.wiring import price_lists
 from orchestrator.records.store import Job, Store
 
 
@@ -21,7 +22,8 @@ def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus
                sweep_id: str | None = None, sweep_key: str | None = None,
                data: Mapping[str, object] | None = None) -> tuple[Job, Plan]:
     """Plan `loaded` (scheduler.NoFit if nothing fits) and insert it; (job row, plan)."""
-    plan = plan or make_plan(loaded, store.registered())
+    plan = plan or make_plan(loaded, store.registered(),
+                             listed=price_lists(loaded.spec.resources.providers))
     placement = plan.to_dict(alternatives=10_000)
     placement["job_file"] = str(loaded.path.resolve())
     p = plan.chosen

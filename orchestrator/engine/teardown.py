@@ -1,4 +1,4 @@
-"""Ending an attempt or a job: losses, re-placement, release of instances, volumes.
+"""Ending an attempt or a job: losses, re-placement, release of instances, checkpoints.
 
 `Teardown`, a collaborator of `orchestrator.engine.runner.JobRunner` over the run's shared
 state (`runner_core.RunState`): whether a failure was the instance's loss, the re-placement
@@ -27,7 +27,7 @@ from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, utc
 from playbooks import secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers import retried
-from providers.base import KeepsMachine, NotFound, ProviderError, Volumes
+from providers.base import KeepsMachine, NotFound, ProviderError
 
 # How the instances of a run that ended so are closed (any other outcome: failed).
 END_REASON_OF = {Outcome.SUCCEEDED: EndReason.RELEASED,
@@ -164,23 +164,7 @@ class Teardown:
             except Exception:  # keep tearing the others down; reconcile finds what is left
                 log.exception("teardown of instance row %s", row_id)
 
-    def delete_volumes(self) -> None:
-        """Delete the job's checkpoint copies: orch's local one and the providers' volumes.
-
-        A volume that cannot be deleted is still billed: the failure is an event naming the
-        volume and what to do (it is not retried automatically: no sweep knows volumes yet).
-        """
-        job_id = self.state.job_id
-        shutil.rmtree(checkpoint_dir(job_id), ignore_errors=True)
-        for name, provider in self.state.providers.items():
-            if not isinstance(provider, Volumes):
-                continue
-            try:
-                provider.delete_volume(job_id)
-            except Exception as exc:  # any failure leaves storage billed: report, go on
-                log.warning("job %s: cannot delete its %s volume: %s", job_id, name, exc)
-                self.ledger.event("volume.delete_failed", f"could not delete the job's {name} "
-                                  f"volume ({provider.volume_dir(job_id)}): {exc}; it is "
-                                  f"still billed: delete it with {name} (its console or API)",
-                                  {"provider": name, "error": str(exc)})
+    def delete_checkpoints(self) -> None:
+        """Delete orch's local copy of the job's checkpoints: the job is finished."""
+        shutil.rmtree(checkpoint_dir(self.state.job_id), ignore_errors=True)
 

@@ -1,26 +1,145 @@
-"""Which providers this machine can use, built from credentials and local state.
+"""The composition root: every adapter orch has, by name, and the providers built from them.
 
-A provider without credentials is left out with a note (never a traceback); `sim` is
-available wherever its state directory exists, `dedicated` always (it is the `server` table).
-Base URLs can be pointed elsewhere (`ORCH_VASTAI_URL`, `ORCH_RUNPOD_URL`) for emulators.
+`ADAPTERS` is the one place a provider's name meets its class; everything else asks what a
+provider can do (`declares(name, capability)`, or `isinstance` on the built provider) and
+never compares names. A cloud without credentials is left out with a note (never a
+traceback); `sim` is available wherever its state directory exists, `dedicated` always (it
+is the `server` table). Base URLs can be pointed elsewhere (`ORCH_VASTAI_URL`,
+`ORCH_RUNPOD_URL`) for emulators.
+
+Light to import (`orch plan` reads it): an adapter's module is imported when its class is
+first asked for (the HTTP ones pull in httpx), the store only for its type.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.paths import data_dir
-from orchestrator.engine.market import cloud
-from orchestrator.engine.runnable import QUICK_HTTP as QUICK_HTTP  # re-exported (tests)
-from orchestrator.engine.runnable import cloud_keys
-from orchestrator.records.store import Store
-from providers.base import Provider
+from providers import credentials
+from providers.base import Offer, PriceList, Provider
+
+if TYPE_CHECKING:
+    from orchestrator.records.store import Store
+
+
+def _vastai() -> type:
+    from providers.vastai.compute import VastAI
+
+    return VastAI
+
+
+def _runpod() -> type:
+    from providers.runpod.compute import RunPod
+
+    return RunPod
+
+
+def _dedicated() -> type:
+    from providers.dedicated.compute import Dedicated
+
+    return Dedicated
+
+
+def _sim() -> type:
+    from providers.sim.compute import SimCloud
+
+    return SimCloud
+
+
+# Every adapter by the name jobs (`resources.providers`), offers and the store use, in the
+# order notes name them; each class's `name` is its key (tests/test_capabilities.py).
+ADAPTERS: dict[str, Callable[[], type]] = {
+    "vastai": _vastai, "runpod": _runpod, "dedicated": _dedicated, "sim": _sim}
+# Adapters that rent machines through an API key (providers/credentials.py).
+CLOUDS = tuple(name for name in ADAPTERS if name in credentials.ENV)
+# `orch reconcile` sweeps every provider: one that does not answer must not hold it up for
+# the adapters' full retry budget (minutes), so it gets short timeouts and few retries and
+# reports the provider as an error instead; the next run tries again. `orch offers` and
+# `orch plan` ask with the same settings.
+QUICK_HTTP = {"timeout_s": 5.0, "attempts": 2, "deadline_s": 10.0}
+
+
+@cache
+def adapter(name: str) -> type | None:
+    """The adapter class of provider `name` (None: no such adapter, e.g. a price catalog)."""
+    load = ADAPTERS.get(name)
+    return None if load is None else load()
+
+
+def declares(name: str, capability: type) -> bool:
+    """Whether provider `name`'s adapter declares `capability` (a marker or a protocol of
+    methods only, `providers.base`)."""
+    cls = adapter(name)
+    return cls is not None and issubclass(cls, capability)
+
+
+def keyless() -> tuple[str, ...]:
+    """The adapters that need no API key (their machines are local or registered)."""
+    return tuple(name for name in ADAPTERS if name not in CLOUDS)
+
+
+def price_lists(named: Sequence[str] | None) -> list[Offer]:
+    """The offers of the keyless providers `named` whose offers are a fixed price list
+    (`providers.base.PriceList`): planned without asking anyone."""
+    found: list[Offer] = []
+    for name in keyless():
+        if named is None or name not in named:
+            continue  # its module is not even imported
+        cls = adapter(name)
+        if cls is not None and issubclass(cls, PriceList):
+            found += cls.price_list()
+    return found
+
+
+def cloud_keys() -> tuple[dict[str, str], list[str]]:
+    """(provider -> API key) for each cloud with credentials; a note for each left out."""
+    keys: dict[str, str] = {}
+    notes: list[str] = []
+    for name in CLOUDS:
+        try:
+            key = credentials.api_key(name)
+        except credentials.CredentialsError as exc:
+            notes.append(f"{name}: {exc}")
+            continue
+        if not key:
+            notes.append(f"{name}: no API key ({credentials.ENV[name]} or "
+                         f"{credentials.credentials_file()}); left out")
+            continue
+        keys[name] = key
+    return keys, notes
+
+
+def cloud(name: str, key: str, quick: bool = False) -> Provider:
+    """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
+    when set (emulators); `quick`: short HTTP timeouts and few retries."""
+    url = os.environ.get(f"ORCH_{name.upper()}_URL")
+    kwargs: dict[str, Any] = {"base_url": url} if url else {}
+    if quick:
+        kwargs.update(QUICK_HTTP)
+    cls = adapter(name)
+    assert cls is not None and name in CLOUDS, name
+    built: Provider = cls(key, **kwargs)
+    return built
+
+
+def clouds(named: Sequence[str] | None = None) -> tuple[dict[str, Provider], list[str]]:
+    """The clouds with credentials here (quick HTTP settings), limited to `named` (None:
+    all), and notes on those without a key."""
+    keys, notes = cloud_keys()
+    return {name: cloud(name, key, quick=True) for name, key in keys.items()
+            if named is None or name in named}, notes
 
 
 def sim_state_dir() -> Path:
     """Where the simulated cloud keeps its instances."""
-    return data_dir() / "sim"
+    from providers.sim.compute import SimCloud
+
+    return data_dir() / SimCloud.name
 
 
 def _number(name: str) -> float | None:
@@ -67,16 +186,16 @@ def sim_from_env() -> Provider:
                     preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
 
 
-
-
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False
                          ) -> tuple[dict[str, Provider], list[str]]:
-    """(name -> provider, notes about the ones left out); `quick`: short HTTP timeouts."""
+    """(name -> provider, notes about the ones left out); `quick`: short HTTP timeouts.
+    `sim`: include the simulated cloud (None: where its state directory exists)."""
     from providers.dedicated.compute import Dedicated
 
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
     if sim or (sim is None and sim_state_dir().exists()):
-        found["sim"] = sim_from_env()
+        sim_cloud = sim_from_env()
+        found[sim_cloud.name] = sim_cloud
     keys, notes = cloud_keys()
     for name, key in keys.items():
         found[name] = cloud(name, key, quick)

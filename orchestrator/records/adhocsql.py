@@ -19,8 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.records.historyread import HistoryError, QueryError, ReadOnlyError, _ro_connect
-from orchestrator.records.readonly import sqlite_path
+from orchestrator.records.historyread import (
+    HistoryError,
+    QueryError,
+    ReadOnlyError,
+    _ro_connect,
+    sqlite_path,
+)
 
 # Statement kinds an ad-hoc query may use: reading tables and views, calling functions and
 # recursive CTEs. Everything else (writes, DDL, PRAGMA, ATTACH, transactions) is denied.

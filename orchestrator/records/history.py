@@ -216,14 +216,18 @@ def _where(reader: Reader, f: Filters, params: dict[str, Any]) -> list[str]:
     return terms
 
 
+# More rows than any history holds; beyond it SQLite cannot take the number.
+MAX_LIMIT = 1_000_000_000
+
+
 def history(reader: Reader | None, filters: Filters, *, sort: str = "created",
             descending: bool = True, limit: int | None = 50,
             now: datetime | None = None) -> list[HistoryRow]:
     """The jobs matching `filters`, sorted by `sort`, at most `limit` (None: all)."""
     if sort not in SORT_KEYS:
         raise HistoryError(f"--sort {sort}: use one of {', '.join(SORT_KEYS)}")
-    if limit is not None and limit < 0:
-        raise HistoryError(f"--limit {limit}: give a number >= 0 (0 = no limit)")
+    if limit is not None and not 0 <= limit <= MAX_LIMIT:
+        raise HistoryError(f"--limit {limit}: give a number from 0 (no limit) to {MAX_LIMIT}")
     if reader is None:
         return []
     now = now or datetime.now(UTC)

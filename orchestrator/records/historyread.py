@@ -1,23 +1,26 @@
-"""Read-only access to the orch database for the fast commands (standard library only).
+"""The one read path for queries outside the engine: read-only access to the orch database.
 
 On SQLite a `mode=ro` sqlite3 connection (no SQLModel/SQLAlchemy import, ~0.5 s saved per
-command, and no file or schema is ever created); other databases (`ORCH_DB_URL` = PostgreSQL)
-through the store's engine with the same SQL. Also the time formats those commands parse and
-the errors they report. `history`, `adhocsql` and `sweep.view` read through this.
+command, and no file or schema is ever created: no database yet is no rows); other databases
+(`ORCH_DB_URL` = PostgreSQL) through the store's engine with the same SQL. Also the time
+formats those commands parse and the errors they report. `history`, `adhocsql`,
+`sweep.view`, `warmidle` and `readonly` (what `orch plan` reads) all read through this; the
+store is the engine's, for reads inside its transactions and for every write.
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote, unquote
 
 from orchestrator.core.utc import iso_z
-from orchestrator.records.readonly import sqlite_path
+
+if TYPE_CHECKING:
+    import sqlite3
 
 _SPAN = re.compile(r"(\d+)\s*([mhdw])")
 _SPAN_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -33,6 +36,10 @@ class ReadOnlyError(HistoryError):
 
 class QueryError(HistoryError):
     """`orch sql`'s query is wrong (syntax, unknown table or column): invalid input."""
+
+
+class MissingTable(HistoryError):
+    """The database has no such table: orch never migrated it this far (no rows of it yet)."""
 
 
 # --- times -------------------------------------------------------------------------------
@@ -72,6 +79,17 @@ def parse_stored(text: str | None) -> datetime | None:
 # --- database access ---------------------------------------------------------------------
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of a `sqlite:///...` URL, or None for other databases / in-memory."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix):
+        return None
+    rest = unquote(url[len(prefix):]).split("?", 1)[0]
+    if not rest or rest == ":memory:":
+        return None
+    return Path(rest if rest.startswith("/") else rest)
+
+
 class Reader(Protocol):
     """Run one read query with `:name` parameters and return every row."""
 
@@ -87,6 +105,9 @@ class Reader(Protocol):
 
 
 def _ro_connect(path: Path) -> sqlite3.Connection:
+    # Start-up laziness: sqlite3 only where there is a database file to read.
+    import sqlite3
+
     # mode=ro: a typo'd path is an error, not a new empty database; timeout only matters
     # while a WAL checkpoint or recovery holds the file.
     con = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=10)
@@ -100,6 +121,8 @@ class SqliteReader:
     dialect = "sqlite"
 
     def __init__(self, path: Path) -> None:
+        import sqlite3
+
         self.path = path
         try:
             self.con = _ro_connect(path)
@@ -107,11 +130,15 @@ class SqliteReader:
             raise HistoryError(f"cannot read the database {path}: {exc}") from exc
 
     def rows(self, sql: str, params: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """All rows of `sql`; a missing table means a database orch never migrated."""
+        """All rows of `sql`; a missing table means a database orch never migrated
+        (MissingTable)."""
+        import sqlite3
+
         try:
             return self.con.execute(sql, dict(params or {})).fetchall()
         except sqlite3.OperationalError as exc:
-            raise HistoryError(
+            kind = MissingTable if "no such table" in str(exc) else HistoryError
+            raise kind(
                 f"cannot read the history in {self.path}: {exc}; run any orch command that "
                 "opens the database (e.g. `orch jobs`) to create or upgrade its schema"
             ) from exc
@@ -142,14 +169,18 @@ class EngineReader:
         """All rows of `sql` in a read-only transaction."""
         # Start-up laziness: SQLAlchemy is imported only on the path that uses it.
         from sqlalchemy import text
+        from sqlalchemy.exc import SQLAlchemyError
 
-        with self.store.engine.connect() as conn:
-            if self.dialect == "postgresql":
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-            result = conn.execute(text(sql), dict(params or {}))
-            out = [tuple(r) for r in result]
-            conn.rollback()
-            return out
+        try:
+            with self.store.engine.connect() as conn:
+                if self.dialect == "postgresql":
+                    conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                result = conn.execute(text(sql), dict(params or {}))
+                out = [tuple(r) for r in result]
+                conn.rollback()
+                return out
+        except SQLAlchemyError as exc:
+            raise HistoryError(f"cannot read the history: {exc}") from exc
 
     def close(self) -> None:
         """Dispose of the engine."""

@@ -125,7 +125,6 @@ class Catalog:
 
     offers: tuple[Offer, ...]
     unpriced: tuple[UnpricedTier, ...]
-    volume_per_gb_month: dict[str, Decimal]
 
 
 def _price(value: Any) -> Decimal | None:
@@ -200,15 +199,12 @@ def load() -> Catalog:
     """The static catalog: every priced offer and every unpriced tier."""
     offers: list[Offer] = []
     unpriced: list[UnpricedTier] = []
-    volume: dict[str, Decimal] = {}
     for name, parse in (("cloud.yaml", _cloud), ("dedicated.yaml", _dedicated)):
         raw = _read_yaml((_DIR / name).read_text())
         o, u = parse(raw)
         offers += o
         unpriced += u
-        if raw.get("volume_per_gb_month") is not None:
-            volume[raw["provider"]] = Decimal(str(raw["volume_per_gb_month"]))
-    return Catalog(tuple(offers), tuple(unpriced), volume)
+    return Catalog(tuple(offers), tuple(unpriced))
 
 
 def provider_names() -> list[str]:

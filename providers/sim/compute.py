@@ -21,6 +21,10 @@ creating process died before its host booted â†’ FAILED; terminated or unknown â
 
 Billing: per second, each started second counted, from create to terminate (or now), at the
 offer's price; preemption does not stop the meter (the instance is held until terminated).
+
+Like Vast.ai and RunPod it keeps no volume: a job's checkpoints outlive a lost instance as
+orch's own copy of them (`playbooks/checkpoints.py`), uploaded to the next one. Its hosts
+download models from its own Hub (`hub.py`), which the check before renting asks over HTTP.
 """
 
 from __future__ import annotations
@@ -30,7 +34,6 @@ import fcntl
 import json
 import math
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -55,7 +58,6 @@ from providers.base import (
     NotFound,
     Offer,
     OptInOnly,
-    ProviderError,
     Requirements,
     Simulated,
     job_of,
@@ -73,10 +75,6 @@ NVIDIA_SMI_NAMES: dict[str, str] = {canonical: names[0]
 
 CATALOG_PROVIDER = "cloud"  # the catalog whose models and prices sim sells
 STATE_FILE = "sim.json"
-# Where on the NVMe mount a job's directory is (playbooks.base.Layout: <mount>/orch/jobs/<id>;
-# tests/test_provider_sim.py checks the two agree, since providers do not import playbooks).
-VOLUME_MOUNT = "orch/jobs"
-_SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,119}")
 _MIB = 1024**2
 _COST_QUANTUM = Decimal("0.000001")
 _SECONDS_PER_HOUR = Decimal(3600)
@@ -131,6 +129,8 @@ class _Settings:
 
 
 class SimCloud(OptInOnly, Simulated):
+    # Capabilities it has by its methods: HostPathMapping (`host_root`), HubMirror
+    # (`hub_endpoint`), PriceList (`price_list`).
     """A simulated per-second cloud whose instances are simulated GPU hosts (see module doc)."""
 
     name = "sim"
@@ -179,9 +179,17 @@ class SimCloud(OptInOnly, Simulated):
             "hf_gated_repos": hub.gated_repos(),  # as huggingface.co gates them
             **self.host_options})
 
-    def hub_refusal(self, repo: str, token: str | None) -> str | None:
-        """What this cloud's Hub says to `token` about `repo` (None: its hosts may download)."""
-        return hub.refusal(repo, token, self.host_options.get("hf_gated_repos"))
+    def hub_endpoint(self) -> str:
+        """Where this cloud's Hub answers (`providers.base.HubMirror`): its hosts' `hf` gates
+        the same repos (a loopback server in this process, started when first asked)."""
+        gated = self.host_options.get("hf_gated_repos")
+        return hub.serve(hub.gated_repos() if gated is None else tuple(gated))
+
+    @staticmethod
+    def price_list() -> list[Offer]:
+        """Everything this cloud sells (`providers.base.PriceList`): what `orch plan` ranks
+        for a job that names it."""
+        return catalog_offers()
 
     # --- the Provider protocol -----------------------------------------------------------------
 
@@ -266,7 +274,6 @@ class SimCloud(OptInOnly, Simulated):
             self._forget(instance_id, bill=False)
             host.stop()
             raise CapacityError(f"sim: host for {offer.offer_id} failed to boot: {exc}") from exc
-        self._attach_volume(host, job_id)
         with self._state() as state:
             current = state["instances"].get(instance_id)
             if current is not None:
@@ -327,56 +334,7 @@ class SimCloud(OptInOnly, Simulated):
         # terminated meanwhile fails at its first command, not here).
         return str((self.state_dir / "instances" / instance.instance_id).resolve() / "root")
 
-    # --- volumes -------------------------------------------------------------------------------
-
-    @property
-    def volume_per_gb_month(self) -> Decimal:
-        """Volume storage price: what the catalog's per-second cloud charges."""
-        from providers.catalog import load
-
-        return load().volume_per_gb_month.get(CATALOG_PROVIDER, Decimal(0))
-
-    def volume_dir(self, job_id: str) -> Path:
-        """The job's persistent volume: outlives its instances, like a network volume."""
-        if not _SAFE_ID.fullmatch(job_id):
-            raise ValueError(f"sim: job id {job_id!r} cannot name a volume")
-        return self.state_dir / "volumes" / job_id
-
-    def delete_volume(self, job_id: str) -> None:
-        """Delete the job's volume (the job is finished); already gone = success.
-
-        A volume that cannot be removed raises ProviderError, as a cloud's API answers an
-        error: the storage is still billed, so the caller must say so.
-        """
-        try:
-            shutil.rmtree(self.volume_dir(job_id))
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise ProviderError(f"sim: cannot delete volume {job_id}: {exc}") from exc
-
-    def _attach_volume(self, host: SimHost, job_id: str) -> None:
-        # The job's directory on the host is the volume, so a preempted job resumes on a
-        # new instance from its last checkpoint.
-        if host.nvme_path is None or not _SAFE_ID.fullmatch(job_id):
-            return
-        volume = self.volume_dir(job_id)
-        volume.mkdir(parents=True, exist_ok=True)
-        mount = host.nvme_path / VOLUME_MOUNT / job_id
-        mount.parent.mkdir(parents=True, exist_ok=True)
-        if not mount.is_symlink():
-            mount.symlink_to(volume, target_is_directory=True)
-
     # --- sim's own controls --------------------------------------------------------------------
-
-    def host_key(self, instance_id: str) -> str:
-        """The instance's SSH host key (`ssh-ed25519 AAAA...`), as a provider would report it."""
-        record = self._load()["instances"].get(instance_id)
-        if record is None:
-            raise NotFound(f"sim: no instance {instance_id}")
-        if not record["host_key"]:
-            raise ProviderError(f"sim: {instance_id} has not booted yet; no host key")
-        return str(record["host_key"])
 
     def preempt(self, instance_id: str) -> None:
         """Preempt the instance now: its host powers off (disks kept), state INTERRUPTED."""
@@ -488,7 +446,6 @@ class SimCloud(OptInOnly, Simulated):
             ssh_host="127.0.0.1" if running else None,
             ssh_port=record["ssh_port"] if running else None,
             ssh_user=record["ssh_user"], raw_status=raw, message=message,
-            host_key=record["host_key"] if running else None,
         )  # fmt: skip
 
     def _stop_host(self, record: dict[str, Any]) -> None:

@@ -78,7 +78,6 @@ from providers.base import (
     tag_for,
 )
 from providers.catalog import disks
-from providers.credentials import api_key as credential
 from providers.http import DEADLINE_S, MAX_ATTEMPTS
 from providers.vastai import answers
 from providers.vastai.api_client import DEFAULT_BASE_URL, VastApi
@@ -196,12 +195,6 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
         # and rows it left out as invalid, by field and problem (ReportsRejected).
         self.skipped: dict[str, int] = {}
         self.rejected: dict[str, int] = {}
-
-    @classmethod
-    def from_credentials(cls, **kwargs: Any) -> VastAI | None:
-        """An adapter with the key from VAST_API_KEY or the credentials file; None if unset."""
-        key = credential("vastai")
-        return cls(key, **kwargs) if key else None
 
     # -- offers -------------------------------------------------------------------------
 

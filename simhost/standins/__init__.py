@@ -27,7 +27,6 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "df": ("disks", "df"),
     "docker": ("docker", "docker"),
     "hf": ("hf", "hf"),
-    "huggingface-cli": ("hf", "huggingface_cli"),
     "axolotl": ("axolotl", "axolotl"),
     "vllm": ("vllm", "vllm"),
     "lm_eval": ("lm_eval", "lm_eval"),

@@ -32,8 +32,6 @@ TYPE_CHECKING = False  # see common.py: typing is not imported at run time
 if TYPE_CHECKING:
     from typing import Any
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
-
 
 def _scalar(text: str) -> Any:
     text = text.strip()

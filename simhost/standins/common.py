@@ -48,7 +48,6 @@ ALWAYS = (
     "curl",
     "gpg",
     "hf",
-    "huggingface-cli",
     "axolotl",
     "vllm",
 )
@@ -234,7 +233,7 @@ def say(*lines: str, err: bool = False) -> None:
 
 # Stand-ins that a container rental has only inside the image (its venv), never on the
 # base PATH; vLLM is in no trainer image.
-IMAGE_ONLY = ("axolotl", "hf", "huggingface-cli", "vllm", "lm_eval")
+IMAGE_ONLY = ("axolotl", "hf", "vllm", "lm_eval")
 
 
 def is_container(host: Host) -> bool:
@@ -245,10 +244,10 @@ def is_container(host: Host) -> bool:
 # A Docker host (a monthly server on Ubuntu) has no Hugging Face CLI and no lm_eval on its
 # OS: the trainer image has them (real-hosts.md §9), and containers of that image get them
 # (`image_bin`).
-DOCKER_HOST_LACKS = ("hf", "huggingface-cli", "lm_eval")
+DOCKER_HOST_LACKS = ("hf", "lm_eval")
 # What the axolotl images provide on their PATH (standins/container.AXOLOTL_VENV_COMMANDS;
 # uv from the uv base image's /root/.local/bin).
-AXOLOTL_IMAGE_COMMANDS = ("axolotl", "hf", "huggingface-cli", "lm_eval", "uv")
+AXOLOTL_IMAGE_COMMANDS = ("axolotl", "hf", "lm_eval", "uv")
 
 
 def base_path_excludes(host: Host) -> tuple[str, ...]:

@@ -425,11 +425,3 @@ def _upload(args: list[str]) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIMHOST_")}
     return subprocess.run([str(real), "upload", *translated], env=env, check=False).returncode
 
-
-def huggingface_cli(host: Host, argv: list[str]) -> int:
-    """The pre-1.0 CLI, gone in huggingface_hub >= 1.0."""
-    raise SimError(
-        "`huggingface-cli` is deprecated and no longer works. Use `hf` instead "
-        "(e.g. `hf download REPO --local-dir DIR`).",
-        1,
-    )

@@ -1,12 +1,12 @@
-"""`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images): `hf` and
-`local-completions` backends.
+"""`lm_eval` (lm-evaluation-harness 0.4.11, shipped in the axolotl images): the
+`local-completions` backend, the one orch runs.
 
 What orch runs against the vLLM server, in a container of the trainer image on a Docker
 host and natively in the rented image on a container rental:
-`lm_eval --model local-completions --model_args model=NAME,base_url=URL,tokenizer=DIR,...`.
-The `hf` backend (`--model hf --model_args pretrained=DIR[,peft=DIR][,k=v...] --tasks
-T[,T...] [--include_path DIR] --output_path OUT [--log_samples] [--batch_size N|auto]
-[--limit N] [--device D]`) is simulated too; orch no longer runs it.
+`lm_eval --model local-completions --model_args model=NAME,base_url=URL,tokenizer=DIR,...
+--tasks T[,T...] [--include_path DIR] --output_path OUT [--log_samples] [--batch_size N|auto]
+[--limit N]`. Any other backend (the `hf` one orch ran until issue 19, lm_eval's default
+when `--model` is left out) is refused as not simulated: orch must never come to rely on it.
 Every task's requests are POSTed to `base_url` (real HTTP requests to the vLLM stand-in),
 built and read as lm-eval 0.4.11 does for the `model_args` given (standins/lm_eval_api.py).
 As the real one (`models/api_models.py` `TemplateAPI.__init__` @v0.4.11) it refuses to
@@ -18,13 +18,13 @@ package list was not inspected). `uv pip install --python <image venv>/bin/pytho
 Docker's default bridge network has its own 127.0.0.1: a server published on the host's
 loopback is reachable only with `--network host`.
 
-Refuses what the real one refuses: an unknown flag (argparse, exit 2), a model type other
-than `hf` (not simulated), a `pretrained` that is not a local model folder (the job's hosts
-run with HF_HUB_OFFLINE), an unknown task. Tasks are the few built-in ones below (fixed
-scores) and `generate_until` tasks read from `--include_path` (`*.yaml`; orch writes them as
-JSON, which YAML reads too) over a local JSON-lines `data_files` set: each row's
-`doc_to_text` (a field name, or `{{field}}` templates) is answered like the vLLM stand-in
-answers (what training learned), and scored by exact match with `doc_to_target`.
+Refuses what the real one refuses: an unknown flag (argparse, exit 2), an unknown task, a
+server it cannot reach; and a model type other than `local-completions` (not simulated).
+Tasks are the few built-in ones below (fixed scores) and `generate_until` tasks read from
+`--include_path` (`*.yaml`; orch writes them as JSON, which YAML reads too) over a local
+JSON-lines `data_files` set: each row's `doc_to_text` (a field name, or `{{field}}`
+templates) is answered like the vLLM stand-in answers (what training learned), and scored by
+exact match with `doc_to_target`.
 
 Output as lm_eval lays it out (`loggers/evaluation_tracker.py`):
 `OUT/<model name sanitized>/results_<ISO time>.json` and, with `--log_samples`,
@@ -46,7 +46,6 @@ from pathlib import Path
 
 from .common import Host, SimError, container_to_host, say
 from .lm_eval_api import ApiModel
-from .vllm import _answerer
 
 TYPE_CHECKING = False  # see common.py: typing is not imported at run time
 if TYPE_CHECKING:
@@ -163,23 +162,6 @@ def _run_generate(config: dict[str, Any], answer: Callable[[str], str],
             "exact_match_stderr,none": 0.0}, samples
 
 
-def _hf_model(host: Host, margs: dict[str, str]) -> tuple[str, Callable[[str], str]]:
-    """The `hf` backend: the model folder(s) loaded here; (name for the output, answerer)."""
-    pretrained = margs.get("pretrained")
-    if not pretrained:
-        raise SimError("ValueError: model_args needs pretrained=<local model folder>", 1)
-    folders = [Path(pretrained)] + ([Path(margs["peft"])] if margs.get("peft") else [])
-    for folder in folders:
-        if not (folder / ("adapter_config.json" if folder != folders[0] else "config.json")
-                ).is_file():
-            raise SimError(
-                f"OSError: We couldn't connect to 'https://huggingface.co' to load the files, "
-                f"and couldn't find them in the cached files. Check your internet connection "
-                f"or see how to run the library in offline mode. ({folder} is not a model "
-                "folder)", 1)
-    return margs.get("peft") or pretrained, _answerer(host, folders)
-
-
 def _api_extras_installed(host: Host) -> bool:
     record = Path(os.environ.get("HOME", "/nonexistent")) / IMAGE_VENV_RECORD
     added = json.loads(record.read_text()) if record.is_file() else {}
@@ -233,15 +215,15 @@ def _ask_builtin(api: ApiModel, task: str) -> None:
 
 
 def lm_eval(host: Host, argv: list[str]) -> int:
-    """`lm_eval [run] --model hf|local-completions ...` (see the module docstring)."""
+    """`lm_eval [run] --model local-completions ...` (see the module docstring)."""
     if argv[:1] in (["--version"], ["-V"]):
         say(f"lm-eval {VERSION}")
         return 0
     flags = _parse(argv)
-    model = flags.get("--model", "hf")
-    if model not in ("hf", "local-completions"):
+    model = flags.get("--model", "hf")  # lm_eval's default
+    if model != "local-completions":
         raise SimError(f"simhost: lm_eval --model {model} is not simulated on this host "
-                       "(hf and local-completions are)", 2)
+                       "(local-completions is: what orch runs)", 2)
     margs = _model_args(str(flags.get("--model_args") or ""))
     if flags.get("--log_samples") and not flags.get("--output_path"):
         raise SimError("ValueError: Specify --output_path if providing --log_samples", 1)
@@ -253,27 +235,19 @@ def lm_eval(host: Host, argv: list[str]) -> int:
     if missing:
         raise SimError(f"ValueError: Tasks not found: {', '.join(missing)}. Try `lm-eval ls "
                        "tasks` to list available tasks.", 1)
-    api: ApiModel | None = None
-    if model == "hf":
-        name, answer = _hf_model(host, margs)
-    else:
-        api = _api_model(host, margs)
-        name = api.model
+    api = _api_model(host, margs)
+    name = api.model
 
-        def answer(prompt: str) -> str:
-            assert api is not None
-            return api.generate(prompt, [])
+    def answer(prompt: str) -> str:
+        return api.generate(prompt, [])
     limit = int(flags["--limit"]) if flags.get("--limit") else None
     results: dict[str, dict[str, Any]] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for task in wanted:
         if task in included:
             scores, samples[task] = _run_generate(included[task], answer, limit)
-        elif api is not None:
-            _ask_builtin(api, task)
-            scores = dict(BUILTIN[task])
         else:
-            answer(f"{task}: a question of the built-in task")  # the harness asks the model
+            _ask_builtin(api, task)
             scores = dict(BUILTIN[task])
         if host.options.get("lm_eval_oom_killed"):
             # The kernel's OOM killer: SIGKILL, nothing flushed or handled after it.

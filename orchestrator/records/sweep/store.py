@@ -15,7 +15,7 @@ Money is integer micro-dollars throughout; dollars only for display.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN
 from typing import Any
@@ -58,6 +58,7 @@ from orchestrator.records.sweep.view import (
     not_found,
     run_state,
 )
+from providers.base import Offer
 from providers.dedicated.compute import RegisteredServer
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
@@ -347,12 +348,13 @@ def _measured(store: Store) -> Mapping[MeasuredKey, Measured]:
 
 
 def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = False,
-                 dry_run: bool = False) -> SubmitReport:
+                 dry_run: bool = False, listed: Sequence[Offer] = ()) -> SubmitReport:
     """Record the sweep and queue each of its runs not yet recorded; report every run.
 
     With `retry_failed`, failed runs are queued again (cancelled ones are left alone: a
     cancel is a decision). A run no offer can take is reported as `nofit`, not raised. With
-    `dry_run` nothing is written; `new` / `requeued` then say what would happen.
+    `dry_run` nothing is written; `new` / `requeued` then say what would happen. `listed`:
+    the price lists of the providers the runs name (`planning.make_plan`).
     """
     spec = loaded.spec
     budget = _budget_micros(loaded)
@@ -387,7 +389,7 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
         if servers is None:
             servers, measured = store.registered(), _measured(store)
         try:
-            plan = make_plan(run.job, servers, measured)
+            plan = make_plan(run.job, servers, measured, listed=listed)
         except NoFit as exc:
             report.runs.append(RunReport(run.index, run.job.spec.name, run.params,
                                          run.sweep_key, R.NOFIT, message=str(exc)))
