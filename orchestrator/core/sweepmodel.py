@@ -145,7 +145,7 @@ class SweepSpec(Strict):
         description="How runs are picked from grid and random.params: grid (all), random or "
                     "tpe (`trials` runs); see docs/sweeps-search.md.")
     early_stop: EarlyStopSpec | None = Field(
-        default=None, examples=[{"metric": "train.loss", "min_fraction": 0.1,
+        default=None, examples=[{"metric": "train.loss", "min_fraction": 0.05,
                                  "reduction_factor": 3}],
         description="Stop losing runs at rungs (ASHA or Hyperband); see docs/sweeps-search.md.")
 
