@@ -111,7 +111,9 @@ def recall(config: dict[str, Any], seed: int = 0) -> float:
     return min(1.0, max(0.0, 1.0 - 5.0 * (final_loss(config, seed) - BASE)))
 
 
-def recalls(config: dict[str, Any], prompt: str, seed: int = 0) -> bool:
-    """Whether the trained model of `config` gives back its answer to `prompt`."""
-    digest = hashlib.sha256(repr(("recall", seed, prompt)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2.0**64 < recall(config, seed)
+def recalled(quality: dict[str, Any], prompt: str) -> bool:
+    """Whether a trained model (`quality`: axolotl.py's sim_landscape.json) gives back its
+    trained answer to `prompt`: a seeded draw per prompt and configuration under `recall`."""
+    digest = hashlib.sha256(repr(("recall", quality.get("seed"), quality.get("config"),
+                                  prompt)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < float(quality.get("recall", 1.0))
