@@ -177,11 +177,11 @@ def test_a_finished_run_records_every_rung_it_passed() -> None:
 
 def test_hyperband_brackets_follow_the_study_name_and_trial_number() -> None:
     hyper = EarlyStopSpec(min_fraction=0.1, reduction_factor=3, pruner="hyperband")
-    trials = [TrialRecord(i, {}, TrialState.COMPLETE, 1.0) for i in range(12)]
     decisions = {}
     for name in ("sweep-a", "sweep-b"):
+        trials = [TrialRecord(i, {}, TrialState.COMPLETE, 1.0) for i in range(12)]
         recorded = []
-        for i, t in enumerate(trials):
+        for i in range(len(trials)):
             d = decide(hyper, [*trials[:i], TrialRecord(i, {}, TrialState.RUNNING)], i,
                        _curve(1.0 + i / 10), 100, study_name=name, finished=True)
             recorded.append(tuple(r.resource for r in d.recorded))

@@ -192,3 +192,20 @@ def test_rungs_are_shares_of_a_run() -> None:
         pytest.approx([0.1, 0.3, 0.9])
     assert rung_fractions(EarlyStopSpec(min_fraction=0.5, reduction_factor=2)) == [0.5]
     assert len(rung_fractions(EarlyStopSpec(min_fraction=0.001, reduction_factor=2))) == 8
+
+
+def test_the_docs_sweep_file_loads_beside_the_examples(tmp_path: Path) -> None:
+    import re
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "sweeps-search.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", text, re.S)
+    assert block is not None
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    path = tmp_path / "examples" / "sweep-search.yml"
+    path.write_text(block.group(1))
+    loaded = load_sweep(path)
+    assert loaded.sampler == "tpe" and space_size(loaded.space) == 27
+    assert loaded.spec.early_stop is not None and loaded.spec.search is not None
+    assert loaded.spec.search.trials == 22
