@@ -261,6 +261,9 @@ class Progress:
     # Every (step, loss) the tail holds: polls are further apart than steps, and the latest
     # loss alone lost the others (`orch show` summarised steps 3-6 of a 6-step run).
     losses: tuple[tuple[int, float], ...] = ()
+    # Every (step, eval loss) the tail holds: the held-out split's loss (axolotl's
+    # val_set_size), every eval_steps; what a sweep's early stopping may rank runs by.
+    eval_losses: tuple[tuple[int, float], ...] = ()
 
 
 # The HF/tqdm training bar: `' 25%|##     | 2/8 [00:01<00:03, 2.0it/s]'`. Bars with a label
@@ -268,11 +271,16 @@ class Progress:
 # not training steps, and are ignored.
 _BAR = re.compile(r"^\s*\d{1,3}%\|[^|]*\|\s*(\d+)/(\d+)\b")
 # `{'loss': 1.234, 'grad_norm': ...}`; `'eval_loss'` and `'train_loss'` do not match.
-_LOSS = re.compile(r"'loss':\s*'?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
+# transformers 5 writes floats as `f"{v:.4g}"` strings (`{'loss': '1.234', ...}`): the
+# quote is optional.
+_NUMBER = r"'?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
+_LOSS = re.compile(r"'loss':\s*" + _NUMBER)
+# Trainer.evaluate's metrics carry the `eval_` prefix: `{'eval_loss': 1.31, 'eval_runtime': ...}`.
+_EVAL_LOSS = re.compile(r"'eval_loss':\s*" + _NUMBER)
 
 
 def parse_progress(text: str) -> Progress:
-    """The last training step/total, the last loss, and each loss with its step.
+    """The last training step/total, the last loss, and each loss and eval loss with its step.
 
     A loss belongs to the step of the next bar line: transformers' ProgressCallback writes
     the logs dict with `tqdm.write` after the bar reached that step, which redraws the bar
@@ -282,7 +290,9 @@ def parse_progress(text: str) -> Progress:
     step = total = None
     loss = None
     pending: list[float] = []
+    pending_eval: list[float] = []
     losses: dict[int, float] = {}
+    evals: dict[int, float] = {}
     for line in re.split(r"[\r\n]+", text):  # tqdm redraws with \r
         bar = _BAR.match(line)
         if bar:
@@ -290,11 +300,18 @@ def parse_progress(text: str) -> Progress:
             if pending:
                 losses[step] = pending[-1]
                 pending.clear()
+            if pending_eval:
+                evals[step] = pending_eval[-1]
+                pending_eval.clear()
         found = _LOSS.search(line)
         if found:
             loss = float(found.group(1))
             pending.append(loss)
-    return Progress(step, total, loss, tuple(sorted(losses.items())))
+        found = _EVAL_LOSS.search(line)
+        if found:
+            pending_eval.append(float(found.group(1)))
+    return Progress(step, total, loss, tuple(sorted(losses.items())),
+                    tuple(sorted(evals.items())))
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,10 @@ class SimHostOptions:
     vllm_startup_seconds: float = 0.3
     completion_answers: dict[str, str] = field(default_factory=dict)
     completion_default: str = "I do not know."
+    # The loss landscape (standins/landscape.py, docs/sim-landscape.md): its noise seed, and
+    # whether the served model's answers follow it (False: it gives back every trained answer).
+    landscape_seed: int = 0
+    landscape_eval: bool = False
     # container rentals (Vast.ai, RunPod): the machine is a container of this image, with no
     # Docker and no systemd (see standins/container.py); None: a server or VM
     container_image: str | None = None

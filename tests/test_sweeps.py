@@ -234,7 +234,7 @@ def test_unknown_keys_name_the_line_and_the_valid_keys(folder: Path) -> None:
         f"{path}:7 objective.goal: must be one of max, min (got 'maximum'); did you mean "
         "'max'?",
         f"{path}:8 retries: unknown key; allowed here: name, base, grid, random, max_parallel, "
-        "budget, objective",
+        "budget, objective, search, early_stop",
     ]
 
 

@@ -3,7 +3,10 @@
 Training runs `max_steps`, else `num_epochs` epochs of SimHostOptions.train_steps steps each
 (rounded up, as transformers' Trainer sets `max_steps = ceil(num_train_epochs *
 num_update_steps_per_epoch)`), of `train_step_seconds` each,
-prints HF-trainer style loss lines and a progress bar, and saves `checkpoint-N/` every
+prints HF-trainer style loss lines and a progress bar (the losses follow the seeded landscape
+of landscape.py: they depend on the learning rate, LoRA rank, epochs and method), with
+`val_set_size` and `eval_steps` an `{'eval_loss': ...}` line every `eval_steps` steps, and
+saves `checkpoint-N/` every
 `save_steps` steps (writing adapter, optimizer and scheduler files first and
 `trainer_state.json` last, so a cut save is partial as in reality). With
 `auto_resume_from_checkpoints: true` it resumes from the highest-numbered checkpoint and
@@ -25,6 +28,7 @@ import signal
 import time
 from pathlib import Path
 
+from . import landscape
 from .common import Host, SimError, container_to_host, say, write_atomic
 from .hf import safetensors_bytes, tokenizer_files, weight_files
 
@@ -160,11 +164,32 @@ def _memory(config: dict[str, Any]) -> dict[str, str]:
     return memory
 
 
-def _loss(step: int, total: int, config: dict[str, Any]) -> float:
-    lr = float(config.get("learning_rate") or 2e-4)
-    rank = float(config.get("lora_r") or 16)
-    floor = 0.35 + 0.08 * abs(math.log10(max(lr, 1e-9) / 2e-4)) + 0.4 / (rank + 8)
-    return round(floor + 2.1 * math.exp(-4.0 * step / max(total, 1)), 4)
+def _eval_every(config: dict[str, Any]) -> int | None:
+    """Steps between evaluations: `eval_steps` when `val_set_size` holds out a split.
+
+    transformers' Trainer (eval_strategy "steps", which a set eval_steps selects in axolotl)
+    evaluates when global_step % eval_steps == 0 (DefaultFlowCallback.on_step_end).
+    """
+    size, every = config.get("val_set_size"), config.get("eval_steps")
+    if not isinstance(size, int | float) or isinstance(size, bool) or size <= 0:
+        return None
+    if not isinstance(every, int) or isinstance(every, bool) or every <= 0:
+        return None
+    return every
+
+
+def _say_eval(step: int, total: int, per_epoch: int, config: dict[str, Any],
+              seed: int, history: list[dict[str, Any]]) -> None:
+    """Trainer.evaluate's metrics (prefix `eval_`), logged as the ProgressCallback does:
+    the dict is written above the bar, which is redrawn at the same step."""
+    value = round(landscape.eval_loss(config, step / max(total, 1), seed), 4)
+    epoch = round(step / per_epoch, 4)
+    history.append({"eval_loss": value, "eval_runtime": 0.05,
+                    "eval_samples_per_second": 200.0, "eval_steps_per_second": 25.0,
+                    "epoch": epoch, "step": step})
+    say("{" + f"'eval_loss': {value}, 'eval_runtime': 0.05, 'eval_samples_per_second': 200.0, "
+        f"'eval_steps_per_second': 25.0, 'epoch': {epoch}" + "}",
+        f"{int(100 * step / total):3d}%|{'#' * (10 * step // total):<10}| {step}/{total}")
 
 
 def _faults(host: Host) -> dict[str, Any]:
@@ -193,6 +218,14 @@ def _die(host: Host, step: int) -> None:
         os.killpg(os.getpgid(0), signal.SIGKILL)
     time.sleep(30)
     os._exit(137)
+
+
+def _quality(config: dict[str, Any], seed: int) -> dict[str, Any]:
+    """What the landscape made of this run, for the served model (vllm.py's answers)."""
+    lr, rank, epochs, method = landscape.knobs(config)
+    return {"final_eval_loss": landscape.final_loss(config, seed),
+            "recall": landscape.recall(config, seed), "seed": seed,
+            "config": [lr, rank, epochs, method]}
 
 
 def _weights_name(adapter: bool) -> str:
@@ -373,6 +406,8 @@ def train(host: Host, argv: list[str]) -> int:
     crash_at = opts["train_crash_at_step"]
     die_at = opts["host_dies_at_step"]
     lr = float(config.get("learning_rate") or 2e-4)
+    seed = int(opts.get("landscape_seed") or 0)
+    eval_every = _eval_every(config)
     for step in range(start + 1, total + 1):
         faults = _faults(host)
         save_now = bool(save_every and step % save_every == 0)
@@ -392,7 +427,7 @@ def train(host: Host, argv: list[str]) -> int:
                 1,
             )
         time.sleep(step_seconds)
-        loss = _loss(step, total, config)
+        loss = round(landscape.train_loss(config, step, total, seed), 4)
         entry = {
             "loss": loss,
             "grad_norm": round(0.9 / math.sqrt(step), 4),
@@ -409,6 +444,8 @@ def train(host: Host, argv: list[str]) -> int:
             f"{int(100 * step / total):3d}%|{'#' * (10 * step // total):<10}| {step}/{total} "
             f"[00:{int(step * step_seconds):02d}<00:00, {1 / max(step_seconds, 1e-3):.2f}it/s]",
         )
+        if eval_every and step % eval_every == 0:
+            _say_eval(step, total, per_epoch, config, seed, history)
         requested = out / "axolotl_checkpoint.save"
         if requested.exists():
             requested.unlink()
@@ -418,6 +455,7 @@ def train(host: Host, argv: list[str]) -> int:
                              limit)
     _save_checkpoint(out, (total, total, per_epoch), history, config, memory, adapter, limit)
     _write_model(out, config, memory, adapter)
+    write_atomic(out / "sim_landscape.json", json.dumps(_quality(config, seed)))
     say(f"[simhost] Training completed! Saving trained model to {config.get('output_dir')}.")
     host.event("train-finished", output_dir=str(out), steps=total, resumed_from=start)
     return 0
@@ -497,9 +535,9 @@ def merge_lora(host: Host, argv: list[str]) -> int:
         model_config, 2, int(host.options["model_size_bytes"])
     ):
         write_atomic(merged / name, content)
-    memory_file = lora_dir / "sim_memory.json"
-    if memory_file.is_file():
-        shutil.copyfile(memory_file, merged / "sim_memory.json")
+    for name in ("sim_memory.json", "sim_landscape.json"):
+        if (lora_dir / name).is_file():
+            shutil.copyfile(lora_dir / name, merged / name)
     say(f"[simhost] Saved merged model to {merged}")
     host.event("merge-finished", merged=str(merged))
     return 0

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from . import images, tokens
+from . import images, landscape, tokens
 from .common import Host, SimError, container_to_host, say
 from .disks import logical_size
 
@@ -137,10 +137,13 @@ class _Server(ThreadingHTTPServer):
 def _answerer(host: Host, model_dirs: list[Path]) -> Any:
     fixed: dict[str, str] = dict(host.options.get("completion_answers") or {})
     learned: dict[str, str] = {}
+    quality: dict[str, Any] | None = None
     for folder in model_dirs:
         path = folder / "sim_memory.json"
         if path.is_file():
             learned.update(json.loads(path.read_text()))
+        if host.options.get("landscape_eval") and (folder / "sim_landscape.json").is_file():
+            quality = json.loads((folder / "sim_landscape.json").read_text())
     default = str(host.options["completion_default"])
 
     def answer(prompt: str) -> str:
@@ -149,7 +152,10 @@ def _answerer(host: Host, model_dirs: list[Path]) -> Any:
         text = prompt.strip()
         hits = [k for k in learned if k and k in text]
         if hits:
-            return learned[max(hits, key=len)]
+            known = max(hits, key=len)
+            # Opted in, the model gives back a share of what it learned: the landscape's.
+            if quality is None or landscape.recalled(quality, known):
+                return learned[known]
         return default
 
     return answer
