@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from orchestrator.core import canonical, specerrors, yamlpos
 from orchestrator.core import spec as jobspec
+from orchestrator.core.notifyspec import Targets
 from orchestrator.core.spec import (
     JobSpec,
     LoadedJob,
@@ -152,6 +153,10 @@ class SweepSpec(Strict):
     objective: Objective | None = Field(
         default=None, examples=[{"metric": "eval.exact_match", "goal": "max"}],
         description="The metric that picks the best run.")
+    notify: Targets = Field(
+        default=[], examples=[{"url_env": "SLACK_WEBHOOK_URL", "format": "slack"}],
+        description="Webhooks POSTed on its runs' events and when the sweep finishes (with "
+                    "its best run): one mapping or a list, as in the job file.")
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,9 @@ class LoadedSweep:
     @property
     def spec_json(self) -> str:
         """The sweep spec as canonical JSON (what the `sweep` table stores)."""
-        return canonical.dumps(self.spec.model_dump(mode="python", by_alias=True))
+        # `notify` (added later) only when set: recorded sweeps keep their stored form.
+        return canonical.dumps(canonical.without_defaults(
+            self.spec.model_dump(mode="python", by_alias=True), {("notify",): []}))
 
 
 def sweep_key(sweep_name: str, spec_hash: str) -> str:
@@ -415,6 +422,8 @@ def _resolve_key(job: JobSpec) -> str:
         "method": job.method,
         "lora_given": "lora" in job.model_fields_set,
         "dataset": job.dataset.model_dump(mode="python"),
+        "datasets": [d.model_dump(mode="python") for d in job.datasets or []],
+        "val_set_size": job.training.val_set_size,
         "eval": job.eval.model_dump(mode="python"),
         "gpus": job.resources.gpus,
         "providers": job.resources.providers,
