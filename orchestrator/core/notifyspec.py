@@ -121,11 +121,11 @@ Targets = Annotated[list[NotifyTarget], BeforeValidator(
 
 def decode_secret(secret: str) -> bytes:
     """The key bytes of a `whsec_` secret; ValueError (without the secret) when malformed."""
-    text = secret.removeprefix(SECRET_PREFIX)
+    text = secret.removeprefix(SECRET_PREFIX).rstrip("=")
     try:
-        # Padding added as the reference library does (libraries/python/standardwebhooks/
-        # webhooks.py: b64decode(whsecret + "==")).
-        key = base64.b64decode(text + "==", validate=True)
+        # Unpadded secrets are accepted, as by the reference library (libraries/python/
+        # standardwebhooks/webhooks.py: b64decode(whsecret + "==")).
+        key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
     except (binascii.Error, ValueError):
         raise ValueError("is not base64 after its whsec_ prefix") from None
     if not key:
