@@ -245,3 +245,15 @@ def test_threads_do_not_leak() -> None:
     n.emit(event(1))
     assert n.close(30)
     assert threading.active_count() <= before
+
+
+def test_events_left_when_orch_stops_are_reported(hook: WebhookReceiver) -> None:
+    failures: list[DeliveryFailure] = []
+    hook.stall_next, hook.stall_s = 1, 3.0
+    n = notifier([Endpoint(f"{hook.url}/orch")], failures, timeout_s=10.0)
+    for i in range(3):
+        n.emit(event(i))
+    assert not n.close(0.5)  # the first is still being sent
+    assert [(f.event_id, f.reason) for f in failures] == [
+        ("msg_0001", "not sent: orch stopped before delivering it"),
+        ("msg_0002", "not sent: orch stopped before delivering it")]

@@ -111,22 +111,31 @@ class Notifier:
                                              "not sent: the notification queue is full"))
 
     def close(self, timeout_s: float = 30.0) -> bool:
-        """Deliver what is queued (at most `timeout_s`), then stop; False when time ran out
-        (what is left is reported to `on_failure` by the thread as it goes, or dropped)."""
+        """Deliver what is queued (at most `timeout_s`), then stop; False when time ran out:
+        the events still queued are then reported to `on_failure` as not sent (the one being
+        sent, if any, goes on in the background)."""
         with self._lock:
             thread = self._thread
         if thread is None:
             return True
         deadline = time.monotonic() + timeout_s
+        try:
+            self._queue.put(None, timeout=max(0.01, timeout_s))
+            thread.join(max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            pass
+        if not thread.is_alive():
+            return True
         while True:
             try:
-                self._queue.put(None, timeout=max(0.01, deadline - time.monotonic()))
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    return False
-        thread.join(max(0.0, deadline - time.monotonic()))
-        return not thread.is_alive()
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                self._queue.put_nowait(None)  # the thread stops after what it is sending
+                return False
+            if item is not None:
+                endpoint, event = item
+                self._failed(DeliveryFailure(event.id, event.type, endpoint.shown, 0,
+                                             "not sent: orch stopped before delivering it"))
 
     # -- the thread
 
