@@ -12,6 +12,15 @@ from typing import Any, Literal
 
 import yaml
 
+from playbooks.axolotl_data import (
+    TRACKER_FIELDS,
+    DatasetEntry,
+    DatasetFormat,
+    TrackerKeys,
+    dataset_keys,
+    tracker_keys,
+)
+
 # The job spec's optimizer names -> axolotl's.
 OPTIMIZERS = {
     "adamw": "adamw_torch_fused",
@@ -44,7 +53,7 @@ _CE_KEYS = frozenset({"cut_cross_entropy", "liger_fused_linear_cross_entropy",
 # Keys orch owns: `trainer.extra` may not override them, or resume and artifact copying
 # would silently break (e.g. a different output_dir, or save_only_model).
 RESERVED = frozenset({"base_model", "output_dir", "datasets", "auto_resume_from_checkpoints",
-                      "save_only_model", "dataset_prepared_path"})
+                      "save_only_model", "dataset_prepared_path", "test_datasets"})
 # Keys `render` writes from the job file's validated fields (axolotl key -> job-file field):
 # `trainer.extra` may add keys, never replace these, or `learning_rate: -5` would bypass the
 # checks and sizing would plan a job other than the one that runs.
@@ -57,6 +66,7 @@ FROM_JOB_FILE = {
     "adapter": "method", "load_in_4bit": "method", "load_in_8bit": "method",
     "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
     "lora_target_linear": "lora.target", "lora_target_modules": "lora.target",
+    "val_set_size": "training.val_set_size", **TRACKER_FIELDS,
 }
 
 
@@ -90,7 +100,7 @@ class TrainConfigInput:
     method: Literal["qlora", "lora", "full"]
     base_model_dir: str  # the model on the host's NVMe (inside the container)
     dataset_path: str  # inside the container
-    dataset_format: Literal["alpaca", "chat_template"]
+    dataset_format: DatasetFormat
     output_dir: str  # inside the container, on the volume or NVMe
     sequence_len: int = 2048
     micro_batch_size: int = 2
@@ -112,6 +122,13 @@ class TrainConfigInput:
     save_steps: int = 50
     save_total_limit: int = 3
     extra: dict[str, Any] = field(default_factory=dict)
+    # Several datasets, or a Hub dataset's split and subset: when given, these are the
+    # `datasets:` (dataset_path/dataset_format are then unused); their paths as for
+    # dataset_path. `test_datasets`: evaluated during training (a named split).
+    datasets: tuple[DatasetEntry, ...] = ()
+    test_datasets: tuple[DatasetEntry, ...] = ()
+    val_set_size: float | None = None  # a fraction of the data held out for evaluation
+    tracking: TrackerKeys | None = None
 
 
 class ConfigError(ValueError):
@@ -125,7 +142,7 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
         raise ConfigError(f"trainer.extra: {'; '.join(clash)}")
     cfg: dict[str, Any] = {
         "base_model": c.base_model_dir,
-        "datasets": [_dataset(c)],
+        "datasets": _datasets(c),
         "dataset_prepared_path": f"{c.output_dir}/prepared",
         "output_dir": c.output_dir,
         "sequence_len": c.sequence_len,
@@ -181,6 +198,7 @@ def render(c: TrainConfigInput) -> dict[str, Any]:
     if c.strategy in FSDP2:
         cfg.update(fsdp2_keys(c))
     _savers(c, cfg)
+    _evaluation_and_tracking(c, cfg)
     extra = dict(c.extra)
     if "plugins" in extra and "plugins" in cfg:
         # The user's plugins join the saver's; one list, each plugin once.
@@ -279,10 +297,25 @@ def deepspeed_config(strategy: str) -> dict[str, Any] | None:
     return config
 
 
-def _dataset(c: TrainConfigInput) -> dict[str, Any]:
-    if c.dataset_format == "alpaca":
-        return {"path": c.dataset_path, "type": "alpaca"}
-    return {"path": c.dataset_path, "type": "chat_template", "field_messages": "messages"}
+def _datasets(c: TrainConfigInput) -> list[dict[str, Any]]:
+    if c.datasets:
+        return [dataset_keys(e) for e in c.datasets]
+    return [dataset_keys(DatasetEntry(c.dataset_path, c.dataset_format))]
+
+
+def _evaluation_and_tracking(c: TrainConfigInput, cfg: dict[str, Any]) -> None:
+    """The eval split during training and the trackers' keys."""
+    if c.test_datasets and c.val_set_size:
+        # axolotl 0.18.0 utils/schemas/validation.py:114-118 refuses the pair.
+        raise ConfigError("non-zero val_set_size should not be used with test_datasets "
+                          "configuration: set training.val_set_size or a dataset's "
+                          "validation_split, not both")
+    if c.test_datasets:
+        cfg["test_datasets"] = [dataset_keys(e) for e in c.test_datasets]
+    if c.val_set_size:
+        cfg["val_set_size"] = c.val_set_size
+    if c.tracking is not None:
+        cfg.update(tracker_keys(c.tracking))
 
 
 def dump(c: TrainConfigInput) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -72,6 +72,10 @@ class PipelineJob:
     # job's outputs stay on it is recorded with the deliveries (None: a rental, destroyed).
     kept_on: str | None = None
     hf_token: str | None = field(default=None, repr=False)
+    # What the trainer reads from its environment for `tracking:` (WANDB_API_KEY,
+    # MLFLOW_TRACKING_TOKEN, ..., core/trackingspec.trainer_env): secrets, so they go where
+    # HF_TOKEN goes, the job's 0600 secrets.env, never argv, logs or the database.
+    trainer_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
 
@@ -153,6 +157,7 @@ def train_job(job: PipelineJob, layout: Layout, model_dir: str,
     """
     local = model_dir.startswith("/")
     env = {"HF_TOKEN": job.hf_token} if job.hf_token and not local else {}
+    env.update(job.trainer_env)
     # The same tag, from the repository this kind of host runs (images.yaml, `repositories`).
     image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,

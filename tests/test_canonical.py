@@ -84,9 +84,10 @@ def test_the_sweep_file_is_recorded_as_before() -> None:
         "name": "s", "base": "b.yml", "budget": "12.5", "random": {"n": 3, "seed": 7, "params": {
             "training.learning_rate": {"loguniform": [1e-5, 1e-3]}, "lora.r": {"int": [8, 64]},
             "training.epochs": {"choice": [1, 2.5]}}}})
+    # Sections added later (search, early_stop, notify) are left out while unset.
     assert canonical.dumps(spec.model_dump(by_alias=True)) == (
-        '{"base":"b.yml","budget":"12.5","grid":{},"max_parallel":4,"name":"s","objective":null,'
-        '"random":{"n":3,"params":{"lora.r":{"choice":null,"int":[8,64],"loguniform":null,'
+        '{"base":"b.yml","budget":"12.5","grid":{},"max_parallel":4,"name":"s",'
+        '"objective":null,"random":{"n":3,"params":{"lora.r":{"choice":null,"int":[8,64],"loguniform":null,'
         '"uniform":null},"training.epochs":{"choice":[1,2.5],"int":null,"loguniform":null,'
         '"uniform":null},"training.learning_rate":{"choice":null,"int":null,'
         '"loguniform":[1e-05,0.001],"uniform":null}},"seed":7}}')

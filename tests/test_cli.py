@@ -101,19 +101,25 @@ def test_invalid_job_file_exits_2_and_writes_nothing(env: dict[str, str], tmp_pa
 
 
 def test_hf_dataset_and_bad_repo_id_exit_2_at_plan(env: dict[str, str], tmp_path: Path) -> None:
+    # A Hub dataset plans with its size (issue 39); without `tokens:` and with no Hub to ask,
+    # the plan says which number to give.
     job = tmp_path / "job.yml"
     job.write_text("name: x\nbase_model: meta-llama/Llama-3.1-8B\nmethod: qlora\n"
-                   "dataset: {path: {hf: tatsu-lab/alpaca}, tokens: 1000000}\n")
+                   "dataset: {path: {hf: tatsu-lab/alpaca}}\n")
     bad = tmp_path / "bad.yml"
     shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
     bad.write_text("name: x\nbase_model: 'org/a;rm -rf x'\nmethod: qlora\n"
                    "dataset: {path: train.jsonl}\n")
-    for path, expect in ((job, f"{job}:4 dataset.path.hf: Hugging Face datasets are not "
-                          "downloaded by orch"),
+    for path, expect in ((job, f"{job}:4 dataset.tokens: tatsu-lab/alpaca (train): no size "
+                          "known here"),
                          (bad, f"{bad}:2 base_model.repo: 'org/a;rm -rf x' is not a repo id")):
         proc = orch(env, "plan", str(path), check=False)
         assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+    job.write_text(job.read_text().replace("}}", "}, tokens: 1000000}"))
+    proc = orch(env, "plan", str(job), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "1,000,000 tokens x 1 epoch (job file)" in proc.stdout, proc.stdout
     assert not db(env).exists()
 
 

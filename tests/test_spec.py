@@ -192,16 +192,20 @@ def test_dataset_file_must_exist(tmp_path: Path) -> None:
     assert msg.startswith(f"{path}:5 dataset.path: file not found")
 
 
-def test_hf_datasets_are_refused_before_renting(tmp_path: Path) -> None:
-    # The host pipeline uploads local files only: a {hf: ...} dataset used to pass `plan`
-    # and fail after a GPU was rented (issue 9 §1.9).
-    text = MINIMAL.replace("path: train.jsonl", "path: {hf: tatsu-lab/alpaca}")
-    for extra in ("", "  tokens: 5000000\n"):
-        path = write(tmp_path, text + extra)
+def test_a_hub_dataset_without_tokens_needs_the_hubs_size(tmp_path: Path) -> None:
+    # Issue 39: {hf: ...} is downloaded on the host; its size comes from `tokens:` or from
+    # the Hub's published dataset information (the engine's HubSizer). Without either, the
+    # file says which number to give.
+    for spelled in ("{hf: tatsu-lab/alpaca}", "tatsu-lab/alpaca"):
+        text = MINIMAL.replace("path: train.jsonl", f"path: {spelled}")
+        path = write(tmp_path, text)
         (msg,) = problems(path)
-        assert msg.startswith(f"{path}:5 dataset.path.hf: Hugging Face datasets are not "
-                              "downloaded by orch: download it with `hf download --repo-type "
-                              "dataset tatsu-lab/alpaca --local-dir data/alpaca`"), msg
+        assert msg.startswith(f"{path}:4 dataset.tokens: tatsu-lab/alpaca (train): no size "
+                              "known here"), msg
+        assert "give tokens, the number of tokens in one epoch" in msg
+        job = load_job(write(tmp_path, text + "  tokens: 5000000\n"))
+        assert job.spec.dataset.path.hf == "tatsu-lab/alpaca"
+        assert (job.dataset.tokens, job.dataset.source) == (5_000_000, "job file")
 
 
 @pytest.mark.parametrize("repo", ["org/a;touch x", "org/--x", "a/b/c", "org/-x", "org/x.git",
@@ -231,7 +235,8 @@ def test_invalid_repo_ids_are_refused_with_file_line_and_field(tmp_path: Path,
 def test_dataset_rows_are_checked_with_their_line(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL, rows=[{"instruction": "a", "output": "b"}, {"prompt": "x"}])
     (msg,) = problems(path)
-    assert "train.jsonl:2: an alpaca row needs string 'instruction' and 'output'" in msg
+    assert ("train.jsonl:2: alpaca row: field 'instruction' is missing; an alpaca row is "
+            "{instruction, input (optional), output}, all strings") in msg
     (tmp_path / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\nnot json\n')
     assert "train.jsonl:2: not valid JSON" in problems(path)[0]
 
@@ -341,7 +346,7 @@ def test_bom_and_blank_lines_and_crlf_are_fine(tmp_path: Path) -> None:
 
 def test_non_string_alpaca_fields_are_refused(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL, rows=[{"instruction": 1, "output": None}])
-    assert "needs string 'instruction' and 'output'" in problems(path)[0]
+    assert "field 'instruction' must be a string (got int)" in problems(path)[0]
 
 
 def test_eval_set_rows_are_checked(tmp_path: Path) -> None:
@@ -404,7 +409,8 @@ def test_file_problems_come_with_the_schema_problems(tmp_path: Path) -> None:
     rows = write(tmp_path, MINIMAL.replace("train.jsonl", "rows.jsonl")
                  + "  format: alpaca\nmethod2: x\n")
     found = problems(rows)
-    assert any("rows.jsonl:1: an alpaca row needs" in p for p in found), found
+    assert any("rows.jsonl:1: alpaca row: field 'instruction' is missing" in p
+               for p in found), found
     assert any("method2: unknown key" in p for p in found), found
 
 
@@ -435,16 +441,29 @@ def test_a_url_is_said_to_be_one(tmp_path: Path, where: str, url: str) -> None:
             else MINIMAL + f"eval: {{eval_set: {url!r}}}\n")
     (msg,) = problems(write(tmp_path, text))
     scheme = url.split(":")[0]
-    assert f"{url!r} is a URL ({scheme}://); orch reads a local JSONL file only" in msg, msg
+    assert f"{url!r} is a URL ({scheme}://); orch reads a local JSONL file" in msg, msg
     assert "file not found" not in msg and "s3:/b" not in msg
 
 
-def test_a_hub_id_as_the_path_says_how_to_download_it(tmp_path: Path) -> None:
-    path = write(tmp_path, MINIMAL.replace("path: train.jsonl", "path: tatsu-lab/alpaca"))
-    (msg,) = problems(path)
-    assert msg.startswith(f"{path}:5 dataset.path: file not found: "), msg
-    assert ("if 'tatsu-lab/alpaca' is a Hugging Face dataset id, download it first with "
-            "`hf download --repo-type dataset tatsu-lab/alpaca --local-dir data/alpaca`") in msg
+def test_a_hub_id_as_the_path_is_a_hub_dataset_unless_a_file_has_that_name(
+        tmp_path: Path) -> None:
+    text = MINIMAL.replace("path: train.jsonl", "path: tatsu-lab/alpaca\n  tokens: 1000")
+    job = load_job(write(tmp_path, text))
+    assert job.spec.dataset.path.hf == "tatsu-lab/alpaca"
+    # Both a file here and a Hub id: the file says which to write.
+    (tmp_path / "tatsu-lab").mkdir()
+    (tmp_path / "tatsu-lab" / "alpaca").write_text('{"instruction": "a", "output": "b"}\n')
+    (msg,) = problems(write(tmp_path, text))
+    assert msg.endswith("dataset.path: 'tatsu-lab/alpaca' is both a file here "
+                        f"({tmp_path / 'tatsu-lab/alpaca'}) and a Hugging Face dataset id: "
+                        "write ./tatsu-lab/alpaca for the file or {hf: tatsu-lab/alpaca} for "
+                        "the Hub dataset"), msg
+    local = load_job(write(tmp_path, text.replace("path: tatsu-lab", "path: ./tatsu-lab")))
+    assert local.spec.dataset.path.local == "./tatsu-lab/alpaca"
     # A missing file with a data file's name is just missing.
     (msg,) = problems(write(tmp_path, MINIMAL.replace("train.jsonl", "data/x.jsonl")))
-    assert "Hugging Face" not in msg
+    assert "download it first" not in msg and "file not found" in msg
+    # An eval set is read here: a Hub id there still says how to download it.
+    (msg,) = problems(write(tmp_path, MINIMAL + "eval: {eval_set: tatsu-lab/alpaca-eval}\n"))
+    assert ("download it first with `hf download --repo-type dataset tatsu-lab/alpaca-eval "
+            "--local-dir data/alpaca-eval`") in msg

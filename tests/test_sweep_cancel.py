@@ -203,12 +203,12 @@ def test_retry_failed_says_cancelled_runs_stay_cancelled(tmp_path: Path) -> None
             "queues failed runs only (a cancel is final)") in proc.stderr
 
 
-def test_hub_dataset_refusal_fills_in_the_local_folder(tmp_path: Path) -> None:
+def test_a_hub_dataset_without_its_size_names_the_tokens_key(tmp_path: Path) -> None:
     shutil.copytree(EXAMPLES, tmp_path / "ex")
     job = tmp_path / "ex" / "quickstart.yml"
     job.write_text(job.read_text().replace("path: data/train.jsonl",
-                                           "path: {hf: tatsu-lab/alpaca}\n  tokens: 100000"))
+                                           "path: {hf: tatsu-lab/alpaca}"))
     proc = orch({"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, "plan", str(job))
     assert proc.returncode == 2
-    assert ("`hf download --repo-type dataset tatsu-lab/alpaca --local-dir data/alpaca`"
-            in proc.stderr), proc.stderr
+    assert "dataset.tokens: tatsu-lab/alpaca (train): no size known here" in proc.stderr, \
+        proc.stderr

@@ -64,32 +64,107 @@ def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
         problems.append(f"{path}: cannot read ({exc.strerror or exc})")
 
 
-def _row_chars(row: Any, fmt: str) -> tuple[int, int] | str:
-    """(characters, template tokens) of one training row, or what is wrong with it."""
-    if fmt == "alpaca":
-        ok = isinstance(row, dict) and all(isinstance(row.get(k), str)
-                                           for k in ("instruction", "output"))
-        if not ok or not isinstance(row.get("input", ""), str | None):
-            return ("an alpaca row needs string 'instruction' and 'output' (and optional "
-                    "'input'); or set dataset.format: chat_template")
-        chars = sum(len(row.get(k) or "") for k in ("instruction", "input", "output"))
-        return chars, ALPACA_TEMPLATE_TOKENS
-    msgs = row.get("messages", row.get("conversations")) if isinstance(row, dict) else None
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-        return ("a chat_template row needs a non-empty 'messages' list of {role, content}; "
-                "or set dataset.format: alpaca")
-    chars = sum(len(str(m.get("content", m.get("value", "")))) for m in msgs)
+@dataclass(frozen=True)
+class RowShape:
+    """What a training row must hold: the format and the columns it reads (the file's own
+    names, `datasetspec.DatasetSpec.field`)."""
+
+    format: str = "alpaca"
+    text: str = "text"  # completion
+    messages: str = "messages"  # chat_template
+    role: str = "role"
+    content: str = "content"
+
+
+_ALPACA_FIX = "an alpaca row is {instruction, input (optional), output}, all strings"
+
+
+def _missing(row: dict[str, Any], key: str, label: str = "") -> str | None:
+    """Why `row[key]` (called `label`) is not a string, or None when it is."""
+    label = label or f"field '{key}'"
+    if key not in row:
+        return f"{label} is missing"
+    if not isinstance(row[key], str):
+        return f"{label} must be a string (got {type(row[key]).__name__})"
+    return None
+
+
+def _alpaca(row: dict[str, Any]) -> tuple[int, int] | str:
+    for key in ("instruction", "output"):
+        if (why := _missing(row, key)) is not None:
+            return f"{why}; {_ALPACA_FIX} (or set dataset.format)"
+    if not isinstance(row.get("input", ""), str | None):
+        return f"field 'input' must be a string or null; {_ALPACA_FIX}"
+    chars = sum(len(row.get(k) or "") for k in ("instruction", "input", "output"))
+    return chars, ALPACA_TEMPLATE_TOKENS
+
+
+def _chat(row: dict[str, Any], shape: RowShape) -> tuple[int, int] | str:
+    msgs = row.get(shape.messages)
+    if not isinstance(msgs, list) or not msgs:
+        if shape.messages in row:
+            return (f"field '{shape.messages}' must be a non-empty list of "
+                    f"{{{shape.role}, {shape.content}}} messages")
+        hint = ("ShareGPT rows: set dataset.fields: {messages: conversations, role: from, "
+                "content: value}" if "conversations" in row
+                else "set dataset.fields.messages to the column that holds the messages")
+        return f"field '{shape.messages}' is missing; {hint}"
+    chars = 0
+    for i, msg in enumerate(msgs):
+        where = f"'{shape.messages}'[{i}]"
+        if not isinstance(msg, dict):
+            return f"{where} must be a mapping of {shape.role}, {shape.content}"
+        for name, key in (("role", shape.role), ("content", shape.content)):
+            if (why := _missing(msg, key, f"{where}.{key}")) is not None:
+                return f"{why}; set dataset.fields.{name} to the messages' own key"
+        chars += len(msg[shape.content])
     return chars, CHAT_MESSAGE_TOKENS * len(msgs)
 
 
-def count_tokens(path: Path, fmt: str, given: int | None) -> DatasetSize:
+def _completion(row: dict[str, Any], shape: RowShape) -> tuple[int, int] | str:
+    if (why := _missing(row, shape.text)) is not None:
+        return f"{why} (completion rows hold raw text); set dataset.fields.text to its column"
+    return len(row[shape.text]), 0
+
+
+def _segments(row: dict[str, Any]) -> tuple[int, int] | str:
+    segments = row.get("segments")
+    if not isinstance(segments, list) or not segments:
+        got = "is missing" if "segments" not in row else "must be a non-empty list"
+        return f"field 'segments' {got} (input_output rows are {{segments: [{{label, text}}]}})"
+    chars = 0
+    for i, seg in enumerate(segments):
+        if not isinstance(seg, dict) or not isinstance(seg.get("text"), str) \
+                or not isinstance(seg.get("label"), bool):
+            return (f"field 'segments'[{i}] must be {{label: true|false, text: string}} "
+                    "(label false: not trained on)")
+        chars += len(seg["text"])
+    return chars, 0
+
+
+def _row_chars(row: Any, shape: RowShape) -> tuple[int, int] | str:
+    """(characters, template tokens) of one training row, or what is wrong with it."""
+    if not isinstance(row, dict):
+        return f"a row must be a JSON object (got {type(row).__name__})"
+    if shape.format == "alpaca":
+        return _alpaca(row)
+    if shape.format == "chat_template":
+        return _chat(row, shape)
+    if shape.format == "completion":
+        return _completion(row, shape)
+    return _segments(row)
+
+
+def count_tokens(path: Path, shape: RowShape | str, given: int | None) -> DatasetSize:
     """Validate a JSONL dataset's rows and estimate its tokens (unless `given`)."""
+    if isinstance(shape, str):
+        shape = RowShape(shape)
     chars = rows = overhead = 0
     problems: list[str] = []
     for lineno, row in _jsonl_rows(path, problems):
-        got = _row_chars(row, fmt)
+        got = _row_chars(row, shape)
         if isinstance(got, str):
-            problems.append(f"{path}:{lineno}: {got}")
+            problems.append(f"{path}:{lineno}: {shape.format} row: {got}")
             continue
         rows += 1
         chars += got[0]

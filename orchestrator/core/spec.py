@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     model_validator,
 )
 
@@ -30,18 +31,17 @@ from orchestrator.core.architectures import (
     lookup,
 )
 from orchestrator.core.datafiles import DatasetSize
+from orchestrator.core.datasetspec import MAX_TOKENS, DatasetArg, DatasetSpec
 from orchestrator.core.durations import WarmWindow
+from orchestrator.core.hubsize import HubSizer
+from orchestrator.core.notifyspec import Targets
 from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
-from orchestrator.core.specerrors import Problems, closest, translate
-from orchestrator.core.specfiles import (
-    check_dataset,
-    check_eval,
-    hub_dataset_problem,
-    raw_file_problems,
-)
+from orchestrator.core.specerrors import Problems, closest, translate, with_missing
+from orchestrator.core.specfiles import check_eval, datasets_size, raw_file_problems
 from orchestrator.core.specnames import check_names, with_name_problems
 from orchestrator.core.strictmodel import Strict
+from orchestrator.core.trackingspec import TrackingSpec
 from playbooks import images
 from playbooks.hfrepo import repo_id_problem
 
@@ -51,9 +51,8 @@ DEFAULT_TRAINER_IMAGE = images.default_image("docker")
 
 # Upper bounds on numbers, so that whatever a job file holds fits the database's 64-bit
 # integers (micro-dollars, tokens) and the sizing arithmetic (docs/job-file.md). Each is far
-# past any real job: a quadrillion tokens is ~30x the largest pretraining runs, and no
-# model has a million-wide hidden layer.
-MAX_TOKENS = 10**15
+# past any real job: a quadrillion tokens (MAX_TOKENS, datasetspec.py) is ~30x the largest
+# pretraining runs, and no model has a million-wide hidden layer.
 MAX_DOLLARS = 10**9
 MAX_HOURS = 1_000_000
 MAX_DIM = 1_048_576  # hidden, intermediate and head sizes
@@ -239,47 +238,11 @@ class TrainingSpec(Strict):
         default="auto", examples=["auto"],
         description="Offload activations to host RAM (needs gradient checkpointing; slower). "
                     "`auto`: on only when it reaches a cheaper placement.")
-
-
-def _dataset_path(value: Any) -> Any:
-    if isinstance(value, str):
-        return {"local": value}
-    return value
-
-
-class DatasetPath(Strict):
-    """A local file (uploaded to the host) or a Hugging Face dataset."""
-
-    local: str | None = Field(default=None, examples=["data/train.jsonl"],
-                              description="The JSONL file (what a plain string path means).")
-    hf: str | None = Field(default=None, examples=["tatsu-lab/alpaca"],
-                           description="Refused (see `path`): a Hugging Face dataset id is "
-                                       "named in the error's fix.")
-    split: str = Field(default="train", description="Only with `hf` (refused).",
-                       examples=["train"])
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> DatasetPath:
-        if (self.local is None) == (self.hf is None):
-            raise ValueError("must be a local file path or {hf: org/name}")
-        return self
-
-
-class DatasetSpec(Strict):
-    path: Annotated[DatasetPath, BeforeValidator(
-        _dataset_path, json_schema_input_type=str | DatasetPath)] = Field(
-        examples=["data/train.jsonl"],
-        description="A local JSONL file (relative to the job file; uploaded to the host). A "
-                    "Hugging Face dataset is not downloaded by orch: fetch it with `hf download "
-                    "--repo-type dataset ORG/NAME --local-dir data/NAME` and give the file.")
-    format: Literal["alpaca", "chat_template"] = Field(
-        default="alpaca", examples=["alpaca"],
-        description="`alpaca` rows (instruction/input/output) or `chat_template` rows "
-                    "(messages).")
-    tokens: int | None = Field(
-        default=None, gt=0, le=MAX_TOKENS, examples=[6000000],
-        description="Tokens in one epoch. Optional: estimated from the file's characters when "
-                    "not given.")
+    val_set_size: float | None = Field(
+        default=None, gt=0, lt=1, examples=[0.05],
+        description="Hold out this fraction of the training data and report its loss during "
+                    "training (axolotl's `val_set_size`); not with a dataset's "
+                    "`validation_split`.")
 
 
 class EvalSpec(Strict):
@@ -410,8 +373,16 @@ class JobSpec(Strict):
                            description="The adapters (ignored by `full`).")
     training: TrainingSpec = Field(default_factory=TrainingSpec, examples=[{"epochs": 2}],
                                    description="Trainer settings (passed to axolotl).")
-    dataset: DatasetSpec = Field(examples=[{"path": "data/train.jsonl"}],
-                                 description="The training data.")
+    # Required unless `datasets` is given: then it is the first of them (`_one_dataset_form`),
+    # so code that knows one dataset still reads `spec.dataset`.
+    dataset: DatasetArg = Field(  # type: ignore[assignment]
+        default=None, validate_default=False, examples=[{"path": "data/train.jsonl"}],
+        description="The training data (required, unless `datasets` lists several).")
+    datasets: list[DatasetArg] | None = Field(
+        default=None, min_length=1,
+        examples=[[{"path": "tatsu-lab/alpaca"}, {"path": "data/mine.jsonl"}]],
+        description="Several training datasets, mixed (each as `dataset`); instead of "
+                    "`dataset`.")
     eval: EvalSpec = Field(default_factory=EvalSpec, examples=[{"eval_set": "data/eval.jsonl"}],
                            description="What to score after training (optional).")
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec,
@@ -425,6 +396,43 @@ class JobSpec(Strict):
                                description="What the job delivers and where: the adapter "
                                            "(always), the merged model, this machine, a "
                                            "Hugging Face repo.")
+    tracking: TrackingSpec | None = Field(
+        default=None, examples=[{"wandb": {"project": "llama-finetunes"}}],
+        description="Where the training run is logged: W&B and/or MLflow (the run is named "
+                    "after the job).")
+    notify: Targets = Field(
+        default=[], examples=[{"url_env": "SLACK_WEBHOOK_URL", "format": "slack"}],
+        description="Webhooks POSTed when the job succeeds, fails, is preempted and "
+                    "re-placed, or reaches its budget: one mapping or a list.")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_dataset_form(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> JobSpec:
+        # `dataset` is required unless `datasets` is given: reported with the file's other
+        # problems (an after-validator would run only once everything else is valid).
+        missing = isinstance(data, dict) and "dataset" not in data and "datasets" not in data
+        try:
+            spec: JobSpec = handler(data)
+        except ValidationError as exc:
+            if not missing:
+                raise
+            raise with_missing(exc, data, "dataset") from None
+        if missing:
+            raise with_missing(None, data, "dataset")
+        if spec.datasets is not None:
+            if spec.dataset is None:
+                object.__setattr__(spec, "dataset", spec.datasets[0])
+            elif spec.dataset != spec.datasets[0]:
+                raise ValueError("give dataset (one) or datasets (several), not both")
+        if spec.training.val_set_size and any(d.validation_split for d in spec.all_datasets):
+            raise ValueError("training.val_set_size and a dataset's validation_split both "
+                             "pick an eval set (axolotl takes one): remove one")
+        return spec
+
+    @property
+    def all_datasets(self) -> list[DatasetSpec]:
+        """The training datasets: `datasets`, or the one `dataset`."""
+        return list(self.datasets) if self.datasets is not None else [self.dataset]
 
 
 @dataclass(frozen=True)
@@ -456,6 +464,12 @@ class SpecError(ValueError):
 ADDED_LATER: dict[tuple[str, ...], object] = {
     ("resources", "layout"): "auto",
     ("output",): OutputSpec().model_dump(mode="python"),
+    ("training", "val_set_size"): None,
+    ("dataset", "fields"): None,
+    ("dataset", "validation_split"): None,
+    ("dataset", "path", "revision"): "main",
+    ("dataset", "path", "subset"): None,
+    ("datasets",): None,
 }
 
 
@@ -464,8 +478,11 @@ def spec_hash(spec: JobSpec) -> str:
     fields added later left out at their default (ADDED_LATER)."""
     data = canonical.without_defaults(spec.model_dump(mode="python"), ADDED_LATER)
     # How long the machine stays warm afterwards changes what the job costs, never what it
-    # produces: a sweep that adds keep_warm must not run its finished runs again.
+    # produces: a sweep that adds keep_warm must not run its finished runs again. Nor do
+    # where the run is logged and who is told about it.
     data["resources"].pop("keep_warm", None)
+    data.pop("tracking", None)
+    data.pop("notify", None)
     return canonical.digest(data)
 
 
@@ -496,8 +513,11 @@ def read_mapping(path: Path, keys_hint: str) -> tuple[dict[str, Any], yamlpos.Po
     return raw, pos
 
 
-def load_job(path: str | Path) -> LoadedJob:
-    """Read, validate and resolve a job file; raise SpecError listing every problem."""
+def load_job(path: str | Path, hub_size: HubSizer | None = None) -> LoadedJob:
+    """Read, validate and resolve a job file; raise SpecError listing every problem.
+
+    `hub_size` looks up a Hub dataset's published size (the engine's); without it a Hub
+    dataset needs `tokens:`."""
     path = Path(path)
     name = str(path)
     raw, pos = read_mapping(path, "name, base_model, method, dataset")
@@ -510,10 +530,11 @@ def load_job(path: str | Path) -> LoadedJob:
         raw_file_problems(raw, path.parent, files)
         raise SpecError(with_name_problems(translate(exc, JobSpec, name, pos), raw, name,
                                             pos, files.items)) from None
-    return resolve(spec, path, pos)
+    return resolve(spec, path, pos, hub_size)
 
 
-def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> LoadedJob:
+def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None,
+            hub_size: HubSizer | None = None) -> LoadedJob:
     """Check what the schema cannot (files, model shape, GPU and provider names)."""
     found = Problems(str(path), pos or yamlpos.Positions())
     arch = _architecture(spec, path.parent, found)
@@ -522,7 +543,7 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None) -> 
     for loc, msg in output_problems(spec.output, spec.method,
                                     None if arch is None else arch.params):
         found.add(loc, msg)
-    dataset = _dataset(spec, path.parent, found)
+    dataset = _dataset(spec, path.parent, found, hub_size)
     if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
         found.add(("training", "epochs"), f"{dataset.tokens:,} tokens x "
                   f"{spec.training.epochs:g} epochs is more than {MAX_TOKENS:,} tokens; "
@@ -561,12 +582,10 @@ def _architecture(spec: JobSpec, base: Path, found: Problems) -> Architecture | 
     return None
 
 
-def _dataset(spec: JobSpec, base: Path, found: Problems) -> DatasetSize | None:
-    """The training file's size, after checking its rows; Hub datasets are refused."""
-    if spec.dataset.path.local is None:
-        # Refused before renting: the host pipeline uploads a local JSONL file only, and
-        # a dataset repo's files, gate and format cannot be checked from here.
-        found.add(("dataset", "path", "hf"), hub_dataset_problem(spec.dataset.path.hf or ""))
-        return None
-    return check_dataset(spec.dataset.path.local, spec.dataset.format, spec.dataset.tokens,
-                         base, found)
+def _dataset(spec: JobSpec, base: Path, found: Problems,
+             hub_size: HubSizer | None) -> DatasetSize | None:
+    """The training data's size in tokens (all datasets, less the held-out fraction)."""
+    places: list[tuple[str | int, ...]] = [("dataset",)] if spec.datasets is None else [
+        ("datasets", i) for i in range(len(spec.datasets))]
+    return datasets_size(list(zip(places, spec.all_datasets, strict=True)),
+                         spec.training.val_set_size, base, found, hub_size)

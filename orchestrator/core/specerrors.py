@@ -59,9 +59,12 @@ def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseMod
 
 
 def user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    # DatasetPath wraps a plain path string as {local: ...}; report it as `dataset.path`.
+    # DatasetPath wraps a plain path string as {local: ...} (or {hf: ...}); report it as
+    # `dataset.path` (`datasets.N.path`).
     if loc[:3] == ("dataset", "path", "local"):
         return loc[:2]
+    if loc[:1] == ("datasets",) and loc[2:4] == ("path", "local"):
+        return loc[:3]
     return loc
 
 # What a field accepts, for type errors on fields that take more than one shape.
@@ -70,7 +73,10 @@ def user_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 SHAPES: dict[tuple[str | int, ...], str] = {
     ("base_model",): "a repo id such as meta-llama/Llama-3.1-8B, or {repo: ORG/NAME, "
                      "config: path/to/config.json} or {repo: ..., architecture: {...}}",
-    ("dataset", "path"): "a JSONL file path (relative to the job file)",
+    ("dataset",): "a JSONL file path, a Hugging Face dataset id, or {path: ..., format: ...}",
+    ("dataset", "path"): "a JSONL file path (relative to the job file), a Hugging Face "
+                         "dataset id (ORG/NAME) or {hf: ORG/NAME, split, revision, subset}",
+    ("notify",): "a mapping {url or url_env, format, secret_env, events} or a list of them",
     ("lora", "target"): "all-linear or a list of module names such as [q_proj, v_proj]",
     ("resources", "gpus"): "any or a list of GPU models such as [RTX 4090, A100]",
     ("resources", "providers"): "any or a list of provider names",
@@ -119,6 +125,16 @@ def describe(err: dict[str, Any], root: type[BaseModel]) -> str:
     if kind == "value_error":
         return str(ctx.get("error", err["msg"]))
     return str(err["msg"])
+
+
+def with_missing(exc: ValidationError | None, data: Any, key: str) -> ValidationError:
+    """`exc`'s errors (or none) plus `key: required`, for a key a validator requires."""
+    kept: list[Any] = [] if exc is None else [
+        {k: v for k, v in e.items() if k in ("type", "loc", "input", "ctx")}
+        for e in exc.errors()]
+    title = "orch file" if exc is None else exc.title
+    return ValidationError.from_exception_data(
+        title, [*kept, {"type": "missing", "loc": (key,), "input": data}])
 
 
 def translate(exc: ValidationError, root: type[BaseModel], filename: str,

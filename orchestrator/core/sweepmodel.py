@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from orchestrator.core.notifyspec import Targets
 from orchestrator.core.searchspec import EarlyStopSpec, SearchSpec
 from orchestrator.core.spec import Money
 from orchestrator.core.strictmodel import Strict
@@ -149,6 +150,10 @@ class SweepSpec(Strict):
         default=None, examples=[{"metric": "train.loss", "min_fraction": 0.05,
                                  "reduction_factor": 3}],
         description="Stop losing runs at rungs (ASHA or Hyperband); see docs/sweeps-search.md.")
+    notify: Targets = Field(
+        default=[], examples=[{"url_env": "SLACK_WEBHOOK_URL", "format": "slack"}],
+        description="Webhooks POSTed on its runs' events and when the sweep finishes (with "
+                    "its best run): one mapping or a list, as in the job file.")
 
     @model_serializer(mode="wrap")
     def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -158,6 +163,8 @@ class SweepSpec(Strict):
         for key in ("search", "early_stop"):
             if data.get(key, 0) is None:
                 del data[key]
+        if data.get("notify") == []:
+            del data["notify"]
         return data
 
 

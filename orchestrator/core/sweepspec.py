@@ -95,6 +95,8 @@ class LoadedSweep:
     @property
     def spec_json(self) -> str:
         """The sweep spec as canonical JSON (what the `sweep` table stores)."""
+        # Sections added later are dumped only when set (SweepSpec's serializer): recorded
+        # sweeps keep their stored form.
         return canonical.dumps(self.spec.model_dump(mode="python", by_alias=True))
 
 
@@ -323,6 +325,8 @@ def _resolve_key(job: JobSpec) -> str:
         "method": job.method,
         "lora_given": "lora" in job.model_fields_set,
         "dataset": job.dataset.model_dump(mode="python"),
+        "datasets": [d.model_dump(mode="python") for d in job.datasets or []],
+        "val_set_size": job.training.val_set_size,
         "eval": job.eval.model_dump(mode="python"),
         "gpus": job.resources.gpus,
         "providers": job.resources.providers,

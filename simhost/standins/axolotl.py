@@ -28,7 +28,7 @@ import signal
 import time
 from pathlib import Path
 
-from . import landscape
+from . import datasets, landscape
 from .common import Host, SimError, container_to_host, say, write_atomic
 from .hf import safetensors_bytes, tokenizer_files, weight_files
 
@@ -61,13 +61,16 @@ def _scalar(text: str) -> Any:
 
 
 def parse_config(text: str) -> dict[str, Any]:
-    """The YAML subset the playbooks write (top-level scalars, lists of flat mappings)."""
+    """The YAML subset the playbooks write (top-level scalars, lists of mappings whose values
+    are scalars or one level of mapping: `message_property_mappings`)."""
     if text.lstrip().startswith("{"):
         data: dict[str, Any] = json.loads(text)
         return data
     result: dict[str, Any] = {}
     block: str | None = None
     item: dict[str, Any] | None = None
+    nested: dict[str, Any] | None = None
+    nested_at = 0
     for raw in text.splitlines():
         line = (
             re.sub(r"\s+#.*$", "", raw) if "#" in raw and not raw.lstrip().startswith("#") else raw
@@ -85,6 +88,7 @@ def parse_config(text: str) -> dict[str, Any]:
         if block is None:
             continue
         if stripped.startswith("- ") or stripped == "-":
+            nested = None
             body = stripped[2:].strip()
             if not isinstance(result.get(block), list):
                 result[block] = []
@@ -98,8 +102,12 @@ def parse_config(text: str) -> dict[str, Any]:
             continue
         pair = re.match(r"^([A-Za-z0-9_.\-]+):\s*(.*)$", stripped)
         if pair:
-            if item is not None:
-                item[pair.group(1)] = _scalar(pair.group(2))
+            if item is not None and nested is not None and indent > nested_at:
+                nested[pair.group(1)] = _scalar(pair.group(2))  # one level: a mapping key
+            elif item is not None:
+                nested = {} if not pair.group(2) else None
+                nested_at = indent
+                item[pair.group(1)] = nested if nested is not None else _scalar(pair.group(2))
             else:
                 if not isinstance(result.get(block), dict):
                     result[block] = {}
@@ -134,33 +142,22 @@ def _load(argv: list[str]) -> tuple[Path, dict[str, Any], list[str]]:
 
 
 def _memory(config: dict[str, Any]) -> dict[str, str]:
-    """What the fine-tuned model "learns": prompt -> answer from the training data."""
+    """What the fine-tuned model "learns": prompt -> answer from the training data
+    (`datasets.py`: files or downloaded folders, each format as axolotl reads it)."""
     memory: dict[str, str] = {}
-    for dataset in config.get("datasets") or []:
-        if not isinstance(dataset, dict) or not dataset.get("path"):
+    for entry in config.get("datasets") or []:
+        if not isinstance(entry, dict) or not entry.get("path"):
             continue
-        path = Path(container_to_host(str(dataset["path"])))
-        if not path.exists():
-            raise SimError(
-                f"FileNotFoundError: Unable to find '{dataset['path']}' (datasets[].path)", 1
-            )
-        kind = str(dataset.get("type", "alpaca"))
-        field = str(dataset.get("field_messages", "messages"))
-        for line in path.read_text().splitlines()[:100_000]:
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            if kind.startswith("chat_template"):
-                messages = row.get(field) or []
-                users = [m for m in messages if m.get("role") == "user"]
-                answers = [m for m in messages if m.get("role") == "assistant"]
-                if users and answers:
-                    memory[str(users[-1]["content"]).strip()] = str(answers[-1]["content"])
-            elif "instruction" in row and "output" in row:
-                prompt = str(row["instruction"]).strip()
-                if row.get("input"):
-                    memory[f"{prompt}\n{str(row['input']).strip()}"] = str(row["output"])
-                memory.setdefault(prompt, str(row["output"]))
+        for row in datasets.rows(entry):
+            firm, soft = datasets.learned(entry, row)
+            memory.update(firm)
+            for prompt, answer in soft.items():
+                memory.setdefault(prompt, answer)
+    # The eval datasets are loaded (and refused) too, but not learned.
+    for entry in config.get("test_datasets") or []:
+        if isinstance(entry, dict) and entry.get("path"):
+            for row in datasets.rows(entry):
+                datasets.learned(entry, row)
     return memory
 
 

@@ -256,6 +256,8 @@ def _download(host: Host, argv: list[str]) -> int:
     if os.environ.get("HF_HUB_ENABLE_HF_TRANSFER"):
         say("Warning: HF_HUB_ENABLE_HF_TRANSFER is deprecated and has no effect.", err=True)
     repo_type = str(flags.get("--repo-type") or flags.get("--type") or "model")
+    if repo_type == "dataset":
+        return _dataset(host, argv, repo, revision, flags, token, source)
     _check_access(host, repo, revision, repo_type, token)
     files = repo_files(host, repo)
     includes: list[str] = flags.get("--include", [])
@@ -342,6 +344,67 @@ def _download(host: Host, argv: list[str]) -> int:
     return 0
 
 
+# What a dataset downloaded without a Hub (no HF_ENDPOINT) holds: one JSON Lines file per
+# split, named as `datasets` finds splits in a folder (data/{split}-00000-of-00001.jsonl),
+# each row with the columns of every format orch renders (alpaca, chat messages in OpenAI and
+# ShareGPT form, raw text, segments), so a rehearsal on `sim` trains whatever format the job
+# names. Real datasets come from a Hub: with HF_ENDPOINT set the real client downloads them.
+SYNTHETIC_SPLITS = {"train": 16, "test": 4}
+
+
+def synthetic_rows(split: str, n: int) -> list[dict[str, Any]]:
+    """`n` rows of the synthetic dataset's `split`."""
+    rows = []
+    for i in range(n):
+        q, a = f"What is {i} + {i}? ({split})", str(2 * i)
+        rows.append({
+            "instruction": q, "input": "", "output": a, "text": f"{q} {a}",
+            "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}],
+            "conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}],
+            "segments": [{"label": False, "text": q + "\n"}, {"label": True, "text": a}],
+        })
+    return rows
+
+
+def _dataset(host: Host, argv: list[str], repo: str, revision: str, flags: dict[str, Any],
+             token: str | None, source: str | None) -> int:
+    """`hf download --repo-type dataset`: the real client when a Hub is named (HF_ENDPOINT:
+    the emulator in tests), else the synthetic dataset above."""
+    if os.environ.get("HF_ENDPOINT"):
+        code = _real_hf(["download", *_mapped(argv)])
+        host.event("hf-download", repo=repo, revision=revision, repo_type="dataset",
+                   token=source, real_client=True, ok=code == 0)
+        return code
+    _check_access(host, repo, revision, "dataset", token)
+    if "--local-dir" not in flags:
+        raise SimError("simhost: `hf download --repo-type dataset` is simulated with "
+                       "--local-dir only", 2)
+    target = host.writable(container_to_host(flags["--local-dir"]))
+    for split, n in SYNTHETIC_SPLITS.items():
+        dest = target / "data" / f"{split}-00000-of-00001.jsonl"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text("".join(json.dumps(r) + "\n" for r in synthetic_rows(split, n)))
+    host.event("hf-download", repo=repo, revision=revision, repo_type="dataset",
+               local_dir=str(target), token=source, real_client=False, ok=True)
+    say("✓ Downloaded", f"  path: {target}")
+    return 0
+
+
+def _mapped(argv: list[str]) -> list[str]:
+    """`argv` with the folders it names inside a container as the host's (`-v` mounts)."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name not in ("--local-dir", "--cache-dir"):
+            out.append(arg)
+        elif eq:
+            out.append(f"{name}={container_to_host(value)}")
+        else:
+            out += [arg, container_to_host(next(args, ""))]
+    return out
+
+
 def _verify(host: Host, argv: list[str]) -> int:
     positional, flags = _parse(
         argv, {"--local-dir", "--cache-dir", "--revision", "--repo-type", "--token"}, set()
@@ -415,13 +478,19 @@ def _upload(args: list[str]) -> int:
     """`hf upload`: the real client (huggingface_hub installed beside this interpreter, as
     in the test environment), on the host's files, against `HF_ENDPOINT`. Uploading is not
     simulated: the Hub (or its emulator) sees exactly what the real tool sends."""
-    real = Path(sys.executable).parent / "hf"
-    if not real.is_file():
-        raise SimError("simhost: `hf upload` runs the real huggingface_hub client, which is "
-                       f"not installed beside {sys.executable} (pip install huggingface_hub)",
-                       2)
     # Folders and files named inside a container go through its `-v` mounts.
     translated = [container_to_host(a) if a.startswith("/") else a for a in args]
+    return _real_hf(["upload", *translated])
+
+
+def _real_hf(argv: list[str]) -> int:
+    """The real huggingface_hub `hf` (installed beside this interpreter, as in the test
+    environment) with `argv`, against HF_ENDPOINT."""
+    real = Path(sys.executable).parent / "hf"
+    if not real.is_file():
+        raise SimError(f"simhost: `hf {argv[0]}` runs the real huggingface_hub client, which "
+                       f"is not installed beside {sys.executable} (pip install "
+                       "huggingface_hub)", 2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SIMHOST_")}
-    return subprocess.run([str(real), "upload", *translated], env=env, check=False).returncode
+    return subprocess.run([str(real), *argv], env=env, check=False).returncode
 

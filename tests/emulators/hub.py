@@ -6,6 +6,16 @@ read from its source (`_snapshot_download.py`, `file_download.py`, `hf_api.py`,
 
 - `GET /api/{models|datasets}/{repo}/revision/{rev}`: the repo's info, `sha` (the commit the
   revision points at) and `siblings` (its files). `snapshot_download` calls this first.
+  `GET /api/datasets/{repo}` (`HfApi.dataset_info` without a revision: the default branch)
+  answers the same; a dataset's info carries `cardData`, its README's YAML header, where
+  `dataset_info.splits` gives rows and bytes per split (hf_api.py `DatasetInfo`).
+- `GET /api/{models|datasets}/{repo}/tree/{rev}?recursive=True`: the files as
+  `list_repo_tree` reads them (`[{type: file|directory, path, size, oid}]`, hf_api.py
+  `RepoFile`/`RepoFolder`); `snapshot_download` lists the tree when an info has no siblings
+  (`siblings=False` repos), as for the Hub's very large repos (_snapshot_download.py).
+- `GET /size?dataset={repo}`: the dataset viewer's size answer (datasets-server.huggingface.co,
+  documented at https://huggingface.co/docs/dataset-viewer/size) for repos given
+  `viewer_size`; 404 with `{"error": ...}` for others.
 - `HEAD /{repo}/resolve/{rev}/{file}` (datasets under `/datasets/...`): the file's metadata
   (`X-Repo-Commit`, `ETag`, `Content-Length`); `GET` the same URL: its bytes, with `Range`
   honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`).
@@ -79,6 +89,9 @@ class Repo:
     private: bool = False
     owner: str | None = None  # the token that created it (may write)
     commits: int = 0
+    card_data: dict[str, object] | None = None  # the README's YAML header (`cardData`)
+    siblings: bool = True  # False: the info lists no files (clients list the tree)
+    viewer_size: dict[str, object] | None = None  # the dataset viewer's /size answer
 
     def hidden_from(self, token: str | None) -> bool:
         """A private repo is invisible to everyone but its readers."""
@@ -137,8 +150,11 @@ class HubEmulator(Served):
 
     def add_repo(self, repo_id: str, files: dict[str, bytes], *, repo_type: str = "model",
                  revisions: tuple[str, ...] = ("main",), gated: bool = False,
-                 accepted: tuple[str, ...] = (), private: bool = False) -> Repo:
-        repo = Repo(repo_id, repo_type, dict(files), revisions, gated, set(accepted), private)
+                 accepted: tuple[str, ...] = (), private: bool = False,
+                 card_data: dict[str, object] | None = None, siblings: bool = True,
+                 viewer_size: dict[str, object] | None = None) -> Repo:
+        repo = Repo(repo_id, repo_type, dict(files), revisions, gated, set(accepted), private,
+                    card_data=card_data, siblings=siblings, viewer_size=viewer_size)
         self.repos[(repo_type, repo_id)] = repo
         return repo
 
@@ -179,6 +195,8 @@ class HubEmulator(Served):
             return None
         if marker == "auth-check" and rest.endswith("/auth-check"):
             repo_id, sep, tail = rest[: -len("/auth-check")], "/", ""
+        elif marker == "":  # /api/datasets/{repo}: the info at the default branch
+            repo_id, sep, tail = rest, "/", "main"
         else:
             repo_id, sep, tail = rest.partition(f"/{marker}/")
         repo = self.repos.get((repo_type, repo_id)) if sep else None
@@ -198,13 +216,19 @@ class HubEmulator(Served):
         if path == "/api/whoami-v2":
             hubwrite.whoami(self, h, record, token, body)
             return
+        if path == "/size":
+            self._viewer_size(h, record, h.path, body)
+            return
         if path.startswith("/api/models/") or path.startswith("/api/datasets/"):
             _, _, kind, rest = path.split("/", 3)
-            check = rest.endswith("/auth-check")
-            found = self._find(h, record, kind[:-1], rest,
-                               "auth-check" if check else "revision", token, body)
-            if found is not None and check:
+            marker = ("auth-check" if rest.endswith("/auth-check") else "tree"
+                      if "/tree/" in rest else "revision" if "/revision/" in rest
+                      else "" if kind == "datasets" else "revision")
+            found = self._find(h, record, kind[:-1], rest, marker, token, body)
+            if found is not None and marker == "auth-check":
                 self._auth_check(h, record, found[0], token, body)
+            elif found is not None and marker == "tree":
+                self._tree(h, record, *found, body)
             elif found is not None:
                 self._info(h, record, *found, body)
             return
@@ -220,11 +244,53 @@ class HubEmulator(Served):
         if sha is None:
             self._error(h, record, 404, f"Invalid rev id: {revision}", "RevisionNotFound", body)
             return
-        info = {"_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
-                "private": repo.private, "gated": "manual" if repo.gated else False,
-                "disabled": False, "sha": sha,
-                "siblings": [{"rfilename": name} for name in sorted(repo.files)]}
+        info: dict[str, object] = {
+            "_id": hashlib.md5(repo.repo_id.encode()).hexdigest()[:24], "id": repo.repo_id,
+            "private": repo.private, "gated": "manual" if repo.gated else False,
+            "disabled": False, "sha": sha}
+        if repo.siblings:
+            info["siblings"] = [{"rfilename": name} for name in sorted(repo.files)]
+        if repo.card_data is not None:
+            info["cardData"] = repo.card_data
         self._json(h, record, info, body)
+
+    def _tree(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo, tail: str,
+              body: bool) -> None:
+        revision, _, folder = tail.partition("/")
+        if repo.commit(revision) is None:
+            self._error(h, record, 404, f"Invalid rev id: {revision}", "RevisionNotFound", body)
+            return
+        recursive = "recursive=true" in (urlsplit(h.path).query or "").lower()
+        prefix = f"{folder}/" if folder else ""
+        entries: dict[str, dict[str, object]] = {}
+        for name, content in sorted(repo.files.items()):
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix):]
+            if "/" in rest and not recursive:
+                sub = prefix + rest.split("/")[0]
+                entries[sub] = {"type": "directory", "path": sub, "size": 0, "oid": "0" * 40}
+                continue
+            for i in range(rest.count("/")):
+                sub = prefix + "/".join(rest.split("/")[: i + 1])
+                entries[sub] = {"type": "directory", "path": sub, "size": 0, "oid": "0" * 40}
+            entries[name] = {"type": "file", "path": name, "size": len(content),
+                             "oid": hashlib.sha1(content).hexdigest()}
+        self._json(h, record, list(entries.values()), body)
+
+    def _viewer_size(self, h: BaseHTTPRequestHandler, record: Recorded, raw: str,
+                     body: bool) -> None:
+        from urllib.parse import parse_qs
+
+        wanted = (parse_qs(urlsplit(raw).query).get("dataset") or [""])[0]
+        repo = self.repos.get(("dataset", wanted))
+        if repo is None or repo.viewer_size is None or repo.gated or repo.private:
+            self._error(h, record, 404, "The dataset does not exist, or is not accessible "
+                        "without authentication (private or gated). Please check the spelling "
+                        "of the dataset name or retry with authentication.",
+                        "DatasetNotFoundError", body)
+            return
+        self._json(h, record, repo.viewer_size, body)
 
     def _gate(self, h: BaseHTTPRequestHandler, record: Recorded, repo: Repo,
               token: str | None, body: bool) -> bool:
