@@ -25,7 +25,7 @@ dataset:
 resources:
   providers: [sim]
 """
-EVAL_SPLIT = "trainer: {extra: {val_set_size: 0.05, eval_steps: 10}}\n"
+EVAL_SPLIT = "trainer: {extra: {eval_steps: 10}}\n"
 
 
 @pytest.fixture
@@ -35,7 +35,8 @@ def folder(tmp_path: Path) -> Path:
     (jobs / "data" / "train.jsonl").write_text(
         json.dumps({"instruction": "say hi", "output": "hi"}) + "\n")
     (jobs / "base.yml").write_text(BASE)
-    (jobs / "split.yml").write_text(BASE + EVAL_SPLIT)
+    (jobs / "split.yml").write_text(BASE.replace("training:\n", "training:\n  val_set_size: 0.05\n")
+                                    + EVAL_SPLIT)
     return tmp_path
 
 
@@ -178,8 +179,8 @@ def test_early_stop_problems(folder: Path) -> None:
     path = write(folder, GRID + "    early_stop: {metric: train.eval_loss}\n")
     assert problems(path) == [
         f"{path}:8 early_stop.metric: train.eval_loss is reported only when the base job "
-        "holds out an eval split: add trainer: {extra: {val_set_size: 0.05, eval_steps: 10}} "
-        "to the base job file, or use metric: train.loss"]
+        "holds out an eval split: add training: {val_set_size: 0.05} and trainer: "
+        "{extra: {eval_steps: 10}} to the base job file, or use metric: train.loss"]
     split = write(folder, GRID.replace("jobs/base.yml", "jobs/split.yml")
                   + "    early_stop: {metric: train.eval_loss, min_fraction: 0.1}\n")
     loaded = load_sweep(split)

@@ -58,7 +58,7 @@ class EarlyStopSpec(Strict):
     metric: IntermediateMetric = Field(
         default="train.loss", examples=["train.eval_loss"],
         description="The metric a run reports while training: `train.loss`, or "
-                    "`train.eval_loss` (needs trainer.extra val_set_size and eval_steps).")
+                    "`train.eval_loss` (needs training.val_set_size and trainer.extra eval_steps).")
     goal: Literal["min", "max"] = Field(default="min", examples=["min"],
                                         description="`min` (losses) or `max`.")
     # 0.05 and eta 3 (rungs at 5, 15 and 45 % of a run): bench/search_offline.py's choice.

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.searchspec import Param, space_size
 
 if TYPE_CHECKING:
+    from orchestrator.core.spec import JobSpec
     from orchestrator.core.sweepmodel import Distribution, SweepSpec
 
 Loc = tuple[str | int, ...]
@@ -145,17 +146,20 @@ def search_problems(spec: SweepSpec) -> list[tuple[Loc, str]]:
     return out
 
 
-def early_stop_problems(spec: SweepSpec, extra: dict[str, Any]) -> list[tuple[Loc, str]]:
-    """What is wrong with `early_stop:` given the base job's `trainer.extra`."""
+def early_stop_problems(spec: SweepSpec, base: JobSpec) -> list[tuple[Loc, str]]:
+    """What is wrong with `early_stop:` given the base job (an eval loss needs an eval split:
+    `training.val_set_size` or a dataset's `validation_split`, and `trainer.extra.eval_steps`)."""
     stop = spec.early_stop
     if stop is None or stop.metric != "train.eval_loss":
         return []
-    size, every = extra.get("val_set_size"), extra.get("eval_steps")
-    if isinstance(size, int | float) and size > 0 and isinstance(every, int | float) and every > 0:
+    held_out = bool(base.training.val_set_size) or any(
+        d.validation_split for d in base.all_datasets)
+    every = base.trainer.extra.get("eval_steps")
+    if held_out and isinstance(every, int | float) and every > 0:
         return []
     return [(("early_stop", "metric"), "train.eval_loss is reported only when the base job "
-             "holds out an eval split: add trainer: {extra: {val_set_size: 0.05, eval_steps: "
-             "10}} to the base job file, or use metric: train.loss")]
+             "holds out an eval split: add training: {val_set_size: 0.05} and trainer: "
+             "{extra: {eval_steps: 10}} to the base job file, or use metric: train.loss")]
 
 
 def samples_word(n: int) -> str:

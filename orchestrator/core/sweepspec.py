@@ -268,7 +268,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
         problems.extend(_count_problems(spec, name, pos))
     if spec is not None and base_job is not None:
         problems.extend(problem(name, pos, loc, msg) for loc, msg
-                        in early_stop_problems(spec, base_job.spec.trainer.extra))
+                        in early_stop_problems(spec, base_job.spec))
     if problems or base_problems or spec is None or base_job is None or base_path is None:
         raise SpecError(ordered(problems) + base_problems)
     return _expand(spec, path, pos, base_job, base_path, candidates(spec),
