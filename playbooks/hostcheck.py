@@ -475,6 +475,17 @@ def _server(host: Host, path: str) -> str:
     return path
 
 
+class HostRejected(PlaybookFailed):
+    """The host failed its check (`report` says how): release it and place the job again."""
+
+    def __init__(self, report: HostReport) -> None:
+        failures = report.failures
+        first = next(iter(failures), Check.INVENTORY)
+        super().__init__(PLAYBOOK, first.value, "; ".join(
+            f"{check.value}: {why}" for check, why in failures.items()), Fault.PROVIDER)
+        self.report = report
+
+
 def run(host: Host, spec: HostCheckSpec, emit: Emit,
         check: Callable[[], None] | None = None) -> HostReport:
     """Run the check; the report says whether the host passed.

@@ -23,6 +23,7 @@ from playbooks import (
     deliver,
     evaluate,
     gpu,
+    hostcheck,
     images,
     merge,
     train,
@@ -38,6 +39,7 @@ from playbooks.base import (
     StepReport,
     run_playbook,
 )
+from playbooks.hostreport import HostReport
 from playbooks.model_cache import ModelCache
 from playbooks.vllm import DEFAULT_SERVING, Serving
 
@@ -73,6 +75,10 @@ class PipelineJob:
     hf_token: str | None = field(default=None, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
+    # The pre-flight check of a fresh rental, before anything is downloaded or pulled (None:
+    # none, e.g. a machine taken warm or a takeover). A rental that fails it is rejected
+    # (`hostcheck.HostRejected`); a kept server's result is only reported (`kept_on`).
+    host_check: hostcheck.HostCheckSpec | None = None
 
 
 @dataclass
@@ -84,6 +90,7 @@ class PipelineResult:
     train_status: train.TrainStatus
     resumed: train.ResumeInfo | None = None
     reports: list[StepReport] = field(default_factory=list)
+    host_report: HostReport | None = None
 
 
 def model_cache(job: PipelineJob, runner: train.Runner, paths: HostPaths) -> ModelCache:
@@ -175,6 +182,7 @@ class PipelineRun:
     resume: bool = False  # a later attempt: resume training from the newest checkpoint
     train_seconds: float = 0.0  # of a training already done (`done`), else measured
     cache: ModelCache | None = None
+    host_report: HostReport | None = None
     runner: train.Runner = "docker"
     tj: train.TrainJob | None = None
     status: train.TrainStatus | None = None
@@ -221,6 +229,9 @@ class Hooks:
 
     def phase_done(self, phase: str, **fields: object) -> None:
         """A durable phase completed (persist it, with `fields`)."""
+
+    def host_checked(self, run: PipelineRun, report: HostReport) -> None:
+        """The host check measured the host (before `HostRejected` when it failed)."""
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         """The prepare phase failed (the error is raised after this)."""
@@ -271,8 +282,20 @@ class Hooks:
         return True
 
 
+def _check_host(run: PipelineRun, hooks: Hooks) -> None:
+    """The pre-flight check (`PipelineJob.host_check`): first, before any download or pull."""
+    spec = run.job.host_check
+    if spec is None or run.host_report is not None:
+        return
+    run.host_report = report = hostcheck.run(run.host, spec, hooks.emit, hooks.check_stop)
+    hooks.host_checked(run, report)
+    if not report.passed and run.job.kept_on is None:
+        raise hostcheck.HostRejected(report)
+
+
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     hooks.status("preparing", "GPU check, Container Toolkit, base model to NVMe")
+    _check_host(run, hooks)
     try:
         run.cache, run.runner = prepare(run.host, run.job, hooks.emit, hooks.check_stop)
     except PlaybookFailed as exc:
@@ -438,7 +461,8 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
 
     run = run_phases(PipelineRun(host, job), SimpleHooks(record, on_progress))
     assert run.status is not None
-    return PipelineResult(run.metrics, run.fetched, run.status, run.resumed, reports)
+    return PipelineResult(run.metrics, run.fetched, run.status, run.resumed, reports,
+                          run.host_report)
 
 
 def _read_rows(path: str) -> list[dict[str, object]]:

@@ -20,6 +20,7 @@ from playbooks.base import Fault, Host, HostPaths, PlaybookFailed, StepFailed
 from playbooks.gpu import GpuExpectation
 from playbooks.hostcheck import HostCheck, HostCheckSpec, dd_rate
 from playbooks.hostreport import Check, HostReport, Thresholds, Verdict, thresholds
+from playbooks.pipeline import run_pipeline
 from simhost import SimHost
 
 RENTAL = "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"
@@ -295,3 +296,50 @@ def test_the_hub_floor_is_vasts_verification_floor(vram_mib: int, mbit: float) -
     # vast-cli 1.9.1 vastai/cli/util.py required_inet_mbps: min(500, max(100, 500*GiB/192)).
     floor = thresholds().hub.min_bytes_per_s(vram_mib)
     assert floor * 8 / 1e6 == pytest.approx(mbit, abs=0.1)
+
+
+# --- in the pipeline: first, before the model download and the image's heavy work ----------
+
+
+def test_a_rejected_rental_never_downloads_the_model(playbook_host: PlaybookHostFactory,
+                                                     reports: Reports, tmp_path: Path) -> None:
+    from test_pipeline import make_job
+
+    sim, host = rental(playbook_host, disk_write_bytes_per_second=40e6)
+    job = replace(make_job(tmp_path, "lora"), host_check=spec())
+    with pytest.raises(hostcheck.HostRejected) as info:
+        run_pipeline(host, job, reports)
+    assert info.value.fault is Fault.PROVIDER and info.value.step == "disk"
+    assert info.value.report.failures == {Check.DISK: "writes at 40 MB/s, under 125 MB/s"}
+    assert {r.playbook for r in reports.items} == {"hostcheck"}  # nothing else ran
+    assert not sim.events("hf-download") and not sim.path("/mnt/nvme/orch/models").exists()
+
+
+def test_a_checked_rental_runs_the_job_and_a_kept_server_is_only_reported(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    from test_pipeline import make_job
+
+    _, host = rental(playbook_host, train_steps=2, train_step_seconds=0.05,
+                     vllm_startup_seconds=0.2)
+    job = replace(make_job(tmp_path, "lora"), host_check=spec(), eval_set=None)
+    result = run_pipeline(host, job, reports)
+    assert result.host_report is not None and result.host_report.passed
+    assert result.train_status.state.value == "succeeded"
+    assert reports.items[0].playbook == "hostcheck"
+    playbooks = [r.playbook for r in reports.items]
+    assert playbooks.index("model_cache") > max(i for i, p in enumerate(playbooks)
+                                                if p == "hostcheck")
+
+    # A registered server with a slow disk: the result is the user's to act on, not a reason
+    # to refuse the job (the disk is slow, not broken).
+    reports.clear()
+    # (A small model: at 40 MB/s the simulated download of 2.5 GB would take a minute.)
+    _, server = rental(playbook_host, train_steps=2, train_step_seconds=0.05,
+                       disk_write_bytes_per_second=40e6, model_size_bytes=200_000_000)
+    (tmp_path / "kept").mkdir()
+    kept = replace(make_job(tmp_path / "kept", "lora"), host_check=spec(), eval_set=None,
+                   kept_on="box1")
+    result = run_pipeline(server, kept, reports)
+    assert result.host_report is not None and not result.host_report.passed
+    assert list(result.host_report.failures) == [Check.DISK]
+    assert result.train_status.state.value == "succeeded"
