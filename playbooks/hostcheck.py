@@ -95,7 +95,7 @@ class HostCheckSpec:
 
 # The disk test: positional parameters only (directory, file, MiB, seconds, model dir). The
 # file is removed before and, by the trap, after; `timeout -s INT` lets dd print what it did.
-_DISK_SCRIPT = r"""
+DISK_SCRIPT = r"""
 d=$1; f=$1/$2; n=$3; t=$4; m=$5
 mkdir -p "$d" || exit 3
 rm -f "$f"
@@ -114,7 +114,7 @@ echo "--rc $?"
 # The Hub test: URL, seconds, range end ('' for none), output. The token, when the sourced
 # env file has one, goes to curl on its standard input (`-H @-`), never on a command line;
 # curl does not send it on to the CDN the Hub redirects to (another host).
-_HUB_SCRIPT = r"""
+HUB_SCRIPT = r"""
 u=$1; t=$2; r=$3; o=$4
 w='\n--orch-curl %{http_code} %{size_download} %{time_total}\n'
 set -- -sS -L -o "$o" --max-time "$t" -w "$w"
@@ -128,7 +128,7 @@ fi
 
 # The probe's wrapper: kill a probe a killed run left (pid file + its argv's marker), run
 # this one, keep its pid until it ends. Arguments: pid file, then the probe's argv.
-_PROBE_SCRIPT = r"""
+PROBE_SCRIPT = r"""
 f=$1; shift
 mkdir -p "$(dirname "$f")"
 if [ -s "$f" ]; then
@@ -151,7 +151,7 @@ exit $rc
 """
 
 _DD_STATS = re.compile(r"^(\d+) bytes? .*copied, ([0-9.eE+-]+) s,", re.M)
-_CURL_STATS = re.compile(r"^--orch-curl (\d+) (\d+) ([0-9.]+)\s*$", re.M)
+CURL_STATS = re.compile(r"^--orch-curl (\d+) (\d+) ([0-9.]+)\s*$", re.M)
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -267,13 +267,14 @@ class HostCheck:
         lim = self.spec.limits.disk
         base = self.base(host)
         model_dir = Layout(base).model_dir(self.spec.repo, self.spec.revision)
-        result = host.run(["sh", "-c", _DISK_SCRIPT, "sh", base, self.test_file,
+        result = host.run(["sh", "-c", DISK_SCRIPT, "sh", base, self.test_file,
                            str(lim.test_mib), f"{lim.timeout_s:g}", model_dir],
                           timeout=2 * lim.timeout_s + 30)
-        return self._record(Check.DISK, self._judge_disk(result, _server(host, base),
+        return self._record(Check.DISK, self.judge_disk(result, _server(host, base),
                                                          self._since(started)))
 
-    def _judge_disk(self, result: ssh.Result, where: str, seconds: float) -> DiskResult:
+    def judge_disk(self, result: ssh.Result, where: str, seconds: float) -> DiskResult:
+        """The disk result from DISK_SCRIPT's output (`where`: the server path measured)."""
         lim, spec = self.spec.limits.disk, self.spec
         text = result.stdout
         free = _field(text, "free")
@@ -334,10 +335,10 @@ class HostCheck:
     def _curl(self, host: Host, url: str, env_file: str | None, span: int | None,
               output: str) -> tuple[ssh.Result, tuple[int, int, float] | None]:
         lim = self.spec.limits.hub
-        result = host.run(["sh", "-c", _HUB_SCRIPT, "sh", url, f"{lim.timeout_s:g}",
+        result = host.run(["sh", "-c", HUB_SCRIPT, "sh", url, f"{lim.timeout_s:g}",
                            "" if span is None else str(span - 1), output],
                           timeout=lim.timeout_s + 30, env_file=env_file)
-        found = _CURL_STATS.findall(result.stdout)
+        found = CURL_STATS.findall(result.stdout)
         stats = (int(found[-1][0]), int(found[-1][1]), float(found[-1][2])) if found else None
         return result, stats
 
@@ -399,10 +400,10 @@ class HostCheck:
             result = ran
         else:
             native = train.NativeEnv.mapped(host.paths)
-            result = host.run(native.wrap(["sh", "-c", _PROBE_SCRIPT, "orch-hostcheck",
+            result = host.run(native.wrap(["sh", "-c", PROBE_SCRIPT, "orch-hostcheck",
                                            self.pid_file(host), *probe]),
                               timeout=lim.timeout_s + 30)
-        return self._record(Check.MATMUL, self._judge_matmul(result, self._since(started)))
+        return self._record(Check.MATMUL, self.judge_matmul(result, self._since(started)))
 
     def pid_file(self, host: Host) -> str:
         """Where a running probe's pid is kept (a container rental's), in orch's directory."""
@@ -425,7 +426,8 @@ class HostCheck:
                                 f"probe: {last_line(result.stderr)}")
         return result
 
-    def _judge_matmul(self, result: ssh.Result, seconds: float) -> MatmulResult:
+    def judge_matmul(self, result: ssh.Result, seconds: float) -> MatmulResult:
+        """The matmul result from the probe's output (its last JSON line) and exit status."""
         lim, spec = self.spec.limits.matmul, self.spec
         rated = spec.rated_tflops
         base = MatmulResult(verdict=Verdict.FAIL, seconds=seconds, rated_tflops=rated,
@@ -456,7 +458,7 @@ class HostCheck:
 
 
 def _field(text: str, name: str) -> int | None:
-    found = re.search(rf"^{name} (\d+)\s*$", text, re.M)
+    found = re.search(rf"^{name}\s+(\d+)\s*$", text, re.M)
     return int(found.group(1)) if found else None
 
 

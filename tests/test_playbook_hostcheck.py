@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
-from playbooks import hostcheck, secrets
+from playbooks import hostcheck, secrets, ssh
 from playbooks.base import Fault, Host, HostPaths, PlaybookFailed, StepFailed
 from playbooks.gpu import GpuExpectation
 from playbooks.hostcheck import HostCheck, HostCheckSpec, dd_rate
@@ -343,3 +343,58 @@ def test_a_checked_rental_runs_the_job_and_a_kept_server_is_only_reported(
     assert result.host_report is not None and not result.host_report.passed
     assert list(result.host_report.failures) == [Check.DISK]
     assert result.train_status.state.value == "succeeded"
+
+
+# --- the remote scripts with this machine's real tools ---------------------------------------
+# The stand-ins reproduce GNU dd's and curl's output; these run the scripts with the real
+# coreutils and curl, so the parsing is checked against the tools themselves.
+
+
+def local(argv: list[str], env: dict[str, str] | None = None,
+          stdin: str | None = None) -> ssh.Result:
+    started = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, input=stdin,
+                          timeout=120)
+    return ssh.Result(tuple(argv), " ".join(argv), done.returncode, done.stdout, done.stderr,
+                      time.monotonic() - started)
+
+
+def test_the_disk_test_reads_real_df_du_and_dd(tmp_path: Path) -> None:
+    base = tmp_path / "orch"
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "w.bin").write_bytes(b"\0" * 300_000)
+    result = local(["sh", "-c", hostcheck.DISK_SCRIPT, "sh", str(base), "t.tmp", "8", "30",
+                    str(tmp_path / "model")])
+    disk = HostCheck(spec(disk_need_bytes=10**6)).judge_disk(result, str(base), 0.1)
+    assert disk.free_bytes > 0 and disk.need_bytes < 10**6  # the cached bytes count
+    assert disk.write_bytes_per_s is not None and disk.write_bytes_per_s > 0
+    # Direct reads need O_DIRECT: measured where the filesystem has it, else said so.
+    assert disk.read_bytes_per_s is not None or "read not measured" in disk.reason
+    assert list(base.iterdir()) == []  # the test file is gone
+
+
+def test_dd_interrupted_by_timeout_still_reports_what_it_did() -> None:
+    # `timeout -s INT` (the disk test's bound): dd prints its statistics on SIGINT.
+    result = local(["sh", "-c", "LC_ALL=C timeout -s INT 0.3 dd if=/dev/zero of=/dev/null "
+                    "bs=1M 2>&1; echo \"--rc $?\""])
+    found = dd_rate(result.stdout)
+    assert found is not None and found[0] > 0 and "--rc 124" in result.stdout
+
+
+def test_the_hub_test_sends_the_token_by_stdin_with_real_curl(session_hub: Any) -> None:
+    session_hub.add_repo("acme/curl-hostcheck", {"model.safetensors": os.urandom(2**20)},
+                         gated=True, accepted=(TOKEN,))
+    try:
+        url = f"{session_hub.url}/acme/curl-hostcheck/resolve/main/model.safetensors"
+        argv = ["sh", "-c", hostcheck.HUB_SCRIPT, "sh", url, "30", str(2**19 - 1), "/dev/null"]
+        result = local(argv, env={"PATH": os.environ["PATH"], "HF_TOKEN": TOKEN})
+        stats = hostcheck.CURL_STATS.findall(result.stdout)
+        assert stats and stats[-1][:2] == ("206", str(2**19)), result.stdout + result.stderr
+        assert TOKEN not in " ".join(argv)
+        refused = local(argv, env={"PATH": os.environ["PATH"]})  # no token: the gate's 401
+        assert hostcheck.CURL_STATS.findall(refused.stdout)[-1][0] == "401"
+        asked = [(r.authorized, r.status) for r in session_hub.requests
+                 if r.path.startswith("/acme/curl-hostcheck/")]
+        assert asked == [(True, 206), (False, 401)]
+    finally:
+        session_hub.repos.pop(("model", "acme/curl-hostcheck"), None)
