@@ -398,3 +398,14 @@ def test_the_hub_test_sends_the_token_by_stdin_with_real_curl(session_hub: Any) 
         assert asked == [(True, 206), (False, 401)]
     finally:
         session_hub.repos.pop(("model", "acme/curl-hostcheck"), None)
+
+
+def test_a_padded_free_space_is_read() -> None:
+    # df right-aligns `--output=avail` under its header: a value narrower than "Avail" comes
+    # with spaces before it.
+    stats = "1+0 records in\n1+0 records out\n1048576 bytes (1.0 MB, 1.0 MiB) copied, 0.001 s,"
+    out = f"free  9000\ncached 0\n--write\n{stats} 1 GB/s\n--rc 0\n--read\n{stats} 1 GB/s\n--rc 0\n"
+    disk = HostCheck(spec(disk_need_bytes=10**6)).judge_disk(
+        local(["printf", "%s", out]), "/mnt", 0.0)
+    assert disk.free_bytes == 9000 and disk.verdict is Verdict.FAIL
+    assert "GB free, the job needs" in disk.reason
