@@ -229,9 +229,13 @@ class HostCheck:
 
     def _driver(self, host: Host) -> bool:
         started = time.monotonic()
-        gpus = self._gpus or gpu.check_gpus(host)
+        try:
+            gpus = self._gpus or gpu.check_gpus(host)
+            cuda = gpu.driver_cuda(host)
+        except StepFailed as exc:  # nvidia-smi without a CUDA version: a broken driver
+            return self._record(Check.DRIVER, DriverResult(
+                verdict=Verdict.FAIL, reason=str(exc), seconds=self._since(started)))
         driver = gpus[0].driver_version
-        cuda = gpu.driver_cuda(host)
         need = images.min_cuda(self.spec.trainer_image)
         floor = self.spec.limits.driver.min_driver.get(need)
         problems = []
@@ -265,7 +269,11 @@ class HostCheck:
     def _disk(self, host: Host) -> bool:
         started = time.monotonic()
         lim = self.spec.limits.disk
-        base = self.base(host)
+        try:
+            base = self.base(host)
+        except StepFailed as exc:  # no disk for the model cache at all
+            return self._record(Check.DISK, DiskResult(
+                verdict=Verdict.FAIL, reason=str(exc), seconds=self._since(started)))
         model_dir = Layout(base).model_dir(self.spec.repo, self.spec.revision)
         result = host.run(["sh", "-c", DISK_SCRIPT, "sh", base, self.test_file,
                            str(lim.test_mib), f"{lim.timeout_s:g}", model_dir],

@@ -409,3 +409,12 @@ def test_a_padded_free_space_is_read() -> None:
         local(["printf", "%s", out]), "/mnt", 0.0)
     assert disk.free_bytes == 9000 and disk.verdict is Verdict.FAIL
     assert "GB free, the job needs" in disk.reason
+
+
+def test_a_host_without_a_disk_for_the_model_fails_the_disk_check(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # No NVMe and none of the usual mounts: a verdict on the host, not an error of the check.
+    _, host = playbook_host(nvme_mount=None)
+    report = hostcheck.run(host, spec(), reports)
+    assert list(report.failures) == [Check.DISK]
+    assert "no NVMe filesystem is mounted" in report.failures[Check.DISK]
