@@ -94,7 +94,8 @@ class HostCheckSpec:
 
 
 # The disk test: positional parameters only (directory, file, MiB, seconds, model dir). The
-# file is removed before and, by the trap, after; `timeout -s INT` lets dd print what it did.
+# file is removed before and, by the trap, after; `timeout -s INT` lets dd print what it did;
+# the read runs only when the write passed.
 DISK_SCRIPT = r"""
 d=$1; f=$1/$2; n=$3; t=$4; m=$5
 mkdir -p "$d" || exit 3
@@ -105,7 +106,9 @@ echo "free $(df -B1 --output=avail "$d" | tail -n 1)"
 if [ -d "$m" ]; then echo "cached $(du -s -B1 "$m" 2>/dev/null | cut -f1)"; else echo "cached 0"; fi
 echo "--write"
 LC_ALL=C timeout -s INT "$t" dd if=/dev/zero of="$f" bs=1M count="$n" conv=fdatasync 2>&1
-echo "--rc $?"
+rc=$?
+echo "--rc $rc"
+[ "$rc" -eq 0 ] || exit 0
 echo "--read"
 LC_ALL=C timeout -s INT "$t" dd if="$f" of=/dev/null bs=1M iflag=direct 2>&1
 echo "--rc $?"
@@ -275,11 +278,16 @@ class HostCheck:
             return self._record(Check.DISK, DiskResult(
                 verdict=Verdict.FAIL, reason=str(exc), seconds=self._since(started)))
         model_dir = Layout(base).model_dir(self.spec.repo, self.spec.revision)
+        bound = round(lim.bound_s(self._disk_floor), 1)
         result = host.run(["sh", "-c", DISK_SCRIPT, "sh", base, self.test_file,
-                           str(lim.test_mib), f"{lim.timeout_s:g}", model_dir],
-                          timeout=2 * lim.timeout_s + 30)
+                           str(lim.test_mib), f"{bound:g}", model_dir],
+                          timeout=2 * bound + 30)
         return self._record(Check.DISK, self.judge_disk(result, _server(host, base),
                                                          self._since(started)))
+
+    @property
+    def _disk_floor(self) -> float:
+        return self.spec.pull_bytes_per_s * self.spec.limits.disk.min_fraction_of_pull
 
     def judge_disk(self, result: ssh.Result, where: str, seconds: float) -> DiskResult:
         """The disk result from DISK_SCRIPT's output (`where`: the server path measured)."""
@@ -288,7 +296,8 @@ class HostCheck:
         free = _field(text, "free")
         cached = _field(text, "cached") or 0
         need = max(0, spec.disk_need_bytes - cached)
-        floor = spec.pull_bytes_per_s * lim.min_fraction_of_pull
+        floor = self._disk_floor
+        bound = round(lim.bound_s(floor), 1)  # as the script was given it
         write, write_rc = _section(text, "--write")
         read, read_rc = _section(text, "--read")
         wrote, got = dd_rate(write), dd_rate(read)
@@ -300,14 +309,15 @@ class HostCheck:
         elif free < need:
             problems.append(f"{gb(free)} free, the job needs {gb(need)}")
         if write_rc == 124:
-            problems.append(f"writing {lim.test_mib} MiB took over {lim.timeout_s:g} s (under "
-                            f"{lim.test_mib * 2**20 / lim.timeout_s / 1e6:.0f} MB/s)")
+            problems.append(f"writing {lim.test_mib} MiB took over {bound:.1f} s (under "
+                            f"{lim.test_mib * 2**20 / bound / 1e6:.0f} MB/s)")
         elif write_rc != 0 or write_bps is None:
             problems.append(f"the write test failed: {last_line(write)}")
         elif write_bps < floor:
             problems.append(f"writes at {write_bps / 1e6:.0f} MB/s, under {floor / 1e6:.0f} MB/s")
         if read_rc == 124:
-            problems.append(f"reading {lim.test_mib} MiB took over {lim.timeout_s:g} s")
+            problems.append(f"reading {lim.test_mib} MiB took over {bound:.1f} s (under "
+                            f"{lim.test_mib * 2**20 / bound / 1e6:.0f} MB/s)")
         elif read_bps is not None and read_bps < floor:
             problems.append(f"reads at {read_bps / 1e6:.0f} MB/s, under {floor / 1e6:.0f} MB/s")
         reason = "; ".join(problems)
@@ -341,11 +351,10 @@ class HostCheck:
         return f"{endpoint}/{self.spec.repo}/resolve/{self.spec.revision}/{name}"
 
     def _curl(self, host: Host, url: str, env_file: str | None, span: int | None,
-              output: str) -> tuple[ssh.Result, tuple[int, int, float] | None]:
-        lim = self.spec.limits.hub
-        result = host.run(["sh", "-c", HUB_SCRIPT, "sh", url, f"{lim.timeout_s:g}",
+              output: str, bound: float) -> tuple[ssh.Result, tuple[int, int, float] | None]:
+        result = host.run(["sh", "-c", HUB_SCRIPT, "sh", url, f"{round(bound, 1):g}",
                            "" if span is None else str(span - 1), output],
-                          timeout=lim.timeout_s + 30, env_file=env_file)
+                          timeout=bound + 30, env_file=env_file)
         found = CURL_STATS.findall(result.stdout)
         stats = (int(found[-1][0]), int(found[-1][1]), float(found[-1][2])) if found else None
         return result, stats
@@ -355,7 +364,7 @@ class HostCheck:
         if self.spec.hub_file:
             return self.spec.hub_file
         result, stats = self._curl(host, self._url("model.safetensors.index.json"), env_file,
-                                   None, "-")
+                                   None, "-", self.spec.limits.hub.timeout_s)
         if stats is not None and stats[0] == 200:
             body = result.stdout.rpartition("\n--orch-curl")[0]
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):
@@ -370,7 +379,8 @@ class HostCheck:
             self.spec.gpu.count * (self.spec.gpu.min_memory_mib or 0))
         floor = lim.min_bytes_per_s(vram)
         url = self._url(self._file(host, env_file))
-        result, stats = self._curl(host, url, env_file, lim.range_mib * 2**20, "/dev/null")
+        result, stats = self._curl(host, url, env_file, lim.range_mib * 2**20, "/dev/null",
+                                   lim.bound_s(floor))
         base = HubResult(verdict=Verdict.UNKNOWN, url=url, min_bytes_per_s=floor)
         if stats is None or stats[0] == 0:
             return base.model_copy(update={

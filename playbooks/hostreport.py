@@ -158,14 +158,21 @@ class DiskThresholds(_Model):
     """The dd test's size and bound, and the speed floor as a fraction of the planned pull."""
 
     test_mib: int = Field(gt=0)
+    slack: float = Field(ge=1)
     timeout_s: float = Field(gt=0)
     min_fraction_of_pull: float = Field(gt=0)
+
+    def bound_s(self, floor_bytes_per_s: float) -> float:
+        """How long each dd may run: `slack` x what the floor allows, at most timeout_s."""
+        return min(self.timeout_s, self.test_mib * 2**20 / floor_bytes_per_s * self.slack)
 
 
 class HubThresholds(_Model):
     """The ranged GET's size and bound, and Vast.ai's VRAM-scaled download floor."""
 
     range_mib: int = Field(gt=0)
+    setup_s: float = Field(ge=0)
+    slack: float = Field(ge=1)
     timeout_s: float = Field(gt=0)
     min_mbit_s: float = Field(gt=0)
     max_mbit_s: float = Field(gt=0)
@@ -176,6 +183,12 @@ class HubThresholds(_Model):
         mbit = min(self.max_mbit_s, max(self.min_mbit_s,
                                         self.mbit_s_per_vram_gib * total_vram_mib / 1024))
         return mbit * 1e6 / 8
+
+    def bound_s(self, floor_bytes_per_s: float) -> float:
+        """How long the ranged GET may run: setup + `slack` x what the floor allows, at most
+        timeout_s."""
+        return min(self.timeout_s,
+                   self.setup_s + self.range_mib * 2**20 / floor_bytes_per_s * self.slack)
 
 
 class Thresholds(_Model):

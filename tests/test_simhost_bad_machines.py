@@ -78,3 +78,16 @@ def test_dd_stops_at_a_full_disk(playbook_host: PlaybookHostFactory) -> None:
     assert result.exit_code == 1
     assert f"dd: error writing '{target}': No space left on device" in result.stderr
     assert "3145728 bytes (3.1 MB, 3.0 MiB) copied" in result.stderr
+
+
+def test_dd_cut_short_by_sigint_reports_what_it_did(playbook_host: PlaybookHostFactory) -> None:
+    # As GNU dd does on SIGINT (the host check bounds it with `timeout -s INT`).
+    sim, host = playbook_host(disk_write_bytes_per_second=20e6)
+    target = sim.path("/mnt/nvme/t")
+    result = host.run(["timeout", "-s", "INT", "0.5", "dd", "if=/dev/zero", f"of={target}",
+                       "bs=1M", "count=100", "conv=fdatasync"], timeout=30)
+    assert result.exit_code == 124
+    found = re.search(r"^(\d+) bytes .* copied", result.stderr, re.M)
+    assert found is not None, result.stderr
+    done = int(found.group(1))
+    assert 0 < done < 100 * 2**20 and target.stat().st_size == done

@@ -5,7 +5,8 @@ flushed before dd reports (`if=/dev/zero of=FILE bs=1M count=N conv=fdatasync`) 
 that file that bypasses the page cache (`if=FILE of=/dev/null bs=1M iflag=direct`). The file
 is written sparse (its size counts as used in `df`, as the real bytes would) and the command
 takes `bytes / disk_*_bytes_per_second` seconds; the report on stderr is GNU coreutils dd's
-(src/dd.c `print_xfer_stats`: "%jd bytes (%s, %s) copied, %s, %s", the time as "%g s").
+(src/dd.c `print_xfer_stats`: "%jd bytes (%s, %s) copied, %s, %s", the time as "%g s"), also
+when SIGINT cuts it short (`timeout -s INT`), with what was done by then.
 A write larger than the free space stops at it with dd's "No space left on device". Operands
 dd does not know fail as dd fails them ("unrecognized operand", exit 1); the ones orch never
 uses are not simulated (exit 2, so a playbook that starts using one fails in the tests).
@@ -46,6 +47,24 @@ def _human(n: float, base: int, units: tuple[str, ...]) -> str:
     return f"{value:.0f} {unit}" if value >= 10 or unit == units[0] else f"{value:.1f} {unit}"
 
 
+def _run(block: int, size: int, speed: float, target: Path | None = None) -> int:
+    """Take `size / speed` seconds, then report; interrupted (SIGINT: `timeout -s INT`),
+    report what was done by then and end by the signal, as GNU dd does. The bytes done."""
+    started = time.monotonic()
+    try:
+        time.sleep(size / speed)
+    except KeyboardInterrupt:
+        elapsed = time.monotonic() - started
+        done = min(size, int(speed * elapsed))
+        if target is not None:
+            with open(target, "r+b") as handle:
+                handle.truncate(done)
+        _report(-(-done // block), done, elapsed)
+        raise
+    _report(-(-size // block), size, size / speed)
+    return size
+
+
 def _report(records: int, done: int, seconds: float) -> None:
     si = _human(done, 1000, ("B", "kB", "MB", "GB", "TB"))
     iec = _human(done, 1024, ("B", "KiB", "MiB", "GiB", "TiB"))
@@ -84,9 +103,7 @@ def dd(host: Host, argv: list[str]) -> int:
         speed = float(opts.get("disk_write_bytes_per_second") or DEFAULT_WRITE_BPS)
         with open(target, "wb") as handle:  # sparse: no real bytes on this machine's disk
             handle.truncate(done)
-        seconds = done / speed
-        time.sleep(seconds)
-        _report(done // block, done, seconds)
+        _run(block, done, speed, target)
         if done < want:
             raise SimError(f"dd: error writing '{ops['of']}': No space left on device", 1)
         return 0
@@ -97,10 +114,7 @@ def dd(host: Host, argv: list[str]) -> int:
         size = source.stat().st_size
         if "count" in ops:
             size = min(size, block * _bytes(ops["count"]))
-        speed = float(opts.get("disk_read_bytes_per_second") or DEFAULT_READ_BPS)
-        seconds = size / speed
-        time.sleep(seconds)
-        _report(-(-size // block), size, seconds)
+        _run(block, size, float(opts.get("disk_read_bytes_per_second") or DEFAULT_READ_BPS))
         return 0
     raise SimError("simhost: only `dd if=/dev/zero of=FILE count=N` and `dd if=FILE "
                    "of=/dev/null` are simulated", 2)
