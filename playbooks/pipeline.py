@@ -24,6 +24,7 @@ from playbooks import (
     deliver,
     evaluate,
     gpu,
+    hostcheck,
     images,
     merge,
     train,
@@ -39,6 +40,7 @@ from playbooks.base import (
     StepReport,
     run_playbook,
 )
+from playbooks.hostreport import HostReport
 from playbooks.model_cache import ModelCache
 from playbooks.vllm import DEFAULT_SERVING, Serving
 
@@ -78,6 +80,10 @@ class PipelineJob:
     trainer_env: Mapping[str, str] = field(default_factory=dict, repr=False)
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
+    # The pre-flight check of a fresh rental, before anything is downloaded or pulled (None:
+    # none, e.g. a machine taken warm or a takeover). A rental that fails it is rejected
+    # (`hostcheck.HostRejected`); a kept server's result is only reported (`kept_on`).
+    host_check: hostcheck.HostCheckSpec | None = None
 
 
 @dataclass
@@ -89,6 +95,7 @@ class PipelineResult:
     train_status: train.TrainStatus
     resumed: train.ResumeInfo | None = None
     reports: list[StepReport] = field(default_factory=list)
+    host_report: HostReport | None = None
 
 
 def model_cache(job: PipelineJob, runner: train.Runner, paths: HostPaths) -> ModelCache:
@@ -194,6 +201,7 @@ class PipelineRun:
     resume: bool = False  # a later attempt: resume training from the newest checkpoint
     train_seconds: float = 0.0  # of a training already done (`done`), else measured
     cache: ModelCache | None = None
+    host_report: HostReport | None = None
     runner: train.Runner = "docker"
     tj: train.TrainJob | None = None
     status: train.TrainStatus | None = None
@@ -242,6 +250,9 @@ class Hooks:
 
     def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
         """A durable phase completed (persist it; `artifacts`: with where they went)."""
+
+    def host_checked(self, run: PipelineRun, report: HostReport) -> None:
+        """The host check measured the host (before `HostRejected` when it failed)."""
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         """The prepare phase failed (the error is raised after this)."""
@@ -292,8 +303,20 @@ class Hooks:
         return True
 
 
+def _check_host(run: PipelineRun, hooks: Hooks) -> None:
+    """The pre-flight check (`PipelineJob.host_check`): first, before any download or pull."""
+    spec = run.job.host_check
+    if spec is None or run.host_report is not None:
+        return
+    run.host_report = report = hostcheck.run(run.host, spec, hooks.emit, hooks.check_stop)
+    hooks.host_checked(run, report)
+    if not report.passed and run.job.kept_on is None:
+        raise hostcheck.HostRejected(report)
+
+
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     hooks.status(P.PREPARING, "GPU check, Container Toolkit, base model to NVMe")
+    _check_host(run, hooks)
     try:
         run.cache, run.runner = prepare(run.host, run.job, hooks.emit, hooks.check_stop)
     except PlaybookFailed as exc:
@@ -459,7 +482,8 @@ def run_pipeline(host: Host, job: PipelineJob, emit: Emit,
 
     run = run_phases(PipelineRun(host, job), SimpleHooks(record, on_progress))
     assert run.status is not None
-    return PipelineResult(run.metrics, run.fetched, run.status, run.resumed, reports)
+    return PipelineResult(run.metrics, run.fetched, run.status, run.resumed, reports,
+                          run.host_report)
 
 
 def _read_rows(path: str) -> list[dict[str, object]]:

@@ -64,6 +64,9 @@ class Offer:
     # Minutes from "create" to the first useful second, and the model-download rate.
     boot_minutes: float = 0.0
     pull_gbps: float = 2.0
+    # The physical machine this offer rents, when the provider says before renting (Vast.ai's
+    # `machine_id`); None when it picks one at create (RunPod: `Instance.machine_id`).
+    machine_id: str | None = None
 
 
 class ProviderError(Exception):
@@ -185,6 +188,9 @@ class Instance:
     ssh_user: str = "root"
     raw_status: str = ""  # the provider's own words, for events
     message: str = ""
+    # The provider's id of the physical machine (Vast.ai `machine_id`, RunPod `machineId`):
+    # what orch remembers a machine's checks and speed by; None when it is not reported.
+    machine_id: str | None = None
 
     @property
     def job_id(self) -> str | None:

@@ -69,6 +69,12 @@ class SimHostOptions:
     cuda_version: str = "13.0"
     driver_missing: bool = False  # no nvidia-smi at all (command not found)
     driver_broken: bool = False  # nvidia-smi exists but fails (exit 9)
+    # What one healthy GPU of this host reaches in a bf16 matmul (TFLOPS; the default: the
+    # H100 SXM's rated 989 x 0.80, standins/torchsim), and the fraction of a healthy card's
+    # speed this host's GPUs deliver (< 1: a throttled or power-capped card): the matmul of
+    # the image's torch and every training step run at that fraction.
+    gpu_matmul_tflops: float = 791.2
+    gpu_speed: float = 1.0
     # system
     has_docker: bool = True
     has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker
@@ -90,11 +96,19 @@ class SimHostOptions:
     nvme_mount: str | None = "/mnt/nvme"  # None: the host has no NVMe disk
     disk_total_bytes: int = 3_840_000_000_000
     disk_free_bytes: int | None = None  # free NVMe bytes at boot (None: all of it)
+    # What `dd` measures on the NVMe disk (bytes/s). None: a PCIe 4 NVMe's figures for `dd`
+    # (2 GB/s write, 3 GB/s read) and no limit for other tools; set, `hf download` writes no
+    # faster either.
+    disk_write_bytes_per_second: float | None = None
+    disk_read_bytes_per_second: float | None = None
     # Hugging Face downloads
     model_size_bytes: int = 2_471_645_184
     model_shards: int = 2
     model_config: dict[str, Any] | None = None  # overrides keys of the default config.json
     download_bytes_per_second: float | None = None  # None: instant
+    # No route to the Hub: `curl` to huggingface.co cannot resolve it, `hf download` fails
+    # with the ConnectError huggingface_hub's httpx raises.
+    hub_unreachable: bool = False
     download_failures: int = 0  # that many `hf download` runs fail (then they succeed)
     download_fail_after_files: int = 1  # a failing run dies after writing this many files
     hf_gated_repos: tuple[str, ...] = ()  # need a token

@@ -379,3 +379,18 @@ def test_the_key_comes_from_the_environment_or_vastai_is_left_out(
     keys, _ = wiring.cloud_keys()
     with wiring.cloud("vastai", keys["vastai"]) as api:  # type: ignore[attr-defined]
         assert api.list() == []
+
+
+def test_offers_and_instances_carry_the_machine_id(vast: VastEmulator) -> None:
+    # The physical machine (vast-cli 1.9.1 `search offers` field `machine_id`, "machine id of
+    # instance"): what orch's host memory keys on, known before renting (issue 40).
+    seed(vast)
+    vast.add_offer(id=8, gpu_name="RTX 4090", dph_base=0.31, min_bid=0.15, machine_id=4242)
+    api = adapter(vast)
+    offers = {o.offer_id: o for o in api.offers(req(gpus=frozenset({"RTX 4090"}),
+                                                    interruptible=True))}
+    assert offers["8"].machine_id == "4242" and offers["1"].machine_id == "5001"
+    inst = api.create(offers["8"], PUBKEY, "job-m")
+    assert inst.machine_id == "4242"
+    assert api.get(inst.instance_id).machine_id == "4242"
+    assert [i.machine_id for i in api.list("job-m")] == ["4242"]

@@ -25,6 +25,11 @@ offer's price; preemption does not stop the meter (the instance is held until te
 Like Vast.ai and RunPod it keeps no volume: a job's checkpoints outlive a lost instance as
 orch's own copy of them (`playbooks/checkpoints.py`), uploaded to the next one. Its hosts
 download models from its own Hub (`hub.py`), which the check before renting asks over HTTP.
+
+Machines: every instance lands on a machine of its GPU model's pool, whose stable id it
+reports (`Instance.machine_id`); a `market` (providers/sim/market.py) makes a seeded share of
+them bad (slow GPU, wrong GPU, slow disk, old driver, no or a slow route to the Hub) and can
+sell one offer per machine, as Vast.ai does.
 """
 
 from __future__ import annotations
@@ -63,7 +68,11 @@ from providers.base import (
     job_of,
     tag_for,
 )
-from providers.sim import hub
+from providers.sim import hub, market
+from providers.sim.local import carries as _carries
+from providers.sim.local import proc_state as _proc_state
+from providers.sim.local import read_pid as _read_pid
+from providers.sim.local import write_atomic as _write_atomic
 
 if TYPE_CHECKING:
     from simhost import SimHost
@@ -74,6 +83,7 @@ NVIDIA_SMI_NAMES: dict[str, str] = {canonical: names[0]
                                     for canonical, names in catalog.spellings("sim").items()}
 
 CATALOG_PROVIDER = "cloud"  # the catalog whose models and prices sim sells
+_MARKET = market.Market()  # every machine good
 STATE_FILE = "sim.json"
 _MIB = 1024**2
 _COST_QUANTUM = Decimal("0.000001")
@@ -82,44 +92,6 @@ _SECONDS_PER_HOUR = Decimal(3600)
 
 def _utc_iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Readers (other processes) see the old file or the new one, never a partial one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
-def _proc_state(pid: int) -> str | None:
-    """The process's state letter, or None when it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode(errors="replace")
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()[0]
-
-
-def _carries(pid: int, needle: bytes, what: str = "environ") -> bool:
-    """Whether live `pid`'s environ (or cmdline) contains `needle` as one entry/argument."""
-    if _proc_state(pid) in (None, "Z", "X"):
-        return False
-    try:
-        with open(f"/proc/{pid}/{what}", "rb") as handle:
-            return needle in handle.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 @dataclass(frozen=True)
@@ -146,6 +118,7 @@ class SimCloud(OptInOnly, Simulated):
         preempt_after_s: float | None = None,
         host_options: dict[str, Any] | None = None,
         keep_disks: bool = False,
+        market: market.Market | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         from providers.catalog import gpus as gpu_specs
@@ -162,12 +135,14 @@ class SimCloud(OptInOnly, Simulated):
         self.settings = _Settings(boot_seconds, preempt_after_s)
         self.host_options = dict(host_options or {})
         self.keep_disks = keep_disks  # terminated hosts' directories go to terminated/<id>/
+        self.market = market or _MARKET  # its machines (providers/sim/market.py)
         self.clock = clock
         self._hosts: dict[str, SimHost] = {}  # hosts this object started (their init is our child)
         self._thread_lock = threading.RLock()
 
-    def _host_options(self, offer: Offer) -> Any:
-        """A host's SimHostOptions; AuthError if this account's login shell runs nothing."""
+    def _host_options(self, offer: Offer, machine: market.Machine) -> Any:
+        """A host's SimHostOptions on `machine`; AuthError if this account's login shell runs
+        nothing."""
         from simhost import SimHostOptions
         from simhost.host import login_shell_problem
 
@@ -177,7 +152,7 @@ class SimCloud(OptInOnly, Simulated):
             "gpu_model": NVIDIA_SMI_NAMES[offer.gpu], "gpu_count": offer.gpu_count,
             "gpu_memory_mib": catalog.gpus()[offer.gpu].memory_bytes // _MIB,
             "hf_gated_repos": hub.gated_repos(),  # as huggingface.co gates them
-            **self.host_options})
+            **market.host_options(machine), **self.host_options})
 
     def hub_endpoint(self) -> str:
         """Where this cloud's Hub answers (`providers.base.HubMirror`): its hosts' `hf` gates
@@ -196,7 +171,7 @@ class SimCloud(OptInOnly, Simulated):
     def offers(self, req: Requirements) -> list[Offer]:
         """The catalog's per-second offers this cloud has capacity for, filtered by `req`."""
         found: list[Offer] = []
-        for o in catalog_offers(self.settings.boot_seconds):
+        for o in market.offers(self.market, catalog_offers(self.settings.boot_seconds)):
             if self.gpus is not None and o.gpu not in self.gpus:
                 continue
             if self.capacity.get(o.gpu, 1) <= 0:
@@ -226,7 +201,9 @@ class SimCloud(OptInOnly, Simulated):
             raise CapacityError(f"sim: no {offer.gpu} in this cloud")
         instance_id = f"sim-{secrets.token_hex(6)}"
         host_dir = self.state_dir / "instances" / instance_id
-        host = SimHost(host_dir, ssh_public_key, self._host_options(offer),
+        with self._state() as state:  # the machine: the offer's, else the provider's pick
+            machine = self._machine(offer, state.setdefault("rentals", {}))
+        host = SimHost(host_dir, ssh_public_key, self._host_options(offer, machine),
                        die_with_parent=False)
         now = self.clock()
         preempt_at = None
@@ -249,6 +226,7 @@ class SimCloud(OptInOnly, Simulated):
             "preempted_at": None,
             "host_dir": str(host_dir),
             "host_id": host.id,
+            "machine_id": machine.machine_id,
             "ssh_user": host.user,
             "ssh_port": None,
             "host_key": None,
@@ -286,6 +264,13 @@ class SimCloud(OptInOnly, Simulated):
         if preempt_at is not None and self.clock is time.time:
             self._spawn_watchdog(instance_id, preempt_at)
         return self.get(instance_id)
+
+    def _machine(self, offer: Offer, rentals: dict[str, int]) -> market.Machine:
+        named = offer.machine_id and market.machine(self.market, offer.gpu, offer.machine_id)
+        if named:
+            return named
+        rentals[offer.gpu] = rentals.get(offer.gpu, 0) + 1
+        return market.draw(self.market, offer.gpu, rentals[offer.gpu] - 1)
 
     def get(self, instance_id: str) -> Instance:
         """The instance's state now; NotFound when terminated or unknown."""
@@ -446,6 +431,7 @@ class SimCloud(OptInOnly, Simulated):
             ssh_host="127.0.0.1" if running else None,
             ssh_port=record["ssh_port"] if running else None,
             ssh_user=record["ssh_user"], raw_status=raw, message=message,
+            machine_id=record.get("machine_id"),
         )  # fmt: skip
 
     def _stop_host(self, record: dict[str, Any]) -> None:

@@ -287,6 +287,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
             disk_bytes=int(row.disk_space * _GB) if row.disk_space is not None else None,
             region=row.geolocation, reliability=row.reliability,
             boot_minutes=self.boot_minutes, pull_gbps=self.pull_gbps,
+            machine_id=self._machines.get(offer_id),
         )
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -351,7 +352,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
             provider=self.name, instance_id=str(contract), state=InstanceState.PROVISIONING,
             label=label, gpu=offer.gpu, gpu_count=offer.gpu_count,
             interruptible=offer.interruptible, price_per_hour=offer.price_per_hour,
-            raw_status="created",
+            raw_status="created", machine_id=offer.machine_id,
         )
 
     def _adoptable(self, job_id: str, offer_id: str) -> Instance | None:
@@ -378,6 +379,7 @@ class VastAI(ApiProvider[VastApi], ContainerRental):
             interruptible=bool(inst.is_bid), price_per_hour=inst.dph_total,
             ssh_host=host, ssh_port=port, ssh_user="root", raw_status=raw,
             message=self._api.redact(inst.status_msg or ""),
+            machine_id=None if inst.machine_id is None else str(inst.machine_id),
         )
 
     def get(self, instance_id: str) -> Instance:

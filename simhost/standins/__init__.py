@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "gpg": ("system", "gpg"),
     "lsblk": ("disks", "lsblk"),
     "df": ("disks", "df"),
+    "dd": ("dd", "dd"),
     "docker": ("docker", "docker"),
     "hf": ("hf", "hf"),
     "axolotl": ("axolotl", "axolotl"),

@@ -399,7 +399,8 @@ def train(host: Host, argv: list[str]) -> int:
         f"[simhost] axolotl train: {total} steps, save_steps={save_every}, "
         f"adapter={config.get('adapter')}, gpus={opts['gpu_count']} x {opts['gpu_model']}"
     )
-    step_seconds = float(opts["train_step_seconds"])
+    # A slow card (gpu_speed < 1) takes correspondingly longer for every step.
+    step_seconds = float(opts["train_step_seconds"]) / float(opts.get("gpu_speed") or 1.0)
     crash_at = opts["train_crash_at_step"]
     die_at = opts["host_dies_at_step"]
     lr = float(config.get("learning_rate") or 2e-4)

@@ -45,6 +45,7 @@ ALWAYS = (
     "service",
     "lsblk",
     "df",
+    "dd",
     "curl",
     "gpg",
     "hf",
@@ -262,11 +263,20 @@ def image_bin(host: Host) -> Path:
     return host.dir / "image-bin"
 
 
+def image_python(python: str) -> str:
+    """The script that is the axolotl image's `python`: this machine's interpreter with the
+    simulated torch (simhost/torchsim) and nothing else importable beyond the stdlib."""
+    path = f"{BIN_DIR.parent / 'torchsim'}:{BIN_DIR.parent}"
+    return f'#!/bin/sh\nPYTHONPATH={shlex.quote(path)} exec {python} -S "$@"\n'
+
+
 def _write_image_bin(host: Host, python: str) -> None:
     folder = image_bin(host)
     folder.mkdir(parents=True, exist_ok=True)
-    for name in AXOLOTL_IMAGE_COMMANDS:
-        script = f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
+    scripts = {name: f'#!/bin/sh\nexec {python} -S -E {shlex.quote(str(BIN_DIR / name))} "$@"\n'
+               for name in AXOLOTL_IMAGE_COMMANDS}
+    scripts.update(dict.fromkeys(("python", "python3"), image_python(python)))
+    for name, script in scripts.items():
         target = folder / name
         if not target.exists() or target.read_text() != script:
             write_atomic(target, script, 0o755)

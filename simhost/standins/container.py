@@ -32,6 +32,7 @@ from .common import (
     BIN_DIR,
     SYSTEM_PATH,
     Host,
+    image_python,
     is_container,
     write_atomic,
 )
@@ -128,6 +129,10 @@ def install(host: Host) -> None:
             if name == "lm_eval" and opts.get("has_lm_eval") is False:
                 continue  # the fault: an image without lm-eval
             _stand_in(python, name, venv / name)
+        for name in ("python", "python3"):  # the venv's interpreter, with the image's torch
+            target = venv / name
+            if not target.exists() or target.read_text() != image_python(python):
+                write_atomic(target, image_python(python), 0o755)
         # What an SSH command must source for the cu13 libraries (the uv image's entrypoint
         # does it; SSH runtypes replace that entrypoint).
         write_atomic(host.path(AXOLOTL_SOURCE) / "scripts" / "cuda13_env.sh",

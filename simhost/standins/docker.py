@@ -460,6 +460,7 @@ def _container_env(
             env[key] = os.environ[key]  # `-e NAME` passes the CLI's own value: not on argv
         names.append(key)
     image = spec.image
+    env["SIMHOST_IMAGE"] = image  # what the image's simulated torch was built for
     if catalog.is_axolotl(image):  # the image's venv is first on its PATH
         env["PATH"] = f"{image_bin(host)}:{env['PATH']}"
     if spec.gpus or "NVIDIA_VISIBLE_DEVICES" in env and runtime == "nvidia":

@@ -241,6 +241,14 @@ def _check_access(host: Host, repo: str, revision: str, repo_type: str,
         raise _hf_error("Access denied. This repository requires approval.")
 
 
+def _speed(opts: dict[str, Any]) -> float | None:
+    """Bytes per second a download reaches: the network's, and no more than the disk writes
+    (a set `disk_write_bytes_per_second`); None: instant."""
+    limits = [float(v) for v in (opts["download_bytes_per_second"],
+                                 opts.get("disk_write_bytes_per_second")) if v]
+    return min(limits) if limits else None
+
+
 def _download(host: Host, argv: list[str]) -> int:
     positional, flags = _parse(
         argv,
@@ -256,6 +264,9 @@ def _download(host: Host, argv: list[str]) -> int:
     if os.environ.get("HF_HUB_ENABLE_HF_TRANSFER"):
         say("Warning: HF_HUB_ENABLE_HF_TRANSFER is deprecated and has no effect.", err=True)
     repo_type = str(flags.get("--repo-type") or flags.get("--type") or "model")
+    if host.options.get("hub_unreachable"):  # the first request (the repo's info) fails
+        host.event("hf-download", repo=repo, revision=revision, ok=False, error="no-route")
+        raise _traceback("httpx.ConnectError: [Errno -3] Temporary failure in name resolution")
     if repo_type == "dataset":
         return _dataset(host, argv, repo, revision, flags, token, source)
     _check_access(host, repo, revision, repo_type, token)
@@ -285,7 +296,7 @@ def _download(host: Host, argv: list[str]) -> int:
         if failing:
             state["failed_runs"] += 1
             host.write_json("hf.json", state)
-    speed = opts["download_bytes_per_second"]
+    speed = _speed(opts)
     written: list[str] = []
     skipped = 0
 

@@ -68,3 +68,15 @@ def is_axolotl(image: str) -> bool:
 def is_cloud(image: str) -> bool:
     """Whether `image` is the cloud variant (entrypoint starts sshd; CMD sleep infinity)."""
     return image.removeprefix("docker.io/").rpartition(":")[0] == repositories()["container"]
+
+
+_TAG_FIELD = re.compile(r'(\w+):\s*"([^"]*)"')
+
+
+def tag(image: str) -> dict[str, str]:
+    """What images.yaml says of `image`'s tag (python, cuda, torch); {} when it is none of the
+    published axolotl tags."""
+    if not is_axolotl(image):
+        return {}
+    raw = _blocks()["tags"].get(image.rpartition(":")[2])
+    return dict(_TAG_FIELD.findall(raw)) if raw else {}

@@ -21,6 +21,10 @@ from pathlib import Path
 from . import docker
 from .common import Host, SimError, is_within, refresh_bin, require_root, say, write_atomic
 
+TYPE_CHECKING = False  # see common.py: typing is not imported at run time
+if TYPE_CHECKING:
+    from typing import Any
+
 TOOLKIT_PACKAGES = (
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
@@ -415,90 +419,144 @@ def service(host: Host, argv: list[str]) -> int:
 # --- curl / gpg --------------------------------------------------------------------------------
 
 
-def curl(host: Host, argv: list[str]) -> int:
-    """The NVIDIA key and list URLs, real HTTP to 127.0.0.1/localhost, nothing else."""
-    fail = silent = show_error = False
-    output: str | None = None
-    write_out: str | None = None
-    method: str | None = None
-    data: bytes | None = None
-    headers: dict[str, str] = {}
-    timeout = 30.0
-    url: str | None = None
+def _curl_headers(value: str, headers: dict[str, str]) -> None:
+    """`-H 'Name: value'`, or `-H @FILE` / `-H @-` (stdin): one header a line (curl 7.55+)."""
+    if value.startswith("@"):
+        source = value[1:]
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        lines = text.splitlines()
+    else:
+        lines = [value]
+    for line in lines:
+        key, _, found = line.partition(":")
+        if key.strip():
+            headers[key.strip()] = found.strip()
+
+
+def _curl_args(argv: list[str]) -> dict[str, Any]:
+    """curl's options as the stand-in reads them (unknown ones: curl's exit 2)."""
+    opts: dict[str, Any] = {"fail": False, "silent": False, "show_error": False, "output": None,
+                            "write_out": None, "method": None, "data": None, "headers": {},
+                            "timeout": 30.0, "url": None}
     args = list(argv)
     while args:
         arg = args.pop(0)
         if re.fullmatch(r"-[fsSLk]+", arg):
-            fail |= "f" in arg
-            silent |= "s" in arg
-            show_error |= "S" in arg
+            opts["fail"] |= "f" in arg
+            opts["silent"] |= "s" in arg
+            opts["show_error"] |= "S" in arg
         elif arg in ("--fail", "--fail-with-body"):
-            fail = True
+            opts["fail"] = True
         elif arg in ("--silent", "--show-error", "--location", "--insecure", "--compressed"):
-            silent |= arg == "--silent"
-            show_error |= arg == "--show-error"
+            opts["silent"] |= arg == "--silent"
+            opts["show_error"] |= arg == "--show-error"
         elif arg in ("-o", "--output"):
-            output = args.pop(0)
+            opts["output"] = args.pop(0)
         elif arg in ("-w", "--write-out"):
-            write_out = args.pop(0)
+            opts["write_out"] = args.pop(0)
         elif arg in ("-X", "--request"):
-            method = args.pop(0)
+            opts["method"] = args.pop(0)
         elif arg in ("-H", "--header"):
-            key, _, value = args.pop(0).partition(":")
-            headers[key.strip()] = value.strip()
+            _curl_headers(args.pop(0), opts["headers"])
+        elif arg in ("-r", "--range"):
+            opts["headers"]["Range"] = f"bytes={args.pop(0)}"
         elif arg in ("-d", "--data", "--data-raw", "--data-binary"):
-            data = args.pop(0).encode()
+            opts["data"] = args.pop(0).encode()
         elif arg in ("-m", "--max-time", "--connect-timeout"):
-            timeout = float(args.pop(0))
+            opts["timeout"] = float(args.pop(0))
         elif arg in ("--retry", "--retry-delay", "--retry-max-time"):
             args.pop(0)
         elif arg.startswith("-"):
             raise SimError(f"curl: option {arg}: is unknown", 2)
         else:
-            url = arg
-    if url is None:
+            opts["url"] = arg
+    if opts["url"] is None:
         raise SimError("curl: no URL specified!", 2)
-    host.event("curl", url=url)
+    return opts
 
-    def error(code: int, text: str) -> int:
-        if show_error or not silent:
+
+def _write_out(template: str, values: dict[str, str]) -> str:
+    out = template.replace("\\n", "\n")
+    for name, value in values.items():
+        out = out.replace("%{" + name + "}", value)
+    return out
+
+
+def curl(host: Host, argv: list[str]) -> int:
+    """The NVIDIA key and list URLs, huggingface.co's file URLs (standins/hub.py), real HTTP
+    to 127.0.0.1/localhost, nothing else. `-w` knows http_code, size_download, time_total and
+    speed_download, and is written on a failed transfer too (http_code 000), as curl does."""
+    import time
+
+    from . import hub
+
+    opts = _curl_args(argv)
+    url: str = opts["url"]
+    host.event("curl", url=url)
+    started = time.monotonic()
+    stats = {"http_code": "000", "size_download": "0"}
+
+    def finish(code: int, text: str = "") -> int:
+        elapsed = max(time.monotonic() - started, 1e-6)
+        size = int(stats["size_download"])
+        stats.update(time_total=f"{elapsed:.6f}", speed_download=str(int(size / elapsed)))
+        if opts["write_out"]:
+            sys.stdout.write(_write_out(opts["write_out"], stats))
+            sys.stdout.flush()
+        if code and (opts["show_error"] or not opts["silent"]):
             say(f"curl: ({code}) {text}", err=True)
         return code
 
-    status = 200
-    body: bytes
+    status, body, size = 200, b"", None
     if url == GPGKEY_URL:
         body = _ARMORED_KEY.encode()
     elif url == LIST_URL:
         body = _LIST_TEXT.encode()
+    elif hub.is_hub(url):
+        if host.options.get("hub_unreachable"):
+            return finish(6, f"Could not resolve host: {hub.HUB_HOST}")
+        answer = hub.get(host, url, opts["headers"], opts["timeout"])
+        status, body, size = answer.status, answer.body, answer.size
+        if answer.received is not None:
+            stats.update(http_code=str(status), size_download=str(answer.received))
+            return finish(28, f"Operation timed out after {int(opts['timeout'] * 1000)} "
+                          f"milliseconds with {answer.received} out of {size} bytes received")
     elif re.match(r"https?://(127\.0\.0\.1|localhost)[:/]", url):
         import urllib.error
         import urllib.request
 
-        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        if host.options.get("hub_unreachable") and "/resolve/" in url:
+            port = re.search(r":(\d+)", url.split("//", 1)[1])
+            return finish(7, f"Failed to connect to 127.0.0.1 port {port.group(1) if port else 80}"
+                          " after 0 ms: Couldn't connect to server")
+        request = urllib.request.Request(url, data=opts["data"], method=opts["method"],
+                                         headers=opts["headers"])
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=opts["timeout"]) as response:  # noqa: S310
                 status, body = response.status, response.read()
         except urllib.error.HTTPError as exc:
             status, body = exc.code, exc.read()
         except (urllib.error.URLError, OSError) as exc:
             port = re.search(r":(\d+)", url.split("//", 1)[1])
-            return error(7, f"Failed to connect to port {port.group(1) if port else 80}: {exc}")
+            return finish(7, f"Failed to connect to port {port.group(1) if port else 80}: {exc}")
     elif url.startswith("https://nvidia.github.io/"):
         status, body = 404, b"Not Found"
     else:
         hostname = re.sub(r"^\w+://", "", url).split("/")[0]
-        return error(6, f"Could not resolve host: {hostname}")
-    if fail and status >= 400:
-        return error(22, f"The requested URL returned error: {status}")
-    if output is not None and output != "-":
+        return finish(6, f"Could not resolve host: {hostname}")
+    stats.update(http_code=str(status), size_download=str(len(body) if size is None else size))
+    if opts["fail"] and status >= 400:
+        stats["size_download"] = "0"
+        return finish(22, f"The requested URL returned error: {status}")
+    output = opts["output"]
+    if output == "/dev/null":
+        pass
+    elif output is not None and output != "-":
         write_atomic(host.writable(output), body)
     else:
         sys.stdout.buffer.write(body)
-    if write_out:
-        sys.stdout.write(write_out.replace("%{http_code}", str(status)).replace("\\n", "\n"))
-    sys.stdout.flush()
-    return 0
+        sys.stdout.flush()
+    return finish(0)
 
 
 def gpg(host: Host, argv: list[str]) -> int:

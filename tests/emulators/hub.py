@@ -18,7 +18,8 @@ read from its source (`_snapshot_download.py`, `file_download.py`, `hf_api.py`,
   `viewer_size`; 404 with `{"error": ...}` for others.
 - `HEAD /{repo}/resolve/{rev}/{file}` (datasets under `/datasets/...`): the file's metadata
   (`X-Repo-Commit`, `ETag`, `Content-Length`); `GET` the same URL: its bytes, with `Range`
-  honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`).
+  honoured (hf resumes an `.incomplete` file with `Range: bytes=N-`; orch's host check asks
+  `bytes=0-N`), 206 with `Content-Range` for a ranged request.
 
 What `hf upload` (the same version: `hf_api.create_repo`, `create_commit`, `_commit_api.py`,
 `lfs.py`) sends, with a token only (a write needs an account: 401 otherwise):
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -338,19 +340,20 @@ class HubEmulator(Served):
         if content is None:
             self._error(h, record, 404, "Entry not found", "EntryNotFound", body)
             return
-        start = 0
-        wanted = h.headers.get("Range") or ""
-        if wanted.startswith("bytes=") and wanted.endswith("-"):
-            start = int(wanted[len("bytes="):-1])
-        part = content[start:]
-        record.status = 206 if start else 200
+        start, end = 0, len(content) - 1
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", h.headers.get("Range") or "")
+        if wanted is not None:  # `bytes=N-` (hf resuming) or `bytes=A-B` (orch's host check)
+            start = int(wanted[1])
+            end = min(end, int(wanted[2])) if wanted[2] else end
+        part = content[start:end + 1]
+        record.status = 206 if wanted is not None else 200
         h.send_response(record.status)
         h.send_header("Content-Type", "application/octet-stream")
         h.send_header("X-Repo-Commit", sha)
         h.send_header("ETag", f'"{hashlib.sha256(content).hexdigest()}"')
         h.send_header("Accept-Ranges", "bytes")
-        if start:
-            h.send_header("Content-Range", f"bytes {start}-{len(content) - 1}/{len(content)}")
+        if wanted is not None:
+            h.send_header("Content-Range", f"bytes {start}-{end}/{len(content)}")
         h.send_header("Content-Length", str(len(part)))
         h.end_headers()
         if not body:
