@@ -1,10 +1,10 @@
 """`sim`: a simulated per-second GPU cloud on this machine, for trying orch with no account.
 
 Its offers are the static catalog's per-second GPU models at the catalog's prices; its
-instances are simulated GPU hosts (`simhost`: a real sshd on 127.0.0.1 with a
-stand-in GPU stack) under `<state_dir>/instances/<id>/`. It can be told to be out of
-capacity (`capacity`), slow to boot (`boot_seconds`) and to preempt spot instances
-(`preempt_after_s`, or `preempt(id)`).
+instances are simulated GPU hosts (`simhost`: a real sshd on 127.0.0.1 with a stand-in GPU
+stack) under `<state_dir>/instances/<id>/`. It can be told to be out of capacity (`capacity`),
+slow to boot (`boot_seconds`) and to preempt spot instances (`preempt_after_s`, `preempt(id)`,
+or a replayed spot market's trace: `spot_market`, spotmarket.py).
 
 Everything the cloud knows lives in `<state_dir>/sim.json` (written atomically, under an
 advisory lock), so another process on the same state_dir (the engine, a second worker,
@@ -68,7 +68,7 @@ from providers.base import (
     job_of,
     tag_for,
 )
-from providers.sim import hub, market
+from providers.sim import hub, market, spotmarket
 from providers.sim.local import carries as _carries
 from providers.sim.local import proc_state as _proc_state
 from providers.sim.local import read_pid as _read_pid
@@ -116,6 +116,7 @@ class SimCloud(OptInOnly, Simulated):
         capacity: dict[str, int] | None = None,
         boot_seconds: float = 0.0,
         preempt_after_s: float | None = None,
+        spot_market: spotmarket.SpotMarket | None = None,
         host_options: dict[str, Any] | None = None,
         keep_disks: bool = False,
         market: market.Market | None = None,
@@ -133,6 +134,7 @@ class SimCloud(OptInOnly, Simulated):
         if boot_seconds < 0 or (preempt_after_s is not None and preempt_after_s < 0):
             raise ValueError("sim: boot_seconds and preempt_after_s must be >= 0")
         self.settings = _Settings(boot_seconds, preempt_after_s)
+        self.spot_market = spot_market  # spot gone and preempted as its trace says
         self.host_options = dict(host_options or {})
         self.keep_disks = keep_disks  # terminated hosts' directories go to terminated/<id>/
         self.market = market or _MARKET  # its machines (providers/sim/market.py)
@@ -174,7 +176,8 @@ class SimCloud(OptInOnly, Simulated):
         for o in market.offers(self.market, catalog_offers(self.settings.boot_seconds)):
             if self.gpus is not None and o.gpu not in self.gpus:
                 continue
-            if self.capacity.get(o.gpu, 1) <= 0:
+            if self.capacity.get(o.gpu, 1) <= 0 or \
+                    not spotmarket.can_rent(self.spot_market, o, self.clock()):
                 continue
             if req.gpus is not None and o.gpu not in req.gpus:
                 continue
@@ -206,9 +209,8 @@ class SimCloud(OptInOnly, Simulated):
         host = SimHost(host_dir, ssh_public_key, self._host_options(offer, machine),
                        die_with_parent=False)
         now = self.clock()
-        preempt_at = None
-        if offer.interruptible and self.settings.preempt_after_s is not None:
-            preempt_at = now + self.settings.preempt_after_s
+        preempt_at = spotmarket.preempt_at(self.spot_market, self.settings.preempt_after_s,
+                                           offer, now)
         record: dict[str, Any] = {
             "id": instance_id,
             "label": tag_for(job_id),

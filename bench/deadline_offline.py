@@ -1,0 +1,123 @@
+"""Jobs with deadlines under each spot regime, three strategies side by side, without the engine.
+
+The offline half of issue 41's bench: what bench/deadline.py (phase B) measures through the
+product on the simulated cloud, computed here with the pure functions alone, to see which
+targets the policy and the regimes can reach before the engine is wired. For each regime of
+providers/sim/spot_regimes.yaml, --jobs jobs (seeded) each replay one trace of that regime
+(orchestrator/core/deadlinesim.replay) under on-demand only, spot only, and orch's policy,
+whose mode (uniform progress or greedy) is chosen per job by `deadlinesim.estimate` from what
+orch would know before renting: the regime's preemption rate (as its history would learn it)
+and the prior's mean wait (core/preemption.py). Each mode's own total is printed too.
+
+Jobs (seeded, --seed): training of 2 to 12 hours (--work-h); a deadline at that over a job fraction
+(work / time to the deadline, as the paper calls it) drawn from 0.4 to 0.8; an A100 80GB at
+the per-second catalog's prices ($0.234 spot, $0.468 on-demand an hour: spot at half price,
+providers/catalog/cloud.yaml); a restart of 5 min boot (the catalog's boot_minutes), the base
+model's download at the catalog's 2 Gbit/s (8B, 14B, 32B or 70B in bf16: 1 to 9 min) and
+1 min to resume; a checkpoint every 15 or 30 min of training; preemptions noticed after 60 s.
+Usage:
+    python bench/deadline_offline.py [--jobs 50] [--seed 41] [--regimes calm,bursty,heavy]
+        [--spot-usd 0.234] [--work-h 2,12]
+The last line reads `ondemand_usd=... spot_usd=... policy_usd=... spot_missed=...
+policy_missed=...` over all regimes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.core import deadlinesim as ds  # noqa: E402
+from orchestrator.core import preemption  # noqa: E402
+from orchestrator.core.deadline import Market, Mode, Restart  # noqa: E402
+from providers import spottrace  # noqa: E402
+from providers.sim import spotmarket  # noqa: E402
+
+SPOT, ON_DEMAND = Decimal("0.234"), Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
+DOWNLOAD_S = (64, 112, 256, 560)  # 16, 28, 64, 140 GB at 2 Gbit/s
+
+
+def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0)
+         ) -> list[tuple[ds.Job, Restart]]:
+    """`n` seeded jobs and their restart."""
+    rng = random.Random(seed)
+    found = []
+    for _ in range(n):
+        work_h = rng.uniform(*hours)
+        fraction = rng.uniform(0.4, 0.8)
+        restart = Restart(boot_s=300.0, download_s=rng.choice(DOWNLOAD_S), resume_s=60.0)
+        job = ds.Job(work_s=work_h * 3600, window_s=work_h / fraction * 3600,
+                     checkpoint_every_s=rng.choice((900.0, 1800.0)), detect_s=60.0)
+        found.append((job, restart))
+    return found
+
+
+def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
+               work_h: tuple[float, float] = (2.0, 12.0)) -> Counter[str]:
+    """Dollars and misses of every strategy over `n` jobs in regime `name`."""
+    spec = spotmarket.regimes()[name]
+    wait_prior = preemption.prior().wait_mean_h
+    totals: Counter[str] = Counter()
+    for i, (job, restart) in enumerate(jobs(n, seed, work_h)):
+        market = Market(spot, ON_DEMAND, spec.matched["preemptions_per_hour"], restart, restart)
+        trace = spottrace.generate(spec.regime, seed * 1000 + i,
+                                   3 * job.window_s / 3600 + 24)
+        chosen = ds.estimate(job, market, wait_prior, seed=i).policy.mode or Mode.GREEDY
+        runs = {"ondemand": ds.strategy(ds.Plan.ON_DEMAND, market),
+                "spot": ds.strategy(ds.Plan.SPOT, market),
+                "policy": ds.strategy(ds.Plan.POLICY, market, chosen),
+                "greedy": ds.strategy(ds.Plan.POLICY, market, Mode.GREEDY),
+                "uniform": ds.strategy(ds.Plan.POLICY, market, Mode.UNIFORM_PROGRESS)}
+        for key, decide_now in runs.items():
+            outcome = ds.replay(job, market, trace, decide_now)
+            totals[f"{key}_micros"] += int(outcome.cost(market) * 1_000_000)
+            totals[f"{key}_missed"] += outcome.missed(job)
+        totals[f"chose_{chosen.value}"] += 1
+    return totals
+
+
+def usd(micros: int) -> str:
+    return f"{Decimal(micros) / 1_000_000:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--regimes", default=",".join(spotmarket.regimes()))
+    parser.add_argument("--spot-usd", type=Decimal, default=SPOT,
+                        help="spot $/h against on-demand's $0.468 (default: the catalog's)")
+    parser.add_argument("--work-h", default="2,12", help="training hours: low,high")
+    args = parser.parse_args()
+    started = time.process_time()
+    total: Counter[str] = Counter()
+    for name in args.regimes.split(","):
+        low, high = (float(x) for x in args.work_h.split(","))
+        c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high))
+        total.update(c)
+        od = c["ondemand_micros"]
+        print(f"{name}: ondemand_usd={usd(od)} spot_usd={usd(c['spot_micros'])} "
+              f"policy_usd={usd(c['policy_micros'])} ({c['policy_micros'] / od:.3f} x on-demand;"
+              f" greedy {c['greedy_micros'] / od:.3f}, uniform progress "
+              f"{c['uniform_micros'] / od:.3f}; chose greedy for {c['chose_greedy']}) "
+              f"spot_missed={c['spot_missed']} policy_missed={c['policy_missed']} "
+              f"(greedy {c['greedy_missed']}, uniform {c['uniform_missed']})")
+    od = total["ondemand_micros"]
+    print(f"all regimes: policy {total['policy_micros'] / od:.3f} x on-demand; "
+          f"{time.process_time() - started:.1f} s of CPU")
+    print(f"ondemand_usd={usd(od)} spot_usd={usd(total['spot_micros'])} "
+          f"policy_usd={usd(total['policy_micros'])} spot_missed={total['spot_missed']} "
+          f"policy_missed={total['policy_missed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
