@@ -29,10 +29,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import retrying
 from playbooks import ssh
 from playbooks.base import CONTAINER_ROOT, Fault, Host, Layout, Step, StepFailed, last_line
 from playbooks.hfrepo import repo_id_problem
+from providers import retrying
 
 PLAYBOOK = "model_cache"
 

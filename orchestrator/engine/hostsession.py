@@ -18,7 +18,6 @@ from dataclasses import replace
 
 from tenacity import RetryCallState
 
-from orchestrator import retrying
 from orchestrator.core import throughput
 from orchestrator.engine import recovery, trainlog
 from orchestrator.engine.jobinputs import Inputs
@@ -41,6 +40,7 @@ from orchestrator.records.store import LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
 from playbooks.pipeline import PipelineRun
+from providers import retrying
 from providers.base import (
     Instance,
     KeepsMachine,

@@ -12,7 +12,6 @@ import json
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from orchestrator import retrying
 from orchestrator.core import money, offerbook, scheduler, warmfit
 from orchestrator.core.planning import (
     constraints_from,
@@ -37,7 +36,7 @@ from orchestrator.engine.warm import Warm
 from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
-from providers import catalog
+from providers import catalog, retrying
 from providers.answers import merge
 from providers.base import (
     AuthError,

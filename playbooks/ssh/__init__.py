@@ -1,7 +1,7 @@
 """SSH to GPU hosts: pinned host keys, bounded retries, quoted commands, SFTP, secrets, tunnels.
 
 A leaf of the tree: nothing here imports from `orchestrator` (but its bottom layer, the one
-retry policy `orchestrator.retrying`), `providers` or other playbooks modules
+retry policy `providers.retrying`), `providers` or other playbooks modules
 (tests/test_layers.py). Callers write `from playbooks.ssh import X`; the names load lazily
 (PEP 562) so that `playbooks.ssh.env`, which the CLI reads its settings with, does not pull
 in paramiko and fabric at start-up. The modules:

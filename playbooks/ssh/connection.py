@@ -22,7 +22,6 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import RetryCallState
 from tenacity.stop import stop_base
 
-from orchestrator import retrying
 from playbooks.ssh.errors import AuthenticationFailed, HostKeyMismatch, HostUnreachable, SSHError
 from playbooks.ssh.hostkeys import (
     HostKey,
@@ -32,6 +31,7 @@ from playbooks.ssh.hostkeys import (
     fingerprint,
     format_host_key,
 )
+from providers import retrying
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
 
-from orchestrator import retrying
 from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
 from orchestrator.records.store.tables import (
     DatabaseBusy,
@@ -38,6 +37,7 @@ from orchestrator.records.store.tables import (
     StoreError,
     utcnow,
 )
+from providers import retrying
 
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches

@@ -24,7 +24,6 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from orchestrator import retrying
 from orchestrator.core.money import usd
 from orchestrator.core.planning import make_plan
 from orchestrator.core.scheduler import NoFit
@@ -55,6 +54,7 @@ from orchestrator.records.sweep.view import (
     objective_of,
     run_state,
 )
+from providers import retrying
 
 # Run states reported by `orch sweep` (in summary order). `new` and `requeued` are what this
 # call did; the others are what it found.
