@@ -238,6 +238,28 @@ def _register() -> None:
 _register()
 
 
+def _check_settings() -> None:
+    """Exit 2 with one `error:` line for each ORCH_* variable orch cannot use."""
+    from orchestrator.core.settings import SettingsError, settings
+
+    try:
+        settings()
+    except SettingsError as exc:
+        for line in str(exc).splitlines():
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(2)
+
+
+def _debug() -> bool:
+    """ORCH_DEBUG: show an internal error's traceback (off where the settings are bad)."""
+    from orchestrator.core.settings import SettingsError, settings
+
+    try:
+        return settings().debug
+    except SettingsError:
+        return False
+
+
 def main() -> None:
     """Console-script entry point."""
     # At exit the interpreter runs full garbage collections over every object the imports
@@ -248,11 +270,11 @@ def main() -> None:
     atexit.unregister(gc.freeze)  # once, where a test calls main() many times
     atexit.register(gc.freeze)
     from orchestrator.cli.helpstyle import gh_style
-    from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
 
-    if blank_db_url() and sys.argv[1:] and not {"--help", "-h"} & set(sys.argv[1:]):
-        typer.echo(f"error: {BLANK_DB_URL}", err=True)
-        sys.exit(2)
+    # Every command checks orch's settings (the ORCH_* variables) first: a bad one exits 2
+    # with one line each, before anything is read or written. Help needs none of them.
+    if sys.argv[1:] and not {"--help", "-h", "--version"} & set(sys.argv[1:]):
+        _check_settings()
 
     try:
         code = gh_style(typer.main.get_command(app))(prog_name="orch", standalone_mode=False)
@@ -272,8 +294,6 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # a defect: one line for the user, the traceback on request
-        import os
-
         # A locked, full or read-only database is no defect: its own line. (The store's module is
         # loaded whenever one was raised; looked up here to keep `orch --help` light.)
         tables = sys.modules.get("orchestrator.records.store.tables")
@@ -282,7 +302,7 @@ def main() -> None:
             typer.echo(f"error: {exc}", err=True)
             sys.exit(1)
 
-        if os.environ.get("ORCH_DEBUG"):
+        if _debug():
             raise
         typer.echo(f"error: internal error ({type(exc).__name__}: {exc}); please report it "
                    "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",

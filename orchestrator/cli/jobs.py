@@ -36,6 +36,7 @@ from orchestrator.cli.jobview import (
     print_summary,
 )
 from orchestrator.cli.stops import stops_delivered
+from orchestrator.core.settings import settings
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
@@ -44,32 +45,16 @@ if TYPE_CHECKING:
     from orchestrator.records.store import Job, Store
 
 
-def _env_float(name: str, default: float) -> float:
-    """A positive number of seconds from the environment; a bad value exits 2 naming it."""
-    from playbooks.ssh.env import EnvNumberError, env_float
-
-    try:
-        return env_float(name, default)
-    except EnvNumberError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
 def engine_options(quick: bool = False) -> "Options":
-    """Engine timing: the defaults, quicker for the simulated cloud, ORCH_*_S overrides."""
+    """Engine timing: the defaults, quicker for the simulated cloud, the ORCH_* settings."""
     from orchestrator.engine.runner import Options
-    from orchestrator.engine.watchdog import deadlines_from_env
+    from orchestrator.engine.watchdog import deadlines
 
     base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
-    try:
-        stall_s = deadlines_from_env()  # ORCH_STALL_<PHASE>_S
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    return Options(stall_s=stall_s, poll_s=_env_float("ORCH_POLL_S", base.poll_s),
-                   watch_s=_env_float("ORCH_WATCH_S", base.watch_s),
-                   lease_s=_env_float("ORCH_LEASE_S", base.lease_s),
-                   boot_deadline_s=_env_float("ORCH_BOOT_DEADLINE_S", base.boot_deadline_s),
+    s = settings()
+    return Options(stall_s=deadlines(s), poll_s=s.poll_s or base.poll_s,
+                   watch_s=s.watch_s or base.watch_s, lease_s=s.lease_s or base.lease_s,
+                   boot_deadline_s=s.boot_deadline_s or base.boot_deadline_s,
                    connect_deadline_s=base.connect_deadline_s,
                    max_placements=base.max_placements, max_attempts=base.max_attempts)
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.settings import settings
 from playbooks import secrets, ssh
 from playbooks.base import Host, HostPaths, StepFailed
 from playbooks.gpu import GpuExpectation, check_gpus, mismatch
@@ -109,7 +110,10 @@ def scrub_secrets(host: str, port: int, user: str, key_path: Path, host_key: str
 def _session(host: str, port: int, user: str, key_path: Path, host_key: str,
              timeout: float) -> Iterator[Host]:
     """A playbook Host on the server, host key pinned; SSH failures become ProbeError."""
-    factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout)
+    chosen = settings()
+    factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout,
+                                    command_timeout_s=chosen.ssh_command_timeout_s,
+                                    io_timeout_s=chosen.ssh_io_timeout_s)
     try:
         try:
             conn = factory.connect(host, port, user, host_key)

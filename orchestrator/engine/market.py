@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core.settings import settings
 from providers import catalog
 from providers.answers import clean
 from providers.base import (
@@ -46,11 +47,9 @@ class Market:
 def cloud(name: str, key: str, quick: bool = False) -> Provider:
     """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
     when set (emulators); `quick`: short HTTP timeouts and few retries."""
-    import os
-
     from orchestrator.engine.runnable import QUICK_HTTP
 
-    url = os.environ.get(f"ORCH_{name.upper()}_URL")
+    url = settings().api_url(name)
     kwargs: dict[str, Any] = {"base_url": url} if url else {}
     if quick:
         kwargs.update(QUICK_HTTP)

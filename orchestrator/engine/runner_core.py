@@ -34,6 +34,7 @@ from orchestrator.core import money
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
 from orchestrator.core.scheduler import WARM_PREFIX, Placement
+from orchestrator.core.settings import settings
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
 from orchestrator.records.store import Job, LeaseLost, Store, StoreError, to_micros, utcnow
@@ -123,7 +124,7 @@ class Progress:
 
 def failpoint(name: str) -> None:
     """Die like `kill -9` here when ORCH_FAILPOINT names this point (crash tests only)."""
-    if os.environ.get("ORCH_FAILPOINT") == name:
+    if settings().failpoint == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

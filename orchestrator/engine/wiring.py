@@ -7,10 +7,10 @@ Base URLs can be pointed elsewhere (`ORCH_VASTAI_URL`, `ORCH_RUNPOD_URL`) for em
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from orchestrator.core.paths import data_dir
+from orchestrator.core.settings import settings
 from orchestrator.engine.market import cloud
 from orchestrator.engine.runnable import QUICK_HTTP as QUICK_HTTP  # re-exported (tests)
 from orchestrator.engine.runnable import cloud_keys
@@ -23,18 +23,8 @@ def sim_state_dir() -> Path:
     return data_dir() / "sim"
 
 
-def _number(name: str) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: give a number") from None
-
-
 def sim_from_env() -> Provider:
-    """The simulated cloud, shaped by ORCH_SIM_* variables (see docs/architecture.md).
+    """The simulated cloud, shaped by the ORCH_SIM_* settings (docs/settings.md).
 
     ORCH_SIM_BOOT_S (seconds until an instance runs), ORCH_SIM_PREEMPT_AFTER_S (spot
     instances are preempted that long after create), ORCH_SIM_CAPACITY ("RTX 3090=0,H100
@@ -44,27 +34,14 @@ def sim_from_env() -> Provider:
     """
     from providers.sim.compute import SimCloud
 
-    capacity: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in os.environ.get("ORCH_SIM_CAPACITY",
-                                                               "").split(","))):
-        gpu, sep, count = part.rpartition("=")
-        if not sep or not count.strip().isdigit():
-            raise ValueError(f"ORCH_SIM_CAPACITY: {part!r}: use GPU=COUNT, e.g. 'RTX 3090=0'")
-        capacity[gpu.strip()] = int(count)
-    host: dict[str, object] = {}
-    steps, step_s = _number("ORCH_SIM_TRAIN_STEPS"), _number("ORCH_SIM_STEP_S")
-    if steps is not None:
-        host["train_steps"] = int(steps)
-    if step_s is not None:
-        host["train_step_seconds"] = step_s
-    size, rate = _number("ORCH_SIM_MODEL_BYTES"), _number("ORCH_SIM_DOWNLOAD_BPS")
-    if size is not None:
-        host["model_size_bytes"] = int(size)
-    if rate is not None:
-        host["download_bytes_per_second"] = rate
-    return SimCloud(sim_state_dir(), capacity=capacity,
-                    boot_seconds=_number("ORCH_SIM_BOOT_S") or 0.0,
-                    preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
+    s = settings()
+    given = {"train_steps": s.sim_train_steps, "train_step_seconds": s.sim_step_s,
+             "model_size_bytes": s.sim_model_bytes,
+             "download_bytes_per_second": s.sim_download_bps}
+    host: dict[str, object] = {k: v for k, v in given.items() if v is not None}
+    return SimCloud(sim_state_dir(), capacity=s.sim_capacity_by_gpu(),
+                    boot_seconds=s.sim_boot_s, preempt_after_s=s.sim_preempt_after_s,
+                    host_options=host)
 
 
 

@@ -16,7 +16,6 @@ cheaper than loading the migration machinery.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
 
 from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
+from orchestrator.core.settings import DB_LOCK_WAIT_S, settings
 from orchestrator.records.store.tables import (
     DatabaseBusy,
     DatabaseFull,
@@ -48,7 +48,7 @@ BUSY_TIMEOUT_MS = 10_000
 # How long a writer waits for the SQLite write lock in all (SQLite's busy handler, retried by
 # tenacity) before DatabaseBusy: long enough for any transaction orch makes and for a backup
 # or a hand-held `BEGIN IMMEDIATE`; ORCH_DB_LOCK_WAIT_S overrides it.
-LOCK_WAIT_S = 300.0
+LOCK_WAIT_S = DB_LOCK_WAIT_S
 # Execution option that makes the SQLite BEGIN take the write lock up front.
 _IMMEDIATE = "orch_begin_immediate"
 
@@ -82,18 +82,8 @@ def _sqlite_setup(engine: Engine) -> None:
 
 
 def lock_wait_s() -> float:
-    """LOCK_WAIT_S, or ORCH_DB_LOCK_WAIT_S when set (seconds > 0)."""
-    raw = os.environ.get("ORCH_DB_LOCK_WAIT_S", "").strip()
-    if not raw:
-        return LOCK_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise StoreError(f"ORCH_DB_LOCK_WAIT_S={raw!r}: give the seconds a writer waits for "
-                         f"the database lock, a number > 0 (default {LOCK_WAIT_S:.0f})")
-    return value
+    """LOCK_WAIT_S, or ORCH_DB_LOCK_WAIT_S when set (orch's settings)."""
+    return settings().db_lock_wait_s
 
 
 def _driver_error(exc: BaseException) -> BaseException:
