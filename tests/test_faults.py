@@ -269,7 +269,7 @@ def test_lost_create_answers_never_rent_twice(rig: Rig, hosts: SimHostBackend,
         adapter = VastAI(KEY, base_url=emu.url, attempts=4, initial_s=0.01, max_wait_s=0.05,
                          timeout_s=1.0)
         job_id = job_for(rig, "vastai")
-        job = run(rig, {"vastai": adapter}, job_id)
+        job = run(rig, {"vastai": hosts.serving(adapter)}, job_id)
         assert job.status == "succeeded", job.failure_reason
         assert len(emu.requests_to("PUT", "/api/v0/asks")) == 1
         assert len(rig.store.instances_of(job_id)) == 1
