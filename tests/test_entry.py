@@ -28,6 +28,31 @@ def test_plan_loads_neither_the_database_nor_ssh_nor_http(tmp_path: Path) -> Non
     assert out.stderr.strip().splitlines()[-1] == "[]"
 
 
+def test_plan_imports_no_other_command_module(tmp_path: Path) -> None:
+    from orchestrator.cli.lazycommands import LAZY
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print(sorted(m for m in sys.modules "
+            "if m.startswith('orchestrator.cli.')), file=sys.stderr))\n"
+            "sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']\n"
+            "from orchestrator.cli.app import main\n"
+            "main()\n")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(eval(out.stderr.strip().splitlines()[-1]))  # a list of module names
+    assert "orchestrator.cli.plan" in loaded
+    assert loaded & {module for module, _names in LAZY} == set()
+
+
+def test_lazy_commands_name_what_each_module_registers() -> None:
+    from orchestrator.cli.lazycommands import LAZY, registered
+
+    for module, names in LAZY:
+        assert tuple(registered(module)) == names, module
+
+
 def test_the_console_script_is_the_typer_app() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'orch = "orchestrator.cli.app:main"' in text

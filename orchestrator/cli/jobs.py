@@ -36,7 +36,6 @@ from orchestrator.cli.jobview import (
     print_summary,
 )
 from orchestrator.cli.stops import stops_delivered
-from orchestrator.core.settings import settings
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
 
 def engine_options(quick: bool = False) -> "Options":
     """Engine timing: the defaults, quicker for the simulated cloud, the ORCH_* settings."""
+    from orchestrator.core.settings import settings
     from orchestrator.engine.runner import Options
     from orchestrator.engine.watchdog import deadlines
 

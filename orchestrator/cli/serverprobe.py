@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.settings import settings
 from playbooks import secrets, ssh
 from playbooks.base import Host, HostPaths, StepFailed
 from playbooks.gpu import GpuExpectation, check_gpus, mismatch
@@ -110,6 +109,8 @@ def scrub_secrets(host: str, port: int, user: str, key_path: Path, host_key: str
 def _session(host: str, port: int, user: str, key_path: Path, host_key: str,
              timeout: float) -> Iterator[Host]:
     """A playbook Host on the server, host key pinned; SSH failures become ProbeError."""
+    from orchestrator.core.settings import settings
+
     chosen = settings()
     factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout,
                                     command_timeout_s=chosen.ssh_command_timeout_s,

@@ -60,6 +60,18 @@ def _shared_and_mine(path: Path) -> bool:
     return bool(st.st_mode & 0o077) and st.st_uid == os.getuid()
 
 
+def private_sqlite(path: Path) -> None:
+    """The database file 0600 before SQLite opens it (SQLite then creates -wal and -shm with
+    the database file's permissions), and a folder orch creates for it 0700."""
+    folder = path.parent
+    # orch's own data folder is made private even if an older orch created it; a folder
+    # the user chose for ORCH_DB_URL is only created private, never changed.
+    private_dir(folder, fix=folder == data_dir())
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if name == path or name.exists():
+            private_file(name)
+
+
 def private_file(path: Path) -> Path:
     """Create `path` empty with mode 0600 if missing, else take group and other access away."""
     try:

@@ -27,7 +27,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
 
-from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
+from orchestrator.core.paths import default_db_url, private_sqlite
 from orchestrator.core.settings import DB_LOCK_WAIT_S, settings
 from orchestrator.records.store.tables import (
     DatabaseBusy,
@@ -206,18 +206,6 @@ def _upgrade(engine: Engine) -> None:
 
 
 
-def _private_sqlite(path: Path) -> None:
-    """The database file 0600 before SQLite opens it (SQLite then creates -wal and -shm with
-    the database file's permissions), and a folder orch creates for it 0700."""
-    folder = path.parent
-    # orch's own data folder is made private even if an older orch created it; a folder
-    # the user chose for ORCH_DB_URL is only created private, never changed.
-    private_dir(folder, fix=folder == data_dir())
-    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        if name == path or name.exists():
-            private_file(name)
-
-
 def make_engine(url: str | None = None) -> Engine:
     """The engine of the database at `url` (created if needed), its schema upgraded to head."""
     url = url or default_db_url()
@@ -230,7 +218,7 @@ def make_engine(url: str | None = None) -> Engine:
         # (read-only creates nothing); as a path it would make a `file:` folder here.
         if is_sqlite and parsed.database and parsed.database != ":memory:" \
                 and parsed.query.get("uri") != "true":
-            _private_sqlite(Path(parsed.database))
+            private_sqlite(Path(parsed.database))
         engine = create_engine(url)
     except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
         # The URL itself is not echoed: it may hold a password.
