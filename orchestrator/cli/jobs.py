@@ -36,6 +36,25 @@ from orchestrator.cli.jobview import (
     print_summary,
 )
 from orchestrator.cli.stops import stops_delivered
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import human_time, is_tty, width
+from orchestrator.core.money import usd
+from orchestrator.core.paths import describe_db
+from orchestrator.core.planning import make_plan
+from orchestrator.core.scheduler import NoFit
+from orchestrator.core.settings import settings
+from orchestrator.engine import trainlog
+from orchestrator.engine.recovery import teardown_open
+from orchestrator.engine.submission import record_job
+from orchestrator.engine.watchdog import deadlines
+from orchestrator.records.store import (
+    FINAL_STATUSES,
+    DatabaseBusy,
+    DatabaseFull,
+    NotFoundError,
+    Sweep,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
@@ -46,10 +65,7 @@ if TYPE_CHECKING:
 
 def engine_options(quick: bool = False) -> "Options":
     """Engine timing: the defaults, quicker for the simulated cloud, the ORCH_* settings."""
-    from orchestrator.core.settings import settings
     from orchestrator.engine.runner import Options
-    from orchestrator.engine.watchdog import deadlines
-
     base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
     s = settings()
     return Options(stall_s=deadlines(s), poll_s=s.poll_s or base.poll_s,
@@ -83,10 +99,6 @@ def submit(
                                       "on a terminal, never with --json).")] = False,
 ) -> None:
     """Plan a job and run it in the foreground with live progress (or --detach)."""
-    from orchestrator.core.planning import make_plan
-    from orchestrator.core.scheduler import NoFit
-    from orchestrator.engine.submission import record_job
-
     loaded = load(file)
     store = open_db()
     status = "planned" if dry_run else "queued"
@@ -132,8 +144,6 @@ def confirm(plan: "Plan", market: "Market | None") -> None:
     launch` does); not on a pipe, under cron or a worker. The simulated cloud spends nothing
     and is not asked about. A "no" exits 1 with nothing recorded."""
     import sys
-
-    from orchestrator.cli.term import is_tty
 
     o, p = plan.chosen.offer, plan.chosen
     if o.provider == "sim" or not (is_tty() and is_tty(sys.stdin)):
@@ -214,8 +224,6 @@ def worker(
     store = open_db()
     owner = owner_id("worker")
     providers, notes = configured_here(store)
-    from orchestrator.core.paths import describe_db
-
     # The handler first: a SIGTERM right after the banner is a stop like any other.
     with stops_delivered():
         current: list[str] = []  # the job being run, if any: what a stop has to say
@@ -252,8 +260,6 @@ def _work(store: "Store", providers: dict[str, Any], owner: str, *, once: bool, 
     """The worker's loop: requeue jobs whose worker died, claim the next job, run it."""
     from orchestrator.engine.runner import JobRunner
     from orchestrator.engine.warm import end_expired
-    from orchestrator.records.store import DatabaseBusy, DatabaseFull
-
     done = 0
     while True:
         try:
@@ -296,8 +302,6 @@ def _work(store: "Store", providers: dict[str, Any], owner: str, *, once: bool, 
 
 def _get_job(store: "Store", job_id: str) -> "Job":
     """The job, or exit 4 with the store's message."""
-    from orchestrator.records.store import NotFoundError
-
     try:
         return store.get_job(job_id)
     except NotFoundError as exc:
@@ -311,8 +315,6 @@ def show(
 ) -> None:
     """A job's state, attempts, instances, costs, metrics, events and ranked placements."""
     from orchestrator.engine.runner import instance_cost
-    from orchestrator.records.store import utcnow
-
     store = open_db()
     job = _get_job(store, job_id)
     summary = job_summary(store, job)
@@ -347,10 +349,6 @@ def show(
 def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], rows: list[Any],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import human_time, width
-    from orchestrator.core.money import usd
-
     curve = loss_curve(store.metrics(job.id), width() - 2)
     if curve:
         typer.echo(curve)
@@ -379,7 +377,6 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]], 
 
 def _print_events(job: "Job", evs: list[Any], events: int) -> None:
     """`orch show`'s newest `events` events."""
-    from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time, prose
 
     typer.echo("\n" + prose(f"Events (newest {min(events, len(evs))} of {len(evs)}; "
@@ -400,8 +397,6 @@ def logs(
     = False,
 ) -> None:
     """A job's events, oldest first (`-f` follows a running job; `--train` the trainer)."""
-    from orchestrator.records.store import FINAL_STATUSES
-
     store = open_db()
     _get_job(store, job_id)
     if train:
@@ -492,8 +487,6 @@ def _sweep_hint(store: "Store", name: str) -> str | None:
     """What to run when `orch cancel` was given a sweep's name rather than a job id."""
     from sqlmodel import select
 
-    from orchestrator.records.store import Sweep
-
     with store.session() as session:
         if session.exec(select(Sweep.id).where(Sweep.name == name)).first() is None:
             return None
@@ -509,9 +502,6 @@ def register(app: typer.Typer) -> None:
 
 def _train_logs(store: "Store", job_id: str, follow: bool, json_out: bool) -> None:
     """Print the kept training output; with `follow`, new lines until the job ends."""
-    from orchestrator.engine import trainlog
-    from orchestrator.records.store import FINAL_STATUSES
-
     shown: list[str] = []
 
     def emit() -> None:
@@ -545,7 +535,5 @@ def _orphaned(store: "Store", job: "Job") -> bool:
 
 def _cancel_orphan(store: "Store", job: "Job") -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
-    from orchestrator.engine.recovery import teardown_open
-
     teardown_open(store, configured_here(store)[0], job.id, "cancelled")
     store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

@@ -20,6 +20,9 @@ from decimal import Decimal
 from typing import Any
 
 from orchestrator.cli.term import human_time
+from orchestrator.core.money import usd
+from orchestrator.records.history import cost_rollup
+from orchestrator.records.store import from_micros
 
 INSTALL_HINT = ("orch report draws its charts with plotly, the report extra: in orch's "
                 "checkout run .venv/bin/pip install -e '.[report]'")
@@ -73,8 +76,6 @@ class ReportData:
 
 def run_data(store: Any, job: Any, sweep_name: str | None) -> RunData:
     """A job's row, metrics and placement as RunData."""
-    from orchestrator.records.store import from_micros
-
     by_step: dict[int, float] = {}
     metrics: dict[str, float] = {}
     for m in store.metrics(job.id):
@@ -97,8 +98,6 @@ def cost_rows(reader: Any, when: str, since: datetime | None, now: datetime,
               ids: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts, of
     the jobs `ids` (none: every job since `since`)."""
-    from orchestrator.records.history import cost_rollup
-
     if reader is None:
         return []
     return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now,
@@ -133,8 +132,6 @@ def _layout(title: str, x: str, y: str) -> dict[str, Any]:
 
 
 def _usd(value: Decimal | str | None) -> str:
-    from orchestrator.core.money import usd
-
     return "-" if value is None else html.escape(usd(Decimal(str(value))))
 
 

@@ -38,6 +38,8 @@ from orchestrator.cli.common import (
     problems_exit,
     require_runners,
 )
+from orchestrator.cli.tables import table
+from orchestrator.core.money import usd
 
 if TYPE_CHECKING:
     from orchestrator.core.sweepspec import LoadedSweep
@@ -164,9 +166,6 @@ def _all() -> list[dict[str, Any]]:
 
 
 def _show(name: str, json_out: bool) -> None:
-    from orchestrator.cli.tables import table
-    from orchestrator.core.money import usd
-
     status = _status(name)
     if json_out:
         print_json(status)
@@ -311,9 +310,6 @@ VERBS = {"show": sweep_show, "cancel": sweep_cancel}
 
 def sweeps(json_out: JsonFlag = False) -> None:
     """List sweeps: runs, succeeded/running/queued/failed/cancelled, spent/budget, best run."""
-    from orchestrator.cli.tables import table
-    from orchestrator.core.money import usd
-
     rows = _all()
     if json_out:
         print_json(rows)

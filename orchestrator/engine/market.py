@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.settings import settings
+from orchestrator.engine.runnable import QUICK_HTTP, cloud_keys
 from providers import catalog
 from providers.answers import clean
 from providers.base import (
@@ -47,8 +48,6 @@ class Market:
 def cloud(name: str, key: str, quick: bool = False) -> Provider:
     """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
     when set (emulators); `quick`: short HTTP timeouts and few retries."""
-    from orchestrator.engine.runnable import QUICK_HTTP
-
     url = settings().api_url(name)
     kwargs: dict[str, Any] = {"base_url": url} if url else {}
     if quick:
@@ -65,8 +64,6 @@ def cloud(name: str, key: str, quick: bool = False) -> Provider:
 def clouds(named: Sequence[str] | None = None) -> tuple[dict[str, Provider], list[str]]:
     """The clouds with credentials here (quick HTTP settings), limited to `named` (None:
     all), and notes on those without a key."""
-    from orchestrator.engine.runnable import cloud_keys
-
     keys, notes = cloud_keys()
     return {name: cloud(name, key, quick=True) for name, key in keys.items()
             if named is None or name in named}, notes

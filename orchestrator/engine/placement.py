@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     total_tokens,
     workload_from,
 )
-from orchestrator.engine import market, recovery
+from orchestrator.engine import hubaccess, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -285,8 +285,6 @@ class Placement:
         Only while the job holds no instance and no phase is durable: a takeover's host has
         (or is fetching) the model already.
         """
-        from orchestrator.engine import hubaccess
-
         rows = self.state.store.instances_of(self.state.job_id)
         if self.ledger.job().phase_done or any(r.terminated_at is None for r in rows):
             return

@@ -16,6 +16,8 @@ from orchestrator.engine.runnable import QUICK_HTTP as QUICK_HTTP  # re-exported
 from orchestrator.engine.runnable import cloud_keys
 from orchestrator.records.store import Store
 from providers.base import Provider
+from providers.dedicated.compute import Dedicated
+from providers.sim.compute import SimCloud
 
 
 def sim_state_dir() -> Path:
@@ -32,8 +34,6 @@ def sim_from_env() -> Provider:
     the stand-in trainer runs), ORCH_SIM_MODEL_BYTES / ORCH_SIM_DOWNLOAD_BPS (the base model's
     size and the hosts' download rate in bytes per second: `hf download` takes that long).
     """
-    from providers.sim.compute import SimCloud
-
     s = settings()
     given = {"train_steps": s.sim_train_steps, "train_step_seconds": s.sim_step_s,
              "model_size_bytes": s.sim_model_bytes,
@@ -49,8 +49,6 @@ def sim_from_env() -> Provider:
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False
                          ) -> tuple[dict[str, Provider], list[str]]:
     """(name -> provider, notes about the ones left out); `quick`: short HTTP timeouts."""
-    from providers.dedicated.compute import Dedicated
-
     found: dict[str, Provider] = {"dedicated": Dedicated(store)}
     if sim or (sim is None and sim_state_dir().exists()):
         found["sim"] = sim_from_env()

@@ -61,6 +61,8 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.catalog import gpus as gpu_specs
+from providers.catalog import load
 from providers.sim import hub
 
 if TYPE_CHECKING:
@@ -148,8 +150,6 @@ class SimCloud(OptInOnly, Simulated):
         keep_disks: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from providers.catalog import gpus as gpu_specs
-
         self.state_dir = Path(state_dir).resolve()
         known = gpu_specs()
         for gpu in [*(gpus or []), *(capacity or {})]:
@@ -332,8 +332,6 @@ class SimCloud(OptInOnly, Simulated):
     @property
     def volume_per_gb_month(self) -> Decimal:
         """Volume storage price: what the catalog's per-second cloud charges."""
-        from providers.catalog import load
-
         return load().volume_per_gb_month.get(CATALOG_PROVIDER, Decimal(0))
 
     def volume_dir(self, job_id: str) -> Path:
@@ -542,8 +540,6 @@ def catalog_offers(boot_seconds: float = 0.0) -> list[Offer]:
 
     Also what `orch plan` ranks for a job that names `sim` in resources.providers.
     """
-    from providers.catalog import load
-
     found: list[Offer] = []
     for base in load().offers:
         if base.provider != CATALOG_PROVIDER or base.price_per_hour is None:
