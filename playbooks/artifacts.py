@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from orchestrator import retrying
 from playbooks import ssh
+from providers import retrying
 
 from .base import Fault, Host, StepFailed, last_line
 

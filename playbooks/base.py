@@ -160,7 +160,7 @@ class Host:
 
     def _io_timeout(self) -> float:
         # Every SFTP reply waits at most this long (each thread has its own channel).
-        return min(ssh.IO_TIMEOUT_S, self._timeout(None))
+        return min(ssh.io_timeout(self.conn), self._timeout(None))
 
     def _timeout(self, timeout: float | None) -> float:
         limit = timeout if timeout is not None else self.command_timeout

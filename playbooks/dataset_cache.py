@@ -23,7 +23,6 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import retrying
 from playbooks import ssh
 from playbooks.base import (
     CONTAINER_ROOT,
@@ -37,6 +36,7 @@ from playbooks.base import (
 )
 from playbooks.hfrepo import repo_id_problem
 from playbooks.model_cache import classify_download_error, validate_revision
+from providers import retrying
 
 MARKER = ".orch-complete"
 DEFAULT_ATTEMPTS = 3

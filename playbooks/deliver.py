@@ -80,7 +80,7 @@ def push(host: Host, tj: TrainJob, target: HubTarget, token: str | None,
                           env_file=env_file)
     finally:
         with contextlib.suppress(ssh.SSHError):
-            ssh.remove_files(host.conn, [env_file], timeout=min(ssh.IO_TIMEOUT_S, 60.0))
+            ssh.remove_files(host.conn, [env_file], timeout=min(ssh.io_timeout(host.conn), 60.0))
     if not result.ok:
         raise classify_upload_error(result.stderr or result.stdout, target.repo)
     return hub_url(target.repo, endpoint)

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator import retrying
+from providers import retrying
 
 from . import images
 from .base import (

@@ -29,10 +29,10 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator import retrying
 from playbooks import ssh
 from playbooks.base import CONTAINER_ROOT, Fault, Host, Layout, Step, StepFailed, last_line
 from playbooks.hfrepo import repo_id_problem
+from providers import retrying
 
 PLAYBOOK = "model_cache"
 
@@ -515,7 +515,7 @@ class ModelCache:
                 # (A host that stopped answering is scrubbed when the job ends.)
                 with contextlib.suppress(ssh.SSHError):
                     ssh.remove_files(host.conn, [env_file],
-                                     timeout=min(ssh.IO_TIMEOUT_S, 60.0))
+                                     timeout=min(ssh.io_timeout(host.conn), 60.0))
 
     def _download_with(self, host: Host, env_file: str | None) -> None:
         argv = self.download_argv()

@@ -18,6 +18,8 @@ import yaml
 
 from playbooks import deliver, evalscore, images, merge, train, vllm
 from playbooks.base import container_name
+from playbooks.model_cache import ModelCache
+from playbooks.pipeline import cache_for
 from playbooks.vllm_native import NativeServer, served_requirements
 
 # Where orch's directory is on each kind of host when nothing has been discovered yet (the
@@ -89,9 +91,6 @@ def lm_eval_argv(tj: train.TrainJob, port: int, tasks: Sequence[str],
 def download_argv(tj: train.TrainJob, repo: str, revision: str, model_bytes: int,
                   token: bool) -> list[str]:
     """The base model's download, as `pipeline.prepare` runs it on this kind of host."""
-    from playbooks.model_cache import ModelCache
-    from playbooks.pipeline import cache_for
-
     cache = ModelCache(repo, revision, model_bytes, tj.layout,
                        hf_token="(from the environment)" if token else None)
     cache = cache_for(cache, tj.image, tj.runner, tj.native)

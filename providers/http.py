@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import httpx
 from tenacity import RetryCallState
 
-from orchestrator import retrying
+from providers import retrying
 from providers.base import BadAnswer, TransientError
 
 T = TypeVar("T")

@@ -8,7 +8,7 @@ whether a pipeline error was the machine's loss. NotFound is an answer, not a fa
 
 from __future__ import annotations
 
-from orchestrator import retrying
+from providers import retrying
 from providers.base import Instance, NotFound, Provider, ProviderError
 
 TRIES = 3

@@ -34,10 +34,12 @@ from .standins.common import (
     BIN_DIR,
     SYSTEM_PATH,
     Host,
+    alive,
     cut_power,
     descendants,
     kill_process_group,
     proc_table,
+    process_starttime,
     refresh_bin,
     tagged,
     write_atomic,
@@ -358,13 +360,18 @@ class SimHost:
         # per-connection children carry SIMHOST_ID: with init gone before it ended its tree
         # (SIGKILLed by a stop in another process), only sshd's pid file leads to them.
         sshd = self._own_sshd()
+        killed: dict[int, int | None] = {}
         if sshd is not None:
-            cut_power(descendants(sshd) | {sshd})
+            killed = {pid: process_starttime(pid) for pid in descendants(sshd) | {sshd}}
+            cut_power(killed)
         for record in self.containers().values():
             if record["State"]["Running"] and record["Sim"]["pid"]:
                 kill_process_group(record["Sim"]["pid"])  # in case a job left init's tree
+        # Powered off means gone: a SIGKILLed process lives on (stopped) until the kernel next
+        # runs it, which on a loaded machine can be after this returns. So wait for sshd's
+        # tree too, not only for the processes that carry the host's id (sshd's do not).
         for _ in range(100):
-            leftover = tagged(self.id)
+            leftover = tagged(self.id) | {pid for pid, t in killed.items() if alive(pid, t)}
             if not leftover:
                 break
             cut_power(leftover)

@@ -255,11 +255,12 @@ def _server() -> _Server:
 # --- the server --------------------------------------------------------------------------
 
 PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
-# What orch's modules read from the environment when imported (the SSH timeouts, read once
-# per process and refused by name when malformed): a command whose environment gives any of
-# them another value than the server had runs as the console script, so it reads its own.
-# tests/test_orchfork.py checks that import_all reads exactly these.
-READ_AT_IMPORT = frozenset({"ORCH_SSH_COMMAND_TIMEOUT_S", "ORCH_SSH_IO_TIMEOUT_S"})
+# What orch's modules read from the environment when imported: nothing since every ORCH_*
+# variable is read by orch's settings when a command runs (orchestrator/core/settings.py). A
+# command whose environment gave one of these another value than the server had would run as
+# the console script, so it read its own. tests/test_orchfork.py checks that import_all reads
+# exactly these.
+READ_AT_IMPORT: frozenset[str] = frozenset()
 
 
 def import_all() -> None:

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import orchfork
@@ -185,3 +185,37 @@ def test_sweep_cancel_stops_a_run_while_it_prepares(tmp_path: Path, when: str) -
         store.close()
         if worker.poll() is None:
             worker.kill()
+
+
+@pytest.mark.parametrize("how", ["job", "sweep"])
+def test_the_cancel_is_stamped_once_it_holds_the_write_lock(tmp_path: Path, how: str) -> None:
+    """A worker keeps writing while it runs (events, its lease): `orch cancel` waiting for the
+    write lock stamped the time it started waiting, so steps the worker started meanwhile,
+    before the flag was committed, looked as if started after the cancel (the flaky
+    test_sweep_cancel_stops_a_run_while_it_prepares, 1 run in 4 of its module under load)."""
+    from emulators.machinefaults import SqliteLock
+
+    from orchestrator.records.store import Sweep
+
+    store = open_store(f"sqlite:///{tmp_path / 'orch.db'}")
+    with store.transaction() as session:
+        sweep = Sweep(name="grid", spec_json="{}")
+        session.add(sweep)
+    job = store.create_job(
+        name="run-1", status="queued", method="lora", base_model="m", spec_json="{}",
+        spec_hash="0" * 64, placement=None, provider=None, gpu=None, gpu_count=None,
+        billing=None, interruptible=None, est_hours=None, est_cost=None, event_kind="queued",
+        event_message="", event_data=None, sweep_id=sweep.id, sweep_key=f"{sweep.id}:run-1")
+    with sqlite3.connect(tmp_path / "orch.db") as con:  # a running job: flagged, not ended
+        con.execute("UPDATE job SET status = 'preparing' WHERE id = ?", (job.id,))
+    lock = SqliteLock(tmp_path / "orch.db", 2.0)  # the worker's write, still going
+    done = threading.Thread(target=(lambda: store.request_cancel(job.id)) if how == "job" else
+                            (lambda: store.cancel_sweep_runs(sweep.id, "sweep cancelled")))
+    called = datetime.now(UTC)
+    done.start()
+    lock.released()
+    done.join(timeout=60)
+    asked = store.get_job(job.id).cancel_requested_at
+    # The lock was let go 2 s after it was taken, before the call: stamped once it was held,
+    # the flag is at least ~2 s after the call (before, it was the call's own time).
+    assert asked is not None and asked >= called + timedelta(seconds=1.5)

@@ -28,19 +28,66 @@ def test_plan_loads_neither_the_database_nor_ssh_nor_http(tmp_path: Path) -> Non
     assert out.stderr.strip().splitlines()[-1] == "[]"
 
 
-def test_the_console_script_is_the_typer_app() -> None:
-    text = (ROOT / "pyproject.toml").read_text()
-    assert 'orch = "orchestrator.cli.app:main"' in text
+def test_plan_imports_no_other_command_module(tmp_path: Path) -> None:
+    from orchestrator.cli.lazycommands import LAZY
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print(sorted(m for m in sys.modules "
+            "if m.startswith('orchestrator.cli.')), file=sys.stderr))\n"
+            "sys.argv = ['orch', 'plan', 'examples/qlora-8b.yml']\n"
+            "from orchestrator.cli.app import main\n"
+            "main()\n")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = set(eval(out.stderr.strip().splitlines()[-1]))  # a list of module names
+    assert "orchestrator.cli.plan" in loaded
+    assert loaded & {module for module, _names in LAZY} == set()
 
 
-def test_command_modules_keep_their_annotations_evaluated() -> None:
-    # typer reads every command's annotations when `orch` starts (any command, even -h), and
-    # evaluates string annotations twice (inspect.signature(eval_str=True), get_type_hints):
-    # `from __future__ import annotations` in the modules that define commands made that ~6%
-    # of `orch plan`'s start-up (75 M of its 1,270 M instructions). Helpers there quote the
-    # names they import only for type checking.
-    defining = [p for p in sorted((ROOT / "orchestrator" / "cli").glob("*.py"))
-                if ".command(" in p.read_text()]
-    assert len(defining) > 5, "no module defines commands: did the CLI move?"
-    lazy = [p.name for p in defining if "from __future__ import annotations" in p.read_text()]
-    assert lazy == [], f"string annotations in command modules: {lazy}"
+def test_lazy_commands_name_what_each_module_registers() -> None:
+    from orchestrator.cli.lazycommands import LAZY, registered
+
+    for module, helps in LAZY:
+        commands = registered(module)
+        assert tuple(commands) == tuple(helps), module
+        for name, command in commands.items():
+            first = "" if command.hidden else (command.help or "").split("\n\n")[0]
+            assert helps[name] == first, name
+
+
+def test_help_lists_every_command_without_importing_its_module(tmp_path: Path) -> None:
+    from orchestrator.cli.lazycommands import LAZY
+
+    code = ("import sys\n"
+            "sys.argv = ['orch', '--help']\n"
+            "from orchestrator.cli.app import main\n"
+            "try:\n"
+            "    main()\n"
+            "finally:\n"
+            "    print(sorted(m for m in sys.modules if m.startswith('orchestrator.cli.')), "
+            "file=sys.stderr)\n")
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert set(eval(out.stderr.strip().splitlines()[-1])) & {m for m, _ in LAZY} == set()
+    listed = [line.split()[0] for line in out.stdout.split("Commands:")[1].splitlines()
+              if line.strip()]
+    assert listed == ["plan", "offers", "prices", "jobs", "reconcile",
+                      *[n for _m, helps in LAZY for n, h in helps.items() if h]]
+    # The same text as with every module loaded (each command's own help).
+    import click
+    import typer
+
+    from orchestrator.cli.app import app
+
+    def helped(load: bool) -> str:
+        root = typer.main.get_command(app)
+        if load:
+            assert len(root.commands) == len(listed) + 1  # type: ignore[attr-defined]
+        with click.Context(root, info_name="orch", terminal_width=100) as ctx:
+            return root.get_help(ctx)
+
+    assert helped(False) == helped(True)

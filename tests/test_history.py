@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli.history import register
 from orchestrator.core.jobstatus import FINAL_STATUSES, in_order
+from orchestrator.core.settings import SettingsError
 from orchestrator.records import history as h
 from orchestrator.records.store import (
     JOB_STATUSES,
@@ -466,7 +467,7 @@ def test_sql_bounds_the_rows(jobs: str, monkeypatch: pytest.MonkeyPatch) -> None
         h.run_sql(jobs, "SELECT id FROM job")
     assert len(h.run_sql(jobs, "SELECT id FROM job LIMIT 3").rows) == 3
     monkeypatch.setenv("ORCH_SQL_MAX_ROWS", "lots")
-    with pytest.raises(h.HistoryError, match="ORCH_SQL_MAX_ROWS='lots': give a number"):
+    with pytest.raises(SettingsError, match="ORCH_SQL_MAX_ROWS='lots': must be a whole number"):
         h.run_sql(jobs, "SELECT id FROM job")
 
 

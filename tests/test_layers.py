@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
 # Bottom to top: a module may import its own layer and the ones before it.
 LAYERS = (
-    "orchestrator.retrying",  # the one retry policy (tenacity); imports nothing of ours
+    "providers.retrying",   # the one retry policy (tenacity); imports nothing of ours
     "simhost",              # the simulated cloud's hosts (sshd + stand-ins); imports nothing
     "playbooks.ssh",        # SSH/SFTP to a host: argv only, pinned host keys; a leaf
     "providers",            # clouds and monthly servers behind one interface; catalogs
@@ -268,6 +268,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
         "providers/vastai/compute.py": "from providers.sim import compute\n"
                                        "from providers import base\n",
         "providers/base.py": "from providers.sim.compute import x\n",
+        # The retry policy is below the providers that hold it: it may not import them.
+        "providers/retrying.py": "from providers import base\n",
         # The store reaching up to history; its claim path's sweep rules are allowed.
         "orchestrator/records/store/jobs.py": "from orchestrator.records import history\n"
                                               "from orchestrator.records.sweep.rules import g\n",
@@ -278,6 +280,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
     assert any("orchestrator.core.a (orchestrator.core) imports orchestrator.engine.b" in a
                for a in arrows)
     assert any("playbooks.ssh.c (playbooks.ssh) imports playbooks.train" in a for a in arrows)
+    assert any("providers.retrying (providers.retrying) imports providers.base (providers)" in a
+               for a in arrows)
     assert sideways(root) == [
         "orchestrator/records/store/jobs.py:1: orchestrator.records.store.jobs imports "
         "orchestrator.records.history: orchestrator.records.store may reach only "
@@ -299,7 +303,8 @@ def test_the_checks_catch_a_backward_arrow_a_loop_and_a_long_function(tmp_path: 
 @pytest.mark.parametrize("name, expected", [
     ("playbooks.ssh.sftp", "playbooks.ssh"), ("playbooks.train", "playbooks"),
     ("orchestrator.cli.jobs", "orchestrator.cli"), ("simhost.host", "simhost"),
-    ("providers.sim", "providers"), ("orchestrator.retrying", "orchestrator.retrying"),
+    ("providers.sim", "providers"), ("providers.retrying", "providers.retrying"),
+    ("providers.retrying.x", "providers.retrying"), ("providers.http", "providers"),
 ])
 def test_layers_are_matched_by_the_longest_prefix(name: str, expected: str) -> None:
     assert LAYERS[layer(name)] == expected

@@ -346,7 +346,7 @@ def test_the_environment_shapes_the_simulated_cloud(tmp_path: Path,
                                   "model_size_bytes": 16060522496,
                                   "download_bytes_per_second": 1.5e10}
     monkeypatch.setenv("ORCH_SIM_DOWNLOAD_BPS", "fast")
-    with pytest.raises(ValueError, match="ORCH_SIM_DOWNLOAD_BPS='fast': give a number"):
+    with pytest.raises(ValueError, match="ORCH_SIM_DOWNLOAD_BPS='fast': must be a number"):
         sim_from_env()
 
 

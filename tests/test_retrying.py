@@ -1,4 +1,4 @@
-"""The one retry policy (orchestrator/retrying.py) and the sites that were hand-written loops.
+"""The one retry policy (providers/retrying.py) and the sites that were hand-written loops.
 
 Each converted site is shown retrying a transient fault and giving up at once on a
 permanent one, against real parts: the eval scorer against an HTTP server on loopback, the
@@ -21,10 +21,9 @@ from emulators.serve import LoopbackServer
 from emulators.vast import VastEmulator
 from tenacity import RetryCallState
 
-from orchestrator import retrying
 from playbooks.base import Fault, StepFailed
 from playbooks.evalscore import score_eval_set
-from providers import retried
+from providers import retried, retrying
 from providers.base import InstanceState, NotFound, Requirements, TransientError
 from providers.vastai.compute import VastAI
 

@@ -187,7 +187,8 @@ def test_empty_orch_db_url_is_an_error(tmp_path: Path, value: str) -> None:
                  ["plan", "examples/quickstart.yml"]):
         proc = run_orch(env, *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
-        assert proc.stderr.startswith("error: ORCH_DB_URL is set but empty"), proc.stderr
+        assert proc.stderr.startswith(f"error: ORCH_DB_URL={value!r}: must be a database URL"), \
+            proc.stderr
     assert not (tmp_path / ".local").exists()
 
 

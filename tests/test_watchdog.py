@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.watchdog import DEFAULT_DEADLINES_S, Watchdog, deadlines_from_env
+from orchestrator.core.settings import Settings, SettingsError, settings
+from orchestrator.engine.watchdog import DEFAULT_DEADLINES_S, Watchdog, deadlines
 
 
 class Clock:
@@ -38,9 +39,12 @@ def test_unguarded_phases_never_stall() -> None:
     assert dog.overdue() is None
 
 
-def test_deadlines_come_from_the_environment() -> None:
-    assert deadlines_from_env({}) == DEFAULT_DEADLINES_S
-    assert deadlines_from_env({"ORCH_STALL_MERGING_S": "90"})["merging"] == 90.0
+def test_deadlines_come_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert deadlines(Settings()) == DEFAULT_DEADLINES_S
+    assert deadlines(Settings(ORCH_STALL_MERGING_S="90"))["merging"] == 90.0
+    monkeypatch.setenv("ORCH_STALL_RELEASING_S", "60")
+    assert deadlines()["releasing"] == 60.0  # orch's settings, from the environment
     for bad in ("0", "-5", "soon", "inf", "nan"):
-        with pytest.raises(ValueError, match="ORCH_STALL_TRAINING_S"):
-            deadlines_from_env({"ORCH_STALL_TRAINING_S": bad})
+        monkeypatch.setenv("ORCH_STALL_TRAINING_S", bad)
+        with pytest.raises(SettingsError, match="ORCH_STALL_TRAINING_S"):
+            settings()

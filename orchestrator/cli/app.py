@@ -1,7 +1,8 @@
 """The `orch` command line: parse, call one core function, render (aligned tables or --json).
 
-Heavy modules (the database layer, SSH, HTTP) are imported inside the commands that need
-them: `orch plan` must start in a small multiple of a bare `python -c pass`.
+`orch plan` must start in a small multiple of a bare `python -c pass`: the other commands'
+modules are imported only when one of their commands runs (cli/lazycommands.py), and the
+heavy libraries (the database layer, SSH, HTTP) only inside the commands here that need them.
 """
 
 
@@ -16,31 +17,25 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import click
 import typer
 
-from orchestrator.cli import history as cli_history
-from orchestrator.cli import jobs as cli_jobs
-from orchestrator.cli import models as cli_models
 from orchestrator.cli import plan as cli_plan
-from orchestrator.cli import render as cli_render
-from orchestrator.cli import report as cli_report
-from orchestrator.cli import schemacmd as cli_schema
-from orchestrator.cli import servers as cli_servers
-from orchestrator.cli import sweeps as cli_sweeps
-from orchestrator.cli import warmcmd as cli_warm
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
+from orchestrator.cli.helpstyle import relabel
+from orchestrator.cli.lazycommands import LazyGroup, new_app
+from orchestrator.core.jobstatus import JobStatus, parse_status
 
 if TYPE_CHECKING:
     from orchestrator.records.store import Job
 
-app = typer.Typer(
+app = new_app(
+    cls=LazyGroup,
     name="orch",
     help="Fine-tune LLMs on rented GPUs at the lowest cost that works.",
     no_args_is_help=True,
     # `orch --install-completion` / `--show-completion` (bash, zsh, fish, PowerShell).
     add_completion=True,
-    pretty_exceptions_enable=False,
-    # Plain help and errors: rich markup ate `[report]` in "pip install -e '.[report]'",
-    # drew usage errors as boxes, and kept docstring line breaks inside its own wrapping.
-    rich_markup_mode=None,
+    # new_app: plain help and errors (rich_markup_mode=None): rich markup ate `[report]` in
+    # "pip install -e '.[report]'", drew usage errors as boxes, and kept docstring line breaks
+    # inside its own wrapping.
     # Subcommands inherit it: `orch jobs -h` works as `-h` does in gh and kubectl.
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -116,7 +111,7 @@ def prices(
 def _job_dict(j: "Job", now: datetime) -> dict[str, Any]:
     from orchestrator.cli.term import iso_utc
     from orchestrator.core.jobstatus import lease_state
-    from orchestrator.records.store import from_micros
+    from orchestrator.core.money import from_micros
 
     return {
         # `job_id`, as submit, show, cancel and the sweep commands say (one key per concept).
@@ -132,6 +127,19 @@ def _job_dict(j: "Job", now: datetime) -> dict[str, Any]:
     }
 
 
+def _listed(limit: int, status: JobStatus | Literal["running"] | None) -> list[Any]:
+    """The newest jobs: read-only without SQLAlchemy where that is all the store would do
+    (records/jobsread.py), else through the store (which creates, upgrades or repairs)."""
+    from orchestrator.core.jobstatus import RUNNING_STATUSES, in_order
+    from orchestrator.records.jobsread import recent_jobs
+
+    rows = recent_jobs(limit, tuple(in_order(RUNNING_STATUSES)) if status == "running" else
+                       None if status is None else (status,))
+    if rows is not None:
+        return list(rows)
+    return list(open_db().list_jobs(limit=limit, status=status))
+
+
 @app.command()
 def jobs(
     json_out: JsonFlag = False,
@@ -140,7 +148,7 @@ def jobs(
     limit: Annotated[int, typer.Option(help="How many, newest first.")] = 50,
 ) -> None:
     """List jobs, newest first."""
-    from orchestrator.core.jobstatus import JobStatus, parse_status
+
 
     if not 1 <= limit <= 100_000:
         fail(f"--limit must be 1..100000 (got {limit})", EXIT_INVALID)
@@ -151,7 +159,7 @@ def jobs(
     except ValueError as exc:
         fail(f"--status {status}: {exc}; or running (every state a worker drives)",
              EXIT_INVALID)
-    found = open_db().list_jobs(limit=limit, status=wanted)
+    found = _listed(limit, wanted)
     now = datetime.now(UTC)
     rows = [_job_dict(j, now) for j in found]
     if json_out:
@@ -197,6 +205,8 @@ def reconcile(
     except ValueError as exc:
         fail(str(exc), 2)
     providers, notes = configured_providers(store, quick=True)
+    from orchestrator.cli import servers as cli_servers
+
     report = run_reconcile(store, providers, dry_run=dry_run, idle_grace_s=grace,
                            scrub=cli_servers.scrubber())
     from orchestrator.core.paths import describe_db
@@ -229,19 +239,26 @@ def reconcile(
         raise typer.Exit(1)
 
 
-def _register() -> None:
-    cli_jobs.register(app)
-    cli_history.register(app)
-    cli_sweeps.register(app)
-    cli_report.register(app)
-    cli_models.register(app)
-    cli_servers.register(app)
-    cli_render.register(app)
-    cli_schema.register(app)
-    cli_warm.register(app)
+def _check_settings() -> None:
+    """Exit 2 with one `error:` line for each ORCH_* variable orch cannot use."""
+    from orchestrator.core.settings import SettingsError, settings
+
+    try:
+        settings()
+    except SettingsError as exc:
+        for line in str(exc).splitlines():
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(2)
 
 
-_register()
+def _debug() -> bool:
+    """ORCH_DEBUG: show an internal error's traceback (off where the settings are bad)."""
+    from orchestrator.core.settings import SettingsError, settings
+
+    try:
+        return settings().debug
+    except SettingsError:
+        return False
 
 
 def main() -> None:
@@ -253,15 +270,15 @@ def main() -> None:
     # connections); Python never promised finalizers for what is left at exit.
     atexit.unregister(gc.freeze)  # once, where a test calls main() many times
     atexit.register(gc.freeze)
-    from orchestrator.cli.helpstyle import gh_style
-    from orchestrator.core.paths import BLANK_DB_URL, blank_db_url
-
-    if blank_db_url() and sys.argv[1:] and not {"--help", "-h"} & set(sys.argv[1:]):
-        typer.echo(f"error: {BLANK_DB_URL}", err=True)
-        sys.exit(2)
+    # Every command checks orch's settings (the ORCH_* variables) first: a bad one exits 2
+    # with one line each, before anything is read or written. Help needs none of them.
+    if sys.argv[1:] and not {"--help", "-h", "--version"} & set(sys.argv[1:]):
+        _check_settings()
 
     try:
-        code = gh_style(typer.main.get_command(app))(prog_name="orch", standalone_mode=False)
+        root = typer.main.get_command(app)
+        relabel(root)  # its commands are relabelled as they are loaded (LazyGroup)
+        code = root(prog_name="orch", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         exc.show()  # `orch` alone: the help
         sys.exit(exc.exit_code)
@@ -278,8 +295,6 @@ def main() -> None:
         typer.echo("interrupted", err=True)
         sys.exit(130)
     except Exception as exc:  # a defect: one line for the user, the traceback on request
-        import os
-
         # A locked, full or read-only database is no defect: its own line. (The store's module is
         # loaded whenever one was raised; looked up here to keep `orch --help` light.)
         tables = sys.modules.get("orchestrator.records.store.tables")
@@ -288,7 +303,7 @@ def main() -> None:
             typer.echo(f"error: {exc}", err=True)
             sys.exit(1)
 
-        if os.environ.get("ORCH_DEBUG"):
+        if _debug():
             raise
         typer.echo(f"error: internal error ({type(exc).__name__}: {exc}); please report it "
                    "with the command that caused it (ORCH_DEBUG=1 shows the traceback)",

@@ -20,6 +20,14 @@ HELP_NAMES = ["-h", "--help"]
 
 def gh_style(command: Any) -> Any:
     """Relabel the options of `command` and every subcommand; returns `command`."""
+    relabel(command)
+    for sub in getattr(command, "commands", {}).values():
+        gh_style(sub)
+    return command
+
+
+def relabel(command: Any) -> None:
+    """Relabel the options of `command` itself (not of its subcommands)."""
     # The help option is made (and cached) on first use; make it now to relabel it too.
     helper = command.get_help_option(SimpleNamespace(help_option_names=HELP_NAMES))
     params = [*getattr(command, "params", []), *([helper] if helper is not None else [])]
@@ -39,6 +47,3 @@ def gh_style(command: Any) -> Any:
         else:  # earlier typer: Click's types
             bare = _CLICK.get(param.type.name, param.type.name)
         param.metavar = _WORDS.get(bare, bare.lower())
-    for sub in getattr(command, "commands", {}).values():
-        gh_style(sub)
-    return command

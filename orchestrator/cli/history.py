@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from orchestrator.cli import advise as adv
+from orchestrator.cli.advise import render_lines
 from orchestrator.cli.common import (
     EXIT_ERROR,
     EXIT_INVALID,
@@ -21,6 +23,26 @@ from orchestrator.cli.common import (
     print_csv,
     print_json,
 )
+from orchestrator.cli.exits import exit_code
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import human_duration, human_time
+from orchestrator.core.money import usd
+from orchestrator.core.paths import default_db_url
+from orchestrator.records import warmidle
+from orchestrator.records.history import (
+    Filters,
+    HistoryError,
+    cost_rollup,
+    dollars,
+    history,
+    metered_usage,
+    parse_when,
+    server_usage,
+    split_by,
+    to_text,
+    total,
+)
+from providers import catalog
 
 if TYPE_CHECKING:
     from orchestrator.records.history import CostRow, HistoryRow, Reader
@@ -35,8 +57,6 @@ UntilOpt = Annotated[str | None, typer.Option(
 
 
 def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
-    from orchestrator.records.history import HistoryError, parse_when
-
     if value is None:
         return None
     try:
@@ -46,9 +66,6 @@ def _when(value: str | None, flag: str, now: datetime) -> datetime | None:
 
 
 def _money(micros: int | None) -> str:
-    from orchestrator.core.money import usd
-    from orchestrator.records.history import dollars
-
     return "-" if micros is None else usd(dollars(micros))
 
 
@@ -84,8 +101,6 @@ def _history_cmd(
     csv_out: CsvFlag = False,
 ) -> None:
     """List past and current jobs, filtered and sorted."""
-    from orchestrator.records.history import Filters, history
-
     one_format(json_out, csv_out)
     now = datetime.now(UTC)
     filters = Filters(
@@ -113,9 +128,6 @@ def _render_history(rows: "list[HistoryRow]", json_out: bool, csv_out: bool) -> 
     if not rows:
         typer.echo("no jobs match; widen the filters (e.g. drop --since) or see `orch jobs`")
         return
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import human_duration, human_time
-
     typer.echo(table(
         ["id", "name", "status", "method", "model", "provider", "GPU", "spot", "cost",
          "duration", "created"],
@@ -135,13 +147,9 @@ def _cost_cmd(
     csv_out: CsvFlag = False,
 ) -> None:
     """Spending rollups: jobs, GPU-hours, cost, amortised rent and spot savings."""
-    from orchestrator.records.history import cost_rollup, split_by, to_text, total
-
     one_format(json_out, csv_out)
     now = datetime.now(UTC)
     start, end = _when(since, "--since", now), _when(until, "--until", now)
-    from orchestrator.records import warmidle
-
     with history_reader() as reader:
         when, dim = split_by(by or ["month"])
         rows = cost_rollup(reader, when=when, dim=dim, since=start, until=end, now=now)
@@ -169,8 +177,6 @@ def _cost_cmd(
 
     if csv_out:
         def exact(m: int | None) -> object:
-            from orchestrator.records.history import dollars
-
             return None if m is None else dollars(m)
 
         print_csv(headers, [cells(r, exact) for r in rows])
@@ -178,8 +184,6 @@ def _cost_cmd(
     if not rows:
         typer.echo("no jobs in that range; widen --since/--until or see `orch history`")
         return
-    from orchestrator.cli.tables import table
-
     shown = [cells(r, _money) for r in rows]
     last = cells(t, _money)
     if not when:
@@ -227,12 +231,9 @@ def _sql_cmd(
 
     Built-in functions only; at most ORCH_SQL_TIMEOUT_S s (30) and ORCH_SQL_MAX_ROWS rows.
     """
-    from orchestrator.core.paths import default_db_url
     from orchestrator.records.history import HistoryError, run_sql
 
     one_format(json_out, csv_out)
-    from orchestrator.cli.exits import exit_code
-
     try:
         result = run_sql(default_db_url(), query)
     except HistoryError as exc:  # a refused or wrong query is invalid input (exit 2)
@@ -251,8 +252,6 @@ def _sql_cmd(
     if csv_out:
         print_csv(result.columns, [[plain(v) for v in row] for row in result.rows])
         return
-    from orchestrator.cli.tables import table
-
     numeric = [i for i in range(len(result.columns))
                if result.rows and all(isinstance(r[i], (int, float)) or r[i] is None
                                       for r in result.rows)]
@@ -267,8 +266,6 @@ def _advise_cmd(
     json_out: JsonFlag = False,
 ) -> None:
     """Would monthly servers have been cheaper? Which rented servers sit idle?"""
-    from orchestrator.cli.advise import render_lines
-
     if not 1 <= days <= 3650:
         fail(f"--days {days}: give 1..3650", EXIT_INVALID)
     with history_reader(EXIT_ERROR) as reader:
@@ -281,10 +278,6 @@ def _advise_cmd(
 
 def advise_from_history(reader: "Reader | None", days: int, now: datetime) -> Any:
     """Load the window's usage and prices at the edge, then call the pure advise()."""
-    from orchestrator.cli import advise as adv
-    from orchestrator.records.history import metered_usage, server_usage
-    from providers import catalog
-
     since = now - timedelta(days=days)
     metered = metered_usage(reader, since, now) if reader else []
     servers = server_usage(reader, since, now) if reader else []

@@ -36,8 +36,28 @@ from orchestrator.cli.jobview import (
     print_summary,
 )
 from orchestrator.cli.stops import stops_delivered
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import human_time, is_tty, width
 from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.money import usd
+from orchestrator.core.paths import describe_db
+from orchestrator.core.planning import make_plan
+from orchestrator.core.scheduler import NoFit
+from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason
+from orchestrator.engine import trainlog
+from orchestrator.engine.recovery import teardown_open
+from orchestrator.engine.submission import record_job
+from orchestrator.engine.watchdog import deadlines
+from orchestrator.engine.wiring import declares, price_lists
+from orchestrator.records.store import (
+    FINAL_STATUSES,
+    DatabaseFull,
+    NotFoundError,
+    Sweep,
+    utcnow,
+)
+from providers.base import Simulated
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
@@ -47,32 +67,14 @@ if TYPE_CHECKING:
     from orchestrator.records.store import Event, Instance, Job, Store
 
 
-def _env_float(name: str, default: float) -> float:
-    """A positive number of seconds from the environment; a bad value exits 2 naming it."""
-    from playbooks.ssh.env import EnvNumberError, env_float
-
-    try:
-        return env_float(name, default)
-    except EnvNumberError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-
 def engine_options(quick: bool = False) -> "Options":
-    """Engine timing: the defaults, quicker for simulated providers, ORCH_*_S overrides."""
+    """Engine timing: the defaults, quicker for simulated providers, the ORCH_* settings."""
     from orchestrator.engine.runner import Options
-    from orchestrator.engine.watchdog import deadlines_from_env
-
     base = Options(poll_s=0.5, watch_s=0.5, lease_s=15.0) if quick else Options()
-    try:
-        stall_s = deadlines_from_env()  # ORCH_STALL_<PHASE>_S
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    return Options(stall_s=stall_s, poll_s=_env_float("ORCH_POLL_S", base.poll_s),
-                   watch_s=_env_float("ORCH_WATCH_S", base.watch_s),
-                   lease_s=_env_float("ORCH_LEASE_S", base.lease_s),
-                   boot_deadline_s=_env_float("ORCH_BOOT_DEADLINE_S", base.boot_deadline_s),
+    s = settings()
+    return Options(stall_s=deadlines(s), poll_s=s.poll_s or base.poll_s,
+                   watch_s=s.watch_s or base.watch_s, lease_s=s.lease_s or base.lease_s,
+                   boot_deadline_s=s.boot_deadline_s or base.boot_deadline_s,
                    connect_deadline_s=base.connect_deadline_s,
                    max_placements=base.max_placements, max_attempts=base.max_attempts)
 
@@ -104,11 +106,6 @@ def submit(
                                       "on a terminal, never with --json).")] = False,
 ) -> None:
     """Plan a job and run it in the foreground with live progress (or --detach)."""
-    from orchestrator.core.planning import make_plan
-    from orchestrator.core.scheduler import NoFit
-    from orchestrator.engine.submission import record_job
-    from orchestrator.engine.wiring import price_lists
-
     loaded = load(file)
     store = open_db()
     status = JobStatus.PLANNED if dry_run else JobStatus.QUEUED
@@ -155,10 +152,6 @@ def confirm(plan: "Plan", market: "Market | None") -> None:
     launch` does); not on a pipe, under cron or a worker. A simulated provider spends
     nothing and is not asked about. A "no" exits 1 with nothing recorded."""
     import sys
-
-    from orchestrator.cli.term import is_tty
-    from orchestrator.engine.wiring import declares
-    from providers.base import Simulated
 
     o, p = plan.chosen.offer, plan.chosen
     if declares(o.provider, Simulated) or not (is_tty() and is_tty(sys.stdin)):
@@ -234,7 +227,6 @@ def worker(
     """
     from orchestrator.engine.runner import owner_id
     from orchestrator.engine.worker import work
-    from orchestrator.records.store import DatabaseFull
 
     if not 0 < poll < 86_400:  # also refuses nan, which time.sleep would raise on
         fail(f"--poll must be > 0 and < 86400 seconds (got {poll})", 2)
@@ -243,8 +235,6 @@ def worker(
     store = open_db()
     owner = owner_id("worker")
     providers, notes = configured_here(store)
-    from orchestrator.core.paths import describe_db
-
     # The handler first: a SIGTERM right after the banner is a stop like any other.
     with stops_delivered():
         current: list[str] = []  # the job being run, if any: what a stop has to say
@@ -281,8 +271,6 @@ def _stopped(current: list[str]) -> str:
 
 def _get_job(store: "Store", job_id: str) -> "Job":
     """The job, or exit 4 with the store's message."""
-    from orchestrator.records.store import NotFoundError
-
     try:
         return store.get_job(job_id)
     except NotFoundError as exc:
@@ -296,8 +284,6 @@ def show(
 ) -> None:
     """A job's state, attempts, instances, costs, metrics, events and ranked placements."""
     from orchestrator.engine.runner import instance_cost
-    from orchestrator.records.store import utcnow
-
     if not 0 <= events <= 100_000:
         fail(f"--events must be 0 to 100000 (got {events})", 2)
     store = open_db()
@@ -334,10 +320,6 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]],
                    rows: list["Instance"],
                    ranked: list[dict[str, Any]]) -> None:
     """`orch show`'s loss curve, instances and ranked placements."""
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import human_time, width
-    from orchestrator.core.money import usd
-
     curve = loss_curve(store.metrics(job.id), width() - 2)
     if curve:
         typer.echo(curve)
@@ -366,7 +348,6 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]],
 
 def _print_events(job: "Job", evs: list["Event"], events: int) -> None:
     """`orch show`'s newest `events` events."""
-    from orchestrator.cli.tables import table
     from orchestrator.cli.term import human_time, prose
 
     typer.echo("\n" + prose(f"Events (newest {min(events, len(evs))} of {len(evs)}; "
@@ -387,8 +368,6 @@ def logs(
     = False,
 ) -> None:
     """A job's events, oldest first (`-f` follows a running job; `--train` the trainer)."""
-    from orchestrator.records.store import FINAL_STATUSES
-
     store = open_db()
     _get_job(store, job_id)
     if train:
@@ -481,8 +460,6 @@ def _sweep_hint(store: "Store", name: str) -> str | None:
     """What to run when `orch cancel` was given a sweep's name rather than a job id."""
     from sqlmodel import select
 
-    from orchestrator.records.store import Sweep
-
     with store.session() as session:
         if session.exec(select(Sweep.id).where(Sweep.name == name)).first() is None:
             return None
@@ -498,9 +475,6 @@ def register(app: typer.Typer) -> None:
 
 def _train_logs(store: "Store", job_id: str, follow: bool, json_out: bool) -> None:
     """Print the kept training output; with `follow`, new lines until the job ends."""
-    from orchestrator.engine import trainlog
-    from orchestrator.records.store import FINAL_STATUSES
-
     shown: list[str] = []
 
     def emit() -> None:
@@ -529,7 +503,5 @@ def _orphaned(store: "Store", job: "Job") -> bool:
 
 def _cancel_orphan(store: "Store", job: "Job") -> None:
     """No live worker holds the job: terminate its instances here and mark it cancelled."""
-    from orchestrator.engine.recovery import teardown_open
-
     teardown_open(store, configured_here(store)[0], job.id, EndReason.CANCELLED)
     store.cancel_orphan(job.id, "cancelled; no worker held it, so `orch cancel` tore it down")

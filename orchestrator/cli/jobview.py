@@ -12,6 +12,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
+from orchestrator.cli.term import (
+    colour_enabled,
+    human_duration,
+    iso_utc,
+    paint,
+    prose,
+    sparkline,
+    state_colour,
+)
+from orchestrator.core.jobstatus import lease_state
+from orchestrator.core.money import hours_between, usd
 from orchestrator.core.states import EventKind
 
 if TYPE_CHECKING:
@@ -38,8 +49,6 @@ class Display:
 
     def __call__(self, p: Progress) -> None:
         from orchestrator.cli.term import paint, state_colour, width
-        from orchestrator.core.money import usd
-
         elapsed = time.monotonic() - p.started
         step = f" step {p.step}/{p.total}" if p.step is not None else ""
         loss = f" loss {p.loss:.4f}" if p.loss is not None else ""
@@ -112,7 +121,6 @@ def time_summary(job: Job, instances: list[Instance]) -> dict[str, Any]:
     from the recorded placement); the actual figures come from the instance rows and the
     trainer's own tokens and seconds. Hours are floats: they are not money.
     """
-    from orchestrator.core.money import hours_between
     from orchestrator.records.store import utcnow
 
     now = utcnow()
@@ -145,15 +153,10 @@ def _hours(x: float) -> str:
 
 def iso(value: datetime | None) -> str | None:
     """A stored time as scripts read it (`term.iso_utc`)."""
-    from orchestrator.cli.term import iso_utc
-
     return iso_utc(value)
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    from orchestrator.cli.term import colour_enabled, paint, prose, state_colour
-    from orchestrator.core.money import usd
-
     status = paint(s["status"], state_colour(s["status"]), colour_enabled())
     lines = [f"{s['job_id']}  {s['name']}  {status}"]
     if s["failure_reason"]:
@@ -210,8 +213,6 @@ def _kind(s: dict[str, Any]) -> str:
 
 def loss_curve(metrics: list[Metric], columns: int) -> str:
     """The training loss as a sparkline that fits `columns`, with its first, last and min."""
-    from orchestrator.cli.term import sparkline
-
     by_step = {m.step: m.value for m in metrics if m.name == "train.loss" and m.step is not None}
     if len(by_step) < 2:
         return ""
@@ -234,9 +235,6 @@ def event_line(event: Event) -> str:
 def lease_cell(job: Job, now: datetime) -> str:
     """`orch jobs`' lease column: `14s left`, `lapsed 3m ago` (its worker stopped renewing
     it; another worker or `orch reconcile` takes the job over), or `-` (no worker holds it)."""
-    from orchestrator.cli.term import human_duration
-    from orchestrator.core.jobstatus import lease_state
-
     state = lease_state(job.lease_owner, job.lease_expires_at, now)
     if state is None or job.lease_expires_at is None:
         return "-"

@@ -7,13 +7,13 @@ Registered on the main Typer app by `register(app)`; reads orchestrator/core/dat
 import typer
 
 from orchestrator.cli.common import JsonFlag
+from orchestrator.cli.tables import table
+from orchestrator.core.architectures import known_aliases, known_models
+from orchestrator.core.spec import ArchitectureFields
 
 
 def _models_cmd(json_out: JsonFlag = False) -> None:
     """Known base models (repo ids usable as `base_model:`) and how to size any other."""
-    from orchestrator.core.architectures import known_aliases, known_models
-    from orchestrator.core.spec import ArchitectureFields
-
     found = sorted({m.repo: m for m in known_models().values()}.values(), key=lambda m: m.repo)
     aliases = known_aliases()
     required = [n for n, f in ArchitectureFields.model_fields.items() if f.is_required()]
@@ -27,8 +27,6 @@ def _models_cmd(json_out: JsonFlag = False) -> None:
                         "aliases": sorted(aliases[m.repo])} for m in found],
             "architecture_required": required}, indent=2))
         return
-    from orchestrator.cli.tables import table
-
     typer.echo(table(["base_model", "params", "layers", "hidden", "also known as"],
                      [[m.repo, f"{m.published_params / 1e9:.2f}B",
                        m.architecture.num_hidden_layers, m.architecture.hidden_size,

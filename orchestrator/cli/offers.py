@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from orchestrator.cli.common import EXIT_INVALID, fail
+from orchestrator.cli.common import EXIT_INVALID, fail, open_db
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import human_time, prose
+from orchestrator.core.money import from_micros, usd
+from orchestrator.core.utc import iso_z
 from providers import catalog
 from providers.base import Offer, Requirements
 from providers.catalog import snapshot
@@ -197,9 +201,6 @@ def run(f: Filters, json_out: bool = False) -> None:
 
 
 def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import prose
-
     rows = [[o.provider, o.gpu, o.gpu_count, f"{o.gpu_memory_bytes / GIB:.0f}",
              "yes" if o.interruptible else "no",
              f"${o.price_per_hour:,.3f}" if o.price_per_hour is not None else
@@ -217,7 +218,6 @@ def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
 
 def record_prices(offers: tuple[Offer, ...]) -> None:
     """Add what a live search saw to the price history (`orch prices`)."""
-    from orchestrator.cli.common import open_db
     from orchestrator.records import prices
 
     prices.record(open_db(), offers)
@@ -227,9 +227,6 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
     """`orch prices GPU`: the prices searches have seen for `gpu`, per provider and kind."""
     from datetime import UTC, datetime
 
-    from orchestrator.cli.common import open_db
-    from orchestrator.core.money import from_micros, usd
-    from orchestrator.core.utc import iso_z
     from orchestrator.records import prices
     from orchestrator.records.history import HistoryError, parse_when
 
@@ -255,9 +252,6 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
               + (f" since {since}" if since else "")
               + "; `orch offers` (with an API key) and every placement record them")
         return
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import human_time
-
     def cell(micros: int) -> str:
         return usd(from_micros(micros))
 

@@ -17,6 +17,13 @@ import typer
 
 from orchestrator.cli.common import EXIT_INVALID, fail
 from orchestrator.cli.plan import load, plan_job, servers_for_plan
+from orchestrator.core.planning import CONTAINER_RENTALS, total_tokens
+from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
+from playbooks import images, rendering
+from playbooks.base import Layout
+from playbooks.deliver import HubTarget
+from playbooks.pipeline import DEFAULT_VLLM_IMAGE
+from playbooks.train import TrainJob
 
 HostOpt = Annotated[str | None, typer.Option(
     "--host", help="docker: a full machine with Docker (monthly server); container: a "
@@ -27,22 +34,12 @@ HostOpt = Annotated[str | None, typer.Option(
 def planned_kind(provider: str) -> str:
     """The kind of host a plan's placement is: a container rental runs the job natively in
     the trainer image; a monthly server or a `sim` host runs it in Docker."""
-    from orchestrator.core.planning import CONTAINER_RENTALS
-
     return "container" if provider in CONTAINER_RENTALS else "docker"
 
 
 def render_job(file: Path, host: str | None) -> Any:
     """The job file rendered for `host` (a playbooks.rendering.Rendered); None: the kind of
     host the plan chose."""
-    from orchestrator.core.planning import total_tokens
-    from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
-    from playbooks import images, rendering
-    from playbooks.base import Layout
-    from playbooks.deliver import HubTarget
-    from playbooks.pipeline import DEFAULT_VLLM_IMAGE
-    from playbooks.train import TrainJob
-
     if host is not None and host not in images.HOST_KINDS:
         fail(f"--host must be docker or container (got {host!r})", EXIT_INVALID)
     _refuse_sweep(file)

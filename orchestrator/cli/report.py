@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from orchestrator.cli.common import EXIT_INVALID, EXIT_NOT_FOUND, fail, open_db
+from orchestrator.cli.reportpage import ReportData, ReportError, cost_rows, render, run_data
+from orchestrator.core.paths import default_db_url
+from orchestrator.records.history import HistoryError, open_reader, parse_when
+from orchestrator.records.store import Job, NotFoundError, Sweep
 
 if TYPE_CHECKING:
     from orchestrator.records.store import Job, Store
@@ -33,8 +37,6 @@ def _select(store: "Store", job_id: str | None, sweep: str | None, since: dateti
             ) -> tuple[str, list["Job"], dict[str, str]]:
     """(title, jobs oldest first, sweep id → name) for what the arguments name."""
     from sqlmodel import col, select
-
-    from orchestrator.records.store import Job, NotFoundError, Sweep
 
     with store.session() as session:
         sweeps = {s.id: s.name for s in session.exec(select(Sweep))}
@@ -80,10 +82,6 @@ def _report_cmd(
     cdn writes a small file that loads it from plotly's CDN instead).
     Needs the report extra (in orch's checkout: .venv/bin/pip install -e '.[report]').
     """
-    from orchestrator.cli.reportpage import ReportData, ReportError, cost_rows, render, run_data
-    from orchestrator.core.paths import default_db_url
-    from orchestrator.records.history import HistoryError, open_reader, parse_when
-
     if sum(x is not None for x in (job_id, sweep, since)) > 1:
         fail("give one of ID, --sweep NAME or --since SPAN", EXIT_INVALID)
     now = datetime.now(UTC)

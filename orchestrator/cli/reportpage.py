@@ -19,6 +19,9 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.term import human_time
+from orchestrator.core.money import usd
+from orchestrator.records.history import cost_rollup
+from orchestrator.records.store import from_micros
 
 if TYPE_CHECKING:
     from orchestrator.records.columns import PlacementChoice
@@ -77,8 +80,6 @@ class ReportData:
 
 def run_data(store: Store, job: Job, sweep_name: str | None) -> RunData:
     """A job's row, metrics and placement as RunData."""
-    from orchestrator.records.store import from_micros
-
     by_step: dict[int, float] = {}
     metrics: dict[str, float] = {}
     for m in store.metrics(job.id):
@@ -101,8 +102,6 @@ def cost_rows(reader: Reader | None, when: str, since: datetime | None, now: dat
               ids: Sequence[str] = ()) -> list[dict[str, Any]]:
     """`orch cost --by WHEN` rows (cost, amortised rent, spot savings) as plain dicts, of
     the jobs `ids` (none: every job since `since`)."""
-    from orchestrator.records.history import cost_rollup
-
     if reader is None:
         return []
     return [r.to_dict() for r in cost_rollup(reader, when=when, dim=None, since=since, now=now,
@@ -137,8 +136,6 @@ def _layout(title: str, x: str, y: str) -> dict[str, Any]:
 
 
 def _usd(value: Decimal | str | None) -> str:
-    from orchestrator.core.money import usd
-
     return "-" if value is None else html.escape(usd(Decimal(str(value))))
 
 

@@ -109,7 +109,12 @@ def scrub_secrets(host: str, port: int, user: str, key_path: Path, host_key: str
 def _session(host: str, port: int, user: str, key_path: Path, host_key: str,
              timeout: float) -> Iterator[Host]:
     """A playbook Host on the server, host key pinned; SSH failures become ProbeError."""
-    factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout)
+    from orchestrator.core.settings import settings
+
+    chosen = settings()
+    factory = ssh.ConnectionFactory(key_path, connect_timeout=timeout, connect_deadline=timeout,
+                                    command_timeout_s=chosen.ssh_command_timeout_s,
+                                    io_timeout_s=chosen.ssh_io_timeout_s)
     try:
         try:
             conn = factory.connect(host, port, user, host_key)

@@ -26,6 +26,11 @@ from orchestrator.cli.common import (
     open_db,
     print_json,
 )
+from orchestrator.cli.tables import table
+from orchestrator.core.utc import iso_z
+from orchestrator.records.store import StoreError, from_micros
+from playbooks import ssh
+from providers import catalog
 
 if TYPE_CHECKING:
     from orchestrator.cli.serverprobe import ServerFacts
@@ -59,8 +64,6 @@ def servers_add(
     json_out: JsonFlag = False,
 ) -> None:
     """Check a monthly server you rent over SSH and register it (idle time costs jobs nothing)."""
-    from providers import catalog
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name):
         fail(f"NAME {name!r}: use 1-64 letters, digits, '.', '_' or '-'", EXIT_INVALID)
     matches = catalog.resolve_gpu(gpu)
@@ -88,8 +91,6 @@ def servers_add(
         fail(f"--monthly must be > 0 and < {MAX_MONTHLY:,} (got {monthly})", EXIT_INVALID)
     if price != price.quantize(Decimal("0.000001")):
         fail(f"--monthly {monthly}: at most 6 decimal places", EXIT_INVALID)
-    from orchestrator.records.store import StoreError
-
     store = open_db()
     if any(s.name == name for s in store.list_servers()):
         fail(f"server {name!r} already exists; check it with `orch servers check {name}` or "
@@ -144,8 +145,6 @@ def servers_trust(
     = False,
 ) -> None:
     """Re-pin a server's changed SSH host key, after you confirmed the new fingerprint."""
-    from playbooks import ssh
-
     s = _get(name)
     try:
         key = ssh.trust_on_first_use(s.host, s.port, timeout=15, deadline=15)
@@ -172,9 +171,6 @@ def servers_trust(
 
 
 def _server_dict(s: "Server") -> dict[str, Any]:
-    from orchestrator.core.utc import iso_z
-    from orchestrator.records.store import from_micros
-
     return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
             "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
             "status": "failed" if s.check_error else s.status, "check_error": s.check_error,
@@ -194,8 +190,6 @@ def servers_list(json_out: JsonFlag = False) -> None:
         typer.echo("no servers registered; add one with `orch servers add NAME --host H "
                    "--gpu 'H100 SXM' --monthly 2190`")
         return
-    from orchestrator.cli.tables import table
-
     typer.echo(table(
         ["name", "GPU", "n", "ssh", "monthly", "status"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",

@@ -38,6 +38,8 @@ from orchestrator.cli.common import (
     problems_exit,
     require_runners,
 )
+from orchestrator.cli.tables import table
+from orchestrator.core.money import usd
 from orchestrator.core.states import SWEEP_COUNTED, SweepRunState
 
 if TYPE_CHECKING:
@@ -168,9 +170,6 @@ def _all() -> list[dict[str, Any]]:
 
 
 def _show(name: str, json_out: bool) -> None:
-    from orchestrator.cli.tables import table
-    from orchestrator.core.money import usd
-
     status = _status(name)
     if json_out:
         print_json(status)
@@ -316,9 +315,6 @@ VERBS = {"show": sweep_show, "cancel": sweep_cancel}
 
 def sweeps(json_out: JsonFlag = False) -> None:
     """List sweeps: runs, succeeded/running/queued/failed/cancelled, spent/budget, best run."""
-    from orchestrator.cli.tables import table
-    from orchestrator.core.money import usd
-
     rows = _all()
     if json_out:
         print_json(rows)

@@ -20,11 +20,13 @@ from orchestrator.cli.common import (
     open_db,
     print_json,
 )
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import human_time
+from orchestrator.core.money import usd
 from orchestrator.core.states import EndReason, WarmState
 
 
 def _list(all_rows: bool, json_out: bool) -> None:
-    from orchestrator.cli.term import human_time
     from orchestrator.records import warmidle
 
     now = datetime.now(UTC)
@@ -42,8 +44,6 @@ def _list(all_rows: bool, json_out: bool) -> None:
         typer.echo("no machine kept warm in the last day (`resources.keep_warm` in a job file "
                    "keeps one for the next job; --all for every window)")
         return
-    from orchestrator.cli.tables import table
-    from orchestrator.core.money import usd
     from orchestrator.records.history import dollars
 
     typer.echo(table(

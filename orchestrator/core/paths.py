@@ -1,9 +1,12 @@
-"""Where orch keeps its data (XDG), without importing anything heavy."""
+"""Where orch keeps its data (XDG) and which database it uses."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from orchestrator.core.settings import settings
 
 
 def data_dir() -> Path:
@@ -16,35 +19,19 @@ def data_dir() -> Path:
 
 def default_db_url() -> str:
     """`ORCH_DB_URL` if set, else SQLite at `$XDG_DATA_HOME/orch/orch.db` (~/.local/share)."""
-    url = os.environ.get("ORCH_DB_URL", "").strip()
-    return url or f"sqlite:///{data_dir() / 'orch.db'}"
-
-
-def blank_db_url() -> bool:
-    """Whether `ORCH_DB_URL` is set but empty, which orch refuses rather than falling back
-    to the private SQLite file: a team's env file that was sourced without `export`, or a
-    `ORCH_DB_URL=` left behind, would otherwise write to the wrong database silently."""
-    value = os.environ.get("ORCH_DB_URL")
-    return value is not None and not value.strip()
-
-
-BLANK_DB_URL = ("ORCH_DB_URL is set but empty; unset it to use the default SQLite file, or "
-                "set it to the database, e.g. postgresql+psycopg://USER@HOST/DB (in a shell "
-                "script that sources an env file: `set -a; . FILE; set +a` exports it)")
+    return settings().db_url or f"sqlite:///{data_dir() / 'orch.db'}"
 
 
 def describe_db(url: str | None = None) -> str:
     """The database `url` (default: the one orch uses) for people and logs, without its
     password, and saying when it is the default file because ORCH_DB_URL is not set."""
-    from urllib.parse import urlsplit, urlunsplit
-
     chosen = url or default_db_url()
     parts = urlsplit(chosen)
     if parts.password is not None:
         host = parts.netloc.rsplit("@", 1)[1]
         parts = parts._replace(netloc=f"{parts.username or ''}:***@{host}")
         chosen = urlunsplit(parts)
-    if url is None and not os.environ.get("ORCH_DB_URL", "").strip():
+    if url is None and settings().db_url is None:
         return f"{chosen} (the default: ORCH_DB_URL is not set)"
     return chosen
 
@@ -71,6 +58,18 @@ def _shared_and_mine(path: Path) -> bool:
     # Another user's file (a shared setup someone chose) is left as it is: not ours to change.
     st = path.stat()
     return bool(st.st_mode & 0o077) and st.st_uid == os.getuid()
+
+
+def private_sqlite(path: Path) -> None:
+    """The database file 0600 before SQLite opens it (SQLite then creates -wal and -shm with
+    the database file's permissions), and a folder orch creates for it 0700."""
+    folder = path.parent
+    # orch's own data folder is made private even if an older orch created it; a folder
+    # the user chose for ORCH_DB_URL is only created private, never changed.
+    private_dir(folder, fix=folder == data_dir())
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if name == path or name.exists():
+            private_file(name)
 
 
 def private_file(path: Path) -> Path:

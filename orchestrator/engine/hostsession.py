@@ -18,7 +18,6 @@ from dataclasses import replace
 
 from tenacity import RetryCallState
 
-from orchestrator import retrying
 from orchestrator.core import throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, RowState, StopKind
@@ -43,6 +42,7 @@ from orchestrator.records.store import JobUpdate, LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
 from playbooks.pipeline import PhaseName, PipelineRun
+from providers import retrying
 from providers.base import (
     Instance,
     KeepsMachine,

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from orchestrator.core.paths import data_dir
-from orchestrator.core.planning import host_disk_gb
+from orchestrator.core import evalsizing, savers
+from orchestrator.core.paths import data_dir, default_db_url
+from orchestrator.core.planning import eval_work, host_disk_gb, total_tokens, workload_from
 from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
+from orchestrator.core.userfiles import lines
 from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job
+from playbooks import images
+from playbooks.axolotl import TrainConfigInput
+from providers import catalog
 from providers.base import Instance
 
 if TYPE_CHECKING:
@@ -55,8 +60,6 @@ class Inputs:
         spec = self.loaded.spec
         if spec.eval.eval_set is None:
             return None
-        from orchestrator.core.userfiles import lines
-
         path = self.loaded.path.parent / spec.eval.eval_set
         # Regular files only, streamed: resolve() checked it, but it may have changed since.
         return [json.loads(line) for line in lines(path) if line.strip()]
@@ -83,14 +86,9 @@ class Inputs:
 
         `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
         """
-        from orchestrator.core import savers
-        from orchestrator.core.planning import workload_from
-        from playbooks import images
         from playbooks.deliver import HubTarget
         from playbooks.gpu import GpuExpectation
         from playbooks.pipeline import PipelineJob
-        from providers import catalog
-
         spec = self.loaded.spec
         gpu = inst.gpu or job.gpu or ""
         count = job.gpu_count or inst.gpu_count or 1
@@ -139,8 +137,6 @@ def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None)
     """How vLLM serves the job's eval on these GPUs: the plan's
     evalsizing choice; vLLM's defaults (merged, one GPU) when nothing fits or the GPU is
     unknown, so the server itself says why it cannot start."""
-    from orchestrator.core import evalsizing
-    from orchestrator.core.planning import eval_work
     from playbooks.vllm import Serving
 
     work = eval_work(loaded)
@@ -159,8 +155,6 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int,
     One function for the engine and `orch render`, so what is rendered is what runs.
     `settings` is the planner's resolved workload: the memory savers it turned on.
     """
-    from playbooks.axolotl import TrainConfigInput
-
     t, lora = spec.training, spec.lora
     cross_entropy = _resolved(settings.cross_entropy)
     return TrainConfigInput(
@@ -202,8 +196,6 @@ def job_file(job: Job) -> Path:
 
 def load_inputs(job: Job) -> Inputs:
     """Resolve a recorded job again; InputsError when its files are gone or changed."""
-    from orchestrator.core.planning import total_tokens
-
     path = job_file(job)
     data = document_object(job.spec_json)
     if job.spec().method == "full":
@@ -223,7 +215,6 @@ def load_inputs(job: Job) -> Inputs:
 
 def measured_throughput() -> dict[MeasuredKey, Measured]:
     """Throughput learned from finished jobs (empty until the history has some)."""
-    from orchestrator.core.paths import default_db_url
     from orchestrator.records.readonly import measured_throughput
 
     try:

@@ -3,7 +3,7 @@
 `Notifier.emit(event)` only puts the event on a bounded queue; one daemon thread POSTs each
 event to each endpoint that wants it, in the order emitted (a receiver sees a job's events in
 order), retrying what may pass (a connection error, a timeout, 429, 5xx) with the project's
-retry policy (tenacity, `orchestrator.retrying`), each attempt signed afresh (the Standard
+retry policy (tenacity, `providers.retrying`), each attempt signed afresh (the Standard
 Webhooks spec: a retry gets a new `webhook-timestamp`, the same `webhook-id`). Any other
 answer (a 4xx: the URL or the receiver refuses it) fails at once. A delivery that does not
 get through, or an event dropped because the queue is full, is given to `on_failure` (the
@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from orchestrator import retrying
 from orchestrator.core import webhooks
 from orchestrator.core.webhooks import WebhookEvent
+from providers import retrying
 
 log = logging.getLogger(__name__)
 

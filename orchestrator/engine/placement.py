@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from orchestrator import retrying
 from orchestrator.core import money, offerbook, scheduler, warmfit
 from orchestrator.core.planning import (
     constraints_from,
@@ -22,7 +21,7 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.core.states import EndReason, RowState
-from orchestrator.engine import market, recovery
+from orchestrator.engine import hubaccess, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -37,7 +36,7 @@ from orchestrator.engine.warm import Warm
 from orchestrator.records import prices
 from orchestrator.records.store import to_micros
 from playbooks import images
-from providers import catalog
+from providers import catalog, retrying
 from providers.answers import merge
 from providers.base import (
     AuthError,
@@ -282,8 +281,6 @@ class Placement:
         Only while the job holds no instance and no phase is durable: a takeover's host has
         (or is fetching) the model already.
         """
-        from orchestrator.engine import hubaccess
-
         rows = self.state.store.instances_of(self.state.job_id)
         if self.ledger.job().phase_done or any(r.terminated_at is None for r in rows):
             return

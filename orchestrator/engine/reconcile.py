@@ -20,6 +20,7 @@ from enum import StrEnum
 
 from orchestrator.core import money
 from orchestrator.core.states import EndReason, ServerStatus
+from orchestrator.engine import recovery
 from orchestrator.records.store import FINAL_STATUSES, Server, Store, WarmInstance, from_micros
 from providers.base import Instance, KeepsMachine, NotFound, Provider, ProviderError
 
@@ -102,8 +103,6 @@ def reconcile(store: Store, providers: Mapping[str, Provider], *,
     With `scrub` (a server row -> secret files it removed), every idle registered server
     with a pinned host key is also cleaned of secrets a crashed job left (issue 10 §6).
     """
-    from orchestrator.engine import recovery
-
     report = Report(dry_run)
     live: dict[str, set[str]] = {}
     ended = _end_warm(store, providers, report)  # first: the listing keeps live windows only

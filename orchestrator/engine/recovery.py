@@ -20,7 +20,6 @@ share (docs/architecture.md, "Failure model"):
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind
 from orchestrator.records.store import Instance as InstanceRow
 from orchestrator.records.store import Job, Store, utcnow
@@ -69,15 +69,9 @@ def outage_limit_s(job: Job, default_s: float = OUTAGE_LIMIT_S) -> float:
 
 
 def idle_grace_s() -> float:
-    """IDLE_GRACE_S, or ORCH_IDLE_GRACE_S when set to a number of seconds >= 0."""
-    raw = os.environ.get("ORCH_IDLE_GRACE_S", "").strip()
-    try:
-        value = float(raw) if raw else IDLE_GRACE_S
-    except ValueError:
-        raise ValueError(f"ORCH_IDLE_GRACE_S={raw!r}: give a number of seconds") from None
-    if value < 0:
-        raise ValueError(f"ORCH_IDLE_GRACE_S must be >= 0 (got {raw})")
-    return value
+    """IDLE_GRACE_S, or ORCH_IDLE_GRACE_S when set (orch's settings)."""
+    grace = settings().idle_grace_s
+    return IDLE_GRACE_S if grace is None else grace
 
 
 # --- the engine's recovery policy (pure: the engine acts on the answers) ---------------------

@@ -38,6 +38,7 @@ from typing import Literal
 from orchestrator.core import money
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.paths import data_dir, private_dir
+from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
 from orchestrator.engine import recovery
@@ -67,7 +68,7 @@ from orchestrator.engine.runner_core import (
 )
 from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
-from orchestrator.engine.watchdog import Watchdog, deadlines_from_env
+from orchestrator.engine.watchdog import Watchdog, deadlines
 from orchestrator.records.store import (
     CancelRequested,
     DatabaseBusy,
@@ -111,7 +112,7 @@ class JobRunner:
         job = self.store.get_job(job_id)
         ledger = Ledger(self.store, job_id, self.owner, self.providers,
                         Watchdog(self.opts.stall_s if self.opts.stall_s is not None
-                                 else deadlines_from_env()),
+                                 else deadlines()),
                         Progress(job_id, job.status, job.attempt), self.on_progress,
                         self.opts.disk_gb)
         try:
@@ -120,8 +121,11 @@ class JobRunner:
             key_path, public_key = ensure_key(self.opts.ssh_key)
         except Exception as exc:  # OSError, CalledProcessError: fail the job, do not strand it
             return self._fail_early(ledger, f"cannot create orch's data folder or SSH key: {exc}")
+        chosen = settings()
         factory = ConnectionFactory(key_path, connect_timeout=10,
-                                    connect_deadline=self.opts.connect_deadline_s)
+                                    connect_deadline=self.opts.connect_deadline_s,
+                                    command_timeout_s=chosen.ssh_command_timeout_s,
+                                    io_timeout_s=chosen.ssh_io_timeout_s)
         state = RunState(ledger, self.providers, self.opts, public_key, factory)
         teardown = Teardown(state)
         done = threading.Event()

@@ -35,6 +35,7 @@ from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.paths import data_dir
 from orchestrator.core.planning import DISK_GB
 from orchestrator.core.scheduler import Placement
+from orchestrator.core.settings import settings
 from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine import recovery
 from orchestrator.engine.watchdog import Watchdog
@@ -134,7 +135,7 @@ class Progress:
 
 def failpoint(name: str) -> None:
     """Die like `kill -9` here when ORCH_FAILPOINT names this point (crash tests only)."""
-    if os.environ.get("ORCH_FAILPOINT") == name:
+    if settings().failpoint == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
 

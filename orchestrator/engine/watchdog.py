@@ -11,19 +11,19 @@ mirrored, artifacts copied). Each phase's deadline is longer than the longest si
 timeout inside it, so a step that fails on its own timeout says so first; the watchdog
 catches what no step timeout covers.
 
-Deadlines (seconds) are tunable by environment, like the other ORCH_* knobs:
+Deadlines (seconds) are settings, like the other ORCH_* knobs (docs/settings.md):
 ORCH_STALL_PREPARING_S, ORCH_STALL_TRAINING_S, ORCH_STALL_MERGING_S,
 ORCH_STALL_EVALUATING_S, ORCH_STALL_RELEASING_S.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 
 from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.settings import Settings, settings
 
 # Phases the watchdog guards, with their default deadlines. Connecting has its own
 # boot/connect deadlines in the engine; queued/provisioning do not hold a host.
@@ -46,23 +46,11 @@ def env_name(phase: str) -> str:
     return f"ORCH_STALL_{phase.upper()}_S"
 
 
-def deadlines_from_env(env: Mapping[str, str] | None = None) -> dict[JobStatus, float]:
-    """The default deadlines with ORCH_STALL_<PHASE>_S overrides; a bad value raises
-    ValueError naming the variable."""
-    env = os.environ if env is None else env
-    out = dict(DEFAULT_DEADLINES_S)
-    for phase in out:
-        raw = env.get(env_name(phase), "").strip()
-        if not raw:
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            value = float("nan")
-        if not value > 0 or value == float("inf"):
-            raise ValueError(f"{env_name(phase)}={raw!r}: give a number of seconds > 0")
-        out[phase] = value
-    return out
+def deadlines(chosen: Settings | None = None) -> dict[JobStatus, float]:
+    """The default deadlines with the ORCH_STALL_<PHASE>_S settings that are set (`chosen`,
+    by default orch's settings)."""
+    given = (chosen or settings()).stall_deadlines()
+    return {**DEFAULT_DEADLINES_S, **{JobStatus(phase): s for phase, s in given.items()}}
 
 
 class Watchdog:

@@ -13,13 +13,13 @@ first asked for (the HTTP ones pull in httpx), the store only for its type.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.paths import data_dir
+from orchestrator.core.settings import settings
 from providers import credentials
 from providers.base import Offer, PriceList, Provider
 
@@ -117,7 +117,7 @@ def cloud_keys() -> tuple[dict[str, str], list[str]]:
 def cloud(name: str, key: str, quick: bool = False) -> Provider:
     """The adapter of cloud `name` with API key `key`; its base URL from `ORCH_<NAME>_URL`
     when set (emulators); `quick`: short HTTP timeouts and few retries."""
-    url = os.environ.get(f"ORCH_{name.upper()}_URL")
+    url = settings().api_url(name)
     kwargs: dict[str, Any] = {"base_url": url} if url else {}
     if quick:
         kwargs.update(QUICK_HTTP)
@@ -142,18 +142,8 @@ def sim_state_dir() -> Path:
     return data_dir() / SimCloud.name
 
 
-def _number(name: str) -> float | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: give a number") from None
-
-
 def sim_from_env() -> Provider:
-    """The simulated cloud, shaped by ORCH_SIM_* variables (see docs/architecture.md).
+    """The simulated cloud, shaped by the ORCH_SIM_* settings (docs/settings.md).
 
     ORCH_SIM_BOOT_S (seconds until an instance runs), ORCH_SIM_PREEMPT_AFTER_S (spot
     instances are preempted that long after create), ORCH_SIM_CAPACITY ("RTX 3090=0,H100
@@ -163,27 +153,14 @@ def sim_from_env() -> Provider:
     """
     from providers.sim.compute import SimCloud
 
-    capacity: dict[str, int] = {}
-    for part in filter(None, (p.strip() for p in os.environ.get("ORCH_SIM_CAPACITY",
-                                                               "").split(","))):
-        gpu, sep, count = part.rpartition("=")
-        if not sep or not count.strip().isdigit():
-            raise ValueError(f"ORCH_SIM_CAPACITY: {part!r}: use GPU=COUNT, e.g. 'RTX 3090=0'")
-        capacity[gpu.strip()] = int(count)
-    host: dict[str, object] = {}
-    steps, step_s = _number("ORCH_SIM_TRAIN_STEPS"), _number("ORCH_SIM_STEP_S")
-    if steps is not None:
-        host["train_steps"] = int(steps)
-    if step_s is not None:
-        host["train_step_seconds"] = step_s
-    size, rate = _number("ORCH_SIM_MODEL_BYTES"), _number("ORCH_SIM_DOWNLOAD_BPS")
-    if size is not None:
-        host["model_size_bytes"] = int(size)
-    if rate is not None:
-        host["download_bytes_per_second"] = rate
-    return SimCloud(sim_state_dir(), capacity=capacity,
-                    boot_seconds=_number("ORCH_SIM_BOOT_S") or 0.0,
-                    preempt_after_s=_number("ORCH_SIM_PREEMPT_AFTER_S"), host_options=host)
+    s = settings()
+    given = {"train_steps": s.sim_train_steps, "train_step_seconds": s.sim_step_s,
+             "model_size_bytes": s.sim_model_bytes,
+             "download_bytes_per_second": s.sim_download_bps}
+    host: dict[str, object] = {k: v for k, v in given.items() if v is not None}
+    return SimCloud(sim_state_dir(), capacity=s.sim_capacity_by_gpu(),
+                    boot_seconds=s.sim_boot_s, preempt_after_s=s.sim_preempt_after_s,
+                    host_options=host)
 
 
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False

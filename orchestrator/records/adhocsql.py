@@ -12,13 +12,13 @@ Split from `history` (which re-exports `run_sql`, `single_statement`, `SqlResult
 
 from __future__ import annotations
 
-import os
 import re
 import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.core.settings import settings
 from orchestrator.records.historyread import (
     HistoryError,
     QueryError,
@@ -58,25 +58,14 @@ ALLOWED_FUNCTIONS = frozenset("""
 MAX_LENGTH = 10_000_000  # bytes per string or blob a query may build (SQLite)
 
 
-def _limit(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        raise HistoryError(f"{name}={raw!r}: give a number") from None
-    if value <= 0:
-        raise HistoryError(f"{name} must be > 0 (got {raw})")
-    return value
-
-
 def timeout_s() -> float:
     """Seconds one `orch sql` query may run: ORCH_SQL_TIMEOUT_S, default 30."""
-    return _limit("ORCH_SQL_TIMEOUT_S", 30.0)
+    return settings().sql_timeout_s
 
 
 def max_rows() -> int:
     """Rows one `orch sql` query may return: ORCH_SQL_MAX_ROWS, default 10,000."""
-    return int(_limit("ORCH_SQL_MAX_ROWS", 10_000))
+    return settings().sql_max_rows
 
 
 class _Authorizer:

@@ -26,6 +26,7 @@ from orchestrator.core.money import (
     hourly_cost_micros,
     per_gpu_hour,
 )
+from orchestrator.core.sizing import LAYOUTS, strategy_named
 from orchestrator.core.states import EventKind
 from orchestrator.records.adhocsql import SqlResult, run_sql, single_statement
 from orchestrator.records.columns import event_data
@@ -41,6 +42,7 @@ from orchestrator.records.historyread import (
     parse_when,
     to_text,
 )
+from providers import catalog
 
 SORT_KEYS: tuple[str, ...] = ("created", "cost", "duration", "status")
 TIME_BUCKETS: tuple[str, ...] = ("day", "week", "month")
@@ -136,8 +138,6 @@ class HistoryRow:
 def gpu_names(value: str) -> list[str]:
     """The stored GPU names a user's spelling may mean (`H100` → both H100 variants)."""
     # Start-up laziness: the catalog is imported only on the path that uses it.
-    from providers import catalog
-
     return sorted({value, *catalog.resolve_gpu(value)})
 
 
@@ -145,8 +145,6 @@ def _price_of(gpu: str, prices: Mapping[str, Decimal]) -> Decimal | None:
     """The price of a stored GPU name (canonical, or an unambiguous alias) in `prices`."""
     if gpu in prices:
         return prices[gpu]
-    from providers import catalog  # start-up laziness, as in gpu_names
-
     return prices.get(catalog.canonical_name(gpu))
 
 
@@ -160,8 +158,6 @@ def planned_layout(dialect: str) -> str:
 def layout_names(values: Sequence[str]) -> list[str]:
     """The stored layout names `--layout` values mean; the names before migration 0007
     (`fsdp`, `fsdp+offload`, `offload`) are taken as what they were renamed to."""
-    from orchestrator.core.sizing import LAYOUTS, strategy_named
-
     names = set()
     for v in values:
         try:
@@ -319,8 +315,6 @@ class CostRow:
 
 def on_demand_prices() -> dict[str, Decimal]:
     """Cheapest on-demand metered catalog price per GPU-hour, by canonical GPU name."""
-    from providers import catalog  # start-up laziness, as in gpu_names
-
     return {gpu: per_gpu_hour(o) for gpu, o in cheapest_hourly(catalog.load().offers).items()
             if not o.interruptible}
 

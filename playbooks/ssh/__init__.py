@@ -1,9 +1,9 @@
 """SSH to GPU hosts: pinned host keys, bounded retries, quoted commands, SFTP, secrets, tunnels.
 
 A leaf of the tree: nothing here imports from `orchestrator` (but its bottom layer, the one
-retry policy `orchestrator.retrying`), `providers` or other playbooks modules
+retry policy `providers.retrying`), `providers` or other playbooks modules
 (tests/test_layers.py). Callers write `from playbooks.ssh import X`; the names load lazily
-(PEP 562) so that `playbooks.ssh.env`, which the CLI reads its settings with, does not pull
+(PEP 562) so that `playbooks.ssh.limits`, whose defaults orch's settings name, does not pull
 in paramiko and fabric at start-up. The modules:
 
 - `errors`: what this layer raises, and a command's `Result`;
@@ -13,7 +13,7 @@ in paramiko and fabric at start-up. The modules:
 - `sftp`: stat, list, remove, upload, download, read (one SFTP channel per thread);
 - `secret_env`: the 0600 env file that carries secrets;
 - `forwarding`: `tunnel`, a local port carried to the host;
-- `env`: numbers from environment variables (no third-party imports).
+- `limits`: the timeouts' defaults and a connection's own (no third-party imports).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from playbooks.ssh.commands import COMMAND_TIMEOUT_S, build_command, run
+    from playbooks.ssh.commands import build_command, run
     from playbooks.ssh.connection import ConnectionFactory, is_transient, trust_on_first_use
-    from playbooks.ssh.env import EnvNumberError, env_float
     from playbooks.ssh.errors import (
         AuthenticationFailed,
         CommandFailed,
@@ -43,9 +42,9 @@ if TYPE_CHECKING:
         format_host_key,
         parse_host_key,
     )
+    from playbooks.ssh.limits import COMMAND_TIMEOUT_S, IO_TIMEOUT_S, command_timeout, io_timeout
     from playbooks.ssh.secret_env import write_secret_env
     from playbooks.ssh.sftp import (
-        IO_TIMEOUT_S,
         get_file,
         list_dir,
         put_file,
@@ -61,7 +60,6 @@ __all__ = [
     "CommandTimeout",
     "ConnectionFactory",
     "ConnectionLost",
-    "EnvNumberError",
     "HostKey",
     "HostKeyMismatch",
     "HostUnreachable",
@@ -70,10 +68,11 @@ __all__ = [
     "Result",
     "SSHError",
     "build_command",
-    "env_float",
+    "command_timeout",
     "fingerprint",
     "format_host_key",
     "get_file",
+    "io_timeout",
     "is_transient",
     "list_dir",
     "parse_host_key",
@@ -105,10 +104,12 @@ _HOME = {
     "ConnectionFactory": "connection",
     "is_transient": "connection",
     "trust_on_first_use": "connection",
-    "COMMAND_TIMEOUT_S": "commands",
+    "COMMAND_TIMEOUT_S": "limits",
+    "command_timeout": "limits",
+    "io_timeout": "limits",
     "build_command": "commands",
     "run": "commands",
-    "IO_TIMEOUT_S": "sftp",
+    "IO_TIMEOUT_S": "limits",
     "stat": "sftp",
     "list_dir": "sftp",
     "remove_files": "sftp",
@@ -117,8 +118,6 @@ _HOME = {
     "read_file": "sftp",
     "write_secret_env": "secret_env",
     "tunnel": "forwarding",
-    "EnvNumberError": "env",
-    "env_float": "env",
 }
 
 

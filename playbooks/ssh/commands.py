@@ -17,13 +17,10 @@ import paramiko
 from fabric import Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
-from playbooks.ssh.env import env_float
 from playbooks.ssh.errors import CommandTimeout, ConnectionLost, Result
+from playbooks.ssh.limits import command_timeout
 
 log = logging.getLogger(__name__)
-
-COMMAND_TIMEOUT_S = env_float("ORCH_SSH_COMMAND_TIMEOUT_S", 3600.0)
-"""Seconds a remote command may run when its caller gives no timeout of its own."""
 
 # Sources the env file with every variable exported, then replaces itself with argv. The file
 # path and argv are positional parameters: nothing is interpolated into the script.
@@ -52,10 +49,11 @@ def run(
 ) -> Result:
     """Run `argv` on the host (no pty, no stdin); non-zero exits are returned, not raised.
 
-    `timeout=None` means `COMMAND_TIMEOUT_S`: no command waits forever.
+    `timeout=None` means the connection's command timeout (`ConnectionFactory`'s
+    `command_timeout_s`, by default `limits.COMMAND_TIMEOUT_S`): no command waits forever.
     """
     if timeout is None:
-        timeout = COMMAND_TIMEOUT_S
+        timeout = command_timeout(conn)
     command = build_command(argv, env_file)
     log.debug("ssh %s:%s $ %s", conn.host, conn.port, command)
     started = time.monotonic()

@@ -22,7 +22,6 @@ from paramiko.ssh_exception import NoValidConnectionsError
 from tenacity import RetryCallState
 from tenacity.stop import stop_base
 
-from orchestrator import retrying
 from playbooks.ssh.errors import AuthenticationFailed, HostKeyMismatch, HostUnreachable, SSHError
 from playbooks.ssh.hostkeys import (
     HostKey,
@@ -32,6 +31,8 @@ from playbooks.ssh.hostkeys import (
     fingerprint,
     format_host_key,
 )
+from playbooks.ssh.limits import COMMAND_TIMEOUT_S, IO_TIMEOUT_S, config_overrides
+from providers import retrying
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,8 @@ class ConnectionFactory:
     """Hands out one open fabric `Connection` per (host, port, user), host key pinned.
 
     `connect_timeout` bounds each attempt (TCP, banner, auth); `connect_deadline` bounds all
-    retries of transient failures together.
+    retries of transient failures together. Each connection keeps `command_timeout_s` (a
+    command whose caller gives no timeout) and `io_timeout_s` (each SFTP reply) in its config.
     """
 
     def __init__(
@@ -141,6 +143,8 @@ class ConnectionFactory:
         connect_timeout: float = 10.0,
         connect_deadline: float = 60.0,
         keepalive_s: int = 15,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        io_timeout_s: float = IO_TIMEOUT_S,
     ) -> None:
         self.key_filename = Path(key_filename)
         if not self.key_filename.is_file():
@@ -148,6 +152,8 @@ class ConnectionFactory:
         self.connect_timeout = connect_timeout
         self.connect_deadline = connect_deadline
         self.keepalive_s = keepalive_s
+        self.command_timeout_s = command_timeout_s
+        self.io_timeout_s = io_timeout_s
         self._connections: dict[tuple[str, int, str], _Entry] = {}
         self._lock = threading.Lock()  # guards the two dicts
         self._opening: dict[tuple[str, int, str], threading.Lock] = {}
@@ -205,7 +211,8 @@ class ConnectionFactory:
         config = Config(
             lazy=True,  # no /etc/fabric.yml, ~/.fabric.yml or ssh_config files
             ssh_config=paramiko.SSHConfig(),
-            overrides={"load_ssh_configs": False, "forward_agent": False},
+            overrides={"load_ssh_configs": False, "forward_agent": False,
+                       **config_overrides(self.command_timeout_s, self.io_timeout_s)},
         )
         connection = Connection(
             host,

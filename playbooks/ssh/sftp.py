@@ -14,15 +14,14 @@ from pathlib import Path, PurePosixPath
 import paramiko
 from fabric import Connection
 
-from playbooks.ssh.env import env_float
 from playbooks.ssh.errors import CommandTimeout, ConnectionLost, SSHError
+from playbooks.ssh.limits import io_timeout
 
 # paramiko's SFTP client pairs each reply with its request by reading the one channel: two
 # threads on one client read each other's replies and both wait forever (issue 10 §1). So
 # every thread gets an SFTP channel of its own on the shared connection, and every read on it
-# has a deadline: a host that stops answering fails the call instead of hanging the job.
-IO_TIMEOUT_S = env_float("ORCH_SSH_IO_TIMEOUT_S", 120.0)
-"""Seconds an SFTP call may wait for a reply (or the next chunk of a transfer)."""
+# has a deadline (the connection's `io_timeout`, unless the call gives one): a host that stops
+# answering fails the call instead of hanging the job.
 
 _threads = threading.local()
 
@@ -79,7 +78,7 @@ def _sftp(conn: Connection, what: str, timeout: float | None = None
     Callers catch OSError for missing files: a timeout (also an OSError) never reaches them,
     it is turned into CommandTimeout here, on the way out of the call's `try`.
     """
-    limit = IO_TIMEOUT_S if timeout is None else timeout
+    limit = io_timeout(conn) if timeout is None else timeout
     client = _open_sftp(conn, limit)
     try:
         yield client
@@ -241,4 +240,4 @@ def read_file(conn: Connection, remote: str, timeout: float | None = None) -> by
 def _remove_quietly(conn: Connection, remote: str) -> None:
     """Best effort, on a fresh channel: a failed transfer leaves no temporary file behind."""
     with contextlib.suppress(SSHError, OSError):
-        remove_files(conn, [remote], timeout=min(IO_TIMEOUT_S, 30.0))
+        remove_files(conn, [remote], timeout=min(io_timeout(conn), 30.0))

@@ -68,6 +68,8 @@ from providers.base import (
     job_of,
     tag_for,
 )
+from providers.catalog import gpus as gpu_specs
+from providers.catalog import load
 from providers.sim import hub, market, spotmarket
 from providers.sim.local import carries as _carries
 from providers.sim.local import proc_state as _proc_state
@@ -122,8 +124,6 @@ class SimCloud(OptInOnly, Simulated):
         market: market.Market | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from providers.catalog import gpus as gpu_specs
-
         self.state_dir = Path(state_dir).resolve()
         known = gpu_specs()
         for gpu in [*(gpus or []), *(capacity or {})]:
@@ -487,8 +487,6 @@ def catalog_offers(boot_seconds: float = 0.0) -> list[Offer]:
 
     Also what `orch plan` ranks for a job that names `sim` in resources.providers.
     """
-    from providers.catalog import load
-
     found: list[Offer] = []
     for base in load().offers:
         if base.provider != CATALOG_PROVIDER or base.price_per_hour is None:

@@ -16,7 +16,6 @@ cheaper than loading the migration machinery.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -28,8 +27,8 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlmodel import Session
 
-from orchestrator import retrying
-from orchestrator.core.paths import data_dir, default_db_url, private_dir, private_file
+from orchestrator.core.paths import default_db_url, private_sqlite
+from orchestrator.core.settings import DB_LOCK_WAIT_S, settings
 from orchestrator.records.store.tables import (
     DatabaseBusy,
     DatabaseFull,
@@ -38,6 +37,7 @@ from orchestrator.records.store.tables import (
     StoreError,
     utcnow,
 )
+from providers import retrying
 
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
@@ -48,7 +48,7 @@ BUSY_TIMEOUT_MS = 10_000
 # How long a writer waits for the SQLite write lock in all (SQLite's busy handler, retried by
 # tenacity) before DatabaseBusy: long enough for any transaction orch makes and for a backup
 # or a hand-held `BEGIN IMMEDIATE`; ORCH_DB_LOCK_WAIT_S overrides it.
-LOCK_WAIT_S = 300.0
+LOCK_WAIT_S = DB_LOCK_WAIT_S
 # Execution option that makes the SQLite BEGIN take the write lock up front.
 _IMMEDIATE = "orch_begin_immediate"
 
@@ -82,18 +82,8 @@ def _sqlite_setup(engine: Engine) -> None:
 
 
 def lock_wait_s() -> float:
-    """LOCK_WAIT_S, or ORCH_DB_LOCK_WAIT_S when set (seconds > 0)."""
-    raw = os.environ.get("ORCH_DB_LOCK_WAIT_S", "").strip()
-    if not raw:
-        return LOCK_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise StoreError(f"ORCH_DB_LOCK_WAIT_S={raw!r}: give the seconds a writer waits for "
-                         f"the database lock, a number > 0 (default {LOCK_WAIT_S:.0f})")
-    return value
+    """LOCK_WAIT_S, or ORCH_DB_LOCK_WAIT_S when set (orch's settings)."""
+    return settings().db_lock_wait_s
 
 
 def _driver_error(exc: BaseException) -> BaseException:
@@ -216,18 +206,6 @@ def _upgrade(engine: Engine) -> None:
 
 
 
-def _private_sqlite(path: Path) -> None:
-    """The database file 0600 before SQLite opens it (SQLite then creates -wal and -shm with
-    the database file's permissions), and a folder orch creates for it 0700."""
-    folder = path.parent
-    # orch's own data folder is made private even if an older orch created it; a folder
-    # the user chose for ORCH_DB_URL is only created private, never changed.
-    private_dir(folder, fix=folder == data_dir())
-    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        if name == path or name.exists():
-            private_file(name)
-
-
 def make_engine(url: str | None = None) -> Engine:
     """The engine of the database at `url` (created if needed), its schema upgraded to head."""
     url = url or default_db_url()
@@ -240,7 +218,7 @@ def make_engine(url: str | None = None) -> Engine:
         # (read-only creates nothing); as a path it would make a `file:` folder here.
         if is_sqlite and parsed.database and parsed.database != ":memory:" \
                 and parsed.query.get("uri") != "true":
-            _private_sqlite(Path(parsed.database))
+            private_sqlite(Path(parsed.database))
         engine = create_engine(url)
     except ArgumentError as exc:  # malformed, or a dialect SQLAlchemy does not know
         # The URL itself is not echoed: it may hold a password.

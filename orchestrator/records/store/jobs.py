@@ -451,8 +451,10 @@ class JobsMixin(StoreBase):
 
     def request_cancel(self, job_id: str) -> Job:
         """Ask for a job to stop: a queued job is cancelled at once, a running one flagged."""
-        now = utcnow()
         with self.transaction() as session:
+            # The time once the write lock is held: stamped before a wait for it, the flag
+            # said "asked at T" while the worker, still writing, started steps after T.
+            now = utcnow()
             # Locked: a worker's move to succeeded (set_status) either sees this flag or
             # commits first, and then the job is final here.
             job = session.get(Job, job_id, with_for_update=True)
@@ -478,10 +480,10 @@ class JobsMixin(StoreBase):
         with one UPDATE, which takes their row locks, so no worker can claim one of them
         from then on (a claim requires `cancel_requested_at IS NULL`): cancelling run by run
         raced with workers that claimed, and billed, the next run meanwhile."""
-        now = utcnow()
         unfinished = ((col(Job.sweep_id) == sweep_id)
                       & col(Job.status).not_in(in_order(FINAL_STATUSES)))
         with self.transaction() as session:
+            now = utcnow()  # once the write lock is held (see request_cancel)
             session.execute(update(Job).where(unfinished, col(Job.cancel_requested_at).is_(None))
                             .values(cancel_requested_at=now))
             cancelled, flagged = [], []

@@ -24,7 +24,6 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from orchestrator import retrying
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
 from orchestrator.core.planning import Plan, make_plan
@@ -58,6 +57,7 @@ from orchestrator.records.sweep.view import (
     not_found,
     run_state,
 )
+from providers import retrying
 from providers.base import Offer
 from providers.dedicated.compute import RegisteredServer
 

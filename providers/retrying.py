@@ -15,7 +15,9 @@ error itself is raised, never tenacity's RetryError) and uses it as tenacity doc
 `policy(...)(call)` or `for attempt in policy(...): with attempt: ...`.
 
 Layer: the bottom one; it imports nothing of orch's, so the SSH layer, the providers, the
-playbooks, the store and the engine all use it (tests/test_layers.py).
+playbooks, the store and the engine all use it (tests/test_layers.py). It lives in `providers/`
+(an empty package `__init__`), not in `orchestrator/`, so that the layers below `orchestrator`
+import it without naming a package above them; it is a layer of its own, below `playbooks.ssh`.
 """
 
 from __future__ import annotations
