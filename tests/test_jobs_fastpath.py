@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli.app import _job_dict
+from orchestrator.core.jobstatus import RUNNING_STATUSES, in_order
 from orchestrator.records import jobsread
 from orchestrator.records.store import SCHEMA_HEAD, Store, open_store
 
@@ -55,7 +56,7 @@ def test_the_fast_listing_is_the_stores(url: str) -> None:
     assert jobsread.schema_head() == SCHEMA_HEAD
     for limit, status, statuses in [(50, None, None), (2, None, None),
                                     (50, "training", ("training",)),
-                                    (50, "running", jobsread.ACTIVE_STATUSES + ("interrupted",))]:
+                                    (50, "running", tuple(in_order(RUNNING_STATUSES)))]:
         fast = jobsread.recent_jobs(limit, statuses, url)
         assert fast is not None
         slow = store.list_jobs(limit=limit, status=status)

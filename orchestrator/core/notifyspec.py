@@ -83,7 +83,7 @@ class NotifyTarget(Strict):
         description="The environment variable (of the orch process that runs the job) that "
                     "holds the URL, for URLs that are secrets (Slack's).")
     secret_env: EnvName | None = Field(
-        default=None, examples=["ORCH_WEBHOOK_SECRET"],
+        default=None, examples=["WEBHOOK_SECRET"],
         description="`standard` format: the environment variable holding the signing secret "
                     "(`whsec_` + base64 of 24-64 random bytes); each POST is signed as the "
                     "Standard Webhooks spec says (headers webhook-id, webhook-timestamp, "
