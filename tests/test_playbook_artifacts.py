@@ -70,7 +70,7 @@ def test_fetch_copies_results_not_checkpoints_idempotently_and_merged_on_request
 
     first = fetch(host, layout.output_dir("job-1"), local, include_merged=False)
     expected = {"adapter_model.safetensors", "adapter_config.json", "sim_memory.json",
-                "tokenizer.json", "tokenizer_config.json", "train.log"}
+                "sim_landscape.json", "tokenizer.json", "tokenizer_config.json", "train.log"}
     assert set(first.copied) == expected and first.skipped == []
     assert tree(local) == expected | {MANIFEST}  # no checkpoint-*, merged/, prepared/, .part
     for name in expected:

@@ -16,7 +16,7 @@ from playbooks import hostcheck
 from playbooks.base import Host, HostPaths
 from playbooks.gpu import GpuExpectation, catalog_model
 from playbooks.hostreport import Check, thresholds
-from playbooks.ssh import ConnectionFactory
+from playbooks.ssh import ConnectionFactory, format_host_key, trust_on_first_use
 from providers import catalog
 from providers.base import Requirements
 from providers.sim import market
@@ -138,8 +138,8 @@ def test_the_host_check_catches_each_bad_machine_of_the_market(
     inst = cloud.create(offer, ssh_keypair.public, "job-1")
     assert inst.ssh_host and inst.ssh_port
     with ConnectionFactory(ssh_keypair.private) as factory:
-        conn = factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user,
-                               cloud.host_key(inst.instance_id))
+        key = format_host_key(trust_on_first_use(inst.ssh_host, inst.ssh_port))
+        conn = factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user, key)
         host = Host(conn, HostPaths(cloud.host_root(inst)), command_timeout=60)
         base = thresholds()
         limits = base.model_copy(update={
