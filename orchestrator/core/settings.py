@@ -1,4 +1,4 @@
-"""orch's settings: every `ORCH_*` environment variable, in one pydantic-settings model.
+"""orch's settings: every `ORCH_*` environment variable, one model read by pydantic-settings.
 
 `settings()` is the one reader: it parses the environment once (again only after an
 `ORCH_*` variable changed, as tests do in-process) and every module takes its values from
@@ -20,10 +20,18 @@ variables orch passes them are their interface, not orch's settings, and are not
 from __future__ import annotations
 
 import os
+from functools import cache
 from typing import Annotated, Any
 
-from pydantic import AliasGenerator, Field, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from playbooks.ssh.limits import COMMAND_TIMEOUT_S, IO_TIMEOUT_S
 
@@ -66,12 +74,20 @@ class SettingsError(ValueError):
     """One or more `ORCH_*` variables hold a value orch cannot use; one line for each."""
 
 
-class Settings(BaseSettings):
-    """Every `ORCH_*` variable orch reads (field `lease_s` is `ORCH_LEASE_S`)."""
+def _alias(name: str) -> str:
+    return PREFIX + name.upper()
 
-    model_config = SettingsConfigDict(
-        case_sensitive=True, extra="ignore", frozen=True,
-        alias_generator=AliasGenerator(validation_alias=lambda name: PREFIX + name.upper()))
+
+class Settings(BaseModel):
+    """Every `ORCH_*` variable orch reads (field `lease_s` is `ORCH_LEASE_S`).
+
+    The fields and their rules; pydantic-settings reads them from the environment
+    (`_from_environment`). `Settings(ORCH_LEASE_S="90")` validates given values as the
+    environment's are."""
+
+    model_config = ConfigDict(
+        extra="ignore", frozen=True, validate_default=True,
+        alias_generator=AliasGenerator(validation_alias=_alias))
 
     # --- storage ------------------------------------------------------------------------
     db_url: str | None = _setting(
@@ -207,16 +223,6 @@ class Settings(BaseSettings):
         capacity_by_gpu(value)
         return value
 
-    @classmethod
-    def settings_customise_sources(
-            cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The environment only (and keyword arguments, for tests): no .env or secrets files."""
-        return init_settings, env_settings
-
     def stall_deadlines(self) -> dict[str, float]:
         """The watchdog's deadlines that are set, by phase (the others keep their default)."""
         found = {phase: getattr(self, f"stall_{phase}_s") for phase in STALL_DEFAULTS}
@@ -260,6 +266,34 @@ def _message(error: Any) -> str:
             f"{info.get('default_text', '')}").rstrip()
 
 
+@cache
+def _from_environment() -> type[Settings]:
+    """`Settings` read from the environment by pydantic-settings (the environment only, and
+    keyword arguments for tests: no .env or secrets files).
+
+    Built on first use: importing pydantic-settings (asyncio, argparse, its cloud secret
+    sources) and building this class cost about a sixth of `orch plan`'s start-up
+    (bench/startup.py), and with no `ORCH_*` variable set there is nothing for it to read:
+    `settings()` then takes the fields' defaults, validated by the same model."""
+    from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+    class FromEnvironment(BaseSettings, Settings):
+        model_config = SettingsConfigDict(
+            case_sensitive=True, extra="ignore", frozen=True, validate_default=True,
+            alias_generator=AliasGenerator(validation_alias=_alias))
+
+        @classmethod
+        def settings_customise_sources(
+                cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                env_settings: PydanticBaseSettingsSource,
+                dotenv_settings: PydanticBaseSettingsSource,
+                file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return init_settings, env_settings
+
+    return FromEnvironment
+
+
 _cache: tuple[tuple[tuple[str, str], ...], Settings] | None = None
 
 
@@ -270,7 +304,7 @@ def settings() -> Settings:
     ours = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PREFIX)))
     if _cache is None or _cache[0] != ours:
         try:
-            _cache = (ours, Settings())
+            _cache = (ours, _from_environment()() if ours else Settings())
         except ValidationError as exc:
             raise SettingsError("\n".join(_message(e) for e in exc.errors())) from None
     return _cache[1]
