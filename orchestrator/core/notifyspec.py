@@ -18,12 +18,13 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
+from orchestrator.core.states import NOTIFIED
 from orchestrator.core.strictmodel import Strict
 
 EventType = Literal["job.succeeded", "job.failed", "job.preempted", "job.replaced",
                     "job.budget_reached", "sweep.finished"]
-EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.preempted", "job.replaced",
-                                "job.budget_reached", "sweep.finished")
+# The schema's words are `states.NOTIFIED`'s (tests/test_notify.py checks they agree).
+EVENT_TYPES: tuple[str, ...] = tuple(kind.value for kind in NOTIFIED)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SECRET_PREFIX = "whsec_"
 # Standard Webhooks: "Random. Between 24 bytes (192 bits) and 64 bytes (512 bits)"
