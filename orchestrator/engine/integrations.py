@@ -1,0 +1,92 @@
+"""Issue 39's checks before renting: each Hub dataset's access and splits (asked of the Hub the
+hosts download from), and what trackers and webhooks need from the environment.
+
+A refusal is a problem that fails the job before anything is billed, in the words `hf`
+prints and with what to do (`hubdatasets`); a Hub that does not answer is no verdict (the
+host's download decides), recorded as an `unchecked` note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+from orchestrator.core import hubsize, integrationchecks, notifyspec
+from orchestrator.core.datasetspec import DatasetSpec
+from orchestrator.core.hubsize import HubDatasetRef, HubSizeError
+from orchestrator.core.spec import JobSpec
+from orchestrator.engine import hubdatasets
+
+
+def dataset_places(spec: JobSpec) -> list[tuple[str, DatasetSpec]]:
+    """Each training dataset with the job file's field that holds it."""
+    if spec.datasets is None:
+        return [("dataset", spec.dataset)]
+    return [(f"datasets[{i}]", d) for i, d in enumerate(spec.datasets)]
+
+
+@dataclass
+class Verdict:
+    """What the checks found: problems fail the job; unchecked notes do not."""
+
+    problems: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+
+
+def _split_problems(where: str, ds: DatasetSpec, info: Mapping[str, object] | None
+                    ) -> list[str]:
+    """The training and validation splits the dataset's card rules out (none when the card
+    lists no sizes: the download decides)."""
+    card = (info or {}).get("cardData")
+    splits = hubsize.card_splits(card if isinstance(card, Mapping) else None)
+    found = []
+    asked = [("path.split", ds.path.split)]
+    if ds.validation_split is not None:
+        asked.append(("validation_split", ds.validation_split))
+    for key, split in asked:
+        ref = HubDatasetRef(ds.path.hf or "", ds.path.revision, ds.path.subset, split,
+                            ds.format)
+        try:
+            hubsize.pick(splits, ref)
+        except HubSizeError as exc:
+            at = f"path.{exc.key}" if exc.key == "subset" else key
+            found.append(f"{where}.{at}: {exc}")
+    return found
+
+
+def check_hub_datasets(spec: JobSpec, token: str | None, hub: str | None,
+                       client: httpx.Client | None = None) -> Verdict:
+    """Each Hub dataset's access and splits on `hub` (None: HF_ENDPOINT or huggingface.co)."""
+    verdict = Verdict()
+    for where, ds in dataset_places(spec):
+        if ds.path.hf is None:
+            continue
+        access = hubdatasets.check_dataset(ds.path.hf, ds.path.revision, token,
+                                           field=f"{where}.path.hf", client=client, hub=hub)
+        if access.problem is not None:
+            verdict.problems.append(f"{where}.path.hf: {access.problem}")
+        elif access.unchecked is not None:
+            verdict.unchecked.append(f"{where}.path.hf ({ds.path.hf}): {access.unchecked}")
+        else:
+            verdict.problems += _split_problems(where, ds, access.info)
+    return verdict
+
+
+def notify_url_problems(url: str | None, secret_env: str | None,
+                        environ: Mapping[str, str]) -> list[str]:
+    """ORCH_NOTIFY_URL's signing secret, checked as a `notify:` target's is."""
+    if url is None or secret_env is None:
+        return []
+    probe = notifyspec.NotifyTarget(url_env="ORCH_NOTIFY_URL", secret_env=secret_env)
+    return [p.replace("ORCH_NOTIFY_URL.secret_env", "ORCH_NOTIFY_SECRET_ENV")
+            for p in notifyspec.env_problems([probe], {**environ, "ORCH_NOTIFY_URL": url},
+                                             where="ORCH_NOTIFY_URL")]
+
+
+def environment_problems(spec: JobSpec, environ: Mapping[str, str], notify_url: str | None,
+                         notify_secret_env: str | None) -> list[str]:
+    """The trackers' keys and the webhooks' URLs and secrets the job lacks where it runs."""
+    return (integrationchecks.before_renting(spec, environ)
+            + notify_url_problems(notify_url, notify_secret_env, environ))

@@ -1,0 +1,128 @@
+"""Issue 39, phase B: Hub datasets, trackers and webhooks checked by the engine before renting
+(the same path as `orch submit` and `orch worker`), against the Hub emulator in HF_ENDPOINT.
+
+Each refusal fails the job with the field and the fix, and nothing is rented.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from emulators.hub import HubEmulator
+from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
+
+CARD = {"dataset_info": {"splits": [{"name": "train", "num_bytes": 4_000, "num_examples": 20},
+                                    {"name": "test", "num_bytes": 400, "num_examples": 2}]}}
+FILES = {"README.md": b"# data\n", "data/train-00000-of-00001.jsonl": b"{}\n"}
+
+
+def hub_job(rig: Rig, dataset: str, extra: str = "") -> Path:  # noqa: F811
+    """The quickstart job with `dataset` (YAML) in place of its local file."""
+    path = rig.job_file()
+    text = path.read_text().replace("dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
+                                    dataset)
+    path.write_text(text + extra)
+    return path
+
+
+def refused(rig: Rig, path: Path) -> str:  # noqa: F811
+    """Run `path` on a fresh simulated cloud; the failure reason (nothing may be rented)."""
+    cloud = rig.cloud()
+    job_id = rig.queue(path)
+    job = rig.run(cloud, job_id)
+    assert job.status == "failed", job.failure_reason
+    assert rig.store.instances_of(job_id) == [] and cloud.list() == []
+    reason: Any = job.failure_reason
+    assert reason.startswith("before renting: "), reason
+    return str(reason)
+
+
+def test_a_gated_hub_dataset_without_a_token_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    session_hub.add_repo("org/gated-data", FILES, repo_type="dataset", gated=True,
+                         card_data=CARD)
+    try:
+        reason = refused(rig, hub_job(rig, "dataset:\n  path: {hf: org/gated-data}\n"
+                                           "  tokens: 100000\n"))
+    finally:
+        del session_hub.repos[("dataset", "org/gated-data")]
+    assert "dataset.path.hf: " in reason and "HF_TOKEN" in reason
+    assert "`hf` says: Access denied. Dataset 'org/gated-data' requires approval." in reason
+
+
+def test_an_unknown_hub_dataset_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator) -> None:  # noqa: F811
+    reason = refused(rig, hub_job(rig, "datasets:\n  - path: data/train.jsonl\n"
+                                       "  - path: {hf: org/no-such-data}\n    tokens: 1000\n"))
+    assert "datasets[1].path.hf: " in reason
+    assert "Dataset 'org/no-such-data' not found" in reason
+
+
+def test_a_validation_split_the_dataset_lacks_fails_before_renting(
+        rig: Rig, session_hub: HubEmulator) -> None:  # noqa: F811
+    session_hub.add_repo("org/open-data", FILES, repo_type="dataset", card_data=CARD)
+    try:
+        reason = refused(rig, hub_job(rig, "dataset:\n  path: {hf: org/open-data}\n"
+                                           "  tokens: 100000\n  validation_split: valid\n"))
+    finally:
+        del session_hub.repos[("dataset", "org/open-data")]
+    assert "dataset.validation_split: org/open-data has no split 'valid' (it has train, " \
+           "test)" in reason
+
+
+def test_a_tracker_without_its_key_fails_before_renting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    path = rig.job_file()
+    path.write_text(path.read_text() + "tracking:\n  wandb: {project: orch-tests}\n")
+    reason = refused(rig, path)
+    assert "tracking.wandb: W&B needs WANDB_API_KEY" in reason
+    assert "https://wandb.ai/authorize" in reason
+
+
+def test_a_webhook_url_variable_unset_and_a_bad_secret_fail_before_renting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.delenv("ORCH_TEST_HOOK_URL", raising=False)
+    monkeypatch.setenv("ORCH_NOTIFY_URL", "http://127.0.0.1:9/hooks")
+    monkeypatch.setenv("ORCH_NOTIFY_SECRET_ENV", "ORCH_TEST_HOOK_SECRET")
+    monkeypatch.setenv("ORCH_TEST_HOOK_SECRET", "whsec_not base64!")
+    path = rig.job_file()
+    path.write_text(path.read_text() + "notify:\n  url_env: ORCH_TEST_HOOK_URL\n")
+    reason = refused(rig, path)
+    assert "notify.url_env: ORCH_TEST_HOOK_URL is not set" in reason
+    assert "ORCH_NOTIFY_SECRET_ENV: ORCH_TEST_HOOK_SECRET is not base64" in reason
+    assert "whsec_not" not in reason  # the secret's value is never echoed
+
+
+def test_the_sim_hub_answers_dataset_info_as_the_real_client_reads_it() -> None:
+    """Without HF_ENDPOINT a sim-only job's datasets are the hosts' synthetic ones: the sim Hub
+    publishes their splits (read here by huggingface_hub's own HfApi) and gates as for models."""
+    from huggingface_hub import HfApi
+
+    from orchestrator.core.spec import JobSpec
+    from orchestrator.engine import integrations
+    from providers.sim import hub
+    from simhost.standins.hf import SYNTHETIC_SPLITS
+
+    url = hub.serve(("org/gated-data",))
+    info = HfApi(endpoint=url, token=False).dataset_info("org/any-data")
+    card = info.card_data.to_dict() if info.card_data is not None else {}
+    splits = {s["name"]: s["num_examples"] for s in card["dataset_info"]["splits"]}
+    assert splits == SYNTHETIC_SPLITS
+
+    def spec(dataset: dict[str, object]) -> JobSpec:
+        return JobSpec.model_validate({"name": "j", "base_model": "Qwen/Qwen2.5-0.5B",
+                                       "method": "qlora", "dataset": dataset})
+
+    ok = integrations.check_hub_datasets(spec({"path": {"hf": "org/any-data"},
+                                               "validation_split": "test"}), None, url)
+    assert ok.problems == [] and ok.unchecked == []
+    bad = integrations.check_hub_datasets(spec({"path": {"hf": "org/any-data", "split": "dev"}}),
+                                          None, url)
+    assert bad.problems == ["dataset.path.split: org/any-data has no split 'dev' (it has "
+                            "train, test)"]
+    gated = integrations.check_hub_datasets(spec({"path": {"hf": "org/gated-data"}}), None, url)
+    assert len(gated.problems) == 1 and "requires approval" in gated.problems[0]
