@@ -126,3 +126,44 @@ def test_the_sim_hub_answers_dataset_info_as_the_real_client_reads_it() -> None:
                             "train, test)"]
     gated = integrations.check_hub_datasets(spec({"path": {"hf": "org/gated-data"}}), None, url)
     assert len(gated.problems) == 1 and "requires approval" in gated.problems[0]
+
+
+@pytest.mark.parametrize("host", ["docker", "container"])
+def test_orch_render_shows_the_hub_dataset_as_the_host_downloads_it(
+        tmp_path: Path, host: str) -> None:
+    """A sim-only job without HF_ENDPOINT: sized by the sim Hub, rendered with the download
+    on the host, the eval split and the W&B keys; the config passes the schema check."""
+    import json
+    import os
+    import shutil
+
+    import orchfork
+
+    from playbooks.axolotl_schema import problems, rule_problems
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "examples" / "data", tmp_path / "data")
+    text = (root / "examples" / "quickstart.yml").read_text().replace(
+        "dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
+        "dataset:\n  path: tatsu-lab/alpaca\n  validation_split: test\n")
+    job = tmp_path / "job.yml"
+    job.write_text(text + "tracking:\n  wandb: {project: alpaca-runs}\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ORCH_DB_URL", "HF_TOKEN", "HF_ENDPOINT")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    proc = orchfork.run(["render", str(job), "--host", host, "--json"], env=env, cwd=root,
+                        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    cfg = out["axolotl_config"]
+    base = "/workspace/data" if host == "docker" else "/workspace/orch"
+    folder = f"{base}/datasets/tatsu-lab--alpaca/main"
+    assert cfg["datasets"] == [{"path": folder, "type": "alpaca", "split": "train"}]
+    assert cfg["test_datasets"] == [{"path": folder, "type": "alpaca", "split": "test"}]
+    assert cfg["use_wandb"] is True and cfg["wandb_project"] == "alpaca-runs"
+    assert problems(cfg) == [] and rule_problems(cfg) == []
+    download = out["commands"]["dataset tatsu-lab/alpaca"]
+    assert download[download.index("hf"):download.index("hf") + 3] == [
+        "hf", "download", "tatsu-lab/alpaca"]
+    assert "--repo-type=dataset" in download
+    assert (download[:3] == ["docker", "run", "--rm"]) == (host == "docker")

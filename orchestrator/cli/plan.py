@@ -45,10 +45,17 @@ def problems_exit(path: Path, problems: list[str]) -> NoReturn:
 
 
 def load(path: Path) -> LoadedJob:
-    from orchestrator.core.spec import SpecError, load_job
+    """The job file loaded; a Hub dataset without `tokens:` sized from the Hub's published
+    information (`engine/integrations.PlanSizer`); its problems printed, exit 2."""
+    import os
 
+    from orchestrator.core.settings import settings
+    from orchestrator.core.spec import SpecError, load_job
+    from orchestrator.engine.integrations import PlanSizer
+
+    sizer = PlanSizer(path, os.environ, settings().datasets_server_url)
     try:
-        return load_job(path)
+        return load_job(path, hub_size=sizer)
     except SpecError as exc:
         problems_exit(path, exc.problems)
 

@@ -8,23 +8,19 @@ host's download decides), recorded as an `unchecked` note.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
 from orchestrator.core import hubsize, integrationchecks, notifyspec
+from orchestrator.core.datafiles import DatasetSize
 from orchestrator.core.datasetspec import DatasetSpec
 from orchestrator.core.hubsize import HubDatasetRef, HubSizeError
 from orchestrator.core.spec import JobSpec
 from orchestrator.engine import hubdatasets
-
-
-def dataset_places(spec: JobSpec) -> list[tuple[str, DatasetSpec]]:
-    """Each training dataset with the job file's field that holds it."""
-    if spec.datasets is None:
-        return [("dataset", spec.dataset)]
-    return [(f"datasets[{i}]", d) for i, d in enumerate(spec.datasets)]
+from orchestrator.engine.jobinputs import dataset_places
 
 
 @dataclass
@@ -90,3 +86,58 @@ def environment_problems(spec: JobSpec, environ: Mapping[str, str], notify_url: 
     """The trackers' keys and the webhooks' URLs and secrets the job lacks where it runs."""
     return (integrationchecks.before_renting(spec, environ)
             + notify_url_problems(notify_url, notify_secret_env, environ))
+
+
+def planning_hub(providers: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
+    """The Hub `orch plan` asks about a job's datasets, by `hubaccess`'s rule for the hosts:
+    HF_ENDPOINT when set; for a job only `sim` may run, the simulated cloud's Hub (its hosts
+    download the synthetic dataset it describes); else None, huggingface.co."""
+    if environ.get("HF_ENDPOINT"):
+        return environ["HF_ENDPOINT"]
+    if providers and set(providers) == {"sim"}:
+        from providers.sim import hub
+
+        return hub.serve(hub.gated_repos())
+    return None
+
+
+@dataclass
+class PlanSizer:
+    """The `HubSizer` of `orch plan`/`submit`/`render`: the Hub's published size of a
+    dataset, on the Hub `planning_hub` names for the job file's providers (read when first
+    asked); a Hub that does not answer is no size: the problem says so and asks for tokens."""
+
+    path: Path
+    environ: Mapping[str, str]
+    viewer: str | None = None  # ORCH_DATASETS_SERVER_URL
+    _sizer: hubdatasets.Sizer | None = field(default=None, repr=False)
+
+    def _get(self) -> hubdatasets.Sizer:
+        if self._sizer is None:
+            hub = planning_hub(_named_providers(self.path), self.environ)
+            viewer = self.viewer or (hubdatasets.DATASETS_SERVER if hub is None else None)
+            self._sizer = hubdatasets.Sizer(self.environ.get("HF_TOKEN") or None, hub=hub,
+                                            viewer=viewer)
+        return self._sizer
+
+    def __call__(self, ref: HubDatasetRef) -> DatasetSize | None:
+        sizer = self._get()
+        found = sizer.access(ref.repo, ref.revision)
+        if found.unchecked is not None:
+            raise HubSizeError("hf", f"{found.unchecked}: no verdict and no size; give tokens "
+                                     "(the number of tokens in one epoch) to plan without the "
+                                     "Hub")
+        return sizer(ref)
+
+
+def _named_providers(path: Path) -> list[str] | None:
+    """`resources.providers` of the job file at `path` (None: not given or unreadable)."""
+    from orchestrator.core.spec import SpecError, read_mapping
+
+    try:
+        raw, _ = read_mapping(path, "name")
+    except SpecError:
+        return None
+    resources = raw.get("resources")
+    named = resources.get("providers") if isinstance(resources, dict) else None
+    return [str(p) for p in named] if isinstance(named, list) else None

@@ -1,0 +1,108 @@
+"""Issue 39's acceptance on `sim`: a job with a Hub dataset (and a local one, and an eval split),
+W&B tracking and a webhook runs end to end.
+
+- the Hub emulator (HF_ENDPOINT) serves the dataset to the host's `hf`, which runs the real
+  huggingface_hub client (simhost/standins/hf.py) on the GPU host, never through orch's side;
+- the axolotl config the host trains with names both datasets, the eval split and the W&B
+  keys, and passes the schema check (the simulated trainer reads every entry);
+- WANDB_API_KEY reaches the trainer through the job's 0600 env file only: never argv, the
+  database or the events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from emulators.hub import HubEmulator
+from test_engine import Rig, rig, training_step, when  # noqa: F401  (the engine test rig)
+
+from playbooks.axolotl_schema import problems, rule_problems
+
+WANDB_KEY = "wandb-key-" + "0123456789abcdef" * 2
+ROWS = [{"conversations": [{"from": "human", "value": f"What is {i}+{i}?"},
+                           {"from": "gpt", "value": str(2 * i)}]} for i in range(8)]
+FILES = {"README.md": b"# chats\n",
+         "data/train-00000-of-00001.jsonl": "".join(json.dumps(r) + "\n"
+                                                   for r in ROWS).encode(),
+         "data/test-00000-of-00001.jsonl": (json.dumps(ROWS[0]) + "\n").encode()}
+CARD = {"dataset_info": {"splits": [{"name": "train", "num_bytes": 8_000, "num_examples": 8},
+                                    {"name": "test", "num_bytes": 1_000, "num_examples": 1}]}}
+DATASETS = """datasets:
+  - path: data/train.jsonl
+    format: alpaca
+  - path: {hf: org/chats}
+    format: chat_template
+    fields: {messages: conversations, role: from, content: value}
+    validation_split: test
+"""
+
+
+def queue(rig: Rig, path: Path) -> str:  # noqa: F811
+    """`orch submit`'s recording: the Hub dataset sized from its card (as `orch plan` does)."""
+    import os
+
+    from orchestrator.core.spec import load_job
+    from orchestrator.engine.integrations import PlanSizer
+    from orchestrator.engine.submission import record_job
+
+    job, _ = record_job(rig.store, load_job(path, hub_size=PlanSizer(path, os.environ)))
+    return job.id
+
+
+def host_files(rig: Rig, name: str) -> list[Path]:  # noqa: F811
+    return [p for p in (rig.tmp / "sim").rglob(name) if p.is_file()]
+
+
+def test_a_hub_dataset_with_wandb_trains_end_to_end_on_sim(
+        rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    session_hub.add_repo("org/chats", FILES, repo_type="dataset", card_data=CARD)
+    path = rig.job_file()
+    text = path.read_text().replace("dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
+                                    DATASETS)
+    path.write_text(text + "tracking:\n  wandb: {project: orch-tests, entity: team}\n")
+    cloud = rig.cloud()
+    try:
+        job_id = queue(rig, path)
+        seen: list[dict[str, Any]] = []
+        containers: list[dict[str, Any]] = []
+
+        def look() -> None:  # the host's files while training runs
+            seen.extend(yaml.safe_load(p.read_text())
+                        for p in host_files(rig, "config.yml") if job_id in str(p))
+            containers.extend(json.loads(p.read_text())
+                              for p in host_files(rig, "container.json"))
+
+        when(lambda: training_step(rig.store, job_id) > 0, look)
+        job = rig.run(cloud, job_id)
+    finally:
+        del session_hub.repos[("dataset", "org/chats")]
+    assert job.status == "succeeded", job.failure_reason
+
+    # The host's real `hf` client downloaded the dataset from the Hub emulator.
+    downloads = [r for r in session_hub.requests if "/datasets/org/chats" in r.path]
+    assert any(r.path.endswith("data/train-00000-of-00001.jsonl") for r in downloads)
+    assert seen, "the config was not seen on the host"
+    config = seen[0]
+    assert problems(config) == [] and rule_problems(config) == []
+    first, second = config["datasets"]
+    assert first["type"] == "alpaca" and first["path"].endswith("/train.jsonl")
+    assert second == {"path": "/workspace/data/datasets/org--chats/main", "type": "chat_template",
+                      "split": "train", "field_messages": "conversations",
+                      "message_property_mappings": {"role": "from", "content": "value"}}
+    assert config["test_datasets"] == [{**second, "split": "test"}]
+    assert config["use_wandb"] is True and config["wandb_project"] == "orch-tests"
+    assert config["wandb_run_id"] == job_id and config["wandb_name"] == "quickstart-qwen25-05b"
+
+    # The key went nowhere but the trainer's env file (removed with the host's job folder).
+    train = [c for c in containers if "train" in c["Name"]]
+    assert train, [c["Name"] for c in containers]
+    names = [e.split("=")[0] for e in train[0]["Config"]["Env"]]
+    assert "WANDB_API_KEY" in names and "WANDB_RESUME" in names, names
+    assert all(WANDB_KEY not in json.dumps(c["Args"]) for c in containers)
+    stored = json.dumps([(e.kind, e.message, e.data_json) for e in rig.store.events(job_id)])
+    assert WANDB_KEY not in stored and WANDB_KEY not in (job.spec_json or "")
