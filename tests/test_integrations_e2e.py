@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 import yaml
 from emulators.hub import HubEmulator
+from emulators.webhook import WebhookReceiver
 from test_engine import Rig, rig, training_step, when  # noqa: F401  (the engine test rig)
 
 from playbooks.axolotl_schema import problems, rule_problems
 
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # 24 bytes, base64
 WANDB_KEY = "wandb-key-" + "0123456789abcdef" * 2
 ROWS = [{"conversations": [{"from": "human", "value": f"What is {i}+{i}?"},
                            {"from": "gpt", "value": str(2 * i)}]} for i in range(8)]
@@ -57,15 +59,18 @@ def host_files(rig: Rig, name: str) -> list[Path]:  # noqa: F811
     return [p for p in (rig.tmp / "sim").rglob(name) if p.is_file()]
 
 
-def test_a_hub_dataset_with_wandb_trains_end_to_end_on_sim(
+def test_a_hub_dataset_with_wandb_and_a_webhook_runs_end_to_end_on_sim(
         rig: Rig, session_hub: HubEmulator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    monkeypatch.setenv("ORCH_TEST_HOOK_SECRET", SECRET)
     session_hub.add_repo("org/chats", FILES, repo_type="dataset", card_data=CARD)
+    hook = WebhookReceiver(secret=SECRET).__enter__()
     path = rig.job_file()
     text = path.read_text().replace("dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
                                     DATASETS)
-    path.write_text(text + "tracking:\n  wandb: {project: orch-tests, entity: team}\n")
-    cloud = rig.cloud()
+    path.write_text(text + "tracking:\n  wandb: {project: orch-tests, entity: team}\n"
+                    f"notify:\n  url: {hook.url}/orch\n  secret_env: ORCH_TEST_HOOK_SECRET\n")
+    cloud = rig.cloud(host_options={"train_steps": 10, "train_step_seconds": 0.3})
     try:
         job_id = queue(rig, path)
         seen: list[dict[str, Any]] = []
@@ -77,10 +82,16 @@ def test_a_hub_dataset_with_wandb_trains_end_to_end_on_sim(
             containers.extend(json.loads(p.read_text())
                               for p in host_files(rig, "container.json"))
 
+        def preempt() -> None:  # once, on the first machine
+            (row,) = rig.store.instances_of(job_id)
+            cloud.preempt(str(row.provider_instance_id))
+
         when(lambda: training_step(rig.store, job_id) > 0, look)
+        when(lambda: training_step(rig.store, job_id) >= 4, preempt)
         job = rig.run(cloud, job_id)
     finally:
         del session_hub.repos[("dataset", "org/chats")]
+        hook.__exit__(None, None, None)
     assert job.status == "succeeded", job.failure_reason
 
     # The host's real `hf` client downloaded the dataset from the Hub emulator.
@@ -104,5 +115,15 @@ def test_a_hub_dataset_with_wandb_trains_end_to_end_on_sim(
     names = [e.split("=")[0] for e in train[0]["Config"]["Env"]]
     assert "WANDB_API_KEY" in names and "WANDB_RESUME" in names, names
     assert all(WANDB_KEY not in json.dumps(c["Args"]) for c in containers)
+    # The receiver got the signed events in order, each verified; the history keeps their ids.
+    got = hook.delivered()
+    assert [r.json()["type"] for r in got] == ["job.preempted", "job.replaced",
+                                              "job.succeeded"]
+    assert all(r.verified for r in got) and all(r.path == "/orch" for r in got)
+    assert got[0].json()["data"]["job_id"] == job_id
+    assert got[1].json()["data"]["placement"].startswith("sim ")
+    ids = [json.loads(e.data_json or "{}").get("webhook_id") for e in rig.store.events(job_id)
+           if e.kind in ("job.preempted", "job.replaced", "job.succeeded")]
+    assert ids == [r.headers["webhook-id"] for r in got]
     stored = json.dumps([(e.kind, e.message, e.data_json) for e in rig.store.events(job_id)])
     assert WANDB_KEY not in stored and WANDB_KEY not in (job.spec_json or "")

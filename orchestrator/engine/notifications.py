@@ -1,0 +1,145 @@
+"""The events people wait for, told to the job's webhooks (`notify:` and ORCH_NOTIFY_URL).
+
+One `Notices` per run of a job (`JobRunner.run`) or per sweep check: each event is first
+written as a job event of its `EventKind` (with the webhook id, `msg_` + uuid4, in its data,
+so the history shows what was sent), then queued on the `notify.Notifier`, whose thread
+delivers it (signed, retried) without ever blocking or failing the job. A delivery that does
+not get through is recorded as a `notify.failed` job event, which `orch show` lists. The run
+closes its notices with a bound (`CLOSE_S`): what is still queued then is recorded as not sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from orchestrator.core import notifyspec
+from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.money import from_micros
+from orchestrator.core.notifyspec import NotifyTarget, Targets
+from orchestrator.core.settings import settings
+from orchestrator.core.states import NOTIFIED, EventKind
+from orchestrator.core.webhooks import WebhookEvent, summary
+from orchestrator.engine.notify import DeliveryFailure, Endpoint, Notifier
+from orchestrator.records.columns import document_object
+from orchestrator.records.store import Job, Store, utcnow
+from providers.base import Instance
+
+log = logging.getLogger(__name__)
+
+# How long the end of a run (`orch submit`, a worker's job) waits for queued deliveries.
+CLOSE_S = 10.0
+_TARGETS: TypeAdapter[list[NotifyTarget]] = TypeAdapter(Targets)
+
+
+def endpoints(targets: Sequence[NotifyTarget], environ: Mapping[str, str],
+              notify_url: str | None, notify_secret_env: str | None) -> list[Endpoint]:
+    """The webhooks of `targets` and ORCH_NOTIFY_URL, their URLs and secrets taken from
+    `environ` (a target whose variable is unset is skipped: the check before renting
+    refused it already, and a takeover must not fail on it)."""
+    found = []
+    for t in targets:
+        url = t.url or environ.get(t.url_env or "") or None
+        if url is None or notifyspec.http_problem(url) is not None:
+            continue
+        secret = environ.get(t.secret_env) if t.secret_env else None
+        events = None if t.events is None else frozenset(t.events)
+        found.append(Endpoint(url, t.format, secret or None, events))
+    if notify_url:
+        host = notify_url.split("//", 1)[-1].split("/", 1)[0].split(":", 1)[0]
+        fmt = "slack" if host in notifyspec.SLACK_HOSTS else "standard"
+        secret = environ.get(notify_secret_env) if notify_secret_env else None
+        found.append(Endpoint(notify_url, fmt, secret or None))
+    return found
+
+
+def targets_of(spec_json: str | None) -> list[NotifyTarget]:
+    """The `notify:` targets of a recorded job or sweep spec (none when it has none)."""
+    raw = document_object(spec_json).get("notify")
+    if not raw:
+        return []
+    try:
+        return _TARGETS.validate_python(raw)
+    except ValidationError:
+        return []  # validated at submit; a record orch did not write sends nothing
+
+
+class Notices:
+    """A job's (or a sweep's) notifications for one run of it."""
+
+    def __init__(self, store: Store, job_id: str, name: str,
+                 targets: Sequence[NotifyTarget], environ: Mapping[str, str] | None = None,
+                 **delivery: Any) -> None:
+        """`delivery`: `Notifier`'s options (attempts, wait, timeout_s, queue_size)."""
+        self.store, self.job_id, self.name = store, job_id, name
+        chosen = settings()
+        found = endpoints(targets, os.environ if environ is None else environ,
+                          chosen.notify_url, chosen.notify_secret_env)
+        self.notifier = Notifier(found, self._failed, **delivery)
+
+    @classmethod
+    def of_job(cls, store: Store, job: Job, **delivery: Any) -> Notices:
+        """The notices of a recorded job (its `notify:` and ORCH_NOTIFY_URL)."""
+        return cls(store, job.id, job.name, targets_of(job.spec_json), **delivery)
+
+    def ended(self, job: Job) -> None:
+        """`job.succeeded` or `job.failed` (with its reason) for a job in that final state."""
+        if job.status == JobStatus.SUCCEEDED:
+            self.emit(EventKind.JOB_SUCCEEDED, {"cost_usd": from_micros(job.cost_micros or 0)})
+        elif job.status == JobStatus.FAILED:
+            self.emit(EventKind.JOB_FAILED, {"reason": job.failure_reason or "",
+                                             "cost_usd": from_micros(job.cost_micros or 0)})
+
+    def emit(self, kind: EventKind, data: Mapping[str, Any]) -> str:
+        """Record `kind` as a job event with a webhook id, then queue it; the id."""
+        assert kind in NOTIFIED, kind
+        msg_id = f"msg_{uuid.uuid4().hex}"
+        payload = {"job_id": self.job_id, "name": self.name, **data}
+        event = WebhookEvent(msg_id, kind.value, utcnow(), payload)
+        try:
+            self.store.add_event(self.job_id, kind, summary(event),
+                                 {"webhook_id": msg_id, **_plain(data)})
+        except Exception:  # noqa: BLE001 - a notice never fails the job
+            log.exception("recording %s for job %s", kind, self.job_id)
+        self.notifier.emit(event)
+        return msg_id
+
+    def close(self, timeout_s: float = CLOSE_S) -> bool:
+        """Deliver what is queued within `timeout_s` (see `Notifier.close`)."""
+        return self.notifier.close(timeout_s)
+
+    def _failed(self, failure: DeliveryFailure) -> None:
+        """On the notifier's thread: keep the failure in the job's history."""
+        self.store.add_event(
+            self.job_id, EventKind.NOTIFY_FAILED,
+            f"webhook {failure.event_type} to {failure.endpoint} not delivered after "
+            f"{failure.attempts} attempt(s): {failure.reason}",
+            {"webhook_id": failure.event_id, "type": failure.event_type,
+             "endpoint": failure.endpoint, "attempts": failure.attempts,
+             "reason": failure.reason})
+
+
+def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
+    """`data` as JSON values (money and times as text), for the job event."""
+    import json
+
+    return dict(json.loads(WebhookEvent("", "", utcnow(), data).body())["data"])
+
+
+def placed_on(inst: Instance) -> str:
+    """Where an instance runs, for people: `sim RTX 3090 x1`."""
+    return f"{inst.provider} {inst.gpu or '?'} x{inst.gpu_count or 1}"
+
+
+def told(notices: Notices, store: Store, job_id: str) -> None:
+    """At the end of a run: tell the job's final state (if it has one) and flush, briefly."""
+    try:
+        notices.ended(store.get_job(job_id))
+    except Exception:  # noqa: BLE001 - the database may be what ended the run
+        log.info("job %s: its end was not notified", job_id, exc_info=True)
+    notices.close()
