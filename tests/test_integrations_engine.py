@@ -167,3 +167,45 @@ def test_orch_render_shows_the_hub_dataset_as_the_host_downloads_it(
         "hf", "download", "tatsu-lab/alpaca"]
     assert "--repo-type=dataset" in download
     assert (download[:3] == ["docker", "run", "--rm"]) == (host == "docker")
+
+
+def test_a_webhook_that_refuses_is_recorded_and_shown_and_the_job_still_succeeds(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A receiver answering 404 (another attempt would not change it): the job succeeds,
+    the failure is a `notify.failed` event and `orch show` (text and --json) shows it; the
+    tracker's run page is shown from the job id."""
+    import json
+    import os
+
+    import orchfork
+    from emulators.webhook import WebhookReceiver
+
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-test-key")
+    with WebhookReceiver() as hook:
+        hook.fail_next, hook.fail_status = 100, 404
+        url = hook.url
+        path = rig.job_file()
+        path.write_text(path.read_text() + f"notify: {{url: {hook.url}/hooks/orch}}\n"
+                        "tracking:\n  wandb: {project: runs, entity: team}\n")
+        cloud = rig.cloud()
+        job_id = rig.queue(path)
+        job = rig.run(cloud, job_id)
+        assert job.status == "succeeded", job.failure_reason
+        assert [r.json()["type"] for r in hook.received] == ["job.succeeded"]
+    failed = [e for e in rig.store.events(job_id) if e.kind == "notify.failed"]
+    assert len(failed) == 1
+    data = json.loads(failed[0].data_json or "{}")
+    assert data["type"] == "job.succeeded" and data["reason"] == "HTTP 404"
+    assert data["endpoint"] == url and data["attempts"] == 1
+    assert "/hooks/orch" not in (failed[0].data_json or "")  # a URL's path may be a secret
+    env = {**os.environ, "XDG_DATA_HOME": str(rig.tmp / "xdg")}
+    root = Path(__file__).resolve().parents[1]
+    shown = orchfork.run(["show", job_id], env=env, cwd=root, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert (f"webhook not delivered: job.succeeded to {url} (HTTP 404, 1 attempt(s))"
+            in shown.stdout)
+    assert f"W&B run: https://wandb.ai/team/runs/runs/{job_id}" in shown.stdout
+    as_json = json.loads(orchfork.run(["show", job_id, "--json"], env=env, cwd=root,
+                                      timeout=120).stdout)
+    assert as_json["notify_failed"][0]["reason"] == "HTTP 404"
+    assert as_json["trackers"][0]["url"] == f"https://wandb.ai/team/runs/runs/{job_id}"
