@@ -75,12 +75,20 @@ def test_a_validation_split_the_dataset_lacks_fails_before_renting(
 
 def test_a_tracker_without_its_key_fails_before_renting(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    from emulators.webhook import WebhookReceiver
+
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    path = rig.job_file()
-    path.write_text(path.read_text() + "tracking:\n  wandb: {project: orch-tests}\n")
-    reason = refused(rig, path)
+    with WebhookReceiver() as hook:
+        path = rig.job_file()
+        path.write_text(path.read_text() + "tracking:\n  wandb: {project: orch-tests}\n"
+                        f"notify: {{url: {hook.url}/orch}}\n")
+        reason = refused(rig, path)
+        got = [r.json() for r in hook.delivered()]
     assert "tracking.wandb: W&B needs WANDB_API_KEY" in reason
     assert "https://wandb.ai/authorize" in reason
+    # The failure is told, with its reason.
+    assert [g["type"] for g in got] == ["job.failed"]
+    assert got[0]["data"]["reason"] == reason
 
 
 def test_a_webhook_url_variable_unset_and_a_bad_secret_fail_before_renting(
@@ -209,3 +217,61 @@ def test_a_webhook_that_refuses_is_recorded_and_shown_and_the_job_still_succeeds
                                       timeout=120).stdout)
     assert as_json["notify_failed"][0]["reason"] == "HTTP 404"
     assert as_json["trackers"][0]["url"] == f"https://wandb.ai/team/runs/runs/{job_id}"
+
+
+def test_a_sweep_tells_when_it_finishes_with_its_best_run(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """`notify:` in the sweep file: each run's end is told, and the last run's end tells
+    `sweep.finished` with the best run by the objective (once)."""
+    from emulators.webhook import WebhookReceiver
+
+    from orchestrator.core.sweepspec import load_sweep
+    from orchestrator.records.sweep.store import submit_sweep
+    from providers.sim.compute import SimCloud
+
+    with WebhookReceiver() as hook:
+        base = rig.job_file()
+        sweep = base.parent / "sweep.yml"
+        sweep.write_text(f"name: hooked\nbase: {base.name}\n"
+                         "grid:\n  training.learning_rate: [1.0e-4, 2.0e-4]\n"
+                         "objective: {metric: eval.exact_match, goal: max}\n"
+                         f"notify: {{url: {hook.url}/sweeps}}\n")
+        report = submit_sweep(rig.store, load_sweep(sweep), listed=SimCloud.price_list())
+        ids = [r.job_id for r in report.runs]
+        assert len(ids) == 2
+        cloud = rig.cloud()
+        for job_id in ids:
+            assert rig.run(cloud, job_id).status == "succeeded"
+        got = [r.json() for r in hook.delivered()]
+    assert [g["type"] for g in got] == ["job.succeeded", "job.succeeded", "sweep.finished"]
+    finished = got[-1]["data"]
+    assert finished["name"] == "hooked" and finished["runs"] == 2
+    assert finished["last_run"] == ids[1] and finished["metric"] == "eval.exact_match"
+    assert finished["best"]["job_id"] in ids
+    kinds = [e.kind for i in ids for e in rig.store.events(i)]
+    assert kinds.count("sweep.finished") == 1
+
+
+def test_a_sweep_whose_budget_holds_its_runs_back_tells_so(rig: Rig) -> None:  # noqa: F811
+    """After a run, every run still queued waits on the sweep's budget: `job.budget_reached`
+    (scope sweep, with what was spent), once."""
+    from emulators.webhook import WebhookReceiver
+
+    from orchestrator.core.sweepspec import load_sweep
+    from orchestrator.records.sweep.store import submit_sweep
+    from providers.sim.compute import SimCloud
+
+    with WebhookReceiver() as hook:
+        base = rig.job_file()
+        sweep = base.parent / "sweep.yml"
+        sweep.write_text(f"name: tight\nbase: {base.name}\nbudget: 0.000001\n"
+                         "grid:\n  training.learning_rate: [1.0e-4, 2.0e-4, 3.0e-4]\n"
+                         f"notify: {{url: {hook.url}/sweeps, events: [job.budget_reached]}}\n")
+        report = submit_sweep(rig.store, load_sweep(sweep), listed=SimCloud.price_list())
+        first = str(report.runs[0].job_id)
+        assert rig.run(rig.cloud(), first).status == "succeeded"
+        got = [r.json() for r in hook.delivered()]
+    assert [g["type"] for g in got] == ["job.budget_reached"]
+    data = got[0]["data"]
+    assert data["scope"] == "sweep" and data["name"] == "tight" and data["waiting"] == 2
+    assert data["budget_usd"] == "0.000001" and data["last_run"] == first

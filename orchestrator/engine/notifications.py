@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from orchestrator.core import notifyspec
-from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus
 from orchestrator.core.money import from_micros
 from orchestrator.core.notifyspec import NotifyTarget, Targets
 from orchestrator.core.settings import settings
@@ -85,7 +85,11 @@ class Notices:
     @classmethod
     def of_job(cls, store: Store, job: Job, **delivery: Any) -> Notices:
         """The notices of a recorded job (its `notify:` and ORCH_NOTIFY_URL)."""
-        return cls(store, job.id, job.name, targets_of(job.spec_json), **delivery)
+        from orchestrator.engine.sweepnotices import sweep_targets
+
+        targets = targets_of(job.spec_json)
+        targets += [t for t in sweep_targets(store, job) if t not in targets]
+        return cls(store, job.id, job.name, targets, **delivery)
 
     def ended(self, job: Job) -> None:
         """`job.succeeded` or `job.failed` (with its reason) for a job in that final state."""
@@ -99,7 +103,8 @@ class Notices:
         """Record `kind` as a job event with a webhook id, then queue it; the id."""
         assert kind in NOTIFIED, kind
         msg_id = f"msg_{uuid.uuid4().hex}"
-        payload = {"job_id": self.job_id, "name": self.name, **data}
+        payload = ({**data, "last_run": self.job_id} if "sweep_id" in data
+                   else {"job_id": self.job_id, "name": self.name, **data})
         event = WebhookEvent(msg_id, kind.value, utcnow(), payload)
         try:
             self.store.add_event(self.job_id, kind, summary(event),
@@ -138,8 +143,13 @@ def placed_on(inst: Instance) -> str:
 
 def told(notices: Notices, store: Store, job_id: str) -> None:
     """At the end of a run: tell the job's final state (if it has one) and flush, briefly."""
+    from orchestrator.engine.sweepnotices import due
+
     try:
-        notices.ended(store.get_job(job_id))
+        job = store.get_job(job_id)
+        notices.ended(job)
+        for kind, data in due(store, job) if job.status in FINAL_STATUSES else ():
+            notices.emit(kind, data)
     except Exception:  # noqa: BLE001 - the database may be what ended the run
         log.info("job %s: its end was not notified", job_id, exc_info=True)
     notices.close()
