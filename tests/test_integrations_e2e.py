@@ -127,3 +127,53 @@ def test_a_hub_dataset_with_wandb_and_a_webhook_runs_end_to_end_on_sim(
     assert ids == [r.headers["webhook-id"] for r in got]
     stored = json.dumps([(e.kind, e.message, e.data_json) for e in rig.store.events(job_id)])
     assert WANDB_KEY not in stored and WANDB_KEY not in (job.spec_json or "")
+
+
+BAD_INPUTS = [  # what replaces the quickstart's dataset (or is added), words the error has
+    ("dataset:\n  path: {hf: org/no-such-data}\n",
+     ["dataset.path.hf", "Dataset 'org/no-such-data' not found", "fix the repo id"]),
+    ("dataset:\n  path: {hf: org/gated-chats}\n  tokens: 100000\n",
+     ["dataset.path.hf", "requires approval", "HF_TOKEN"]),
+    ("dataset:\n  path: data/bad.jsonl\n", ["data/bad.jsonl:2: alpaca row: field 'output'"]),
+    ("tracking:\n  mlflow: {tracking_uri: 'https://mlflow.example.com'}\n"
+     "  wandb: {project: p}\n", ["tracking.wandb", "WANDB_API_KEY"]),
+    ("notify: {url: 'ftp://example.com/hook'}\n", ["notify", "is not an http(s) URL"]),
+]
+
+
+@pytest.mark.parametrize(("change", "words"), BAD_INPUTS,
+                         ids=["unknown-dataset", "gated-dataset", "bad-row", "tracker-key",
+                              "webhook-url"])
+def test_bad_input_exits_2_with_the_field_and_the_fix_before_renting(
+        session_hub: HubEmulator, tmp_path: Path, change: str, words: list[str]) -> None:
+    import os
+    import shutil
+
+    import orchfork
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "examples" / "data", tmp_path / "data")
+    (tmp_path / "data" / "bad.jsonl").write_text(
+        '{"instruction": "a", "input": "", "output": "b"}\n{"instruction": "a"}\n')
+    text = (root / "examples" / "quickstart.yml").read_text()
+    if change.startswith("dataset:"):
+        text = text.replace("dataset:\n  path: data/train.jsonl\n  format: alpaca\n", change)
+    else:
+        text += change
+    job = tmp_path / "job.yml"
+    job.write_text(text)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ORCH_DB_URL", "HF_TOKEN", "WANDB_API_KEY")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
+    session_hub.add_repo("org/gated-chats", FILES, repo_type="dataset", gated=True,
+                         card_data=CARD)
+    try:
+        done = orchfork.run(["submit", str(job)], env=env, cwd=root, timeout=300)
+    finally:
+        del session_hub.repos[("dataset", "org/gated-chats")]
+    assert done.returncode == 2, done.stdout + done.stderr
+    for w in words:
+        assert w in done.stderr, (w, done.stderr)
+    assert "nothing was done" in done.stderr and "renting" not in done.stdout
+    jobs = orchfork.run(["jobs", "--json"], env=env, cwd=root, timeout=120)
+    assert json.loads(jobs.stdout or "[]") in ([], {"jobs": []}), jobs.stdout

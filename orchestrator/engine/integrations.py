@@ -141,3 +141,12 @@ def _named_providers(path: Path) -> list[str] | None:
     resources = raw.get("resources")
     named = resources.get("providers") if isinstance(resources, dict) else None
     return [str(p) for p in named] if isinstance(named, list) else None
+
+
+def submit_problems(spec: JobSpec, environ: Mapping[str, str], notify_url: str | None,
+                    notify_secret_env: str | None) -> list[str]:
+    """What `orch submit` (running the job in this process, with this environment) refuses
+    before recording anything: the checks the engine makes before renting, asked now."""
+    hub = planning_hub(spec.resources.providers, environ)
+    found = check_hub_datasets(spec, environ.get("HF_TOKEN") or None, hub).problems
+    return found + environment_problems(spec, environ, notify_url, notify_secret_env)
