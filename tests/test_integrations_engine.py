@@ -275,3 +275,25 @@ def test_a_sweep_whose_budget_holds_its_runs_back_tells_so(rig: Rig) -> None:  #
     data = got[0]["data"]
     assert data["scope"] == "sweep" and data["name"] == "tight" and data["waiting"] == 2
     assert data["budget_usd"] == "0.000001" and data["last_run"] == first
+
+
+def test_orch_notify_url_that_never_answers_is_recorded_when_the_run_stops_waiting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """ORCH_NOTIFY_URL on a closed port: the job succeeds all the same; the delivery still
+    retrying when the run stops waiting (notifications.CLOSE_S) is recorded, not lost."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("ORCH_NOTIFY_URL", f"http://127.0.0.1:{port}/secret-path")
+    cloud = rig.cloud()
+    job_id = rig.queue(rig.job_file())
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    failed = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+              if e.kind == "notify.failed"]
+    assert [f["type"] for f in failed] == ["job.succeeded"]
+    assert failed[0]["endpoint"] == f"http://127.0.0.1:{port}"
+    assert failed[0]["reason"].startswith(("not confirmed", "ConnectError"))

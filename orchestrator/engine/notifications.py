@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -81,6 +82,11 @@ class Notices:
         found = endpoints(targets, os.environ if environ is None else environ,
                           chosen.notify_url, chosen.notify_secret_env)
         self.notifier = Notifier(found, self._failed, **delivery)
+        self.notifier.on_delivered = self._delivered
+        # (event id, endpoint shown) -> event type: queued or being sent, not yet told.
+        self._pending: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()
+        self._gave_up = False  # close() timed out: later failures were recorded already
 
     @classmethod
     def of_job(cls, store: Store, job: Job, **delivery: Any) -> Notices:
@@ -111,15 +117,35 @@ class Notices:
                                  {"webhook_id": msg_id, **_plain(data)})
         except Exception:  # noqa: BLE001 - a notice never fails the job
             log.exception("recording %s for job %s", kind, self.job_id)
+        with self._lock:
+            self._pending.update({(msg_id, e.shown): kind.value
+                                  for e in self.notifier.endpoints if e.wants(event)})
         self.notifier.emit(event)
         return msg_id
 
     def close(self, timeout_s: float = CLOSE_S) -> bool:
-        """Deliver what is queued within `timeout_s` (see `Notifier.close`)."""
-        return self.notifier.close(timeout_s)
+        """Deliver what is queued within `timeout_s` (see `Notifier.close`); a delivery still
+        under way then is recorded as not confirmed (this process may end before it)."""
+        if self.notifier.close(timeout_s):
+            return True
+        with self._lock:
+            left = dict(self._pending)
+        for (msg_id, shown), kind in left.items():
+            self._failed(DeliveryFailure(msg_id, kind, shown, 0, "not confirmed: orch stopped "
+                                         f"waiting after {timeout_s:g} s while retrying"))
+        self._gave_up = True
+        return False
+
+    def _delivered(self, event: WebhookEvent, endpoint: Endpoint) -> None:
+        with self._lock:
+            self._pending.pop((event.id, endpoint.shown), None)
 
     def _failed(self, failure: DeliveryFailure) -> None:
-        """On the notifier's thread: keep the failure in the job's history."""
+        """On the notifier's thread: keep the failure in the job's history (once)."""
+        with self._lock:
+            known = self._pending.pop((failure.event_id, failure.endpoint), None)
+        if known is None and self._gave_up:
+            return  # recorded as not confirmed when the run stopped waiting
         self.store.add_event(
             self.job_id, EventKind.NOTIFY_FAILED,
             f"webhook {failure.event_type} to {failure.endpoint} not delivered after "

@@ -91,6 +91,8 @@ class Notifier:
         self.wait = wait if wait is not None else retrying.backoff(1.0, 30.0, 1.0)
         self.timeout_s = timeout_s
         self.clock = clock
+        # Called on the thread after each delivery that got through (who waits for them).
+        self.on_delivered: Callable[[WebhookEvent, Endpoint], None] | None = None
         # None: stop after what is queued before it.
         self._queue: queue.Queue[tuple[Endpoint, WebhookEvent] | None] = queue.Queue(
             maxsize=queue_size)
@@ -184,6 +186,9 @@ class Notifier:
         except (_Retry, _Refused) as exc:
             self._failed(DeliveryFailure(event.id, event.type, endpoint.shown, tries,
                                          str(exc)))
+            return
+        if self.on_delivered is not None:
+            self.on_delivered(event, endpoint)
 
     def _failed(self, failure: DeliveryFailure) -> None:
         log.warning("webhook %s (%s) to %s not delivered after %d attempt(s): %s",
