@@ -59,6 +59,6 @@ def lines(trackers_found: list[dict[str, Any]], failures: list[dict[str, Any]]) 
         else:
             exp = f", experiment {t['experiment']}" if t["experiment"] else ""
             out.append(f"  MLflow: {t['url']}{exp}, run {t['run']}")
-    out += [f"  webhook not delivered: {f['type']} to {f['endpoint']} ({f['reason']}, "
-            f"{f['attempts']} attempt(s))" for f in failures]
+    out += [f"  webhook not delivered: {f['type']} to {f['endpoint']} ({f['reason']}"
+            + (f", {f['attempts']} attempt(s))" if f["attempts"] else ")") for f in failures]
     return out

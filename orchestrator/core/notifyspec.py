@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from orchestrator.core.states import NOTIFIED
 from orchestrator.core.strictmodel import Strict
@@ -165,3 +173,14 @@ def env_problems(targets: Sequence[NotifyTarget], environ: Mapping[str, str],
                              f"Standard Webhooks spec asks for {SECRET_BYTES[0]} to "
                              f"{SECRET_BYTES[1]} random bytes")
     return found
+
+
+def targets_in(spec_json: str | None) -> list[NotifyTarget]:
+    """The `notify:` targets of a recorded job or sweep spec (JSON); none when it has none
+    or they do not validate (they did at submit: a record orch did not write sends nothing)."""
+    try:
+        raw = json.loads(spec_json or "{}")
+        found = raw.get("notify") if isinstance(raw, dict) else None
+        return TypeAdapter(Targets).validate_python(found) if found else []
+    except (ValueError, ValidationError):
+        return []

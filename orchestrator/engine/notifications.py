@@ -17,17 +17,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from orchestrator.core import notifyspec
 from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus
 from orchestrator.core.money import from_micros
-from orchestrator.core.notifyspec import NotifyTarget, Targets
+from orchestrator.core.notifyspec import NotifyTarget
 from orchestrator.core.settings import settings
 from orchestrator.core.states import NOTIFIED, EventKind
 from orchestrator.core.webhooks import WebhookEvent, summary
 from orchestrator.engine.notify import DeliveryFailure, Endpoint, Notifier
-from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job, Store, utcnow
 from providers.base import Instance
 
@@ -35,7 +32,6 @@ log = logging.getLogger(__name__)
 
 # How long the end of a run (`orch submit`, a worker's job) waits for queued deliveries.
 CLOSE_S = 10.0
-_TARGETS: TypeAdapter[list[NotifyTarget]] = TypeAdapter(Targets)
 
 
 def endpoints(targets: Sequence[NotifyTarget], environ: Mapping[str, str],
@@ -57,17 +53,6 @@ def endpoints(targets: Sequence[NotifyTarget], environ: Mapping[str, str],
         secret = environ.get(notify_secret_env) if notify_secret_env else None
         found.append(Endpoint(notify_url, fmt, secret or None))
     return found
-
-
-def targets_of(spec_json: str | None) -> list[NotifyTarget]:
-    """The `notify:` targets of a recorded job or sweep spec (none when it has none)."""
-    raw = document_object(spec_json).get("notify")
-    if not raw:
-        return []
-    try:
-        return _TARGETS.validate_python(raw)
-    except ValidationError:
-        return []  # validated at submit; a record orch did not write sends nothing
 
 
 class Notices:
@@ -93,7 +78,7 @@ class Notices:
         """The notices of a recorded job (its `notify:` and ORCH_NOTIFY_URL)."""
         from orchestrator.engine.sweepnotices import sweep_targets
 
-        targets = targets_of(job.spec_json)
+        targets = notifyspec.targets_in(job.spec_json)
         targets += [t for t in sweep_targets(store, job) if t not in targets]
         return cls(store, job.id, job.name, targets, **delivery)
 

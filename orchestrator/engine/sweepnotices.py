@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlmodel import col, select
 
+from orchestrator.core import notifyspec
 from orchestrator.core.notifyspec import NotifyTarget
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.records.store import Event, Job, Store, Sweep
@@ -28,12 +29,10 @@ def sweep_row(store: Store, sweep_id: str) -> Sweep | None:
 
 def sweep_targets(store: Store, job: Job) -> list[NotifyTarget]:
     """The `notify:` targets of the sweep `job` belongs to (none outside a sweep)."""
-    from orchestrator.engine.notifications import targets_of
-
     if job.sweep_id is None:
         return []
     sweep = sweep_row(store, job.sweep_id)
-    return [] if sweep is None else targets_of(sweep.spec_json)
+    return [] if sweep is None else notifyspec.targets_in(sweep.spec_json)
 
 
 def _sent(store: Store, sweep_id: str, kind: EventKind) -> bool:
