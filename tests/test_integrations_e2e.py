@@ -177,3 +177,36 @@ def test_bad_input_exits_2_with_the_field_and_the_fix_before_renting(
     assert "nothing was done" in done.stderr and "renting" not in done.stdout
     jobs = orchfork.run(["jobs", "--json"], env=env, cwd=root, timeout=120)
     assert json.loads(jobs.stdout or "[]") in ([], {"jobs": []}), jobs.stdout
+
+
+def test_tracker_secrets_leave_a_kept_server_and_reach_no_record(
+        rig: Rig, simhost: Any, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """As HF_TOKEN (test_engine's kept-server test): WANDB_API_KEY and MLFLOW_TRACKING_TOKEN
+    reach the trainer's 0600 env file only, which is gone from a monthly server after the
+    job; neither is in orch's database, logs, artifacts or the job's report."""
+    from test_engine import HOST, run_on_server
+
+    mlflow_token = "mlflow-" + "f00d" * 8
+    monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", mlflow_token)
+    host = simhost(**HOST)
+    original = rig.job_file
+
+    def with_tracking(*args: Any, **kwargs: Any) -> Path:
+        path = original(*args, **kwargs)
+        path.write_text(path.read_text() + "tracking:\n  wandb: {project: p}\n  mlflow: "
+                        "{tracking_uri: 'https://mlflow.example.com', experiment: e}\n")
+        return path
+
+    monkeypatch.setattr(rig, "job_file", with_tracking)
+    job_id, job = run_on_server(rig, host)
+    assert job.status == "succeeded", job.failure_reason
+    secrets = (WANDB_KEY.encode(), mlflow_token.encode())
+    on_host = [p for p in host.root.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20
+               and any(s in p.read_bytes() for s in secrets)]
+    assert on_host == []
+    ours = [p for p in (rig.tmp / "xdg").rglob("*") if p.is_file()]
+    ours += [p for p in rig.tmp.glob("*.db*") if p.is_file()]
+    assert ours and [p for p in ours if any(s in p.read_bytes() for s in secrets)] == []
+    report = json.dumps([(e.kind, e.message, e.data_json) for e in rig.store.events(job_id)])
+    assert all(s.decode() not in report for s in secrets)
