@@ -210,3 +210,40 @@ def test_tracker_secrets_leave_a_kept_server_and_reach_no_record(
     assert ours and [p for p in ours if any(s in p.read_bytes() for s in secrets)] == []
     report = json.dumps([(e.kind, e.message, e.data_json) for e in rig.store.events(job_id)])
     assert all(s.decode() not in report for s in secrets)
+
+
+def test_orch_plan_sizes_a_hub_dataset_from_the_hub_and_names_the_source(
+        session_hub: HubEmulator, tmp_path: Path) -> None:
+    """Without tokens: the estimate comes from the Hub's dataset info (HF_ENDPOINT's Hub);
+    a Hub that does not answer is no verdict: exit 2, saying so and asking for tokens."""
+    import os
+    import shutil
+    import socket
+
+    import orchfork
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "examples" / "data", tmp_path / "data")
+    job = tmp_path / "job.yml"
+    job.write_text((root / "examples" / "quickstart.yml").read_text().replace(
+        "dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
+        "dataset:\n  path: org/sized-chats\n  format: chat_template\n"
+        "  fields: {messages: conversations, role: from, content: value}\n"))
+    env = {k: v for k, v in os.environ.items() if k not in ("ORCH_DB_URL", "HF_TOKEN")}
+    env.update(XDG_DATA_HOME=str(tmp_path / "xdg"), HF_ENDPOINT=session_hub.url)
+    session_hub.add_repo("org/sized-chats", FILES, repo_type="dataset", card_data=CARD)
+    try:
+        planned = orchfork.run(["plan", str(job)], env=env, cwd=root, timeout=120)
+    finally:
+        del session_hub.repos[("dataset", "org/sized-chats")]
+    assert planned.returncode == 0, planned.stderr
+    assert ("(Hub dataset info: 8 rows, 0.0 MB in split train of org/sized-chats)"
+            in planned.stdout.splitlines()[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    unanswered = orchfork.run(["plan", str(job)], env={**env, "HF_ENDPOINT": dead}, cwd=root,
+                              timeout=120)
+    assert unanswered.returncode == 2
+    assert f"dataset.path.hf: the Hub ({dead}) did not answer" in unanswered.stderr
+    assert "give tokens" in unanswered.stderr

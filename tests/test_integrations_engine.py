@@ -155,7 +155,8 @@ def test_orch_render_shows_the_hub_dataset_as_the_host_downloads_it(
         "dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
         "dataset:\n  path: tatsu-lab/alpaca\n  validation_split: test\n")
     job = tmp_path / "job.yml"
-    job.write_text(text + "tracking:\n  wandb: {project: alpaca-runs}\n")
+    job.write_text(text + "tracking:\n  wandb: {project: alpaca-runs}\n  mlflow: "
+                   "{tracking_uri: 'https://mlflow.example.com', experiment: alpaca}\n")
     env = {k: v for k, v in os.environ.items()
            if k not in ("ORCH_DB_URL", "HF_TOKEN", "HF_ENDPOINT")}
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
@@ -169,6 +170,9 @@ def test_orch_render_shows_the_hub_dataset_as_the_host_downloads_it(
     assert cfg["datasets"] == [{"path": folder, "type": "alpaca", "split": "train"}]
     assert cfg["test_datasets"] == [{"path": folder, "type": "alpaca", "split": "test"}]
     assert cfg["use_wandb"] is True and cfg["wandb_project"] == "alpaca-runs"
+    assert cfg["use_mlflow"] is True and cfg["mlflow_experiment_name"] == "alpaca"
+    assert cfg["mlflow_tracking_uri"] == "https://mlflow.example.com"
+    assert cfg["mlflow_run_name"] == cfg["wandb_name"] == "quickstart-qwen25-05b"
     assert problems(cfg) == [] and rule_problems(cfg) == []
     download = out["commands"]["dataset tatsu-lab/alpaca"]
     assert download[download.index("hf"):download.index("hf") + 3] == [
