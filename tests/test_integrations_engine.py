@@ -301,3 +301,25 @@ def test_orch_notify_url_that_never_answers_is_recorded_when_the_run_stops_waiti
     assert [f["type"] for f in failed] == ["job.succeeded"]
     assert failed[0]["endpoint"] == f"http://127.0.0.1:{port}"
     assert failed[0]["reason"].startswith(("not confirmed", "ConnectError"))
+
+
+def test_a_sweep_over_a_hub_dataset_is_sized_once_from_the_hub(tmp_path: Path) -> None:
+    """The base job's Hub dataset is sized by the Hub (here the sim Hub); every run reuses
+    that size (no `tokens:` needed) and records it for its worker."""
+    from orchestrator.core.sweepspec import load_sweep
+    from orchestrator.engine import hubdatasets
+    from orchestrator.engine.submission import hub_size_record
+    from providers.sim import hub
+
+    (tmp_path / "job.yml").write_text(
+        "name: j\nbase_model: Qwen/Qwen2.5-0.5B\nmethod: qlora\n"
+        "dataset: {path: tatsu-lab/alpaca}\nresources: {providers: [sim]}\n")
+    (tmp_path / "sweep.yml").write_text(
+        "name: s\nbase: job.yml\ngrid:\n  training.learning_rate: [1.0e-4, 2.0e-4]\n")
+    sizer = hubdatasets.Sizer(None, hub=hub.serve(hub.gated_repos()), viewer=None)
+    loaded = load_sweep(tmp_path / "sweep.yml", hub_size=sizer)
+    assert len(loaded.runs) == 2
+    for run in loaded.runs:
+        ((ref, size),) = run.job.hub_sizes
+        assert ref.repo == "tatsu-lab/alpaca" and size.rows == 16
+        assert hub_size_record(ref, size)["source"].startswith("Hub dataset info: 16 rows")

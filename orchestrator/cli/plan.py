@@ -51,14 +51,14 @@ def load(path: Path) -> LoadedJob:
     information (`engine/integrations.PlanSizer`); its problems printed, exit 2."""
     from orchestrator.core.spec import SpecError, load_job
 
-    sizer = _LazySizer(path)
+    sizer = LazySizer(path)
     try:
         return load_job(path, hub_size=sizer)
     except SpecError as exc:
         problems_exit(path, exc.problems)
 
 
-class _LazySizer:
+class LazySizer:
     """`PlanSizer`, imported (with HTTP) only for a job that has a Hub dataset to size."""
 
     def __init__(self, path: Path) -> None:

@@ -138,6 +138,9 @@ def _named_providers(path: Path) -> list[str] | None:
         raw, _ = read_mapping(path, "name")
     except SpecError:
         return None
+    base = raw.get("base")
+    if "resources" not in raw and isinstance(base, str):  # a sweep file: its base job's
+        return _named_providers(path.parent / base) if base != path.name else None
     resources = raw.get("resources")
     named = resources.get("providers") if isinstance(resources, dict) else None
     return [str(p) for p in named] if isinstance(named, list) else None
