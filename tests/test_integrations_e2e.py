@@ -64,6 +64,7 @@ def test_a_hub_dataset_with_wandb_and_a_webhook_runs_end_to_end_on_sim(
     monkeypatch.setenv("WANDB_API_KEY", WANDB_KEY)
     monkeypatch.setenv("ORCH_TEST_HOOK_SECRET", SECRET)
     session_hub.add_repo("org/chats", FILES, repo_type="dataset", card_data=CARD)
+    before = len(session_hub.requests)
     hook = WebhookReceiver(secret=SECRET).__enter__()
     path = rig.job_file()
     text = path.read_text().replace("dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
@@ -95,7 +96,7 @@ def test_a_hub_dataset_with_wandb_and_a_webhook_runs_end_to_end_on_sim(
     assert job.status == "succeeded", job.failure_reason
 
     # The host's real `hf` client downloaded the dataset from the Hub emulator.
-    downloads = [r for r in session_hub.requests if "/datasets/org/chats" in r.path]
+    downloads = [r for r in session_hub.requests[before:] if "/datasets/org/chats" in r.path]
     assert any(r.path.endswith("data/train-00000-of-00001.jsonl") for r in downloads)
     assert seen, "the config was not seen on the host"
     config = seen[0]
@@ -247,3 +248,41 @@ def test_orch_plan_sizes_a_hub_dataset_from_the_hub_and_names_the_source(
     assert unanswered.returncode == 2
     assert f"dataset.path.hf: the Hub ({dead}) did not answer" in unanswered.stderr
     assert "give tokens" in unanswered.stderr
+
+
+def test_a_container_rental_downloads_the_hub_dataset_in_the_image_environment(
+        tmp_path: Path, ssh_keypair: Any, monkeypatch: pytest.MonkeyPatch,
+        session_hub: HubEmulator) -> None:
+    """On RunPod (a container rental: no Docker, `hf` in the image's venv) the dataset is
+    downloaded by the host's `hf` run through NativeEnv.wrap, and the job trains on it."""
+    from emulators.hosts import SimHostBackend
+    from emulators.runpod import RunPodEmulator
+    from test_emulator_hosts import RUNPOD_CATALOG
+    from test_engine import HOST
+    from test_engine_providers import KEY, drive, runpod
+
+    from orchestrator.records.store import open_store
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    url = f"sqlite:///{tmp_path / 'orch.db'}"
+    monkeypatch.setenv("ORCH_DB_URL", url)
+    r = Rig(tmp_path, open_store(url), ssh_keypair, [])
+    session_hub.add_repo("org/chats", FILES, repo_type="dataset", card_data=CARD)
+    before = len(session_hub.requests)
+    hosts = SimHostBackend(tmp_path / "emu-hosts", dict(HOST))
+    try:
+        with RunPodEmulator(api_key=KEY, gpus=json.loads(json.dumps(RUNPOD_CATALOG)),
+                            hosts=hosts) as emu:
+            path = r.job_file()
+            path.write_text(path.read_text().replace(
+                "dataset:\n  path: data/train.jsonl\n  format: alpaca\n",
+                DATASETS).replace("providers: [sim]", "providers: [runpod]"))
+            job_id = queue(r, path)
+            job = drive(r, {"runpod": hosts.serving(runpod(emu))}, job_id)
+    finally:
+        del session_hub.repos[("dataset", "org/chats")]
+        hosts.stop_all()
+        r.store.close()
+    assert job.status == "succeeded", job.failure_reason
+    downloads = [q for q in session_hub.requests[before:] if "/datasets/org/chats" in q.path]
+    assert any(q.path.endswith("data/train-00000-of-00001.jsonl") for q in downloads)
