@@ -323,3 +323,36 @@ def test_a_sweep_over_a_hub_dataset_is_sized_once_from_the_hub(tmp_path: Path) -
         ((ref, size),) = run.job.hub_sizes
         assert ref.repo == "tatsu-lab/alpaca" and size.rows == 16
         assert hub_size_record(ref, size)["source"].startswith("Hub dataset info: 16 rows")
+
+
+def test_a_takeover_sends_again_what_a_crashed_run_recorded_but_did_not_deliver(
+        rig: Rig) -> None:  # noqa: F811
+    """Persist before acting: a run that died after recording `job.preempted` (its webhook
+    id in the event) but before delivering it leaves it unsent; the next run of the job
+    sends it with the same id, and not what was recorded as delivered."""
+    import json
+
+    from emulators.webhook import WebhookReceiver
+
+    with WebhookReceiver() as hook:
+        path = rig.job_file()
+        path.write_text(path.read_text() + f"notify: {{url: {hook.url}/orch}}\n")
+        job_id = rig.queue(path)
+        # What the crashed run left in the history (its process is gone).
+        rig.store.add_event(job_id, "job.preempted", "lost", {
+            "webhook_id": "msg_unsent", "reason": "preempted", "instance": "sim-1"})
+        rig.store.add_event(job_id, "job.replaced", "again", {
+            "webhook_id": "msg_sent", "placement": "sim RTX 3090 x1"})
+        rig.store.add_event(job_id, "notify.sent", "delivered", {
+            "webhook_id": "msg_sent", "type": "job.replaced", "endpoint": hook.url})
+        job = rig.run(rig.cloud(), job_id)
+        got = hook.delivered()
+    assert job.status == "succeeded", job.failure_reason
+    assert [(r.json()["type"], r.headers["webhook-id"]) for r in got][:1] == [
+        ("job.preempted", "msg_unsent")]
+    assert [r.json()["type"] for r in got] == ["job.preempted", "job.succeeded"]
+    assert got[0].json()["data"] == {"job_id": job_id, "name": "quickstart-qwen25-05b",
+                                     "reason": "preempted", "instance": "sim-1"}
+    sent = [json.loads(e.data_json or "{}")["webhook_id"] for e in rig.store.events(job_id)
+            if e.kind == "notify.sent"]
+    assert sent[0] == "msg_sent" and "msg_unsent" in sent and len(sent) == 3

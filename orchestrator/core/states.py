@@ -143,6 +143,7 @@ class EventKind(StrEnum):
     JOB_BUDGET_REACHED = "job.budget_reached"
     SWEEP_FINISHED = "sweep.finished"
     NOTIFY_FAILED = "notify.failed"  # a webhook that did not get through; `orch show` lists it
+    NOTIFY_SENT = "notify.sent"  # a webhook delivered (a takeover re-sends what has neither)
     TRACKER = "tracker"  # where the run is logged (W&B, MLflow); data `{"url": ...}`
 
 

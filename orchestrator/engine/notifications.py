@@ -25,6 +25,7 @@ from orchestrator.core.settings import settings
 from orchestrator.core.states import NOTIFIED, EventKind
 from orchestrator.core.webhooks import WebhookEvent, summary
 from orchestrator.engine.notify import DeliveryFailure, Endpoint, Notifier
+from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job, Store, utcnow
 from providers.base import Instance
 
@@ -80,7 +81,31 @@ class Notices:
 
         targets = notifyspec.targets_in(job.spec_json)
         targets += [t for t in sweep_targets(store, job) if t not in targets]
-        return cls(store, job.id, job.name, targets, **delivery)
+        notices = cls(store, job.id, job.name, targets, **delivery)
+        notices.resend_unsent(job)
+        return notices
+
+    def resend_unsent(self, job: Job) -> None:
+        """After a takeover: each event an earlier run recorded but neither delivered nor
+        recorded as failed, sent again with its own webhook id (receivers dedupe on it)."""
+        events = self.store.events(job.id)
+        told = {(d.get("webhook_id"), d.get("endpoint")) for d in (
+            document_object(e.data_json) for e in events
+            if e.kind in (EventKind.NOTIFY_SENT, EventKind.NOTIFY_FAILED))}
+        for e in events:
+            data = document_object(e.data_json)
+            msg_id = data.pop("webhook_id", None)
+            if e.kind not in NOTIFIED or not isinstance(msg_id, str):
+                continue
+            payload = ({**data, "last_run": job.id} if "sweep_id" in data
+                       else {"job_id": job.id, "name": job.name, **data})
+            event = WebhookEvent(msg_id, e.kind, e.at, payload)
+            left = {p.shown for p in self.notifier.endpoints if p.wants(event)
+                    and (msg_id, p.shown) not in told}
+            if left:
+                with self._lock:
+                    self._pending.update({(msg_id, shown): e.kind for shown in left})
+                self.notifier.emit(event, only=left)
 
     def ended(self, job: Job) -> None:
         """`job.succeeded` or `job.failed` (with its reason) for a job in that final state."""
@@ -122,8 +147,13 @@ class Notices:
         return False
 
     def _delivered(self, event: WebhookEvent, endpoint: Endpoint) -> None:
+        """On the notifier's thread: recorded, so that a takeover does not send it again."""
         with self._lock:
             self._pending.pop((event.id, endpoint.shown), None)
+        self.store.add_event(self.job_id, EventKind.NOTIFY_SENT,
+                             f"webhook {event.type} delivered to {endpoint.shown}",
+                             {"webhook_id": event.id, "type": event.type,
+                              "endpoint": endpoint.shown})
 
     def _failed(self, failure: DeliveryFailure) -> None:
         """On the notifier's thread: keep the failure in the job's history (once)."""

@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -99,9 +99,11 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def emit(self, event: WebhookEvent) -> None:
-        """Queue `event` for every endpoint that wants it; returns at once, never raises."""
-        targets = [e for e in self.endpoints if e.wants(event)]
+    def emit(self, event: WebhookEvent, only: Collection[str] | None = None) -> None:
+        """Queue `event` for every endpoint that wants it (`only`: those of these `shown`
+        names); returns at once, never raises."""
+        targets = [e for e in self.endpoints
+                   if e.wants(event) and (only is None or e.shown in only)]
         if not targets:
             return
         self._start()
@@ -188,7 +190,10 @@ class Notifier:
                                          str(exc)))
             return
         if self.on_delivered is not None:
-            self.on_delivered(event, endpoint)
+            try:
+                self.on_delivered(event, endpoint)
+            except Exception:  # noqa: BLE001 - a recorder's bug is not a failed delivery
+                log.exception("recording a webhook delivery failed")
 
     def _failed(self, failure: DeliveryFailure) -> None:
         log.warning("webhook %s (%s) to %s not delivered after %d attempt(s): %s",
