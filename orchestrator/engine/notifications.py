@@ -116,8 +116,12 @@ class Notices:
                                              "cost_usd": from_micros(job.cost_micros or 0)})
 
     def emit(self, kind: EventKind, data: Mapping[str, Any]) -> str:
-        """Record `kind` as a job event with a webhook id, then queue it; the id."""
+        """Record `kind` as a job event with a webhook id, then queue it; the id ("" when no
+        endpoint wants it: then nothing is recorded)."""
         assert kind in NOTIFIED, kind
+        probe = WebhookEvent("", kind.value, utcnow())
+        if not any(e.wants(probe) for e in self.notifier.endpoints):
+            return ""  # nobody to tell: the history keeps what was sent, nothing else
         msg_id = f"msg_{uuid.uuid4().hex}"
         payload = ({**data, "last_run": self.job_id} if "sweep_id" in data
                    else {"job_id": self.job_id, "name": self.name, **data})
