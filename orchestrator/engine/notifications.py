@@ -80,9 +80,14 @@ class Notices:
         from orchestrator.engine.sweepnotices import sweep_targets
 
         targets = notifyspec.targets_in(job.spec_json)
-        targets += [t for t in sweep_targets(store, job) if t not in targets]
-        notices = cls(store, job.id, job.name, targets, **delivery)
-        notices.resend_unsent(job)
+        try:
+            targets += [t for t in sweep_targets(store, job) if t not in targets]
+            notices = cls(store, job.id, job.name, targets, **delivery)
+            notices.resend_unsent(job)
+        except Exception:  # noqa: BLE001 - the database may refuse; the job runs regardless
+            log.warning("job %s: its sweep's webhooks or unsent events could not be read",
+                        job.id, exc_info=True)
+            notices = cls(store, job.id, job.name, targets, **delivery)
         return notices
 
     def resend_unsent(self, job: Job) -> None:
