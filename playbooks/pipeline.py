@@ -21,6 +21,7 @@ from pathlib import Path
 from playbooks import (
     artifacts,
     container_toolkit,
+    datasources,
     deliver,
     evaluate,
     gpu,
@@ -40,6 +41,7 @@ from playbooks.base import (
     StepReport,
     run_playbook,
 )
+from playbooks.datasources import DataSource
 from playbooks.hostreport import HostReport
 from playbooks.model_cache import ModelCache
 from playbooks.vllm import DEFAULT_SERVING, Serving
@@ -78,6 +80,9 @@ class PipelineJob:
     # MLFLOW_TRACKING_TOKEN, ..., core/trackingspec.trainer_env): secrets, so they go where
     # HF_TOKEN goes, the job's 0600 secrets.env, never argv, logs or the database.
     trainer_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    # Each config.datasets/test_datasets entry's origin (`datasources`): Hub datasets are
+    # downloaded on the host after the base model.
+    sources: tuple[DataSource, ...] = ()
     toolkit_version: str = container_toolkit.DEFAULT_VERSION
     poll_s: float = 5.0
     # The pre-flight check of a fresh rental, before anything is downloaded or pulled (None:
@@ -169,7 +174,7 @@ def train_job(job: PipelineJob, layout: Layout, model_dir: str,
     image = images.for_host(job.trainer_image, "docker" if runner == "docker" else "container")
     return train.TrainJob(job_id=job.job_id, layout=layout, dataset=job.dataset,
                           config=job.config, base_model=model_dir, image=image,
-                          env=env, runner=runner,
+                          env=env, runner=runner, sources=job.sources,
                           native=train.NativeEnv.mapped(paths or HostPaths()))
 
 
@@ -319,6 +324,11 @@ def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     _check_host(run, hooks)
     try:
         run.cache, run.runner = prepare(run.host, run.job, hooks.emit, hooks.check_stop)
+        datasources.fetch(run.host, run.job.sources, run.layout, hf_token=run.job.hf_token,
+                          hub_endpoint=run.job.hub_endpoint,
+                          trainer_image=run.job.trainer_image, docker=run.runner == "docker",
+                          wrap=train.NativeEnv.mapped(run.host.paths).wrap, emit=hooks.emit,
+                          check=hooks.check_stop)
     except PlaybookFailed as exc:
         hooks.prepare_failed(exc)
         raise

@@ -42,6 +42,7 @@ from playbooks.base import (
     StepFailed,
     last_line,
 )
+from playbooks.datasources import local_files, upload_name
 from playbooks.trainjob import (  # noqa: F401 - re-exported: callers use train.<name>
     _BAR,
     _CHECKPOINT,
@@ -275,6 +276,14 @@ def wrapper_step(job: TrainJob) -> Step:
     )
 
 
+def _upload(job: TrainJob, local: str) -> Step:
+    """Upload one local dataset file to the job's data folder (skipped when it is there)."""
+    remote = job.layout.data_file(job.job_id, upload_name(local))
+    name = "upload-dataset" if local == job.dataset else f"upload-dataset:{upload_name(local)}"
+    return Step(name, check=lambda h: remote_sha256(h, remote) == local_sha256(local),
+                apply=lambda h: h.put(local, remote), timeout_s=3600)
+
+
 def steps(job: TrainJob) -> list[Step]:
     """Upload data, secrets and config, get the image or wrapper, start training detached."""
     config_text = render_config(job)
@@ -302,11 +311,7 @@ def steps(job: TrainJob) -> list[Step]:
         return state in (TrainState.RUNNING, TrainState.SUCCEEDED) or (
             bool(launched) and state is TrainState.FAILED)
 
-    result = [
-        Step("upload-dataset",
-             check=lambda h: remote_sha256(h, job.data_file) == local_sha256(job.dataset),
-             apply=lambda h: h.put(job.dataset, job.data_file), timeout_s=3600),
-    ]
+    result = [_upload(job, local) for local in local_files(job.sources, job.dataset)]
     if job.env:
         result.append(Step(
             "secrets-env", check=lambda h: _secrets_current(h, job),

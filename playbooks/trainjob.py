@@ -24,6 +24,7 @@ from playbooks.base import (
     last_line,
     safe_name,
 )
+from playbooks.datasources import DataSource, filled
 
 # A published, pinned tag (playbooks/data/images.yaml); the engine passes the job's own.
 DEFAULT_IMAGE = images.default_image("docker")
@@ -108,6 +109,9 @@ class TrainJob:
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
     runner: Runner = "docker"
     native: NativeEnv = field(default_factory=NativeEnv)
+    # Each `config.datasets` then `.test_datasets` entry's origin (`datasources`; empty: the
+    # one `dataset` file, rendered from dataset_path/dataset_format).
+    sources: tuple[DataSource, ...] = ()
 
     def __post_init__(self) -> None:
         if not _IMAGE.fullmatch(self.image):
@@ -200,7 +204,9 @@ def config_input(job: TrainJob) -> TrainConfigInput:
     """`job.config` with its path fields as the trainer sees them."""
     base = job.inside(job.base_model) if job.base_model.startswith("/") else job.base_model
     ds = job.deepspeed_file
-    return replace(job.config, base_model_dir=base, dataset_path=job.inside(job.data_file),
+    config = filled(job.config, job.sources, job.layout, job.job_id, job.inside)
+    return replace(config, base_model_dir=base,
+                   dataset_path=job.inside(job.data_file) if job.dataset else "",
                    output_dir=job.inside(job.output_dir),
                    deepspeed_path="" if ds is None else job.inside(ds))
 

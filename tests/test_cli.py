@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sqlite3
 import subprocess
 from pathlib import Path
@@ -110,10 +111,13 @@ def test_hf_dataset_and_bad_repo_id_exit_2_at_plan(env: dict[str, str], tmp_path
     shutil.copy(EXAMPLES / "data" / "train.jsonl", tmp_path / "train.jsonl")
     bad.write_text("name: x\nbase_model: 'org/a;rm -rf x'\nmethod: qlora\n"
                    "dataset: {path: train.jsonl}\n")
-    for path, expect in ((job, f"{job}:4 dataset.tokens: tatsu-lab/alpaca (train): no size "
-                          "known here"),
+    # No Hub answers here (HF_ENDPOINT on a closed port): no verdict, so tokens are asked for.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    for path, expect in ((job, f"{job}:4 dataset.path.hf: the Hub ({dead}) did not answer"),
                          (bad, f"{bad}:2 base_model.repo: 'org/a;rm -rf x' is not a repo id")):
-        proc = orch(env, "plan", str(path), check=False)
+        proc = orch({**env, "HF_ENDPOINT": dead}, "plan", str(path), check=False)
         assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     job.write_text(job.read_text().replace("}}", "}, tokens: 1000000}"))

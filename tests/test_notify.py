@@ -257,3 +257,14 @@ def test_events_left_when_orch_stops_are_reported(hook: WebhookReceiver) -> None
     assert [(f.event_id, f.reason) for f in failures] == [
         ("msg_0001", "not sent: orch stopped before delivering it"),
         ("msg_0002", "not sent: orch stopped before delivering it")]
+
+
+def test_the_schema_event_words_are_the_notified_event_kinds() -> None:
+    """`notify.events` accepts exactly the EventKind members webhooks are sent for."""
+    from typing import get_args
+
+    from orchestrator.core.states import NOTIFIED, EventKind
+
+    assert set(get_args(notifyspec.EventType)) == {k.value for k in NOTIFIED}
+    assert notifyspec.EVENT_TYPES == tuple(k.value for k in NOTIFIED)
+    assert all(isinstance(k, EventKind) for k in NOTIFIED)

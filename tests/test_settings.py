@@ -72,7 +72,7 @@ def test_the_check_finds_a_reader(tmp_path: Path) -> None:
 
 def test_every_orch_name_the_product_spells_is_a_setting() -> None:
     names = {env_name(f) for f in Settings.model_fields}
-    assert len(names) == 27
+    assert len(names) == 30
     spelled = set()
     for pkg in PRODUCT:
         for path in (ROOT / pkg).rglob("*.py"):
@@ -101,6 +101,9 @@ def test_every_orch_name_the_product_spells_is_a_setting() -> None:
     ("ORCH_SIM_DOWNLOAD_BPS", "fast", "ORCH_SIM_DOWNLOAD_BPS='fast': must be a number of bytes "
                                       "per second > 0;"),
     ("ORCH_DB_URL", " ", "ORCH_DB_URL=' ': must be a database URL, e.g. postgresql+psycopg://"),
+    ("ORCH_NOTIFY_URL", "ftp://x/hook", "ORCH_NOTIFY_URL='ftp://x/hook': must be an http(s) URL"),
+    ("ORCH_NOTIFY_SECRET_ENV", "MY-SECRET", "ORCH_NOTIFY_SECRET_ENV='MY-SECRET': must be an "
+                                            "environment variable's name"),
 ])
 def test_a_bad_value_is_named_in_one_form(monkeypatch: pytest.MonkeyPatch, name: str,
                                           value: str, says: str) -> None:

@@ -61,6 +61,7 @@ from providers.base import Simulated
 
 if TYPE_CHECKING:
     from orchestrator.core.planning import Plan
+    from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
     from orchestrator.engine.runner import Options
     from orchestrator.engine.worker import Timings
@@ -113,6 +114,7 @@ def submit(
     # neither queued for a worker to fail nor planned as if it could run.
     require_runners(store, file, [loaded.spec.resources.providers])
     if not (dry_run or detach):
+        _refuse_known_failures(file, loaded)
         providers, notes = configured_here(store)
     market = None if dry_run else cli_plan.live_market(loaded)
     if market is not None and market.answered:
@@ -145,6 +147,20 @@ def submit(
     if not json_out:
         typer.echo(head)
     _run_here(store, row, providers, notes, json_out)
+
+
+def _refuse_known_failures(file: Path, loaded: "LoadedJob") -> None:
+    """Exit 2 (nothing recorded) on what would fail the job before renting in this process:
+    a Hub dataset refused, a tracker's key or a webhook's variable missing (issue 39)."""
+    import os
+
+    from orchestrator.engine.integrations import submit_problems
+
+    chosen = settings()
+    problems = submit_problems(loaded.spec, os.environ, chosen.notify_url,
+                               chosen.notify_secret_env)
+    if problems:
+        cli_plan.problems_exit(file, [f"{file}: {p}" for p in problems])
 
 
 def confirm(plan: "Plan", market: "Market | None") -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
+from orchestrator.cli import integrationview
 from orchestrator.cli.term import (
     colour_enabled,
     human_duration,
@@ -94,6 +95,8 @@ def job_summary(store: Store, job: Job) -> dict[str, Any]:
         "kept_warm": kept_warm(store, job.id),
         "created_at": iso(job.created_at), "finished_at": iso(job.finished_at),
         **time_summary(job, store.instances_of(job.id)),
+        "trackers": integrationview.trackers(job),
+        "notify_failed": integrationview.notify_failures(store.events(job.id)),
     }
 
 
@@ -187,6 +190,7 @@ def print_summary(s: dict[str, Any]) -> None:
         lines.append(f"  kept warm: {warm['instance_id']} until {warm['expires_at']} for the "
                      "next job that fits it (billed while idle; `orch warm release "
                      f"{warm['warm_id']}` ends it now)")
+    lines += integrationview.lines(s["trackers"], s["notify_failed"])
     typer.echo("\n".join(prose(line, "    ") for line in lines))
 
 

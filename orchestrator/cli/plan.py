@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from decimal import Decimal
 
+    from orchestrator.core.datafiles import DatasetSize
+    from orchestrator.core.hubsize import HubDatasetRef
     from orchestrator.core.planning import Plan
     from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
@@ -45,12 +47,33 @@ def problems_exit(path: Path, problems: list[str]) -> NoReturn:
 
 
 def load(path: Path) -> LoadedJob:
+    """The job file loaded; a Hub dataset without `tokens:` sized from the Hub's published
+    information (`engine/integrations.PlanSizer`); its problems printed, exit 2."""
     from orchestrator.core.spec import SpecError, load_job
 
+    sizer = LazySizer(path)
     try:
-        return load_job(path)
+        return load_job(path, hub_size=sizer)
     except SpecError as exc:
         problems_exit(path, exc.problems)
+
+
+class LazySizer:
+    """`PlanSizer`, imported (with HTTP) only for a job that has a Hub dataset to size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.real: Callable[[HubDatasetRef], DatasetSize | None] | None = None
+
+    def __call__(self, ref: HubDatasetRef) -> DatasetSize | None:
+        if self.real is None:
+            import os
+
+            from orchestrator.core.settings import settings
+            from orchestrator.engine.integrations import PlanSizer
+
+            self.real = PlanSizer(self.path, os.environ, settings().datasets_server_url)
+        return self.real(ref)
 
 
 def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | None = None

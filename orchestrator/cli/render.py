@@ -18,8 +18,14 @@ import typer
 from orchestrator.cli.common import EXIT_INVALID, fail
 from orchestrator.cli.plan import load, plan_job, servers_for_plan
 from orchestrator.core.planning import CONTAINER_RENTALS, total_tokens
-from orchestrator.engine.jobinputs import Inputs, serving_for, train_config
-from playbooks import images, rendering
+from orchestrator.engine.jobinputs import (
+    Inputs,
+    data_sources,
+    first_local,
+    serving_for,
+    train_config,
+)
+from playbooks import datasources, images, rendering
 from playbooks.base import Layout
 from playbooks.deliver import HubTarget
 from playbooks.pipeline import DEFAULT_VLLM_IMAGE
@@ -53,11 +59,12 @@ def render_job(file: Path, host: str | None) -> Any:
     config = train_config(spec, est.strategy.value, inputs.save_steps(est.gpu_count),
                           est.workload or plan.workload)
     layout = Layout(rendering.NOMINAL_BASE[kind])
-    dataset = spec.dataset.path.local or str(spec.dataset.path.hf)
+    # Each dataset as the host has it: a local file uploaded, a Hub dataset downloaded there.
+    sources = data_sources(spec, job.path.parent)
     # Only the variable's name reaches the command line; the value goes to a 0600 file.
     env = {"HF_TOKEN": "(from the environment)"} if os.environ.get("HF_TOKEN") else {}
-    tj = TrainJob(job_id=spec.name, layout=layout, dataset=str(job.path.parent / dataset),
-                  config=config, base_model=layout.model_dir(spec.base_model.repo,
+    tj = TrainJob(job_id=spec.name, layout=layout, dataset=first_local(sources),
+                  config=config, sources=sources, base_model=layout.model_dir(spec.base_model.repo,
                                                              spec.base_model.revision),
                   image=images.for_host(spec.trainer.image, kind), env=env,
                   runner="docker" if kind == "docker" else "process")
@@ -72,6 +79,10 @@ def render_job(file: Path, host: str | None) -> Any:
                                 download=download, hub=hub,
                                 serving=serving_for(job, est.gpu_count,
                                                     plan.chosen.offer.gpu_memory_bytes))
+    for cache in datasources.caches(sources, layout, None, None):
+        # Run on the host as the model's download is (a container of the trainer image).
+        cache.image = tj.image if kind == "docker" else None
+        rendered.commands[f"dataset {cache.repo}"] = cache.download_argv()
     rendered.notes.append(f"placement: {plan.chosen.offer.provider} {plan.chosen.offer.gpu} "
                           f"x{est.gpu_count}, strategy {est.strategy.value}")
     if host is None:

@@ -49,11 +49,12 @@ EXIT_OK = 0
 
 
 def _load(path: Path) -> "LoadedSweep":
+    from orchestrator.cli.plan import LazySizer
     from orchestrator.core.spec import SpecError
     from orchestrator.core.sweepspec import load_sweep
 
     try:
-        return load_sweep(path)
+        return load_sweep(path, hub_size=LazySizer(path))
     except SpecError as exc:
         problems_exit(path, exc.problems)
 

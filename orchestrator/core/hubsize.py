@@ -74,6 +74,20 @@ class HubSizeError(ValueError):
 HubSizer = Callable[[HubDatasetRef], DatasetSize | None]
 
 
+class Recording:
+    """A `HubSizer` that keeps the sizes it answered (`LoadedJob.hub_sizes`)."""
+
+    def __init__(self, sizer: HubSizer) -> None:
+        self.sizer = sizer
+        self.sized: dict[HubDatasetRef, DatasetSize] = {}
+
+    def __call__(self, ref: HubDatasetRef) -> DatasetSize | None:
+        size = self.sizer(ref)
+        if size is not None:
+            self.sized[ref] = size
+        return size
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None

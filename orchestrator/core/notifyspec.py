@@ -11,19 +11,28 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
+from orchestrator.core.states import NOTIFIED
 from orchestrator.core.strictmodel import Strict
 
 EventType = Literal["job.succeeded", "job.failed", "job.preempted", "job.replaced",
                     "job.budget_reached", "sweep.finished"]
-EVENT_TYPES: tuple[str, ...] = ("job.succeeded", "job.failed", "job.preempted", "job.replaced",
-                                "job.budget_reached", "sweep.finished")
+# The schema's words are `states.NOTIFIED`'s (tests/test_notify.py checks they agree).
+EVENT_TYPES: tuple[str, ...] = tuple(kind.value for kind in NOTIFIED)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 SECRET_PREFIX = "whsec_"
 # Standard Webhooks: "Random. Between 24 bytes (192 bits) and 64 bytes (512 bits)"
@@ -164,3 +173,14 @@ def env_problems(targets: Sequence[NotifyTarget], environ: Mapping[str, str],
                              f"Standard Webhooks spec asks for {SECRET_BYTES[0]} to "
                              f"{SECRET_BYTES[1]} random bytes")
     return found
+
+
+def targets_in(spec_json: str | None) -> list[NotifyTarget]:
+    """The `notify:` targets of a recorded job or sweep spec (JSON); none when it has none
+    or they do not validate (they did at submit: a record orch did not write sends nothing)."""
+    try:
+        raw = json.loads(spec_json or "{}")
+        found = raw.get("notify") if isinstance(raw, dict) else None
+        return TypeAdapter(Targets).validate_python(found) if found else []
+    except (ValueError, ValidationError):
+        return []

@@ -20,8 +20,10 @@ variables orch passes them are their interface, not orch's settings, and are not
 from __future__ import annotations
 
 import os
+import re
 from functools import cache
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     AliasGenerator,
@@ -163,6 +165,22 @@ class Settings(BaseModel):
         None, "a URL", "(RunPod's own API)", "RunPod's API base URL (an emulator's, in tests).",
         "Providers")
 
+    datasets_server_url: str | None = _setting(
+        None, "an http(s) URL", "https://datasets-server.huggingface.co (asked only when the "
+        "Hub is huggingface.co)", "The Hugging Face dataset viewer's base URL, asked for a Hub "
+        "dataset's rows and bytes when its card lists none (an emulator's, in tests).",
+        "Providers")
+
+    # --- notifications --------------------------------------------------------------------
+    notify_url: str | None = _setting(
+        None, "an http(s) URL", "(none)", "A webhook every job's events are POSTed to, besides "
+        "the job file's `notify:` targets (docs/integrations.md): the Standard Webhooks "
+        "payload, or Slack's message when the host is hooks.slack.com.", "Notifications")
+    notify_secret_env: str | None = _setting(
+        None, "an environment variable's name (letters, digits, _)", "(unsigned)",
+        "The variable holding ORCH_NOTIFY_URL's signing secret (whsec_ + base64): each POST "
+        "is then signed as the Standard Webhooks spec says.", "Notifications")
+
     # --- the simulated cloud --------------------------------------------------------------
     sim_boot_s: SecondsOrZero = _setting(
         0.0, SECONDS_OR_ZERO, "0", "Seconds until a simulated instance runs.", "Simulated cloud")
@@ -216,6 +234,21 @@ class Settings(BaseModel):
     @classmethod
     def _any_text_is_on(cls, value: Any) -> Any:
         return bool(value.strip()) if isinstance(value, str) else value
+
+    @field_validator("notify_url", "datasets_server_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        parts = urlsplit(value or "")
+        if value is not None and (parts.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError("not an http(s) URL")
+        return value
+
+    @field_validator("notify_secret_env")
+    @classmethod
+    def _variable_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
+            raise ValueError("not a variable name")
+        return value
 
     @field_validator("sim_capacity")
     @classmethod

@@ -33,7 +33,7 @@ from orchestrator.core.architectures import (
 from orchestrator.core.datafiles import DatasetSize
 from orchestrator.core.datasetspec import MAX_TOKENS, DatasetArg, DatasetSpec
 from orchestrator.core.durations import WarmWindow
-from orchestrator.core.hubsize import HubSizer
+from orchestrator.core.hubsize import HubDatasetRef, HubSizer, Recording
 from orchestrator.core.notifyspec import Targets
 from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
@@ -443,6 +443,9 @@ class LoadedJob:
     path: Path
     architecture: Architecture
     dataset: DatasetSize
+    # The Hub's published sizes the estimate used (recorded at submit, so a worker sizes the
+    # job again without asking the Hub: `engine/jobinputs.load_inputs`).
+    hub_sizes: tuple[tuple[HubDatasetRef, DatasetSize], ...] = ()
 
     @property
     def spec_hash(self) -> str:
@@ -543,7 +546,8 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None,
     for loc, msg in output_problems(spec.output, spec.method,
                                     None if arch is None else arch.params):
         found.add(loc, msg)
-    dataset = _dataset(spec, path.parent, found, hub_size)
+    recording = None if hub_size is None else Recording(hub_size)
+    dataset = _dataset(spec, path.parent, found, recording)
     if dataset is not None and dataset.tokens * spec.training.epochs > MAX_TOKENS:
         found.add(("training", "epochs"), f"{dataset.tokens:,} tokens x "
                   f"{spec.training.epochs:g} epochs is more than {MAX_TOKENS:,} tokens; "
@@ -556,7 +560,8 @@ def resolve(spec: JobSpec, path: Path, pos: yamlpos.Positions | None = None,
         # By line, keeping the file's own order within a line (dataset rows, say).
         ordered = sorted(dict.fromkeys(found.items), key=lambda p: p[0])
         raise SpecError([m for _, m in ordered])
-    return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset)
+    return LoadedJob(spec=spec, path=path, architecture=arch, dataset=dataset,
+                     hub_sizes=() if recording is None else tuple(recording.sized.items()))
 
 
 def _architecture(spec: JobSpec, base: Path, found: Problems) -> Architecture | None:

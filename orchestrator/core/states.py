@@ -134,9 +134,28 @@ class EventKind(StrEnum):
     TRAIN_PROGRESS = "train.progress"
     INSTANCE_TERMINATED = "instance.terminated"
     INSTANCE_RELEASED = "instance.released"
+    # What people wait for: each is a job event (persisted first, with its webhook id) and
+    # the `type` of the webhook sent for it (`engine/notifications.py`, docs/integrations.md).
+    JOB_SUCCEEDED = "job.succeeded"
+    JOB_FAILED = "job.failed"
+    JOB_PREEMPTED = "job.preempted"
+    JOB_REPLACED = "job.replaced"
+    JOB_BUDGET_REACHED = "job.budget_reached"
+    SWEEP_FINISHED = "sweep.finished"
+    NOTIFY_FAILED = "notify.failed"  # a webhook that did not get through; `orch show` lists it
+    NOTIFY_SENT = "notify.sent"  # a webhook delivered (a takeover re-sends what has neither)
+    TRACKER = "tracker"  # where the run is logged (W&B, MLflow); data `{"url": ...}`
+
+
+# The event kinds webhooks are sent for, in the order the docs list them (a `notify:` target's
+# `events` names some of them); a later kind (a deadline at risk, say) joins here.
+NOTIFIED: tuple[EventKind, ...] = (
+    EventKind.JOB_SUCCEEDED, EventKind.JOB_FAILED, EventKind.JOB_PREEMPTED,
+    EventKind.JOB_REPLACED, EventKind.JOB_BUDGET_REACHED, EventKind.SWEEP_FINISHED,
+)
 
 
 __all__ = [
-    "SWEEP_COUNTED", "WARM_OWNING", "EndReason", "EventKind", "Outcome", "RowState",
+    "NOTIFIED", "SWEEP_COUNTED", "WARM_OWNING", "EndReason", "EventKind", "Outcome", "RowState",
     "ServerStatus", "StopKind", "SweepRunState", "WarmState",
 ]

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.core import spec as jobspec
 from orchestrator.core import yamlpos
+from orchestrator.core.hubsize import HubSizer
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError
 from orchestrator.core.sweepdraws import Origin, draws_of
 
@@ -44,6 +45,8 @@ class RunProblems:
     found: list[tuple[int, str]] = field(default_factory=list)
     # Random problems are reported once per parameter: n samples would repeat them n times.
     random_seen: set[str] = field(default_factory=set)
+    # The base job's Hub dataset sizes (a run overriding the dataset asks for tokens).
+    hub_size: HubSizer | None = None
 
     def report(self, origins: list[Origin], msg_loc: tuple[str | int, ...] | None,
                msg: str, line_in_base: int | None) -> None:
@@ -74,7 +77,7 @@ class RunProblems:
     def resolve(self, job: JobSpec, base_path: Path, origins: list[Origin]) -> LoadedJob | None:
         """`jobspec.resolve` of the run's spec; None (its problems recorded) if it fails."""
         try:
-            return jobspec.resolve(job, base_path, self.base_pos)
+            return jobspec.resolve(job, base_path, self.base_pos, self.hub_size)
         except SpecError as exc:
             for p in exc.problems:
                 line, loc_text, msg = _split_problem(p, self.base_name)

@@ -29,6 +29,7 @@ from pydantic import (
 
 from orchestrator.core import canonical, specerrors, yamlpos
 from orchestrator.core import spec as jobspec
+from orchestrator.core.hubsize import HubSizer
 from orchestrator.core.searchspec import EarlyStopSpec, Param, SearchSpec
 from orchestrator.core.spec import (
     JobSpec,
@@ -214,8 +215,9 @@ def _apply(data: dict[str, Any], key: str, value: Any) -> None:
 # --- loading -------------------------------------------------------------------------------
 
 
-def load_sweep(path: str | Path) -> LoadedSweep:
-    """Read, validate and expand a sweep file; raise SpecError listing every problem."""
+def load_sweep(path: str | Path, hub_size: HubSizer | None = None) -> LoadedSweep:
+    """Read, validate and expand a sweep file; raise SpecError listing every problem.
+    `hub_size`: as for `spec.load_job` (a Hub dataset's published size)."""
     path = Path(path)
     name = str(path)
     raw, pos = read_mapping(path, f"name, base, grid (see {EXAMPLE})")
@@ -258,7 +260,7 @@ def load_sweep(path: str | Path) -> LoadedSweep:
             base_path = None
         else:
             try:
-                base_job = jobspec.load_job(base_path)
+                base_job = jobspec.load_job(base_path, hub_size)
             except SpecError as exc:
                 base_problems = exc.problems
 
@@ -337,7 +339,9 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
             base_path: Path, origins_list: list[list[Origin]],
             first_index: int = 0, keep_runs: bool = True) -> LoadedSweep:
     base_raw, base_pos = read_mapping(base_path, "name, base_model, method, dataset")
-    problems = RunProblems(spec, str(path), pos, str(base_path), base_pos)
+    problems = RunProblems(spec, str(path), pos, str(base_path), base_pos,
+                           hub_size=dict(base_job.hub_sizes).get if base_job.hub_sizes
+                           else None)
     runs: list[SweepRun] = []
     seen: set[str] = set()
     resolved: dict[str, LoadedJob | None] = {}  # None: resolving failed (reported once)
@@ -372,7 +376,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
         if done is None:
             continue
         loaded = LoadedJob(spec=job, path=base_path, architecture=done.architecture,
-                           dataset=done.dataset)
+                           dataset=done.dataset, hub_sizes=done.hub_sizes)
         params = {o.key: o.value for o in origins}
         runs.append(SweepRun(index, params, loaded, sweep_key(spec.name, identity)))
     if problems.found:

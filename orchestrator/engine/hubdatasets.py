@@ -132,7 +132,7 @@ class Sizer:
     token: str | None = field(default=None, repr=False)
     client: httpx.Client | None = None
     hub: str | None = None
-    viewer: str = DATASETS_SERVER
+    viewer: str | None = DATASETS_SERVER  # None: no dataset viewer (a Hub other than HF's)
     where: str = "dataset.path.hf"  # the job file's field that names the dataset
     _seen: dict[tuple[str, str], DatasetAccess] = field(default_factory=dict, repr=False)
 
@@ -151,7 +151,7 @@ class Sizer:
         if found.unchecked is not None:
             return None
         size = hubsize.from_card((found.info or {}).get("cardData"), ref)
-        if size is not None or ref.revision != "main":
+        if size is not None or ref.revision != "main" or self.viewer is None:
             # The viewer sizes the default branch only.
             return size
         http = self.client or httpx.Client(timeout=TIMEOUT_S)

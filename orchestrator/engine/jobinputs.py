@@ -13,9 +13,12 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.core import evalsizing, savers
+from orchestrator.core import evalsizing, savers, trackingspec
+from orchestrator.core.datafiles import DatasetSize
+from orchestrator.core.datasetspec import DatasetSpec
+from orchestrator.core.hubsize import HubDatasetRef, HubSizer
 from orchestrator.core.paths import data_dir, default_db_url
 from orchestrator.core.planning import eval_work, host_disk_gb, total_tokens, workload_from
 from orchestrator.core.sizing import CrossEntropy, Workload
@@ -25,6 +28,8 @@ from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job
 from playbooks import images
 from playbooks.axolotl import TrainConfigInput
+from playbooks.axolotl_data import DatasetEntry
+from playbooks.datasources import DataSource
 from providers import catalog
 from providers.base import Instance
 
@@ -107,11 +112,8 @@ class Inputs:
                 est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
             if est is not None and est.workload is not None:
                 strategy, w = est.strategy.value, est.workload
-        config = train_config(spec, strategy, self.save_steps(count), w)
-        if spec.dataset.path.local is None:
-            raise InputsError(f"job {job.id}: Hugging Face datasets ({spec.dataset.path.hf}) "
-                              "are not uploaded by orch yet; download it to a JSONL file and "
-                              "give its path in dataset.path")
+        config = train_config(spec, strategy, self.save_steps(count), w, job_id=job.id)
+        sources = data_sources(spec, self.loaded.path.parent)
         token = os.environ.get("HF_TOKEN") or None
         out = spec.output
         hub = None if out.push_to_hub is None else HubTarget(
@@ -123,7 +125,8 @@ class Inputs:
             gpu=GpuExpectation(gpu, count, exact_count=exact_count,
                                min_cuda=images.min_cuda(spec.trainer.image),
                                image=spec.trainer.image),
-            config=config, dataset=str(self.loaded.path.parent / spec.dataset.path.local),
+            config=config, sources=sources, dataset=first_local(sources),
+            trainer_env=trackingspec.trainer_env(spec.tracking, os.environ),
             artifacts_dir=str(artifacts_dir(job.id)),
             eval_set=None if spec.eval.eval_set is None
             else str(self.loaded.path.parent / spec.eval.eval_set),
@@ -148,14 +151,60 @@ def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None)
     return Serving(est.served, est.tensor_parallel, est.utilization, work.concurrency)
 
 
+def dataset_places(spec: JobSpec) -> list[tuple[str, DatasetSpec]]:
+    """Each training dataset with the job file's field that holds it."""
+    if spec.datasets is None:
+        return [("dataset", spec.dataset)]
+    return [(f"datasets[{i}]", d) for i, d in enumerate(spec.datasets)]
+
+
+def data_sources(spec: JobSpec, base: Path) -> tuple[DataSource, ...]:
+    """Each `train_config` dataset entry's origin, in its order: the training datasets, then
+    each Hub dataset's validation split (local files relative to the job file's folder)."""
+    def source(where: str, ds: DatasetSpec) -> DataSource:
+        if ds.path.local is not None:
+            return DataSource(local=str(base / ds.path.local))
+        return DataSource(hub_repo=ds.path.hf, hub_revision=ds.path.revision,
+                          where=f"{where}.path.hf")
+
+    places = dataset_places(spec)
+    return (*(source(w, d) for w, d in places),
+            *(source(w, d) for w, d in places if d.validation_split is not None))
+
+
+def first_local(sources: tuple[DataSource, ...]) -> str:
+    """The first local dataset file ("" when every dataset is on the Hub)."""
+    return next((s.local for s in sources if s.local is not None), "")
+
+
+def _entry(ds: DatasetSpec, split: str | None) -> DatasetEntry:
+    f = ds.fields
+    return DatasetEntry(
+        path="", format=ds.format, split=split, subset=ds.path.subset,
+        text_field=None if f is None else f.text,
+        messages_field=None if f is None else f.messages,
+        role_key=None if f is None else f.role, content_key=None if f is None else f.content)
+
+
+def dataset_entries(spec: JobSpec) -> tuple[tuple[DatasetEntry, ...], tuple[DatasetEntry, ...]]:
+    """The axolotl `datasets` and `test_datasets` entries (paths filled on the host)."""
+    train = tuple(_entry(d, d.path.split if d.path.hf is not None else None)
+                  for d in spec.all_datasets)
+    test = tuple(_entry(d, d.validation_split) for d in spec.all_datasets
+                 if d.validation_split is not None)
+    return train, test
+
+
 def train_config(spec: JobSpec, strategy: str, save_steps: int,
-                 settings: Workload) -> TrainConfigInput:
+                 settings: Workload, job_id: str | None = None) -> TrainConfigInput:
     """The job's axolotl inputs (paths left empty: the host's layout fills them).
 
     One function for the engine and `orch render`, so what is rendered is what runs.
     `settings` is the planner's resolved workload: the memory savers it turned on.
+    `job_id` names the tracker's run (default: the job's name, as `orch render` shows it).
     """
     t, lora = spec.training, spec.lora
+    datasets, test_datasets = dataset_entries(spec)
     cross_entropy = _resolved(settings.cross_entropy)
     return TrainConfigInput(
         method=spec.method, base_model_dir="", dataset_path="",
@@ -169,6 +218,8 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int,
         lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         lora_target=None if lora.target is None else tuple(lora.target),
         strategy=strategy, save_steps=save_steps,
+        datasets=datasets, test_datasets=test_datasets, val_set_size=t.val_set_size,
+        tracking=trackingspec.tracker_keys(spec.tracking, spec.name, job_id or spec.name),
         extra=dict(spec.trainer.extra))  # fmt: skip
 
 
@@ -204,13 +255,27 @@ def load_inputs(job: Job) -> Inputs:
         data.pop("lora", None)
     spec = JobSpec.model_validate(data)
     try:
-        loaded = resolve(spec, path)
+        loaded = resolve(spec, path, hub_size=recorded_sizes(job.placement().hub_sizes))
     except SpecError as exc:
         raise InputsError(f"job {job.id}: {'; '.join(exc.problems)}") from exc
     planned = job.placement().placement
     est = None if planned is None else planned.est_training_hours
     return Inputs(loaded, total_tokens(loaded), est or None,
                   measured_throughput())
+
+
+def recorded_sizes(records: list[dict[str, Any]] | None) -> HubSizer:
+    """A `HubSizer` answering with the sizes recorded at submit: a worker never asks the Hub
+    to size a job again (None for a dataset without one: the job then needs `tokens:`)."""
+    known: dict[HubDatasetRef, DatasetSize] = {}
+    for r in records or []:
+        try:
+            ref = HubDatasetRef(str(r["repo"]), str(r["revision"]), r.get("subset"),
+                                str(r["split"]), str(r["format"]))
+            known[ref] = DatasetSize(int(r["tokens"]), r.get("rows"), str(r["source"]))
+        except (KeyError, TypeError, ValueError):
+            continue  # a record orch did not write: the job asks for tokens
+    return known.get
 
 
 def measured_throughput() -> dict[MeasuredKey, Measured]:

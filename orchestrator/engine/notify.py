@@ -17,7 +17,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -91,15 +91,19 @@ class Notifier:
         self.wait = wait if wait is not None else retrying.backoff(1.0, 30.0, 1.0)
         self.timeout_s = timeout_s
         self.clock = clock
+        # Called on the thread after each delivery that got through (who waits for them).
+        self.on_delivered: Callable[[WebhookEvent, Endpoint], None] | None = None
         # None: stop after what is queued before it.
         self._queue: queue.Queue[tuple[Endpoint, WebhookEvent] | None] = queue.Queue(
             maxsize=queue_size)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def emit(self, event: WebhookEvent) -> None:
-        """Queue `event` for every endpoint that wants it; returns at once, never raises."""
-        targets = [e for e in self.endpoints if e.wants(event)]
+    def emit(self, event: WebhookEvent, only: Collection[str] | None = None) -> None:
+        """Queue `event` for every endpoint that wants it (`only`: those of these `shown`
+        names); returns at once, never raises."""
+        targets = [e for e in self.endpoints
+                   if e.wants(event) and (only is None or e.shown in only)]
         if not targets:
             return
         self._start()
@@ -184,6 +188,12 @@ class Notifier:
         except (_Retry, _Refused) as exc:
             self._failed(DeliveryFailure(event.id, event.type, endpoint.shown, tries,
                                          str(exc)))
+            return
+        if self.on_delivered is not None:
+            try:
+                self.on_delivered(event, endpoint)
+            except Exception:  # noqa: BLE001 - a recorder's bug is not a failed delivery
+                log.exception("recording a webhook delivery failed")
 
     def _failed(self, failure: DeliveryFailure) -> None:
         log.warning("webhook %s (%s) to %s not delivered after %d attempt(s): %s",

@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.core.states import EndReason, RowState
-from orchestrator.engine import hubaccess, market, recovery
+from orchestrator.engine import hubaccess, integrations, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -301,6 +301,7 @@ class Placement:
         if access.unchecked is not None:
             self.ledger.event("hub.unchecked", f"base model access not checked before renting: "
                               f"{access.unchecked}; the host's download will tell")
+        self._check_integrations(token, hub)
         if spec.output.push_to_hub is not None:
             # The upload comes last, after every paid hour: a token that cannot write is
             # found here (issue 36 §2).
@@ -310,6 +311,20 @@ class Placement:
             if access.unchecked is not None:
                 self.ledger.event("hub.unchecked", f"write access to {spec.output.push_to_hub} "
                                   f"not checked before renting: {access.unchecked}")
+
+    def _check_integrations(self, token: str | None, hub: str | None) -> None:
+        """Hub datasets (on the hosts' Hub), trackers' keys and webhooks (issue 39)."""
+        from orchestrator.core.settings import settings
+
+        spec, chosen = self.inputs.loaded.spec, settings()
+        verdict = integrations.check_hub_datasets(spec, token, hub)
+        problems = verdict.problems + integrations.environment_problems(
+            spec, os.environ, chosen.notify_url, chosen.notify_secret_env)
+        if problems:
+            raise JobFailed("before renting: " + "; ".join(problems))
+        for note in verdict.unchecked:
+            self.ledger.event("hub.unchecked", f"dataset access not checked before renting: "
+                              f"{note}; the host's download will tell")
 
     def place(self, tried: set[tuple[str, str]]) -> Placed:
         """Rent the cheapest fitting placement not `tried`; search again (a bounded number

@@ -44,6 +44,7 @@ from orchestrator.core.utc import iso_z
 from orchestrator.engine import recovery
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
+from orchestrator.engine.notifications import Notices, placed_on, told
 from orchestrator.engine.placement import Placement
 from orchestrator.engine.runner_core import (
     CANCELLED,
@@ -127,6 +128,7 @@ class JobRunner:
                                     command_timeout_s=chosen.ssh_command_timeout_s,
                                     io_timeout_s=chosen.ssh_io_timeout_s)
         state = RunState(ledger, self.providers, self.opts, public_key, factory)
+        state.notices = Notices.of_job(self.store, job)
         teardown = Teardown(state)
         done = threading.Event()
         watcher = threading.Thread(target=monitor, args=(state, done), daemon=True,
@@ -162,6 +164,7 @@ class JobRunner:
             teardown.release_all(outcome)
             factory.close_all()
             db_error = self._finish(ledger, teardown, outcome, reason) or db_error
+            told(state.notices, self.store, job_id)
         if db_error is not None:
             raise db_error
         return self.store.get_job(job_id)
@@ -234,6 +237,7 @@ class JobRunner:
         session = HostSession(state, inputs, teardown, warm)
         placement.check_before_renting()
         tried: set[tuple[str, str]] = set()
+        replacing = False  # the last attempt lost its machine: the next placement re-places
         while True:
             job = ledger.job()
             gave_up = recovery.out_of_attempts(job, self.opts.max_attempts)
@@ -252,7 +256,10 @@ class JobRunner:
                 self._outage(state, str(exc), exc.retry_after)
                 tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
-            if not self._attempt(state, session, teardown, placed):
+            if replacing and adopted is None:
+                state.notices.emit(EventKind.JOB_REPLACED, {"placement": placed_on(placed.inst)})
+            replacing = not self._attempt(state, session, teardown, placed)
+            if replacing:
                 continue
             # Cancelled in releasing: Stop, and the finally of `run` terminates the machine
             # (never parked; park_instance refuses a cancelled job in its own transaction).

@@ -38,6 +38,7 @@ from orchestrator.core.scheduler import Placement
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine import recovery
+from orchestrator.engine.notifications import Notices
 from orchestrator.engine.watchdog import Watchdog
 from orchestrator.records.store import (
     Job,
@@ -305,6 +306,7 @@ class RunState:
         self._stop_lock = threading.Lock()
         self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
         self.held: dict[int, Attempt] = {}  # the instances this run holds, by row id
+        self.notices: Notices = Notices(self.store, self.job_id, "", ())  # webhooks
 
     def hold(self, row_id: int, provider: str, instance_id: str | None = None,
              offer: Offer | None = None) -> Attempt:

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from orchestrator.core.datafiles import DatasetSize
+from orchestrator.core.hubsize import HubDatasetRef
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.spec import LoadedJob
 from orchestrator.core.states import EventKind
 from orchestrator.engine.wiring import price_lists
 from orchestrator.records.store import Job, Store
+
+
+def hub_size_record(ref: HubDatasetRef, size: DatasetSize) -> dict[str, object]:
+    """One Hub dataset's published size as `placement_json.hub_sizes` keeps it."""
+    return {"repo": ref.repo, "revision": ref.revision, "subset": ref.subset,
+            "split": ref.split, "format": ref.format, "tokens": size.tokens,
+            "rows": size.rows, "source": size.source}
 
 
 def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus.QUEUED,
@@ -26,6 +35,8 @@ def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus
                              listed=price_lists(loaded.spec.resources.providers))
     placement = plan.to_dict(alternatives=10_000)
     placement["job_file"] = str(loaded.path.resolve())
+    if loaded.hub_sizes:
+        placement["hub_sizes"] = [hub_size_record(ref, size) for ref, size in loaded.hub_sizes]
     p = plan.chosen
     job = store.create_job(
         name=loaded.spec.name, status=status, method=loaded.spec.method,

@@ -82,6 +82,8 @@ class Teardown:
         self.release(placed.row_id, EndReason.INTERRUPTED)
         self.ledger.set(JobStatus.QUEUED, "re-placing to resume from the last checkpoint",
                         attempt=job.attempt + 1)
+        self.state.notices.emit(EventKind.JOB_PREEMPTED, {
+            "reason": why, "instance": placed.inst.instance_id})
 
     def close_row(self, row_id: int, reason: EndReason) -> None:
         """Close an instance row (terminated now) with what it cost."""

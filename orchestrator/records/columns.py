@@ -95,6 +95,8 @@ class PlacementRecord(_Record):
     placement: Lenient[PlacementChoice] = None
     alternatives: Lenient[list[PlacementChoice]] = None
     job_file: Lenient[str] = None
+    # Hub datasets' published sizes used at submit (`engine/submission.hub_size_record`).
+    hub_sizes: Lenient[list[dict[str, Any]]] = None
 
     def ranked(self) -> list[PlacementChoice]:
         """The chosen placement, then the alternatives, in the plan's order."""

@@ -18,7 +18,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Union
 
 # RUNNING_STATUSES: the states in which a job counts against max_parallel (re-exported).
-from orchestrator.core.jobstatus import RUNNING_STATUSES, JobStatus
+from orchestrator.core.jobstatus import RUNNING_STATUSES as RUNNING_STATUSES
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import SweepRunState
 from orchestrator.records.columns import SweepSpecRecord
 
