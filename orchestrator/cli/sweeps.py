@@ -93,8 +93,10 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     try:
         # As `orch submit`: no run is queued (or reported as queueable) that nothing here
         # can run; a worker would only fail them one by one.
-        require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
-        named = sorted({n for r in loaded.runs for n in r.job.spec.resources.providers or ()})
+        # A tpe sweep's runs are proposed later, each from the base job with its params.
+        jobs = [r.job for r in loaded.runs] or [loaded.base]
+        require_runners(store, file, [j.spec.resources.providers for j in jobs])
+        named = sorted({n for j in jobs for n in j.spec.resources.providers or ()})
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run,
                               listed=price_lists(named))
     except DatabaseReadOnly as exc:  # nothing was recorded: no run to retry
@@ -331,7 +333,7 @@ def sweeps(json_out: JsonFlag = False) -> None:
                                       f"{_metric(b['metric'])}")
         out.append([s["sweep"], len(s["runs"]), *(c[k] for k in SWEEP_COUNTED), spent, best])
     typer.echo(table(["name", "runs", *SWEEP_COUNTED, "spent / budget", "best"], out,
-                     right=[1, 2, 3, 4, 5, 6, 7],
+                     right=[1, 2, 3, 4, 5, 6, 7, 8],
                      drop=[3, 4, 2]))
 
 
