@@ -121,6 +121,18 @@ def test_pruned_is_a_final_state_an_active_job_may_enter() -> None:
     assert not any(allowed(JobStatus.PRUNED, s) for s in JobStatus)
 
 
+def test_the_rendered_config_holds_out_the_eval_split(env: dict[str, str],
+                                                     folder: Path) -> None:
+    # train.eval_loss exists only when axolotl gets val_set_size (and eval_steps): the
+    # rendered config left val_set_size out, so no run ever reported an eval loss.
+    job = folder / "jobs" / "held.yml"
+    job.write_text((folder / "jobs" / "quickstart.yml").read_text().replace(
+        "  learning_rate: 2.0e-4\n",
+        "  learning_rate: 2.0e-4\n  val_set_size: 0.05\ntrainer: {extra: {eval_steps: 3}}\n"))
+    rendered = orch(env, "render", str(job))
+    assert "\nval_set_size: 0.05\n" in rendered and "\neval_steps: 3\n" in rendered
+
+
 # --- orch sweep proposes -----------------------------------------------------------------------
 
 
@@ -211,6 +223,19 @@ def test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid(
     with store.session() as s:
         rows = list(s.exec(select(SweepRung)))
     assert {r.job_id for r in rows} == {j.id for j in jobs}  # every run checked at a rung
+    # `orch sweep show`: the trials, their rungs, the pruned ones and why, the best so far.
+    shown = json.loads(orch(env, "sweep", "show", "ts", "--json"))
+    assert shown["search"] == {"sampler": "tpe", "trials": 5, "seed": 0}
+    assert shown["counts"]["pruned"] == len(pruned) and shown["best"] is not None
+    by_id = {r["job_id"]: r for r in shown["runs"]}
+    for job in pruned:
+        decided = [g for g in by_id[job.id]["rungs"] if g["decision"] == "prune"]
+        assert len(decided) == 1 and decided[0]["metric"] == "train.loss"
+    assert Decimal(shown["pruned_spent"]) == sum(
+        Decimal(j.cost_micros) for j in pruned) / 10**6
+    text = orch(env, "sweep", "show", "ts")
+    assert "tpe: 5 of 5 trials" in text and "of which pruned runs $" in text
+    assert text.count("pruned at ") == len(pruned)
     # `orch cost` counts the pruned runs' money with the rest.
     total = json.loads(orch(env, "cost", "--json"))["total"]
     assert total["jobs"] == 5

@@ -171,6 +171,19 @@ def _all() -> list[dict[str, Any]]:
         store.close()
 
 
+def _pruned(run: dict[str, Any]) -> str | None:
+    """`pruned at 15 % (train.loss 1.42 > 1.31)` for a pruned run, else None."""
+    if run["state"] != SweepRunState.PRUNED:
+        return None
+    at = next((g for g in run.get("rungs", ()) if g["decision"] == "prune"), None)
+    if at is None:
+        return None
+    worse = "<" if at["cutoff"] is not None and at["value"] < at["cutoff"] else ">"
+    cutoff = "" if at["cutoff"] is None else f" {worse} {at['cutoff']:.4g}"
+    return (f"pruned at {at['fraction'] * 100:g} % ({at['metric']} {at['value']:.4g}"
+            f"{cutoff})")
+
+
 def _show(name: str, json_out: bool) -> None:
     status = _status(name)
     if json_out:
@@ -179,9 +192,14 @@ def _show(name: str, json_out: bool) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in status["counts"].items() if n) or "no runs"
     budget = f"budget {usd(status['budget'])}, " if status["budget"] else ""
     obj = status["objective"]
-    lines = [f"{status['sweep']} ({status['sweep_id']}): {len(status['runs'])} runs: {counts} "
-             f"({budget}spent {usd(status['spent'])}, estimated {usd(status['estimated'])}; "
-             f"max_parallel {status['max_parallel']})"]
+    search = status.get("search")
+    sampler = (f"{search['sampler']}: {len(status['runs'])} of {search['trials']} trials; "
+               if search and search["trials"] else "")
+    pruned = (f", of which pruned runs {usd(status['pruned_spent'])}"
+              if status["counts"].get(SweepRunState.PRUNED) else "")
+    lines = [f"{status['sweep']} ({status['sweep_id']}): {sampler}{len(status['runs'])} runs: "
+             f"{counts} ({budget}spent {usd(status['spent'])}{pruned}, estimated "
+             f"{usd(status['estimated'])}; max_parallel {status['max_parallel']})"]
     metric_name = obj["metric"] if obj else "metric"
     best_id = status["best"]["job_id"] if status["best"] else None
     # One column per swept key, the key in the header: the values are what differs between
@@ -189,7 +207,7 @@ def _show(name: str, json_out: bool) -> None:
     keys = list(dict.fromkeys(k for r in status["runs"] for k in r["params"]))
     rows = []
     for r in status["runs"]:
-        state = r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
+        state = _pruned(r) or r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
         rows.append(["*" if r["job_id"] == best_id else "",
                      "-" if r["index"] is None else r["index"], r["job_id"],
                      *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),

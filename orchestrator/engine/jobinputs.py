@@ -168,7 +168,7 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int,
         activation_offloading=settings.activation_offloading is True,
         lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         lora_target=None if lora.target is None else tuple(lora.target),
-        strategy=strategy, save_steps=save_steps,
+        strategy=strategy, save_steps=save_steps, val_set_size=t.val_set_size,
         extra=dict(spec.trainer.extra))  # fmt: skip
 
 

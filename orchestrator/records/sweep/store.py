@@ -49,6 +49,7 @@ from orchestrator.records.store import (
 from orchestrator.records.store.jobs import check_move, sweep_usage
 from orchestrator.records.sweep.propose import propose_trials
 from orchestrator.records.sweep.runs import RunReport, run_rows
+from orchestrator.records.sweep.trials import rung_rows as trial_rungs
 from orchestrator.records.sweep.view import (
     RUNNING_STATUSES,
     build_status,
@@ -57,6 +58,7 @@ from orchestrator.records.sweep.view import (
     is_running,
     not_found,
     run_state,
+    rung_rows,
 )
 from providers import retrying
 from providers.base import Offer
@@ -499,10 +501,13 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
             first.update(first_event_data(session.exec(query)))
         objective = sweep.spec().objective
         metrics = _final_metrics(session, ids, objective.metric) if objective else {}
+        rungs = rung_rows((r.job_id, r.resource, r.rung, r.step, r.metric, r.value,
+                           r.decision, r.cutoff)
+                          for rows in trial_rungs(session, ids).values() for r in rows)
         return build_status(sweep_id=sweep.id, sweep_name=sweep.name,
                             created_at=sweep.created_at, spec_json=sweep.spec_json,
                             budget_micros=sweep.budget_micros, jobs=jobs, first=first,
-                            metrics=metrics, now=now)
+                            metrics=metrics, now=now, rungs=rungs)
 
 
 def cancel_sweep(store: Store, name: str) -> dict[str, Any]:
