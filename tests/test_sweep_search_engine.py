@@ -201,6 +201,9 @@ def _run_sweep(env: dict[str, str], path: Path, ticks: int) -> None:
 def test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid(
         env: dict[str, str], folder: Path, store: Store) -> None:
     path = sweep_file(folder, trials=5)
+    base = folder / "jobs" / "quickstart.yml"  # a pruned run's machine waits for the next
+    base.write_text(base.read_text().replace("  spot: allowed\n",
+                                             "  spot: never\n  keep_warm: 120s\n"))
     _run_sweep(env, path, 4)
     jobs = jobs_of(store)
     assert len(jobs) == 5 and all(j.status in FINAL_STATUSES for j in jobs), \
@@ -219,6 +222,12 @@ def test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid(
         with store.session() as s:
             metrics = list(s.exec(select(Metric).where(Metric.job_id == job.id)))
         assert {m.name for m in metrics} == {"train.loss"}  # no evaluation ran
+    # A pruned run's machine was parked (its training stopped), and a later trial took it.
+    parked = [j for j in pruned if any(e.kind == "instance.parked" for e in store.events(j.id))]
+    assert parked, "no pruned run parked its machine"
+    machines = {r.provider_instance_id for j in jobs for r in store.instances_of(j.id)}
+    assert len(machines) < len(jobs)
+    orch(env, "warm", "release", "--all")
     assert live(env) == []
     with store.session() as s:
         rows = list(s.exec(select(SweepRung)))

@@ -41,7 +41,7 @@ from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
-from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
+from playbooks.base import Host, HostPaths, PlaybookFailed, StepFailed, StepReport
 from playbooks.pipeline import PhaseName, PipelineRun
 from providers import retrying
 from providers.base import (
@@ -112,6 +112,7 @@ class HostSession:
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
         self.eval_losses: dict[int, float] = {}  # step -> eval loss recorded as a metric
         self.pruning = Pruning(state)  # a sweep's early stopping (a no-op outside one)
+        self.pipeline_run: PipelineRun | None = None  # the phases running on the machine
 
     def run(self, placed: Placed) -> None:
         """Connect and run the pipeline; connect again after a dropped connection.
@@ -236,6 +237,7 @@ class HostSession:
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
+        self.pipeline_run = run
         pipeline.run_phases(run, JobHooks(self, placed))
         self.state.check_cancel()
         self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
@@ -262,6 +264,20 @@ class HostSession:
                           {"step": p.step, "total": p.total, "loss": p.loss})
         self.ledger.notify()
         self.pruning.on_progress(p.step, p.total)  # Stop(PRUNED) when it lost at a rung
+
+    def park_pruned(self, placed: Placed) -> None:
+        """Early stopping pruned the run on `placed`: with keep_warm, stop its training and
+        park the machine for the sweep's next trial; else (or when the machine does not
+        answer) it is released with the run's other instances."""
+        run = self.pipeline_run
+        if run is None or not self.warm.parks(placed):
+            return
+        try:
+            run.train_job.handle("train").stop(run.host)
+        except (ssh.SSHError, StepFailed, OSError) as exc:
+            log.info("job %s: cannot stop the pruned training: %s", self.state.job_id, exc)
+            return  # terminated with the run's end: the training goes with the machine
+        self.warm.park_or_release(placed)
 
     def training_ended(self) -> None:
         """Training ran to its end: its last eval loss is a final metric (a sweep's

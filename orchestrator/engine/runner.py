@@ -273,6 +273,9 @@ class JobRunner:
         try:
             session.run(placed)
         except Stop as stop:
+            if stop.kind is StopKind.PRUNED:  # kept warm for the next trial, or released
+                session.park_pruned(placed)
+                raise
             if stop.kind is StopKind.STALLED:
                 teardown.stalled(placed, stop)
                 return False
