@@ -18,7 +18,7 @@ from orchestrator.core import search
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.searchspec import EarlyStopSpec
 from orchestrator.core.states import StopKind
-from orchestrator.engine.runner_core import Ledger, RunState, Stop
+from orchestrator.engine.runner_core import Ledger, RunState, Stop, failpoint
 from orchestrator.engine.teardown import Teardown
 from orchestrator.records.columns import ObjectiveRecord, PruneRecord
 from orchestrator.records.store import JobUpdate, Sweep, SweepRung
@@ -107,6 +107,7 @@ class Pruning:
             self.decided = {r.resource for r in
                             trials.rung_rows(session, [job_id]).get(job_id, [])}
         if row is not None and not finished:
+            failpoint("pruned-decided")  # decided, not stopped: the takeover completes it
             self._stop(row)
 
     def _stop(self, row: SweepRung) -> None:
@@ -125,6 +126,7 @@ def record_pruned(ledger: Ledger, teardown: Teardown, reason: str, fields: JobUp
     message = "; ".join([reason, "nothing delivered", *teardown.ended])
     fields["failure_reason"] = None
     ledger.set(JobStatus.PRUNED, message, data, **fields)
+    failpoint("pruned")
     teardown.delete_checkpoints()
 
 

@@ -12,6 +12,8 @@ commit leaves nothing, so the next tick proposes the same trials again (none is 
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN
@@ -22,6 +24,7 @@ from sqlmodel import select
 from orchestrator.core import search
 from orchestrator.core.planning import make_plan
 from orchestrator.core.scheduler import NoFit
+from orchestrator.core.settings import settings
 from orchestrator.core.spec import SpecError
 from orchestrator.core.states import SweepRunState
 from orchestrator.core.sweepspec import LoadedSweep, run_for
@@ -35,6 +38,12 @@ from providers.base import Offer
 from providers.dedicated.compute import RegisteredServer
 
 R = SweepRunState
+
+
+def _failpoint(name: str) -> None:
+    """Die like `kill -9` here when ORCH_FAILPOINT names this point (crash tests only)."""
+    if settings().failpoint == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _objective(loaded: LoadedSweep) -> ObjectiveRecord | None:
@@ -125,6 +134,8 @@ def propose_trials(store: Store, loaded: LoadedSweep, sweep_id: str | None, *,
                     session.add(p.rows[0])
                     session.flush()  # IntegrityError: another tick inserted this trial
                     session.add(p.rows[1])
+            _failpoint("sweep-proposed")  # proposed, not committed: the next tick again
+        _failpoint("sweep-queued")  # committed: the workers' queue has them
     except IntegrityError:
         # Another tick proposed these numbers first (without the lock's wait: a database
         # that does not lock the row): its trials stand, reported as recorded.
