@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import orchfork
 import pytest
 from conftest import BACKENDS, database_url
 from sqlmodel import col, select
+from test_report import chart, load
 
 from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus, allowed
 from orchestrator.core.search import Continue, Prune, RungRecord
@@ -245,6 +247,17 @@ def test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid(
     text = orch(env, "sweep", "show", "ts")
     assert "tpe: 5 of 5 trials" in text and "of which pruned runs $" in text
     assert text.count("pruned at ") == len(pruned)
+    # `orch report --sweep`: the loss curves, pruned ones dashed (a line and its legend
+    # entry each) with the rungs as lines; the objective against each parameter.
+    page = folder / "report.html"
+    orch(env, "report", "--sweep", "ts", "-o", str(page))
+    dom, errors = load(page)
+    assert errors == []
+    loss = chart(dom, "loss-chart")
+    assert len(re.findall(r"stroke-dasharray: ?9px", loss)) == 2 * len(pruned)
+    assert "(pruned)" in loss and "<path data-index" in loss  # the rungs' lines
+    for i in (0, 1):  # learning rate, rank
+        assert re.findall(r'class="point"', chart(dom, f"objective-chart-{i}"))
     # `orch cost` counts the pruned runs' money with the rest.
     total = json.loads(orch(env, "cost", "--json"))["total"]
     assert total["jobs"] == 5
