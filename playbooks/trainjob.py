@@ -368,6 +368,19 @@ class Detached:
         host.must(list(argv), what if self.runner == "process"
                   else f"starting container {self.name} ({what})", env_file=env_file)
 
+    def stop(self, host: Host) -> None:
+        """End the run now and forget it (`docker rm -f`, or the wrapper's `stop`: TERM to its
+        process group, then KILL); absent is fine. Its data (checkpoints) stays."""
+        if self.runner == "process":
+            script = '[ -f "$1" ] || exit 0; exec sh "$@"'
+            host.must(["sh", "-c", script, "sh", self.wrapper, "stop", self.run_dir],
+                      "stopping the run")
+            return
+        result = host.run(["docker", "rm", "-f", self.name])
+        if not result.ok and "no such" not in result.stderr.lower():
+            raise StepFailed(f"docker rm -f {self.name} failed: {last_line(result.stderr)}",
+                             stderr=result.stderr)
+
     def remove(self, host: Host) -> None:
         """Forget a run that ended (`docker rm`, or clear the wrapper's files); keeps data."""
         if self.runner == "process":

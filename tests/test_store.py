@@ -173,6 +173,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         "price_observation",
         "throughput_observation",
         "warm_instance",
+        "sweep_rung",
     }
     indexes = {
         (r[0], r[1])
@@ -195,6 +196,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("job", "ix_job_created_at_cost"),
         ("job", "ix_job_id_created_at"),
         ("job", "ix_job_queued_head"),
+        ("job", "uq_job_sweep_trial"),
         ("event", "ix_event_job_id_at"),
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),

@@ -103,6 +103,11 @@ def _report_cmd(
             fail(f"no jobs since {start:%Y-%m-%d %H:%M} UTC; widen --since (e.g. 365d) or "
                  "name a job", EXIT_NOT_FOUND)
         runs = [run_data(store, j, sweeps.get(j.sweep_id or "")) for j in jobs]
+        charts = None
+        if sweep is not None and jobs[0].sweep_id is not None:
+            from orchestrator.cli.reportsweep import sweep_charts
+
+            charts = sweep_charts(store, jobs[0].sweep_id)
     finally:
         store.close()
     # Costs per day/month of the selection: for one job or one sweep, of its jobs only (the
@@ -115,7 +120,7 @@ def _report_cmd(
         data = ReportData(title=title, generated_at=now, runs=runs,
                           per_day=cost_rows(reader, "day", period, now, only),
                           per_month=cost_rows(reader, "month", period, now, only),
-                          plotly=plotly_from.value)
+                          plotly=plotly_from.value, sweep=charts)
     except HistoryError as exc:
         fail(str(exc))
     finally:

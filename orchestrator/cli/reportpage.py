@@ -18,6 +18,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cli.reportsweep import SweepCharts, objective_section
 from orchestrator.cli.term import human_time
 from orchestrator.core.money import usd
 from orchestrator.records.history import cost_rollup
@@ -76,6 +77,7 @@ class ReportData:
     per_day: list[dict[str, Any]] = field(default_factory=list)
     per_month: list[dict[str, Any]] = field(default_factory=list)
     plotly: str = "inline"  # one of PLOTLY_MODES
+    sweep: SweepCharts | None = None  # a search / early-stopping sweep's own charts
 
 
 def run_data(store: Store, job: Job, sweep_name: str | None) -> RunData:
@@ -173,8 +175,9 @@ def render(data: ReportData) -> str:
     plotly, go = _plotly()
 
     e = html.escape
-    sections = [*_loss_section(go, data.runs), *_metrics_section(go, data.runs),
-                *_cost_section(go, data.runs)]
+    sections = [*_loss_section(go, data.runs, data.sweep),
+                *objective_section(go, data.sweep, _figure_html, _layout),
+                *_metrics_section(go, data.runs), *_cost_section(go, data.runs)]
     for title, when, rollup, div in (("Cost per day", "day", data.per_day, "day-chart"),
                                      ("Cost per month", "month", data.per_month,
                                       "month-chart")):
@@ -213,15 +216,30 @@ at the cheapest on-demand catalog price.</p>
 """
 
 
-def _loss_section(go: Any, runs: list[RunData]) -> list[str]:
-    """The training loss of every run that recorded one, on one chart."""
+def _loss_section(go: Any, runs: list[RunData], sweep: SweepCharts | None) -> list[str]:
+    """The training loss of every run that recorded one, on one chart; in a sweep with
+    early stopping the rungs are dotted lines and a pruned run is dashed, with an x where it
+    stopped."""
     curves = [r for r in runs if r.loss]
     if not curves:
         return ["<h2>Training loss</h2><p>No training loss recorded for these runs.</p>"]
     fig = go.Figure(layout=_layout("Training loss", "step", "loss"))
+    trials = {t.job_id: t for t in sweep.trials} if sweep is not None else {}
     for r in curves:
+        trial = trials.get(r.id)
+        pruned = trial is not None and trial.pruned_at is not None
         fig.add_trace(go.Scatter(x=[s for s, _ in r.loss], y=[v for _, v in r.loss],
-                                 mode="lines+markers", name=_label(r)))
+                                 mode="lines+markers", name=_label(r) + (" (pruned)" if pruned
+                                                                         else ""),
+                                 line={"dash": "dash"} if pruned else {}))
+        if trial is not None and trial.pruned_at is not None:
+            step = trial.pruned_at[0]
+            at = dict(r.loss).get(step)
+            fig.add_trace(go.Scatter(x=[step], y=[at if at is not None else r.loss[-1][1]],
+                                     mode="markers", showlegend=False, name="pruned here",
+                                     marker={"symbol": "x", "size": 12, "color": "#d62728"}))
+    for step in sorted({s for t in trials.values() for s in t.rung_steps}):
+        fig.add_vline(x=step, line_dash="dot", line_color="#999999")
     return ["<h2>Training loss</h2>" + _figure_html(fig, "loss-chart")]
 
 

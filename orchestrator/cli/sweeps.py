@@ -94,8 +94,10 @@ def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run
     try:
         # As `orch submit`: no run is queued (or reported as queueable) that nothing here
         # can run; a worker would only fail them one by one.
-        require_runners(store, file, [r.job.spec.resources.providers for r in loaded.runs])
-        named = sorted({n for r in loaded.runs for n in r.job.spec.resources.providers or ()})
+        # A tpe sweep's runs are proposed later, each from the base job with its params.
+        jobs = [r.job for r in loaded.runs] or [loaded.base]
+        require_runners(store, file, [j.spec.resources.providers for j in jobs])
+        named = sorted({n for j in jobs for n in j.spec.resources.providers or ()})
         report = submit_sweep(store, loaded, retry_failed=retry_failed, dry_run=dry_run,
                               listed=price_lists(named))
     except DatabaseReadOnly as exc:  # nothing was recorded: no run to retry
@@ -170,6 +172,19 @@ def _all() -> list[dict[str, Any]]:
         store.close()
 
 
+def _pruned(run: dict[str, Any]) -> str | None:
+    """`pruned at 15 % (train.loss 1.42 > 1.31)` for a pruned run, else None."""
+    if run["state"] != SweepRunState.PRUNED:
+        return None
+    at = next((g for g in run.get("rungs", ()) if g["decision"] == "prune"), None)
+    if at is None:
+        return None
+    worse = "<" if at["cutoff"] is not None and at["value"] < at["cutoff"] else ">"
+    cutoff = "" if at["cutoff"] is None else f" {worse} {at['cutoff']:.4g}"
+    return (f"pruned at {at['fraction'] * 100:g} % ({at['metric']} {at['value']:.4g}"
+            f"{cutoff})")
+
+
 def _show(name: str, json_out: bool) -> None:
     status = _status(name)
     if json_out:
@@ -178,9 +193,14 @@ def _show(name: str, json_out: bool) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in status["counts"].items() if n) or "no runs"
     budget = f"budget {usd(status['budget'])}, " if status["budget"] else ""
     obj = status["objective"]
-    lines = [f"{status['sweep']} ({status['sweep_id']}): {len(status['runs'])} runs: {counts} "
-             f"({budget}spent {usd(status['spent'])}, estimated {usd(status['estimated'])}; "
-             f"max_parallel {status['max_parallel']})"]
+    search = status.get("search")
+    sampler = (f"{search['sampler']}: {len(status['runs'])} of {search['trials']} trials; "
+               if search and search["trials"] else "")
+    pruned = (f", of which pruned runs {usd(status['pruned_spent'])}"
+              if status["counts"].get(SweepRunState.PRUNED) else "")
+    lines = [f"{status['sweep']} ({status['sweep_id']}): {sampler}{len(status['runs'])} runs: "
+             f"{counts} ({budget}spent {usd(status['spent'])}{pruned}, estimated "
+             f"{usd(status['estimated'])}; max_parallel {status['max_parallel']})"]
     metric_name = obj["metric"] if obj else "metric"
     best_id = status["best"]["job_id"] if status["best"] else None
     # One column per swept key, the key in the header: the values are what differs between
@@ -188,7 +208,7 @@ def _show(name: str, json_out: bool) -> None:
     keys = list(dict.fromkeys(k for r in status["runs"] for k in r["params"]))
     rows = []
     for r in status["runs"]:
-        state = r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
+        state = _pruned(r) or r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
         rows.append(["*" if r["job_id"] == best_id else "",
                      "-" if r["index"] is None else r["index"], r["job_id"],
                      *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),
@@ -332,7 +352,7 @@ def sweeps(json_out: JsonFlag = False) -> None:
                                       f"{_metric(b['metric'])}")
         out.append([s["sweep"], len(s["runs"]), *(c[k] for k in SWEEP_COUNTED), spent, best])
     typer.echo(table(["name", "runs", *SWEEP_COUNTED, "spent / budget", "best"], out,
-                     right=[1, 2, 3, 4, 5, 6, 7],
+                     right=[1, 2, 3, 4, 5, 6, 7, 8],
                      drop=[3, 4, 2]))
 
 

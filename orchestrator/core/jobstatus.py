@@ -13,7 +13,8 @@ The table is what the code does (engine, recovery, `orch cancel`, sweeps' retry)
 - from an active state (or while re-placing, queued with a live lease) the worker may stop
   the job: succeeded, failed, cancelled, interrupted (→ queued to resume), or queued;
 - `orch cancel` cancels a queued, planned or interrupted job at once;
-- `orch sweep --retry-failed` puts a failed job back in the queue.
+- `orch sweep --retry-failed` puts a failed job back in the queue;
+- a sweep's early stopping prunes an active job (final: nothing leaves pruned).
 Nothing enters `planned` (it is only ever a new dry-run row) and nothing leaves succeeded or
 cancelled. Kept free of imports so the fast read-only commands can use it.
 """
@@ -41,6 +42,9 @@ class JobStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
+    # A sweep's early stopping stopped the run at a rung (docs/sweeps-search.md): final, like
+    # succeeded; it keeps what it cost and delivers nothing.
+    PRUNED = "pruned"
 
 
 S = JobStatus
@@ -51,7 +55,8 @@ ACTIVE_STATUSES: frozenset[JobStatus] = frozenset({
     S.PROVISIONING, S.CONNECTING, S.PREPARING, S.TRAINING, S.MERGING, S.EVALUATING, S.RELEASING,
 })
 # States after which nothing more happens to the job.
-FINAL_STATUSES: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
+FINAL_STATUSES: frozenset[JobStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED,
+                                                  S.PRUNED})
 # States in which a job counts against a sweep's max_parallel and `orch jobs --status running`
 # lists it: a worker drives it (an interrupted job is being re-placed by its worker).
 RUNNING_STATUSES: frozenset[JobStatus] = ACTIVE_STATUSES | {S.INTERRUPTED}
@@ -65,11 +70,15 @@ _STOPS = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.INTERRUPTED, S.QUEUED}
 TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     S.PLANNED: frozenset({S.CANCELLED}),
     S.QUEUED: _ACTIVE | _STOPS,
-    **{s: _ACTIVE | _STOPS for s in _ACTIVE},
+    # An active job may be pruned: the worker that recorded the rung decision stops it in
+    # training; a takeover that finds the decision recorded completes it in the state the
+    # claim left the job in.
+    **{s: _ACTIVE | _STOPS | {S.PRUNED} for s in _ACTIVE},
     S.INTERRUPTED: frozenset({S.QUEUED, S.FAILED, S.CANCELLED, S.INTERRUPTED}),
     S.FAILED: frozenset({S.QUEUED}),
     S.SUCCEEDED: frozenset(),
     S.CANCELLED: frozenset(),
+    S.PRUNED: frozenset(),
 }
 
 

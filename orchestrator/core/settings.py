@@ -211,7 +211,8 @@ class Settings(BaseModel):
     failpoint: str | None = _setting(
         None, "a failpoint name", "(none)", "Test hook (the crash tests): the process kills "
         "itself with SIGKILL at this point: after-create, training, merging, evaluating, "
-        "releasing, after-terminate, after-park, after-take, warm-ending.", "Diagnostics")
+        "releasing, after-terminate, after-park, after-take, warm-ending, sweep-proposed, "
+        "sweep-queued, pruned-decided, pruned.", "Diagnostics")
 
     @field_validator("*", mode="before")
     @classmethod

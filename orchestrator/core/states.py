@@ -26,6 +26,7 @@ class StopKind(StrEnum):
     INTERRUPTED = "interrupted"  # the instance was lost (preempted, gone, unreachable)
     STALLED = "stalled"  # the watchdog: a phase made no progress for its deadline
     LOST = "lost"  # the lease: another worker took the job over
+    PRUNED = "pruned"  # the sweep's early stopping: the run lost at a rung
 
 
 class Outcome(StrEnum):
@@ -40,6 +41,7 @@ class Outcome(StrEnum):
     REQUEUE = "requeue"  # `orch worker` stopping (SIGTERM, Ctrl-C): requeued to resume
     DATABASE = "database"  # the database refused writes (locked, full): requeued if it can
     DEFERRED = "deferred"  # its providers are unavailable: queued again with a backoff
+    PRUNED = "pruned"  # the sweep's early stopping stopped it at a rung: final, nothing delivered
 
     @classmethod
     def of_stop(cls, kind: StopKind) -> Outcome:
@@ -111,14 +113,22 @@ class SweepRunState(StrEnum):
     QUEUED = "queued"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PRUNED = "pruned"  # stopped at a rung by the sweep's early stopping
     NOFIT = "nofit"
+
+
+class RungDecision(StrEnum):
+    """A sweep trial's check at a rung of its early stopping (`sweep_rung.decision`)."""
+
+    CONTINUE = "continue"
+    PRUNE = "prune"
 
 
 # The run states `orch sweep show` and `orch sweeps` count, in their columns' order (the runs
 # a sweep file's submit did something with are `SubmitReport`'s).
 SWEEP_COUNTED: tuple[SweepRunState, ...] = (
     SweepRunState.SUCCEEDED, SweepRunState.RUNNING, SweepRunState.QUEUED, SweepRunState.FAILED,
-    SweepRunState.CANCELLED,
+    SweepRunState.CANCELLED, SweepRunState.PRUNED,
 )
 
 
@@ -145,6 +155,7 @@ class EventKind(StrEnum):
     NOTIFY_FAILED = "notify.failed"  # a webhook that did not get through; `orch show` lists it
     NOTIFY_SENT = "notify.sent"  # a webhook delivered (a takeover re-sends what has neither)
     TRACKER = "tracker"  # where the run is logged (W&B, MLflow); data `{"url": ...}`
+    PRUNED = "pruned"  # the job's end by early stopping; data `{rung, resource, step, ...}`
 
 
 # The event kinds webhooks are sent for, in the order the docs list them (a `notify:` target's
@@ -157,5 +168,5 @@ NOTIFIED: tuple[EventKind, ...] = (
 
 __all__ = [
     "NOTIFIED", "SWEEP_COUNTED", "WARM_OWNING", "EndReason", "EventKind", "Outcome", "RowState",
-    "ServerStatus", "StopKind", "SweepRunState", "WarmState",
+    "RungDecision", "ServerStatus", "StopKind", "SweepRunState", "WarmState",
 ]

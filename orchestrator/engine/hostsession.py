@@ -23,6 +23,7 @@ from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, RowState, StopKind
 from orchestrator.engine import recovery, trainlog
 from orchestrator.engine.jobinputs import Inputs
+from orchestrator.engine.pruning import Pruning
 from orchestrator.engine.runner_core import (
     EVAL_AGAIN,
     LOST,
@@ -40,7 +41,7 @@ from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
-from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
+from playbooks.base import Host, HostPaths, PlaybookFailed, StepFailed, StepReport
 from playbooks.pipeline import PhaseName, PipelineRun
 from providers import retrying
 from providers.base import (
@@ -109,6 +110,9 @@ class HostSession:
         self.teardown = teardown
         self.warm = warm
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
+        self.eval_losses: dict[int, float] = {}  # step -> eval loss recorded as a metric
+        self.pruning = Pruning(state)  # a sweep's early stopping (a no-op outside one)
+        self.pipeline_run: PipelineRun | None = None  # the phases running on the machine
 
     def run(self, placed: Placed) -> None:
         """Connect and run the pipeline; connect again after a dropped connection.
@@ -233,6 +237,7 @@ class HostSession:
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
+        self.pipeline_run = run
         pipeline.run_phases(run, JobHooks(self, placed))
         self.state.check_cancel()
         self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
@@ -243,16 +248,44 @@ class HostSession:
         progress = self.ledger.progress
         new = [(step, loss) for step, loss in p.losses
                if self.losses.get(step) != loss]
-        if p.step == progress.step and p.loss == progress.loss and not new:
+        evals = [(step, loss) for step, loss in p.eval_losses
+                 if self.eval_losses.get(step) != loss]
+        if p.step == progress.step and p.loss == progress.loss and not new and not evals:
             return  # each short wait reports the current step again
         progress.step, progress.total, progress.loss = p.step, p.total, p.loss
         for step, loss in new:  # every step's loss the log showed, not only the latest
             self.state.store.add_metrics(self.state.job_id, {"train.loss": loss}, step=step)
             self.losses[step] = loss
+        for step, loss in evals:  # the held-out split's loss: what early stopping may rank by
+            self.state.store.add_metrics(self.state.job_id, {"train.eval_loss": loss}, step=step)
+            self.eval_losses[step] = loss
         self.ledger.event("train.progress", f"step {p.step}/{p.total}"
                           + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
                           {"step": p.step, "total": p.total, "loss": p.loss})
         self.ledger.notify()
+        self.pruning.on_progress(p.step, p.total)  # Stop(PRUNED) when it lost at a rung
+
+    def park_pruned(self, placed: Placed) -> None:
+        """Early stopping pruned the run on `placed`: with keep_warm, stop its training and
+        park the machine for the sweep's next trial; else (or when the machine does not
+        answer) it is released with the run's other instances."""
+        run = self.pipeline_run
+        if run is None or not self.warm.parks(placed):
+            return
+        try:
+            run.train_job.handle("train").stop(run.host)
+        except (ssh.SSHError, StepFailed, OSError) as exc:
+            log.info("job %s: cannot stop the pruned training: %s", self.state.job_id, exc)
+            return  # terminated with the run's end: the training goes with the machine
+        self.warm.park_or_release(placed)
+
+    def training_ended(self) -> None:
+        """Training ran to its end: its last eval loss is a final metric (a sweep's
+        objective may be train.eval_loss) and it competes at the rungs it passed."""
+        if self.eval_losses:
+            last = self.eval_losses[max(self.eval_losses)]
+            self.state.store.add_metrics(self.state.job_id, {"train.eval_loss": last})
+        self.pruning.finished(self.ledger.progress.total)
 
     def emit(self, report: StepReport) -> None:
         self.ledger.watchdog.progress()  # a playbook step completed
@@ -296,6 +329,7 @@ class JobHooks(pipeline.Hooks):
             fields["phase_done"] = phase_done
         if entered is JobStatus.MERGING:  # training done: what it measured goes with it
             fields["tokens"] = self.inputs.tokens
+            self.session.training_ended()
         self.ledger.set(entered, message, None, **fields)
         if entered in _FAILPOINTS:
             failpoint(entered)

@@ -46,6 +46,7 @@ from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
 from orchestrator.engine.notifications import Notices, placed_on, told
 from orchestrator.engine.placement import Placement
+from orchestrator.engine.pruning import record_pruned
 from orchestrator.engine.runner_core import (
     CANCELLED,
     PHASES,
@@ -215,6 +216,9 @@ class JobRunner:
                     # terminated while it did not (else the resuming worker does).
                     teardown.release_all(kind)
                 return
+            if kind is Outcome.PRUNED:
+                record_pruned(ledger, teardown, reason, fields)
+                return
             # Cancelled, or failed (also a stall or a loss that escaped re-placement).
             status = S.CANCELLED if kind is Outcome.CANCELLED else S.FAILED
             if status is S.CANCELLED:
@@ -244,6 +248,7 @@ class JobRunner:
             if gave_up is not None:
                 raise JobFailed(gave_up)
             adopted = placement.adopt()
+            session.pruning.check_stored()  # a prune recorded before a kill -9: complete it
             if recovery.nothing_left(job.phase_done, PHASES):
                 # Everything was done before a crash: finish without renting.
                 if adopted is not None:
@@ -275,6 +280,9 @@ class JobRunner:
         try:
             session.run(placed)
         except Stop as stop:
+            if stop.kind is StopKind.PRUNED:  # kept warm for the next trial, or released
+                session.park_pruned(placed)
+                raise
             if stop.kind is StopKind.STALLED:
                 teardown.stalled(placed, stop)
                 return False

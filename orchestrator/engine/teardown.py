@@ -32,6 +32,7 @@ from providers.base import KeepsMachine, NotFound, ProviderError
 # How the instances of a run that ended so are closed (any other outcome: failed).
 END_REASON_OF = {Outcome.SUCCEEDED: EndReason.RELEASED,
                  Outcome.CANCELLED: EndReason.CANCELLED,
+                 Outcome.PRUNED: EndReason.RELEASED,
                  Outcome.REQUEUE: EndReason.INTERRUPTED,
                  Outcome.DATABASE: EndReason.INTERRUPTED}
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 # A field read as None when its stored value does not fit the type (the provider answers'
 # rule for fields they carry only as a hint: the same validator).
+from orchestrator.core.searchspec import EarlyStopSpec, SearchSpec
 from providers.answers import Lenient
 
 
@@ -143,6 +144,20 @@ class Place(_Kept):
     location: Lenient[str] = None
 
 
+class PruneRecord(BaseModel):
+    """Why early stopping stopped a sweep trial: the rung (optuna's index and thousandths of
+    the run), the step whose report decided it, the metric, its value and the cutoff."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    rung: int
+    resource: int
+    step: int
+    metric: str
+    value: float
+    cutoff: float | None = None
+
+
 class EventData(_Kept):
     """`event.data_json`: one model for every kind, with the fields readers use (each kind
     writes some of them; the others stay as written)."""
@@ -152,6 +167,7 @@ class EventData(_Kept):
     index: Lenient[int] = None  # a sweep run's `queued`: its index, params in file order
     params: Lenient[dict[str, Any]] = None
     param_order: Lenient[list[str]] = None
+    pruned: Lenient[PruneRecord] = None  # a `state` event entering `pruned`: what decided it
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""
@@ -184,6 +200,8 @@ class SweepSpecRecord(_Record):
     max_parallel: Lenient[int] = None
     objective: Lenient[ObjectiveRecord] = None
     base: Lenient[str] = None
+    search: Lenient[SearchSpec] = None
+    early_stop: Lenient[EarlyStopSpec] = None
 
 
 def sweep_spec_record(text: str | None) -> SweepSpecRecord:
@@ -192,7 +210,7 @@ def sweep_spec_record(text: str | None) -> SweepSpecRecord:
 
 
 __all__ = [
-    "EventData", "ObjectiveRecord", "Place", "PlacementChoice", "PlacementRecord",
+    "EventData", "ObjectiveRecord", "Place", "PlacementChoice", "PlacementRecord", "PruneRecord",
     "ResourcesRecord", "SpecRecord", "SweepSpecRecord", "document",
     "document_object", "event_data", "placement_record", "spec_record", "sweep_spec_record",
 ]

@@ -58,6 +58,7 @@ from orchestrator.records.store.tables import (
     ServerBusyError,
     StoreError,
     Sweep,
+    SweepRung,
     ThroughputObservation,
     UTCDateTime,
     WarmInstance,
@@ -88,7 +89,8 @@ __all__ = [
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "JobUpdate",
     "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
-    "StoreError", "Sweep", "ThroughputObservation", "UTCDateTime", "WarmInstance", "claim_in",
+    "StoreError", "Sweep", "SweepRung", "ThroughputObservation", "UTCDateTime", "WarmInstance",
+    "claim_in",
     "claim_next_gated", "db_now", "default_db_url", "from_micros", "lock_wait_s",
     "migrations_dir", "new_job_id", "new_sweep_id", "open_store", "to_micros", "utcnow",
 ]

@@ -252,6 +252,9 @@ class Job(SQLModel, table=True):
         Index("ix_job_queued_head", "created_at", "id",
               sqlite_where=text("status = 'queued'"),
               postgresql_where=text("status = 'queued'")),
+        # 0010: a sweep's trial numbers are unique: two overlapping `orch sweep` ticks that
+        # propose the same trial insert it once (docs/sweeps-search.md).
+        Index("uq_job_sweep_trial", "sweep_id", "trial_number", unique=True),
     )
 
     id: str = Field(default_factory=new_job_id, primary_key=True)
@@ -306,6 +309,8 @@ class Job(SQLModel, table=True):
     not_before: datetime | None = _time(nullable=True, default_now=False)
     outage_since: datetime | None = _time(nullable=True, default_now=False)
     phase_done: str | None = None
+    # 0010: a search sweep's trial number (the run index in its name); NULL outside sweeps.
+    trial_number: int | None = None
 
     def placement(self) -> PlacementRecord:
         """The plan recorded at submit (`records.columns`)."""
@@ -503,6 +508,25 @@ class Metric(SQLModel, table=True):
     value: float = Field(sa_type=Float)
     step: int | None = None
     at: datetime = _time()
+
+
+class SweepRung(SQLModel, table=True):
+    """A sweep trial's check at one rung of its early stopping, decided once (0010).
+
+    The primary key is the decision's identity: a second insert of the same (job, resource)
+    (another worker, a replay after kill -9) fails, and the stored decision stands."""
+
+    __tablename__ = "sweep_rung"
+
+    job_id: str = Field(foreign_key="job.id", primary_key=True)
+    resource: int = Field(primary_key=True, sa_column_kwargs={"autoincrement": False})
+    rung: int  # optuna's rung index in the trial's bracket
+    step: int  # the training step whose report decided it
+    metric: str
+    value: float = Field(sa_type=Float)
+    decision: str  # `continue` or `prune` (core.states.RungDecision)
+    cutoff: float | None = Field(default=None, sa_type=Float)  # a prune's: the value needed
+    decided_at: datetime = _time()
 
 
 class PriceObservation(SQLModel, table=True):

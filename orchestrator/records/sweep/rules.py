@@ -73,12 +73,12 @@ def is_running(job: JobLike, now: datetime | None = None) -> bool:
 def run_state(job: JobLike, now: datetime | None = None) -> SweepRunState:
     """The sweep view of a job's status, in the jobs' own words (issue 36 §6: `done` here
     was `succeeded` in `orch jobs`): succeeded, running (every state a worker drives, as
-    `orch jobs --status running`), queued, failed, cancelled."""
+    `orch jobs --status running`), queued, failed, cancelled, pruned."""
     if job.status == JobStatus.SUCCEEDED:
         return SweepRunState.SUCCEEDED
     if is_running(job, now):
         return SweepRunState.RUNNING
-    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.PRUNED):
         return SweepRunState(job.status.value)
     return SweepRunState.QUEUED  # queued (planned: never written by sweeps)
 

@@ -28,7 +28,6 @@ from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
 from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.scheduler import NoFit
-from orchestrator.core.spec import spec_hash
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import LoadedSweep, SweepRun
 from orchestrator.core.throughput import Measured, MeasuredKey
@@ -48,6 +47,9 @@ from orchestrator.records.store import (
     utcnow,
 )
 from orchestrator.records.store.jobs import check_move, sweep_usage
+from orchestrator.records.sweep.propose import propose_trials
+from orchestrator.records.sweep.runs import RunReport, run_rows
+from orchestrator.records.sweep.trials import rung_rows as trial_rungs
 from orchestrator.records.sweep.view import (
     RUNNING_STATUSES,
     build_status,
@@ -56,6 +58,7 @@ from orchestrator.records.sweep.view import (
     is_running,
     not_found,
     run_state,
+    rung_rows,
 )
 from providers import retrying
 from providers.base import Offer
@@ -74,32 +77,6 @@ def _dumps(value: object) -> str:
 
 
 # --- submit ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunReport:
-    """What `submit_sweep` did with, or found for, one run."""
-
-    index: int
-    name: str
-    params: dict[str, Any]
-    sweep_key: str
-    state: SweepRunState
-    job_id: str | None = None
-    status: JobStatus | None = None  # the job row's status (None when there is no row)
-    est_cost_micros: int | None = None
-    cost_micros: int = 0
-    message: str = ""  # nofit: why; requeued: the earlier failure
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index, "name": self.name, "params": self.params,
-            "sweep_key": self.sweep_key, "state": self.state, "job_id": self.job_id,
-            "status": self.status,
-            "est_cost": None if self.est_cost_micros is None
-            else str(from_micros(self.est_cost_micros)),
-            "cost": str(from_micros(self.cost_micros)), "message": self.message or None,
-        }
 
 
 @dataclass
@@ -309,34 +286,12 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
 def _insert_run(store: Store, sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan,
                 name: str) -> Job:
     """Insert the run's queued job (named `name`) and its first event; IntegrityError if its
-    key exists. The key stays the sweep file's (`run.sweep_key`), so a later tick finds it."""
-    placement = plan.to_dict(alternatives=10_000)
-    placement["job_file"] = str(run.job.path.resolve())
-    p = plan.chosen
-    now = utcnow()
-    spec = run.job.spec
-    if name != spec.name:
-        spec = type(spec).model_validate({**spec.model_dump(mode="json", by_alias=True),
-                                          "name": name})
-    job = Job(
-        name=spec.name, status=JobStatus.QUEUED, method=spec.method,
-        base_model=spec.base_model.repo,
-        spec_json=spec.model_dump_json(), spec_hash=spec_hash(spec), sweep_id=sweep_id,
-        sweep_key=run.sweep_key, provider=p.offer.provider, gpu=p.offer.gpu,
-        gpu_count=p.offer.gpu_count, billing=p.offer.billing.value,
-        interruptible=p.offer.interruptible, est_hours=p.est_hours,
-        est_cost_micros=to_micros(p.est_cost, rounding=ROUND_HALF_EVEN),
-        placement_json=_dumps(placement), created_at=now, updated_at=now)
+    key exists."""
+    job, event = run_rows(sweep_id, sweep_name, run, plan, name)
     with store.transaction() as session:
         session.add(job)
         session.flush()  # IntegrityError here when another process inserted the run first
-        session.add(Event(
-            job_id=job.id, at=now, kind=EventKind.QUEUED,
-            message=f"submitted by sweep {sweep_name} (run {run.index}): {placement['why']}",
-            data_json=_dumps({"sweep": sweep_name, "sweep_id": sweep_id, "index": run.index,
-                              "params": run.params, "param_order": list(run.params),
-                              "file": placement["job_file"],
-                              "placement": placement["placement"]})))
+        session.add(event)
     return job
 
 
@@ -409,9 +364,13 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
             report.runs.append(_existing(run, found))
             continue
         report.runs.append(_existing(run, created, R.NEW))
-    keys = {r.sweep_key for r in loaded.runs}
+    if loaded.sampler == "tpe":  # its runs are proposed now, from the recorded ones
+        report.runs += propose_trials(store, loaded, sweep_id, servers=store.registered(),
+                                      measured=_measured(store), listed=listed,
+                                      dry_run=dry_run)
+    keys = {r.sweep_key for r in report.runs}
     report.other_spent_micros = sum(j.cost_micros for j in before.jobs if j.sweep_key not in keys)
-    report.warnings = before.changes(loaded)
+    report.warnings = before.changes(loaded) if loaded.runs else []
     return report
 
 
@@ -542,10 +501,13 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
             first.update(first_event_data(session.exec(query)))
         objective = sweep.spec().objective
         metrics = _final_metrics(session, ids, objective.metric) if objective else {}
+        rungs = rung_rows((r.job_id, r.resource, r.rung, r.step, r.metric, r.value,
+                           r.decision, r.cutoff)
+                          for rows in trial_rungs(session, ids).values() for r in rows)
         return build_status(sweep_id=sweep.id, sweep_name=sweep.name,
                             created_at=sweep.created_at, spec_json=sweep.spec_json,
                             budget_micros=sweep.budget_micros, jobs=jobs, first=first,
-                            metrics=metrics, now=now)
+                            metrics=metrics, now=now, rungs=rungs)
 
 
 def cancel_sweep(store: Store, name: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ Money is integer micro-dollars until display.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,12 +61,15 @@ def first_event_data(rows: Iterable[tuple[str, str | None]]) -> dict[str, EventD
 def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_json: str,
                  budget_micros: int | None, jobs: Sequence[JobLike],
                  first: Mapping[str, EventData], metrics: Mapping[str, float],
-                 now: datetime) -> dict[str, Any]:
+                 now: datetime,
+                 rungs: Mapping[str, Sequence[RungRow]] | None = None) -> dict[str, Any]:
     """The status dict of `orch sweep show --json` (and each item of `orch sweeps --json`).
 
     `jobs` in (created_at, id) order; `first`: `first_event_data`; `metrics`: each job's
-    newest final (step NULL) value of the objective's metric.
+    newest final (step NULL) value of the objective's metric; `rungs`: each job's
+    `sweep_rung` rows (early stopping), by resource.
     """
+    rungs = rungs or {}
     spec = sweep_spec_record(spec_json)
     objective = spec.objective
     usage = usage_of(spec, budget_micros, jobs, now)
@@ -80,6 +84,7 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
             "metric": metrics.get(job.id), "cost": dollars_text(job.cost_micros),
             "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
+            "rungs": [r.to_dict() for r in rungs.get(job.id, ())],
         })
     runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
     best: dict[str, Any] | None = None
@@ -100,7 +105,13 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     spent = sum(j.cost_micros or 0 for j in jobs)
     estimated = sum(j.est_cost_micros or 0 for j in jobs)
+    pruned = sum(j.cost_micros or 0 for j in jobs if j.status == JobStatus.PRUNED)
+    search = spec.search
     return {
+        "search": None if search is None else {"sampler": search.sampler,
+                                               "trials": search.trials, "seed": search.seed},
+        "early_stop": None if spec.early_stop is None else spec.early_stop.model_dump(),
+        "pruned_spent": dollars_text(pruned),
         "sweep": sweep_name, "sweep_id": sweep_id,
         "created_at": iso_z(created_at),
         "base": spec.base, "max_parallel": usage.max_parallel,
@@ -109,6 +120,37 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
         "objective": None if objective is None else objective.model_dump(),
         "counts": counts, "runs": runs, "best": best,
     }
+
+
+@dataclass(frozen=True)
+class RungRow:
+    """One `sweep_rung` row as the status views show it."""
+
+    resource: int
+    rung: int
+    step: int
+    metric: str
+    value: float
+    decision: str
+    cutoff: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"resource": self.resource, "fraction": self.resource / 1000, "rung": self.rung,
+                "step": self.step, "metric": self.metric, "value": self.value,
+                "decision": self.decision, "cutoff": self.cutoff}
+
+
+_RUNG_COLUMNS = "r.job_id, r.resource, r.rung, r.step, r.metric, r.value, r.decision, r.cutoff"
+
+
+def rung_rows(rows: Iterable[Sequence[Any]]) -> dict[str, list[RungRow]]:
+    """(job_id, resource, rung, step, metric, value, decision, cutoff) rows, by job."""
+    out: dict[str, list[RungRow]] = {}
+    for job_id, resource, rung, step, metric, value, decision, cutoff in rows:
+        out.setdefault(job_id, []).append(RungRow(int(resource), int(rung), int(step), metric,
+                                                  float(value), decision,
+                                                  None if cutoff is None else float(cutoff)))
+    return out
 
 
 def not_found(name: str, known: Sequence[str]) -> SweepNotFound:
@@ -154,11 +196,15 @@ def sweep_status(reader: Reader | None, name: str,
                 "WHERE j.sweep_id = :sid AND m.name = :metric AND m.step IS NULL "
                 "ORDER BY m.id", {**params, "metric": objective.metric}):
             metrics[job_id] = value  # the newest one recorded wins
+    rungs = rung_rows(reader.rows(
+        f"SELECT {_RUNG_COLUMNS} FROM sweep_rung r JOIN job j ON j.id = r.job_id "
+        "WHERE j.sweep_id = :sid ORDER BY r.job_id, r.resource", params))
     created_at = parse_stored(created)
     assert created_at is not None  # NOT NULL column
     return build_status(sweep_id=sweep_id, sweep_name=sweep_name, created_at=created_at,
                         spec_json=spec_json, budget_micros=None if budget is None
-                        else int(budget), jobs=jobs, first=first, metrics=metrics, now=now)
+                        else int(budget), jobs=jobs, first=first, metrics=metrics, now=now,
+                        rungs=rungs)
 
 
 def list_sweeps(reader: Reader | None) -> list[dict[str, Any]]:
@@ -171,7 +217,8 @@ def list_sweeps(reader: Reader | None) -> list[dict[str, Any]]:
 
 # Re-exported: the sweep CLI and tests import the shared rules from here.
 __all__ = [
-    "ACTIVE_STATUSES", "RUNNING_STATUSES", "JobLike", "JobRow", "SweepNotFound", "best_of",
+    "ACTIVE_STATUSES", "RUNNING_STATUSES", "JobLike", "JobRow", "RungRow", "SweepNotFound",
+    "best_of", "rung_rows",
     "build_status", "first_event_data", "gate", "is_running", "list_sweeps", "live_lease",
     "not_found", "run_state", "sweep_status",
 ]
