@@ -128,6 +128,11 @@ class Settings(BaseSettings):
         None, SECONDS, STALL_DEFAULTS["releasing"],
         "The watchdog: the longest copying the outputs back may go without progress.",
         "Engine")
+    host_checks: bool = _setting(
+        True, "on or off (also 1/0, true/false)", "on",
+        "The pre-flight host check of every fresh rental (docs/hostchecks.md): a machine that "
+        "fails it is released at once and the job placed elsewhere. Off: rentals are used "
+        "unchecked.", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(
@@ -169,6 +174,13 @@ class Settings(BaseSettings):
         None, "a number of bytes per second > 0", "(the stand-in's own)",
         "The simulated hosts' download rate: `hf download` of the base model takes "
         "model bytes / this.", "Simulated cloud")
+    sim_market: str = _setting(
+        "", "key=value pairs, e.g. 'seed=7,bad=0.2,kinds=slow_gpu+no_hub,machines=10,"
+        "offers=model' (offers=machine: one offer per machine)", "(every machine good)",
+        "The simulated cloud as a marketplace with bad machines (docs/hostchecks.md, "
+        "providers/sim/market.yaml): the seed, the bad fraction of each GPU model's machines, "
+        "their faults, how many machines per model, and whether offers name the machine.",
+        "Simulated cloud")
 
     # --- diagnostics and test hooks -------------------------------------------------------
     debug: bool = _setting(
@@ -200,6 +212,14 @@ class Settings(BaseSettings):
     @classmethod
     def _any_text_is_on(cls, value: Any) -> Any:
         return bool(value.strip()) if isinstance(value, str) else value
+
+    @field_validator("sim_market")
+    @classmethod
+    def _market(cls, value: str) -> str:
+        from providers.sim.market import Market
+
+        Market.parse(value)
+        return value
 
     @field_validator("sim_capacity")
     @classmethod

@@ -76,6 +76,7 @@ class EndReason(StrEnum):
     IDLE = "idle"  # `orch reconcile`: nobody drove the job that held it
     PARKED = "parked"  # kept warm: the `warm_instance` row owns the machine now
     EXPIRED = "expired"  # a warm machine's window closed
+    HOST_CHECK_FAILED = "host_check_failed"  # failed its pre-flight check: released, re-placed
 
 
 class WarmState(StrEnum):
@@ -134,6 +135,7 @@ class EventKind(StrEnum):
     TRAIN_PROGRESS = "train.progress"
     INSTANCE_TERMINATED = "instance.terminated"
     INSTANCE_RELEASED = "instance.released"
+    HOST_CHECKED = "host.checked"  # the pre-flight host check's report; data: its JSON
 
 
 __all__ = [

@@ -21,7 +21,7 @@ from tenacity import RetryCallState
 from orchestrator.core import throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, RowState, StopKind
-from orchestrator.engine import recovery, trainlog
+from orchestrator.engine import hostchecks, recovery, trainlog
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     EVAL_AGAIN,
@@ -41,6 +41,7 @@ from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
 from playbooks import checkpoints, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
+from playbooks.hostreport import HostReport
 from playbooks.pipeline import PhaseName, PipelineRun
 from providers import retrying
 from providers.base import (
@@ -230,6 +231,8 @@ class HostSession:
                                       exact_count=not kept)
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
+        if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
+            pj = replace(pj, host_check=hostchecks.spec_for(self.state, self.inputs, pj, placed))
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
@@ -308,6 +311,9 @@ class JobHooks(pipeline.Hooks):
 
     def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
         self.ledger.store.mark_phase_done(self.ledger.job_id, phase, artifacts_dir=artifacts_dir)
+
+    def host_checked(self, run: PipelineRun, report: HostReport) -> None:
+        hostchecks.checked(self.ledger, self.placed, report, kept=self.kept is not None)
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         if exc.playbook == "gpu" and self.kept is not None and self.session.state.stop is None:

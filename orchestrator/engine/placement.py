@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.core.states import EndReason, RowState
-from orchestrator.engine import hubaccess, market, recovery
+from orchestrator.engine import hostchecks, hubaccess, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -194,6 +194,8 @@ class Placement:
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
         prices.record(self.state.store, offers)  # price history (`orch prices`)
+        # Machines host memory says to avoid (a failed check, far too slow) are not rented.
+        offers = hostchecks.screen(self.state.store, offers, self.ledger)
         # Machines kept warm by earlier jobs, priced as running (no boot) and, where they hold
         # this job's base model, without its download: the ranking decides whether one beats
         # a fresh machine with its setup (docs/warm.md).

@@ -150,6 +150,7 @@ class EventData(_Kept):
     index: Lenient[int] = None  # a sweep run's `queued`: its index, params in file order
     params: Lenient[dict[str, Any]] = None
     param_order: Lenient[list[str]] = None
+    instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""

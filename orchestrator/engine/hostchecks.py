@@ -1,0 +1,143 @@
+"""The pre-flight host check in the engine: which rentals are checked, against what, what is
+remembered of each machine, and what becomes of one that fails (issue 40, docs/hostchecks.md).
+
+A fresh rental's first run of the pipeline checks the host before anything is downloaded
+(`PipelineJob.host_check`, run by `playbooks.pipeline`): not a machine taken warm (it ran a
+job already), not a registered server (`orch servers check` is its check), not a takeover of
+an instance this job already checked (its `host.checked` event says so) nor one past its
+first phase. Every report is an event and a `host_observation` row keyed by the provider's
+machine id; a failing rental is released at once with `end_reason = host_check_failed` (what
+it billed stays on its row, in the job's cost) and the job is placed again, at most
+`MAX_REJECTED_HOSTS` times. Placement leaves out offers of machines host memory says to avoid
+(`screen`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from orchestrator.core.hostmemory import Observation, Source, Stance, advise
+from orchestrator.core.planning import host_disk_gb
+from orchestrator.core.settings import settings
+from orchestrator.core.states import EndReason, EventKind
+from orchestrator.engine.jobinputs import Inputs
+from orchestrator.engine.runner_core import JobFailed, Ledger, Placed, RunState
+from orchestrator.engine.teardown import Teardown
+from orchestrator.records.store import Store, utcnow
+from orchestrator.records.store.hosts import observation
+from playbooks.hostcheck import DEFAULT_PULL_BYTES_PER_S, HostCheckSpec, HostRejected
+from playbooks.hostreport import HostReport
+from playbooks.pipeline import PipelineJob
+from providers import catalog
+from providers.base import Offer
+
+# Machines that failed their check, per job: then the job fails (the market is mostly bad,
+# or the check is wrong for this job), rather than renting on and on.
+MAX_REJECTED_HOSTS = 5
+
+
+def wanted(state: RunState, placed: Placed, kept: bool) -> bool:
+    """Whether this run of the pipeline on `placed` checks the host first (see module doc)."""
+    if not settings().host_checks or placed.warm or kept:
+        return False
+    job = state.ledger.job()
+    if job.phase_done:
+        return False
+    iid = placed.inst.instance_id
+    return not any(e.kind == EventKind.HOST_CHECKED and e.data().instance == iid
+                   for e in state.store.events(state.job_id))
+
+
+def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,
+             placed: Placed) -> HostCheckSpec | None:
+    """What the check of `placed` measures against (None: a GPU orch has no rated figure for:
+    the check cannot judge it)."""
+    gpu = catalog.gpus().get(pj.gpu.model)
+    if gpu is None or gpu.bf16_tflops <= 0:
+        return None
+    held = state.held.get(placed.row_id)
+    offer: Offer | None = held.offer if held is not None else None
+    pull = offer.pull_gbps * 1e9 / 8 if offer is not None else DEFAULT_PULL_BYTES_PER_S
+    # The Hub the host's own model download uses: huggingface.co (the model cache playbook
+    # sets no HF_ENDPOINT on the host; orch's own HF_ENDPOINT is where it asks and uploads).
+    return HostCheckSpec(job_id=pj.job_id, gpu=pj.gpu, rated_tflops=gpu.bf16_tflops,
+                         disk_need_bytes=int(host_disk_gb(inputs.loaded, 1) * 1e9),
+                         repo=pj.repo, revision=pj.revision, trainer_image=pj.trainer_image,
+                         pull_bytes_per_s=pull, hub_endpoint=None, hf_token=pj.hf_token)
+
+
+def _why(report: HostReport) -> str:
+    failures = report.failures
+    if not failures:
+        return "passed"
+    return "; ".join(f"{check.value}: {reason}" for check, reason in failures.items())
+
+
+def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = False) -> None:
+    """Record a check's report: an event, and the machine's host-memory row."""
+    inst = placed.inst
+    machine = inst.machine_id
+    verdict = "passed" if report.passed else ("failed (a registered server: reported, kept in "
+                                              "use)" if kept else "failed")
+    ledger.event(EventKind.HOST_CHECKED,
+                 f"host check of {inst.provider} instance {inst.instance_id}"
+                 + (f" (machine {machine})" if machine else "")
+                 + f" {verdict} in {report.seconds:.1f}s: {_why(report)}",
+                 {"instance": inst.instance_id, "machine_id": machine,
+                  "passed": report.passed, "report": json.loads(report.model_dump_json())})
+    if machine:
+        ledger.store.record_host_observation(
+            inst.provider, machine, Source.CHECK, failed=not report.passed,
+            delivered=report.delivered_fraction, why=_why(report), job_id=ledger.job_id,
+            report_json=report.model_dump_json())
+
+
+def rejected(state: RunState, teardown: Teardown, placed: Placed, exc: HostRejected,
+             tried: set[tuple[str, str]]) -> None:
+    """`placed` failed its check: release it now and let the job be placed again (JobFailed
+    after `MAX_REJECTED_HOSTS` machines)."""
+    held = state.held.get(placed.row_id)
+    offer = held.offer if held is not None else None
+    state.clear_stop(unwatch=True)
+    state.factory.close_all()
+    teardown.release(placed.row_id, EndReason.HOST_CHECK_FAILED)
+    if offer is not None and offer.machine_id is None:
+        # Sold by model: the provider picks the machine, so the same offer may give another.
+        tried.discard((offer.provider, offer.offer_id))
+    store, job_id = state.store, state.job_id
+    count = sum(1 for r in store.instances_of(job_id)
+                if r.end_reason == EndReason.HOST_CHECK_FAILED)
+    inst = placed.inst
+    state.ledger.event("host.rejected", f"{inst.provider} instance {inst.instance_id} failed "
+                       f"its host check and was released ({exc.reason}); {count} of at most "
+                       f"{MAX_REJECTED_HOSTS} machines rejected for this job",
+                       {"instance": inst.instance_id, "machine_id": inst.machine_id,
+                        "rejected": count})
+    if count >= MAX_REJECTED_HOSTS:
+        raise JobFailed(f"{count} machines failed their host check ({exc.reason}); the "
+                        "market may be mostly bad for this job: see `orch hosts`, or set "
+                        "ORCH_HOST_CHECKS=off to run unchecked")
+
+
+def screen(store: Store, offers: Sequence[Offer], ledger: Ledger) -> list[Offer]:
+    """`offers` less those of machines host memory says to avoid now (a registered server is
+    never left out: its advice only reports)."""
+    named = {(o.provider, o.machine_id) for o in offers if o.machine_id and not o.registered}
+    if not named:
+        return list(offers)
+    now = utcnow()
+    seen: dict[tuple[str, str], list[Observation]] = {}
+    for provider in {p for p, _ in named}:
+        rows = store.host_observations(provider, [m for p, m in named if p == provider])
+        for row in rows:
+            seen.setdefault((row.provider, row.machine_id), []).append(observation(row))
+    avoided: dict[tuple[str, str], str] = {}
+    for key, found in seen.items():
+        advice = advise(found, now)
+        if advice.stance is Stance.AVOID:
+            avoided[key] = advice.reason
+    if avoided:
+        ledger.event("hosts.avoided", "; ".join(f"{p} machine {m} left out: {why}"
+                                                for (p, m), why in sorted(avoided.items())))
+    return [o for o in offers if (o.provider, o.machine_id or "") not in avoided]
