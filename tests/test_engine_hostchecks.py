@@ -6,7 +6,11 @@ machine remembered as bad is not offered to the next job. Real simulated hosts o
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +18,7 @@ import pytest
 from conftest import KeyPair, database_url
 from test_engine import HOST, Rig
 
-from orchestrator.records.store import open_store
+from orchestrator.records.store import from_micros, open_store
 from providers.sim import market
 from providers.sim.compute import SimCloud
 from providers.sim.market import Fault, Market
@@ -34,6 +38,8 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path, ssh_keypair: KeyPair,
             cloud.terminate_all()
         r.store.close()
 
+
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 
 # A container rental, as Vast.ai and RunPod rent them: the matmul runs in the image's venv.
 RENTAL = {**HOST, "container_image": "axolotlai/axolotl-cloud:0.18.0-py3.12-cu130-2.12.0"}
@@ -84,6 +90,14 @@ def test_a_rental_that_fails_its_check_is_released_and_the_job_placed_again(rig:
         (bad.machine_id, "check", True), (good.machine_id, "check", False)]
     assert "hub" in rows[0].why and rows[0].job_id == job_id and rows[0].report_json
     assert cloud.list() == []
+    # `orch show` says what the rejected machine cost, as such.
+    shown = json.loads(subprocess.run([ORCH, "show", job_id, "--json"], capture_output=True,
+                                      text=True, timeout=120, check=True).stdout)
+    assert shown["host_checks"]["rejected"] == 1
+    assert Decimal(shown["host_checks"]["cost"]) == from_micros(first.cost_micros)
+    text = subprocess.run([ORCH, "show", job_id], capture_output=True, text=True, timeout=120,
+                          check=True).stdout
+    assert "Host checks: 1 machine(s) failed their check" in text
 
 
 def test_a_machine_that_failed_is_not_offered_to_the_next_job(rig: Rig) -> None:
