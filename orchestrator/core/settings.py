@@ -189,7 +189,8 @@ class Settings(BaseSettings):
     failpoint: str | None = _setting(
         None, "a failpoint name", "(none)", "Test hook (the crash tests): the process kills "
         "itself with SIGKILL at this point: after-create, training, merging, evaluating, "
-        "releasing, after-terminate, after-park, after-take, warm-ending.", "Diagnostics")
+        "releasing, after-terminate, after-park, after-take, warm-ending, host-check "
+        "(after the host check's first step).", "Diagnostics")
 
     @field_validator("*", mode="before")
     @classmethod

@@ -39,7 +39,7 @@ from orchestrator.engine.runner_core import (
 from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
-from playbooks import checkpoints, pipeline, ssh, train
+from playbooks import checkpoints, hostcheck, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepReport
 from playbooks.hostreport import HostReport
 from playbooks.pipeline import PhaseName, PipelineRun
@@ -308,6 +308,8 @@ class JobHooks(pipeline.Hooks):
 
     def emit(self, report: StepReport) -> None:
         self.session.emit(report)
+        if report.playbook == hostcheck.PLAYBOOK:
+            failpoint("host-check")  # crash tests: kill -9 in the middle of a host check
 
     def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
         self.ledger.store.mark_phase_done(self.ledger.job_id, phase, artifacts_dir=artifacts_dir)
