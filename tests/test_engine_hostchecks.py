@@ -127,3 +127,49 @@ def test_checks_off_rents_unchecked(rig: Rig, monkeypatch: pytest.MonkeyPatch) -
     job = rig.run(cloud, rig.queue(rig.job_file()))
     assert job.status == "succeeded", job.failure_reason
     assert _checks(rig, job.id) == [] and rig.store.host_observations() == []
+
+
+def _plan_training_s(rig: Rig, job_id: str, seconds: float) -> None:
+    """Make the recorded plan say the training takes `seconds` (the sim trains at whatever
+    speed it is told, so the test tells the plan what a healthy machine of it delivers)."""
+    from sqlalchemy import text
+
+    with rig.store.engine.begin() as conn:
+        raw = conn.execute(text("SELECT placement_json FROM job WHERE id = :id"),
+                           {"id": job_id}).scalar_one()
+        data = json.loads(raw)
+        data["placement"]["est_training_hours"] = seconds / 3600
+        conn.execute(text("UPDATE job SET placement_json = :p WHERE id = :id"),
+                     {"p": json.dumps(data), "id": job_id})
+
+
+def test_a_training_far_below_its_plan_is_moved_when_moving_pays(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Checks off, so the slow card (half a healthy one's speed) is rented and trains: the
+    # first RTX 4090 rental lands on it, the second on a good machine (seeded).
+    monkeypatch.setenv("ORCH_HOST_CHECKS", "off")
+    chosen = Market(seed=1, bad_fraction=0.2, kinds=(Fault.SLOW_GPU,))
+    slow, good = (market.draw(chosen, "RTX 4090", n) for n in range(2))
+    assert slow.fault is Fault.SLOW_GPU and good.fault is None
+    steps, step_s = 200, 0.1
+    cloud = SimCloud(rig.tmp / "sim", gpus=["RTX 4090"], market=chosen,
+                     host_options={**RENTAL, "train_steps": steps, "train_step_seconds": step_s})
+    rig.clouds.append(cloud)
+    job_id = rig.queue(rig.job_file())
+    _plan_training_s(rig, job_id, steps * step_s)  # a healthy card trains as planned
+    job = rig.run(cloud, job_id, move_observed_s=1.5)
+
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    assert (first.end_reason, second.end_reason) == ("interrupted", "released")
+    (moved,) = [json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+                if e.kind == "host.slow_move"]
+    assert moved["machine_id"] == slow.machine_id and moved["instance"] == \
+        first.provider_instance_id
+    assert 0.3 < moved["delivered"] < 0.7  # half speed, measured under load
+    assert Decimal(moved["move_usd"]) < Decimal(moved["stay_usd"])
+    (seen,) = rig.store.host_observations("sim")
+    assert (seen.machine_id, seen.source, seen.failed) == (slow.machine_id, "run", False)
+    assert seen.delivered == pytest.approx(moved["delivered"])
+    assert job.interruptions == 1 and job.attempt == 1  # the resume path
+    assert cloud.list() == []

@@ -21,7 +21,7 @@ from tenacity import RetryCallState
 from orchestrator.core import throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, RowState, StopKind
-from orchestrator.engine import hostchecks, recovery, trainlog
+from orchestrator.engine import hostchecks, recovery, slowhost, trainlog
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     EVAL_AGAIN,
@@ -284,6 +284,10 @@ class JobHooks(pipeline.Hooks):
         self.next_mirror = 0
         opts = session.state.opts
         self.wait_s: float | None = max(opts.watch_s, opts.poll_s)
+        # A rental training far below its plan is moved when that pays (never a kept server).
+        self.slow = None if self.kept is not None else slowhost.SlowWatch(
+            self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours),
+            self.inputs.save_steps(placed.inst.gpu_count or 1), opts.move_observed_s)
 
     def check_stop(self) -> None:
         self.session.state.check_cancel()
@@ -372,6 +376,8 @@ class JobHooks(pipeline.Hooks):
 
     def train_progress(self, progress: train.Progress) -> None:
         self.session.on_train_progress(progress)
+        if self.slow is not None:
+            self.slow.sample(progress.step, progress.total)
 
     def train_log(self, text: str) -> None:
         # `orch logs ID --train` reads this copy; it outlives the instance.
