@@ -14,9 +14,9 @@ The machines are container rentals (as Vast.ai and RunPod rent them): the check'
 runs in the image's environment. Setup and training are scaled down (boot --boot-s, the
 model 200 MB: a crawling Hub's machine takes ~70 s to fetch it; --steps x --step-s of
 training per epoch), so the check's few seconds weigh far more here than on an hours-long
-real job. Dollars are the jobs' recorded cost (every instance they held, the rejected ones
-included: the sim meter's per-second price); failed = jobs that ended `failed`. Asserts
-nothing (machines are noisy). Usage:
+real job (the "seconds in checks" row says how much). Dollars are the jobs' recorded cost
+(every instance they held, the rejected ones included: the sim meter's per-second price);
+failed = jobs that ended `failed`. Asserts nothing (machines are noisy). Usage:
     python bench/bad_hosts.py [--jobs 20] [--workers 4] [--market seed=40,bad=0.2]
 The last line reads `off_usd=... on_usd=... off_failed=... on_failed=... good_usd=...`.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -64,6 +65,7 @@ class Arm:
     rented: int
     rejected: int
     billed_s: int
+    check_s: float  # seconds the host checks took (their reports), on every machine
     ends: Counter[str]
 
 
@@ -125,12 +127,14 @@ def run_arm(market: str, checks: bool, args: argparse.Namespace) -> Arm:
         jobs = store.list_jobs(limit=10_000)
         rows = [r for j in jobs for r in store.instances_of(j.id)]
         billed = cloud.billed()
+        checks_s = sum(float(json.loads(e.data_json or "{}")["report"]["seconds"])
+                       for j in jobs for e in store.events(j.id) if e.kind == "host.checked")
         arm = Arm(usd=sum((from_micros(j.cost_micros) for j in jobs), Decimal(0)),
                   failed=sum(j.status == JobStatus.FAILED for j in jobs),
                   succeeded=sum(j.status == JobStatus.SUCCEEDED for j in jobs),
                   wall_s=wall, rented=len(rows),
                   rejected=sum(r.end_reason == "host_check_failed" for r in rows),
-                  billed_s=sum(billed.values()),
+                  billed_s=sum(billed.values()), check_s=round(checks_s, 1),
                   ends=Counter(str(r.end_reason) for r in rows))
         for j in jobs:
             if j.status == JobStatus.FAILED and args.verbose:
@@ -170,6 +174,8 @@ def main() -> None:
     rows: list[tuple[str, Decimal | int, Decimal | int, Decimal | int]] = [
         ("dollars", off.usd, on.usd, good.usd),
         ("billed seconds", off.billed_s, on.billed_s, good.billed_s),
+        ("seconds in checks", Decimal(str(off.check_s)), Decimal(str(on.check_s)),
+         Decimal(str(good.check_s))),
         ("failed jobs", off.failed, on.failed, good.failed),
         ("machines rented", off.rented, on.rented, good.rented),
         ("rejected by check", off.rejected, on.rejected, good.rejected),
