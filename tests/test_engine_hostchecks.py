@@ -18,6 +18,7 @@ import pytest
 from conftest import KeyPair, database_url
 from test_engine import HOST, Rig
 
+from orchestrator.core.hostmemory import Source
 from orchestrator.records.store import from_micros, open_store
 from providers.sim import market
 from providers.sim.compute import SimCloud
@@ -173,3 +174,24 @@ def test_a_training_far_below_its_plan_is_moved_when_moving_pays(
     assert seen.delivered == pytest.approx(moved["delivered"])
     assert job.interruptions == 1 and job.attempt == 1  # the resume path
     assert cloud.list() == []
+
+
+def test_a_machine_measured_slow_is_ranked_at_what_it_delivers(rig: Rig) -> None:
+    # One offer per machine, every machine good and at one price: the first job rents the
+    # first-ranked machine. Remembered at 60 % of a healthy card, that machine is ranked at
+    # price / 0.6 for the next job, which rents another one, billed as sold.
+    cloud = _cloud(rig, Market(seed=1, per_machine_offers=True))
+    first = rig.run(cloud, rig.queue(rig.job_file()))
+    assert first.status == "succeeded", first.failure_reason
+    (row,) = rig.store.instances_of(first.id)
+    machine = row.offer_id.split("@")[1]
+    rig.store.record_host_observation("sim", machine, Source.RUN, failed=False, delivered=0.6,
+                                      why="trained at 60% of its plan", job_id=first.id)
+
+    second = rig.run(cloud, rig.queue(rig.job_file()))
+    assert second.status == "succeeded", second.failure_reason
+    (other,) = rig.store.instances_of(second.id)
+    assert other.offer_id.split("@")[1] != machine
+    assert other.price_per_hour_micros == row.price_per_hour_micros  # billed as sold
+    (said,) = [e.message for e in rig.store.events(second.id) if e.kind == "hosts.avoided"]
+    assert machine in said and "priced as delivering 60%" in said
