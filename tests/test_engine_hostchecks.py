@@ -195,3 +195,29 @@ def test_a_machine_measured_slow_is_ranked_at_what_it_delivers(rig: Rig) -> None
     assert other.price_per_hour_micros == row.price_per_hour_micros  # billed as sold
     (said,) = [e.message for e in rig.store.events(second.id) if e.kind == "hosts.avoided"]
     assert machine in said and "priced as delivering 60%" in said
+
+
+def test_a_finished_run_on_a_rented_machine_is_remembered_against_its_plan(
+        rig: Rig, tmp_path: Path) -> None:
+    # A real provider's API (the Vast.ai emulator) and its machine id: the run's measured
+    # training seconds against the plan's are the machine's delivered fraction.
+    from emulators.hosts import SimHostBackend
+    from emulators.vast import VastEmulator
+    from test_engine_providers import KEY, drive, job_for, vast
+
+    hosts = SimHostBackend(tmp_path / "emu-hosts", dict(HOST))
+    try:
+        with VastEmulator(api_key=KEY, hosts=hosts) as emu:
+            emu.add_offer(id=1, gpu_name="RTX 4090", dph_base=0.40, min_bid=0.20,
+                          machine_id=4711)
+            job_id = job_for(rig, "vastai")
+            _plan_training_s(rig, job_id, 3600.0)
+            job = drive(rig, {"vastai": hosts.serving(vast(emu))}, job_id)
+    finally:
+        hosts.stop_all()
+    assert job.status == "succeeded", job.failure_reason
+    (run,) = [r for r in rig.store.host_observations("vastai") if r.source == "run"]
+    assert (run.machine_id, run.failed, run.job_id) == ("4711", False, job_id)
+    assert job.train_seconds
+    assert run.delivered == pytest.approx(3600.0 / job.train_seconds, rel=1e-3)
+    assert "of its plan's" in run.why

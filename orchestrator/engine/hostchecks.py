@@ -94,6 +94,20 @@ def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = Fal
             report_json=report.model_dump_json())
 
 
+def ran(ledger: Ledger, placed: Placed, planned_s: float | None, seconds: float,
+        tokens: int) -> None:
+    """A training finished uninterrupted on a rented machine: remember its speed against the
+    plan's (the plan's training seconds over the measured ones) for that machine."""
+    machine = placed.inst.machine_id
+    if not machine or not planned_s or seconds <= 0:
+        return
+    delivered = planned_s / seconds
+    ledger.store.record_host_observation(
+        placed.inst.provider, machine, Source.RUN, failed=False, delivered=round(delivered, 4),
+        why=f"trained {tokens / seconds:,.0f} tokens/s, {delivered:.0%} of its plan's",
+        job_id=ledger.job_id)
+
+
 def rejected(state: RunState, teardown: Teardown, placed: Placed, exc: HostRejected,
              tried: set[tuple[str, str]]) -> None:
     """`placed` failed its check: release it now and let the job be placed again (JobFailed

@@ -406,6 +406,10 @@ class JobHooks(pipeline.Hooks):
         size = throughput.size_class(inputs.loaded.architecture.params)
         self.ledger.store.add_throughput(self.ledger.job_id, job.gpu, job.gpu_count or 1,
                                          job.method, size, inputs.tokens / seconds)
+        if self.kept is None:  # a rental: its machine's speed is remembered (issue 40)
+            hostchecks.ran(self.ledger, self.placed,
+                           slowhost.planned_seconds(inputs.est_train_hours), seconds,
+                           inputs.tokens)
 
     def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
         return self.inputs.eval_rows()
