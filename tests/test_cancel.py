@@ -128,9 +128,11 @@ def test_sweep_cancel_stops_a_run_while_it_prepares(tmp_path: Path, when: str) -
     shutil.copytree(ROOT / "examples", tmp_path / "ex")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path),
            "ORCH_DB_URL": f"sqlite:///{tmp_path / 'orch.db'}",
-           # The default lease (its renewal every 20 s) and monitor tick; a download of ~6 s.
-           "ORCH_LEASE_S": "60", "ORCH_SIM_MODEL_BYTES": "60000000",
-           "ORCH_SIM_DOWNLOAD_BPS": "10000000"}
+           # The default lease (its renewal every 20 s) and monitor tick; a download of ~6 s,
+           # at 30 MB/s: above the host check's Hub floor (12.5 MB/s for one 24 GB card,
+           # docs/hostchecks.md), which a 10 MB/s host fails before any download.
+           "ORCH_LEASE_S": "60", "ORCH_SIM_MODEL_BYTES": "180000000",
+           "ORCH_SIM_DOWNLOAD_BPS": "30000000"}
     assert orchfork.run(["sweep", str(tmp_path / "ex" / "sweep-sim.yml")], env=env,
                         timeout=300).returncode == 0
     worker = subprocess.Popen([ORCH, "worker", "--once", "--quiet"], env=env, cwd=ROOT,

@@ -222,3 +222,30 @@ def test_sigterm_to_a_worker_requeues_its_job_to_resume(env: dict[str, str]) -> 
                          "WHERE kind = 'resume' AND job_id = ?", job_id)
     assert resumed and int(resumed[0][0]) >= 1
     assert live_instances(env) == []
+
+
+def test_kill_9_during_a_host_check_leaks_no_machine_and_the_next_worker_checks_again(
+        env: dict[str, str]) -> None:
+    # The worker dies (SIGKILL) in the middle of the host check of its fresh rental (issue
+    # 40): the instance row was written before the create, so the next worker finds the
+    # rental, checks it again (no check of it finished), and runs the job on it.
+    out = orch(env, "submit", "examples/quickstart.yml", "--detach", "--json")
+    job_id = json.loads(out.stdout)["job_id"]
+    env = {**env, "ORCH_SIM_TRAIN_STEPS": "3"}
+    crashed = orch({**env, "ORCH_FAILPOINT": "host-check"}, "worker", "--once", timeout=180)
+    assert crashed.returncode == -signal.SIGKILL
+    assert query(env, "SELECT kind FROM event WHERE job_id = ? AND kind LIKE 'host%'",
+                 job_id) == []  # killed before the check finished
+    ((iid, ended),) = query(env, "SELECT provider_instance_id, terminated_at FROM instance")
+    assert iid and ended is None
+    assert [i.instance_id for i in live_instances(env)] == [iid]
+    lease_lapsed(env)
+    assert orch(env, "worker", "--once", timeout=180).returncode == 0
+    assert status(env, job_id) == "succeeded"
+    assert query(env, "SELECT provider_instance_id, end_reason FROM instance") == \
+        [(iid, "released")]
+    checked = query(env, "SELECT json_extract(data_json, '$.instance'), "
+                         "json_extract(data_json, '$.passed') FROM event "
+                         "WHERE job_id = ? AND kind = 'host.checked'", job_id)
+    assert checked == [(iid, 1)]
+    assert live_instances(env) == []

@@ -174,6 +174,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         "throughput_observation",
         "warm_instance",
         "sweep_rung",
+        "host_observation",
     }
     indexes = {
         (r[0], r[1])
@@ -206,6 +207,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("throughput_observation", "ix_throughput_observation_key"),
         ("warm_instance", "ix_warm_instance_state"),
         ("warm_instance", "ix_warm_instance_provider_instance"),
+        ("host_observation", "ix_host_observation_machine"),
     }
 
 

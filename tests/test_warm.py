@@ -110,6 +110,8 @@ def test_the_next_job_takes_the_warm_machine_and_its_record_is_complete(rig: Rig
     assert rig.run(second).status == "succeeded"
     kinds = rig.kinds(second)
     assert "instance.warm_taken" in kinds and "instance.created" not in kinds
+    # Checked when it was rented fresh, not again when taken warm (issue 40).
+    assert "host.checked" in rig.kinds(first) and "host.checked" not in kinds
     (row_b,) = rig.store.instances_of(second)
     assert row_b.provider_instance_id == parked.provider_instance_id
     assert row_b.offer_id == f"warm:{parked.id}"

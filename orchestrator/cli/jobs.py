@@ -7,6 +7,7 @@ modules (database, SSH, HTTP) are imported inside each command.
 
 import json
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -320,6 +321,10 @@ def show(
     ranked = [p.as_stored() for p in job.placement().ranked()]
     ranked = [p for p in ranked if p]
     evs = store.events(job.id)
+    rejected = [i for i in instances if i["end_reason"] == EndReason.HOST_CHECK_FAILED]
+    summary["host_checks"] = {"rejected": len(rejected),
+                              "cost": str(sum((Decimal(str(i["cost"])) for i in rejected),
+                                              Decimal(0)))}
     if json_out:
         print_json({**summary, "instances": instances, "placements": ranked,
                    "events": [{"at": iso(e.at), "kind": e.kind,
@@ -351,6 +356,12 @@ def _print_details(store: "Store", job: "Job", instances: list[dict[str, Any]],
                            i["end_reason"] or "-", usd(i["cost"])]
                           for i, r in zip(instances, rows, strict=True)],
                          right=[5, 9], drop=[2, 4, 5, 7, 8, 6]))
+        rejected = [i for i in instances if i["end_reason"] == EndReason.HOST_CHECK_FAILED]
+        if rejected:
+            spent = sum((Decimal(i["cost"]) for i in rejected), Decimal(0))
+            typer.echo(f"Host checks: {len(rejected)} machine(s) failed their check and were "
+                       f"released at once; they billed {usd(spent)} (in the job's cost; "
+                       "`orch hosts` says why)")
     if ranked:
         typer.echo("\nPlacements ranked at submit (cheapest first):")
         typer.echo(table(["#", "provider", "GPU", "n", "spot", "est. h", "est. cost"],

@@ -58,6 +58,9 @@ LAZY: tuple[tuple[str, dict[str, str]], ...] = (
     ("orchestrator.cli.servers", {"servers": "The monthly dedicated servers you rent."}),
     ("orchestrator.cli.warmcmd", {
         "warm": "Machines kept warm between jobs (resources.keep_warm)."}),
+    ("orchestrator.cli.hostscmd", {
+        "hosts": "What orch remembers of each machine it rented: checks, measured speed, and "
+                 "why."}),
 )
 _MODULE_OF = {name: module for module, helps in LAZY for name in helps}
 _HELP = {name: text for _module, helps in LAZY for name, text in helps.items()}

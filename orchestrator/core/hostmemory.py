@@ -131,7 +131,7 @@ class Advice:
 def faded(delivered: float, age: timedelta, half_life_hours: float) -> float:
     """`delivered` measured `age` ago, its shortfall halving every `half_life_hours`."""
     halves = max(age.total_seconds(), 0.0) / 3600 / half_life_hours
-    return 1.0 - (1.0 - min(delivered, 1.0)) * 0.5**halves
+    return 1.0 - (1.0 - min(delivered, 1.0)) * math.pow(0.5, halves)
 
 
 def advise(observations: Sequence[Observation], now: datetime, *, kept: bool = False,

@@ -146,6 +146,11 @@ class Settings(BaseModel):
         None, SECONDS, STALL_DEFAULTS["releasing"],
         "The watchdog: the longest copying the outputs back may go without progress.",
         "Engine")
+    host_checks: bool = _setting(
+        True, "on or off (also 1/0, true/false)", "on",
+        "The pre-flight host check of every fresh rental (docs/hostchecks.md): a machine that "
+        "fails it is released at once and the job placed elsewhere. Off: rentals are used "
+        "unchecked.", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(
@@ -203,6 +208,13 @@ class Settings(BaseModel):
         None, "a number of bytes per second > 0", "(the stand-in's own)",
         "The simulated hosts' download rate: `hf download` of the base model takes "
         "model bytes / this.", "Simulated cloud")
+    sim_market: str = _setting(
+        "", "key=value pairs, e.g. 'seed=7,bad=0.2,kinds=slow_gpu+no_hub,machines=10,"
+        "offers=model' (offers=machine: one offer per machine)", "(every machine good)",
+        "The simulated cloud as a marketplace with bad machines (docs/hostchecks.md, "
+        "providers/sim/market.yaml): the seed, the bad fraction of each GPU model's machines, "
+        "their faults, how many machines per model, and whether offers name the machine.",
+        "Simulated cloud")
 
     # --- diagnostics and test hooks -------------------------------------------------------
     debug: bool = _setting(
@@ -212,7 +224,8 @@ class Settings(BaseModel):
         None, "a failpoint name", "(none)", "Test hook (the crash tests): the process kills "
         "itself with SIGKILL at this point: after-create, training, merging, evaluating, "
         "releasing, after-terminate, after-park, after-take, warm-ending, sweep-proposed, "
-        "sweep-queued, pruned-decided, pruned.", "Diagnostics")
+        "sweep-queued, pruned-decided, pruned, host-check (after the host check's first "
+        "step).", "Diagnostics")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -249,6 +262,15 @@ class Settings(BaseModel):
     def _variable_name(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
             raise ValueError("not a variable name")
+        return value
+
+    @field_validator("sim_market")
+    @classmethod
+    def _market(cls, value: str) -> str:
+        if value:  # the default (every machine good) needs no parse, nor the sim's module
+            from providers.sim.market import Market
+
+            Market.parse(value)
         return value
 
     @field_validator("sim_capacity")

@@ -78,6 +78,7 @@ class EndReason(StrEnum):
     IDLE = "idle"  # `orch reconcile`: nobody drove the job that held it
     PARKED = "parked"  # kept warm: the `warm_instance` row owns the machine now
     EXPIRED = "expired"  # a warm machine's window closed
+    HOST_CHECK_FAILED = "host_check_failed"  # failed its pre-flight check: released, re-placed
 
 
 class WarmState(StrEnum):
@@ -155,6 +156,7 @@ class EventKind(StrEnum):
     NOTIFY_FAILED = "notify.failed"  # a webhook that did not get through; `orch show` lists it
     NOTIFY_SENT = "notify.sent"  # a webhook delivered (a takeover re-sends what has neither)
     TRACKER = "tracker"  # where the run is logged (W&B, MLflow); data `{"url": ...}`
+    HOST_CHECKED = "host.checked"  # the pre-flight host check's report; data: its JSON
     PRUNED = "pruned"  # the job's end by early stopping; data `{rung, resource, step, ...}`
 
 

@@ -21,7 +21,7 @@ from tenacity import RetryCallState
 from orchestrator.core import throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, RowState, StopKind
-from orchestrator.engine import recovery, trainlog
+from orchestrator.engine import hostchecks, recovery, slowhost, trainlog
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.pruning import Pruning
 from orchestrator.engine.runner_core import (
@@ -40,8 +40,9 @@ from orchestrator.engine.runner_core import (
 from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
-from playbooks import checkpoints, pipeline, ssh, train
+from playbooks import checkpoints, hostcheck, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepFailed, StepReport
+from playbooks.hostreport import HostReport
 from playbooks.pipeline import PhaseName, PipelineRun
 from providers import retrying
 from providers.base import (
@@ -234,6 +235,8 @@ class HostSession:
                                       exact_count=not kept)
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
+        if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
+            pj = replace(pj, host_check=hostchecks.spec_for(self.state, self.inputs, pj, placed))
         done = recovery.phases_done(job.phase_done, PHASES)
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
@@ -314,6 +317,10 @@ class JobHooks(pipeline.Hooks):
         self.next_mirror = 0
         opts = session.state.opts
         self.wait_s: float | None = max(opts.watch_s, opts.poll_s)
+        # A rental training far below its plan is moved when that pays (never a kept server).
+        self.slow = None if self.kept is not None else slowhost.SlowWatch(
+            self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours),
+            self.inputs.save_steps(placed.inst.gpu_count or 1), opts.move_observed_s)
 
     def check_stop(self) -> None:
         self.session.state.check_cancel()
@@ -339,9 +346,14 @@ class JobHooks(pipeline.Hooks):
 
     def emit(self, report: StepReport) -> None:
         self.session.emit(report)
+        if report.playbook == hostcheck.PLAYBOOK:
+            failpoint("host-check")  # crash tests: kill -9 in the middle of a host check
 
     def phase_done(self, phase: PhaseName, *, artifacts_dir: str | None = None) -> None:
         self.ledger.store.mark_phase_done(self.ledger.job_id, phase, artifacts_dir=artifacts_dir)
+
+    def host_checked(self, run: PipelineRun, report: HostReport) -> None:
+        hostchecks.checked(self.ledger, self.placed, report, kept=self.kept is not None)
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         if exc.playbook == "gpu" and self.kept is not None and self.session.state.stop is None:
@@ -398,6 +410,8 @@ class JobHooks(pipeline.Hooks):
 
     def train_progress(self, progress: train.Progress) -> None:
         self.session.on_train_progress(progress)
+        if self.slow is not None:
+            self.slow.sample(progress.step, progress.total)
 
     def train_log(self, text: str) -> None:
         # `orch logs ID --train` reads this copy; it outlives the instance.
@@ -426,6 +440,10 @@ class JobHooks(pipeline.Hooks):
         size = throughput.size_class(inputs.loaded.architecture.params)
         self.ledger.store.add_throughput(self.ledger.job_id, job.gpu, job.gpu_count or 1,
                                          job.method, size, inputs.tokens / seconds)
+        if self.kept is None:  # a rental: its machine's speed is remembered (issue 40)
+            hostchecks.ran(self.ledger, self.placed,
+                           slowhost.planned_seconds(inputs.est_train_hours), seconds,
+                           inputs.tokens)
 
     def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
         return self.inputs.eval_rows()

@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.core.states import EndReason, RowState
-from orchestrator.engine import hubaccess, integrations, market, recovery
+from orchestrator.engine import hostchecks, hubaccess, integrations, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -102,6 +102,8 @@ class Placement:
         self.inputs = inputs
         self.teardown = teardown
         self.warm = warm
+        # Offers ranked at what their machine delivers (host memory), as sold, by id.
+        self.priced: dict[tuple[str, str], Offer] = {}
 
     def adopt(self) -> Placed | None:
         """After a takeover: reuse the job's instance if it is still running, else clean up."""
@@ -194,6 +196,8 @@ class Placement:
         offers = list({(o.provider, o.offer_id, o.gpu_count, o.interruptible): o
                        for o in offers}.values())
         prices.record(self.state.store, offers)  # price history (`orch prices`)
+        # Machines host memory says to avoid (a failed check, far too slow) are not rented.
+        offers = hostchecks.screen(self.state.store, offers, self.ledger, self.priced)
         # Machines kept warm by earlier jobs, priced as running (no boot) and, where they hold
         # this job's base model, without its download: the ranking decides whether one beats
         # a fresh machine with its setup (docs/warm.md).
@@ -391,7 +395,9 @@ class Placement:
     def _rent(self, placement: scheduler.Placement, tried: set[tuple[str, str]]) -> Placed:
         """Rent (or claim) `placement`'s offer, its instance row written first; _Failed
         when the provider refused it for a reason the next offer may not have."""
-        offer = placement.offer
+        # Rented as sold (ranked, maybe, at what its machine delivers: `hostchecks.screen`).
+        offer = self.priced.get((placement.offer.provider, placement.offer.offer_id),
+                                placement.offer)
         provider = self.state.providers[offer.provider]
         job = self.ledger.placing(placement, _placing(offer, provider))
         hourly = hourly_rate(offer)  # a monthly server's: its amortisation rate

@@ -41,7 +41,7 @@ from orchestrator.core.paths import data_dir, private_dir
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
-from orchestrator.engine import recovery
+from orchestrator.engine import hostchecks, recovery
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
 from orchestrator.engine.notifications import Notices, placed_on, told
@@ -82,6 +82,7 @@ from orchestrator.records.store import (
     to_micros,
     utcnow,
 )
+from playbooks.hostcheck import HostRejected
 from playbooks.ssh import ConnectionFactory
 from providers.base import Provider
 
@@ -263,7 +264,7 @@ class JobRunner:
                 continue
             if replacing and adopted is None:
                 state.notices.emit(EventKind.JOB_REPLACED, {"placement": placed_on(placed.inst)})
-            replacing = not self._attempt(state, session, teardown, placed)
+            replacing = not self._attempt(state, session, teardown, placed, tried)
             if replacing:
                 continue
             # Cancelled in releasing: Stop, and the finally of `run` terminates the machine
@@ -274,11 +275,15 @@ class JobRunner:
             return self._succeed(ledger, teardown, warm)
 
     def _attempt(self, state: RunState, session: HostSession, teardown: Teardown,
-                 placed: Placed) -> bool:
+                 placed: Placed, tried: set[tuple[str, str]]) -> bool:
         """Run the pipeline on the placed instance: True when it finished, False when the
-        attempt was lost (interrupted or stalled) and the job is to be re-placed."""
+        attempt was lost (interrupted, stalled, or the host failed its check) and the job is
+        to be re-placed."""
         try:
             session.run(placed)
+        except HostRejected as exc:  # not an interruption: no attempt is counted
+            hostchecks.rejected(state, teardown, placed, exc, tried)
+            return False
         except Stop as stop:
             if stop.kind is StopKind.PRUNED:  # kept warm for the next trial, or released
                 session.park_pruned(placed)

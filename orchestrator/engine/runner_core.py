@@ -93,6 +93,9 @@ class Options:
     backoff_s: float = recovery.BACKOFF_S
     backoff_max_s: float = recovery.BACKOFF_MAX_S
     outage_limit_s: float = recovery.OUTAGE_LIMIT_S
+    # How long a slow training's rate is measured before a move is weighed (None: the
+    # policy's, orchestrator/core/data/hostmemory.yaml `move.min_observed_s`).
+    move_observed_s: float | None = None
 
 
 class JobFailed(Exception):

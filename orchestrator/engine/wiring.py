@@ -149,7 +149,8 @@ def sim_from_env() -> Provider:
     instances are preempted that long after create), ORCH_SIM_CAPACITY ("RTX 3090=0,H100
     PCIe=2": live instances per GPU model), ORCH_SIM_TRAIN_STEPS / ORCH_SIM_STEP_S (how long
     the stand-in trainer runs), ORCH_SIM_MODEL_BYTES / ORCH_SIM_DOWNLOAD_BPS (the base model's
-    size and the hosts' download rate in bytes per second: `hf download` takes that long).
+    size and the hosts' download rate in bytes per second: `hf download` takes that long),
+    ORCH_SIM_MARKET (its machines, a seeded share of them bad: `providers/sim/market.py`).
     """
     from providers.sim.compute import SimCloud
 
@@ -158,9 +159,11 @@ def sim_from_env() -> Provider:
              "model_size_bytes": s.sim_model_bytes,
              "download_bytes_per_second": s.sim_download_bps}
     host: dict[str, object] = {k: v for k, v in given.items() if v is not None}
+    from providers.sim.market import Market
+
     return SimCloud(sim_state_dir(), capacity=s.sim_capacity_by_gpu(),
                     boot_seconds=s.sim_boot_s, preempt_after_s=s.sim_preempt_after_s,
-                    host_options=host)
+                    host_options=host, market=Market.parse(s.sim_market))
 
 
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False

@@ -168,6 +168,7 @@ class EventData(_Kept):
     params: Lenient[dict[str, Any]] = None
     param_order: Lenient[list[str]] = None
     pruned: Lenient[PruneRecord] = None  # a `state` event entering `pruned`: what decided it
+    instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""

@@ -7,7 +7,8 @@ parts, each a module of its own:
 - `servers`: registered monthly servers;
 - `jobs`: jobs, claims (with the sweep gate), leases, status changes;
 - `run`: events, instances, metrics, throughput;
-- `warm`: instances kept warm between jobs (park, take, end).
+- `warm`: instances kept warm between jobs (park, take, end);
+- `hosts`: host memory, what orch learnt of each physical machine.
 Imports point one way: this package → jobs/servers/run → database → tables →
 money/jobstatus; the sweep rules (`records.sweep.rules`) are a leaf the claim path uses.
 Nothing in the store imports the sweep, history or CLI modules. The names below are re-exported so
@@ -32,6 +33,7 @@ from orchestrator.records.store.database import (
     make_engine,
     migrations_dir,
 )
+from orchestrator.records.store.hosts import HostsMixin
 from orchestrator.records.store.jobs import JobsMixin, claim_in, claim_next_gated
 from orchestrator.records.store.run import RecordsMixin
 from orchestrator.records.store.servers import ServersMixin
@@ -45,6 +47,7 @@ from orchestrator.records.store.tables import (
     DatabaseReadOnly,
     DatabaseURLError,
     Event,
+    HostObservation,
     IllegalTransition,
     Instance,
     InvalidValueError,
@@ -70,7 +73,7 @@ from orchestrator.records.store.tables import (
 from orchestrator.records.store.warm import WarmMixin
 
 
-class Store(ServersMixin, JobsMixin, RecordsMixin, WarmMixin):
+class Store(ServersMixin, JobsMixin, RecordsMixin, WarmMixin, HostsMixin):
     """Typed reads and one-transaction writes over the orch database."""
 
     def __init__(self, engine: Engine) -> None:
@@ -86,6 +89,7 @@ __all__ = [
     "ACTIVE_STATUSES", "BILLINGS", "BUSY_TIMEOUT_MS", "FINAL_STATUSES", "JOB_STATUSES",
     "LOCK_WAIT_S", "SCHEMA_HEAD", "SERVER_STATUSES", "AlreadyExists", "CancelRequested",
     "DatabaseBusy", "DatabaseFull", "DatabaseReadOnly", "DatabaseURLError", "Event",
+    "HostObservation",
     "IllegalTransition", "Instance", "InvalidValueError", "Job", "JobStatus", "JobUpdate",
     "LeaseLost",
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",

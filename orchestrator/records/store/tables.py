@@ -564,6 +564,27 @@ class ThroughputObservation(SQLModel, table=True):
     observed_at: datetime = _time()
 
 
+class HostObservation(SQLModel, table=True):
+    """What orch learnt of one physical machine: a host check's result or a finished run's
+    measured speed against its plan (`orchestrator.core.hostmemory.Observation`)."""
+
+    __tablename__ = "host_observation"
+    __table_args__ = (
+        Index("ix_host_observation_machine", "provider", "machine_id", "at"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    provider: str
+    machine_id: str  # the provider's physical machine id (a registered server's name)
+    at: datetime = _time()
+    source: str  # hostmemory.Source: check | run
+    failed: bool = False
+    delivered: float | None = Field(default=None, sa_type=Float)  # of a healthy machine
+    why: str = Field(default="", sa_type=Text)
+    job_id: str | None = Field(default=None, foreign_key="job.id")
+    report_json: str | None = Field(default=None, sa_type=Text)  # the HostReport (checks)
+
+
 def check_status(status: str) -> JobStatus:
     """`status` as a JobStatus; InvalidValueError unless it is one."""
     try:
