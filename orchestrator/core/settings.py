@@ -20,7 +20,7 @@ variables orch passes them are their interface, not orch's settings, and are not
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasGenerator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -45,6 +45,9 @@ ENGINE_DEFAULTS = {"poll_s": "5 (0.5 for jobs on the simulated cloud)",
 STALL_DEFAULTS = {"preparing": "15300 (4 h 15 min)", "training": "7200 (2 h)",
                   "merging": "15300 (4 h 15 min)", "evaluating": "15300 (4 h 15 min)",
                   "releasing": "21600 (6 h)"}
+
+# The deadline contract's check interval (docs/deadline.md, "Parameters").
+DEADLINE_CHECK_S = 300.0
 
 SECONDS = "a number of seconds > 0"
 SECONDS_OR_ZERO = "a number of seconds >= 0"
@@ -128,6 +131,10 @@ class Settings(BaseSettings):
         None, SECONDS, STALL_DEFAULTS["releasing"],
         "The watchdog: the longest copying the outputs back may go without progress.",
         "Engine")
+    deadline_check_s: Seconds = _setting(
+        DEADLINE_CHECK_S, SECONDS, f"{DEADLINE_CHECK_S:g}",
+        "How often a running job with `resources.deadline_hours` asks the deadline policy "
+        "again (docs/deadline.md); also its margin for a move to on-demand.", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(
@@ -169,6 +176,17 @@ class Settings(BaseSettings):
         None, "a number of bytes per second > 0", "(the stand-in's own)",
         "The simulated hosts' download rate: `hf download` of the base model takes "
         "model bytes / this.", "Simulated cloud")
+    sim_spot_regime: Literal["calm", "bursty", "heavy"] | None = _setting(
+        None, "calm, bursty or heavy", "(no market: spot always available)",
+        "The simulated cloud's spot market (providers/sim/spot_regimes.yaml, docs/deadline.md):"
+        " a seeded trace per GPU model says when its spot offers are gone and when a spot "
+        "instance is preempted.", "Simulated cloud")
+    sim_spot_seed: Annotated[int, Field(ge=0)] = _setting(
+        0, "a whole number >= 0", "0", "The seed of the simulated spot market's traces.",
+        "Simulated cloud")
+    sim_spot_seconds_per_hour: Seconds = _setting(
+        3600.0, SECONDS, "3600", "Wall seconds per hour of the simulated spot market's trace "
+        "(48: a trace hour in 48 s, as bench/deadline.py runs it).", "Simulated cloud")
 
     # --- diagnostics and test hooks -------------------------------------------------------
     debug: bool = _setting(
@@ -177,7 +195,8 @@ class Settings(BaseSettings):
     failpoint: str | None = _setting(
         None, "a failpoint name", "(none)", "Test hook (the crash tests): the process kills "
         "itself with SIGKILL at this point: after-create, training, merging, evaluating, "
-        "releasing, after-terminate, after-park, after-take, warm-ending.", "Diagnostics")
+        "releasing, after-terminate, after-park, after-take, warm-ending, move-decided, "
+        "move-released, move-placed.", "Diagnostics")
 
     @field_validator("*", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ class StopKind(StrEnum):
     INTERRUPTED = "interrupted"  # the instance was lost (preempted, gone, unreachable)
     STALLED = "stalled"  # the watchdog: a phase made no progress for its deadline
     LOST = "lost"  # the lease: another worker took the job over
+    MOVED = "moved"  # the deadline policy moves the job off this machine (spot -> on-demand)
 
 
 class Outcome(StrEnum):
@@ -40,6 +41,7 @@ class Outcome(StrEnum):
     REQUEUE = "requeue"  # `orch worker` stopping (SIGTERM, Ctrl-C): requeued to resume
     DATABASE = "database"  # the database refused writes (locked, full): requeued if it can
     DEFERRED = "deferred"  # its providers are unavailable: queued again with a backoff
+    MOVED = "moved"  # a move that escaped re-placement: failed
 
     @classmethod
     def of_stop(cls, kind: StopKind) -> Outcome:
@@ -76,6 +78,7 @@ class EndReason(StrEnum):
     IDLE = "idle"  # `orch reconcile`: nobody drove the job that held it
     PARKED = "parked"  # kept warm: the `warm_instance` row owns the machine now
     EXPIRED = "expired"  # a warm machine's window closed
+    MOVED = "moved"  # the deadline policy moved the job to on-demand (not an interruption)
 
 
 class WarmState(StrEnum):
@@ -134,6 +137,11 @@ class EventKind(StrEnum):
     TRAIN_PROGRESS = "train.progress"
     INSTANCE_TERMINATED = "instance.terminated"
     INSTANCE_RELEASED = "instance.released"
+    # The deadline contract (engine/deadlines.py, docs/deadline.md): each decision of the
+    # policy, a move of the job spot -> on-demand, and the first sign it will miss.
+    DEADLINE_DECISION = "deadline.decision"
+    DEADLINE_MOVE = "deadline.move"
+    DEADLINE_WILL_MISS = "deadline.will_miss"
 
 
 __all__ = [

@@ -150,6 +150,8 @@ class EventData(_Kept):
     index: Lenient[int] = None  # a sweep run's `queued`: its index, params in file order
     params: Lenient[dict[str, Any]] = None
     param_order: Lenient[list[str]] = None
+    step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
+    total: Lenient[int] = None  # `train.progress`: the steps of the whole training
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""

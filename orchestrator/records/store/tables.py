@@ -32,6 +32,7 @@ from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
 from orchestrator.core import money
+from orchestrator.core.deadline import Choice
 from orchestrator.core.jobstatus import JobStatus, parse_status
 from orchestrator.core.states import EndReason, RowState, ServerStatus, WarmState
 from orchestrator.records.columns import (
@@ -306,6 +307,9 @@ class Job(SQLModel, table=True):
     not_before: datetime | None = _time(nullable=True, default_now=False)
     outage_since: datetime | None = _time(nullable=True, default_now=False)
     phase_done: str | None = None
+    # 0012: the deadline contract's standing choice (engine/deadlines.py): `on_demand` once
+    # the policy moved the job off spot (a takeover keeps it there); NULL: not decided.
+    deadline_choice: Choice | None = Field(default=None, sa_type=EnumText(Choice))
 
     def placement(self) -> PlacementRecord:
         """The plan recorded at submit (`records.columns`)."""
@@ -338,6 +342,7 @@ class JobUpdate(TypedDict, total=False):
     billing: str | None
     interruptible: bool | None
     est_hours: float | None
+    deadline_choice: Choice | None
     est_cost_micros: int | None
     tokens: int | None
     train_seconds: float | None
