@@ -97,6 +97,9 @@ class Contract:
         res = inputs.loaded.spec.resources
         self.hours = res.deadline_hours
         self.active = self.hours is not None and res.spot == "allowed"
+        # `spot: required` with a deadline waits for spot while it is gone (the deadline is
+        # only watched) instead of failing for want of an offer.
+        self.spot_only = self.hours is not None and res.spot == "required"
         self.check_s = settings().deadline_check_s
         self.seen: _Seen | None = None
         self.on = Machine.NONE
@@ -112,23 +115,34 @@ class Contract:
     # --- before renting ---------------------------------------------------------------
 
     def before_renting(self, placement: Placement) -> None:
-        """Narrow `placement`'s search to the policy's choice, or defer the job (`wait`)."""
+        """Narrow `placement`'s search to the policy's choice; while it says `wait`, defer
+        the job (a worker) or wait here (`orch submit`) and ask again."""
+        while (decision := self._choose(placement)) is not None:
+            self._wait(decision)
+
+    def _choose(self, placement: Placement) -> Decision | None:
+        """Set the search's spot rule; the decision when it is to wait, else None."""
+        if self.spot_only:
+            if placement.cheapest(SPOT_RULE[Choice.SPOT]) is None:
+                return Decision(Choice.WAIT, Rule.WAIT, "resources.spot is required and no "
+                                "spot can be had now")
+            return None
         if not self.active:
-            return
+            return None
         placement.spot_rule = None
         if self.ledger.job().deadline_choice is Choice.ON_DEMAND:
             placement.spot_rule = SPOT_RULE[Choice.ON_DEMAND]  # the Safety Net: to the end
-            return
+            return None
         seen = self._search(placement)
         if seen is None:
-            return  # nothing fits either way: the placement says why
+            return None  # nothing fits either way: the placement says why
         decision = decide(self._situation(seen, Machine.NONE, seen.spot is not None),
                           seen.market, MODE)
         self._record(decision, seen)
         if decision.choice is Choice.WAIT:
-            self._wait(decision)
-            return
+            return decision
         placement.spot_rule = SPOT_RULE[decision.choice]
+        return None
 
     def _search(self, placement: Placement) -> _Seen | None:
         spot = placement.cheapest(SPOT_RULE[Choice.SPOT])
