@@ -140,3 +140,26 @@ def test_preemption_rates_are_learned_from_the_instance_rows(rig: Rig) -> None:
     assert rate.preemptions_per_hour == pytest.approx((0.298 * 10 + 2) / 20)
     assert rate.describe() == "0.25/h (2 in 10.0 h of running, prior 0.30/h over 10 h)"
     del cloud
+
+
+def test_the_sim_spot_market_is_chosen_by_the_settings(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.core.settings import SettingsError, settings
+    from orchestrator.engine import wiring
+    from providers.sim.compute import SimCloud
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.delenv("ORCH_SIM_SPOT_REGIME", raising=False)
+    assert wiring.sim_spot_market() is None
+    monkeypatch.setenv("ORCH_SIM_SPOT_REGIME", "bursty")
+    monkeypatch.setenv("ORCH_SIM_SPOT_SEED", "3")
+    monkeypatch.setenv("ORCH_SIM_SPOT_SECONDS_PER_HOUR", "48")
+    cloud = wiring.sim_from_env()
+    assert isinstance(cloud, SimCloud) and cloud.spot_market is not None
+    market = cloud.spot_market
+    assert (market.regime.name, market.seed, market.seconds_per_hour) == ("bursty", 3, 48.0)
+    # Every process opening the same market shares its hour 0.
+    assert wiring.sim_spot_market() == market
+    monkeypatch.setenv("ORCH_SIM_SPOT_REGIME", "stormy")
+    with pytest.raises(SettingsError, match="ORCH_SIM_SPOT_REGIME='stormy'"):
+        settings()
