@@ -11,7 +11,7 @@ Every job has the same `deadline_hours`. Dollars are the simulated cloud's own p
 meter (`SimCloud.charged_seconds`) at each instance's price; a deadline is missed when the
 job did not succeed by `created_at + deadline_hours`.
 
-Jobs (seeded, --seed): training of 1 to 3 trace hours (--work-h) at --seconds-per-hour wall
+Jobs (seeded, --seed): training of --work-h trace hours (2) at --seconds-per-hour wall
 seconds per trace hour (48: a trace hour in 48 s, so the simulated cloud's fixed ~8-10 s of
 rent + connect + stand-ins is a restart of 10-12 minutes), a deadline at that over a job
 fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on an A100 80GB
@@ -22,7 +22,10 @@ the policy's choices do not change with it here, as spot is cheaper per hour of 
 both prices. The last line reads `ondemand_usd=... spot_usd=... policy_usd=...
 spot_missed=... policy_missed=...` over all regimes at the catalog's prices. Usage:
     python bench/deadline.py [--jobs 50] [--parallel 12] [--regimes calm,bursty,heavy]
-        [--seconds-per-hour 48] [--work-h 1,3] [--seed 41]
+        [--seconds-per-hour 48] [--work-h 2] [--seed 41]
+Every job trains as long (the simulated trainer's steps), and the stand-in's throughput is
+recorded first as orch would have measured it (`calibrate`): the plan's estimate of the
+training, what the policy plans with before it measures the job's rate, is then right.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 from providers.sim.compute import SimCloud  # noqa: E402
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
-STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed"}
+STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed",
+              "calibrate": "never"}
+GPU = "A100 80GB"
 STEP_S = 0.5
 ON_DEMAND = Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
 
@@ -85,16 +90,33 @@ class Tally:
                 * Decimal(repr(self.on_demand_s))) / 3600
 
 
-def specs(n: int, seed: int, work_h: tuple[float, float], per_hour: float,
-          slack_s: float) -> list[Spec]:
-    """`n` seeded jobs."""
+def specs(n: int, seed: int, work_h: float, per_hour: float, slack_s: float) -> list[Spec]:
+    """`n` seeded jobs: the same training, a deadline at a job fraction of 0.4 to 0.8."""
     rng = random.Random(seed)
-    found = []
-    for _ in range(n):
-        work = rng.uniform(*work_h) * per_hour
-        fraction = rng.uniform(0.4, 0.8)
-        found.append(Spec(max(1, round(work / STEP_S)), work / fraction + slack_s))
-    return found
+    work = work_h * per_hour
+    return [Spec(max(1, round(work / STEP_S)), work / rng.uniform(0.4, 0.8) + slack_s)
+            for _ in range(n)]
+
+
+def calibrate(home: Path, env: dict[str, str], spec: Spec) -> None:
+    """Record the throughput orch would have measured of the stand-in trainer on this GPU
+    (orch records none on a simulated cloud): the plan's estimate of the training, which
+    the policy plans with until it has measured the job's own rate, is then the real one."""
+    from orchestrator.core import throughput
+    from orchestrator.core.planning import total_tokens
+    from orchestrator.core.spec import load_job
+    from orchestrator.records.store import open_store
+
+    path = job_file(home / "jobs", 0, "calibrate", spec)
+    done = subprocess.run([ORCH, "submit", str(path), "--dry-run", "--json"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    job_id = json.loads(done.stdout)["job_id"]
+    loaded = load_job(path)
+    store = open_store(f"sqlite:///{home / 'orch' / 'orch.db'}")
+    store.add_throughput(job_id, GPU, 1, loaded.spec.method,
+                         throughput.size_class(loaded.architecture.params),
+                         total_tokens(loaded) / (spec.steps * STEP_S))
+    store.close()
 
 
 def job_file(folder: Path, i: int, strategy: str, spec: Spec) -> Path:
@@ -103,7 +125,7 @@ def job_file(folder: Path, i: int, strategy: str, spec: Spec) -> Path:
     text = text.replace("eval:\n  eval_set: data/eval.jsonl\n", "")
     text = text.replace("name: quickstart-qwen25-05b", f"name: {strategy}-{i}")
     text = text.replace("  spot: allowed\n", f"  spot: {STRATEGIES[strategy]}\n"
-                        f"  gpus: [A100 80GB]\n"
+                        f"  gpus: [{GPU}]\n"
                         f"  deadline_hours: {spec.deadline_s / 3600:.6f}\n")
     path = folder / f"{strategy}-{i}.yml"
     path.write_text(text)
@@ -125,11 +147,13 @@ def tally(home: Path) -> dict[str, Tally]:
     con = sqlite3.connect(home / "orch" / "orch.db")
     cloud = SimCloud(home / "orch" / "sim")
     found = {s: Tally() for s in STRATEGIES}
-    names = {}
+    names: dict[str, str] = {}
     for job_id, name, status, created, finished, spec_json in con.execute(
             "SELECT id, name, status, created_at, finished_at, spec_json FROM job"):
         strategy = name.split("-")[0]
         names[job_id] = strategy
+        if strategy == "calibrate":
+            continue
         hours = float(json.loads(spec_json)["resources"]["deadline_hours"])
         t = found[strategy]
         t.jobs += 1
@@ -164,8 +188,9 @@ def regime(name: str, args: argparse.Namespace) -> dict[str, Tally]:
         for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT"):
             env.pop(key, None)
         jobs = specs(args.jobs, args.seed, args.work_h, args.seconds_per_hour, args.slack_s)
+        calibrate(home, env, jobs[0])
         work = [(job_file(home / "jobs", i, s, spec), spec)
-                for i, spec in enumerate(jobs) for s in STRATEGIES]
+                for i, spec in enumerate(jobs) for s in STRATEGIES if s != "calibrate"]
         with ThreadPoolExecutor(args.parallel) as pool:
             list(pool.map(lambda w: run_one(env, *w), work))
         found = tally(home)
@@ -179,14 +204,12 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=12)
     p.add_argument("--regimes", default="calm,bursty,heavy")
     p.add_argument("--seconds-per-hour", type=float, default=48.0)
-    p.add_argument("--work-h", default="1,3")
+    p.add_argument("--work-h", type=float, default=2.0)
     p.add_argument("--slack-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--ratio", type=Decimal, default=Decimal("3.33"))
     p.add_argument("--keep", help="a folder to keep each regime's records in")
     args = p.parse_args()
-    lo, hi = (float(x) for x in args.work_h.split(","))
-    args.work_h = (lo, hi)
     market = (ON_DEMAND / args.ratio).quantize(Decimal("0.0001"))
     total = {s: Tally() for s in STRATEGIES}
     started = time.monotonic()
