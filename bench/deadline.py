@@ -14,8 +14,9 @@ job did not succeed by `created_at + deadline_hours`.
 Jobs (seeded, --seed): training of --work-h trace hours (2) at --seconds-per-hour wall
 seconds per trace hour (48: a trace hour in 48 s, so the simulated cloud's fixed ~8-10 s of
 rent + connect + stand-ins is a restart of 10-12 minutes), a deadline at that over a job
-fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on an A100 80GB
-at the catalog's prices ($0.234 spot, $0.468 on-demand an hour). The check interval is the
+fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on one GPU of
+A100 80GB, RTX 4090, RTX 3090, RTX 5090 by turn (each its own trace of the regime) at the
+catalog's prices (spot at half of on-demand). The check interval is the
 engine's 300 s scaled the same way. The spot seconds are also priced at a documented
 marketplace ratio (--ratio, default 3.33: the paper's AWS V100 ratio, docs/deadline.md);
 the policy's choices do not change with it here, as spot is cheaper per hour of progress at
@@ -54,9 +55,11 @@ from providers.sim.compute import SimCloud  # noqa: E402
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed",
               "calibrate": "never"}
-GPU = "A100 80GB"
+# Each GPU model has its own trace in a simulated market: jobs spread over four see four
+# independent markets of the regime, not one (their prices differ; every strategy runs the
+# same jobs, so the ratios compare like with like).
+GPUS = ("A100 80GB", "RTX 4090", "RTX 3090", "RTX 5090")
 STEP_S = 0.5
-ON_DEMAND = Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
 
 
 @dataclass(frozen=True)
@@ -72,22 +75,15 @@ class Tally:
     """One strategy's totals in one regime."""
 
     usd: Decimal = Decimal(0)
-    spot_s: float = 0.0
-    on_demand_s: float = 0.0
+    usd_at_ratio: Decimal = Decimal(0)  # spot priced at its GPU's on-demand / --ratio
     missed: int = 0
     jobs: int = 0
 
     def add(self, other: Tally) -> None:
         self.usd += other.usd
-        self.spot_s += other.spot_s
-        self.on_demand_s += other.on_demand_s
+        self.usd_at_ratio += other.usd_at_ratio
         self.missed += other.missed
         self.jobs += other.jobs
-
-    def at(self, spot_usd: Decimal) -> Decimal:
-        """Dollars with spot at `spot_usd` an hour (on-demand at the catalog's)."""
-        return (spot_usd * Decimal(repr(self.spot_s)) + ON_DEMAND
-                * Decimal(repr(self.on_demand_s))) / 3600
 
 
 def specs(n: int, seed: int, work_h: float, per_hour: float, slack_s: float) -> list[Spec]:
@@ -113,19 +109,21 @@ def calibrate(home: Path, env: dict[str, str], spec: Spec) -> None:
     job_id = json.loads(done.stdout)["job_id"]
     loaded = load_job(path)
     store = open_store(f"sqlite:///{home / 'orch' / 'orch.db'}")
-    store.add_throughput(job_id, GPU, 1, loaded.spec.method,
-                         throughput.size_class(loaded.architecture.params),
-                         total_tokens(loaded) / (spec.steps * STEP_S))
+    for gpu in GPUS:
+        store.add_throughput(job_id, gpu, 1, loaded.spec.method,
+                             throughput.size_class(loaded.architecture.params),
+                             total_tokens(loaded) / (spec.steps * STEP_S))
     store.close()
 
 
 def job_file(folder: Path, i: int, strategy: str, spec: Spec) -> Path:
-    """The quickstart job without its evaluation, on an A100 80GB, with the deadline."""
+    """The quickstart job without its evaluation, on one GPU of GPUS by turn (the stand-in
+    trains no faster on two, which the plan would expect), with the deadline."""
     text = (ROOT / "examples" / "quickstart.yml").read_text()
     text = text.replace("eval:\n  eval_set: data/eval.jsonl\n", "")
     text = text.replace("name: quickstart-qwen25-05b", f"name: {strategy}-{i}")
     text = text.replace("  spot: allowed\n", f"  spot: {STRATEGIES[strategy]}\n"
-                        f"  gpus: [{GPU}]\n"
+                        f"  gpus: [{GPUS[i % len(GPUS)]}]\n  gpu_count: 1\n"
                         f"  deadline_hours: {spec.deadline_s / 3600:.6f}\n")
     path = folder / f"{strategy}-{i}.yml"
     path.write_text(text)
@@ -142,7 +140,7 @@ def _t(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def tally(home: Path) -> dict[str, Tally]:
+def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
     """Each strategy's dollars (the cloud's meter) and deadlines missed, from the records."""
     con = sqlite3.connect(home / "orch" / "orch.db")
     cloud = SimCloud(home / "orch" / "sim")
@@ -159,16 +157,16 @@ def tally(home: Path) -> dict[str, Tally]:
         t.jobs += 1
         late = finished is None or _t(finished) - _t(created) > hours * 3600
         t.missed += int(status != "succeeded" or late)
-    for job_id, iid, price, spot in con.execute(
-            "SELECT job_id, provider_instance_id, price_per_hour_micros, interruptible "
-            "FROM instance WHERE provider_instance_id IS NOT NULL"):
+    rows = con.execute("SELECT job_id, provider_instance_id, price_per_hour_micros, "
+                       "interruptible, gpu FROM instance WHERE provider_instance_id IS NOT "
+                       "NULL").fetchall()
+    on_demand = {gpu: price for _, _, price, spot, gpu in rows if not spot}
+    for job_id, iid, price, spot, gpu in rows:
         seconds = cloud.charged_seconds(iid)
         t = found[names[job_id]]
         t.usd += Decimal(price) * seconds / 3600 / 1_000_000
-        if spot:
-            t.spot_s += seconds
-        else:
-            t.on_demand_s += seconds
+        hourly = Decimal(on_demand.get(gpu, price * 2)) / ratio if spot else Decimal(price)
+        t.usd_at_ratio += hourly * seconds / 3600 / 1_000_000
     con.close()
     return found
 
@@ -193,7 +191,7 @@ def regime(name: str, args: argparse.Namespace) -> dict[str, Tally]:
                 for i, spec in enumerate(jobs) for s in STRATEGIES if s != "calibrate"]
         with ThreadPoolExecutor(args.parallel) as pool:
             list(pool.map(lambda w: run_one(env, *w), work))
-        found = tally(home)
+        found = tally(home, args.ratio)
         SimCloud(home / "orch" / "sim").terminate_all()
     return found
 
@@ -210,24 +208,24 @@ def main() -> None:
     p.add_argument("--ratio", type=Decimal, default=Decimal("3.33"))
     p.add_argument("--keep", help="a folder to keep each regime's records in")
     args = p.parse_args()
-    market = (ON_DEMAND / args.ratio).quantize(Decimal("0.0001"))
+    market = f"on-demand/{args.ratio}"
     total = {s: Tally() for s in STRATEGIES}
     started = time.monotonic()
     print(f"{'regime':8} {'on-demand':>10} {'spot only (missed)':>20} {'policy (missed)':>17} "
-          f"{'policy/od':>9} | at spot ${market}/h: {'policy/od':>9}")
+          f"{'policy/od':>9} | at spot = {market}: {'policy/od':>9}")
     for name in args.regimes.split(","):
         found = regime(name, args)
         od, sp, po = found["ondemand"], found["spot"], found["policy"]
         print(f"{name:8} {od.usd:>10.4f} {sp.usd:>12.4f} ({sp.missed:>3}/{sp.jobs}) "
               f"{po.usd:>9.4f} ({po.missed:>3}/{po.jobs}) "
               f"{po.usd / od.usd if od.usd else 0:>9.3f} | "
-              f"{'':>14}{po.at(market) / od.at(market) if od.usd else 0:>9.3f}"
+              f"{'':>14}{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:>9.3f}"
               f"  (on-demand missed {od.missed})", flush=True)
         for s in STRATEGIES:
             total[s].add(found[s])
     od, sp, po = total["ondemand"], total["spot"], total["policy"]
     print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), at "
-          f"spot ${market}/h {po.at(market) / od.at(market) if od.usd else 0:.3f}; "
+          f"spot at {market} {po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
           f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s")
     print(f"ondemand_usd={od.usd:.4f} spot_usd={sp.usd:.4f} policy_usd={po.usd:.4f} "
           f"spot_missed={sp.missed} policy_missed={po.missed}")
