@@ -15,7 +15,7 @@ Jobs (seeded, --seed): training of --work-h trace hours (2) at --seconds-per-hou
 seconds per trace hour (48: a trace hour in 48 s, so the simulated cloud's fixed ~8-10 s of
 rent + connect + stand-ins is a restart of 10-12 minutes), a deadline at that over a job
 fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on one GPU of
-A100 80GB, RTX 4090, RTX 3090, RTX 5090 by turn (each its own trace of the regime) at the
+A100 80GB, RTX 5090, H100 PCIe by turn (each its own trace of the regime) at the
 catalog's prices (spot at half of on-demand). The check interval is the
 engine's 300 s scaled the same way. The spot seconds are also priced at a documented
 marketplace ratio (--ratio, default 3.33: the paper's AWS V100 ratio, docs/deadline.md);
@@ -55,10 +55,10 @@ from providers.sim.compute import SimCloud  # noqa: E402
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
 STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed",
               "calibrate": "never"}
-# Each GPU model has its own trace in a simulated market: jobs spread over four see four
+# Each GPU model has its own trace in a simulated market: jobs spread over three see three
 # independent markets of the regime, not one (their prices differ; every strategy runs the
-# same jobs, so the ratios compare like with like).
-GPUS = ("A100 80GB", "RTX 4090", "RTX 3090", "RTX 5090")
+# same jobs, so the ratios compare like with like). The sim's GPUs with spot and on-demand.
+GPUS = ("A100 80GB", "RTX 5090", "H100 PCIe")
 STEP_S = 0.5
 
 

@@ -163,3 +163,27 @@ def test_the_sim_spot_market_is_chosen_by_the_settings(
     monkeypatch.setenv("ORCH_SIM_SPOT_REGIME", "stormy")
     with pytest.raises(SettingsError, match="ORCH_SIM_SPOT_REGIME='stormy'"):
         settings()
+
+
+def test_a_preempted_job_with_one_spot_offer_takes_it_again_when_the_policy_says_spot(
+        rig: Rig) -> None:
+    cloud = rig.cloud(host_options={"train_steps": 10, "train_step_seconds": 0.3})
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(
+        "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpus: [A100 80GB]\n"
+        "  gpu_count: 1\n"))
+    job_id = rig.queue(path)
+
+    def preempt() -> None:
+        (row,) = rig.store.instances_of(job_id)
+        assert row.provider_instance_id
+        cloud.preempt(row.provider_instance_id)
+
+    when(lambda: training_step(rig.store, job_id) >= 4, preempt)
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    # The same (only) spot offer again: the policy chose spot for the re-placement too.
+    assert first.offer_id == second.offer_id and first.interruptible and second.interruptible
+    assert [d["choice"] for d in events(rig, job_id, "deadline.decision")] == ["spot", "spot"]
+    assert_nothing_left(rig, cloud, job_id)

@@ -114,9 +114,13 @@ class Contract:
 
     # --- before renting ---------------------------------------------------------------
 
-    def before_renting(self, placement: Placement) -> None:
+    def before_renting(self, placement: Placement, tried: set[tuple[str, str]]) -> None:
         """Narrow `placement`'s search to the policy's choice; while it says `wait`, defer
-        the job (a worker) or wait here (`orch submit`) and ask again."""
+        the job (a worker) or wait here (`orch submit`) and ask again. The offers tried
+        before are worth a try again: a spot offer preempted then is back when spot is
+        (the choice may leave it as the only offer of its kind)."""
+        if self.active or self.spot_only:
+            tried.clear()
         while (decision := self._choose(placement)) is not None:
             self._wait(decision)
 

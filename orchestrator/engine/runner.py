@@ -251,7 +251,7 @@ class JobRunner:
                 return self._succeed(ledger, teardown, warm)
             try:
                 if adopted is None:
-                    contract.before_renting(placement)
+                    contract.before_renting(placement, tried)
                 placed = adopted or placement.place(tried)
             except recovery.ProvidersUnavailable as exc:
                 self._outage(state, str(exc), exc.retry_after)
