@@ -19,7 +19,9 @@ from typing import Any
 from orchestrator.cli.common import EXIT_INVALID, fail, open_db
 from orchestrator.cli.tables import table
 from orchestrator.cli.term import human_time, prose
+from orchestrator.core import preemption
 from orchestrator.core.money import from_micros, usd
+from orchestrator.core.preemption import Rate
 from orchestrator.core.utc import iso_z
 from providers import catalog
 from providers.base import Offer, Requirements
@@ -189,29 +191,48 @@ def run(f: Filters, json_out: bool = False) -> None:
     unkeyed = [c for c in CLOUDS if c not in providers and (named is None or c in named)]
     reasons = [] if shown else why_none(f, pool, removed, market.answered, unkeyed,
                                         [n for n in market.notes if "skipped" not in n])
+    from orchestrator.cli.deadlineview import rates
+
+    learned = rates() if any(o.interruptible for o in shown) else {}
     if json_out:
         print(json.dumps({"source": "live" if live else "catalog", "from": list(market.answered),
-                          "offers": [_row(o) for o in shown], "notes": notes,
+                          "offers": [{**_row(o), **_preempts(o, learned)} for o in shown],
+                          "notes": notes,
                           "filtered": [{"filter": n, "left_out": k} for n, k in removed],
                           "why_none": reasons,
                           "skipped": {p: dict(s) for p, s in market.skipped.items()}},
                          indent=2))
         return
-    _render(shown, source, notes + [f"0 offers: {r}" for r in reasons])
+    _render(shown, source, notes + [f"0 offers: {r}" for r in reasons], learned)
 
 
-def _render(shown: list[Offer], source: str, notes: list[str]) -> None:
+def _rate(o: Offer, learned: dict[tuple[str, str], Rate]) -> Rate | None:
+    """A spot offer's preemption rate (orch's history with the prior); None: on-demand."""
+    return learned.get((o.provider, o.gpu)) or preemption.rate() if o.interruptible else None
+
+
+def _preempts(o: Offer, learned: dict[tuple[str, str], Rate]) -> dict[str, Any]:
+    r = _rate(o, learned)
+    return {"preemptions": None if r is None else r.describe(),
+            "preemptions_per_hour": None if r is None else round(r.preemptions_per_hour, 4)}
+
+
+def _render(shown: list[Offer], source: str, notes: list[str],
+            learned: dict[tuple[str, str], Rate]) -> None:
+    from orchestrator.cli.deadlineview import short
+
     rows = [[o.provider, o.gpu, o.gpu_count, f"{o.gpu_memory_bytes / GIB:.0f}",
              "yes" if o.interruptible else "no",
              f"${o.price_per_hour:,.3f}" if o.price_per_hour is not None else
              f"${o.monthly_price:,.0f}/mo" if o.monthly_price is not None else "-",
              "-" if o.ram_bytes is None else f"{o.ram_bytes / 1000**3:.0f}",
-             snapshot.label(o), o.offer_id] for o in shown]
+             snapshot.label(o), o.offer_id,
+             "-" if (r := _rate(o, learned)) is None else short(r)] for o in shown]
     out = [prose(f"{len(shown)} offer{'s' if len(shown) != 1 else ''}, cheapest first: "
                  f"{source}")]
     if rows:
         out.append(table(["provider", "GPU", "n", "GiB", "spot", "$/h", "RAM GB", "source",
-                          "offer"], rows, right=[2, 3, 5, 6], drop=[8, 6]))
+                          "offer", "preemptions"], rows, right=[2, 3, 5, 6], drop=[8, 6]))
     out += [prose(f"note: {n}", "  ") for n in notes]
     print("\n".join(out))
 
@@ -237,7 +258,17 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
         start = None if since is None else parse_when(since, "--since", datetime.now(UTC))
     except HistoryError as exc:
         fail(str(exc), EXIT_INVALID)
-    rows = prices.history(open_db(), names, start)
+    from orchestrator.cli.deadlineview import short
+    from orchestrator.records.preemptions import rates
+
+    store = open_db()
+    rows = prices.history(store, names, start)
+    learned = rates(store)
+
+    def rate(r: prices.PriceSummary) -> Rate | None:
+        return (learned.get((r.provider, r.gpu)) or preemption.rate()) if r.interruptible \
+            else None
+
     if json_out:
         print(json.dumps([{"provider": r.provider, "gpu": r.gpu, "gpu_count": r.gpu_count,
                            "interruptible": r.interruptible, "observations": r.observations,
@@ -245,7 +276,10 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
                            "latest_at": iso_z(r.latest_at),
                            "min": str(from_micros(r.least)),
                            "median": str(from_micros(r.median)),
-                           "max": str(from_micros(r.most))} for r in rows], indent=2))
+                           "max": str(from_micros(r.most)),
+                           "preemptions": (p := rate(r)) and p.describe(),
+                           "preemptions_per_hour": p and round(p.preemptions_per_hour, 4)}
+                          for r in rows], indent=2))
         return
     if not rows:
         print(f"no prices seen for {', '.join(names)}"
@@ -256,7 +290,8 @@ def prices_run(gpu: str, since: str | None, json_out: bool) -> None:
         return usd(from_micros(micros))
 
     print(table(["provider", "GPU", "n", "spot", "seen", "median $/h", "min", "max", "latest",
-                 "at"],
+                 "at", "preemptions"],
                 [[r.provider, r.gpu, r.gpu_count, "yes" if r.interruptible else "no",
                   r.observations, cell(r.median), cell(r.least), cell(r.most), cell(r.latest),
-                  human_time(r.latest_at)] for r in rows], right=[2, 4, 5, 6, 7, 8]))
+                  human_time(r.latest_at), "-" if (p := rate(r)) is None else short(p)]
+                 for r in rows], right=[2, 4, 5, 6, 7, 8]))

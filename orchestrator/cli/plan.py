@@ -7,6 +7,7 @@ only by the commands that use them, which keeps `orch plan` near ~10x a bare
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -95,6 +96,15 @@ def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | N
         return make_plan(job, servers, without_db(measured_throughput) or {}, live, warm=warm,
                          listed=price_lists(named))
     except NoFit as exc:
+        if job.spec.resources.deadline_hours is not None and "deadline_hours" in str(exc):
+            from orchestrator.cli import deadlineview
+
+            with contextlib.suppress(NoFit):  # it fits without the deadline: name the fastest
+                quick = make_plan(deadlineview.without_deadline(job), servers,
+                                  without_db(measured_throughput) or {}, live, warm=warm,
+                                  listed=price_lists(named))
+                _err(deadlineview.too_short(job, quick))
+                raise SystemExit(EXIT_NO_FIT) from None
         _err(f"error: {job.path}: {exc}")
         _err(offers_line(market))  # where the offers were looked for, and why there
         raise SystemExit(EXIT_NO_FIT) from None
@@ -315,9 +325,13 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
     market = live_market(job)
     result = plan_job(job, servers, market)
     who = runners(job.spec.resources.providers, bool(servers))
+    from orchestrator.cli import deadlineview
+
+    deadline = deadlineview.estimates(result)
     if json_out:
         live = market is not None and bool(market.answered)
-        print(json.dumps({**result.to_dict(alternatives=10_000 if all_rows else 20),
+        extra = {"deadline": deadline.to_dict()} if deadline is not None else {}
+        print(json.dumps({**result.to_dict(alternatives=10_000 if all_rows else 20), **extra,
                           "runs_on": list(who.providers), "runs_on_notes": list(who.notes),
                           "offers_source": "live" if live else "catalog",
                           "offers_from": list(market.answered) if market else [],
@@ -325,6 +339,8 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
                          indent=2, default=str))
     else:
         render_plan(result, 10_000 if all_rows else 12)
+        if deadline is not None:
+            print("\n".join(["", *deadline.lines()]))
         from orchestrator.cli.term import prose
 
         print(prose(offers_line(market, job.spec.resources.providers)))

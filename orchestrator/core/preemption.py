@@ -16,7 +16,9 @@ used by the plan's estimate) has no history yet and comes from the prior alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -89,3 +91,24 @@ def rate(history: History | None = None, start: Prior | None = None) -> Rate:
             / (p.weight_hours + seen.hours))
     return Rate(mean, p.wait_mean_h, p.preemptions_per_hour, seen.interruptions, seen.hours,
                 p.weight_hours)
+
+
+# End reasons of instance rows that never ran a machine: no hours, no interruption.
+NEVER_RAN = frozenset({"capacity", "price_changed"})
+# A row's (provider, GPU, end_reason, created_at, terminated_at) for `histories`.
+RanRow = tuple[str, str, str | None, datetime, datetime | None]
+
+
+def histories(rows: Iterable[RanRow], now: datetime) -> dict[tuple[str, str], History]:
+    """What orch saw of each (provider, GPU)'s spot machines, from their instance rows (the
+    interruptible ones that were created): `interrupted` ends counted, every row's hours
+    from its creation to its end (now while it runs). A machine the deadline policy left
+    (`moved`) counts its hours, not as an interruption."""
+    counts: dict[tuple[str, str], tuple[int, float]] = {}
+    for provider, gpu, reason, start, end in rows:
+        if reason in NEVER_RAN:
+            continue
+        n, hours = counts.get((provider, gpu), (0, 0.0))
+        ran = max(0.0, ((end or now) - start).total_seconds() / 3600)
+        counts[(provider, gpu)] = (n + (reason == "interrupted"), hours + ran)
+    return {key: History(n, hours) for key, (n, hours) in counts.items()}

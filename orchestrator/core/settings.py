@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 from functools import cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -55,6 +55,9 @@ ENGINE_DEFAULTS = {"poll_s": "5 (0.5 for jobs on the simulated cloud)",
 STALL_DEFAULTS = {"preparing": "15300 (4 h 15 min)", "training": "7200 (2 h)",
                   "merging": "15300 (4 h 15 min)", "evaluating": "15300 (4 h 15 min)",
                   "releasing": "21600 (6 h)"}
+
+# The deadline contract's check interval (docs/deadline.md, "Parameters").
+DEADLINE_CHECK_S = 300.0
 
 SECONDS = "a number of seconds > 0"
 SECONDS_OR_ZERO = "a number of seconds >= 0"
@@ -151,6 +154,10 @@ class Settings(BaseModel):
         "The pre-flight host check of every fresh rental (docs/hostchecks.md): a machine that "
         "fails it is released at once and the job placed elsewhere. Off: rentals are used "
         "unchecked.", "Engine")
+    deadline_check_s: Seconds = _setting(
+        DEADLINE_CHECK_S, SECONDS, f"{DEADLINE_CHECK_S:g}",
+        "How often a running job with `resources.deadline_hours` asks the deadline policy "
+        "again (docs/deadline.md); also its margin for a move to on-demand.", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(
@@ -215,6 +222,17 @@ class Settings(BaseModel):
         "providers/sim/market.yaml): the seed, the bad fraction of each GPU model's machines, "
         "their faults, how many machines per model, and whether offers name the machine.",
         "Simulated cloud")
+    sim_spot_regime: Literal["calm", "bursty", "heavy"] | None = _setting(
+        None, "calm, bursty or heavy", "(no market: spot always available)",
+        "The simulated cloud's spot market (providers/sim/spot_regimes.yaml, docs/deadline.md):"
+        " a seeded trace per GPU model says when its spot offers are gone and when a spot "
+        "instance is preempted.", "Simulated cloud")
+    sim_spot_seed: Annotated[int, Field(ge=0)] = _setting(
+        0, "a whole number >= 0", "0", "The seed of the simulated spot market's traces.",
+        "Simulated cloud")
+    sim_spot_seconds_per_hour: Seconds = _setting(
+        3600.0, SECONDS, "3600", "Wall seconds per hour of the simulated spot market's trace "
+        "(48: a trace hour in 48 s, as bench/deadline.py runs it).", "Simulated cloud")
 
     # --- diagnostics and test hooks -------------------------------------------------------
     debug: bool = _setting(
@@ -225,7 +243,7 @@ class Settings(BaseModel):
         "itself with SIGKILL at this point: after-create, training, merging, evaluating, "
         "releasing, after-terminate, after-park, after-take, warm-ending, sweep-proposed, "
         "sweep-queued, pruned-decided, pruned, host-check (after the host check's first "
-        "step).", "Diagnostics")
+        "step), move-decided, move-released, move-placed.", "Diagnostics")
 
     @field_validator("*", mode="before")
     @classmethod

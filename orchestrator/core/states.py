@@ -27,6 +27,7 @@ class StopKind(StrEnum):
     STALLED = "stalled"  # the watchdog: a phase made no progress for its deadline
     LOST = "lost"  # the lease: another worker took the job over
     PRUNED = "pruned"  # the sweep's early stopping: the run lost at a rung
+    MOVED = "moved"  # the deadline policy moves the job off this machine (spot -> on-demand)
 
 
 class Outcome(StrEnum):
@@ -42,6 +43,7 @@ class Outcome(StrEnum):
     DATABASE = "database"  # the database refused writes (locked, full): requeued if it can
     DEFERRED = "deferred"  # its providers are unavailable: queued again with a backoff
     PRUNED = "pruned"  # the sweep's early stopping stopped it at a rung: final, nothing delivered
+    MOVED = "moved"  # a move that escaped re-placement: failed
 
     @classmethod
     def of_stop(cls, kind: StopKind) -> Outcome:
@@ -79,6 +81,7 @@ class EndReason(StrEnum):
     PARKED = "parked"  # kept warm: the `warm_instance` row owns the machine now
     EXPIRED = "expired"  # a warm machine's window closed
     HOST_CHECK_FAILED = "host_check_failed"  # failed its pre-flight check: released, re-placed
+    MOVED = "moved"  # the deadline policy moved the job to on-demand (not an interruption)
 
 
 class WarmState(StrEnum):
@@ -158,6 +161,11 @@ class EventKind(StrEnum):
     TRACKER = "tracker"  # where the run is logged (W&B, MLflow); data `{"url": ...}`
     HOST_CHECKED = "host.checked"  # the pre-flight host check's report; data: its JSON
     PRUNED = "pruned"  # the job's end by early stopping; data `{rung, resource, step, ...}`
+    # The deadline contract (engine/deadlines.py, docs/deadline.md): each decision of the
+    # policy, a move of the job spot -> on-demand, and the first sign it will miss.
+    DEADLINE_DECISION = "deadline.decision"
+    DEADLINE_MOVE = "deadline.move"
+    DEADLINE_WILL_MISS = "deadline.will_miss"
 
 
 # The event kinds webhooks are sent for, in the order the docs list them (a `notify:` target's
@@ -165,6 +173,7 @@ class EventKind(StrEnum):
 NOTIFIED: tuple[EventKind, ...] = (
     EventKind.JOB_SUCCEEDED, EventKind.JOB_FAILED, EventKind.JOB_PREEMPTED,
     EventKind.JOB_REPLACED, EventKind.JOB_BUDGET_REACHED, EventKind.SWEEP_FINISHED,
+    EventKind.DEADLINE_WILL_MISS,
 )
 
 

@@ -8,6 +8,7 @@ before `create`, and the sweep of instances tagged with the job that no row know
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -104,6 +105,21 @@ class Placement:
         self.warm = warm
         # Offers ranked at what their machine delivers (host memory), as sold, by id.
         self.priced: dict[tuple[str, str], Offer] = {}
+        # The deadline policy's choice (engine/deadlines.py): `required` (spot) or `never`
+        # (on-demand) narrows the search for this rental; None: resources.spot as written.
+        self.spot_rule: str | None = None
+
+    def cheapest(self, spot_rule: str) -> scheduler.Placement | None:
+        """The cheapest placement of one kind (`required`: spot, `never`: on-demand) now;
+        None when none fits (spot gone, say)."""
+        kept, self.spot_rule = self.spot_rule, spot_rule
+        try:
+            found = self._candidates(1)
+        except JobFailed:
+            return None
+        finally:
+            self.spot_rule = kept
+        return found[0] if found else None
 
     def adopt(self) -> Placed | None:
         """After a takeover: reuse the job's instance if it is still running, else clean up."""
@@ -173,6 +189,8 @@ class Placement:
         needs)."""
         loaded = self.inputs.loaded
         constraints = constraints_from(loaded)
+        if self.spot_rule is not None:
+            constraints = dataclasses.replace(constraints, spot=self.spot_rule)
         named = constraints.providers
         offers: list[Offer] = []
         notes: list[str] = []

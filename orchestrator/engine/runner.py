@@ -42,6 +42,7 @@ from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
 from orchestrator.engine import hostchecks, recovery
+from orchestrator.engine.deadlines import Contract
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
 from orchestrator.engine.notifications import Notices, placed_on, told
@@ -240,6 +241,8 @@ class JobRunner:
         warm = Warm(state, inputs, teardown)
         placement = Placement(state, inputs, teardown, warm)
         session = HostSession(state, inputs, teardown, warm)
+        contract = Contract(state, inputs, requeue=self.on_signal == "requeue")
+        state.ticks.append(contract.tick)
         placement.check_before_renting()
         tried: set[tuple[str, str]] = set()
         replacing = False  # the last attempt lost its machine: the next placement re-places
@@ -248,7 +251,7 @@ class JobRunner:
             gave_up = recovery.out_of_attempts(job, self.opts.max_attempts)
             if gave_up is not None:
                 raise JobFailed(gave_up)
-            adopted = placement.adopt()
+            adopted = contract.after_adopt(placement.adopt(), teardown, placement)
             session.pruning.check_stored()  # a prune recorded before a kill -9: complete it
             if recovery.nothing_left(job.phase_done, PHASES):
                 # Everything was done before a crash: finish without renting.
@@ -257,11 +260,14 @@ class JobRunner:
                 ledger.event("resume", "artifacts were already copied back; finishing")
                 return self._succeed(ledger, teardown, warm)
             try:
+                if adopted is None:
+                    contract.before_renting(placement, tried)
                 placed = adopted or placement.place(tried)
             except recovery.ProvidersUnavailable as exc:
                 self._outage(state, str(exc), exc.retry_after)
                 tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
+            contract.placed(placed)
             if replacing and adopted is None:
                 state.notices.emit(EventKind.JOB_REPLACED, {"placement": placed_on(placed.inst)})
             replacing = not self._attempt(state, session, teardown, placed, tried)
@@ -291,6 +297,9 @@ class JobRunner:
             if stop.kind is StopKind.STALLED:
                 teardown.stalled(placed, stop)
                 return False
+            if stop.kind is StopKind.MOVED:
+                teardown.moved(placed, str(stop))
+                return False
             if stop.kind is not StopKind.INTERRUPTED:
                 raise
             teardown.interrupted(placed, str(stop))
@@ -303,11 +312,16 @@ class JobRunner:
                 # The watchdog closed the connections: this error is the stall's.
                 teardown.stalled(placed, stalled)
                 return False
+            if stalled is not None and stalled.kind is StopKind.MOVED:  # the move's
+                teardown.moved(placed, str(stalled))
+                return False
             lost = teardown.instance_lost(placed)
             if lost is None:
                 raise JobFailed(describe_failure(exc)) from exc
             teardown.interrupted(placed, lost)
             return False
+        if state.stop is not None and state.stop.kind is StopKind.MOVED:
+            state.clear_stop()  # the pipeline finished before the move stopped it: done
         return True
 
     def _succeed(self, ledger: Ledger, teardown: Teardown, warm: Warm) -> Outcome:

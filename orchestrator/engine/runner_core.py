@@ -310,6 +310,8 @@ class RunState:
         self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
         self.held: dict[int, Attempt] = {}  # the instances this run holds, by row id
         self.notices: Notices = Notices(self.store, self.job_id, "", ())  # webhooks
+        # Asked by the monitor thread every tick (the deadline contract's check).
+        self.ticks: list[Callable[[], None]] = []
 
     def hold(self, row_id: int, provider: str, instance_id: str | None = None,
              offer: Offer | None = None) -> Attempt:
@@ -390,6 +392,8 @@ def monitor(state: RunState, done: threading.Event) -> None:
             watching = state.watching
             if watching is not None and not _watch(state, watching):
                 continue
+            for tick in state.ticks:
+                tick()
             ledger.notify()
         except StoreError as exc:  # the monitor outlives a locked or full database; the
             # pipeline's next write meets the same error and reports it, once

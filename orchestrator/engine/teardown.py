@@ -21,6 +21,7 @@ from orchestrator.engine.runner_core import (
     RunState,
     Stop,
     checkpoint_dir,
+    failpoint,
     log,
 )
 from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, utcnow
@@ -85,6 +86,18 @@ class Teardown:
                         attempt=job.attempt + 1)
         self.state.notices.emit(EventKind.JOB_PREEMPTED, {
             "reason": why, "instance": placed.inst.instance_id})
+
+    def moved(self, placed: Placed, why: str) -> None:
+        """The deadline policy moves the job off this (spot) machine, its choice already
+        committed: release the machine, then queue the job to be placed on on-demand (not
+        an interruption: break before make, docs/deadline.md)."""
+        self.state.clear_stop(unwatch=True)
+        self.state.factory.close_all()
+        self.release(placed.row_id, EndReason.MOVED)
+        failpoint("move-released")
+        self.ledger.set(JobStatus.QUEUED, f"re-placing on on-demand to resume from the last "
+                        f"checkpoint: {why}", {"instance": placed.inst.instance_id},
+                        attempt=self.ledger.job().attempt + 1)
 
     def close_row(self, row_id: int, reason: EndReason) -> None:
         """Close an instance row (terminated now) with what it cost."""

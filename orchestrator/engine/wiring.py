@@ -25,6 +25,7 @@ from providers.base import Offer, PriceList, Provider
 
 if TYPE_CHECKING:
     from orchestrator.records.store import Store
+    from providers.sim.spotmarket import SpotMarket
 
 
 def _vastai() -> type:
@@ -150,7 +151,8 @@ def sim_from_env() -> Provider:
     PCIe=2": live instances per GPU model), ORCH_SIM_TRAIN_STEPS / ORCH_SIM_STEP_S (how long
     the stand-in trainer runs), ORCH_SIM_MODEL_BYTES / ORCH_SIM_DOWNLOAD_BPS (the base model's
     size and the hosts' download rate in bytes per second: `hf download` takes that long),
-    ORCH_SIM_MARKET (its machines, a seeded share of them bad: `providers/sim/market.py`).
+    ORCH_SIM_MARKET (its machines, a seeded share of them bad: `providers/sim/market.py`),
+    ORCH_SIM_SPOT_REGIME (a replayed spot market).
     """
     from providers.sim.compute import SimCloud
 
@@ -163,7 +165,22 @@ def sim_from_env() -> Provider:
 
     return SimCloud(sim_state_dir(), capacity=s.sim_capacity_by_gpu(),
                     boot_seconds=s.sim_boot_s, preempt_after_s=s.sim_preempt_after_s,
-                    host_options=host, market=Market.parse(s.sim_market))
+                    host_options=host, market=Market.parse(s.sim_market),
+                    spot_market=sim_spot_market())
+
+
+def sim_spot_market() -> SpotMarket | None:
+    """The simulated cloud's spot market ORCH_SIM_SPOT_REGIME / _SEED / _SECONDS_PER_HOUR
+    name (docs/deadline.md), its origin shared by every process; None: no market."""
+    s = settings()
+    if s.sim_spot_regime is None:
+        return None
+    import time
+
+    from providers.sim import spotmarket
+
+    return spotmarket.open_market(sim_state_dir(), s.sim_spot_regime, s.sim_spot_seed,
+                                  s.sim_spot_seconds_per_hour, time.time())
 
 
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False

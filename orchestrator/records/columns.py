@@ -169,6 +169,8 @@ class EventData(_Kept):
     param_order: Lenient[list[str]] = None
     pruned: Lenient[PruneRecord] = None  # a `state` event entering `pruned`: what decided it
     instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
+    step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
+    total: Lenient[int] = None  # `train.progress`: the steps of the whole training
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""

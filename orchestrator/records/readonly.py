@@ -7,9 +7,12 @@ library, read-only (no migration, no file created; importing SQLModel/SQLAlchemy
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
+from orchestrator.core import preemption
 from orchestrator.core.money import dollars_trimmed, from_micros
+from orchestrator.core.preemption import Rate
 from orchestrator.core.throughput import Measured, MeasuredKey
 from orchestrator.core.warmfit import WarmMachine
 from orchestrator.records.historyread import (
@@ -39,6 +42,10 @@ _SERVERS_SQL = ("SELECT name, gpu, gpu_count, monthly_price_micros, host, status
 _WARM_SQL = ("SELECT id, provider, provider_instance_id, offer_json, price_per_hour_micros, "
              "image, disk_gb, model_repo, model_revision, parked_by_job, expires_at "
              "FROM warm_instance WHERE state = 'parked' ORDER BY id")
+
+
+_SPOT_SQL = ("SELECT provider, gpu, end_reason, created_at, terminated_at FROM instance "
+             "WHERE interruptible AND provider_instance_id IS NOT NULL")
 
 
 class Unavailable(HistoryError):
@@ -107,3 +114,13 @@ def _medians(rows: Iterable[tuple[Any, ...]]) -> dict[MeasuredKey, Measured]:
         by_key.setdefault((str(gpu), int(count), str(method), str(size)), []).append(
             float(rate))
     return {k: Measured(statistics.median(v), len(v)) for k, v in sorted(by_key.items())}
+
+
+def preemption_rates(url: str) -> dict[tuple[str, str], Rate]:
+    """Each (provider, GPU)'s spot preemption rate from its instance rows (the prior's
+    where orch has none: absent here), as `records.preemptions` computes it."""
+    rows = [(p, g, r, parse_stored(c), parse_stored(t))
+            for p, g, r, c, t in _rows(url, "instances", _SPOT_SQL)]
+    seen = preemption.histories([(p, g, r, c, t) for p, g, r, c, t in rows if c is not None],
+                     datetime.now(UTC))
+    return {key: preemption.rate(h) for key, h in seen.items()}

@@ -18,6 +18,7 @@ from typing import Literal, Unpack
 from sqlalchemy import String, column, or_, text, update
 from sqlmodel import Session, col, select
 
+from orchestrator.core.deadline import Choice
 from orchestrator.core.jobstatus import (
     ACTIVE_STATUSES,
     CANCELLED_AT_ONCE,
@@ -529,6 +530,21 @@ class JobsMixin(StoreBase):
         """The job holds a machine again: its outage (if any) is over, it is not deferred,
         and no phase is done on the new machine yet."""
         self._change(job_id, {"outage_since": None, "not_before": None, "phase_done": None})
+
+    def record_deadline(self, job_id: str, owner: str, choice: Choice | None, kind: EventKind,
+                        message: str, data: Mapping[str, object]) -> None:
+        """The deadline policy's standing `choice` and its event, in one transaction (a move
+        is committed before the machine it leaves is released); LeaseLost if not `owner`'s."""
+        with self.transaction() as session:
+            job = session.get(Job, job_id)
+            if job is None or job.lease_owner != owner:
+                raise LeaseLost(f"job {job_id} is no longer driven by {owner}")
+            now = utcnow()
+            job.deadline_choice = choice
+            job.updated_at = now
+            session.add(Event(job_id=job_id, at=now, kind=kind, message=message,
+                              data_json=json.dumps(data, sort_keys=True,
+                                                   separators=(",", ":"))))
 
     def mark_phase_done(self, job_id: str, phase: str, *,
                         artifacts_dir: str | None = None) -> None:

@@ -32,6 +32,7 @@ from sqlmodel import Field, SQLModel
 from sqlmodel.sql.sqltypes import AutoString
 
 from orchestrator.core import money
+from orchestrator.core.deadline import Choice
 from orchestrator.core.jobstatus import JobStatus, parse_status
 from orchestrator.core.states import EndReason, RowState, ServerStatus, WarmState
 from orchestrator.records.columns import (
@@ -311,6 +312,9 @@ class Job(SQLModel, table=True):
     phase_done: str | None = None
     # 0010: a search sweep's trial number (the run index in its name); NULL outside sweeps.
     trial_number: int | None = None
+    # 0012: the deadline contract's standing choice (engine/deadlines.py): `on_demand` once
+    # the policy moved the job off spot (a takeover keeps it there); NULL: not decided.
+    deadline_choice: Choice | None = Field(default=None, sa_type=EnumText(Choice))
 
     def placement(self) -> PlacementRecord:
         """The plan recorded at submit (`records.columns`)."""
@@ -343,6 +347,7 @@ class JobUpdate(TypedDict, total=False):
     billing: str | None
     interruptible: bool | None
     est_hours: float | None
+    deadline_choice: Choice | None
     est_cost_micros: int | None
     tokens: int | None
     train_seconds: float | None

@@ -1,0 +1,235 @@
+"""Jobs with deadlines on the simulated cloud's spot markets, three strategies side by side.
+
+Issue 41's bench through the product: for each regime of providers/sim/spot_regimes.yaml
+(ORCH_SIM_SPOT_REGIME; seeded; time-scaled by ORCH_SIM_SPOT_SECONDS_PER_HOUR), --jobs seeded
+jobs run under each strategy, each as its own `orch submit` (the job's clock, and so its
+deadline, starts when it is submitted), --parallel at a time:
+- on-demand: `resources.spot: never`;
+- spot only: `spot: required` (a job with a deadline waits while spot is gone);
+- policy: `spot: allowed`, orch's deadline contract (orchestrator/engine/deadlines.py).
+Every job has the same `deadline_hours`. Dollars are the simulated cloud's own per-second
+meter (`SimCloud.charged_seconds`) at each instance's price; a deadline is missed when the
+job did not succeed by `created_at + deadline_hours`.
+
+Jobs (seeded, --seed): training of --work-h trace hours (2) at --seconds-per-hour wall
+seconds per trace hour (48: a trace hour in 48 s, so the simulated cloud's fixed ~8-10 s of
+rent + connect + stand-ins is a restart of 10-12 minutes), a deadline at that over a job
+fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on one GPU of
+A100 80GB, RTX 5090, H100 PCIe by turn (each its own trace of the regime) at the
+catalog's prices (spot at half of on-demand). The check interval is the
+engine's 300 s scaled the same way. The spot seconds are also priced at a documented
+marketplace ratio (--ratio, default 3.33: the paper's AWS V100 ratio, docs/deadline.md);
+the policy's choices do not change with it here, as spot is cheaper per hour of progress at
+both prices. The last line reads `ondemand_usd=... spot_usd=... policy_usd=...
+spot_missed=... policy_missed=...` over all regimes at the catalog's prices. Usage:
+    python bench/deadline.py [--jobs 50] [--parallel 12] [--regimes calm,bursty,heavy]
+        [--seconds-per-hour 48] [--work-h 2] [--seed 41]
+Every job trains as long (the simulated trainer's steps), and the stand-in's throughput is
+recorded first as orch would have measured it (`calibrate`): the plan's estimate of the
+training, what the policy plans with before it measures the job's rate, is then right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from providers.sim.compute import SimCloud  # noqa: E402
+
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed",
+              "calibrate": "never"}
+# Each GPU model has its own trace in a simulated market: jobs spread over three see three
+# independent markets of the regime, not one (their prices differ; every strategy runs the
+# same jobs, so the ratios compare like with like). The sim's GPUs with spot and on-demand.
+GPUS = ("A100 80GB", "RTX 5090", "H100 PCIe")
+STEP_S = 0.5
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One seeded job: training steps and the deadline in wall seconds."""
+
+    steps: int
+    deadline_s: float
+
+
+@dataclass
+class Tally:
+    """One strategy's totals in one regime."""
+
+    usd: Decimal = Decimal(0)
+    usd_at_ratio: Decimal = Decimal(0)  # spot priced at its GPU's on-demand / --ratio
+    missed: int = 0
+    jobs: int = 0
+
+    def add(self, other: Tally) -> None:
+        self.usd += other.usd
+        self.usd_at_ratio += other.usd_at_ratio
+        self.missed += other.missed
+        self.jobs += other.jobs
+
+
+def specs(n: int, seed: int, work_h: float, per_hour: float, slack_s: float) -> list[Spec]:
+    """`n` seeded jobs: the same training, a deadline at a job fraction of 0.4 to 0.8."""
+    rng = random.Random(seed)
+    work = work_h * per_hour
+    return [Spec(max(1, round(work / STEP_S)), work / rng.uniform(0.4, 0.8) + slack_s)
+            for _ in range(n)]
+
+
+def calibrate(home: Path, env: dict[str, str], spec: Spec) -> None:
+    """Record the throughput orch would have measured of the stand-in trainer on this GPU
+    (orch records none on a simulated cloud): the plan's estimate of the training, which
+    the policy plans with until it has measured the job's own rate, is then the real one."""
+    from orchestrator.core import throughput
+    from orchestrator.core.planning import total_tokens
+    from orchestrator.core.spec import load_job
+    from orchestrator.records.store import open_store
+
+    path = job_file(home / "jobs", 0, "calibrate", spec)
+    done = subprocess.run([ORCH, "submit", str(path), "--dry-run", "--json"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    job_id = json.loads(done.stdout)["job_id"]
+    loaded = load_job(path)
+    store = open_store(f"sqlite:///{home / 'orch' / 'orch.db'}")
+    for gpu in GPUS:
+        store.add_throughput(job_id, gpu, 1, loaded.spec.method,
+                             throughput.size_class(loaded.architecture.params),
+                             total_tokens(loaded) / (spec.steps * STEP_S))
+    store.close()
+
+
+def job_file(folder: Path, i: int, strategy: str, spec: Spec) -> Path:
+    """The quickstart job without its evaluation, on one GPU of GPUS by turn (the stand-in
+    trains no faster on two, which the plan would expect), with the deadline."""
+    text = (ROOT / "examples" / "quickstart.yml").read_text()
+    text = text.replace("eval:\n  eval_set: data/eval.jsonl\n", "")
+    text = text.replace("name: quickstart-qwen25-05b", f"name: {strategy}-{i}")
+    text = text.replace("  spot: allowed\n", f"  spot: {STRATEGIES[strategy]}\n"
+                        f"  gpus: [{GPUS[i % len(GPUS)]}]\n  gpu_count: 1\n"
+                        f"  deadline_hours: {spec.deadline_s / 3600:.6f}\n")
+    path = folder / f"{strategy}-{i}.yml"
+    path.write_text(text)
+    return path
+
+
+def run_one(env: dict[str, str], path: Path, spec: Spec) -> None:
+    subprocess.run([ORCH, "submit", str(path), "--json"], env={
+        **env, "ORCH_SIM_TRAIN_STEPS": str(spec.steps)}, cwd=ROOT, capture_output=True,
+        timeout=3600, check=False)
+
+
+def _t(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
+    """Each strategy's dollars (the cloud's meter) and deadlines missed, from the records."""
+    con = sqlite3.connect(home / "orch" / "orch.db")
+    cloud = SimCloud(home / "orch" / "sim")
+    found = {s: Tally() for s in STRATEGIES}
+    names: dict[str, str] = {}
+    for job_id, name, status, created, finished, spec_json in con.execute(
+            "SELECT id, name, status, created_at, finished_at, spec_json FROM job"):
+        strategy = name.split("-")[0]
+        names[job_id] = strategy
+        if strategy == "calibrate":
+            continue
+        hours = float(json.loads(spec_json)["resources"]["deadline_hours"])
+        t = found[strategy]
+        t.jobs += 1
+        late = finished is None or _t(finished) - _t(created) > hours * 3600
+        t.missed += int(status != "succeeded" or late)
+    rows = con.execute("SELECT job_id, provider_instance_id, price_per_hour_micros, "
+                       "interruptible, gpu FROM instance WHERE provider_instance_id IS NOT "
+                       "NULL").fetchall()
+    on_demand = {gpu: price for _, _, price, spot, gpu in rows if not spot}
+    for job_id, iid, price, spot, gpu in rows:
+        seconds = cloud.charged_seconds(iid)
+        t = found[names[job_id]]
+        t.usd += Decimal(price) * seconds / 3600 / 1_000_000
+        hourly = Decimal(on_demand.get(gpu, price * 2)) / ratio if spot else Decimal(price)
+        t.usd_at_ratio += hourly * seconds / 3600 / 1_000_000
+    con.close()
+    return found
+
+
+def regime(name: str, args: argparse.Namespace) -> dict[str, Tally]:
+    """Run every strategy's jobs in one simulated market; their tallies."""
+    with tempfile.TemporaryDirectory(prefix=f"deadline-{name}-") as d:
+        home = Path(args.keep or d) / name
+        (home / "jobs").mkdir(parents=True)
+        shutil.copytree(ROOT / "examples" / "data", home / "jobs" / "data")
+        (home / "orch" / "sim").mkdir(parents=True)
+        env = {**os.environ, "XDG_DATA_HOME": str(home), "ORCH_SIM_SPOT_REGIME": name,
+               "ORCH_SIM_SPOT_SEED": str(args.seed),
+               "ORCH_SIM_SPOT_SECONDS_PER_HOUR": str(args.seconds_per_hour),
+               "ORCH_DEADLINE_CHECK_S": f"{300 / 3600 * args.seconds_per_hour:.3f}",
+               "ORCH_SIM_STEP_S": str(STEP_S), "ORCH_LEASE_S": "15"}
+        for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT"):
+            env.pop(key, None)
+        jobs = specs(args.jobs, args.seed, args.work_h, args.seconds_per_hour, args.slack_s)
+        calibrate(home, env, jobs[0])
+        work = [(job_file(home / "jobs", i, s, spec), spec)
+                for i, spec in enumerate(jobs) for s in STRATEGIES if s != "calibrate"]
+        with ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(lambda w: run_one(env, *w), work))
+        found = tally(home, args.ratio)
+        SimCloud(home / "orch" / "sim").terminate_all()
+    return found
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=50)
+    p.add_argument("--parallel", type=int, default=12)
+    p.add_argument("--regimes", default="calm,bursty,heavy")
+    p.add_argument("--seconds-per-hour", type=float, default=48.0)
+    p.add_argument("--work-h", type=float, default=2.0)
+    p.add_argument("--slack-s", type=float, default=30.0)
+    p.add_argument("--seed", type=int, default=41)
+    p.add_argument("--ratio", type=Decimal, default=Decimal("3.33"))
+    p.add_argument("--keep", help="a folder to keep each regime's records in")
+    args = p.parse_args()
+    market = f"on-demand/{args.ratio}"
+    total = {s: Tally() for s in STRATEGIES}
+    started = time.monotonic()
+    print(f"{'regime':8} {'on-demand':>10} {'spot only (missed)':>20} {'policy (missed)':>17} "
+          f"{'policy/od':>9} | at spot = {market}: {'policy/od':>9}")
+    for name in args.regimes.split(","):
+        found = regime(name, args)
+        od, sp, po = found["ondemand"], found["spot"], found["policy"]
+        print(f"{name:8} {od.usd:>10.4f} {sp.usd:>12.4f} ({sp.missed:>3}/{sp.jobs}) "
+              f"{po.usd:>9.4f} ({po.missed:>3}/{po.jobs}) "
+              f"{po.usd / od.usd if od.usd else 0:>9.3f} | "
+              f"{'':>14}{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:>9.3f}"
+              f"  (on-demand missed {od.missed})", flush=True)
+        for s in STRATEGIES:
+            total[s].add(found[s])
+    od, sp, po = total["ondemand"], total["spot"], total["policy"]
+    print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), at "
+          f"spot at {market} {po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
+          f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s")
+    print(f"ondemand_usd={od.usd:.4f} spot_usd={sp.usd:.4f} policy_usd={po.usd:.4f} "
+          f"spot_missed={sp.missed} policy_missed={po.missed}")
+
+
+if __name__ == "__main__":
+    main()

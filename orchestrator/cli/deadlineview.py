@@ -1,0 +1,74 @@
+"""`orch plan` for a job with `resources.deadline_hours` (issue 41, docs/deadline.md).
+
+After the placements: each strategy's expected cost, chance of missing the deadline and
+hours (`core.deadlineplan`), with the preemption rate used. A deadline no placement can
+meet is refused before anything is rented, naming the fastest placement and the deadline
+it needs (exit 3, as the plan's other refusals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from orchestrator.core import preemption
+from orchestrator.core.preemption import Rate
+
+if TYPE_CHECKING:
+    from orchestrator.core.deadlineplan import DeadlinePlan
+    from orchestrator.core.planning import Plan
+    from orchestrator.core.spec import LoadedJob
+
+
+def estimates(plan: Plan) -> DeadlinePlan | None:
+    """The deadline estimates of `plan`'s job (None: no deadline, or no spot to weigh)."""
+    from orchestrator.core import deadlineplan
+
+    res = plan.job.spec.resources
+    if res.deadline_hours is None:
+        return None
+    spot = next((p.offer for p in plan.ranking.placements if p.offer.interruptible), None)
+    rate = rate_of(spot.provider, spot.gpu) if spot is not None else None
+    return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
+                                 rate or preemption.rate())
+
+
+def rates() -> dict[tuple[str, str], Rate]:
+    """Every (provider, GPU)'s learned spot preemption rate, read-only (none: the prior's)."""
+    from orchestrator.core.paths import default_db_url
+    from orchestrator.records.readonly import Unavailable, preemption_rates
+
+    try:
+        return preemption_rates(default_db_url())
+    except Unavailable:  # the plan notes an unreadable database once; the prior stands
+        return {}
+
+
+def rate_of(provider: str, gpu: str) -> Rate:
+    """`provider`'s spot `gpu` preemption rate: orch's history with the prior, or the prior."""
+    return rates().get((provider, gpu)) or preemption.rate()
+
+
+def short(rate: Rate) -> str:
+    """A table cell: `0.30/h prior` or `0.25/h (2 in 10 h)`."""
+    if not rate.hours:
+        return f"{rate.preemptions_per_hour:.2f}/h prior"
+    return f"{rate.preemptions_per_hour:.2f}/h ({rate.interruptions} in {rate.hours:.0f} h)"
+
+
+def without_deadline(job: LoadedJob) -> LoadedJob:
+    """`job` with no deadline (to find its fastest placement)."""
+    resources = job.spec.resources.model_copy(update={"deadline_hours": None})
+    return dataclasses.replace(job, spec=job.spec.model_copy(update={"resources": resources}))
+
+
+def too_short(job: LoadedJob, fastest: Plan) -> str:
+    """The refusal of a deadline shorter than the fastest placement needs."""
+    best = min(fastest.ranking.placements, key=lambda p: p.est_hours)
+    o = best.offer
+    need = math.ceil(best.est_hours * 100) / 100
+    return (f"error: {job.path}: resources.deadline_hours: {job.spec.resources.deadline_hours:g} "
+            f"h is shorter than the fastest placement needs ({best.est_hours:.2f} h on "
+            f"{'spot' if o.interruptible else 'on-demand'} {o.gpu} x{o.gpu_count}, "
+            f"{o.provider}); set deadline_hours to at least {need:g} or remove it")

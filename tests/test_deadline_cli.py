@@ -1,0 +1,107 @@
+"""`orch plan`, `orch prices` and `orch offers` for jobs with deadlines (issue 41 §2, §3).
+
+`orch plan` gives each strategy's expected cost and chance of missing the deadline and refuses
+a deadline no placement meets, naming the fastest; `orch prices` / `orch offers` show each
+spot row's preemption rate, learned from orch's instance rows (the prior before any).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from emulators.vast import VastEmulator
+from test_cli import orch
+
+from orchestrator.records.store import open_store, utcnow
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "vast-market-key-0123456789"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items()
+         if k not in {"VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_DB_URL", "ORCH_VASTAI_URL"}}
+    e.update(XDG_DATA_HOME=str(tmp_path / "xdg"), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    return e
+
+
+def job(tmp_path: Path, hours: float) -> Path:
+    text = (ROOT / "examples" / "quickstart.yml").read_text()
+    text = text.replace("  spot: allowed\n", f"  spot: allowed\n  deadline_hours: {hours}\n")
+    text = text.replace("data/", str(ROOT / "examples" / "data") + "/")
+    path = tmp_path / "job.yml"
+    path.write_text(text)
+    return path
+
+
+def test_plan_gives_each_strategy_expected_cost_and_chance_of_missing(
+        env: dict[str, str], tmp_path: Path) -> None:
+    path = job(tmp_path, 0.5)
+    out = json.loads(orch(env, "plan", str(path), "--json").stdout)["deadline"]
+    assert out["preemptions"] == "0.30/h (prior)"
+    by = {s["strategy"]: s for s in out["strategies"]}
+    assert set(by) == {"on_demand", "spot", "policy"}
+    assert by["on_demand"]["p_miss"] == 0 and by["policy"]["p_miss"] == 0
+    assert by["spot"]["p_miss"] > 0  # spot alone misses some deadlines at the prior's rate
+    assert Decimal(by["policy"]["expected_cost"]) < Decimal(by["on_demand"]["expected_cost"])
+    human = orch(env, "plan", str(path)).stdout
+    assert "chance of missing" in human and "policy (" in human
+
+
+def test_a_deadline_no_placement_meets_is_refused_naming_the_fastest(
+        env: dict[str, str], tmp_path: Path) -> None:
+    done = orch(env, "plan", str(job(tmp_path, 0.001)), check=False)
+    assert done.returncode == 3, done.stderr
+    assert "resources.deadline_hours: 0.001 h is shorter than the fastest placement needs" \
+        in done.stderr
+    assert "set deadline_hours to at least" in done.stderr
+    submitted = orch(env, "submit", str(job(tmp_path, 0.001)), "--json", check=False)
+    assert submitted.returncode == 3  # nothing queued, nothing rented
+
+
+def test_prices_and_offers_show_the_learned_preemption_rate(env: dict[str, str]) -> None:
+    with VastEmulator(api_key=KEY) as emu:
+        emu.add_offer(id=11, gpu_name="L40S", gpu_ram=46068, dph_base=0.52, min_bid=0.30)
+        env.update(VAST_API_KEY=KEY, ORCH_VASTAI_URL=emu.url)
+        prior = json.loads(orch(env, "offers", "--json").stdout)["offers"]
+        assert {(o["interruptible"], o["preemptions"]) for o in prior} == {
+            (True, "0.30/h (prior)"), (False, None)}
+        # Two vastai L40S spot machines, one preempted after 3 h, one moved after 7 h:
+        # (0.298 * 10 + 1) / (10 + 10) = 0.199/h.
+        os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
+        store = open_store(f"sqlite:///{Path(env['XDG_DATA_HOME']) / 'orch' / 'orch.db'}")
+        job_id = _a_job(store)
+        now = utcnow()
+        for hours, reason in ((3.0, "interrupted"), (7.0, "moved")):
+            row = store.add_instance(job_id, provider="vastai", offer_id="11", gpu="L40S",
+                                     gpu_count=1, billing="per_second", interruptible=True,
+                                     price_per_hour=Decimal("0.3"), attempt=0)
+            with store.transaction() as session:
+                got = session.get(type(row), row.id)
+                assert got is not None
+                got.provider_instance_id, got.state = f"i-{hours}", "terminated"
+                got.created_at = now - timedelta(hours=hours)
+                got.terminated_at, got.end_reason = now, reason
+        store.close()
+        learned = "0.20/h (1 in 10.0 h of running, prior 0.30/h over 10 h)"
+        offers = json.loads(orch(env, "offers", "--json").stdout)["offers"]
+        assert {o["preemptions"] for o in offers if o["interruptible"]} == {learned}
+        seen = json.loads(orch(env, "prices", "L40S", "--json").stdout)
+        assert {r["preemptions"] for r in seen if r["interruptible"]} == {learned}
+        assert "0.20/h (1 in 10 h)" in orch(env, "prices", "L40S").stdout
+
+
+def _a_job(store: object) -> str:
+    from orchestrator.core.spec import load_job
+    from orchestrator.engine.submission import record_job
+    from orchestrator.records.store import Store
+
+    assert isinstance(store, Store)
+    recorded, _ = record_job(store, load_job(ROOT / "examples" / "quickstart.yml"))
+    return recorded.id

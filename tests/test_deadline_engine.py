@@ -1,0 +1,189 @@
+"""The deadline contract in the engine, end to end on the simulated cloud (issue 41).
+
+A job with `resources.deadline_hours` and `spot: allowed` asks the policy before renting
+(a `deadline.decision` event, the rental of the kind it chose), moves from spot to on-demand
+when the slack no longer covers a preemption (`deadline.move`, the spot row closed `moved`,
+the job finishing on on-demand from its mirrored checkpoint), and says at once when it will
+miss the deadline whatever happens (`deadline.will_miss`).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+from test_engine import Rig, assert_nothing_left, rig, training_step, when
+
+from orchestrator.records import preemptions
+from orchestrator.records.store import utcnow
+
+__all__ = ["rig"]
+
+
+def deadline_job(r: Rig, hours: float) -> str:
+    path = r.job_file()
+    path.write_text(path.read_text().replace("  spot: allowed\n",
+                                             f"  spot: allowed\n  deadline_hours: {hours}\n"))
+    return r.queue(path)
+
+
+def events(r: Rig, job_id: str, kind: str) -> list[dict[str, object]]:
+    return [json.loads(e.data_json or "{}") for e in r.store.events(job_id) if e.kind == kind]
+
+
+def test_a_deadline_with_slack_starts_on_spot_as_the_policy_decides(rig: Rig) -> None:
+    cloud = rig.cloud()
+    job_id = deadline_job(rig, 12)
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    (decision,) = events(rig, job_id, "deadline.decision")
+    assert decision["choice"] == "spot" and decision["rule"] == "taking_risks", decision
+    assert "(prior)" in str(decision["preemptions"])
+    (row,) = rig.store.instances_of(job_id)
+    assert row.interruptible and row.end_reason == "released"
+    assert rig.store.get_job(job_id).deadline_choice is None
+    assert_nothing_left(rig, cloud, job_id)
+
+
+STEPS, STEP_S = 80, 0.4
+
+
+def squeeze(r: Rig, job_id: str, left_s: float) -> None:
+    """Move the job's start back so that `left_s` seconds remain to its deadline."""
+    job = r.store.get_job(job_id)
+    hours = json.loads(job.spec_json)["resources"]["deadline_hours"]
+    at = utcnow() - timedelta(seconds=hours * 3600 - left_s)
+    with r.store.transaction() as session:
+        row = session.get(type(job), job_id)
+        assert row is not None
+        row.created_at = at
+
+
+def test_drift_moves_the_job_from_spot_to_on_demand_and_it_finishes_there(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "60")
+    cloud = rig.cloud(host_options={"train_steps": STEPS, "train_step_seconds": STEP_S})
+    job_id = deadline_job(rig, 12)
+    # At step 5, the deadline comes closer: the work left and an on-demand restart fit, a
+    # preemption on top (the check interval of 60 s) no longer does.
+    def closer() -> None:
+        (decided,) = events(rig, job_id, "deadline.decision")
+        after, restart = decided["after_training_s"], decided["on_demand_restart_s"]
+        assert isinstance(after, float) and isinstance(restart, float)
+        squeeze(rig, job_id, (STEPS - 5) * STEP_S + after + restart + 25)
+
+    when(lambda: training_step(rig.store, job_id) >= 5, closer)
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    moves = events(rig, job_id, "deadline.move")
+    assert moves and moves[0]["rule"] == "drift", moves
+    first, second = rig.store.instances_of(job_id)
+    assert first.interruptible and first.end_reason == "moved"
+    assert not second.interruptible and second.end_reason == "released"
+    assert job.interruptions == 0 and job.deadline_choice == "on_demand"
+    assert not events(rig, job_id, "deadline.will_miss")  # on-demand meets it
+    assert events(rig, job_id, "resume"), "did not resume from the mirrored checkpoint"
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def test_a_job_that_will_miss_whatever_happens_says_so_at_once_and_keeps_going(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "60")
+    cloud = rig.cloud(host_options={"train_steps": 30, "train_step_seconds": STEP_S})
+    job_id = deadline_job(rig, 12)
+    when(lambda: training_step(rig.store, job_id) >= 5, lambda: squeeze(rig, job_id, 5))
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    (miss,) = events(rig, job_id, "deadline.will_miss")  # said once, not at every check
+    assert miss["fastest"] == "spot" and float(str(miss["miss_by_s"])) > 0, miss
+    assert not events(rig, job_id, "deadline.move")  # moving would only be later
+    (row,) = rig.store.instances_of(job_id)
+    assert row.interruptible and row.end_reason == "released"
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def test_preemption_rates_are_learned_from_the_instance_rows(rig: Rig) -> None:
+    cloud = rig.cloud()
+    job_id = rig.queue(rig.job_file())
+    store, now = rig.store, utcnow()
+    prior = preemptions.rate_of(store, "sim", "RTX 3090", now)
+    assert prior.describe() == "0.30/h (prior)"
+
+    def row(hours: float, reason: str | None, interruptible: bool = True,
+            iid: str | None = "i-x") -> None:
+        r = store.add_instance(job_id, provider="sim", offer_id="o", gpu="RTX 3090",
+                               gpu_count=1, billing="per_second", interruptible=interruptible,
+                               price_per_hour=prior_price, attempt=0)
+        assert r.id is not None
+        with store.transaction() as session:
+            got = session.get(type(r), r.id)
+            assert got is not None
+            got.provider_instance_id = iid
+            got.created_at = now - timedelta(hours=hours)
+            if reason is not None:
+                got.terminated_at, got.end_reason = now, reason
+                got.state = "terminated"
+
+    from decimal import Decimal
+    prior_price = Decimal("0.1")
+    row(2.0, "interrupted")
+    row(3.0, "interrupted")
+    row(4.0, "moved")  # hours, not an interruption
+    row(1.0, None)  # live: its hours so far
+    row(9.0, "capacity", iid=None)  # never ran
+    row(9.0, "interrupted", interruptible=False)  # on-demand: not spot's history
+    seen = preemptions.histories(store, now)[("sim", "RTX 3090")]
+    assert seen.interruptions == 2 and seen.hours == pytest.approx(10.0)
+    rate = preemptions.rate_of(store, "sim", "RTX 3090", now)
+    # The gamma-Poisson posterior mean with the prior's 0.298/h over 10 h (docs/deadline.md).
+    assert rate.preemptions_per_hour == pytest.approx((0.298 * 10 + 2) / 20)
+    assert rate.describe() == "0.25/h (2 in 10.0 h of running, prior 0.30/h over 10 h)"
+    del cloud
+
+
+def test_the_sim_spot_market_is_chosen_by_the_settings(
+        tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.core.settings import SettingsError, settings
+    from orchestrator.engine import wiring
+    from providers.sim.compute import SimCloud
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.delenv("ORCH_SIM_SPOT_REGIME", raising=False)
+    assert wiring.sim_spot_market() is None
+    monkeypatch.setenv("ORCH_SIM_SPOT_REGIME", "bursty")
+    monkeypatch.setenv("ORCH_SIM_SPOT_SEED", "3")
+    monkeypatch.setenv("ORCH_SIM_SPOT_SECONDS_PER_HOUR", "48")
+    cloud = wiring.sim_from_env()
+    assert isinstance(cloud, SimCloud) and cloud.spot_market is not None
+    market = cloud.spot_market
+    assert (market.regime.name, market.seed, market.seconds_per_hour) == ("bursty", 3, 48.0)
+    # Every process opening the same market shares its hour 0.
+    assert wiring.sim_spot_market() == market
+    monkeypatch.setenv("ORCH_SIM_SPOT_REGIME", "stormy")
+    with pytest.raises(SettingsError, match="ORCH_SIM_SPOT_REGIME='stormy'"):
+        settings()
+
+
+def test_a_preempted_job_with_one_spot_offer_takes_it_again_when_the_policy_says_spot(
+        rig: Rig) -> None:
+    cloud = rig.cloud(host_options={"train_steps": 10, "train_step_seconds": 0.3})
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(
+        "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpus: [A100 80GB]\n"
+        "  gpu_count: 1\n"))
+    job_id = rig.queue(path)
+
+    def preempt() -> None:
+        (row,) = rig.store.instances_of(job_id)
+        assert row.provider_instance_id
+        cloud.preempt(row.provider_instance_id)
+
+    when(lambda: training_step(rig.store, job_id) >= 4, preempt)
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    # The same (only) spot offer again: the policy chose spot for the re-placement too.
+    assert first.offer_id == second.offer_id and first.interruptible and second.interruptible
+    assert [d["choice"] for d in events(rig, job_id, "deadline.decision")] == ["spot", "spot"]
+    assert_nothing_left(rig, cloud, job_id)
