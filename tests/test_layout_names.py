@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from orchestrator.cli.history import register
 from orchestrator.records import history as h
 from orchestrator.records import store as store_mod
-from orchestrator.records.store import Job, Store, open_store
+from orchestrator.records.store import Store, open_store
 
 AT = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -54,10 +54,16 @@ def _migrate(store: Store, target: str, down: bool = False) -> None:
 
 
 def _insert(store: Store, jid: str, placement_json: str | None) -> None:
-    with store.transaction() as session:
-        session.add(Job(id=jid, name=jid, status="succeeded", method="full",
-                        base_model="Qwen/Qwen2.5-32B", spec_json="{}", spec_hash="b" * 64,
-                        placement_json=placement_json, created_at=AT, updated_at=AT))
+    # The columns of the schema at 0006 only: the model's later columns (0010's trial number,
+    # 0012's deadline choice) do not exist in a database downgraded there.
+    row = {"id": jid, "name": jid, "status": "succeeded", "method": "full",
+           "base_model": "Qwen/Qwen2.5-32B", "spec_json": "{}", "spec_hash": "b" * 64,
+           "placement_json": placement_json,
+           "created_at": AT.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+           "updated_at": AT.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+    with store.engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO job ({', '.join(row)}) VALUES "
+                             f"({', '.join(':' + k for k in row)})"), row)
 
 
 def _stored(store: Store) -> dict[str, str | None]:

@@ -90,15 +90,14 @@ def environment_problems(spec: JobSpec, environ: Mapping[str, str], notify_url: 
 
 def planning_hub(providers: Sequence[str] | None, environ: Mapping[str, str]) -> str | None:
     """The Hub `orch plan` asks about a job's datasets, by `hubaccess`'s rule for the hosts:
-    HF_ENDPOINT when set; for a job only `sim` may run, the simulated cloud's Hub (its hosts
-    download the synthetic dataset it describes); else None, huggingface.co."""
+    HF_ENDPOINT when set; for a job only providers with a Hub of their own may run (the
+    simulated cloud: its hosts download the synthetic dataset it describes), that Hub; else
+    None, huggingface.co."""
     if environ.get("HF_ENDPOINT"):
         return environ["HF_ENDPOINT"]
-    if providers and set(providers) == {"sim"}:
-        from providers.sim import hub
+    from orchestrator.engine.wiring import mirrored_hub
 
-        return hub.serve(hub.gated_repos())
-    return None
+    return mirrored_hub(providers)
 
 
 @dataclass

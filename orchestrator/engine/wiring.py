@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.paths import data_dir
 from orchestrator.core.settings import settings
 from providers import credentials
-from providers.base import Offer, PriceList, Provider
+from providers.base import HubMirror, Offer, PriceList, Provider
 
 if TYPE_CHECKING:
     from orchestrator.records.store import Store
@@ -181,6 +181,16 @@ def sim_spot_market() -> SpotMarket | None:
 
     return spotmarket.open_market(sim_state_dir(), s.sim_spot_regime, s.sim_spot_seed,
                                   s.sim_spot_seconds_per_hour, time.time())
+
+
+def mirrored_hub(named: Sequence[str] | None) -> str | None:
+    """The Hub the hosts of a job that may run only on `named` download from, when each of
+    those providers has one of its own (`providers.base.HubMirror`: the simulated cloud,
+    the one such adapter in ADAPTERS); None: HF_ENDPOINT or huggingface.co, as anywhere."""
+    if not named or not all(declares(name, HubMirror) for name in named):
+        return None
+    mirror = sim_from_env()
+    return mirror.hub_endpoint() if isinstance(mirror, HubMirror) else None
 
 
 def configured_providers(store: Store, *, sim: bool | None = None, quick: bool = False

@@ -150,7 +150,7 @@ def _refusal(sql: str, detail: str) -> ReadOnlyError:
 # orch's tables and views, for the error of a query that names another
 # (tests/test_newcomer_errors.py compares them with a freshly migrated database).
 TABLES = ("job", "instance", "event", "metric", "sweep", "server", "price_observation",
-          "throughput_observation", "warm_instance")
+          "throughput_observation", "warm_instance", "sweep_rung", "host_observation")
 VIEWS = ("v_cost_per_month_provider", "v_best_run_per_sweep", "v_gpu_hours_per_model",
          "v_interruptions_per_provider")
 WHAT_IS_THERE = (f"orch's tables: {', '.join(TABLES)}; views: {', '.join(VIEWS)} "
