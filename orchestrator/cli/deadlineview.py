@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
 def estimates(plan: Plan) -> DeadlinePlan | None:
     """The deadline estimates of `plan`'s job (None: no deadline, or no spot to weigh)."""
-    from orchestrator.core import deadlineplan
-
     res = plan.job.spec.resources
     if res.deadline_hours is None:
         return None
+    from orchestrator.core import deadlineplan  # its simulator: only for a job with a deadline
+
     spot = next((p.offer for p in plan.ranking.placements if p.offer.interruptible), None)
     rate = rate_of(spot.provider, spot.gpu) if spot is not None else None
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,

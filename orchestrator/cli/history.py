@@ -226,8 +226,9 @@ def _sql_cmd(
     """Run one read-only SQL query on the history (writes are refused).
 
     Tables: job, instance, event, metric, sweep, server, price_observation,
-    throughput_observation, warm_instance, sweep_rung, host_observation. Views: v_cost_per_month_provider, v_best_run_per_sweep,
-    v_gpu_hours_per_model, v_interruptions_per_provider. Columns: docs/schema.md.
+    throughput_observation, warm_instance, sweep_rung, host_observation. Views:
+    v_cost_per_month_provider, v_best_run_per_sweep, v_gpu_hours_per_model,
+    v_interruptions_per_provider. Columns: docs/schema.md.
 
     Built-in functions only; at most ORCH_SQL_TIMEOUT_S s (30) and ORCH_SQL_MAX_ROWS rows.
     """

@@ -70,14 +70,19 @@ from providers.base import (
 )
 from providers.catalog import gpus as gpu_specs
 from providers.catalog import load
-from providers.sim import hub, market, spotmarket
+from providers.sim import hub
 from providers.sim.local import carries as _carries
 from providers.sim.local import proc_state as _proc_state
 from providers.sim.local import read_pid as _read_pid
 from providers.sim.local import write_atomic as _write_atomic
 
 if TYPE_CHECKING:
+    from providers.sim import market, spotmarket
     from simhost import SimHost
+
+# The market modules (machines, spot traces) are imported where a rental is offered or made:
+# `orch plan` imports this class only to read what it declares (`OptInOnly`), and their
+# imports (statistics, random, the trace models) were ~6 % of its start-up (valgrind).
 
 # Catalog name → the product name the simulated nvidia-smi prints for it (what
 # playbooks/gpu.py matches), from gpus.yaml's `spellings: sim`.
@@ -85,7 +90,6 @@ NVIDIA_SMI_NAMES: dict[str, str] = {canonical: names[0]
                                     for canonical, names in catalog.spellings("sim").items()}
 
 CATALOG_PROVIDER = "cloud"  # the catalog whose models and prices sim sells
-_MARKET = market.Market()  # every machine good
 STATE_FILE = "sim.json"
 _MIB = 1024**2
 _COST_QUANTUM = Decimal("0.000001")
@@ -137,7 +141,11 @@ class SimCloud(OptInOnly, Simulated):
         self.spot_market = spot_market  # spot gone and preempted as its trace says
         self.host_options = dict(host_options or {})
         self.keep_disks = keep_disks  # terminated hosts' directories go to terminated/<id>/
-        self.market = market or _MARKET  # its machines (providers/sim/market.py)
+        if market is None:
+            from providers.sim.market import Market
+
+            market = Market()  # every machine good
+        self.market = market  # its machines (providers/sim/market.py)
         self.clock = clock
         self._hosts: dict[str, SimHost] = {}  # hosts this object started (their init is our child)
         self._thread_lock = threading.RLock()
@@ -145,6 +153,7 @@ class SimCloud(OptInOnly, Simulated):
     def _host_options(self, offer: Offer, machine: market.Machine) -> Any:
         """A host's SimHostOptions on `machine`; AuthError if this account's login shell runs
         nothing."""
+        from providers.sim import market
         from simhost import SimHostOptions
         from simhost.host import login_shell_problem
 
@@ -172,6 +181,8 @@ class SimCloud(OptInOnly, Simulated):
 
     def offers(self, req: Requirements) -> list[Offer]:
         """The catalog's per-second offers this cloud has capacity for, filtered by `req`."""
+        from providers.sim import market, spotmarket
+
         found: list[Offer] = []
         for o in market.offers(self.market, catalog_offers(self.settings.boot_seconds)):
             if self.gpus is not None and o.gpu not in self.gpus:
@@ -194,6 +205,7 @@ class SimCloud(OptInOnly, Simulated):
     def create(self, offer: Offer, ssh_public_key: str, job_id: str, image: str | None = None,
                disk_gb: int = 100) -> Instance:
         """Boot a simulated host for `offer`, tagged `tag_for(job_id)`; CapacityError if full."""
+        from providers.sim import spotmarket
         from simhost import SimHost, SimHostError
 
         if offer.provider != self.name:
@@ -268,6 +280,8 @@ class SimCloud(OptInOnly, Simulated):
         return self.get(instance_id)
 
     def _machine(self, offer: Offer, rentals: dict[str, int]) -> market.Machine:
+        from providers.sim import market
+
         named = offer.machine_id and market.machine(self.market, offer.gpu, offer.machine_id)
         if named:
             return named
