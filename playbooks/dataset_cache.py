@@ -35,7 +35,7 @@ from playbooks.base import (
     safe_name,
 )
 from playbooks.hfrepo import repo_id_problem
-from playbooks.model_cache import classify_download_error, validate_revision
+from playbooks.model_cache import DownloadFailed, classify_download_error, validate_revision
 from providers import retrying
 
 MARKER = ".orch-complete"
@@ -53,14 +53,6 @@ def dataset_dir(layout: Layout, repo: str, revision: str) -> str:
     `--` cannot occur in a repo id, so two datasets never share a folder)."""
     return (f"{layout.base}/datasets/{safe_name(repo.replace('/', '--'))}/"
             f"{safe_name(revision)}")
-
-
-class _DownloadFailed(Exception):
-    """An `hf download` run that failed for a reason worth another run."""
-
-    def __init__(self, result: ssh.Result) -> None:
-        super().__init__(f"exit {result.exit_code}")
-        self.result = result
 
 
 @dataclass
@@ -160,12 +152,12 @@ class DatasetCache:
             permanent = classify_download_error(
                 result.stderr or result.stdout, result.exit_code, self.repo, self.revision,
                 has_token=bool(self.hf_token), field=self.where, repo_type="dataset")
-            raise permanent if permanent is not None else _DownloadFailed(result)
+            raise permanent if permanent is not None else DownloadFailed(result)
 
         try:
-            retrying.policy(_DownloadFailed, attempts=self.attempts,
+            retrying.policy(DownloadFailed, attempts=self.attempts,
                             wait=retrying.steps(self.retry_wait_s, self.retry_wait_s))(once)
-        except _DownloadFailed as failed:
+        except DownloadFailed as failed:
             error = failed.result.stderr or failed.result.stdout
             raise StepFailed(
                 f"hf download of dataset {self.repo} failed {self.attempts} times (last exit "

@@ -346,8 +346,9 @@ def classify_download_error(stderr: str, exit_code: int, repo: str, revision: st
 # --- the playbook ---------------------------------------------------------------------------
 
 
-class _DownloadFailed(Exception):
-    """An `hf download` run that failed for a reason worth another run (not a refusal)."""
+class DownloadFailed(Exception):
+    """An `hf download` run that failed for a reason worth another run (not a refusal);
+    the model and the dataset downloads (`dataset_cache`) retry on it."""
 
     def __init__(self, result: ssh.Result) -> None:
         super().__init__(f"exit {result.exit_code}")
@@ -529,13 +530,13 @@ class ModelCache:
             permanent = classify_download_error(result.stderr or result.stdout,
                                                 result.exit_code, self.repo, self.revision,
                                                 has_token=bool(self.hf_token))
-            raise permanent if permanent is not None else _DownloadFailed(result)
+            raise permanent if permanent is not None else DownloadFailed(result)
 
         # retry_wait_s × n between runs: hf resumes, so each run has less left to fetch.
         try:
-            retrying.policy(_DownloadFailed, attempts=self.attempts,
+            retrying.policy(DownloadFailed, attempts=self.attempts,
                             wait=retrying.steps(self.retry_wait_s, self.retry_wait_s))(once)
-        except _DownloadFailed as failed:
+        except DownloadFailed as failed:
             last = failed.result
             error = last.stderr or last.stdout
             raise StepFailed(
