@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+from providers.datacache import read_yaml
 
 HostKind = Literal["docker", "container"]
 HOST_KINDS: tuple[HostKind, ...] = ("docker", "container")
@@ -61,10 +61,7 @@ class Catalog:
 @cache
 def catalog() -> Catalog:
     """playbooks/data/images.yaml (read once)."""
-    # libyaml's loader where installed: `orch plan` reads this file on every start.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    raw: dict[str, Any] = yaml.load(  # noqa: S506 - a safe loader
-        (Path(__file__).parent / "data" / "images.yaml").read_text(), Loader=loader)
+    raw: dict[str, Any] = read_yaml(Path(__file__).parent / "data" / "images.yaml")
     tags = {str(t): ImageTag(str(t), str(v["python"]), str(v["cuda"]), str(v["torch"]))
             for t, v in raw["tags"].items()}
     lay = dict(raw["layout"])

@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.yamlpos import load_data
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).resolve().parent / "data" / "preemption_prior.yaml"
 
@@ -71,7 +71,7 @@ class Rate:
 
 @cache
 def _raw() -> dict[str, Any]:
-    data: dict[str, Any] = load_data(_DATA.read_text())
+    data: dict[str, Any] = read_yaml(_DATA)
     return data
 
 

@@ -8,8 +8,8 @@ from functools import cache
 from pathlib import Path
 
 from orchestrator.core.sizing import Strategy, Workload, weight_bytes
-from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec, Offer
+from providers.datacache import read_yaml
 
 # The published points the efficiencies below are fitted on (read by throughputcal.py too).
 PUBLISHED = Path(__file__).with_name("data") / "throughput.yaml"
@@ -213,7 +213,7 @@ def model_download_bytes(w: Workload) -> int:
 def _published_runs() -> dict[str, int]:
     """Asserted points of data/throughput.yaml per GPU model: what its `mfu` rests on."""
     out: dict[str, int] = {}
-    for raw in load_data(PUBLISHED.read_text())["points"]:
+    for raw in read_yaml(PUBLISHED)["points"]:
         if raw["asserted"]:
             out[raw["gpu"]] = out.get(raw["gpu"], 0) + 1
     return out

@@ -9,16 +9,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from providers.base import Billing, GpuSpec, Offer
-
-# libyaml's safe loader when available: the catalog is read on every `orch plan`.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _read_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+from providers.datacache import read_yaml
 
 _DIR = Path(__file__).parent
 _MIB = 1024**2
@@ -31,7 +23,7 @@ def _norm(name: str) -> str:
 
 @cache
 def _gpu_doc() -> dict[str, Any]:
-    doc: dict[str, Any] = _read_yaml((_DIR / "gpus.yaml").read_text())
+    doc: dict[str, Any] = read_yaml(_DIR / "gpus.yaml")
     return doc
 
 
@@ -200,7 +192,7 @@ def load() -> Catalog:
     offers: list[Offer] = []
     unpriced: list[UnpricedTier] = []
     for name, parse in (("cloud.yaml", _cloud), ("dedicated.yaml", _dedicated)):
-        raw = _read_yaml((_DIR / name).read_text())
+        raw = read_yaml(_DIR / name)
         o, u = parse(raw)
         offers += o
         unpriced += u

@@ -18,13 +18,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from providers import catalog
 from providers.base import Billing, Offer
+from providers.datacache import read_yaml
 
 _FILE = Path(__file__).parent / "snapshot.yaml"
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _GB = 1000**3
 ID_PREFIX = "snap-"  # offer ids of snapshot rows (live ids are the providers' own)
 SEED = frozenset({"cloud", "dedicated-host"})  # the seed catalogs' providers
@@ -91,7 +89,7 @@ def _offers(provider: str, raw: Mapping[str, Any],
 @cache
 def load(path: Path = _FILE) -> Snapshot:
     """Every snapshot row as offers (on demand, and spot where listed)."""
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # noqa: S506 - safe
+    doc = read_yaml(path)
     offers: list[Offer] = []
     listed: dict[tuple[str, str], Listed] = {}
     dates: dict[str, str] = {}
