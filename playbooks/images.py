@@ -9,10 +9,9 @@ the data file once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from providers.datacache import read_yaml
 
@@ -20,8 +19,7 @@ HostKind = Literal["docker", "container"]
 HOST_KINDS: tuple[HostKind, ...] = ("docker", "container")
 
 
-@dataclass(frozen=True)
-class ImageLayout:
+class ImageLayout(NamedTuple):
     """Where things are inside the trainer images."""
 
     workdir: str
@@ -35,8 +33,7 @@ class ImageLayout:
     data_mount: str
 
 
-@dataclass(frozen=True)
-class ImageTag:
+class ImageTag(NamedTuple):
     """One published tag and what it needs from the host."""
 
     tag: str
@@ -45,8 +42,7 @@ class ImageTag:
     torch: str
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     """The data file, parsed."""
 
     version: str

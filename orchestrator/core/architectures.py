@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from providers.datacache import read_yaml
 
@@ -104,8 +104,7 @@ class Architecture:
         return self.num_hidden_layers * sum(r * sum(shapes[m]) for m in target)
 
 
-@dataclass(frozen=True)
-class KnownModel:
+class KnownModel(NamedTuple):
     repo: str
     architecture: Architecture
     published_params: int

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from orchestrator.core.sizing import Strategy, Workload, weight_bytes
 from providers.base import GpuSpec, Offer
@@ -113,8 +114,7 @@ def measured_key(w: Workload, gpu: str, gpu_count: int) -> MeasuredKey:
     return (gpu, gpu_count, w.method, size_class(w.arch.params))
 
 
-@dataclass(frozen=True)
-class Duration:
+class Duration(NamedTuple):
     """Estimated wall time of a job on one placement, by phase, in hours."""
 
     boot: float

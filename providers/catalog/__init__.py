@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from providers.base import Billing, GpuSpec, Offer
 from providers.datacache import read_yaml
@@ -101,8 +100,7 @@ def canonical_name(name: str) -> str:
     return hits[0] if len(hits) == 1 else name
 
 
-@dataclass(frozen=True)
-class UnpricedTier:
+class UnpricedTier(NamedTuple):
     """A catalog tier whose price the source does not publish (never planned as-is)."""
 
     provider: str
@@ -111,8 +109,7 @@ class UnpricedTier:
     gpu_count: int
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     """Offers with published prices, plus the tiers left out for want of a price."""
 
     offers: tuple[Offer, ...]

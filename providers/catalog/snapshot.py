@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from providers import catalog
 from providers.base import Billing, Offer
@@ -28,8 +28,7 @@ ID_PREFIX = "snap-"  # offer ids of snapshot rows (live ids are the providers' o
 SEED = frozenset({"cloud", "dedicated-host"})  # the seed catalogs' providers
 
 
-@dataclass(frozen=True)
-class Listed:
+class Listed(NamedTuple):
     """Where one snapshot offer's facts come from."""
 
     source: str  # "skypilot-catalog@01b8cdda2878 catalogs/v8/vast/vms.csv"
@@ -37,8 +36,7 @@ class Listed:
     listed: str  # the source's instance type
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """The snapshot's offers, where each comes from, and each provider's date."""
 
     listed_offers: tuple[Offer, ...]  # at the price the source lists (no disks added)
