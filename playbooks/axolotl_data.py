@@ -21,8 +21,7 @@ reporting on (core/builders/base.py:527-539); the run name is `wandb_name` (or
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 DatasetFormat = Literal["alpaca", "chat_template", "completion", "input_output"]
 
@@ -36,8 +35,7 @@ TRACKER_SECRETS = ("WANDB_API_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_US
 WANDB_RESUME = ("WANDB_RESUME", "allow")
 
 
-@dataclass(frozen=True)
-class DatasetEntry:
+class DatasetEntry(NamedTuple):
     """One training (or eval) dataset as axolotl reads it on the host."""
 
     path: str  # inside the container (or the host path for a native run)
@@ -67,8 +65,7 @@ def dataset_keys(e: DatasetEntry) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class TrackerKeys:
+class TrackerKeys(NamedTuple):
     """The trackers a run reports to (None: not used)."""
 
     wandb_project: str | None = None

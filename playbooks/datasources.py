@@ -59,9 +59,9 @@ def filled(config: TrainConfigInput, sources: Sequence[DataSource], layout: Layo
     paths = [inside(s.host_path(layout, job_id)) for s in sources]
     n = len(config.datasets)
     return replace(config,
-                   datasets=tuple(replace(e, path=p) for e, p in zip(
+                   datasets=tuple(e._replace(path=p) for e, p in zip(
                        config.datasets, paths[:n], strict=True)),
-                   test_datasets=tuple(replace(e, path=p) for e, p in zip(
+                   test_datasets=tuple(e._replace(path=p) for e, p in zip(
                        config.test_datasets, paths[n:], strict=True)))
 
 

@@ -12,8 +12,9 @@ from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
+
+from providers.datacache import read_yaml
 
 DATA = Path(__file__).parent / "data" / "hostchecks.yaml"
 
@@ -204,4 +205,4 @@ class Thresholds(_Model):
 @cache
 def thresholds() -> Thresholds:
     """The thresholds file, validated (read once)."""
-    return Thresholds.model_validate(yaml.safe_load(DATA.read_text()))
+    return Thresholds.model_validate(read_yaml(DATA))

@@ -9,19 +9,17 @@ the data file once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-import yaml
+from providers.datacache import read_yaml
 
 HostKind = Literal["docker", "container"]
 HOST_KINDS: tuple[HostKind, ...] = ("docker", "container")
 
 
-@dataclass(frozen=True)
-class ImageLayout:
+class ImageLayout(NamedTuple):
     """Where things are inside the trainer images."""
 
     workdir: str
@@ -35,8 +33,7 @@ class ImageLayout:
     data_mount: str
 
 
-@dataclass(frozen=True)
-class ImageTag:
+class ImageTag(NamedTuple):
     """One published tag and what it needs from the host."""
 
     tag: str
@@ -45,8 +42,7 @@ class ImageTag:
     torch: str
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     """The data file, parsed."""
 
     version: str
@@ -61,10 +57,7 @@ class Catalog:
 @cache
 def catalog() -> Catalog:
     """playbooks/data/images.yaml (read once)."""
-    # libyaml's loader where installed: `orch plan` reads this file on every start.
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    raw: dict[str, Any] = yaml.load(  # noqa: S506 - a safe loader
-        (Path(__file__).parent / "data" / "images.yaml").read_text(), Loader=loader)
+    raw: dict[str, Any] = read_yaml(Path(__file__).parent / "data" / "images.yaml")
     tags = {str(t): ImageTag(str(t), str(v["python"]), str(v["cuda"]), str(v["torch"]))
             for t, v in raw["tags"].items()}
     lay = dict(raw["layout"])

@@ -21,6 +21,7 @@ PACKAGES = ("orchestrator", "providers", "playbooks", "simhost")
 # Bottom to top: a module may import its own layer and the ones before it.
 LAYERS = (
     "providers.retrying",   # the one retry policy (tenacity); imports nothing of ours
+    "providers.datacache",  # shipped YAML data read through a compiled cache; nothing of ours
     "simhost",              # the simulated cloud's hosts (sshd + stand-ins); imports nothing
     "playbooks.ssh",        # SSH/SFTP to a host: argv only, pinned host keys; a leaf
     "providers",            # clouds and monthly servers behind one interface; catalogs

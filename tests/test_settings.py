@@ -260,3 +260,21 @@ def test_the_factory_hands_its_timeouts_to_commands_and_sftp(simhost, ssh_keypai
     with ConnectionFactory(ssh_keypair.private, connect_timeout=5, connect_deadline=10) as plain:
         conn = plain.connect(host.host, host.port, host.user, host.host_key)
         assert (command_timeout(conn), io_timeout(conn)) == (3600.0, 120.0)
+
+
+def test_the_defaults_taken_unvalidated_are_what_validation_gives() -> None:
+    """A process with no ORCH_* variable takes `defaults()` (no validator built): the same
+    value and type, field by field, as `Settings()` validated."""
+    taken, validated = settings_module.defaults(), Settings()
+    assert list(Settings.model_fields) and taken == validated
+    for name in Settings.model_fields:
+        got, want = getattr(taken, name), getattr(validated, name)
+        assert (type(got), got) == (type(want), want), name
+
+
+def test_no_orch_variable_takes_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in [k for k in os.environ if k.startswith("ORCH_")]:
+        monkeypatch.delenv(key)
+    assert settings() == settings_module.defaults()
+    monkeypatch.setenv("ORCH_LEASE_S", "90")
+    assert settings().lease_s == 90.0

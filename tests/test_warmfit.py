@@ -40,7 +40,7 @@ def _machine(offer: Offer, wid: int = 1, **changes: object) -> warmfit.WarmMachi
                             or Decimal(0), image=IMAGE, disk_gb=100, model=MODEL,
                             parked_by="j-a", expires_at=NOW + timedelta(minutes=10),
                             instance_id="i-1")
-    return replace(m, **changes)  # type: ignore[arg-type]
+    return m._replace(**changes)  # type: ignore[arg-type]
 
 
 def _offers(machines: list[warmfit.WarmMachine],

@@ -9,6 +9,7 @@ heavy libraries (the database layer, SSH, HTTP) only inside the commands here th
 import atexit
 import gc
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -270,6 +271,13 @@ def main() -> None:
     # connections); Python never promised finalizers for what is left at exit.
     atexit.unregister(gc.freeze)  # once, where a test calls main() many times
     atexit.register(gc.freeze)
+    # Pydantic looks for plugins (logfire and the like: none is part of orch) by reading the
+    # entry points of every installed distribution when it builds its first model: ~2 % of
+    # `orch plan`'s start-up, and more the more packages share the environment. Off unless
+    # the user has set PYDANTIC_DISABLE_PLUGINS themselves (to "" to load plugins): pydantic
+    # 2.14 `plugin/_loader.py` `get_plugins`, docs.pydantic.dev "Plugins". Set before any
+    # model is built, and inherited by the orch processes this one starts.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     # Every command checks orch's settings (the ORCH_* variables) first: a bad one exits 2
     # with one line each, before anything is read or written. Help needs none of them.
     if sys.argv[1:] and not {"--help", "-h", "--version"} & set(sys.argv[1:]):

@@ -8,7 +8,6 @@ it needs (exit 3, as the plan's other refusals).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -60,7 +59,7 @@ def short(rate: Rate) -> str:
 def without_deadline(job: LoadedJob) -> LoadedJob:
     """`job` with no deadline (to find its fastest placement)."""
     resources = job.spec.resources.model_copy(update={"deadline_hours": None})
-    return dataclasses.replace(job, spec=job.spec.model_copy(update={"resources": resources}))
+    return job._replace(spec=job.spec.model_copy(update={"resources": resources}))
 
 
 def too_short(job: LoadedJob, fastest: Plan) -> str:

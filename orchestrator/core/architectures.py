@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from orchestrator.core.yamlpos import load_data
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).with_name("data") / "models.yaml"
 
@@ -104,8 +104,7 @@ class Architecture:
         return self.num_hidden_layers * sum(r * sum(shapes[m]) for m in target)
 
 
-@dataclass(frozen=True)
-class KnownModel:
+class KnownModel(NamedTuple):
     repo: str
     architecture: Architecture
     published_params: int
@@ -114,7 +113,7 @@ class KnownModel:
 @cache
 def known_models() -> dict[str, KnownModel]:
     """Built-in table keyed by lower-cased repo id (aliases included)."""
-    raw = load_data(_DATA.read_text())["models"]
+    raw = read_yaml(_DATA)["models"]
     table: dict[str, KnownModel] = {}
     for repo, fields in raw.items():
         fields = dict(fields)
@@ -129,7 +128,7 @@ def known_models() -> dict[str, KnownModel]:
 
 def known_aliases() -> dict[str, list[str]]:
     """Each built-in repo id and its aliases, as the data file spells them."""
-    raw = load_data(_DATA.read_text())["models"]
+    raw = read_yaml(_DATA)["models"]
     return {repo: list(fields.get("aliases", [])) for repo, fields in raw.items()}
 
 

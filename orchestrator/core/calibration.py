@@ -22,7 +22,7 @@ from orchestrator.core.sizing import (
     Workload,
     estimate,
 )
-from orchestrator.core.yamlpos import load_data
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).with_name("data") / "calibration.yaml"
 
@@ -131,4 +131,4 @@ def _point(raw: dict[str, Any]) -> Point:
 
 def points() -> list[Point]:
     """Every recorded point, in file order."""
-    return [_point(raw) for raw in load_data(_DATA.read_text())["points"]]
+    return [_point(raw) for raw in read_yaml(_DATA)["points"]]

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core import userfiles
 
@@ -29,8 +28,7 @@ class DatasetError(ValueError):
         self.problems = problems
 
 
-@dataclass(frozen=True)
-class DatasetSize:
+class DatasetSize(NamedTuple):
     """How many tokens one epoch has, and whether that is a count or an estimate."""
 
     tokens: int
@@ -64,8 +62,7 @@ def _jsonl_rows(path: Path, problems: list[str]) -> Iterator[tuple[int, Any]]:
         problems.append(f"{path}: cannot read ({exc.strerror or exc})")
 
 
-@dataclass(frozen=True)
-class RowShape:
+class RowShape(NamedTuple):
     """What a training row must hold: the format and the columns it reads (the file's own
     names, `datasetspec.DatasetSpec.field`)."""
 

@@ -8,9 +8,8 @@ its link to the machine running orch (often a home or office line). The plan say
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core.spec import LoadedJob
 
@@ -23,8 +22,7 @@ BF16_BYTES = 2
 BIG_BYTES = 20 * 10**9
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     """The job's results: sizes in bytes, where each goes, the time and cost of sending."""
 
     adapter_bytes: int  # the adapter (LoRA/QLoRA), or the full fine-tune's weights

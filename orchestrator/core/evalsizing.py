@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from orchestrator.core import money
 from orchestrator.core.architectures import Architecture
@@ -77,8 +77,7 @@ class EvalWork:
     rentals: frozenset[str] = field(default_factory=frozenset)
 
 
-@dataclass(frozen=True)
-class ServeEstimate:
+class ServeEstimate(NamedTuple):
     """vLLM's memory on each of `tensor_parallel` GPUs, by component."""
 
     served: Served
@@ -173,8 +172,7 @@ def eval_hours(work: EvalWork, est: ServeEstimate, gpu: GpuSpec | None,
     return (load_s + steps * step_s) / 3600 + work.tasks * LM_EVAL_TASK_HOURS
 
 
-@dataclass(frozen=True)
-class EvalPlan:
+class EvalPlan(NamedTuple):
     """Where and how the evaluation runs, and what it costs."""
 
     placement: PlacementKind

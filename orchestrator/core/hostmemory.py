@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from orchestrator.core.yamlpos import load_data
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).with_name("data") / "hostmemory.yaml"
 _MICRO = Decimal("0.000001")
@@ -71,7 +71,7 @@ class Policy(_Policy):
 @cache
 def policy() -> Policy:
     """The policy file, validated (read once)."""
-    return Policy.model_validate(load_data(_DATA.read_text()))
+    return Policy.model_validate(read_yaml(_DATA))
 
 
 class Source(StrEnum):

@@ -23,8 +23,7 @@ since the bytes count every column (alpaca's `text` column repeats the other thr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core.datafiles import (
     ALPACA_TEMPLATE_TOKENS,
@@ -39,8 +38,7 @@ ROW_TEMPLATE_TOKENS = {"alpaca": ALPACA_TEMPLATE_TOKENS, "chat_template": 2 * CH
 DEFAULT_CONFIG = "default"  # the datasets library's name for a dataset's only config
 
 
-@dataclass(frozen=True)
-class HubDatasetRef:
+class HubDatasetRef(NamedTuple):
     """Which rows of which Hub dataset a job trains on."""
 
     repo: str
@@ -50,8 +48,7 @@ class HubDatasetRef:
     format: str = "alpaca"
 
 
-@dataclass(frozen=True)
-class SplitSize:
+class SplitSize(NamedTuple):
     """One split's published size."""
 
     config: str

@@ -17,6 +17,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import NamedTuple
 
 from orchestrator.core import savers, throughput
 from orchestrator.core.evalsizing import EvalWork
@@ -70,8 +71,7 @@ class _Model:
     price: float
 
 
-@dataclass(frozen=True)
-class OfferBook:
+class OfferBook(NamedTuple):
     """A market indexed for `best`: built once, used for any number of jobs."""
 
     groups: tuple[_Group, ...]

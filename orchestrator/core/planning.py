@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core import evalsizing, offerbook, savers, scheduler, warmfit
 from orchestrator.core.delivery import Delivery, plan_delivery
@@ -36,8 +36,7 @@ CONTAINER_RENTALS = LIVE_PROVIDERS | {"cloud"}
 __all__ = ["Plan", "RegisteredServer", "make_plan", "server_offers"]
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """What `orch plan` shows and `orch submit` records."""
 
     job: LoadedJob

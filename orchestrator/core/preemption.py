@@ -21,15 +21,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from orchestrator.core.yamlpos import load_data
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).resolve().parent / "data" / "preemption_prior.yaml"
 
 
-@dataclass(frozen=True)
-class Prior:
+class Prior(NamedTuple):
     """What orch assumes of a spot machine before it has seen any."""
 
     preemptions_per_hour: float
@@ -50,8 +49,7 @@ class History:
             raise ValueError(f"history: {self.interruptions} interruptions in {self.hours} h")
 
 
-@dataclass(frozen=True)
-class Rate:
+class Rate(NamedTuple):
     """The rate orch plans with, and what it is made of (for `orch prices` / `orch offers`)."""
 
     preemptions_per_hour: float
@@ -71,7 +69,7 @@ class Rate:
 
 @cache
 def _raw() -> dict[str, Any]:
-    data: dict[str, Any] = load_data(_DATA.read_text())
+    data: dict[str, Any] = read_yaml(_DATA)
     return data
 
 

@@ -11,8 +11,9 @@ it reaches a cheaper tier. The slowdown of each saver and its source are in docs
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from orchestrator.core import sizing
 from orchestrator.core.sizing import MemoryEstimate, Strategy, Workload
@@ -81,8 +82,7 @@ def _strategy_slowdown(strategy: Strategy, gpu_count: int, scaling: dict[str, fl
     return factor
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """One strategy and set of savers: its time factor, tie-break order and estimate."""
 
     time: float
@@ -137,8 +137,7 @@ def first_fit(candidates: tuple[Layout, ...], gpu_memory_bytes: int,
     return None
 
 
-@dataclass(frozen=True)
-class Choice:
+class Choice(NamedTuple):
     """A setting the planner decided, and what it bought."""
 
     name: str  # the training.* field

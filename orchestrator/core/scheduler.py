@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
+from typing import NamedTuple
 
 from orchestrator.core import evalsizing, money, savers, sizing, throughput
 from orchestrator.core.evalsizing import EvalWork
@@ -13,8 +14,7 @@ from orchestrator.core.sizing import GIB, MemoryEstimate, Workload
 from providers.base import Billing, GpuSpec, Offer
 
 
-@dataclass(frozen=True)
-class Constraints:
+class Constraints(NamedTuple):
     """The job's `resources:` limits, as plain values."""
 
     spot: str = "allowed"  # allowed | required | never
@@ -32,8 +32,7 @@ class Constraints:
 WARM_PREFIX = "warm:"
 
 
-@dataclass(frozen=True)
-class Extras:
+class Extras(NamedTuple):
     """What a host bills a job beyond its compute phases, the same on every offer: the hours
     it spends sending the results (core.delivery)."""
 
@@ -41,8 +40,7 @@ class Extras:
     cheaper: str | None = None  # a cheaper delivery route, said when the budget is short
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """One way to run the job, with its estimate and cost."""
 
     offer: Offer
@@ -201,7 +199,7 @@ def rank(
         if isinstance(placed, str):
             rejected[placed] += 1
             if placed == OVER_BUDGET:
-                unlimited = priced(offer, est, dur, replace(constraints, max_cost=None), extras)
+                unlimited = priced(offer, est, dur, constraints._replace(max_cost=None), extras)
                 if isinstance(unlimited, Placement) and (
                         over_budget is None or unlimited.sort_key() < over_budget.sort_key()):
                     over_budget = unlimited
@@ -243,12 +241,12 @@ def timed(w: Workload, tokens: int, offer: Offer, gpu: GpuSpec, est: MemoryEstim
            offer.boot_minutes, offer.pull_gbps, cached, learned, rental)
     if key in cache:
         return cache[key]
-    dur = replace(throughput.duration(est.workload or w, tokens, offer, gpu, est.strategy,
-                                      model_cached=cached, measured=learned),
-                  delivery=extras.delivery_hours)
+    dur = throughput.duration(est.workload or w, tokens, offer, gpu, est.strategy,
+                              model_cached=cached, measured=learned)._replace(
+        delivery=extras.delivery_hours)
     served = None if evaluation is None else evalsizing.on_machine(evaluation, offer, gpu)
     found = cache[key] = (dur if evaluation is None else
-                          None if served is None else replace(dur, evaluation=served[1]))
+                          None if served is None else dur._replace(evaluation=served[1]))
     return found
 
 

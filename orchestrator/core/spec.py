@@ -6,10 +6,9 @@ docs/job-file.md and `orch schema job` (JSON Schema, for editors) are generated 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -435,8 +434,7 @@ class JobSpec(Strict):
         return list(self.datasets) if self.datasets is not None else [self.dataset]
 
 
-@dataclass(frozen=True)
-class LoadedJob:
+class LoadedJob(NamedTuple):
     """A validated job file with everything resolved that sizing needs."""
 
     spec: JobSpec

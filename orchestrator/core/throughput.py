@@ -6,10 +6,11 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 from orchestrator.core.sizing import Strategy, Workload, weight_bytes
-from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec, Offer
+from providers.datacache import read_yaml
 
 # The published points the efficiencies below are fitted on (read by throughputcal.py too).
 PUBLISHED = Path(__file__).with_name("data") / "throughput.yaml"
@@ -113,8 +114,7 @@ def measured_key(w: Workload, gpu: str, gpu_count: int) -> MeasuredKey:
     return (gpu, gpu_count, w.method, size_class(w.arch.params))
 
 
-@dataclass(frozen=True)
-class Duration:
+class Duration(NamedTuple):
     """Estimated wall time of a job on one placement, by phase, in hours."""
 
     boot: float
@@ -213,7 +213,7 @@ def model_download_bytes(w: Workload) -> int:
 def _published_runs() -> dict[str, int]:
     """Asserted points of data/throughput.yaml per GPU model: what its `mfu` rests on."""
     out: dict[str, int] = {}
-    for raw in load_data(PUBLISHED.read_text())["points"]:
+    for raw in read_yaml(PUBLISHED)["points"]:
         if raw["asserted"]:
             out[raw["gpu"]] = out.get(raw["gpu"], 0) + 1
     return out

@@ -12,8 +12,8 @@ from typing import Any
 from orchestrator.core.architectures import Architecture, from_fields, lookup
 from orchestrator.core.sizing import Strategy, Workload
 from orchestrator.core.throughput import PUBLISHED, training_seconds
-from orchestrator.core.yamlpos import load_data
 from providers.base import GpuSpec
+from providers.datacache import read_yaml
 
 _DATA = PUBLISHED
 # Tokens the estimate is taken over: large enough that no per-run constant matters.
@@ -52,7 +52,7 @@ def band() -> float:
 
 
 def _raw() -> dict[str, Any]:
-    data: dict[str, Any] = load_data(_DATA.read_text())
+    data: dict[str, Any] = read_yaml(_DATA)
     return data
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.core.scheduler import WARM_PREFIX, Placement
 from providers.base import Billing, Offer
@@ -25,8 +25,7 @@ from providers.base import Billing, Offer
 PREFIX = WARM_PREFIX
 
 
-@dataclass(frozen=True)
-class WarmMachine:
+class WarmMachine(NamedTuple):
     """A parked machine as the planner sees it (a `warm_instance` row)."""
 
     warm_id: int
@@ -100,8 +99,7 @@ def offers(machines: Iterable[WarmMachine], *, providers: Collection[str], image
     return found, frozenset(cached)
 
 
-@dataclass(frozen=True)
-class Saving:
+class Saving(NamedTuple):
     """A warm machine the ranking chose, and the cheapest fresh placement it beat."""
 
     warm: Placement

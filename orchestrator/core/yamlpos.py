@@ -162,8 +162,3 @@ def _dotted(loc: Loc) -> str:
 
 
 dotted = _dotted
-
-
-def load_data(text: str) -> Any:
-    """Parse a trusted data file (catalogs, model tables) with the fast safe loader."""
-    return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader

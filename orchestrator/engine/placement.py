@@ -8,7 +8,6 @@ before `create`, and the sweep of instances tagged with the job that no row know
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from decimal import ROUND_HALF_EVEN, Decimal
 
@@ -190,7 +189,7 @@ class Placement:
         loaded = self.inputs.loaded
         constraints = constraints_from(loaded)
         if self.spot_rule is not None:
-            constraints = dataclasses.replace(constraints, spot=self.spot_rule)
+            constraints = constraints._replace(spot=self.spot_rule)
         named = constraints.providers
         offers: list[Offer] = []
         notes: list[str] = []

@@ -9,8 +9,8 @@ server), or on an opt-in provider (the simulated cloud) when the job names it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from orchestrator.engine.wiring import CLOUDS, cloud_keys, declares, keyless
 from providers.base import OptInOnly
@@ -21,8 +21,7 @@ HOW_TO_CONFIGURE = ("Set VAST_API_KEY or RUNPOD_API_KEY, register a server with 
                     "examples/quickstart.yml)")
 
 
-@dataclass(frozen=True)
-class Runners:
+class Runners(NamedTuple):
     """The configured providers that could run a job, and why the others cannot."""
 
     providers: tuple[str, ...]

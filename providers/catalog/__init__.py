@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, NamedTuple
 
 from providers.base import Billing, GpuSpec, Offer
-
-# libyaml's safe loader when available: the catalog is read on every `orch plan`.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _read_yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_YAML_LOADER)  # noqa: S506 - a safe loader
+from providers.datacache import read_yaml
 
 _DIR = Path(__file__).parent
 _MIB = 1024**2
@@ -31,7 +22,7 @@ def _norm(name: str) -> str:
 
 @cache
 def _gpu_doc() -> dict[str, Any]:
-    doc: dict[str, Any] = _read_yaml((_DIR / "gpus.yaml").read_text())
+    doc: dict[str, Any] = read_yaml(_DIR / "gpus.yaml")
     return doc
 
 
@@ -109,8 +100,7 @@ def canonical_name(name: str) -> str:
     return hits[0] if len(hits) == 1 else name
 
 
-@dataclass(frozen=True)
-class UnpricedTier:
+class UnpricedTier(NamedTuple):
     """A catalog tier whose price the source does not publish (never planned as-is)."""
 
     provider: str
@@ -119,8 +109,7 @@ class UnpricedTier:
     gpu_count: int
 
 
-@dataclass(frozen=True)
-class Catalog:
+class Catalog(NamedTuple):
     """Offers with published prices, plus the tiers left out for want of a price."""
 
     offers: tuple[Offer, ...]
@@ -200,7 +189,7 @@ def load() -> Catalog:
     offers: list[Offer] = []
     unpriced: list[UnpricedTier] = []
     for name, parse in (("cloud.yaml", _cloud), ("dedicated.yaml", _dedicated)):
-        raw = _read_yaml((_DIR / name).read_text())
+        raw = read_yaml(_DIR / name)
         o, u = parse(raw)
         offers += o
         unpriced += u

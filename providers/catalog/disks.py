@@ -13,10 +13,9 @@ from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
-import yaml
+from providers.datacache import read_yaml
 
 _FILE = Path(__file__).with_name("disks.yaml")
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 QUANTUM = Decimal("0.000001")  # prices are compared and stored to the micro-dollar
 
 
@@ -129,7 +128,7 @@ def _value(where: str, kind: type, raw: object) -> object:
 @cache
 def load(path: Path = _FILE) -> Disks:
     """disks.yaml, checked (a wrong file is a DisksError naming the field)."""
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # noqa: S506 - safe
+    doc = read_yaml(path)
     doc = doc if isinstance(doc, dict) else {}
     return Disks(RunPodDisks(path, "runpod", doc.get("runpod")),
                  VastDisks(path, "vastai", doc.get("vastai")))

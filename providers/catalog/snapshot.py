@@ -12,26 +12,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from decimal import Decimal
 from functools import cache
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, NamedTuple
 
 from providers import catalog
 from providers.base import Billing, Offer
+from providers.datacache import read_yaml
 
 _FILE = Path(__file__).parent / "snapshot.yaml"
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _GB = 1000**3
 ID_PREFIX = "snap-"  # offer ids of snapshot rows (live ids are the providers' own)
 SEED = frozenset({"cloud", "dedicated-host"})  # the seed catalogs' providers
 
 
-@dataclass(frozen=True)
-class Listed:
+class Listed(NamedTuple):
     """Where one snapshot offer's facts come from."""
 
     source: str  # "skypilot-catalog@01b8cdda2878 catalogs/v8/vast/vms.csv"
@@ -39,8 +36,7 @@ class Listed:
     listed: str  # the source's instance type
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """The snapshot's offers, where each comes from, and each provider's date."""
 
     listed_offers: tuple[Offer, ...]  # at the price the source lists (no disks added)
@@ -91,7 +87,7 @@ def _offers(provider: str, raw: Mapping[str, Any],
 @cache
 def load(path: Path = _FILE) -> Snapshot:
     """Every snapshot row as offers (on demand, and spot where listed)."""
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)  # noqa: S506 - safe
+    doc = read_yaml(path)
     offers: list[Offer] = []
     listed: dict[tuple[str, str], Listed] = {}
     dates: dict[str, str] = {}

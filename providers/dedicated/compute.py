@@ -10,9 +10,8 @@ code.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from providers.base import (
     Billing,
@@ -31,8 +30,7 @@ PULL_GBPS = 2.0
 _PREFIX = "server:"
 
 
-@dataclass(frozen=True)
-class RegisteredServer:
+class RegisteredServer(NamedTuple):
     """A monthly server the user rents (a row of the `server` table), as plain values."""
 
     name: str

@@ -47,11 +47,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from providers import catalog
 from providers.base import (
@@ -100,8 +99,7 @@ def _utc_iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
 
-@dataclass(frozen=True)
-class _Settings:
+class _Settings(NamedTuple):
     boot_seconds: float
     preempt_after_s: float | None
 

@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
+from providers.datacache import read_yaml
 
 if TYPE_CHECKING:
     from http.server import ThreadingHTTPServer
@@ -36,7 +36,7 @@ _LOCK = threading.Lock()
 @cache
 def gated_repos() -> tuple[str, ...]:
     """The model repos the simulated Hub gates."""
-    return tuple(str(r) for r in yaml.safe_load(_DATA.read_text())["gated"])
+    return tuple(str(r) for r in read_yaml(_DATA)["gated"])
 
 
 def serve(gated: Sequence[str]) -> str:

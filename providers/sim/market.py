@@ -24,10 +24,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from providers import catalog
 from providers.base import Offer
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).resolve().parent / "market.yaml"
 
@@ -45,7 +44,7 @@ class Fault(StrEnum):
 
 @cache
 def _data() -> dict[str, Any]:
-    raw: dict[str, Any] = yaml.safe_load(_DATA.read_text())
+    raw: dict[str, Any] = read_yaml(_DATA)
     return raw
 
 

@@ -29,10 +29,9 @@ from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from providers import spottrace
 from providers.base import CapacityError, Offer
+from providers.datacache import read_yaml
 
 _DATA = Path(__file__).resolve().parent / "spot_regimes.yaml"
 ORIGIN_FILE = "spot_market.json"
@@ -52,7 +51,7 @@ class RegimeSpec:
 @cache
 def regimes() -> dict[str, RegimeSpec]:
     """The documented regimes, by name."""
-    raw: dict[str, Any] = yaml.safe_load(_DATA.read_text())["regimes"]
+    raw: dict[str, Any] = read_yaml(_DATA)["regimes"]
     found = {}
     for name, spec in raw.items():
         regime = spottrace.Regime(name, spottrace.Spell(**spec["lifetime"]),
