@@ -181,7 +181,12 @@ def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked
     want = Requirements(gpu_count=1, min_gpu_memory_bytes=0)
     assert [o.offer_id for o in provider.offers(want)] == ["server:box1"]
 
-    # The driver breaks after registration; the next job's GPU check finds it.
+    # The driver breaks after the server's last host check (a passing one a moment ago, so
+    # the next is not due: issue 40); the next job's GPU playbook finds it.
+    from orchestrator.core.hostmemory import Source
+
+    store.record_host_observation("dedicated", "box1", Source.CHECK, failed=False,
+                                  delivered=None, why="passed")
     options_file = sim.state_dir / "options.json"
     options = json.loads(options_file.read_text())
     options_file.write_text(json.dumps({**options, "driver_broken": True}))

@@ -34,7 +34,7 @@ from providers import catalog
 
 if TYPE_CHECKING:
     from orchestrator.cli.serverprobe import ServerFacts
-    from orchestrator.records.store import Server
+    from orchestrator.records.store import Server, Store
 
 EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
@@ -170,19 +170,46 @@ def servers_trust(
 # --- list and remove -------------------------------------------------------------------------
 
 
-def _server_dict(s: "Server") -> dict[str, Any]:
+def _server_dict(s: "Server", store: "Store | None" = None) -> dict[str, Any]:
     return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
             "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
             "status": "failed" if s.check_error else s.status, "check_error": s.check_error,
             "host_key": s.host_key,
             "checked_at": iso_z(s.checked_at)
-            if s.checked_at else None}
+            if s.checked_at else None,
+            "host_check": host_check(store or open_db(), s.name)}
+
+
+def host_check(store: "Store", name: str) -> dict[str, Any] | None:
+    """The last host check the engine ran on server `name` (None: never): when, for which
+    job, its outcome (passed, slow, failed), what it found, and why the next is due."""
+    from orchestrator.core import servercheck
+    from orchestrator.records.store import utcnow
+    from orchestrator.records.store.hosts import observation
+    from playbooks.hostreport import HostReport
+    from providers.dedicated.compute import NAME
+
+    rows = store.host_observations(NAME, [name])
+    checks = [r for r in rows if r.source == "check"]
+    if not checks:
+        return None
+    last = checks[-1]
+    report = HostReport.model_validate_json(last.report_json) if last.report_json else None
+    verdict = servercheck.judge(name, report) if report is not None else None
+    outcome = verdict.outcome if verdict is not None else ("failed" if last.failed
+                                                           else "passed")
+    return {"at": iso_z(last.at), "job_id": last.job_id, "outcome": outcome,
+            "seconds": report.seconds if report is not None else None,
+            "findings": [f.to_dict() for f in verdict.findings] if verdict else [],
+            "why": last.why,
+            "next_due": servercheck.due([observation(r) for r in rows], utcnow())}
 
 
 @servers_app.command("list")
 def servers_list(json_out: JsonFlag = False) -> None:
     """List registered servers (a failed GPU check shows why)."""
-    rows = [_server_dict(s) for s in open_db().list_servers()]
+    store = open_db()
+    rows = [_server_dict(s, store) for s in store.list_servers()]
     if json_out:
         print_json(rows)
         return
@@ -191,14 +218,35 @@ def servers_list(json_out: JsonFlag = False) -> None:
                    "--gpu 'H100 SXM' --monthly 2190`")
         return
     typer.echo(table(
-        ["name", "GPU", "n", "ssh", "monthly", "status"],
+        ["name", "GPU", "n", "ssh", "monthly", "status", "host check"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
-          money(r["monthly_price"]), r["status"]] for r in rows],
-        right=[2, 4], drop=[4, 2], states=[5]))
+          money(r["monthly_price"]), r["status"], _checked_cell(r["host_check"])]
+         for r in rows],
+        right=[2, 4], drop=[4, 2, 3], states=[5]))
     for r in rows:
         if r["check_error"]:
             typer.echo(f"\n{r['name']} is not used by jobs: {r['check_error']}\n"
                        f"  fix it, then `orch servers check {r['name']}`")
+        typer.echo("".join(_check_lines(r["name"], r["host_check"])), nl=False)
+
+
+def _checked_cell(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "never"
+    return f"{check['outcome']} {check['at'][:16].replace('T', ' ')}"
+
+
+def _check_lines(name: str, check: dict[str, Any] | None) -> list[str]:
+    """What the last host check of `name` found, and its fix (nothing when it passed)."""
+    if check is None or not check["findings"]:
+        return []
+    verb = {"failed": "failed (jobs there fail until it is fixed)",
+            "slow": "found it slow (jobs run there, slower than planned)"}[check["outcome"]]
+    job = f", job {check['job_id']}" if check["job_id"] else ""
+    lines = [f"\n{name}: its last host check ({check['at']}{job}) {verb}:\n"]
+    lines += [f"  {f['check']} ({f['severity']}): {f['reason']}\n    fix: {f['fix']}\n"
+              for f in check["findings"]]
+    return lines
 
 
 @servers_app.command("remove")

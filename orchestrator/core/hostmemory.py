@@ -60,12 +60,19 @@ class MovePolicy(_Policy):
     margin: float = Field(ge=0, lt=1)
 
 
+class ServerPolicy(_Policy):
+    """When a registered monthly server's host check is run again (core/servercheck.py)."""
+
+    recheck_after_hours: float = Field(gt=0)
+
+
 class Policy(_Policy):
     """data/hostmemory.yaml."""
 
     failed_check: FailedCheckPolicy
     slow: SlowPolicy
     move: MovePolicy
+    server: ServerPolicy
 
 
 @cache
