@@ -34,9 +34,12 @@ from providers import catalog
 
 if TYPE_CHECKING:
     from orchestrator.cli.serverprobe import ServerFacts
+    from orchestrator.core.servercheck import ServerVerdict
     from orchestrator.records.store import Server, Store
 
 EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
+# The model `orch servers check` asks the Hub for (the quickstart's: public, no token needed).
+DEFAULT_CHECK_MODEL = "Qwen/Qwen2.5-0.5B"
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
 MAX_MONTHLY = Decimal(10) ** 9
 
@@ -120,8 +123,15 @@ def servers_add(
 
 
 @servers_app.command("check")
-def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
-    """Check a registered server again (pinned host key); a passing check clears a failure."""
+def servers_check(
+    name: NameArg,
+    model: Annotated[str, typer.Option(
+        help="The model the host check's Hub download asks for (a job's check asks for its "
+             "own base model).")] = DEFAULT_CHECK_MODEL,
+    json_out: JsonFlag = False,
+) -> None:
+    """Check a registered server again (pinned host key): its GPUs, then the host check a
+    job runs there (driver, disk, Hub, GPU speed); a passing GPU check clears a failure."""
     s = _get(name)
     facts = _probe_or_exit(s.host, s.port, s.user, s.gpu, s.gpu_count, pinned=s.host_key,
                            name=name)
@@ -130,12 +140,49 @@ def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
         store.set_server_host_key(name, facts.host_key)
     store.record_server_check(name, error=facts.gpu_error,
                               facts_json=json.dumps(facts.to_dict()))
-    _report(facts, json_out, {**_server_dict(_get(name)), "check": facts.to_dict()})
     if facts.gpu_error:
+        _report(facts, json_out, {**_server_dict(_get(name), store), "check": facts.to_dict()})
         fail(f"{name} failed its GPU check: {facts.gpu_error}\nJobs will not use it until "
              f"`orch servers check {name}` passes.", EXIT_UNUSABLE)
+    verdict = _host_check(store, _get(name), model)
+    _report(facts, json_out, {**_server_dict(_get(name), store), "check": facts.to_dict()})
+    if verdict.blocking:
+        fail(verdict.failure_message().replace(
+            "the job was not run there, nor moved to another machine (a registered server "
+            "is never replaced silently)", "jobs there fail until it is fixed"), EXIT_UNUSABLE)
     if not json_out:
-        typer.echo(f"{name}: ok; jobs may use it")
+        for line in _check_lines(name, host_check(store, name)):
+            typer.echo(line, nl=False)
+        typer.echo(f"{name}: ok; jobs may use it"
+                   + (" (slower than planned: above)" if verdict.slow else ""))
+
+
+def _host_check(store: "Store", s: "Server", model: str) -> "ServerVerdict":
+    """Run the engine's host check on `s` and remember it as a job's check would be."""
+    import os
+
+    from orchestrator.cli.serverprobe import ProbeError
+    from orchestrator.cli.serverprobe import host_check as run_check
+    from orchestrator.core import servercheck
+    from orchestrator.core.hostmemory import Source
+    from orchestrator.engine.runner import ensure_key
+    from providers.dedicated.compute import NAME
+
+    key_path, _ = ensure_key()
+    assert s.host_key is not None  # pinned by the probe just before
+    typer.echo(f"host check of {s.name} (driver, disk, Hub download of {model}, GPU "
+               "speed) ...", err=True)
+    try:
+        report = run_check(s.host, s.port, s.user, key_path, s.host_key, gpu=s.gpu,
+                           gpu_count=s.gpu_count, repo=model,
+                           hf_token=os.environ.get("HF_TOKEN") or None)
+    except ProbeError as exc:
+        fail(f"{s.name}: the host check could not run: {exc}", EXIT_UNUSABLE)
+    why = "; ".join(f"{c.value}: {r}" for c, r in report.failures.items()) or "passed"
+    store.record_host_observation(NAME, s.name, Source.CHECK, failed=not report.passed,
+                                  delivered=report.delivered_fraction, why=why,
+                                  report_json=report.model_dump_json())
+    return servercheck.judge(s.name, report)
 
 
 @servers_app.command("trust")
