@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 
-from orchestrator.core import servercheck
-from orchestrator.core.hostmemory import Observation, Source, Stance, advise
+from orchestrator.core import hostmemory, servercheck
+from orchestrator.core.hostmemory import Observation, Source
 from orchestrator.core.planning import host_disk_gb
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind
@@ -178,35 +177,19 @@ def rejected(state: RunState, teardown: Teardown, placed: Placed, exc: HostRejec
 
 def screen(store: Store, offers: Sequence[Offer], ledger: Ledger,
            priced: dict[tuple[str, str], Offer]) -> list[Offer]:
-    """`offers` less those of machines host memory says to avoid now, and those it says to
-    price at what they deliver: ranked at `Advice.effective_price` (price / delivered), the
-    offer as sold kept in `priced` by (provider, offer id) for the rental. A registered
-    server is never left out nor repriced (its advice only reports)."""
+    """`offers` as host memory ranks them (`hostmemory.screen`: those of machines to avoid
+    left out, those to price at what they deliver repriced, the offer as sold kept in
+    `priced` by (provider, offer id) for the rental); a `hosts.avoided` event says which."""
     named = {(o.provider, o.machine_id) for o in offers if o.machine_id and not o.registered}
     if not named:
         return list(offers)
-    now = utcnow()
     seen: dict[tuple[str, str], list[Observation]] = {}
     for provider in {p for p, _ in named}:
         rows = store.host_observations(provider, [m for p, m in named if p == provider])
         for row in rows:
             seen.setdefault((row.provider, row.machine_id), []).append(observation(row))
-    advice = {key: advise(found, now) for key, found in seen.items()}
-    said: list[str] = []
-    kept: list[Offer] = []
-    for offer in offers:
-        this = advice.get((offer.provider, offer.machine_id or ""))
-        if this is None or offer.registered or this.stance not in (Stance.AVOID, Stance.PRICE):
-            kept.append(offer)
-            continue
-        note = f"{offer.provider} machine {offer.machine_id}: {this.reason}"
-        if note not in said:
-            said.append(note)
-        if this.stance is Stance.AVOID or offer.price_per_hour is None:
-            continue
-        effective = replace(offer, price_per_hour=this.effective_price(offer.price_per_hour))
-        priced[(offer.provider, offer.offer_id)] = offer
-        kept.append(effective)
-    if said:
-        ledger.event("hosts.avoided", "; ".join(said))
-    return kept
+    result = hostmemory.screen(offers, seen, utcnow())
+    priced.update(result.sold)
+    if result.notes:
+        ledger.event("hosts.avoided", "; ".join(result.notes))
+    return result.offers
