@@ -261,6 +261,25 @@ def test_on_a_docker_host_the_probe_runs_in_the_trainer_image(
     assert not sim.containers() and probes(sim) == [] and leftovers(sim) == []
 
 
+def test_after_set_up_a_docker_hosts_gpu_is_measured_pulling_the_image(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # Issue 40: once the job's set-up installed the toolkit, the matmul the first check could
+    # not run is measured (the image pulled as the training step would pull it).
+    sim, host = playbook_host(toolkit_preinstalled="1.18.1-1", gpu_speed=0.4)
+    first = hostcheck.run(host, spec(), reports)
+    assert first.passed and first.matmul is not None
+    assert first.matmul.verdict is Verdict.UNKNOWN
+    done = hostcheck.measure_gpu(host, spec(), first, reports)
+    assert list(done.failures) == [Check.MATMUL] and done.matmul is not None
+    assert "under 544" in done.matmul.reason
+    assert (done.inventory, done.driver, done.disk, done.hub) == (
+        first.inventory, first.driver, first.disk, first.hub)
+    assert done.seconds > first.seconds
+    assert [e["image"] for e in sim.events("docker-pull")] == [
+        "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"]
+    assert not sim.containers() and probes(sim) == [] and leftovers(sim) == []
+
+
 def test_torch_refuses_a_driver_older_than_its_cuda(playbook_host: PlaybookHostFactory,
                                                     reports: Reports) -> None:
     # The driver check stops such a host first; the probe alone fails in torch's words.
