@@ -432,6 +432,49 @@ def test_the_hub_test_sends_the_token_by_stdin_with_real_curl(session_hub: Any) 
         session_hub.repos.pop(("model", "acme/curl-hostcheck"), None)
 
 
+def test_the_token_does_not_follow_a_redirect_to_another_host_with_real_curl() -> None:
+    # The Hub redirects a file to its CDN (another host): the real curl sends the token's
+    # header to the Hub only (libcurl CURLOPT_UNRESTRICTED_AUTH.md: not to another host
+    # name, scheme or port), and the range to both.
+    import http.server
+    import threading
+
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    class Cdn(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(("cdn", self.headers.get("Authorization"), self.headers.get("Range")))
+            self.send_response(206)
+            self.send_header("Content-Length", "1024")
+            self.end_headers()
+            self.wfile.write(b"x" * 1024)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    class Hub(Cdn):
+        def do_GET(self) -> None:
+            seen.append(("hub", self.headers.get("Authorization"), self.headers.get("Range")))
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{cdn.server_port}/blob")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hub = http.server.HTTPServer(("127.0.0.1", 0), Hub)
+    cdn = http.server.HTTPServer(("127.0.0.1", 0), Cdn)
+    for server in (hub, cdn):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{hub.server_port}/acme/m/resolve/main/model.safetensors"
+        argv = ["sh", "-c", hostcheck.HUB_SCRIPT, "sh", url, "30", "1023", "/dev/null"]
+        result = local(argv, env={"PATH": os.environ["PATH"], "HF_TOKEN": TOKEN})
+    finally:
+        hub.shutdown()
+        cdn.shutdown()
+    assert hostcheck.CURL_STATS.findall(result.stdout)[-1][:2] == ("206", "1024")
+    assert seen == [("hub", f"Bearer {TOKEN}", "bytes=0-1023"), ("cdn", None, "bytes=0-1023")]
+
+
 def test_a_padded_free_space_is_read() -> None:
     # df right-aligns `--output=avail` under its header: a value narrower than "Avail" comes
     # with spaces before it.
