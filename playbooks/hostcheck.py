@@ -86,6 +86,11 @@ class HostCheckSpec:
     layout: Layout | None = None  # orch's directory on the host (None: on the NVMe found)
     hf_token: str | None = field(default=None, repr=False)
     limits: Thresholds = field(default_factory=thresholds)
+    # Run every check even after one failed (a registered server: it is not released, so its
+    # report shows everything it found, and each fix is named at once); a check that cannot
+    # mean anything after an earlier failure (the driver without GPUs, the matmul without a
+    # working driver) is then `unknown`.
+    complete: bool = False
 
     def __post_init__(self) -> None:
         if self.rated_tflops <= 0 or self.disk_need_bytes < 0 or self.pull_bytes_per_s <= 0:
@@ -210,8 +215,20 @@ class HostCheck:
     def _record(self, check: Check, result: Result) -> bool:
         """Keep `result`; a failing one fails the step (the host is released)."""
         self.results[check] = result
-        if result.verdict is Verdict.FAIL:
+        if result.verdict is Verdict.FAIL and not self.spec.complete:
             raise StepFailed(f"host check {check.value}: {result.reason}", fault=Fault.PROVIDER)
+        return True
+
+    def _after_failed(self, check: Check, *earlier: Check) -> bool:
+        """In a complete check, record `check` as not measured when one of `earlier` failed
+        (its result would only repeat that failure); True when it did."""
+        failed = [c.value for c in earlier
+                  if (r := self.results.get(c)) is not None and r.verdict is Verdict.FAIL]
+        if not failed:
+            return False
+        kind = DriverResult if check is Check.DRIVER else MatmulResult
+        self.results[check] = kind(verdict=Verdict.UNKNOWN, reason="not measured: the "
+                                   f"{' and '.join(failed)} check failed")
         return True
 
     def _since(self, started: float) -> float:
@@ -236,6 +253,8 @@ class HostCheck:
 
     def _driver(self, host: Host) -> bool:
         started = time.monotonic()
+        if not self._gpus and self._after_failed(Check.DRIVER, Check.INVENTORY):
+            return True
         try:
             gpus = self._gpus or gpu.check_gpus(host)
             cuda = gpu.driver_cuda(host)
@@ -412,6 +431,8 @@ class HostCheck:
 
     def _matmul(self, host: Host) -> bool:
         started = time.monotonic()
+        if self._after_failed(Check.MATMUL, Check.INVENTORY, Check.DRIVER):
+            return True
         lim = self.spec.limits.matmul
         probe = ["python", "-c", PROBE, PROBE_MARKER, str(lim.size), f"{lim.seconds:g}",
                  str(int(lim.timeout_s))]

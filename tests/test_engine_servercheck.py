@@ -176,6 +176,12 @@ def test_a_slow_registered_server_warns_and_runs_the_job(rig: Rig, simhost: Any)
     assert "registered server box1 is slower than the plan assumes" in slow.message
     assert "disk: writes at 40 MB/s" in slow.message or "disk: writing" in slow.message
     assert [f["check"] for f in json.loads(slow.data_json or "{}")["findings"]] == ["disk"]
+    # Not released, so checked in full: past the slow disk, the Hub and (after the job's
+    # set-up) the GPUs were measured too, and passed.
+    first, late = checks(rig, job_id)
+    assert first["report"]["hub"]["verdict"] == "pass"
+    assert late["report"]["disk"]["verdict"] == "fail"
+    assert late["report"]["matmul"]["verdict"] == "pass"
     (listed,) = servers_json()
     shown = listed["host_check"]
     assert shown["outcome"] == "slow"

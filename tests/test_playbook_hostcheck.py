@@ -144,6 +144,25 @@ def test_each_bad_machine_fails_the_check_that_measures_it(
     assert leftovers(sim) == [] and probes(sim) == []
 
 
+def test_a_complete_check_runs_past_failures_and_skips_what_they_void(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # A registered server's check (complete): it is not released, so it is told everything
+    # at once: a full disk and no route to the Hub, and its GPUs measured all the same.
+    sim, host = rental(playbook_host, disk_free_bytes=10 * 10**9, hub_unreachable=True)
+    report = hostcheck.run(host, spec(complete=True), reports)
+    assert list(report.failures) == [Check.DISK, Check.HUB]
+    assert report.matmul is not None and report.matmul.verdict is Verdict.PASS
+    assert leftovers(sim) == [] and probes(sim) == []
+    # Without a working nvidia-smi, the driver and the GPUs' speed mean nothing: unknown.
+    _, broken = rental(playbook_host, driver_broken=True)
+    report = hostcheck.run(broken, spec(complete=True), reports)
+    assert list(report.failures) == [Check.INVENTORY]
+    assert report.driver is not None and report.matmul is not None
+    assert (report.driver.verdict, report.matmul.verdict) == (Verdict.UNKNOWN, Verdict.UNKNOWN)
+    assert report.matmul.reason == "not measured: the inventory check failed"
+    assert report.disk is not None and report.disk.verdict is Verdict.PASS
+
+
 def test_a_slow_gpu_is_measured_at_its_fraction(playbook_host: PlaybookHostFactory,
                                                 reports: Reports) -> None:
     _, host = rental(playbook_host, gpu_speed=0.8)

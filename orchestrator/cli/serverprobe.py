@@ -105,7 +105,8 @@ def host_check(host: str, port: int, user: str, key_path: Path, host_key: str, *
         job_id="servers-check", gpu=GpuExpectation(gpu, gpu_count, exact_count=False,
                                                    min_cuda=images.min_cuda(image), image=image),
         rated_tflops=catalog.gpus()[gpu].bf16_tflops, disk_need_bytes=0, repo=repo,
-        trainer_image=image, pull_bytes_per_s=PULL_GBPS * 1e9 / 8, hf_token=hf_token)
+        trainer_image=image, pull_bytes_per_s=PULL_GBPS * 1e9 / 8, hf_token=hf_token,
+        complete=True)
     with _session(host, port, user, key_path, host_key, timeout) as target:
         target.command_timeout = 600
         return hostcheck.run(target, spec, lambda _report: None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from orchestrator.core import hostmemory, servercheck
 from orchestrator.core.hostmemory import Observation, Source
@@ -91,7 +92,9 @@ def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,
     return HostCheckSpec(job_id=pj.job_id, gpu=pj.gpu, rated_tflops=gpu.bf16_tflops,
                          disk_need_bytes=int(host_disk_gb(inputs.loaded, 1) * 1e9),
                          repo=pj.repo, revision=pj.revision, trainer_image=pj.trainer_image,
-                         pull_bytes_per_s=pull, hub_endpoint=None, hf_token=pj.hf_token)
+                         pull_bytes_per_s=pull, hub_endpoint=None, hf_token=pj.hf_token,
+                         # a registered server is not released: it is told everything found
+                         complete=keeps_machine(placed.provider) is not None)
 
 
 def _why(report: HostReport) -> str:
@@ -121,17 +124,28 @@ def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = Fal
             inst.provider, machine, Source.CHECK, failed=not report.passed,
             delivered=report.delivered_fraction, why=_why(report), job_id=ledger.job_id,
             report_json=report.model_dump_json())
-    if verdict is None:
-        return
+    if verdict is not None:
+        _judged(ledger, verdict)
+
+
+def _judged(ledger: Ledger, verdict: servercheck.ServerVerdict) -> None:
+    """A registered server's check: JobFailed when it blocks the job, else a warning for
+    each slow finding not warned of yet in this job (the GPUs measured after the set-up
+    complete a report that warned already)."""
     if verdict.blocking:
         message = verdict.failure_message()
         ledger.event("server.check_failed", message,
                      {"server": verdict.server,
                       "findings": [f.to_dict() for f in verdict.blocking]})
         raise JobFailed(message)
-    if verdict.slow:
-        ledger.event("server.slow", verdict.warning(),
-                     {"server": verdict.server, "findings": [f.to_dict() for f in verdict.slow]})
+    warned = {f["check"] for e in ledger.store.events(ledger.job_id)
+              if e.kind == "server.slow"
+              for f in json.loads(e.data_json or "{}").get("findings", [])}
+    new = [f for f in verdict.slow if f.check.value not in warned]
+    if new:
+        warn = replace(verdict, findings=tuple(new))
+        ledger.event("server.slow", warn.warning(),
+                     {"server": verdict.server, "findings": [f.to_dict() for f in new]})
 
 
 def ran(ledger: Ledger, placed: Placed, planned_s: float | None, seconds: float,
