@@ -147,9 +147,7 @@ def servers_check(
     verdict = _host_check(store, _get(name), model)
     _report(facts, json_out, {**_server_dict(_get(name), store), "check": facts.to_dict()})
     if verdict.blocking:
-        fail(verdict.failure_message().replace(
-            "the job was not run there, nor moved to another machine (a registered server "
-            "is never replaced silently)", "jobs there fail until it is fixed"), EXIT_UNUSABLE)
+        fail(verdict.failure_message(in_job=False), EXIT_UNUSABLE)
     if not json_out:
         for line in _check_lines(name, host_check(store, name)):
             typer.echo(line, nl=False)
@@ -182,7 +180,14 @@ def _host_check(store: "Store", s: "Server", model: str) -> "ServerVerdict":
     store.record_host_observation(NAME, s.name, Source.CHECK, failed=not report.passed,
                                   delivered=report.delivered_fraction, why=why,
                                   report_json=report.model_dump_json())
-    return servercheck.judge(s.name, report)
+    return servercheck.judge(s.name, report, _docker_image())
+
+
+def _docker_image() -> str:
+    """The trainer image a server's jobs run in (what a matmul fix names)."""
+    from playbooks import images, train
+
+    return images.for_host(train.DEFAULT_IMAGE, "docker")
 
 
 @servers_app.command("trust")
@@ -242,7 +247,7 @@ def host_check(store: "Store", name: str) -> dict[str, Any] | None:
         return None
     last = checks[-1]
     report = HostReport.model_validate_json(last.report_json) if last.report_json else None
-    verdict = servercheck.judge(name, report) if report is not None else None
+    verdict = servercheck.judge(name, report, _docker_image()) if report is not None else None
     outcome = verdict.outcome if verdict is not None else ("failed" if last.failed
                                                            else "passed")
     return {"at": iso_z(last.at), "job_id": last.job_id, "outcome": outcome,

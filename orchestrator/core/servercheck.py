@@ -76,14 +76,17 @@ class ServerVerdict:
         """`failed` (a job there fails), `slow` (it runs slower) or `passed`."""
         return "failed" if self.blocking else ("slow" if self.slow else "passed")
 
-    def failure_message(self) -> str:
-        """Why a job on the server fails, and what to do (one finding per line)."""
-        lines = [f"registered server {self.server} failed its host check: the job was not "
-                 "run there, nor moved to another machine (a registered server is never "
-                 "replaced silently)"]
-        lines += [f"  {f.check.value}: {f.reason}\n    fix: {f.fix}" for f in self.blocking]
-        lines.append(f"Then run `orch servers check {self.server}` and submit the job again "
-                     "(or name other providers in resources.providers).")
+    def failure_message(self, in_job: bool = True) -> str:
+        """Why a job on the server fails (`in_job`: this job; else any job: `orch servers
+        check`), and what to do (one finding per line)."""
+        head = (f"registered server {self.server} failed its host check: " + (
+            "the job was not run there, nor moved to another machine (a registered server "
+            "is never replaced silently)" if in_job else "jobs there fail until it is fixed"))
+        lines = [head] + [f"  {f.check.value}: {f.reason}\n    fix: {f.fix}"
+                          for f in self.blocking]
+        lines.append(f"Then run `orch servers check {self.server}`" + (
+            " and submit the job again (or name other providers in resources.providers)."
+            if in_job else " again."))
         return "\n".join(lines)
 
     def warning(self) -> str:
