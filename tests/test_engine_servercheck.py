@@ -164,6 +164,15 @@ def test_a_registered_server_that_fails_its_check_fails_the_job_naming_the_fix(
     text = servers_text()
     assert "failed 20" in text and "box1: its last host check" in text
     assert "fix: install an NVIDIA driver >= 580.65.06" in text
+    # `orch plan` still plans the server (it is never left out) and says it is checked first.
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("providers: [sim]", "providers: [dedicated]"))
+    plan = json.loads(subprocess.run([ORCH, "plan", str(path), "--json"], capture_output=True,
+                                     text=True, timeout=120, check=True).stdout)
+    assert plan["placement"]["offer_id"] == "server:box1"
+    (note,) = plan["host_memory"]
+    assert note.startswith("registered server box1: its last host check") and "driver" in note
+    assert "checked again first" in note
 
 
 def test_a_slow_registered_server_warns_and_runs_the_job(rig: Rig, simhost: Any) -> None:

@@ -292,28 +292,42 @@ def live_market(job: LoadedJob) -> Market | None:
     return search(providers, reqs)
 
 
-def host_memory(market: Market | None) -> tuple[Market | None, list[str]]:
+def host_memory(market: Market | None, servers: Sequence[RegisteredServer] = ()
+                ) -> tuple[Market | None, list[str]]:
     """`market` with its offers as host memory ranks them (`hostmemory.screen`, as the
     engine's placement does: machines to avoid left out, slow ones priced at what they
-    deliver), and one note per machine it changed. Only live offers name their machines."""
-    if market is None or not market.answered:
-        return market, []
+    deliver), and one note per machine it changed, and per registered server in `servers`
+    whose last host check found something (never left out: its next job checks it again
+    first). Only live offers name their machines."""
+    live = market is not None and bool(market.answered)
     named = {(o.provider, o.machine_id) for o in market.offers
-             if o.machine_id and not o.registered}
-    if not named:
+             if o.machine_id and not o.registered} if live and market is not None else set()
+    kept = {("dedicated", s.name) for s in servers}
+    if not named and not kept:
         return market, []
     from orchestrator.records.readonly import host_observations
 
-    seen = without_db(lambda url: host_observations(url, named))
+    seen = without_db(lambda url: host_observations(url, named | kept))
     if not seen:
         return market, []
     from dataclasses import replace
     from datetime import UTC, datetime
 
-    from orchestrator.core.hostmemory import screen
+    from orchestrator.core.hostmemory import Source, screen
 
-    result = screen(market.offers, seen, datetime.now(UTC))
-    return replace(market, offers=tuple(result.offers)), result.notes
+    now = datetime.now(UTC)
+    notes = []
+    for key in sorted(kept):
+        checks = [o for o in seen.get(key, []) if o.source is Source.CHECK]
+        if checks and checks[-1].failed:  # found something: a job there is checked first
+            notes.append(f"registered server {key[1]}: its last host check "
+                         f"({checks[-1].at:%Y-%m-%d %H:%M} UTC) found {checks[-1].why}; "
+                         "the next job there is checked again first (`orch servers list`: "
+                         "what to fix)")
+    if market is None or not named:
+        return market, notes
+    result = screen(market.offers, seen, now)
+    return replace(market, offers=tuple(result.offers)), result.notes + notes
 
 
 def host_memory_line(notes: Sequence[str]) -> str:
@@ -354,7 +368,7 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
 
     job = load(file)
     servers = servers_for_plan()
-    market, remembered = host_memory(live_market(job))
+    market, remembered = host_memory(live_market(job), servers)
     try:
         result = plan_job(job, servers, market)
     except SystemExit:
