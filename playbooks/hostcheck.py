@@ -65,6 +65,7 @@ PLAYBOOK = "hostcheck"
 PROBE = (Path(__file__).parent / "remote" / "matmul_probe.py").read_text()
 PROBE_MARKER = "orch-hostcheck-probe"  # in the probe's argv: how a stale probe is recognised
 HUB = "https://huggingface.co"
+PULL_TIMEOUT_S = 3600  # a ~10 GB trainer image, as the training playbook's own pull allows
 DEFAULT_PULL_BYTES_PER_S = 250e6  # the catalog's pull_gbps 2.0 (providers/catalog/cloud.yaml)
 
 
@@ -85,6 +86,11 @@ class HostCheckSpec:
     layout: Layout | None = None  # orch's directory on the host (None: on the NVMe found)
     hf_token: str | None = field(default=None, repr=False)
     limits: Thresholds = field(default_factory=thresholds)
+    # Run every check even after one failed (a registered server: it is not released, so its
+    # report shows everything it found, and each fix is named at once); a check that cannot
+    # mean anything after an earlier failure (the driver without GPUs, the matmul without a
+    # working driver) is then `unknown`.
+    complete: bool = False
 
     def __post_init__(self) -> None:
         if self.rated_tflops <= 0 or self.disk_need_bytes < 0 or self.pull_bytes_per_s <= 0:
@@ -173,8 +179,11 @@ def dd_rate(output: str) -> tuple[int, float] | None:
 class HostCheck:
     """The check's steps over one host, and the report they build (see the module doc)."""
 
-    def __init__(self, spec: HostCheckSpec) -> None:
+    def __init__(self, spec: HostCheckSpec, pull: bool = False) -> None:
         self.spec = spec
+        # On a Docker host: pull the trainer image for the matmul when it is not there
+        # (`measure_gpu`, after the job's set-up); else the matmul is unknown until it is.
+        self.pull = pull
         self.results: dict[Check, Result] = {}
         self._started = time.monotonic()
         self._gpus: list[gpu.GpuInfo] = []
@@ -197,8 +206,8 @@ class HostCheck:
                  fault=Fault.PROVIDER),
             Step(Check.HUB.value, self._hub, timeout_s=2 * lim.hub.timeout_s + 60,
                  fault=Fault.PROVIDER),
-            Step(Check.MATMUL.value, self._matmul, timeout_s=lim.matmul.timeout_s + 60,
-                 fault=Fault.PROVIDER),
+            Step(Check.MATMUL.value, self._matmul, timeout_s=lim.matmul.timeout_s + 60
+                 + (PULL_TIMEOUT_S if self.pull else 0), fault=Fault.PROVIDER),
         ]
 
     # -- recording
@@ -206,8 +215,20 @@ class HostCheck:
     def _record(self, check: Check, result: Result) -> bool:
         """Keep `result`; a failing one fails the step (the host is released)."""
         self.results[check] = result
-        if result.verdict is Verdict.FAIL:
+        if result.verdict is Verdict.FAIL and not self.spec.complete:
             raise StepFailed(f"host check {check.value}: {result.reason}", fault=Fault.PROVIDER)
+        return True
+
+    def _after_failed(self, check: Check, *earlier: Check) -> bool:
+        """In a complete check, record `check` as not measured when one of `earlier` failed
+        (its result would only repeat that failure); True when it did."""
+        failed = [c.value for c in earlier
+                  if (r := self.results.get(c)) is not None and r.verdict is Verdict.FAIL]
+        if not failed:
+            return False
+        kind = DriverResult if check is Check.DRIVER else MatmulResult
+        self.results[check] = kind(verdict=Verdict.UNKNOWN, reason="not measured: the "
+                                   f"{' and '.join(failed)} check failed")
         return True
 
     def _since(self, started: float) -> float:
@@ -232,6 +253,8 @@ class HostCheck:
 
     def _driver(self, host: Host) -> bool:
         started = time.monotonic()
+        if not self._gpus and self._after_failed(Check.DRIVER, Check.INVENTORY):
+            return True
         try:
             gpus = self._gpus or gpu.check_gpus(host)
             cuda = gpu.driver_cuda(host)
@@ -408,6 +431,8 @@ class HostCheck:
 
     def _matmul(self, host: Host) -> bool:
         started = time.monotonic()
+        if self._after_failed(Check.MATMUL, Check.INVENTORY, Check.DRIVER):
+            return True
         lim = self.spec.limits.matmul
         probe = ["python", "-c", PROBE, PROBE_MARKER, str(lim.size), f"{lim.seconds:g}",
                  str(int(lim.timeout_s))]
@@ -434,8 +459,12 @@ class HostCheck:
         name = f"orch-hostcheck-{safe_name(self.spec.job_id)}"[:120]
         host.run(["docker", "rm", "-f", name], timeout=60)  # a probe a killed run left
         if not host.run(["docker", "image", "inspect", image], timeout=60).ok:
-            return MatmulResult(verdict=Verdict.UNKNOWN, reason=f"{image} is not on the host "
-                                "yet: measured by the job's own training instead")
+            if not self.pull:
+                return MatmulResult(verdict=Verdict.UNKNOWN, reason=f"{image} is not on the "
+                                    "host yet: measured after the job's set-up pulls it")
+            # The pull the job's training step would do next (a transient failure, as there).
+            host.must(["docker", "pull", image], f"docker pull {image}", fault=Fault.TRANSIENT,
+                      timeout=PULL_TIMEOUT_S)
         result = host.run(["docker", "run", "--rm", "--name", name, "--gpus", "all",
                            "--label", "orch.role=hostcheck", image, *probe],
                           timeout=self.spec.limits.matmul.timeout_s + 30)
@@ -504,6 +533,25 @@ class HostRejected(PlaybookFailed):
         super().__init__(PLAYBOOK, first.value, "; ".join(
             f"{check.value}: {why}" for check, why in failures.items()), Fault.PROVIDER)
         self.report = report
+
+
+def measure_gpu(host: Host, spec: HostCheckSpec, report: HostReport, emit: Emit,
+                check: Callable[[], None] | None = None) -> HostReport:
+    """`report` with the matmul measured now: on a Docker host the first check cannot run it
+    before the job's set-up (the trainer image is not pulled, the Container Toolkit that
+    gives Docker the GPUs not installed), so it runs once they are, pulling the image (the
+    training step's pull then finds it), before any training. As `run`: a failing verdict
+    is reported, the rest raised."""
+    checker = HostCheck(spec, pull=True)
+    checker.results.update(report.results())
+    try:
+        run_playbook(PLAYBOOK, checker.steps()[-1:], host, emit, check)
+    except PlaybookFailed as exc:
+        late = checker.results.get(Check.MATMUL)
+        if exc.fault is not Fault.PROVIDER or late is None or late.verdict is not Verdict.FAIL:
+            raise
+    done = checker.report
+    return done.model_copy(update={"seconds": round(report.seconds + done.seconds, 3)})
 
 
 def run(host: Host, spec: HostCheckSpec, emit: Emit,

@@ -42,7 +42,7 @@ from playbooks.base import (
     run_playbook,
 )
 from playbooks.datasources import DataSource
-from playbooks.hostreport import HostReport
+from playbooks.hostreport import HostReport, Verdict
 from playbooks.model_cache import ModelCache
 from playbooks.vllm import DEFAULT_SERVING, Serving
 
@@ -319,6 +319,21 @@ def _check_host(run: PipelineRun, hooks: Hooks) -> None:
         raise hostcheck.HostRejected(report)
 
 
+def _check_gpu_after_setup(run: PipelineRun, hooks: Hooks) -> None:
+    """On a Docker host the check's matmul waits for the job's set-up (the Container Toolkit,
+    the trainer image: `hostcheck.measure_gpu`); measured here, before any training, and
+    judged as the first check was."""
+    spec, report = run.job.host_check, run.host_report
+    if spec is None or report is None or run.runner != "docker" or report.matmul is None \
+            or report.matmul.verdict is not Verdict.UNKNOWN:
+        return
+    run.host_report = report = hostcheck.measure_gpu(run.host, spec, report, hooks.emit,
+                                                     hooks.check_stop)
+    hooks.host_checked(run, report)
+    if not report.passed and run.job.kept_on is None:
+        raise hostcheck.HostRejected(report)
+
+
 def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     hooks.status(P.PREPARING, "GPU check, Container Toolkit, base model to NVMe")
     _check_host(run, hooks)
@@ -332,6 +347,7 @@ def _prepare(run: PipelineRun, hooks: Hooks) -> None:
     except PlaybookFailed as exc:
         hooks.prepare_failed(exc)
         raise
+    _check_gpu_after_setup(run, hooks)
     hooks.check_stop()
     run.tj = train_job(run.job, run.layout, run.cache.model_dir, run.runner, run.host.paths)
     hooks.prepared(run)

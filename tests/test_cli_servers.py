@@ -75,12 +75,22 @@ def test_add_proves_the_server_and_pins_its_host_key(
     assert row["host_key"] == sim.host_key and row["status"] == "idle"
     assert row["check_error"] is None and row["checked_at"].endswith("Z")
 
+    # `check` runs a job's host check there too (issue 40 §1): an R570 driver supports CUDA
+    # 12.8, the trainer image needs 13.0, so jobs there would fail: exit 3, with the fix.
     again = orch(env, "servers", "check", "box1", "--json")
-    assert again.returncode == 0, again.stderr
-    check = json.loads(again.stdout)["check"]
+    assert again.returncode == 3, again.stderr
+    assert "box1 failed its host check" in again.stderr and "jobs there fail" in again.stderr
+    assert "fix: install an NVIDIA driver >= 580.65.06 (CUDA 13.0) on box1" in again.stderr
+    out = json.loads(again.stdout)
+    check = out["check"]
     assert check["fingerprint"] == sim.host_key_fingerprint
     assert check["gpus"][0]["model"] == "H100 SXM" and check["cuda"] == "12.8"
     assert check["cache_nvme"] is True and check["cache_free_bytes"] > 0
+    hosted = out["host_check"]
+    assert (hosted["outcome"], hosted["job_id"]) == ("failed", None)
+    assert [(f["check"], f["severity"]) for f in hosted["findings"]] == [("driver", "blocks")]
+    assert listed(env)[0]["host_check"] == hosted  # remembered: the next job checks again
+    assert "found: driver" in hosted["next_due"]
 
 
 def test_add_with_json_reports_the_check(
@@ -181,7 +191,12 @@ def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked
     want = Requirements(gpu_count=1, min_gpu_memory_bytes=0)
     assert [o.offer_id for o in provider.offers(want)] == ["server:box1"]
 
-    # The driver breaks after registration; the next job's GPU check finds it.
+    # The driver breaks after the server's last host check (a passing one a moment ago, so
+    # the next is not due: issue 40); the next job's GPU playbook finds it.
+    from orchestrator.core.hostmemory import Source
+
+    store.record_host_observation("dedicated", "box1", Source.CHECK, failed=False,
+                                  delivered=None, why="passed")
     options_file = sim.state_dir / "options.json"
     options = json.loads(options_file.read_text())
     options_file.write_text(json.dumps({**options, "driver_broken": True}))
@@ -206,6 +221,14 @@ def test_a_server_that_failed_its_gpu_check_in_a_job_is_not_chosen_until_checked
     options_file.write_text(json.dumps({**options, "driver_broken": False}))  # fixed
     fixed = orch(env, "servers", "check", "box1")
     assert fixed.returncode == 0, fixed.stderr
+    assert "box1: ok; jobs may use it" in fixed.stdout
+    # ...after the host check a job would run, remembered: the next job does not run it.
+    hosted = listed(env)[0]["host_check"]
+    assert (hosted["outcome"], hosted["job_id"]) == ("passed", None)
+    assert hosted["seconds"] > 0  # its report, not the passing row recorded above
+    from orchestrator.engine.hostchecks import server_due
+
+    assert server_due(store, "dedicated", "box1") is None
     assert [o.offer_id for o in provider.offers(want)] == ["server:box1"]
     assert listed(env)[0]["status"] == "idle"
     store.close()

@@ -310,8 +310,9 @@ def test_registered_server_runs_the_job_at_zero_marginal_cost(rig: Rig, simhost:
     assert not [m for m in messages if m.startswith("renting")], messages
     assert any(m.startswith("claiming registered server box1") and "no marginal cost" in m
                for m in messages), messages
-    # Never rejected by a host check: the engine checks rentals only (issue 40).
-    assert "host.checked" not in rig.kinds(job_id)
+    # Host-checked at its first use, under its name, and used (issue 40 §1: not rejected):
+    # before anything, then the GPUs once the job's set-up gave Docker the GPUs and the image.
+    assert rig.kinds(job_id).count("host.checked") == 2
     (row,) = rig.store.instances_of(job_id)
     assert (row.provider, row.end_reason, row.cost_micros) == ("dedicated", "released", 0)
     (server,) = rig.store.list_servers()

@@ -221,3 +221,41 @@ def test_a_finished_run_on_a_rented_machine_is_remembered_against_its_plan(
     assert job.train_seconds
     assert run.delivered == pytest.approx(3600.0 / job.train_seconds, rel=1e-3)
     assert "of its plan's" in run.why
+
+
+def test_on_a_docker_host_the_gpu_is_measured_after_set_up_and_a_slow_one_released(
+        rig: Rig) -> None:
+    # A Docker host (as the wiring rents sim machines, and as a monthly server is): the
+    # first check cannot run the matmul (no trainer image, no Container Toolkit yet); it
+    # runs once the job's set-up installed the toolkit, pulling the image, before training.
+    # The first RTX 4090 rental is a slow card (half a healthy one), the second good.
+    chosen = Market(seed=1, bad_fraction=0.2, kinds=(Fault.SLOW_GPU,))
+    slow, good = (market.draw(chosen, "RTX 4090", n) for n in range(2))
+    assert slow.fault is Fault.SLOW_GPU and good.fault is None
+    cloud = SimCloud(rig.tmp / "sim", gpus=["RTX 4090"], market=chosen, host_options=HOST)
+    rig.clouds.append(cloud)
+    job_id = rig.queue(rig.job_file())
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    assert (first.end_reason, second.end_reason) == ("host_check_failed", "released")
+    early, late, early2, late2 = _checks(rig, job_id)
+    assert early["report"]["matmul"]["verdict"] == "unknown" and early["passed"]
+    assert "not on the host yet" in early["report"]["matmul"]["reason"]
+    assert (late["machine_id"], late["passed"]) == (slow.machine_id, False)
+    assert late["report"]["matmul"]["verdict"] == "fail"
+    assert 0.3 < min(late["report"]["matmul"]["tflops"]) / late["report"]["matmul"][
+        "healthy_tflops"] < 0.7
+    # The rest of the first check is kept in the completed report.
+    assert late["report"]["hub"]["verdict"] == "pass"
+    assert (late2["machine_id"], late2["passed"]) == (good.machine_id, True)
+    assert late2["report"]["matmul"]["verdict"] == "pass"
+    # Measured before training: the slow machine never started it.
+    kinds = [(e.kind, e.message) for e in rig.store.events(job_id)]
+    rejected = next(i for i, (k, _) in enumerate(kinds) if k == "host.rejected")
+    assert not [m for k, m in kinds[:rejected] if m.startswith("train/start-training")]
+    slow_rows = [r for r in rig.store.host_observations("sim")
+                 if r.machine_id == slow.machine_id]
+    assert [r.failed for r in slow_rows] == [False, True]
+    assert cloud.list() == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,43 @@ def test_a_yes_queues_it_and_yes_flag_or_no_terminal_never_ask(env: dict[str, st
     assert PROMPT not in piped.stdout + piped.stderr and "queued" in piped.stdout
     jobs = json.loads(orch(env, "jobs", "--json").stdout)
     assert len(jobs) == 3 and {(j["provider"], j["gpu"]) for j in jobs} == {("vastai", "L40S")}
+
+
+def test_plan_ranks_live_offers_by_host_memory_as_placement_does(
+        env: dict[str, str], tmp_path: Path) -> None:
+    # Issue 40 §2: three RTX 4090 machines, cheapest first. Host memory says the cheapest
+    # failed its host check (left out) and the next delivered 60 % (ranked at price / 0.6,
+    # dearer than the third): the plan chooses the third, as the engine's placement would,
+    # and says why in one line.
+    from orchestrator.core.hostmemory import Source
+    from orchestrator.records.store import open_store
+
+    path = job(tmp_path, "  gpus: [RTX 4090]\n")
+    with VastEmulator(api_key=KEY) as emu:
+        for offer, price, machine in ((21, 0.30, 4711), (22, 0.40, 4712), (23, 0.50, 4713)):
+            emu.add_offer(id=offer, gpu_name="RTX 4090", dph_base=price, min_bid=price,
+                          machine_id=machine)
+        env.update(VAST_API_KEY=KEY, ORCH_VASTAI_URL=emu.url)
+        before = json.loads(orch(env, "plan", str(path), "--json").stdout)
+        assert before["placement"]["offer_id"] == "21" and not before.get("host_memory")
+
+        store = open_store(f"sqlite:///{tmp_path / 'xdg' / 'orch' / 'orch.db'}")
+        try:
+            store.record_host_observation("vastai", "4711", Source.CHECK, failed=True,
+                                          delivered=None, why="hub: no route to the Hub")
+            store.record_host_observation("vastai", "4712", Source.RUN, failed=False,
+                                          delivered=0.6, why="trained at 60% of its plan")
+        finally:
+            store.close()
+        out = json.loads(orch(env, "plan", str(path), "--json").stdout)
+        human = orch(env, "plan", str(path)).stdout
+    assert out["placement"]["offer_id"] == "23"
+    ranked = {a["offer_id"]: a for a in [out["placement"], *out["alternatives"]]}
+    assert "21" not in ranked  # avoided
+    assert Decimal(ranked["22"]["price_per_hour"]) > Decimal(ranked["23"]["price_per_hour"])
+    (avoided, priced) = out["host_memory"]
+    assert avoided.startswith("vastai machine 4711: failed its host check") and "no route" \
+        in avoided
+    assert priced.startswith("vastai machine 4712: delivered 60%") and "priced as" in priced
+    line = next(ln for ln in human.splitlines() if ln.startswith("Host memory: "))
+    assert "vastai machine 4711: failed its host check" in line

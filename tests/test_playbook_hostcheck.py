@@ -144,6 +144,25 @@ def test_each_bad_machine_fails_the_check_that_measures_it(
     assert leftovers(sim) == [] and probes(sim) == []
 
 
+def test_a_complete_check_runs_past_failures_and_skips_what_they_void(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # A registered server's check (complete): it is not released, so it is told everything
+    # at once: a full disk and no route to the Hub, and its GPUs measured all the same.
+    sim, host = rental(playbook_host, disk_free_bytes=10 * 10**9, hub_unreachable=True)
+    report = hostcheck.run(host, spec(complete=True), reports)
+    assert list(report.failures) == [Check.DISK, Check.HUB]
+    assert report.matmul is not None and report.matmul.verdict is Verdict.PASS
+    assert leftovers(sim) == [] and probes(sim) == []
+    # Without a working nvidia-smi, the driver and the GPUs' speed mean nothing: unknown.
+    _, broken = rental(playbook_host, driver_broken=True)
+    report = hostcheck.run(broken, spec(complete=True), reports)
+    assert list(report.failures) == [Check.INVENTORY]
+    assert report.driver is not None and report.matmul is not None
+    assert (report.driver.verdict, report.matmul.verdict) == (Verdict.UNKNOWN, Verdict.UNKNOWN)
+    assert report.matmul.reason == "not measured: the inventory check failed"
+    assert report.disk is not None and report.disk.verdict is Verdict.PASS
+
+
 def test_a_slow_gpu_is_measured_at_its_fraction(playbook_host: PlaybookHostFactory,
                                                 reports: Reports) -> None:
     _, host = rental(playbook_host, gpu_speed=0.8)
@@ -258,6 +277,25 @@ def test_on_a_docker_host_the_probe_runs_in_the_trainer_image(
     report = hostcheck.run(host, spec(), reports)
     assert report.matmul is not None and report.matmul.verdict is Verdict.PASS
     assert report.matmul.torch == "2.12.0+cu130"
+    assert not sim.containers() and probes(sim) == [] and leftovers(sim) == []
+
+
+def test_after_set_up_a_docker_hosts_gpu_is_measured_pulling_the_image(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # Issue 40: once the job's set-up installed the toolkit, the matmul the first check could
+    # not run is measured (the image pulled as the training step would pull it).
+    sim, host = playbook_host(toolkit_preinstalled="1.18.1-1", gpu_speed=0.4)
+    first = hostcheck.run(host, spec(), reports)
+    assert first.passed and first.matmul is not None
+    assert first.matmul.verdict is Verdict.UNKNOWN
+    done = hostcheck.measure_gpu(host, spec(), first, reports)
+    assert list(done.failures) == [Check.MATMUL] and done.matmul is not None
+    assert "under 544" in done.matmul.reason
+    assert (done.inventory, done.driver, done.disk, done.hub) == (
+        first.inventory, first.driver, first.disk, first.hub)
+    assert done.seconds > first.seconds
+    assert [e["image"] for e in sim.events("docker-pull")] == [
+        "axolotlai/axolotl:0.18.0-py3.12-cu130-2.12.0"]
     assert not sim.containers() and probes(sim) == [] and leftovers(sim) == []
 
 
@@ -411,6 +449,49 @@ def test_the_hub_test_sends_the_token_by_stdin_with_real_curl(session_hub: Any) 
         assert asked == [(True, 206), (False, 401)]
     finally:
         session_hub.repos.pop(("model", "acme/curl-hostcheck"), None)
+
+
+def test_the_token_does_not_follow_a_redirect_to_another_host_with_real_curl() -> None:
+    # The Hub redirects a file to its CDN (another host): the real curl sends the token's
+    # header to the Hub only (libcurl CURLOPT_UNRESTRICTED_AUTH.md: not to another host
+    # name, scheme or port), and the range to both.
+    import http.server
+    import threading
+
+    seen: list[tuple[str, str | None, str | None]] = []
+
+    class Cdn(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(("cdn", self.headers.get("Authorization"), self.headers.get("Range")))
+            self.send_response(206)
+            self.send_header("Content-Length", "1024")
+            self.end_headers()
+            self.wfile.write(b"x" * 1024)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    class Hub(Cdn):
+        def do_GET(self) -> None:
+            seen.append(("hub", self.headers.get("Authorization"), self.headers.get("Range")))
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{cdn.server_port}/blob")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    hub = http.server.HTTPServer(("127.0.0.1", 0), Hub)
+    cdn = http.server.HTTPServer(("127.0.0.1", 0), Cdn)
+    for server in (hub, cdn):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{hub.server_port}/acme/m/resolve/main/model.safetensors"
+        argv = ["sh", "-c", hostcheck.HUB_SCRIPT, "sh", url, "30", "1023", "/dev/null"]
+        result = local(argv, env={"PATH": os.environ["PATH"], "HF_TOKEN": TOKEN})
+    finally:
+        hub.shutdown()
+        cdn.shutdown()
+    assert hostcheck.CURL_STATS.findall(result.stdout)[-1][:2] == ("206", "1024")
+    assert seen == [("hub", f"Bearer {TOKEN}", "bytes=0-1023"), ("cdn", None, "bytes=0-1023")]
 
 
 def test_a_padded_free_space_is_read() -> None:

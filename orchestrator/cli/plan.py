@@ -292,6 +292,52 @@ def live_market(job: LoadedJob) -> Market | None:
     return search(providers, reqs)
 
 
+def host_memory(market: Market | None, servers: Sequence[RegisteredServer] = ()
+                ) -> tuple[Market | None, list[str]]:
+    """`market` with its offers as host memory ranks them (`hostmemory.screen`, as the
+    engine's placement does: machines to avoid left out, slow ones priced at what they
+    deliver), and one note per machine it changed, and per registered server in `servers`
+    whose last host check found something (never left out: its next job checks it again
+    first). Only live offers name their machines."""
+    live = market is not None and bool(market.answered)
+    named = {(o.provider, o.machine_id) for o in market.offers
+             if o.machine_id and not o.registered} if live and market is not None else set()
+    kept = {("dedicated", s.name) for s in servers}
+    if not named and not kept:
+        return market, []
+    from orchestrator.records.readonly import host_observations
+
+    seen = without_db(lambda url: host_observations(url, named | kept))
+    if not seen:
+        return market, []
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from orchestrator.core.hostmemory import Source, screen
+
+    now = datetime.now(UTC)
+    notes = []
+    for key in sorted(kept):
+        checks = [o for o in seen.get(key, []) if o.source is Source.CHECK]
+        if checks and checks[-1].failed:  # found something: a job there is checked first
+            notes.append(f"registered server {key[1]}: its last host check "
+                         f"({checks[-1].at:%Y-%m-%d %H:%M} UTC) found {checks[-1].why}; "
+                         "the next job there is checked again first (`orch servers list`: "
+                         "what to fix)")
+    if market is None or not named:
+        return market, notes
+    result = screen(market.offers, seen, now)
+    return replace(market, offers=tuple(result.offers)), result.notes + notes
+
+
+def host_memory_line(notes: Sequence[str]) -> str:
+    """The plan's one line on what host memory changed (empty: nothing)."""
+    if not notes:
+        return ""
+    return ("Host memory: " + "; ".join(notes) + " (as the engine's placement ranks them; "
+            "`orch hosts`)")
+
+
 def offers_line(market: Market | None, named: Sequence[str] | None = None) -> str:
     """Which offers the plan ranked: live (from whom) or the price catalogs (and why).
     `named`: the job's `resources.providers` (None: any)."""
@@ -322,8 +368,13 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
 
     job = load(file)
     servers = servers_for_plan()
-    market = live_market(job)
-    result = plan_job(job, servers, market)
+    market, remembered = host_memory(live_market(job), servers)
+    try:
+        result = plan_job(job, servers, market)
+    except SystemExit:
+        if remembered:  # it may be why nothing fits
+            _err(host_memory_line(remembered))
+        raise
     who = runners(job.spec.resources.providers, bool(servers))
     from orchestrator.cli import deadlineview
 
@@ -335,7 +386,8 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
                           "runs_on": list(who.providers), "runs_on_notes": list(who.notes),
                           "offers_source": "live" if live else "catalog",
                           "offers_from": list(market.answered) if market else [],
-                          "offers_notes": list(market.notes) if market else []},
+                          "offers_notes": list(market.notes) if market else [],
+                          "host_memory": remembered},
                          indent=2, default=str))
     else:
         render_plan(result, 10_000 if all_rows else 12)
@@ -344,4 +396,6 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
         from orchestrator.cli.term import prose
 
         print(prose(offers_line(market, job.spec.resources.providers)))
+        if remembered:
+            print(prose(host_memory_line(remembered)))
         print(prose(runs_on(result, who)))

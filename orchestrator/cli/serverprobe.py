@@ -20,6 +20,7 @@ from typing import Any
 from playbooks import secrets, ssh
 from playbooks.base import Host, HostPaths, StepFailed
 from playbooks.gpu import GpuExpectation, check_gpus, mismatch
+from playbooks.hostreport import HostReport
 from playbooks.model_cache import find_nvme
 
 
@@ -86,6 +87,29 @@ def probe(host: str, port: int, user: str, key_path: Path, *, gpu: str, gpu_coun
         _software(target, facts)
         _disk(target, facts)
     return facts
+
+
+def host_check(host: str, port: int, user: str, key_path: Path, host_key: str, *, gpu: str,
+               gpu_count: int, repo: str, hf_token: str | None,
+               timeout: float = 15.0) -> HostReport:
+    """The engine's pre-flight host check (playbooks/hostcheck.py) on a registered server, as
+    a job's would run it there (its trainer image's environment, orch's directory on the model
+    cache disk), with `repo` as the model the Hub is asked for. The job's disk need is not
+    known here: free space is judged by each job's own check. Raises ProbeError as `probe`."""
+    from playbooks import hostcheck, images, train
+    from providers import catalog
+    from providers.dedicated.compute import PULL_GBPS
+
+    image = train.DEFAULT_IMAGE
+    spec = hostcheck.HostCheckSpec(
+        job_id="servers-check", gpu=GpuExpectation(gpu, gpu_count, exact_count=False,
+                                                   min_cuda=images.min_cuda(image), image=image),
+        rated_tflops=catalog.gpus()[gpu].bf16_tflops, disk_need_bytes=0, repo=repo,
+        trainer_image=image, pull_bytes_per_s=PULL_GBPS * 1e9 / 8, hf_token=hf_token,
+        complete=True)
+    with _session(host, port, user, key_path, host_key, timeout) as target:
+        target.command_timeout = 600
+        return hostcheck.run(target, spec, lambda _report: None)
 
 
 def scrub_secrets(host: str, port: int, user: str, key_path: Path, host_key: str,

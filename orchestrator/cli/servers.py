@@ -34,9 +34,12 @@ from providers import catalog
 
 if TYPE_CHECKING:
     from orchestrator.cli.serverprobe import ServerFacts
-    from orchestrator.records.store import Server
+    from orchestrator.core.servercheck import ServerVerdict
+    from orchestrator.records.store import Server, Store
 
 EXIT_UNUSABLE = EXIT_NO_FIT  # README: 3 = nothing can run the job here (server unusable)
+# The model `orch servers check` asks the Hub for (the quickstart's: public, no token needed).
+DEFAULT_CHECK_MODEL = "Qwen/Qwen2.5-0.5B"
 # No server rents for a billion dollars a month; beyond this a typo is likelier.
 MAX_MONTHLY = Decimal(10) ** 9
 
@@ -120,8 +123,15 @@ def servers_add(
 
 
 @servers_app.command("check")
-def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
-    """Check a registered server again (pinned host key); a passing check clears a failure."""
+def servers_check(
+    name: NameArg,
+    model: Annotated[str, typer.Option(
+        help="The model the host check's Hub download asks for (a job's check asks for its "
+             "own base model).")] = DEFAULT_CHECK_MODEL,
+    json_out: JsonFlag = False,
+) -> None:
+    """Check a registered server again (pinned host key): its GPUs, then the host check a
+    job runs there (driver, disk, Hub, GPU speed); a passing GPU check clears a failure."""
     s = _get(name)
     facts = _probe_or_exit(s.host, s.port, s.user, s.gpu, s.gpu_count, pinned=s.host_key,
                            name=name)
@@ -130,12 +140,54 @@ def servers_check(name: NameArg, json_out: JsonFlag = False) -> None:
         store.set_server_host_key(name, facts.host_key)
     store.record_server_check(name, error=facts.gpu_error,
                               facts_json=json.dumps(facts.to_dict()))
-    _report(facts, json_out, {**_server_dict(_get(name)), "check": facts.to_dict()})
     if facts.gpu_error:
+        _report(facts, json_out, {**_server_dict(_get(name), store), "check": facts.to_dict()})
         fail(f"{name} failed its GPU check: {facts.gpu_error}\nJobs will not use it until "
              f"`orch servers check {name}` passes.", EXIT_UNUSABLE)
+    verdict = _host_check(store, _get(name), model)
+    _report(facts, json_out, {**_server_dict(_get(name), store), "check": facts.to_dict()})
+    if verdict.blocking:
+        fail(verdict.failure_message(in_job=False), EXIT_UNUSABLE)
     if not json_out:
-        typer.echo(f"{name}: ok; jobs may use it")
+        for line in _check_lines(name, host_check(store, name)):
+            typer.echo(line, nl=False)
+        typer.echo(f"{name}: ok; jobs may use it"
+                   + (" (slower than planned: above)" if verdict.slow else ""))
+
+
+def _host_check(store: "Store", s: "Server", model: str) -> "ServerVerdict":
+    """Run the engine's host check on `s` and remember it as a job's check would be."""
+    import os
+
+    from orchestrator.cli.serverprobe import ProbeError
+    from orchestrator.cli.serverprobe import host_check as run_check
+    from orchestrator.core import servercheck
+    from orchestrator.core.hostmemory import Source
+    from orchestrator.engine.runner import ensure_key
+    from providers.dedicated.compute import NAME
+
+    key_path, _ = ensure_key()
+    assert s.host_key is not None  # pinned by the probe just before
+    typer.echo(f"host check of {s.name} (driver, disk, Hub download of {model}, GPU "
+               "speed) ...", err=True)
+    try:
+        report = run_check(s.host, s.port, s.user, key_path, s.host_key, gpu=s.gpu,
+                           gpu_count=s.gpu_count, repo=model,
+                           hf_token=os.environ.get("HF_TOKEN") or None)
+    except ProbeError as exc:
+        fail(f"{s.name}: the host check could not run: {exc}", EXIT_UNUSABLE)
+    why = "; ".join(f"{c.value}: {r}" for c, r in report.failures.items()) or "passed"
+    store.record_host_observation(NAME, s.name, Source.CHECK, failed=not report.passed,
+                                  delivered=report.delivered_fraction, why=why,
+                                  report_json=report.model_dump_json())
+    return servercheck.judge(s.name, report, _docker_image())
+
+
+def _docker_image() -> str:
+    """The trainer image a server's jobs run in (what a matmul fix names)."""
+    from playbooks import images, train
+
+    return images.for_host(train.DEFAULT_IMAGE, "docker")
 
 
 @servers_app.command("trust")
@@ -170,19 +222,46 @@ def servers_trust(
 # --- list and remove -------------------------------------------------------------------------
 
 
-def _server_dict(s: "Server") -> dict[str, Any]:
+def _server_dict(s: "Server", store: "Store | None" = None) -> dict[str, Any]:
     return {"name": s.name, "host": s.host, "port": s.port, "user": s.user, "gpu": s.gpu,
             "gpu_count": s.gpu_count, "monthly_price": str(from_micros(s.monthly_price_micros)),
             "status": "failed" if s.check_error else s.status, "check_error": s.check_error,
             "host_key": s.host_key,
             "checked_at": iso_z(s.checked_at)
-            if s.checked_at else None}
+            if s.checked_at else None,
+            "host_check": host_check(store or open_db(), s.name)}
+
+
+def host_check(store: "Store", name: str) -> dict[str, Any] | None:
+    """The last host check the engine ran on server `name` (None: never): when, for which
+    job, its outcome (passed, slow, failed), what it found, and why the next is due."""
+    from orchestrator.core import servercheck
+    from orchestrator.records.store import utcnow
+    from orchestrator.records.store.hosts import observation
+    from playbooks.hostreport import HostReport
+    from providers.dedicated.compute import NAME
+
+    rows = store.host_observations(NAME, [name])
+    checks = [r for r in rows if r.source == "check"]
+    if not checks:
+        return None
+    last = checks[-1]
+    report = HostReport.model_validate_json(last.report_json) if last.report_json else None
+    verdict = servercheck.judge(name, report, _docker_image()) if report is not None else None
+    outcome = verdict.outcome if verdict is not None else ("failed" if last.failed
+                                                           else "passed")
+    return {"at": iso_z(last.at), "job_id": last.job_id, "outcome": outcome,
+            "seconds": report.seconds if report is not None else None,
+            "findings": [f.to_dict() for f in verdict.findings] if verdict else [],
+            "why": last.why,
+            "next_due": servercheck.due([observation(r) for r in rows], utcnow())}
 
 
 @servers_app.command("list")
 def servers_list(json_out: JsonFlag = False) -> None:
     """List registered servers (a failed GPU check shows why)."""
-    rows = [_server_dict(s) for s in open_db().list_servers()]
+    store = open_db()
+    rows = [_server_dict(s, store) for s in store.list_servers()]
     if json_out:
         print_json(rows)
         return
@@ -191,14 +270,35 @@ def servers_list(json_out: JsonFlag = False) -> None:
                    "--gpu 'H100 SXM' --monthly 2190`")
         return
     typer.echo(table(
-        ["name", "GPU", "n", "ssh", "monthly", "status"],
+        ["name", "GPU", "n", "ssh", "monthly", "status", "host check"],
         [[r["name"], r["gpu"], r["gpu_count"], f"{r['user']}@{r['host']}:{r['port']}",
-          money(r["monthly_price"]), r["status"]] for r in rows],
-        right=[2, 4], drop=[4, 2], states=[5]))
+          money(r["monthly_price"]), r["status"], _checked_cell(r["host_check"])]
+         for r in rows],
+        right=[2, 4], drop=[4, 2, 3], states=[5]))
     for r in rows:
         if r["check_error"]:
             typer.echo(f"\n{r['name']} is not used by jobs: {r['check_error']}\n"
                        f"  fix it, then `orch servers check {r['name']}`")
+        typer.echo("".join(_check_lines(r["name"], r["host_check"])), nl=False)
+
+
+def _checked_cell(check: dict[str, Any] | None) -> str:
+    if check is None:
+        return "never"
+    return f"{check['outcome']} {check['at'][:16].replace('T', ' ')}"
+
+
+def _check_lines(name: str, check: dict[str, Any] | None) -> list[str]:
+    """What the last host check of `name` found, and its fix (nothing when it passed)."""
+    if check is None or not check["findings"]:
+        return []
+    verb = {"failed": "failed (jobs there fail until it is fixed)",
+            "slow": "found it slow (jobs run there, slower than planned)"}[check["outcome"]]
+    job = f", job {check['job_id']}" if check["job_id"] else ""
+    lines = [f"\n{name}: its last host check ({check['at']}{job}) {verb}:\n"]
+    lines += [f"  {f['check']} ({f['severity']}): {f['reason']}\n    fix: {f['fix']}\n"
+              for f in check["findings"]]
+    return lines
 
 
 @servers_app.command("remove")

@@ -15,8 +15,8 @@ the observations (phase B: a records table keyed by provider and machine id) and
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from enum import StrEnum
@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from providers.base import Offer
 from providers.datacache import read_yaml
 
 _DATA = Path(__file__).with_name("data") / "hostmemory.yaml"
@@ -60,12 +61,19 @@ class MovePolicy(_Policy):
     margin: float = Field(ge=0, lt=1)
 
 
+class ServerPolicy(_Policy):
+    """When a registered monthly server's host check is run again (core/servercheck.py)."""
+
+    recheck_after_hours: float = Field(gt=0)
+
+
 class Policy(_Policy):
     """data/hostmemory.yaml."""
 
     failed_check: FailedCheckPolicy
     slow: SlowPolicy
     move: MovePolicy
+    server: ServerPolicy
 
 
 @cache
@@ -166,6 +174,42 @@ def advise(observations: Sequence[Observation], now: datetime, *, kept: bool = F
         return Advice(Stance.AVOID, fraction, until, f"{seen}: avoided until {_day(until)}")
     return Advice(Stance.PRICE, fraction, latest.at + forget,
                   f"{seen}: priced as delivering {fraction:.0%}")
+
+
+@dataclass(frozen=True)
+class Screened:
+    """Offers after host memory: those kept (one to price at its effective price), the
+    repriced offers as sold by (provider, offer id), one note per machine left out or
+    repriced."""
+
+    offers: list[Offer]
+    sold: dict[tuple[str, str], Offer]
+    notes: list[str]
+
+
+def screen(offers: Sequence[Offer], seen: Mapping[tuple[str, str], Sequence[Observation]],
+           now: datetime, rules: Policy | None = None) -> Screened:
+    """`offers` less those of machines `seen` (observations by (provider, machine id)) says
+    to avoid at `now`; those it says to price are kept at `Advice.effective_price` (the
+    engine rents them as sold). A registered server is never left out nor repriced. The one
+    rule the engine's placement and `orch plan` both rank by."""
+    advice = {key: advise(found, now, rules=rules) for key, found in seen.items() if found}
+    notes: list[str] = []
+    kept: list[Offer] = []
+    sold: dict[tuple[str, str], Offer] = {}
+    for offer in offers:
+        this = advice.get((offer.provider, offer.machine_id or ""))
+        if this is None or offer.registered or this.stance not in (Stance.AVOID, Stance.PRICE):
+            kept.append(offer)
+            continue
+        note = f"{offer.provider} machine {offer.machine_id}: {this.reason}"
+        if note not in notes:
+            notes.append(note)
+        if this.stance is Stance.AVOID or offer.price_per_hour is None:
+            continue
+        sold[(offer.provider, offer.offer_id)] = offer
+        kept.append(replace(offer, price_per_hour=this.effective_price(offer.price_per_hour)))
+    return Screened(kept, sold, notes)
 
 
 def _failed(failures: list[Observation], now: datetime,

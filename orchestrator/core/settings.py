@@ -153,9 +153,10 @@ class Settings(BaseModel):
         "Engine")
     host_checks: bool = _setting(
         True, "on or off (also 1/0, true/false)", "on",
-        "The pre-flight host check of every fresh rental (docs/hostchecks.md): a machine that "
-        "fails it is released at once and the job placed elsewhere. Off: rentals are used "
-        "unchecked.", "Engine")
+        "The pre-flight host check of every fresh rental, and of a registered server when "
+        "due (docs/hostchecks.md): a rental that fails it is released at once and the job "
+        "placed elsewhere; a registered server that fails it fails the job, naming the fix. "
+        "Off: both are used unchecked.", "Engine")
     deadline_check_s: Seconds = _setting(
         DEADLINE_CHECK_S, SECONDS, f"{DEADLINE_CHECK_S:g}",
         "How often a running job with `resources.deadline_hours` asks the deadline policy "

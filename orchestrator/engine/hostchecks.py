@@ -3,13 +3,16 @@ remembered of each machine, and what becomes of one that fails (issue 40, docs/h
 
 A fresh rental's first run of the pipeline checks the host before anything is downloaded
 (`PipelineJob.host_check`, run by `playbooks.pipeline`): not a machine taken warm (it ran a
-job already), not a registered server (`orch servers check` is its check), not a takeover of
-an instance this job already checked (its `host.checked` event says so) nor one past its
-first phase. Every report is an event and a `host_observation` row keyed by the provider's
-machine id; a failing rental is released at once with `end_reason = host_check_failed` (what
-it billed stays on its row, in the job's cost) and the job is placed again, at most
-`MAX_REJECTED_HOSTS` times. Placement leaves out offers of machines host memory says to avoid
-(`screen`).
+job already), not a takeover of an instance this job already checked (its `host.checked`
+event says so) nor one past its first phase. A registered monthly server is checked the same
+way when its check is due (`core.servercheck.due`: never checked, its last check found
+something, or that check is a week old), its report kept against the server's name; it is
+never released nor replaced: a blocking finding fails the job naming the server, the check
+and the fix, a slow one is a warning (`core.servercheck.judge`). Every report is an event
+and a `host_observation` row keyed by the provider's machine id; a failing rental is
+released at once with `end_reason = host_check_failed` (what it billed stays on its row, in
+the job's cost) and the job is placed again, at most `MAX_REJECTED_HOSTS` times. Placement
+leaves out offers of machines host memory says to avoid (`screen`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from orchestrator.core.hostmemory import Observation, Source, Stance, advise
+from orchestrator.core import hostmemory, servercheck
+from orchestrator.core.hostmemory import Observation, Source
 from orchestrator.core.planning import host_disk_gb
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind
@@ -31,7 +35,7 @@ from playbooks.hostcheck import DEFAULT_PULL_BYTES_PER_S, HostCheckSpec, HostRej
 from playbooks.hostreport import HostReport
 from playbooks.pipeline import PipelineJob
 from providers import catalog
-from providers.base import Offer
+from providers.base import Offer, keeps_machine
 
 # Machines that failed their check, per job: then the job fails (the market is mostly bad,
 # or the check is wrong for this job), rather than renting on and on.
@@ -39,15 +43,38 @@ MAX_REJECTED_HOSTS = 5
 
 
 def wanted(state: RunState, placed: Placed, kept: bool) -> bool:
-    """Whether this run of the pipeline on `placed` checks the host first (see module doc)."""
-    if not settings().host_checks or placed.warm or kept:
+    """Whether this run of the pipeline on `placed` checks the host first (see module doc);
+    a registered server's due check is said in a `server.check_due` event."""
+    if not settings().host_checks or placed.warm:
         return False
     job = state.ledger.job()
     if job.phase_done:
         return False
     iid = placed.inst.instance_id
-    return not any(e.kind == EventKind.HOST_CHECKED and e.data().instance == iid
-                   for e in state.store.events(state.job_id))
+    if any(e.kind == EventKind.HOST_CHECKED and e.data().instance == iid
+           for e in state.store.events(state.job_id)):
+        return False
+    if not kept:
+        return True
+    name = server_name(placed)
+    why = server_due(state.store, placed.inst.provider, name)
+    if why is not None:
+        state.ledger.event("server.check_due", f"registered server {name} is host-checked "
+                           f"before the job: {why}", {"server": name})
+    return why is not None
+
+
+def server_name(placed: Placed) -> str:
+    """The registered server `placed` is (its instance id where the provider keeps none)."""
+    keeper = keeps_machine(placed.provider)
+    iid = placed.inst.instance_id
+    return keeper.server_name(iid) if keeper is not None else iid
+
+
+def server_due(store: Store, provider: str, name: str) -> str | None:
+    """Why registered server `name`'s host check is due now (None: it is not)."""
+    rows = store.host_observations(provider, [name])
+    return servercheck.due([observation(r) for r in rows], utcnow())
 
 
 def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,
@@ -65,7 +92,9 @@ def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,
     return HostCheckSpec(job_id=pj.job_id, gpu=pj.gpu, rated_tflops=gpu.bf16_tflops,
                          disk_need_bytes=int(host_disk_gb(inputs.loaded, 1) * 1e9),
                          repo=pj.repo, revision=pj.revision, trainer_image=pj.trainer_image,
-                         pull_bytes_per_s=pull, hub_endpoint=None, hf_token=pj.hf_token)
+                         pull_bytes_per_s=pull, hub_endpoint=None, hf_token=pj.hf_token,
+                         # a registered server is not released: it is told everything found
+                         complete=keeps_machine(placed.provider) is not None)
 
 
 def _why(report: HostReport) -> str:
@@ -75,16 +104,19 @@ def _why(report: HostReport) -> str:
     return "; ".join(f"{check.value}: {reason}" for check, reason in failures.items())
 
 
-def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = False) -> None:
-    """Record a check's report: an event, and the machine's host-memory row."""
+def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = False,
+            image: str = "the trainer image") -> None:
+    """Record a check's report: an event, and the machine's host-memory row (a registered
+    server's: keyed by its name). On a registered server, raise JobFailed when the report
+    blocks the job (`servercheck.judge`), and warn when it only slows it."""
     inst = placed.inst
-    machine = inst.machine_id
-    verdict = "passed" if report.passed else ("failed (a registered server: reported, kept in "
-                                              "use)" if kept else "failed")
+    machine = server_name(placed) if kept else inst.machine_id
+    verdict = servercheck.judge(machine or inst.instance_id, report, image) if kept else None
+    said = ("passed" if report.passed else "failed") if verdict is None else verdict.outcome
     ledger.event(EventKind.HOST_CHECKED,
                  f"host check of {inst.provider} instance {inst.instance_id}"
-                 + (f" (machine {machine})" if machine else "")
-                 + f" {verdict} in {report.seconds:.1f}s: {_why(report)}",
+                 + (f" (machine {machine})" if machine and not kept else "")
+                 + f" {said} in {report.seconds:.1f}s: {_why(report)}",
                  {"instance": inst.instance_id, "machine_id": machine,
                   "passed": report.passed, "report": json.loads(report.model_dump_json())})
     if machine:
@@ -92,6 +124,28 @@ def checked(ledger: Ledger, placed: Placed, report: HostReport, kept: bool = Fal
             inst.provider, machine, Source.CHECK, failed=not report.passed,
             delivered=report.delivered_fraction, why=_why(report), job_id=ledger.job_id,
             report_json=report.model_dump_json())
+    if verdict is not None:
+        _judged(ledger, verdict)
+
+
+def _judged(ledger: Ledger, verdict: servercheck.ServerVerdict) -> None:
+    """A registered server's check: JobFailed when it blocks the job, else a warning for
+    each slow finding not warned of yet in this job (the GPUs measured after the set-up
+    complete a report that warned already)."""
+    if verdict.blocking:
+        message = verdict.failure_message()
+        ledger.event("server.check_failed", message,
+                     {"server": verdict.server,
+                      "findings": [f.to_dict() for f in verdict.blocking]})
+        raise JobFailed(message)
+    warned = {f["check"] for e in ledger.store.events(ledger.job_id)
+              if e.kind == "server.slow"
+              for f in json.loads(e.data_json or "{}").get("findings", [])}
+    new = [f for f in verdict.slow if f.check.value not in warned]
+    if new:
+        warn = replace(verdict, findings=tuple(new))
+        ledger.event("server.slow", warn.warning(),
+                     {"server": verdict.server, "findings": [f.to_dict() for f in new]})
 
 
 def ran(ledger: Ledger, placed: Placed, planned_s: float | None, seconds: float,
@@ -137,35 +191,19 @@ def rejected(state: RunState, teardown: Teardown, placed: Placed, exc: HostRejec
 
 def screen(store: Store, offers: Sequence[Offer], ledger: Ledger,
            priced: dict[tuple[str, str], Offer]) -> list[Offer]:
-    """`offers` less those of machines host memory says to avoid now, and those it says to
-    price at what they deliver: ranked at `Advice.effective_price` (price / delivered), the
-    offer as sold kept in `priced` by (provider, offer id) for the rental. A registered
-    server is never left out nor repriced (its advice only reports)."""
+    """`offers` as host memory ranks them (`hostmemory.screen`: those of machines to avoid
+    left out, those to price at what they deliver repriced, the offer as sold kept in
+    `priced` by (provider, offer id) for the rental); a `hosts.avoided` event says which."""
     named = {(o.provider, o.machine_id) for o in offers if o.machine_id and not o.registered}
     if not named:
         return list(offers)
-    now = utcnow()
     seen: dict[tuple[str, str], list[Observation]] = {}
     for provider in {p for p, _ in named}:
         rows = store.host_observations(provider, [m for p, m in named if p == provider])
         for row in rows:
             seen.setdefault((row.provider, row.machine_id), []).append(observation(row))
-    advice = {key: advise(found, now) for key, found in seen.items()}
-    said: list[str] = []
-    kept: list[Offer] = []
-    for offer in offers:
-        this = advice.get((offer.provider, offer.machine_id or ""))
-        if this is None or offer.registered or this.stance not in (Stance.AVOID, Stance.PRICE):
-            kept.append(offer)
-            continue
-        note = f"{offer.provider} machine {offer.machine_id}: {this.reason}"
-        if note not in said:
-            said.append(note)
-        if this.stance is Stance.AVOID or offer.price_per_hour is None:
-            continue
-        effective = replace(offer, price_per_hour=this.effective_price(offer.price_per_hour))
-        priced[(offer.provider, offer.offer_id)] = offer
-        kept.append(effective)
-    if said:
-        ledger.event("hosts.avoided", "; ".join(said))
-    return kept
+    result = hostmemory.screen(offers, seen, utcnow())
+    priced.update(result.sold)
+    if result.notes:
+        ledger.event("hosts.avoided", "; ".join(result.notes))
+    return result.offers

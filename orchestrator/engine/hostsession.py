@@ -40,7 +40,7 @@ from orchestrator.engine.runner_core import (
 from orchestrator.engine.teardown import Teardown
 from orchestrator.engine.warm import Warm
 from orchestrator.records.store import JobUpdate, LeaseLost
-from playbooks import checkpoints, hostcheck, pipeline, ssh, train
+from playbooks import checkpoints, hostcheck, images, pipeline, ssh, train
 from playbooks.base import Host, HostPaths, PlaybookFailed, StepFailed, StepReport
 from playbooks.hostreport import HostReport
 from playbooks.pipeline import PhaseName, PipelineRun
@@ -353,7 +353,8 @@ class JobHooks(pipeline.Hooks):
         self.ledger.store.mark_phase_done(self.ledger.job_id, phase, artifacts_dir=artifacts_dir)
 
     def host_checked(self, run: PipelineRun, report: HostReport) -> None:
-        hostchecks.checked(self.ledger, self.placed, report, kept=self.kept is not None)
+        hostchecks.checked(self.ledger, self.placed, report, kept=self.kept is not None,
+                           image=images.for_host(run.job.trainer_image, "docker"))
 
     def prepare_failed(self, exc: PlaybookFailed) -> None:
         if exc.playbook == "gpu" and self.kept is not None and self.session.state.stop is None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core import preemption
 from orchestrator.core.money import dollars_trimmed, from_micros
@@ -22,6 +22,9 @@ from orchestrator.records.historyread import (
     parse_stored,
 )
 from providers.dedicated.compute import RegisteredServer
+
+if TYPE_CHECKING:
+    from orchestrator.core.hostmemory import Observation
 
 # Only recent jobs speak for a key: drivers, images and the trainer change over time.
 MEASURED_WINDOW = 20
@@ -44,6 +47,8 @@ _WARM_SQL = ("SELECT id, provider, provider_instance_id, offer_json, price_per_h
              "FROM warm_instance WHERE state = 'parked' ORDER BY id")
 
 
+_HOSTS_SQL = ("SELECT provider, machine_id, at, source, failed, delivered, why "
+              "FROM host_observation ORDER BY at, id")
 _SPOT_SQL = ("SELECT provider, gpu, end_reason, created_at, terminated_at FROM instance "
              "WHERE interruptible AND provider_instance_id IS NOT NULL")
 
@@ -124,3 +129,24 @@ def preemption_rates(url: str) -> dict[tuple[str, str], Rate]:
     seen = preemption.histories([(p, g, r, c, t) for p, g, r, c, t in rows if c is not None],
                      datetime.now(UTC))
     return {key: preemption.rate(h) for key, h in seen.items()}
+
+
+def host_observations(url: str, machines: Iterable[tuple[str, str]]
+                      ) -> dict[tuple[str, str], list[Observation]]:
+    """What host memory holds of `machines` ((provider, machine id) pairs), oldest first:
+    what `orch plan` ranks live offers by, as the engine's placement does."""
+    wanted = set(machines)
+    if not wanted:
+        return {}
+    from orchestrator.core.hostmemory import Observation, Source
+
+    seen: dict[tuple[str, str], list[Observation]] = {}
+    for provider, machine, at, source, failed, delivered, why in _rows(
+            url, "host memory", _HOSTS_SQL):
+        when = parse_stored(at)
+        if (provider, machine) not in wanted or when is None:
+            continue
+        seen.setdefault((provider, machine), []).append(Observation(
+            at=when, source=Source(source), failed=bool(failed),
+            delivered=None if delivered is None else float(delivered), why=why or ""))
+    return seen
