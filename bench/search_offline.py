@@ -13,6 +13,7 @@ cron tick proposes one run per free slot) and checks a running trial at every ev
 Usage:
     python bench/search_offline.py [--seeds 16] [--trials 22] [--workers 3]
                                    [--min-fraction 0.05] [--eta 3] [--pruner asha]
+                                   [--setup-s 150] [--warm-s 20] [--finish-s 120]
 The last line reads `grid_usd=... search_usd=... grid_best=... search_best=...` (the median
 seed's, by cost ratio); each seed's numbers come first.
 """
@@ -146,7 +147,14 @@ def main() -> None:
     parser.add_argument("--min-fraction", type=float, default=0.05)
     parser.add_argument("--eta", type=int, default=3)
     parser.add_argument("--pruner", default="asha")
+    parser.add_argument("--setup-s", type=float, default=SETUP_S,
+                        help="seconds of a fresh machine before its first step")
+    parser.add_argument("--warm-s", type=float, default=WARM_S,
+                        help="seconds of a warm machine between two runs")
+    parser.add_argument("--finish-s", type=float, default=FINISH_S,
+                        help="seconds after the last step of a run that ends")
     args = parser.parse_args()
+    globals().update(SETUP_S=args.setup_s, WARM_S=args.warm_s, FINISH_S=args.finish_s)
     early = EarlyStopSpec(metric="train.eval_loss", min_fraction=args.min_fraction,
                           reduction_factor=args.eta, pruner=args.pruner)
     rows = []

@@ -3,11 +3,17 @@
 The space: learning rate {1e-4, 2e-4, 5e-4} x LoRA rank {8, 16, 32} x epochs {1, 2, 3} (27
 configurations) over an 8B LoRA job that holds out an eval split (`val_set_size: 0.05`,
 `eval_steps: 3`). Both sweeps run through the product as cron and a small fleet would:
-`orch sweep FILE` every second and --workers `orch worker` processes, `max_parallel`
---workers, `resources.keep_warm` for both. The grid runs all 27; the search runs
-`search: {sampler: tpe, trials: 22}` with `early_stop: {metric: train.eval_loss,
-min_fraction: 0.05, reduction_factor: 3}`. The objective is the final `train.eval_loss`
-(min), which the simulated trainer reports by the landscape of docs/sim-landscape.md.
+`orch sweep FILE` every second (start to start: cron's minute, scaled) and --workers
+`orch worker` processes, `max_parallel` --workers, `resources.keep_warm` for both. The grid
+runs all 27; the search runs `search: {sampler: tpe, trials: 22, seed: --seed}` with
+`early_stop: {metric: train.eval_loss, min_fraction: 0.01, reduction_factor: 4}`: optuna's
+own defaults for its SuccessiveHalvingPruner (optuna 5.1.0,
+optuna/pruners/_successive_halving.py: `reduction_factor=4`, and `min_resource="auto"`,
+`_estimate_min_resource`: 1 % of the longest run's steps; Ray Tune's ASHA also defaults to
+a reduction factor of 4 and a first rung at the first report). The first rung is then the
+first eval report (step 3), where a losing run has cost least; docs/sweeps-search.md has
+the per-trial records that led here. The objective is the final `train.eval_loss` (min),
+which the simulated trainer reports by the landscape of docs/sim-landscape.md.
 
 Setup and training are realistic, scaled down in wall time by --scale (default 1/60: a
 real minute is a second here), as bench/sweep_cost.py scales them: boot from the
@@ -15,8 +21,11 @@ per-second catalog, the 8B model's download over its pull rate, 30 steps an epoc
 --step-s real seconds. Dollars are the simulated cloud's own meter (`SimCloud.billed` and
 `cost`: every instance, create to terminate, each started second; the warm windows
 included, the last ones ended as cron's `orch reconcile` would), next to what orch
-recorded for the runs (`orch cost`). Asserts nothing (machines are noisy). Usage:
-    python bench/sweep_search.py [--scale 0.0167] [--step-s 30] [--workers 3]
+recorded for the runs (`orch cost`). `orch sweep show` of each sweep is printed (every
+trial, its rungs, what it cost); --keep DIR keeps each sweep's database and the meter's
+bill per machine for reading afterwards. Asserts nothing (machines are noisy). Usage:
+    python bench/sweep_search.py [--scale 0.0167] [--step-s 30] [--workers 3] [--seed 0]
+                                 [--keep DIR]
 The last line reads `grid_usd=... search_usd=... grid_best=... search_best=...`.
 """
 
@@ -62,8 +71,8 @@ grid:
 max_parallel: {workers}
 objective: {{metric: train.eval_loss, goal: min}}
 """
-SEARCH = """search: {sampler: tpe, trials: 22, seed: 0}
-early_stop: {metric: train.eval_loss, goal: min, min_fraction: 0.05, reduction_factor: 3}
+SEARCH = """search: {{sampler: tpe, trials: 22, seed: {seed}}}
+early_stop: {{metric: train.eval_loss, goal: min, min_fraction: 0.01, reduction_factor: 4}}
 """
 
 
@@ -104,14 +113,14 @@ def _finished(con: sqlite3.Connection, runs: int) -> bool:
 
 
 def run_sweep(name: str, search: bool, scale: float, step_s: float, workers: int,
-              keep_s: int) -> Result:
+              keep_s: int, seed: int = 0, keep: Path | None = None) -> Result:
     """One sweep through the product; what the cloud billed and what it found."""
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         shutil.copytree(ROOT / "examples" / "data", tmp / "data")
         (tmp / "job.yml").write_text(JOB.format(keep=f"{keep_s}s"))
         (tmp / "sweep.yml").write_text(f"name: {name}\n" + SPACE.format(workers=workers)
-                                       + (SEARCH if search else ""))
+                                       + (SEARCH.format(seed=seed) if search else ""))
         env = _env(tmp, scale, step_s)
         runs = 22 if search else 27
         started = time.monotonic()
@@ -121,8 +130,10 @@ def run_sweep(name: str, search: bool, scale: float, step_s: float, workers: int
                  for _ in range(workers)]
         db = tmp / "xdg" / "orch" / "orch.db"
         try:
-            while True:  # cron: a tick a second
-                time.sleep(1.0)
+            tick = time.monotonic()
+            while True:  # cron: a tick every second (a minute, scaled), start to start
+                tick += 1.0
+                time.sleep(max(0.0, tick - time.monotonic()))
                 _orch(env, tmp, "sweep", "sweep.yml", "-q")
                 with sqlite3.connect(db, timeout=30) as con:
                     if _finished(con, runs):
@@ -146,6 +157,13 @@ def run_sweep(name: str, search: bool, scale: float, step_s: float, workers: int
                 "j.status = 'succeeded' AND m.name = 'train.eval_loss' AND m.step IS NULL"
             ).fetchone()[0]
         billed = cloud.billed()
+        print(_orch(env, tmp, "sweep", "show", name).stdout, flush=True)
+        if keep is not None:  # the sweep's records, for reading its trials afterwards
+            (keep / name).mkdir(parents=True, exist_ok=True)
+            with sqlite3.connect(db) as src, sqlite3.connect(keep / name / "orch.db") as dst:
+                src.backup(dst)  # with what the write-ahead log holds
+            (keep / name / "billed.json").write_text(json.dumps(
+                {i: [s, str(cloud.cost(i))] for i, s in billed.items()}))
         return Result(sum((cloud.cost(i) for i in billed), Decimal(0)), recorded,
                       sum(billed.values()), len(billed), best, len(statuses),
                       statuses.count("pruned"), wall)
@@ -160,6 +178,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="orch workers (max_parallel)")
     parser.add_argument("--keep-warm-s", type=float, default=300.0,
                         help="real seconds of resources.keep_warm (scaled too)")
+    parser.add_argument("--seed", type=int, default=0, help="the search's seed (TPE)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each sweep's database and the meter's bill in DIR/NAME")
     args = parser.parse_args()
     keep_s = max(1, round(args.keep_warm_s * args.scale))
     shaped = setup(args.scale)
@@ -168,8 +189,10 @@ def main() -> None:
           f"{float(shaped['ORCH_SIM_DOWNLOAD_BPS']) / 1e9:.1f} GB/s, a step "
           f"{args.step_s * args.scale:.2f} s ({STEPS_PER_EPOCH} an epoch), keep_warm {keep_s} s, "
           f"{args.workers} workers", flush=True)
-    grid = run_sweep("grid", False, args.scale, args.step_s, args.workers, keep_s)
-    found = run_sweep("search", True, args.scale, args.step_s, args.workers, keep_s)
+    grid = run_sweep("grid", False, args.scale, args.step_s, args.workers, keep_s,
+                     keep=args.keep)
+    found = run_sweep("search", True, args.scale, args.step_s, args.workers, keep_s,
+                      args.seed, args.keep)
     rows = [("runs (pruned)", f"{grid.runs} ({grid.pruned})", f"{found.runs} ({found.pruned})"),
             ("machines rented", grid.machines, found.machines),
             ("billed seconds", grid.billed_s, found.billed_s),

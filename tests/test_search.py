@@ -121,6 +121,12 @@ def test_proposals_stay_in_the_space_unique_and_repeatable(sizes: list[int], don
 def test_rungs_are_thousandths_of_each_run() -> None:
     assert rung_resources(ASHA) == [100, 300, 900]
     assert rung_resources(EarlyStopSpec()) == [50, 150, 450]
+    # Counted on the exact shares, not the rounded first one: 0.0625 x 4^2 and 1/9 x 3^2 are
+    # the run's end, not rungs at 99.2 % and 99.9 % of it (issue 38, round C).
+    assert rung_resources(EarlyStopSpec(min_fraction=0.0625, reduction_factor=4)) == [62, 248]
+    assert rung_resources(EarlyStopSpec(min_fraction=1 / 9, reduction_factor=3)) == [111, 333]
+    assert rung_resources(EarlyStopSpec(min_fraction=0.11, reduction_factor=3)) == [110, 330,
+                                                                                   990]
     assert rung_step(100, 60) == 6 and rung_step(300, 61) == 19 and rung_step(50, 10) == 1
     curve = [(s, 2.0 - s / 100) for s in range(1, 21)]
     assert rung_value(curve, 25) is None

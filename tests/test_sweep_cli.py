@@ -390,6 +390,28 @@ def test_sweep_show_picks_the_best_run_by_the_objective(env: dict[str, str], fol
     assert "qs" in table and f"{jobs[1].id} eval_loss=0.4" in table and "$6.00 / $25.00" in table
 
 
+def test_sweep_show_has_the_last_rung_each_run_reached(env: dict[str, str], folder: Path,
+                                                       store: Store) -> None:
+    from orchestrator.core.search import Continue, Prune, RungRecord
+    from orchestrator.records.sweep.trials import record_rungs
+
+    jobs = submit(store, sweep_file(folder))
+    assert "last rung" not in orch(env, "sweep", "show", "qs").stdout  # no rung checked yet
+    curve = [(s, 2.0 - s / 30) for s in range(1, 31)]
+    passed = Continue((RungRecord(0, 100, 1.9), RungRecord(1, 300, 1.7), RungRecord(2, 900, 1.1)))
+    assert record_rungs(store, jobs[0].id, passed, "train.loss", curve, 30) is None
+    lost = Prune(1, 300, 9, "train.loss", 1.8, 1.7, (RungRecord(0, 100, 1.95),))
+    assert record_rungs(store, jobs[1].id, lost, "train.loss", curve, 30) is not None
+    finish(store, jobs[1].id, "pruned")
+
+    shown = json.loads(orch(env, "sweep", "show", "qs", "--json").stdout)
+    assert [r["last_rung"] for r in shown["runs"]] == [0.9, 0.3, None, None]
+    header, *rows = orch(env, "sweep", "show", "qs").stdout.splitlines()[1:6]
+    at = header.split("\t").index("last rung")
+    assert [r.split("\t")[at] for r in rows] == ["90 %", "30 %", "-", "-"]
+    assert "pruned at 30 % (train.loss 1.8 > 1.7)" in rows[1]
+
+
 def test_sweep_show_errors(env: dict[str, str], folder: Path) -> None:
     missing = orch(env, "sweep", "show", "nope", check=False)
     assert missing.returncode == 4 and "sweep 'nope' not found" in missing.stderr

@@ -78,6 +78,11 @@ def _headers(keys: list[str]) -> list[str]:
     return short if len(set(short)) == len(short) else keys
 
 
+def _rung(fraction: float | None) -> str:
+    """The last rung a run reached, as a share of its steps (`45 %`; `-`: none yet)."""
+    return "-" if fraction is None else f"{fraction * 100:g} %"
+
+
 def _metric(value: float | None) -> str:
     return "-" if value is None else f"{value:g}"
 
@@ -206,18 +211,22 @@ def _show(name: str, json_out: bool) -> None:
     # One column per swept key, the key in the header: the values are what differs between
     # runs, and `training.learning_rate=` in every row hid them at 80 columns.
     keys = list(dict.fromkeys(k for r in status["runs"] for k in r["params"]))
+    # Early stopping's column: the last rung each run reached (its share of the run's steps).
+    stops = int(status.get("early_stop") is not None or any(r["rungs"] for r in status["runs"]))
     rows = []
     for r in status["runs"]:
         state = _pruned(r) or r["state"] + (f" ({r['waiting']})" if r["waiting"] else "")
         rows.append(["*" if r["job_id"] == best_id else "",
                      "-" if r["index"] is None else r["index"], r["job_id"],
                      *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),
-                     state, _metric(r["metric"]), usd(r["cost"]), usd(r["est_cost"])])
+                     state, *([_rung(r["last_rung"])] if stops else []), _metric(r["metric"]),
+                     usd(r["cost"]), usd(r["est_cost"])])
     if rows:
-        n = len(keys)
-        lines.append(table(["", "#", "job", *_headers(keys), "state", metric_name, "cost",
-                            "est. cost"], rows, right=[1, 4 + n, 5 + n, 6 + n],
-                           drop=[6 + n, 1], states=[3 + n]))
+        n = len(keys) + stops  # the columns before state's and metric's
+        lines.append(table(["", "#", "job", *_headers(keys), "state",
+                            *(["last rung"] if stops else []), metric_name, "cost", "est. cost"],
+                           rows, right=[1, *([3 + n] if stops else []), 4 + n, 5 + n, 6 + n],
+                           drop=[6 + n, 1], states=[3 + len(keys)]))
     if obj is None:
         lines.append("best: no objective in the sweep file")
     elif status["best"] is None:

@@ -79,7 +79,9 @@ def rung_fractions(early_stop: EarlyStopSpec) -> list[float]:
     """The rungs as shares of a run: min_fraction x eta^k below 1 (at most MAX_RUNGS)."""
     out: list[float] = []
     f = early_stop.min_fraction
-    while f < 1 and len(out) < MAX_RUNGS:
+    # Below 1 by more than float error: 1/9 x 3 x 3 is 0.999...9 in floats, and a rung there
+    # would stop a run after it paid for all of it.
+    while f < 1 - 1e-9 and len(out) < MAX_RUNGS:
         out.append(f)
         f *= early_stop.reduction_factor
     return out

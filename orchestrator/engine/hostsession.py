@@ -241,7 +241,12 @@ class HostSession:
         run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
                           train_seconds=job.train_seconds or 0.0)
         self.pipeline_run = run
+        held = self.state.held.get(placed.row_id)
+        if held is not None:
+            held.pipeline = run
         pipeline.run_phases(run, JobHooks(self, placed))
+        if held is not None:
+            held.pipeline = None  # every detached run ended: nothing to stop at the release
         self.state.check_cancel()
         self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
                         + "; releasing the instance")

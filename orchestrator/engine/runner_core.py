@@ -50,7 +50,7 @@ from orchestrator.records.store import (
     utcnow,
 )
 from playbooks.base import PlaybookFailed
-from playbooks.pipeline import DURABLE
+from playbooks.pipeline import DURABLE, PipelineRun
 from playbooks.ssh import ConnectionFactory
 from providers.base import Instance, InstanceState, NotFound, Offer, Provider
 
@@ -213,6 +213,9 @@ class Attempt:
     offer: Offer | None = None  # the offer it was rented as (None: adopted after a takeover)
     secrets_base: str | None = None  # orch's directory on a kept server (scrubbed at release)
     job_dir: str | None = None  # this job's directory on it (removed before it is parked)
+    # The pipeline running on it until its phases end: what a kept machine's release stops
+    # first (a rented one's detached runs end with the machine).
+    pipeline: PipelineRun | None = None
 
 
 class Ledger:

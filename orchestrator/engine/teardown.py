@@ -113,6 +113,7 @@ class Teardown:
         provider = self.state.providers.get(name)
         kept = isinstance(provider, KeepsMachine)  # released, never destroyed
         if kept:
+            self._stop_runs(row_id)
             self._scrub_secrets(row_id)
         if iid is not None and provider is not None:
             try:
@@ -127,6 +128,29 @@ class Teardown:
         self.ledger.event(EventKind.INSTANCE_RELEASED if kept else EventKind.INSTANCE_TERMINATED,
                           f"{name} instance {iid} {'released' if kept else 'terminated'}"
                           f" ({reason})", {"instance": iid, "reason": reason})
+
+    def _stop_runs(self, row_id: int) -> None:
+        """Stop the job's detached runs (training, merge) on a server we keep, before it is
+        released: a cancel, a prune or a failure ends them as a rented machine's termination
+        does (`docker rm -f`, or the wrapper's stop), whatever the phase."""
+        held = self.state.held.get(row_id)
+        run = None if held is None else held.pipeline
+        if held is None or run is None or run.tj is None:
+            return  # no pipeline, or it ended (its runs removed) or never prepared one
+        held.pipeline = None
+        row = self.reachable_row(row_id)
+        if row is None:
+            return
+        try:
+            host = self.connect_again(row)
+            for kind in ("train", "merge"):
+                run.tj.handle(kind).stop(host)
+        except (ssh.SSHError, StepFailed) as exc:
+            self.ledger.event("teardown.failed", f"could not stop the job's training on "
+                              f"{row.host}: {exc}; it is released with the training running")
+            return
+        self.ledger.event("training.stopped", "stopped the job's training on the kept server "
+                          "before releasing it", {"instance": held.instance_id})
 
     def _scrub_secrets(self, row_id: int) -> None:
         """Remove HF_TOKEN's files from a server we keep, before it is released (issue 10 §6).

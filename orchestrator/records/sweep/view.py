@@ -85,6 +85,7 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
             "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
             "rungs": [r.to_dict() for r in rungs.get(job.id, ())],
+            "last_rung": last_rung(rungs.get(job.id, ())),
         })
     runs.sort(key=lambda r: (r["index"] is None, r["index"] or 0))
     best: dict[str, Any] | None = None
@@ -138,6 +139,12 @@ class RungRow:
         return {"resource": self.resource, "fraction": self.resource / 1000, "rung": self.rung,
                 "step": self.step, "metric": self.metric, "value": self.value,
                 "decision": self.decision, "cutoff": self.cutoff}
+
+
+def last_rung(rows: Sequence[RungRow]) -> float | None:
+    """The share of its steps at which a run's last rung was checked (None: no rung yet)."""
+    top = max((r.resource for r in rows), default=None)
+    return None if top is None else top / 1000
 
 
 _RUNG_COLUMNS = "r.job_id, r.resource, r.rung, r.step, r.metric, r.value, r.decision, r.cutoff"
