@@ -158,7 +158,8 @@ def test_servers_and_dry_run_submit(env: dict[str, str], simhost: Any,
     assert checked_at.endswith("Z")
     assert listed == [{"name": "box1", "host": sim.host, "port": sim.port, "user": sim.user,
                        "gpu": "H100 SXM", "gpu_count": 1, "monthly_price": "2190.000000",
-                       "status": "idle", "check_error": None, "host_key": sim.host_key}]
+                       "status": "idle", "check_error": None, "host_key": sim.host_key,
+                       "host_check": None}]  # no job has host-checked it yet (issue 40)
 
     # The idle registered H100 now wins QLoRA 8B at zero marginal cost, in plan and submit.
     plan = json.loads(orch(env, "plan", "examples/qlora-8b.yml", "--json").stdout)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import click
 import typer
 
-from orchestrator.cli import plan as cli_plan
 from orchestrator.cli.common import EXIT_INVALID, JsonFlag, fail, money, open_db, print_json
 from orchestrator.cli.helpstyle import relabel
 from orchestrator.cli.lazycommands import LazyGroup, new_app
@@ -71,6 +70,9 @@ def plan(
     all_rows: Annotated[bool, typer.Option("--all", help="Show every placement.")] = False,
 ) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
+    # The planning modules only for the commands that plan (`orch jobs` and `--help` skip them).
+    from orchestrator.cli import plan as cli_plan
+
     cli_plan.run(file, json_out, all_rows)
 
 

@@ -21,7 +21,7 @@ import typer
 
 # Defined beside `orch plan` (the first command that needed them); the other commands take
 # them from here.
-from orchestrator.cli.plan import EXIT_INVALID, EXIT_NO_FIT, load, money, problems_exit
+from orchestrator.cli.jobfile import EXIT_INVALID, EXIT_NO_FIT, load, money, problems_exit
 
 if TYPE_CHECKING:
     from orchestrator.records.history import Reader

@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
     money,
     open_db,
     print_json,
+    problems_exit,
     require_runners,
 )
 from orchestrator.cli.jobview import (
@@ -161,7 +162,7 @@ def _refuse_known_failures(file: Path, loaded: "LoadedJob") -> None:
     problems = submit_problems(loaded.spec, os.environ, chosen.notify_url,
                                chosen.notify_secret_env)
     if problems:
-        cli_plan.problems_exit(file, [f"{file}: {p}" for p in problems])
+        problems_exit(file, [f"{file}: {p}" for p in problems])
 
 
 def confirm(plan: "Plan", market: "Market | None") -> None:

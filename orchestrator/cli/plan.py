@@ -1,92 +1,66 @@
 """`orch plan`: load a job file, plan it, print the plan (the typer command calls `run`).
 
-Planning needs neither the database layer (SQLModel) nor SSH nor HTTP: those are imported
-only by the commands that use them, which keeps `orch plan` near ~10x a bare
-`python -c pass` (bench/startup.py).
+Imported only by the commands that plan (`orch plan`, `submit`, `render`): what it needs at
+every plan is imported here, at module level. Planning needs neither the database layer
+(SQLModel) nor SSH nor HTTP: live offers (httpx), the deadline's estimates and a Hub
+dataset's sizing are imported only by a job that has them (bench/startup.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from orchestrator.cli import deadlineview
+from orchestrator.cli.jobfile import EXIT_NO_FIT, load, money
+from orchestrator.cli.jobfile import err as _err
+from orchestrator.cli.tables import table
+from orchestrator.cli.term import prose
+from orchestrator.core.paths import default_db_url
+from orchestrator.core.planning import (
+    CONTAINER_RENTALS,
+    DISK_GB,
+    Plan,
+    constraints_from,
+    eval_work,
+    make_plan,
+    requirements,
+    saver_lines,
+)
+from orchestrator.core.scheduler import NoFit
+from orchestrator.core.spec import LoadedJob
+from orchestrator.core.warmfit import is_warm
+from orchestrator.engine.runnable import HOW_TO_CONFIGURE, Runners, runners
+from orchestrator.engine.wiring import ADAPTERS, cloud_keys, clouds, declares, price_lists
+from orchestrator.records.readonly import (
+    Unavailable,
+    host_observations,
+    measured_throughput,
+    parked_warm,
+    registered_servers,
+)
+from playbooks.images import min_cuda
+from providers.base import OptInOnly
+from providers.catalog import snapshot
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
-    from decimal import Decimal
-
-    from orchestrator.core.datafiles import DatasetSize
-    from orchestrator.core.hubsize import HubDatasetRef
-    from orchestrator.core.planning import Plan
-    from orchestrator.core.spec import LoadedJob
     from orchestrator.engine.market import Market
-    from orchestrator.engine.runnable import Runners
     from providers.dedicated.compute import RegisteredServer
 
 _T = TypeVar("_T")
 
-# Exit codes scripts can rely on.
-EXIT_INVALID = 2  # a job file or argument is wrong
-EXIT_NO_FIT = 3  # nothing can run the job under its constraints
-
 GIB = 1024**3
-
-
-def _err(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
-def problems_exit(path: Path, problems: list[str]) -> NoReturn:
-    """Print a job or sweep file's problems, one per line, and exit EXIT_INVALID."""
-    for problem in problems:
-        _err(problem)
-    n = len(problems)
-    _err(f"{path}: {n} problem{'s' if n != 1 else ''}; nothing was done")
-    raise SystemExit(EXIT_INVALID)
-
-
-def load(path: Path) -> LoadedJob:
-    """The job file loaded; a Hub dataset without `tokens:` sized from the Hub's published
-    information (`engine/integrations.PlanSizer`); its problems printed, exit 2."""
-    from orchestrator.core.spec import SpecError, load_job
-
-    sizer = LazySizer(path)
-    try:
-        return load_job(path, hub_size=sizer)
-    except SpecError as exc:
-        problems_exit(path, exc.problems)
-
-
-class LazySizer:
-    """`PlanSizer`, imported (with HTTP) only for a job that has a Hub dataset to size."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.real: Callable[[HubDatasetRef], DatasetSize | None] | None = None
-
-    def __call__(self, ref: HubDatasetRef) -> DatasetSize | None:
-        if self.real is None:
-            import os
-
-            from orchestrator.core.settings import settings
-            from orchestrator.engine.integrations import PlanSizer
-
-            self.real = PlanSizer(self.path, os.environ, settings().datasets_server_url)
-        return self.real(ref)
 
 
 def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | None = None
              ) -> Plan:
     """`job` planned on `market`'s live offers when some provider answered, else on the
     price catalogs; exits EXIT_NO_FIT (with the gap) when nothing fits."""
-    from orchestrator.core.planning import make_plan
-    from orchestrator.core.scheduler import NoFit
-    from orchestrator.engine.wiring import declares, price_lists
-    from orchestrator.records.readonly import measured_throughput, parked_warm
-    from providers.base import OptInOnly
-
     live = list(market.offers) if market is not None and market.answered else None
     named = job.spec.resources.providers
     # An opt-in provider's warm machine only for a job that names it, as its fresh offers.
@@ -97,8 +71,6 @@ def plan_job(job: LoadedJob, servers: list[RegisteredServer], market: Market | N
                          listed=price_lists(named))
     except NoFit as exc:
         if job.spec.resources.deadline_hours is not None and "deadline_hours" in str(exc):
-            from orchestrator.cli import deadlineview
-
             with contextlib.suppress(NoFit):  # it fits without the deadline: name the fastest
                 quick = make_plan(deadlineview.without_deadline(job), servers,
                                   without_db(measured_throughput) or {}, live, warm=warm,
@@ -114,18 +86,7 @@ def _gib(n: int) -> str:
     return f"{n / GIB:,.2f} GiB"
 
 
-def money(value: Decimal | str | None) -> str:
-    """Dollars for people (`core.money.usd`)."""
-    from orchestrator.core.money import usd
-
-    return usd(value)
-
-
 def render_plan(plan: Plan, limit: int) -> None:
-    from orchestrator.cli.tables import table
-    from orchestrator.cli.term import prose
-    from providers.catalog.snapshot import label
-
     job, w, est = plan.job, plan.workload, plan.estimate
     spec = job.spec
     epochs = spec.training.epochs
@@ -143,8 +104,6 @@ def render_plan(plan: Plan, limit: int) -> None:
     out += [prose(f"  note: {note}", "        ") for note in est.notes]
     if est.savers:
         out.append(prose(f"  memory savers on: {', '.join(est.savers)}", "    "))
-    from orchestrator.core.planning import saver_lines
-
     out += [prose(f"  chosen by auto: {line}", "    ") for line in saver_lines(plan)]
 
     n = len(plan.ranking.placements)
@@ -159,22 +118,18 @@ def render_plan(plan: Plan, limit: int) -> None:
             cost += f" (+{money(p.amortised_cost)} of rent)"
         billing = {"per_second": "per-sec", "per_minute": "per-min"}.get(po.billing.value,
                                                                           po.billing.value)
-        from orchestrator.core.warmfit import is_warm
-
         where = f"{po.provider} (warm)" if is_warm(po) else po.provider
         rows.append([i, where, po.gpu, po.gpu_count, billing,
                      "yes" if po.interruptible else "no", rate, p.estimate.strategy.value,
-                     f"{p.est_hours:.2f}", cost, label(po)])
+                     f"{p.est_hours:.2f}", cost, snapshot.label(po)])
     out.append(table(["#", "provider", "GPU", "n", "billing", "spot", "$/h", "layout",
                       "est. h", "est. cost", "source"], rows, right=[0, 3, 6, 8, 9], mark=0,
                      drop=[4, 7, 10, 8, 5]))
     if n > limit:
         out.append(f"  ... {n - limit} more (--all or --json)")
-    from orchestrator.engine.wiring import ADAPTERS
-
     # A price catalog (`cloud`) or the market snapshot runs nothing: its offer is an
     # estimate, not where it runs.
-    source = label(o)
+    source = snapshot.label(o)
     if source.startswith("snapshot"):
         chosen = (f"{o.gpu} x{o.gpu_count} at {o.provider}'s listed prices ({source}; an "
                   "estimate)")
@@ -200,11 +155,7 @@ def render_plan(plan: Plan, limit: int) -> None:
 
 def eval_lines(plan: Plan) -> list[str]:
     """The evaluation's placement: where vLLM serves what, memory per GPU, hours, dollars."""
-    from orchestrator.cli.term import prose
-
     if plan.workload is None or plan.evaluation is None:
-        from orchestrator.core.planning import eval_work
-
         if eval_work(plan.job) is None:
             return []
         return [prose("Evaluation: no machine orch plans holds the served model; lower "
@@ -220,8 +171,6 @@ def eval_lines(plan: Plan) -> list[str]:
 
 def warm_lines(plan: Plan) -> list[str]:
     """When a machine kept warm by an earlier job would run this one, and what it saves."""
-    from orchestrator.cli.term import prose
-
     warm = plan.warm_dict()
     if warm is None:
         return []
@@ -236,17 +185,13 @@ def warm_lines(plan: Plan) -> list[str]:
 
 
 def servers_for_plan() -> list[RegisteredServer]:
-    from orchestrator.records.readonly import registered_servers
-
+    """The registered monthly servers (none where the database cannot be read)."""
     return without_db(registered_servers) or []
 
 
 def without_db(read: Callable[[str], _T]) -> _T | None:
     """`read(db_url)`, or None with a note when the database cannot be read: planning
     needs no database (it only adds registered servers and measured throughput)."""
-    from orchestrator.core.paths import default_db_url
-    from orchestrator.records.readonly import Unavailable
-
     try:
         return read(default_db_url())
     except Unavailable as exc:
@@ -261,8 +206,6 @@ _NOTED: set[str] = set()
 
 def runs_on(plan: Plan, who: Runners) -> str:
     """Who would run the plan here: catalog prices are estimates, not a provider."""
-    from orchestrator.engine.runnable import HOW_TO_CONFIGURE
-
     if not who:
         return (f"Runs on: nothing configured here can run it ({'; '.join(who.notes)}). "
                 f"{HOW_TO_CONFIGURE}.")
@@ -276,16 +219,12 @@ def runs_on(plan: Plan, who: Runners) -> str:
 def live_market(job: LoadedJob) -> Market | None:
     """The live offers of the clouds with a key that the job may use (None: no such cloud),
     asked within `market.DEADLINE_S`."""
-    from orchestrator.engine.wiring import cloud_keys
-
     named = job.spec.resources.providers
     keys, _notes = cloud_keys()
     if not any(named is None or name in named for name in keys):
         return None
-    from orchestrator.core.planning import DISK_GB, constraints_from, requirements
+    # httpx and the providers' clients only for a job with a cloud key to ask.
     from orchestrator.engine.market import search
-    from orchestrator.engine.wiring import clouds
-    from playbooks.images import min_cuda
 
     providers, _ = clouds(named)
     reqs = requirements(constraints_from(job), DISK_GB, min_cuda(job.spec.trainer.image))
@@ -305,15 +244,10 @@ def host_memory(market: Market | None, servers: Sequence[RegisteredServer] = ()
     kept = {("dedicated", s.name) for s in servers}
     if not named and not kept:
         return market, []
-    from orchestrator.records.readonly import host_observations
-
     seen = without_db(lambda url: host_observations(url, named | kept))
     if not seen:
         return market, []
-    from dataclasses import replace
-    from datetime import UTC, datetime
-
-    from orchestrator.core.hostmemory import Source, screen
+    from orchestrator.core.hostmemory import Source, screen  # only where rows were found
 
     now = datetime.now(UTC)
     notes = []
@@ -341,14 +275,10 @@ def host_memory_line(notes: Sequence[str]) -> str:
 def offers_line(market: Market | None, named: Sequence[str] | None = None) -> str:
     """Which offers the plan ranked: live (from whom) or the price catalogs (and why).
     `named`: the job's `resources.providers` (None: any)."""
-    from orchestrator.core.planning import CONTAINER_RENTALS
-
     if named is not None and not set(named) & CONTAINER_RENTALS:
         # No cloud market is in the job's choice: an API key would change nothing.
         return (f"Offers: those of {', '.join(named)} (resources.providers names no cloud: "
                 "no API key is needed)")
-    from providers.catalog import snapshot
-
     dates = ", ".join(f"{p} {d}" for p, d in sorted(snapshot.load().dates.items()))
     catalogs = (f"the price catalogs (estimates: the market snapshot of Vast.ai and RunPod "
                 f"list prices, {dates}, and the seed catalogs)")
@@ -364,8 +294,6 @@ def offers_line(market: Market | None, named: Sequence[str] | None = None) -> st
 
 def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
     """Show what would happen: memory breakdown, ranked placements, the chosen one."""
-    from orchestrator.engine.runnable import runners
-
     job = load(file)
     servers = servers_for_plan()
     market, remembered = host_memory(live_market(job), servers)
@@ -376,8 +304,6 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
             _err(host_memory_line(remembered))
         raise
     who = runners(job.spec.resources.providers, bool(servers))
-    from orchestrator.cli import deadlineview
-
     deadline = deadlineview.estimates(result)
     if json_out:
         live = market is not None and bool(market.answered)
@@ -393,8 +319,6 @@ def run(file: Path, json_out: bool = False, all_rows: bool = False) -> None:
         render_plan(result, 10_000 if all_rows else 12)
         if deadline is not None:
             print("\n".join(["", *deadline.lines()]))
-        from orchestrator.cli.term import prose
-
         print(prose(offers_line(market, job.spec.resources.providers)))
         if remembered:
             print(prose(host_memory_line(remembered)))

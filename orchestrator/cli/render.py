@@ -16,7 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from orchestrator.cli.common import EXIT_INVALID, fail
-from orchestrator.cli.plan import load, plan_job, servers_for_plan
+from orchestrator.cli.jobfile import load
+from orchestrator.cli.plan import plan_job, servers_for_plan
 from orchestrator.core.planning import CONTAINER_RENTALS, total_tokens
 from orchestrator.engine.jobinputs import (
     Inputs,

@@ -49,7 +49,7 @@ EXIT_OK = 0
 
 
 def _load(path: Path) -> "LoadedSweep":
-    from orchestrator.cli.plan import LazySizer
+    from orchestrator.cli.jobfile import LazySizer
     from orchestrator.core.spec import SpecError
     from orchestrator.core.sweepspec import load_sweep
 
