@@ -302,7 +302,8 @@ class JobRunner:
                 return False
             if stop.kind is not StopKind.INTERRUPTED:
                 raise
-            teardown.interrupted(placed, str(stop))
+            teardown.interrupted(placed, str(stop),
+                                 EndReason.REPLACED if stop.given_up else EndReason.INTERRUPTED)
             return False
         except Exception as exc:
             if isinstance(exc, JobFailed | LeaseLost | DatabaseBusy | DatabaseFull):
