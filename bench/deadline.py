@@ -11,19 +11,39 @@ Every job has the same `deadline_hours`. Dollars are the simulated cloud's own p
 meter (`SimCloud.charged_seconds`) at each instance's price; a deadline is missed when the
 job did not succeed by `created_at + deadline_hours`.
 
-Jobs (seeded, --seed): training of --work-h trace hours (2) at --seconds-per-hour wall
-seconds per trace hour (48: a trace hour in 48 s, so the simulated cloud's fixed ~8-10 s of
-rent + connect + stand-ins is a restart of 10-12 minutes), a deadline at that over a job
-fraction drawn from 0.4 to 0.8 plus --slack-s for the merge and delivery, on one GPU of
-A100 80GB, RTX 5090, H100 PCIe by turn (each its own trace of the regime) at the
-catalog's prices (spot at half of on-demand). The check interval is the
-engine's 300 s scaled the same way. The spot seconds are also priced at a documented
-marketplace ratio (--ratio, default 3.33: the paper's AWS V100 ratio, docs/deadline.md);
-the policy's choices do not change with it here, as spot is cheaper per hour of progress at
-both prices. The last line reads `ondemand_usd=... spot_usd=... policy_usd=...
-spot_missed=... policy_missed=...` over all regimes at the catalog's prices. Usage:
-    python bench/deadline.py [--jobs 50] [--parallel 12] [--regimes calm,bursty,heavy]
-        [--seconds-per-hour 48] [--work-h 2] [--seed 41]
+Jobs (seeded, --seed): training of --work-h trace hours (2) on one GPU of A100 80GB,
+RTX 5090, H100 PCIe by turn (each its own trace of the regime) at the catalog's prices (spot
+at half of on-demand), a deadline at the training over a job fraction drawn from 0.4 to 0.8
+plus --slack-s for the merge and delivery. All regimes run at once in one pool of --parallel
+`orch submit`s (each regime its own records and market), so the machine is never idle on one
+regime's tail. The load average and CPU use while it runs are printed (a starved machine
+makes every restart longer than the policy was told).
+
+The clock: --seconds-per-hour wall seconds per trace hour (48), and every duration the
+policy weighs is scaled by the same factor (48/3600), so a job sees the same market and
+makes the same choices as one 75 times slower:
+    trace                    real engine            here (48 s per trace hour)
+    training (2 h)           2 h                    96 s (48 steps of --step-s 2 s)
+    restart: rent, boot,     ~5 min (catalog boot)  ~3-5 s: the sim's rent + SSH + host
+      check, setup, resume   + download             check + stand-ins (4-6 trace min)
+    checkpoint interval      15 min                 12 s (ORCH_CHECKPOINT_EVERY_S)
+    deadline check           300 s                  4 s (ORCH_DEADLINE_CHECK_S)
+    spot market              1 h                    48 s (ORCH_SIM_SPOT_SECONDS_PER_HOUR)
+    progress poll            5 s                    2 s (ORCH_POLL_S, one step; not scaled:
+                                                    the end noticed <= 2.5 trace min late)
+    preemption noticed       2 s (watch)            0.5 s (the sim's watch: 37 trace s)
+The job's dataset says its size in tokens (`dataset.tokens`) so that orch's step count, and
+with it the checkpoint interval (`save_steps`), is that of the stand-in's training. The
+restart is the one duration not set by a setting: it is the simulated cloud's real work, and
+is kept in proportion only while the machine is not starved (hence the load line).
+
+The spot seconds are also priced at a documented marketplace ratio (--ratio, default 3.33:
+the paper's AWS V100 ratio, docs/deadline.md); the policy's choices do not change with it
+here, as spot is cheaper per hour of progress at both prices. The last line reads
+`ondemand_usd=... spot_usd=... policy_usd=... spot_missed=... policy_missed=...` over all
+regimes at the catalog's prices. Usage:
+    python bench/deadline.py [--jobs 50] [--parallel 24] [--regimes calm,bursty,heavy]
+        [--seconds-per-hour 48] [--work-h 2] [--step-s 2] [--seed 41] [--keep DIR]
 Every job trains as long (the simulated trainer's steps), and the stand-in's throughput is
 recorded first as orch would have measured it (`calibrate`): the plan's estimate of the
 training, what the policy plans with before it measures the job's rate, is then right.
@@ -40,6 +60,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,7 +80,7 @@ STRATEGIES = {"ondemand": "never", "spot": "required", "policy": "allowed",
 # independent markets of the regime, not one (their prices differ; every strategy runs the
 # same jobs, so the ratios compare like with like). The sim's GPUs with spot and on-demand.
 GPUS = ("A100 80GB", "RTX 5090", "H100 PCIe")
-STEP_S = 0.5
+PER_STEP = 1024 * 2 * 4  # tokens per step of the quickstart job (sequence x batch x accumulation)
 
 
 @dataclass(frozen=True)
@@ -86,15 +107,16 @@ class Tally:
         self.jobs += other.jobs
 
 
-def specs(n: int, seed: int, work_h: float, per_hour: float, slack_s: float) -> list[Spec]:
+def specs(n: int, seed: int, work_h: float, per_hour: float, slack_s: float,
+          step_s: float) -> list[Spec]:
     """`n` seeded jobs: the same training, a deadline at a job fraction of 0.4 to 0.8."""
     rng = random.Random(seed)
     work = work_h * per_hour
-    return [Spec(max(1, round(work / STEP_S)), work / rng.uniform(0.4, 0.8) + slack_s)
+    return [Spec(max(1, round(work / step_s)), work / rng.uniform(0.4, 0.8) + slack_s)
             for _ in range(n)]
 
 
-def calibrate(home: Path, env: dict[str, str], spec: Spec) -> None:
+def calibrate(home: Path, env: dict[str, str], spec: Spec, step_s: float) -> None:
     """Record the throughput orch would have measured of the stand-in trainer on this GPU
     (orch records none on a simulated cloud): the plan's estimate of the training, which
     the policy plans with until it has measured the job's own rate, is then the real one."""
@@ -112,7 +134,7 @@ def calibrate(home: Path, env: dict[str, str], spec: Spec) -> None:
     for gpu in GPUS:
         store.add_throughput(job_id, gpu, 1, loaded.spec.method,
                              throughput.size_class(loaded.architecture.params),
-                             total_tokens(loaded) / (spec.steps * STEP_S))
+                             total_tokens(loaded) / (spec.steps * step_s))
     store.close()
 
 
@@ -121,6 +143,10 @@ def job_file(folder: Path, i: int, strategy: str, spec: Spec) -> Path:
     trains no faster on two, which the plan would expect), with the deadline."""
     text = (ROOT / "examples" / "quickstart.yml").read_text()
     text = text.replace("eval:\n  eval_set: data/eval.jsonl\n", "")
+    # The dataset's size is the stand-in's steps: orch's step count, and so its checkpoint
+    # interval (`save_steps`), is then that of the training that runs.
+    text = text.replace("  format: alpaca\n",
+                        f"  format: alpaca\n  tokens: {spec.steps * PER_STEP}\n")
     text = text.replace("name: quickstart-qwen25-05b", f"name: {strategy}-{i}")
     text = text.replace("  spot: allowed\n", f"  spot: {STRATEGIES[strategy]}\n"
                         f"  gpus: [{GPUS[i % len(GPUS)]}]\n  gpu_count: 1\n"
@@ -171,41 +197,93 @@ def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
     return found
 
 
-def regime(name: str, args: argparse.Namespace) -> dict[str, Tally]:
-    """Run every strategy's jobs in one simulated market; their tallies."""
-    with tempfile.TemporaryDirectory(prefix=f"deadline-{name}-") as d:
-        home = Path(args.keep or d) / name
-        (home / "jobs").mkdir(parents=True)
-        shutil.copytree(ROOT / "examples" / "data", home / "jobs" / "data")
-        (home / "orch" / "sim").mkdir(parents=True)
-        env = {**os.environ, "XDG_DATA_HOME": str(home), "ORCH_SIM_SPOT_REGIME": name,
-               "ORCH_SIM_SPOT_SEED": str(args.seed),
-               "ORCH_SIM_SPOT_SECONDS_PER_HOUR": str(args.seconds_per_hour),
-               "ORCH_DEADLINE_CHECK_S": f"{300 / 3600 * args.seconds_per_hour:.3f}",
-               "ORCH_SIM_STEP_S": str(STEP_S), "ORCH_LEASE_S": "15"}
-        for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT"):
-            env.pop(key, None)
-        jobs = specs(args.jobs, args.seed, args.work_h, args.seconds_per_hour, args.slack_s)
-        calibrate(home, env, jobs[0])
-        work = [(job_file(home / "jobs", i, s, spec), spec)
-                for i, spec in enumerate(jobs) for s in STRATEGIES if s != "calibrate"]
+def prepare(name: str, root: Path, args: argparse.Namespace) -> tuple[Path, dict[str, str],
+                                                                      list[tuple[Path, Spec]]]:
+    """One regime's home (its own records and simulated market), environment and jobs."""
+    home = root / name
+    (home / "jobs").mkdir(parents=True)
+    shutil.copytree(ROOT / "examples" / "data", home / "jobs" / "data")
+    (home / "orch" / "sim").mkdir(parents=True)
+    env = {**os.environ, "XDG_DATA_HOME": str(home), "ORCH_SIM_SPOT_REGIME": name,
+           "ORCH_SIM_SPOT_SEED": str(args.seed),
+           "ORCH_SIM_SPOT_SECONDS_PER_HOUR": str(args.seconds_per_hour),
+           "ORCH_DEADLINE_CHECK_S": f"{300 / 3600 * args.seconds_per_hour:.3f}",
+           "ORCH_CHECKPOINT_EVERY_S": f"{900 / 3600 * args.seconds_per_hour:.3f}",
+           "ORCH_SIM_STEP_S": str(args.step_s), "ORCH_POLL_S": str(args.step_s),
+           "ORCH_LEASE_S": "15"}
+    for key in ("ORCH_DB_URL", "VAST_API_KEY", "RUNPOD_API_KEY", "ORCH_FAILPOINT"):
+        env.pop(key, None)
+    jobs = specs(args.jobs, args.seed, args.work_h, args.seconds_per_hour, args.slack_s,
+                 args.step_s)
+    calibrate(home, env, jobs[0], args.step_s)
+    work = [(job_file(home / "jobs", i, s, spec), spec)
+            for i, spec in enumerate(jobs) for s in STRATEGIES if s != "calibrate"]
+    return home, env, work
+
+
+class Load:
+    """The machine's load while the bench runs: the 1-minute load average and the share of
+    CPU time busy (all processes, the bench's and anyone else's), sampled every 15 s."""
+
+    def __init__(self) -> None:
+        self.loads: list[float] = []
+        self.busy: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _cpu() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def _sample(self) -> None:
+        before = self._cpu()
+        while not self._stop.wait(15):
+            now = self._cpu()
+            self.loads.append(os.getloadavg()[0])
+            self.busy.append((now[0] - before[0]) / max(1, now[1] - before[1]))
+            before = now
+
+    def summary(self) -> str:
+        """Mean and peak of each, and the cores."""
+        self._stop.set()
+        if not self.loads:
+            return "load: no sample"
+        return (f"load avg {sum(self.loads) / len(self.loads):.1f} (peak "
+                f"{max(self.loads):.1f}) on {os.cpu_count()} cores, CPU busy "
+                f"{100 * sum(self.busy) / len(self.busy):.0f}% (peak {100 * max(self.busy):.0f}%)")
+
+
+def regimes(names: list[str], args: argparse.Namespace) -> dict[str, dict[str, Tally]]:
+    """Run every regime's jobs, all strategies, in one pool of --parallel (each regime its
+    own records and market); their tallies."""
+    with tempfile.TemporaryDirectory(prefix="deadline-") as d:
+        root = Path(args.keep or d)
+        prepared = {name: prepare(name, root, args) for name in names}
+        # Regimes interleaved: every regime's jobs start early, none waits for another's tail.
+        work = [(env, *jobs[i]) for i in range(3 * args.jobs)
+                for _, env, jobs in prepared.values()]
         with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(lambda w: run_one(env, *w), work))
-        found = tally(home, args.ratio)
-        SimCloud(home / "orch" / "sim").terminate_all()
+            list(pool.map(lambda w: run_one(*w), work))
+        found = {name: tally(home, args.ratio) for name, (home, _, _) in prepared.items()}
+        for home, _, _ in prepared.values():
+            SimCloud(home / "orch" / "sim").terminate_all()
     return found
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=50)
-    p.add_argument("--parallel", type=int, default=12)
+    p.add_argument("--parallel", type=int, default=24)
     p.add_argument("--regimes", default="calm,bursty,heavy")
     p.add_argument("--seconds-per-hour", type=float, default=48.0)
     p.add_argument("--work-h", type=float, default=2.0)
     p.add_argument("--slack-s", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=41)
     p.add_argument("--ratio", type=Decimal, default=Decimal("3.33"))
+    p.add_argument("--step-s", type=float, default=2.0)
     p.add_argument("--keep", help="a folder to keep each regime's records in")
     args = p.parse_args()
     market = f"on-demand/{args.ratio}"
@@ -213,8 +291,9 @@ def main() -> None:
     started = time.monotonic()
     print(f"{'regime':8} {'on-demand':>10} {'spot only (missed)':>20} {'policy (missed)':>17} "
           f"{'policy/od':>9} | at spot = {market}: {'policy/od':>9}")
-    for name in args.regimes.split(","):
-        found = regime(name, args)
+    load = Load()
+    everything = regimes(args.regimes.split(","), args)
+    for name, found in everything.items():
         od, sp, po = found["ondemand"], found["spot"], found["policy"]
         print(f"{name:8} {od.usd:>10.4f} {sp.usd:>12.4f} ({sp.missed:>3}/{sp.jobs}) "
               f"{po.usd:>9.4f} ({po.missed:>3}/{po.jobs}) "
@@ -226,7 +305,8 @@ def main() -> None:
     od, sp, po = total["ondemand"], total["spot"], total["policy"]
     print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), at "
           f"spot at {market} {po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
-          f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s")
+          f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s; "
+          f"{load.summary()}")
     print(f"ondemand_usd={od.usd:.4f} spot_usd={sp.usd:.4f} policy_usd={po.usd:.4f} "
           f"spot_missed={sp.missed} policy_missed={po.missed}")
 

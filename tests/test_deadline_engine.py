@@ -10,6 +10,7 @@ miss the deadline whatever happens (`deadline.will_miss`).
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,7 @@ from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.records import preemptions
 from orchestrator.records.store import utcnow
+from providers.sim import spotmarket
 
 __all__ = ["rig"]
 
@@ -186,4 +188,42 @@ def test_a_preempted_job_with_one_spot_offer_takes_it_again_when_the_policy_says
     # The same (only) spot offer again: the policy chose spot for the re-placement too.
     assert first.offer_id == second.offer_id and first.interruptible and second.interruptible
     assert [d["choice"] for d in events(rig, job_id, "deadline.decision")] == ["spot", "spot"]
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def test_spot_gone_between_the_policy_and_the_rental_is_asked_again_not_failed(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The policy's search lists spot; by the rental it is gone (a market replayed at 48 s a
+    # trace hour, bench/deadline.py, does that every few seconds). Before: the job failed,
+    # "no offers from sim" or "no spot A100 80GB to be had now".
+    monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "1")
+    market = spotmarket.SpotMarket(spotmarket.regime("calm"), 0, 0.0)
+    spells = market.trace("A100 80GB").intervals
+    start, end = max(spells, key=lambda s: s[1] - s[0])  # hours of spot to train in
+    assert not market.available("A100 80GB", (end + 0.001) * 3600)
+    began = time.time()
+    flipped: list[float] = []
+
+    def clock() -> float:
+        """Spot from the start; gone for 2 s once the policy chose it; then back."""
+        if not flipped and any(d.get("choice") == "spot"
+                               for d in events(rig, job_id, "deadline.decision")):
+            flipped.append(time.time())
+        if flipped and time.time() - flipped[0] < 2.0:
+            return (end + 0.001) * 3600
+        return (start + 0.001) * 3600 + time.time() - began
+
+    cloud = rig.cloud(spot_market=market, clock=clock, gpus=["A100 80GB"],
+                      host_options={"train_steps": 6, "train_step_seconds": 0.2})
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(
+        "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpu_count: 1\n"))
+    job_id = rig.queue(path)
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "succeeded", job.failure_reason
+    choices = [d["choice"] for d in events(rig, job_id, "deadline.decision")]
+    assert choices[0] == "spot" and "wait" in choices and choices[-1] == "spot", choices
+    ran = [r for r in rig.store.instances_of(job_id) if r.end_reason == "released"]
+    assert len(ran) == 1 and ran[0].interruptible
     assert_nothing_left(rig, cloud, job_id)

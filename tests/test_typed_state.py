@@ -95,8 +95,9 @@ def test_each_stop_has_its_outcome_and_each_outcome_ends_its_instances() -> None
     assert END_REASON_OF == {Outcome.SUCCEEDED: EndReason.RELEASED,
                        Outcome.CANCELLED: EndReason.CANCELLED,
                        Outcome.PRUNED: EndReason.RELEASED,
-                       Outcome.REQUEUE: EndReason.INTERRUPTED,
-                       Outcome.DATABASE: EndReason.INTERRUPTED}
+                       # A requeue gives the machine up: not a preemption (the rate).
+                       Outcome.REQUEUE: EndReason.REPLACED,
+                       Outcome.DATABASE: EndReason.REPLACED}
 
 
 # --- the columns ------------------------------------------------------------------------------

@@ -29,8 +29,10 @@ def estimates(plan: Plan) -> DeadlinePlan | None:
 
     spot = next((p.offer for p in plan.ranking.placements if p.offer.interruptible), None)
     rate = rate_of(spot.provider, spot.gpu) if spot is not None else None
+    from orchestrator.core.settings import settings
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
-                                 rate or preemption.rate())
+                                 rate or preemption.rate(),
+                                 checkpoint_every_s=settings().checkpoint_every_s)
 
 
 def rates() -> dict[tuple[str, str], Rate]:

@@ -125,7 +125,12 @@ def submit(
         prices.record(store, market.offers)  # price history (`orch prices`)
     try:
         live = list(market.offers) if market is not None and market.answered else None
-        plan = make_plan(loaded, store.registered(), live=live,
+        # The throughput orch measured on finished jobs, as `orch plan` estimates with: the
+        # recorded estimate is what the deadline policy plans with before the job's first step.
+        from orchestrator.records.readonly import measured_throughput
+
+        plan = make_plan(loaded, store.registered(),
+                         cli_plan.without_db(measured_throughput) or {}, live=live,
                          listed=price_lists(loaded.spec.resources.providers))
         if not (dry_run or yes or json_out):
             confirm(plan, market)

@@ -16,8 +16,7 @@ from orchestrator.core import deadlinesim as ds
 from orchestrator.core.deadline import Market, Restart
 from orchestrator.core.preemption import Rate
 from orchestrator.core.scheduler import Placement
-
-CHECKPOINT_EVERY_S = 15 * 60.0  # the engine's (engine/jobinputs.py): one every ~15 min
+from orchestrator.core.settings import CHECKPOINT_EVERY_S  # the engine's default interval
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,8 @@ def _restart(p: Placement) -> Restart:
 
 
 def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
-             rate: Rate, runs: int = 64) -> DeadlinePlan | None:
+             rate: Rate, runs: int = 64,
+             checkpoint_every_s: float = CHECKPOINT_EVERY_S) -> DeadlinePlan | None:
     """The estimates for a job with `deadline_hours` over its ranked `placements`; None
     when there is no spot or no on-demand placement to compare."""
     spot = next((p for p in placements if p.offer.interruptible), None)
@@ -67,7 +67,7 @@ def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
     d = od.duration
     work_s = (d.training + d.merge + d.evaluation + d.delivery) * 3600
     job = ds.Job(work_s=work_s, window_s=deadline_hours * 3600,
-                 checkpoint_every_s=min(CHECKPOINT_EVERY_S, max(1.0, d.training * 3600)))
+                 checkpoint_every_s=min(checkpoint_every_s, max(1.0, d.training * 3600)))
     market = Market(spot_per_hour=spot.offer.price_per_hour,
                     on_demand_per_hour=od.offer.price_per_hour,
                     preemptions_per_hour=rate.preemptions_per_hour,

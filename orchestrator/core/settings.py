@@ -58,6 +58,8 @@ STALL_DEFAULTS = {"preparing": "15300 (4 h 15 min)", "training": "7200 (2 h)",
 
 # The deadline contract's check interval (docs/deadline.md, "Parameters").
 DEADLINE_CHECK_S = 300.0
+# Checkpoints bound the work an interruption loses: the engine aims for one this often.
+CHECKPOINT_EVERY_S = 15 * 60.0
 
 SECONDS = "a number of seconds > 0"
 SECONDS_OR_ZERO = "a number of seconds >= 0"
@@ -161,6 +163,10 @@ class Settings(BaseModel):
         DEADLINE_CHECK_S, SECONDS, f"{DEADLINE_CHECK_S:g}",
         "How often a running job with `resources.deadline_hours` asks the deadline policy "
         "again (docs/deadline.md); also its margin for a move to on-demand.", "Engine")
+    checkpoint_every_s: Seconds = _setting(
+        CHECKPOINT_EVERY_S, SECONDS, f"{CHECKPOINT_EVERY_S:g}",
+        "How often training saves a checkpoint (the trainer's `save_steps`, from the "
+        "estimated training time): the most work a preemption loses.", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(

@@ -70,7 +70,7 @@ class EndReason(StrEnum):
     """Why an `instance` row (or a `warm_instance` row) was closed."""
 
     RELEASED = "released"  # the job is done with it: terminated, or a kept server released
-    INTERRUPTED = "interrupted"  # lost (preempted, gone) or given up to re-place the job
+    INTERRUPTED = "interrupted"  # lost: preempted or gone (what the preemption rate counts)
     FAILED = "failed"  # the job failed, or its create failed
     CANCELLED = "cancelled"
     UNREACHABLE = "unreachable"  # never answered over SSH or never booted
@@ -82,6 +82,9 @@ class EndReason(StrEnum):
     EXPIRED = "expired"  # a warm machine's window closed
     HOST_CHECK_FAILED = "host_check_failed"  # failed its pre-flight check: released, re-placed
     MOVED = "moved"  # the deadline policy moved the job to on-demand (not an interruption)
+    # Given up by orch while it still ran (stalled, a slow host, the job requeued): the job
+    # is re-placed as after a loss, but the provider took nothing (not an interruption).
+    REPLACED = "replaced"
 
 
 class WarmState(StrEnum):

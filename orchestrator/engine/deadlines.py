@@ -148,6 +148,19 @@ class Contract:
         placement.spot_rule = SPOT_RULE[decision.choice]
         return None
 
+    def spot_went(self, placement: Placement) -> bool:
+        """The rental of a search narrowed to spot failed and no spot is listed now: spot
+        went between the policy's search and the create (a market that changes by the
+        minute). Wait a check interval, True: the caller asks the policy again (it sees no
+        spot), as when spot is gone at the search, instead of failing the job."""
+        narrowed = self.spot_only or (self.active
+                                      and placement.spot_rule == SPOT_RULE[Choice.SPOT])
+        if not narrowed or placement.cheapest(SPOT_RULE[Choice.SPOT]) is not None:
+            return False
+        self._wait(Decision(Choice.WAIT, Rule.WAIT, "the spot offer went between the search "
+                            "and the rental"))
+        return True
+
     def _search(self, placement: Placement) -> _Seen | None:
         spot = placement.cheapest(SPOT_RULE[Choice.SPOT])
         on_demand = placement.cheapest(SPOT_RULE[Choice.ON_DEMAND])

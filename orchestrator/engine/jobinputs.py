@@ -21,6 +21,7 @@ from orchestrator.core.datasetspec import DatasetSpec
 from orchestrator.core.hubsize import HubDatasetRef, HubSizer
 from orchestrator.core.paths import data_dir, default_db_url
 from orchestrator.core.planning import eval_work, host_disk_gb, total_tokens, workload_from
+from orchestrator.core.settings import settings
 from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.core.userfiles import lines
@@ -38,10 +39,6 @@ if TYPE_CHECKING:
     from playbooks.axolotl import TrainConfigInput
     from playbooks.pipeline import PipelineJob
     from playbooks.vllm import Serving
-
-# Checkpoints bound the work an interruption loses; aim for one every this many seconds.
-CHECKPOINT_EVERY_S = 15 * 60
-
 
 class InputsError(Exception):
     """The recorded job cannot be run (its files moved, say); the message says which."""
@@ -76,13 +73,14 @@ class Inputs:
         return host_disk_gb(self.loaded, minimum)
 
     def save_steps(self, gpu_count: int) -> int:
-        """Checkpoint interval in optimizer steps: about one per CHECKPOINT_EVERY_S."""
+        """Checkpoint interval in optimizer steps: about one per `ORCH_CHECKPOINT_EVERY_S`."""
         t = self.loaded.spec.training
         per_step = t.sequence_len * t.micro_batch_size * t.gradient_accumulation_steps
         steps = max(1, self.tokens // max(1, per_step * gpu_count))
         if not self.est_train_hours:
             return max(1, min(500, steps // 10))
-        per_checkpoint = steps * CHECKPOINT_EVERY_S / (self.est_train_hours * 3600)
+        every_s = settings().checkpoint_every_s
+        per_checkpoint = steps * every_s / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,

@@ -149,8 +149,9 @@ class Placement:
                 self.ledger.event("instance.adopted", f"reattaching to {row.provider} instance "
                                   f"{row.provider_instance_id} after a takeover")
                 adopted = Placed(row.id, provider, inst)
-            else:
-                self.teardown.release(row.id, EndReason.INTERRUPTED)
+            else:  # lost, or a second machine of the job: only a lost one was taken
+                self.teardown.release(row.id, EndReason.INTERRUPTED if inst is None or
+                                      inst.state in LOST else EndReason.REPLACED)
         # Instances tagged with this job that no row knows (a crash inside create). Only
         # the providers this job can use or has used are asked: another provider being down
         # must not stall this job (sweeping those is `orch reconcile`'s work).

@@ -267,6 +267,10 @@ class JobRunner:
                 self._outage(state, str(exc), exc.retry_after)
                 tried.clear()  # after the wait, the offers that failed are worth a try again
                 continue
+            except JobFailed:
+                if adopted is None and contract.spot_went(placement):
+                    continue  # the policy asked again: spot is gone now
+                raise
             contract.placed(placed)
             if replacing and adopted is None:
                 state.notices.emit(EventKind.JOB_REPLACED, {"placement": placed_on(placed.inst)})
@@ -302,7 +306,8 @@ class JobRunner:
                 return False
             if stop.kind is not StopKind.INTERRUPTED:
                 raise
-            teardown.interrupted(placed, str(stop))
+            teardown.interrupted(placed, str(stop),
+                                 EndReason.REPLACED if stop.given_up else EndReason.INTERRUPTED)
             return False
         except Exception as exc:
             if isinstance(exc, JobFailed | LeaseLost | DatabaseBusy | DatabaseFull):

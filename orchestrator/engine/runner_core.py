@@ -113,9 +113,10 @@ class Deferred(Exception):
 class Stop(Exception):
     """The monitor stopped the pipeline: cancelled, or the instance was lost."""
 
-    def __init__(self, kind: StopKind, message: str) -> None:
+    def __init__(self, kind: StopKind, message: str, *, given_up: bool = False) -> None:
         super().__init__(message)
         self.kind = kind
+        self.given_up = given_up  # INTERRUPTED by orch's own choice: not a preemption
 
 
 class Terminated(BaseException):

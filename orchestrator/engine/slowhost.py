@@ -95,7 +95,8 @@ class SlowWatch:
                            "move_usd": str(decision.move_usd)})
         raise Stop(StopKind.INTERRUPTED, f"moved off {inst.provider} instance "
                    f"{inst.instance_id}: trained at {delivered:.0%} of the plan "
-                   f"(${decision.move_usd} to move against ${decision.stay_usd} to stay)")
+                   f"(${decision.move_usd} to move against ${decision.stay_usd} to stay)",
+                   given_up=True)
 
 
 def planned_seconds(est_train_hours: float | None) -> float | None:

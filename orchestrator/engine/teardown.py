@@ -34,8 +34,8 @@ from providers.base import KeepsMachine, NotFound, ProviderError
 END_REASON_OF = {Outcome.SUCCEEDED: EndReason.RELEASED,
                  Outcome.CANCELLED: EndReason.CANCELLED,
                  Outcome.PRUNED: EndReason.RELEASED,
-                 Outcome.REQUEUE: EndReason.INTERRUPTED,
-                 Outcome.DATABASE: EndReason.INTERRUPTED}
+                 Outcome.REQUEUE: EndReason.REPLACED,
+                 Outcome.DATABASE: EndReason.REPLACED}
 
 
 class Teardown:
@@ -72,16 +72,18 @@ class Teardown:
         if recovery.stalls_exhausted(self.stalls, self.state.opts.stall_retries):
             self.state.clear_stop()
             raise JobFailed(f"stopped by the watchdog: {stop}")
-        self.interrupted(placed, f"stopped by the watchdog: {stop}")
+        self.interrupted(placed, f"stopped by the watchdog: {stop}", EndReason.REPLACED)
 
-    def interrupted(self, placed: Placed, why: str) -> None:
-        """The attempt's instance is lost: record it, release it, queue the job to resume."""
+    def interrupted(self, placed: Placed, why: str,
+                    reason: EndReason = EndReason.INTERRUPTED) -> None:
+        """The attempt's instance is lost (or given up, `reason` REPLACED): record it,
+        release it, queue the job to resume."""
         self.state.clear_stop(unwatch=True)
         self.state.factory.close_all()
         job = self.ledger.job()
         self.ledger.set(JobStatus.INTERRUPTED, why, {"instance": placed.inst.instance_id},
                         interruptions=job.interruptions + 1)
-        self.release(placed.row_id, EndReason.INTERRUPTED)
+        self.release(placed.row_id, reason)
         self.ledger.set(JobStatus.QUEUED, "re-placing to resume from the last checkpoint",
                         attempt=job.attempt + 1)
         self.state.notices.emit(EventKind.JOB_PREEMPTED, {
