@@ -93,3 +93,23 @@ def test_help_lists_every_command_without_importing_its_module(tmp_path: Path) -
             return root.get_help(ctx)
 
     assert helped(False) == helped(True)
+
+
+def test_the_collector_is_off_for_a_plan_and_back_on_for_other_commands(tmp_path: Path) -> None:
+    """cli/entry.py: start-up runs without the cyclic collector; `orch plan` to its end, every
+    other command (a worker runs for days) with it back on."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env["XDG_DATA_HOME"] = str(tmp_path)
+    said = {}
+    for argv in (["plan", "examples/qlora-8b.yml"], ["jobs"]):
+        code = ("import atexit, gc, sys\n"
+                "atexit.register(lambda: print('collector on:', gc.isenabled(), "
+                "file=sys.stderr))\n"
+                f"sys.argv = ['orch', *{argv!r}]\n"
+                "from orchestrator.cli.entry import main\n"
+                "main()\n")
+        out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        said[argv[0]] = out.stderr.strip().splitlines()[-1]
+    assert said == {"plan": "collector on: False", "jobs": "collector on: True"}

@@ -84,7 +84,7 @@ def test_the_distribution_is_not_the_index_s_unrelated_orch() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["name"] == DISTRIBUTION == "orch-finetune"
-    assert project["scripts"] == {"orch": "orchestrator.cli.app:main"}
+    assert project["scripts"] == {"orch": "orchestrator.cli.entry:main"}
     out = subprocess.run([str(Path(sys.executable).parent / "orch"), "--version"],
                          capture_output=True, text=True, check=True).stdout
     assert out == f"orch {version(DISTRIBUTION)}\n"
