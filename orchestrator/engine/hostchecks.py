@@ -138,9 +138,8 @@ def _judged(ledger: Ledger, verdict: servercheck.ServerVerdict) -> None:
                      {"server": verdict.server,
                       "findings": [f.to_dict() for f in verdict.blocking]})
         raise JobFailed(message)
-    warned = {f["check"] for e in ledger.store.events(ledger.job_id)
-              if e.kind == "server.slow"
-              for f in json.loads(e.data_json or "{}").get("findings", [])}
+    warned = {f.check for e in ledger.store.events(ledger.job_id)
+              if e.kind == "server.slow" for f in e.data().findings or ()}
     new = [f for f in verdict.slow if f.check.value not in warned]
     if new:
         warn = replace(verdict, findings=tuple(new))

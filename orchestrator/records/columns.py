@@ -158,6 +158,13 @@ class PruneRecord(BaseModel):
     cutoff: float | None = None
 
 
+class FindingRecord(_Kept):
+    """One finding of a registered server's host check (`server.slow`,
+    `server.check_failed`): the check that found it, and what it said."""
+
+    check: Lenient[str] = None
+
+
 class EventData(_Kept):
     """`event.data_json`: one model for every kind, with the fields readers use (each kind
     writes some of them; the others stay as written)."""
@@ -171,6 +178,7 @@ class EventData(_Kept):
     instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
     step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
     total: Lenient[int] = None  # `train.progress`: the steps of the whole training
+    findings: Lenient[list[FindingRecord]] = None  # a registered server's check (issue 40)
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""
@@ -213,7 +221,8 @@ def sweep_spec_record(text: str | None) -> SweepSpecRecord:
 
 
 __all__ = [
-    "EventData", "ObjectiveRecord", "Place", "PlacementChoice", "PlacementRecord", "PruneRecord",
-    "ResourcesRecord", "SpecRecord", "SweepSpecRecord", "document",
-    "document_object", "event_data", "placement_record", "spec_record", "sweep_spec_record",
+    "EventData", "FindingRecord", "ObjectiveRecord", "Place", "PlacementChoice",
+    "PlacementRecord", "PruneRecord", "ResourcesRecord", "SpecRecord", "SweepSpecRecord",
+    "document", "document_object", "event_data", "placement_record", "spec_record",
+    "sweep_spec_record",
 ]
