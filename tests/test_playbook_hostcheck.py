@@ -182,8 +182,11 @@ def test_the_hub_gets_the_token_in_a_header_and_a_range(
                          gated=True, accepted=(TOKEN,))
     try:
         sim, host = rental(playbook_host)
+        # What is checked here is the token and the range, not the speed (slow-hub has its
+        # own test): the session's Hub stand-in, shared and on a loaded machine, once served
+        # 24.9 MB/s against the 25.9 floor. A floor of 1 Mbit/s keeps the check passing.
         checked = spec(repo="acme/gated-hostcheck", hub_endpoint=session_hub.url,
-                       limits=fast(hub={"range_mib": 1}))
+                       limits=fast(hub={"range_mib": 1, "min_mbit_s": 1, "max_mbit_s": 1}))
         report = hostcheck.run(host, replace(checked, hf_token=TOKEN), reports)
         assert report.passed and report.hub is not None
         assert report.hub.http_status == 206 and report.hub.bytes == 2**20
