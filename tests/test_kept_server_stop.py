@@ -8,12 +8,9 @@ server, the engine's JobRunner, SQLite, and for the prune `orch sweep` as a real
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import pytest
 from conftest import KeyPair
 from emulators.hosts import WithHostPaths
 from sqlmodel import col, select
+from test_engine import training_step, when
 
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.search import Continue, RungRecord
@@ -93,30 +91,12 @@ def run(store: Store, key: KeyPair, host: Any, job_id: str) -> Job:
     return JobRunner(store, {"dedicated": dedicated}, owner, options).run(job_id)
 
 
-def step_of(store: Store, job_id: str) -> int:
-    steps = [json.loads(e.data_json or "{}").get("step") or 0 for e in store.events(job_id)
-             if e.kind == "train.progress"]
-    return max(steps, default=0)
-
-
-def when(predicate: Callable[[], bool], then: Callable[[], None]) -> None:
-    def watch() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if predicate():
-                then()
-                return
-            time.sleep(0.05)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
 def assert_stopped(store: Store, host: Any, job: Job) -> None:
     """The job's training no longer runs on the server, which is free and lives on."""
     running = {name: c["State"] for name, c in host.containers().items()
                if c["State"]["Running"]}
     assert running == {}, f"left running on the released server: {running}"
-    assert step_of(store, job.id) < HOST["train_steps"], "training ran to the end"
+    assert training_step(store, job.id) < HOST["train_steps"], "training ran to the end"
     removed = [e["container"] for e in host.events("docker-rm")]
     assert any(job.id in c and "train" in c for c in removed), removed
     (server,) = store.list_servers()
@@ -129,7 +109,7 @@ def test_a_cancel_while_training_on_a_kept_server_stops_its_training(
         simhost: Any) -> None:
     host = simhost(**HOST)
     job, _ = record_job(store, load_job(on_server(tmp_path, store, host)))
-    when(lambda: step_of(store, job.id) >= 2, lambda: store.request_cancel(job.id))
+    when(lambda: training_step(store, job.id) >= 2, lambda: store.request_cancel(job.id))
     done = run(store, ssh_keypair, host, job.id)
 
     assert done.status == JobStatus.CANCELLED, done.failure_reason
