@@ -52,6 +52,7 @@ from orchestrator.engine.recovery import teardown_open
 from orchestrator.engine.submission import record_job
 from orchestrator.engine.watchdog import deadlines
 from orchestrator.engine.wiring import declares, price_lists
+from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
     FINAL_STATUSES,
     DatabaseFull,
@@ -127,8 +128,6 @@ def submit(
         live = list(market.offers) if market is not None and market.answered else None
         # The throughput orch measured on finished jobs, as `orch plan` estimates with: the
         # recorded estimate is what the deadline policy plans with before the job's first step.
-        from orchestrator.records.readonly import measured_throughput
-
         plan = make_plan(loaded, store.registered(),
                          cli_plan.without_db(measured_throughput) or {}, live=live,
                          listed=price_lists(loaded.spec.resources.providers))
