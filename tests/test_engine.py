@@ -8,8 +8,10 @@ mid-training resumes on a new instance from the checkpoint, `orch cancel` tears 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +28,7 @@ from orchestrator.core.spec import load_job
 from orchestrator.engine.runner import JobRunner, Options, owner_id
 from orchestrator.engine.submission import record_job
 from orchestrator.records.store import Store, open_store
+from providers.base import Instance
 from providers.sim.compute import SimCloud
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -66,8 +69,9 @@ class Rig:
 
     def runner(self, cloud: SimCloud, **opts: Any) -> tuple[JobRunner, str]:
         owner = owner_id("test")
-        options = Options(poll_s=0.2, watch_s=0.2, lease_s=5, boot_deadline_s=30,
-                          connect_deadline_s=20, ssh_key=self.key.private, **opts)
+        options = Options(**{"poll_s": 0.2, "watch_s": 0.2, "lease_s": 5,
+                             "boot_deadline_s": 30, "connect_deadline_s": 20,
+                             "ssh_key": self.key.private, **opts})
         return JobRunner(self.store, {"sim": cloud}, owner, options), owner
 
     def run(self, cloud: SimCloud, job_id: str, **opts: Any) -> Any:
@@ -226,6 +230,68 @@ def test_preemption_mid_training_resumes_on_a_new_instance(rig: Rig) -> None:
     i = states.index("interrupted")
     assert states[i + 1 : i + 3] == ["queued", "provisioning"]
     assert_nothing_left(rig, cloud, job_id)
+
+
+class DeadSshPort:
+    """The simulated cloud, except that its first instance reports a running machine whose
+    SSH port refuses every connection (a marketplace machine shown running while its sshd is
+    not up yet): only a preemption, which the test makes, ends the wait."""
+
+    def __init__(self, cloud: SimCloud) -> None:
+        self.cloud = cloud
+        self.first: str | None = None
+        self.refusing = socket.socket()  # bound, never listening: connections are refused
+        self.refusing.bind(("127.0.0.1", 0))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cloud, name)
+
+    def create(self, *args: Any, **kwargs: Any) -> Instance:
+        inst = self.cloud.create(*args, **kwargs)
+        self.first = self.first or inst.instance_id
+        return self._dead(inst)
+
+    def get(self, instance_id: str) -> Instance:
+        return self._dead(self.cloud.get(instance_id))
+
+    def _dead(self, inst: Instance) -> Instance:
+        if inst.instance_id != self.first or inst.ssh_port is None:
+            return inst
+        return dataclasses.replace(inst, ssh_port=self.refusing.getsockname()[1])
+
+
+def test_preemption_while_ssh_comes_up_re_places_at_once(rig: Rig) -> None:
+    """A machine preempted after the provider reports it running but before its SSH answers
+    is an interruption, seen by the monitor: the connect stops at its next attempt instead
+    of retrying the dead port for the whole connect deadline and then calling the machine
+    unreachable (issue 41's bench lost a deadline to that)."""
+    cloud = DeadSshPort(rig.cloud())
+    job_id = rig.queue(rig.job_file())
+
+    def connecting() -> bool:
+        rows = rig.store.instances_of(job_id)
+        return (bool(rows) and rows[0].provider_instance_id is not None
+                and rig.store.get_job(job_id).status == "connecting")
+
+    def preempt() -> None:
+        time.sleep(1.0)  # some refused attempts first
+        assert cloud.first is not None
+        cloud.preempt(cloud.first)
+
+    when(connecting, preempt)
+    # A connect deadline far beyond the test's time: only the monitor's stop ends the wait.
+    runner, owner = rig.runner(cloud, connect_deadline_s=120)  # type: ignore[arg-type]
+    assert rig.store.claim_job(job_id, owner, 5) is not None
+    job = runner.run(job_id)
+    cloud.refusing.close()
+
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    assert first.provider_instance_id == cloud.first
+    assert first.end_reason == "interrupted", first.end_reason  # not "unreachable"
+    assert second.end_reason == "released"
+    assert job.interruptions == 1
+    assert_nothing_left(rig, cloud.cloud, job_id)
 
 
 def test_cancel_mid_training_terminates_the_instance(rig: Rig) -> None:

@@ -174,6 +174,12 @@ class HostSession:
             except TransientError:
                 continue
         assert inst.ssh_host and inst.ssh_port
+        # From here the monitor watches the instance: one preempted (or cancelled) while
+        # its SSH comes up stops the connect at its next attempt, and the job is re-placed
+        # as after any preemption, instead of retrying a dead port for the whole connect
+        # deadline and releasing it as unreachable (the bench's one such miss, issue 41).
+        self.state.watching = (inst.provider, inst.instance_id)
+        stopped = self._stopped
         kept = keeps_machine(provider)
         # No provider reports a host key: the one seen at first contact is pinned (in the
         # instance row, or the server registry for a kept server) and must match ever after.
@@ -181,25 +187,31 @@ class HostSession:
         if host_key is None:
             try:
                 host_key = ssh.format_host_key(ssh.trust_on_first_use(
-                    inst.ssh_host, inst.ssh_port, deadline=self.state.opts.connect_deadline_s))
+                    inst.ssh_host, inst.ssh_port, deadline=self.state.opts.connect_deadline_s,
+                    give_up=stopped))
             except ssh.HostUnreachable as exc:  # e.g. TCP accepted, no SSH banner ever
+                self.state.check_stop()  # the monitor's reason first: preempted, cancelled
                 raise self._unreachable(placed, exc) from exc
             if kept is not None:  # the server outlives the job: its registry pins the key
                 self.state.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
         self.state.store.record_address(row_id, host=inst.ssh_host, port=inst.ssh_port,
                                         ssh_user=inst.ssh_user, host_key=host_key,
                                         state=RowState(inst.state.value))
-        self.state.watching = (inst.provider, inst.instance_id)
         try:
             conn = self.state.factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user,
-                                              host_key)
+                                              host_key, give_up=stopped)
         except ssh.HostUnreachable as exc:
+            self.state.check_stop()
             raise self._unreachable(placed, exc) from exc
         self.ledger.event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
                           f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
         # Simulated machines keep the server's filesystem under a directory and their
         # provider says where; a real provider has no such capability: paths as they are.
         return Host(conn, HostPaths(host_root(provider, inst)), command_timeout=3600)
+
+    def _stopped(self) -> bool:
+        """Whether the monitor has signalled a stop (the SSH retries' `give_up`)."""
+        return self.state.stop is not None
 
     def _unreachable(self, placed: Placed, exc: Exception) -> Stop:
         """A host that stays unreachable over SSH: release it; the job is re-placed."""

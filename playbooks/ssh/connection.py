@@ -12,6 +12,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -119,6 +120,18 @@ class _SilentStop(stop_base):
         return self.count >= SILENT_TRIES
 
 
+class _GivenUp(stop_base):
+    """A tenacity stop condition: the caller's `give_up()` says the host is gone (the
+    provider reports the instance preempted or destroyed while its SSH was coming up), so
+    waiting out the connect deadline for a port that will never answer is pointless."""
+
+    def __init__(self, give_up: Callable[[], bool] | None) -> None:
+        self.give_up = give_up
+
+    def __call__(self, state: RetryCallState) -> bool:
+        return self.give_up is not None and self.give_up()
+
+
 # --- the factory -----------------------------------------------------------------------------
 
 
@@ -169,8 +182,11 @@ class ConnectionFactory:
     ) -> None:
         self.close_all()
 
-    def connect(self, host: str, port: int, user: str, host_key: HostKey) -> Connection:
-        """An open connection to user@host:port that verified `host_key` (reused if alive)."""
+    def connect(self, host: str, port: int, user: str, host_key: HostKey, *,
+                give_up: Callable[[], bool] | None = None) -> Connection:
+        """An open connection to user@host:port that verified `host_key` (reused if alive).
+
+        `give_up`, asked between attempts: True stops retrying (the last error is raised)."""
         key = _as_key(host_key)
         pinned = format_host_key(key)
         ident = (host, port, user)
@@ -186,7 +202,7 @@ class ConnectionFactory:
                     self._connections.pop(ident, None)
                 entry.connection.close()
             connection = self._new_connection(host, port, user, key)
-            self._open(connection, key)
+            self._open(connection, key, give_up)
             with self._lock:
                 self._connections[ident] = _Entry(connection, pinned)
             return connection
@@ -234,7 +250,8 @@ class ConnectionFactory:
         connection.client.set_missing_host_key_policy(PinnedHostKeyPolicy(key, port))
         return connection
 
-    def _open(self, connection: Connection, key: paramiko.PKey) -> None:
+    def _open(self, connection: Connection, key: paramiko.PKey,
+              give_up: Callable[[], bool] | None = None) -> None:
         host, port = connection.host, connection.port
         started = time.monotonic()
         deadline = started + self.connect_deadline
@@ -257,7 +274,7 @@ class ConnectionFactory:
 
         try:
             for trial in retrying.policy(is_transient, deadline_s=self.connect_deadline,
-                                         stop=_SilentStop(), wait=BACKOFF,
+                                         stop=_SilentStop() | _GivenUp(give_up), wait=BACKOFF,
                                          before_sleep=before_sleep):
                 with trial:
                     attempt()
@@ -298,14 +315,16 @@ class ConnectionFactory:
 
 def trust_on_first_use(
     host: str, port: int = 22, *, timeout: float = 10.0, deadline: float = 60.0,
-    retry_refused: bool = True,
+    retry_refused: bool = True, give_up: Callable[[], bool] | None = None,
 ) -> paramiko.PKey:
     """The host key the server presents now, for the caller to record and pin from then on.
 
     Only call this at first contact with a host reached over a trusted path (right after the
     provider created it); afterwards connect with the recorded key. `retry_refused` False:
     a refused connection fails at once (a server already running, as one a user registers,
-    that refuses does not start listening by waiting; a booting instance may).
+    that refuses does not start listening by waiting; a booting instance may). `give_up`,
+    asked between attempts: True stops retrying (the instance is gone; the last error is
+    raised).
     """
     started = time.monotonic()
     attempts = 0
@@ -331,7 +350,7 @@ def trust_on_first_use(
         for trial in retrying.policy(
                 lambda e: is_transient(e) and (
                     retry_refused or not isinstance(e, ConnectionRefusedError)),
-                deadline_s=deadline, stop=_SilentStop(), wait=BACKOFF):
+                deadline_s=deadline, stop=_SilentStop() | _GivenUp(give_up), wait=BACKOFF):
             with trial:
                 return fetch()
     except Exception as exc:
