@@ -54,6 +54,44 @@ def test_plan_gives_each_strategy_expected_cost_and_chance_of_missing(
     assert "chance of missing" in human and "policy (" in human
 
 
+def test_plan_weighs_the_restart_orch_measured_on_the_spot_gpu(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """Before any history the restarts are the plan's boot + download; after a rental of the
+    spot placement's GPU took 40 minutes from rental to first step, `orch plan` weighs that,
+    says so, and expects the policy to cost no less (the engine reads the same rows)."""
+    path = job(tmp_path, 3)
+    before = json.loads(orch(env, "plan", str(path), "--json").stdout)
+    restarts = before["deadline"]["restarts"]
+    assert restarts["spot_source"] == "plan" and restarts["on_demand_source"] == "plan"
+    spot = next(p for p in [before["placement"], *before["alternatives"]]
+                if p["interruptible"])  # the plan's first spot placement, as the policy's
+    os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
+    store = open_store(f"sqlite:///{Path(env['XDG_DATA_HOME']) / 'orch' / 'orch.db'}")
+    job_id = _a_job(store)
+    row = store.add_instance(job_id, provider=spot["provider"], offer_id="o", gpu=spot["gpu"],
+                             gpu_count=1, billing="per_second", interruptible=True,
+                             price_per_hour=Decimal("0.3"), attempt=0)
+    rented = utcnow() - timedelta(hours=2)
+    with store.transaction() as session:
+        got = session.get(type(row), row.id)
+        assert got is not None
+        got.provider_instance_id, got.created_at = "i-1", rented
+    with store.transaction() as session:
+        from orchestrator.records.store.tables import Event
+        session.add(Event(job_id=job_id, at=rented + timedelta(minutes=40),
+                          kind="train.progress", message="step 1"))
+    store.close()
+    after = json.loads(orch(env, "plan", str(path), "--json").stdout)["deadline"]
+    assert after["restarts"]["spot_s"] == 2400.0
+    assert after["restarts"]["spot_source"] == "measured: 2400 s (median of 1 rentals)"
+    policy = {s["strategy"]: Decimal(s["expected_cost"]) for s in after["strategies"]}
+    earlier = {s["strategy"]: Decimal(s["expected_cost"])
+               for s in before["deadline"]["strategies"]}
+    assert policy["spot"] > earlier["spot"]  # each restart of spot costs 40 minutes now
+    assert "restarts: spot 40.0 min (measured: 2400 s (median of 1 rentals))" in orch(
+        env, "plan", str(path)).stdout
+
+
 def test_a_deadline_no_placement_meets_is_refused_naming_the_fastest(
         env: dict[str, str], tmp_path: Path) -> None:
     done = orch(env, "plan", str(job(tmp_path, 0.001)), check=False)

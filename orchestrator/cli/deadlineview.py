@@ -17,6 +17,7 @@ from orchestrator.core.preemption import Rate
 if TYPE_CHECKING:
     from orchestrator.core.deadlineplan import DeadlinePlan
     from orchestrator.core.planning import Plan
+    from orchestrator.core.restarts import Measured
     from orchestrator.core.spec import LoadedJob
 
 
@@ -32,7 +33,20 @@ def estimates(plan: Plan) -> DeadlinePlan | None:
     from orchestrator.core.settings import settings
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
                                  rate or preemption.rate(),
-                                 checkpoint_every_s=settings().checkpoint_every_s)
+                                 checkpoint_every_s=settings().checkpoint_every_s,
+                                 measured=restart_times())
+
+
+def restart_times() -> dict[tuple[str, str], Measured]:
+    """Each (provider, GPU)'s measured rental-to-first-step seconds, read-only (none: the
+    plan's boot + download stand)."""
+    from orchestrator.core.paths import default_db_url
+    from orchestrator.records.readonly import Unavailable, restart_times
+
+    try:
+        return restart_times(default_db_url())
+    except Unavailable:
+        return {}
 
 
 def rates() -> dict[tuple[str, str], Rate]:

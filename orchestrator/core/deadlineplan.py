@@ -10,9 +10,11 @@ traces of that rate (docs/deadline.md, "Wiring it in": `orch plan`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.core import deadlinesim as ds
+from orchestrator.core import restarts
 from orchestrator.core.deadline import Market, Restart
 from orchestrator.core.preemption import Rate
 from orchestrator.core.scheduler import Placement
@@ -28,12 +30,23 @@ class DeadlinePlan:
     rate: Rate
     on_demand: Placement | None
     spot: Placement | None
+    market: Market | None = None  # the prices and restarts the estimates were made with
+    # Where each restart came from: "plan" (boot + download) or "measured: ..." (core.restarts).
+    restart_source: tuple[str, str] = ("plan", "plan")
 
     def to_dict(self) -> dict[str, object]:
         """`orch plan --json`'s `deadline` object."""
-        return {"deadline_hours": self.hours, "preemptions": self.rate.describe(),
-                "preemptions_per_hour": round(self.rate.preemptions_per_hour, 4),
-                "strategies": [e.to_dict() for e in self.estimates.all()]}
+        out: dict[str, object] = {
+            "deadline_hours": self.hours, "preemptions": self.rate.describe(),
+            "preemptions_per_hour": round(self.rate.preemptions_per_hour, 4),
+            "strategies": [e.to_dict() for e in self.estimates.all()]}
+        if self.market is not None:
+            out["restarts"] = {
+                "spot_s": round(self.market.spot_restart.seconds, 1),
+                "spot_source": self.restart_source[0],
+                "on_demand_s": round(self.market.on_demand_restart.seconds, 1),
+                "on_demand_source": self.restart_source[1]}
+        return out
 
     def lines(self) -> list[str]:
         """The table `orch plan` prints after the placements."""
@@ -47,18 +60,33 @@ class DeadlinePlan:
                        f"{e.hours:>8.2f}")
         out.append(f"preemptions {self.rate.describe()}; spot gone "
                    f"{self.rate.wait_mean_h:.2f} h after one (prior)")
+        if self.market is not None:
+            m, (ss, ods) = self.market, self.restart_source
+            out.append(f"restarts: spot {m.spot_restart.seconds / 60:.1f} min ({ss}), "
+                       f"on-demand {m.on_demand_restart.seconds / 60:.1f} min ({ods})")
         return out
 
 
-def _restart(p: Placement) -> Restart:
-    return Restart(boot_s=p.duration.boot * 3600, download_s=p.duration.model_pull * 3600)
+def _restart(p: Placement, seen: Mapping[restarts.Key, restarts.Measured]
+             ) -> tuple[Restart, str]:
+    """The plan's boot + download, or the restart orch measured on that provider's GPU if
+    longer (`core.restarts`), as the engine's policy takes it; and which it is."""
+    boot, pull = p.duration.boot * 3600, p.duration.model_pull * 3600
+    history = seen.get((p.offer.provider, p.offer.gpu))
+    if history is None or history.seconds <= boot + pull:
+        return Restart(boot_s=boot, download_s=pull), "plan"
+    return (Restart(boot_s=boot, download_s=pull, resume_s=history.seconds - boot - pull),
+            f"measured: {history.describe()}")
 
 
 def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
              rate: Rate, runs: int = 64,
-             checkpoint_every_s: float = CHECKPOINT_EVERY_S) -> DeadlinePlan | None:
+             checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+             measured: Mapping[restarts.Key, restarts.Measured] | None = None,
+             ) -> DeadlinePlan | None:
     """The estimates for a job with `deadline_hours` over its ranked `placements`; None
-    when there is no spot or no on-demand placement to compare."""
+    when there is no spot or no on-demand placement to compare. `measured`: the restarts
+    orch measured (`core.restarts`), where it has any."""
     spot = next((p for p in placements if p.offer.interruptible), None)
     od = next((p for p in placements if not p.offer.interruptible), None)
     if spot is None or od is None or spot.offer.price_per_hour is None \
@@ -68,9 +96,11 @@ def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
     work_s = (d.training + d.merge + d.evaluation + d.delivery) * 3600
     job = ds.Job(work_s=work_s, window_s=deadline_hours * 3600,
                  checkpoint_every_s=min(checkpoint_every_s, max(1.0, d.training * 3600)))
+    (spot_restart, spot_source), (od_restart, od_source) = (
+        _restart(spot, measured or {}), _restart(od, measured or {}))
     market = Market(spot_per_hour=spot.offer.price_per_hour,
                     on_demand_per_hour=od.offer.price_per_hour,
                     preemptions_per_hour=rate.preemptions_per_hour,
-                    spot_restart=_restart(spot), on_demand_restart=_restart(od))
+                    spot_restart=spot_restart, on_demand_restart=od_restart)
     return DeadlinePlan(deadline_hours, ds.estimate(job, market, rate.wait_mean_h, runs),
-                        rate, od, spot)
+                        rate, od, spot, market, (spot_source, od_source))

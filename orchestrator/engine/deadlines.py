@@ -49,6 +49,8 @@ from orchestrator.core.deadline import (
     decide,
 )
 from orchestrator.core.jobstatus import JobStatus
+from orchestrator.core.restarts import Key as RestartKey
+from orchestrator.core.restarts import Measured as MeasuredRestart
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, StopKind
 from orchestrator.engine.jobinputs import Inputs
@@ -62,7 +64,7 @@ from orchestrator.engine.runner_core import (
     log,
 )
 from orchestrator.engine.teardown import Teardown
-from orchestrator.records import preemptions
+from orchestrator.records import preemptions, restarts
 from orchestrator.records.store import LeaseLost, StoreError, utcnow
 
 MODE = Mode.GREEDY
@@ -171,20 +173,26 @@ class Contract:
         od = od_price if od_price is not None else (spot_price or Decimal(0)) * 2
         rate = (preemptions.rate_of(self.state.store, spot.offer.provider, spot.offer.gpu)
                 if spot is not None else preemption.rate())
+        seen_restarts = restarts.measured(self.state.store)
         market = Market(spot_per_hour=spot_price if spot_price is not None else od,
                         on_demand_per_hour=od if od > 0 else Decimal("0.000001"),
                         preemptions_per_hour=rate.preemptions_per_hour,
-                        spot_restart=self._restart(spot or on_demand),
-                        on_demand_restart=self._restart(on_demand or spot))
+                        spot_restart=self._restart(spot or on_demand, seen_restarts),
+                        on_demand_restart=self._restart(on_demand or spot, seen_restarts))
         self.seen = _Seen(market, rate.describe(), spot, on_demand)
         return self.seen
 
-    def _restart(self, p: scheduler.Placement | None) -> Restart:
-        """Boot + model download as estimated, or the restart this run measured if longer."""
+    def _restart(self, p: scheduler.Placement | None,
+                 seen: dict[RestartKey, MeasuredRestart]) -> Restart:
+        """Boot + model download as estimated, or, if longer, the restart measured: this
+        run's own (rental to first step), else orch's recent rentals of that provider's GPU
+        (`core.restarts`: the plan's figure leaves out SSH, the host check, set-up and the
+        trainer's start, about as long again as the boot)."""
         if p is None:
             return Restart()
         boot, pull = p.duration.boot * 3600, p.duration.model_pull * 3600
-        measured = self.restart_s or 0.0
+        history = seen.get((p.offer.provider, p.offer.gpu))
+        measured = self.restart_s or (history.seconds if history is not None else 0.0)
         return Restart(boot_s=boot, download_s=pull, resume_s=max(0.0, measured - boot - pull))
 
     def _wait(self, decision: Decision) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.core import preemption
+from orchestrator.core import preemption, restarts
 from orchestrator.core.money import dollars_trimmed, from_micros
 from orchestrator.core.preemption import Rate
 from orchestrator.core.throughput import Measured, MeasuredKey
@@ -51,6 +51,22 @@ _HOSTS_SQL = ("SELECT provider, machine_id, at, source, failed, delivered, why "
               "FROM host_observation ORDER BY at, id")
 _SPOT_SQL = ("SELECT provider, gpu, end_reason, created_at, terminated_at FROM instance "
              "WHERE interruptible AND provider_instance_id IS NOT NULL")
+
+# Each rental's time from `created_at` to its job's first training step on it (core.restarts),
+# the newest rentals of each provider and GPU first; the subquery runs on those rows only.
+RESTART_SQL = f"""
+SELECT provider, gpu, created_at, (
+    SELECT MIN(e.at) FROM event e
+    WHERE e.job_id = recent.job_id AND e.kind = 'train.progress' AND e.at >= recent.created_at
+      AND (recent.terminated_at IS NULL OR e.at <= recent.terminated_at)) AS first_step
+FROM (
+    SELECT provider, gpu, job_id, created_at, terminated_at,
+           ROW_NUMBER() OVER (PARTITION BY provider, gpu
+                              ORDER BY created_at DESC, id DESC) AS newest
+    FROM instance WHERE provider_instance_id IS NOT NULL
+) AS recent WHERE newest <= {3 * restarts.WINDOW}
+ORDER BY provider, gpu, created_at DESC
+"""
 
 
 class Unavailable(HistoryError):
@@ -129,6 +145,14 @@ def preemption_rates(url: str) -> dict[tuple[str, str], Rate]:
     seen = preemption.histories([(p, g, r, c, t) for p, g, r, c, t in rows if c is not None],
                      datetime.now(UTC))
     return {key: preemption.rate(h) for key, h in seen.items()}
+
+
+def restart_times(url: str) -> dict[restarts.Key, restarts.Measured]:
+    """Each (provider, GPU)'s measured rental-to-first-step seconds (`core.restarts`)."""
+    return restarts.measured((p, g, c, f) for p, g, c, f in
+                             ((p, g, parse_stored(c), parse_stored(f))
+                              for p, g, c, f in _rows(url, "instances", RESTART_SQL))
+                             if c is not None)
 
 
 def host_observations(url: str, machines: Iterable[tuple[str, str]]

@@ -1,0 +1,20 @@
+"""Measured restarts (`core.restarts`) read through the store, for the engine's deadline
+policy; the SQL is the read-only path's (`records.readonly.RESTART_SQL`), so `orch plan`
+and the engine see the same figures."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+
+from orchestrator.core import restarts
+from orchestrator.records.historyread import parse_stored
+from orchestrator.records.readonly import RESTART_SQL
+from orchestrator.records.store.database import StoreBase
+
+
+def measured(store: StoreBase) -> dict[restarts.Key, restarts.Measured]:
+    """Each (provider, GPU)'s median seconds from a rental to its job's first step."""
+    with store.session() as session:
+        rows = [(p, g, parse_stored(c), parse_stored(f))
+                for p, g, c, f in session.execute(text(RESTART_SQL))]
+    return restarts.measured((p, g, c, f) for p, g, c, f in rows if c is not None)

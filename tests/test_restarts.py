@@ -1,0 +1,113 @@
+"""Measured restarts (issue 41): rental to first training step, from orch's own records.
+
+The deadline policy's restart before a job's first step was the plan's boot + download only;
+the rest (SSH, the host check, set-up, the trainer's start) is measured from the instance
+rows and the jobs' first `train.progress` event on each machine (`core.restarts`), read the
+same way by the engine (`records.restarts`) and by `orch plan` (`records.readonly`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from conftest import database_url
+from test_deadline_engine import deadline_job, events
+from test_engine import Rig, assert_nothing_left, rig
+
+from orchestrator.core import restarts
+from orchestrator.records import readonly
+from orchestrator.records import restarts as stored
+from orchestrator.records.store import Store, open_store
+from orchestrator.records.store.tables import Event, Instance
+
+__all__ = ["rig"]
+
+T0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+
+
+def test_the_median_of_the_newest_rentals_that_reached_a_step() -> None:
+    rows = [("sim", "A100", T0 + timedelta(minutes=n), T0 + timedelta(minutes=n, seconds=s))
+            for n, s in enumerate([30, 10, 20, 1000])]
+    rows += [("sim", "A100", T0, None),  # never reached a step: not a restart
+             ("sim", "A100", T0, T0 - timedelta(seconds=5)),  # a step before it: not its own
+             ("vastai", "H100", T0, T0 + timedelta(seconds=7))]
+    got = restarts.measured(rows)
+    assert got == {("sim", "A100"): restarts.Measured(25.0, 4),
+                   ("vastai", "H100"): restarts.Measured(7.0, 1)}
+    assert got[("sim", "A100")].describe() == "25 s (median of 4 rentals)"
+    # Only the newest WINDOW of a key count (rows come newest first).
+    many = [("sim", "A100", T0, T0 + timedelta(seconds=1))] * restarts.WINDOW
+    old = [("sim", "A100", T0, T0 + timedelta(seconds=999))] * 5
+    assert restarts.measured(many + old)[("sim", "A100")] == restarts.Measured(
+        1.0, restarts.WINDOW)
+
+
+def _job(store: Store, name: str) -> str:
+    return store.create_job(
+        name=name, status="queued", method="lora", base_model="m", spec_json="{}",
+        spec_hash="0" * 64, placement=None, provider=None, gpu=None, gpu_count=None,
+        billing=None, interruptible=None, est_hours=None, est_cost=None, event_kind="queued",
+        event_message="", event_data=None).id
+
+
+def _rental(store: Store, job_id: str, gpu: str, at: datetime, ended: datetime | None,
+            iid: str | None = "i-1") -> None:
+    with store.transaction() as session:
+        session.add(Instance(job_id=job_id, provider="sim", provider_instance_id=iid, gpu=gpu,
+                             gpu_count=1, billing="per_second", interruptible=True,
+                             price_per_hour_micros=1, state="terminated", created_at=at,
+                             terminated_at=ended))
+
+
+def _step(store: Store, job_id: str, at: datetime) -> None:
+    with store.transaction() as session:
+        session.add(Event(job_id=job_id, at=at, kind="train.progress", message="step"))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_engine_and_orch_plan_read_the_same_restarts(
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    url = database_url(backend, tmp_path, request)
+    store = open_store(url)
+    try:
+        a, b = _job(store, "a"), _job(store, "b")
+        # Job a: a first machine preempted after 40 s to its first step, then a second one
+        # whose first step came 60 s after it was rented: each machine its own restart.
+        _rental(store, a, "A100 80GB", T0, T0 + timedelta(minutes=10))
+        _step(store, a, T0 + timedelta(seconds=40))
+        _step(store, a, T0 + timedelta(minutes=5))
+        _rental(store, a, "A100 80GB", T0 + timedelta(minutes=12), None)
+        _step(store, a, T0 + timedelta(minutes=13))
+        # Job b: a machine that never reached a step, one never created (no provider id).
+        _rental(store, b, "A100 80GB", T0 + timedelta(minutes=20), T0 + timedelta(minutes=21))
+        _rental(store, b, "A100 80GB", T0 + timedelta(minutes=22), None, iid=None)
+        _step(store, b, T0 + timedelta(minutes=30))  # the never-created row's: not counted
+        _rental(store, b, "H100 PCIe", T0 + timedelta(minutes=29), None)
+        want = {("sim", "A100 80GB"): restarts.Measured(50.0, 2),
+                ("sim", "H100 PCIe"): restarts.Measured(60.0, 1)}
+        assert stored.measured(store) == want
+        assert readonly.restart_times(url) == want
+    finally:
+        store.close()
+
+
+def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: Rig) -> None:
+    """The first job's policy has only the plan's boot + download; once a rental of that GPU
+    has reached a step, the next job's policy weighs the measured restart instead."""
+    cloud = rig.cloud()
+    first = deadline_job(rig, 12)
+    assert rig.run(cloud, first).status == "succeeded"
+    (before,) = events(rig, first, "deadline.decision")
+    seen = stored.measured(rig.store)
+    (row,) = rig.store.instances_of(first)
+    measured = seen[("sim", row.gpu)]
+    assert measured.rentals == 1
+    assert float(str(before["spot_restart_s"])) < measured.seconds  # the plan's: too short
+
+    second = deadline_job(rig, 12)
+    assert rig.run(cloud, second).status == "succeeded"
+    (after,) = events(rig, second, "deadline.decision")
+    assert float(str(after["spot_restart_s"])) == pytest.approx(measured.seconds, abs=0.1)
+    assert_nothing_left(rig, cloud, second)
