@@ -9,35 +9,20 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import KeyPair, database_url
-from test_engine import HOST, Rig
+from test_engine import HOST, Rig, rig  # the same rig fixture (SQLite)
 
 from orchestrator.core.hostmemory import Source
-from orchestrator.records.store import from_micros, open_store
+from orchestrator.records.store import from_micros
 from providers.sim import market
 from providers.sim.compute import SimCloud
 from providers.sim.market import Fault, Market
 
-
-@pytest.fixture
-def rig(request: pytest.FixtureRequest, tmp_path: Path, ssh_keypair: KeyPair,
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    url = database_url("sqlite", tmp_path, request)
-    monkeypatch.setenv("ORCH_DB_URL", url)
-    r = Rig(tmp_path, open_store(url), ssh_keypair, [])
-    try:
-        yield r
-    finally:
-        for cloud in r.clouds:
-            cloud.terminate_all()
-        r.store.close()
+__all__ = ["rig"]  # test_engine's fixture, used here
 
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"

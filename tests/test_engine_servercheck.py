@@ -8,38 +8,21 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import pytest
-from conftest import KeyPair, database_url
 from emulators.hosts import WithHostPaths
-from test_engine import HOST, Rig
+from test_engine import HOST, Rig, rig  # the same rig fixture (SQLite)
 from test_engine_hostchecks import ORCH
 
 from orchestrator.engine import hostchecks
 from orchestrator.engine.runner import JobRunner, Options, owner_id
-from orchestrator.records.store import open_store, utcnow
+from orchestrator.records.store import utcnow
 from providers.dedicated.compute import Dedicated
 from providers.sim.compute import SimCloud
 
-
-@pytest.fixture
-def rig(request: pytest.FixtureRequest, tmp_path: Path, ssh_keypair: KeyPair,
-        monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    url = database_url("sqlite", tmp_path, request)
-    monkeypatch.setenv("ORCH_DB_URL", url)
-    r = Rig(tmp_path, open_store(url), ssh_keypair, [])
-    try:
-        yield r
-    finally:
-        for cloud in r.clouds:
-            cloud.terminate_all()
-        r.store.close()
+__all__ = ["rig"]  # test_engine's fixture, used here
 
 
 def on_server(rig: Rig, host: Any, cloud: SimCloud | None = None) -> tuple[str, Any]:
