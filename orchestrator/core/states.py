@@ -28,6 +28,7 @@ class StopKind(StrEnum):
     LOST = "lost"  # the lease: another worker took the job over
     PRUNED = "pruned"  # the sweep's early stopping: the run lost at a rung
     MOVED = "moved"  # the deadline policy moves the job off this machine (spot -> on-demand)
+    BUDGET = "budget"  # the bill reached resources.max_cost (engine/budget.py): failed
 
 
 class Outcome(StrEnum):
@@ -44,6 +45,7 @@ class Outcome(StrEnum):
     DEFERRED = "deferred"  # its providers are unavailable: queued again with a backoff
     PRUNED = "pruned"  # the sweep's early stopping stopped it at a rung: final, nothing delivered
     MOVED = "moved"  # a move that escaped re-placement: failed
+    BUDGET = "budget"  # the bill reached resources.max_cost: failed
 
     @classmethod
     def of_stop(cls, kind: StopKind) -> Outcome:

@@ -21,7 +21,7 @@ from orchestrator.core.planning import (
     workload_from,
 )
 from orchestrator.core.states import EndReason, RowState
-from orchestrator.engine import hostchecks, hubaccess, integrations, market, recovery
+from orchestrator.engine import budget, hostchecks, hubaccess, integrations, market, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import (
     LOST,
@@ -188,7 +188,8 @@ class Placement:
         first (the retry list: `offerbook.top`, not the full ranking, which only a table
         needs)."""
         loaded = self.inputs.loaded
-        constraints = constraints_from(loaded)
+        # A re-placement spends what is left of resources.max_cost (engine/budget.py).
+        constraints, spent = budget.left(self.state, constraints_from(loaded))
         if self.spot_rule is not None:
             constraints = constraints._replace(spot=self.spot_rule)
         named = constraints.providers
@@ -248,7 +249,9 @@ class Placement:
             ranking = scheduler.rank(w, tokens, offers, gpus, constraints, cached_on=cached,
                                      measured=self.inputs.measured, evaluation=work,
                                      extras=extras)
-            raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
+            raise JobFailed(budget.no_fit(scheduler.no_fit_message(w, offers, ranking,
+                                                                   constraints),
+                                          constraints_from(loaded).max_cost, spent))
         return placements
 
     def _offers_of(self, name: str, provider: Provider, constraints: scheduler.Constraints,

@@ -41,7 +41,7 @@ from orchestrator.core.paths import data_dir, private_dir
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
-from orchestrator.engine import hostchecks, recovery
+from orchestrator.engine import budget, hostchecks, recovery
 from orchestrator.engine.deadlines import Contract
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
@@ -243,6 +243,7 @@ class JobRunner:
         session = HostSession(state, inputs, teardown, warm)
         contract = Contract(state, inputs, requeue=self.on_signal == "requeue")
         state.ticks.append(contract.tick)
+        state.ticks.append(budget.Cap(state, inputs.loaded.spec.resources.max_cost).tick)
         placement.check_before_renting()
         tried: set[tuple[str, str]] = set()
         replacing = False  # the last attempt lost its machine: the next placement re-places

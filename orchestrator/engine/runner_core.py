@@ -314,6 +314,7 @@ class RunState:
         self.watching: tuple[str, str] | None = None  # (provider, instance id) the monitor asks
         self.held: dict[int, Attempt] = {}  # the instances this run holds, by row id
         self.notices: Notices = Notices(self.store, self.job_id, "", ())  # webhooks
+        self.budget_told = False  # job.budget_reached sent (engine/budget.py): once a run
         # Asked by the monitor thread every tick (the deadline contract's check).
         self.ticks: list[Callable[[], None]] = []
 
