@@ -90,7 +90,7 @@ def test_every_phase_that_announces_itself_is_a_job_status() -> None:
 def test_each_stop_has_its_outcome_and_each_outcome_ends_its_instances() -> None:
     assert [Outcome.of_stop(k) for k in StopKind] == [
         Outcome.CANCELLED, Outcome.INTERRUPTED, Outcome.STALLED, Outcome.LOST, Outcome.PRUNED,
-        Outcome.MOVED]
+        Outcome.MOVED, Outcome.BUDGET]
     # What Teardown.release_all writes as each instance's end (others: failed; lost: kept).
     assert END_REASON_OF == {Outcome.SUCCEEDED: EndReason.RELEASED,
                        Outcome.CANCELLED: EndReason.CANCELLED,

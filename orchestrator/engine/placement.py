@@ -410,8 +410,15 @@ class Placement:
             raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
                                                 "providers are unavailable: "
                                                 + "; ".join(failures))
-        raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
-                        if failures else "no placement left to try (all failed before)")
+        if failures:
+            raise JobFailed("no placement could be provisioned: " + "; ".join(failures))
+        # With a budget partly spent, what is left of it may be why nothing else fits.
+        max_cost = constraints_from(self.inputs.loaded).max_cost
+        raise JobFailed(budget.no_fit(
+            "no placement left to try within it (those that fit failed before)",
+            max_cost, self.ledger.costs()[0] if max_cost is not None else Decimal(0))
+            if max_cost is not None and self.ledger.costs()[0] > 0
+            else "no placement left to try (all failed before)")
 
     def _rent(self, placement: scheduler.Placement, tried: set[tuple[str, str]]) -> Placed:
         """Rent (or claim) `placement`'s offer, its instance row written first; _Failed
