@@ -284,7 +284,13 @@ class ResourcesSpec(Strict):
         description="Only these registered servers (`orch servers list`) may run it.")
     max_price_per_hour: Money | None = Field(default=None, examples=[2.50],
                                              description="Most USD per machine-hour.")
-    max_cost: Money | None = Field(default=None, description="Most USD for the whole job.",
+    max_cost: Money | None = Field(default=None, description=(
+        "Most USD for the whole job: the plan's placement must be estimated under it; a "
+        "re-placement (after a preemption) must fit in what is left of it; and a machine "
+        "whose bill reaches it is stopped and released, the job failed with nothing "
+        "delivered (a hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
+        "`job.budget_reached`). A registered server's rent does not count (it is paid "
+        "whatever a job does)."),
                                    examples=[20])
     deadline_hours: float | None = Field(
         default=None, gt=0, le=MAX_HOURS, examples=[12],
