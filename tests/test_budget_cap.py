@@ -8,12 +8,14 @@ On the simulated cloud's H100 PCIe on-demand ($1.811/h), a job planned at ~$0.00
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.core import money
 from orchestrator.engine import budget
+from orchestrator.records.store import utcnow
 
 __all__ = ["rig"]
 
@@ -57,18 +59,16 @@ def test_a_machine_whose_bill_reaches_max_cost_is_stopped_and_the_job_fails(rig:
     assert_nothing_left(rig, cloud, job_id)
 
 
-def test_a_re_placement_is_judged_against_what_is_left_of_max_cost(rig: Rig) -> None:
-    """Planned on one H100 PCIe (~$0.0040) under max_cost $0.010, preempted once it has
-    billed over $0.002: the next placement, two H100 PCIe (~$0.0080; the one-GPU offer was
-    tried), fits the budget but not what is left of it, so the job fails naming both
-    instead of spending past it."""
+def test_a_re_placement_is_allowed_and_the_cap_holds_the_whole_bill(rig: Rig) -> None:
+    """Planned on one H100 PCIe (~$0.0040) under max_cost $0.010 and preempted once it has
+    billed $0.0022: the job is placed again (two H100 PCIe, ~$0.0080: the one-GPU offer was
+    tried; the work up to the last checkpoint is not paid again, so what is left is not
+    judged against the whole job's estimate), and the cap stops the second machine when
+    the two together have billed $0.010 (without it, the job ran to the end at ~$0.05)."""
     cloud = rig.cloud(gpus=["H100 PCIe"],
                       host_options={"train_steps": 200, "train_step_seconds": 0.2})
     job_id = budget_job(rig, "0.010")
     preempted: list[Decimal] = []
-
-    def past_a_fifth() -> bool:
-        return training_step(rig.store, job_id) >= 1 and spent(rig, job_id) >= Decimal("0.0022")
 
     def preempt() -> None:
         (row,) = rig.store.instances_of(job_id)
@@ -76,15 +76,43 @@ def test_a_re_placement_is_judged_against_what_is_left_of_max_cost(rig: Rig) -> 
         preempted.append(spent(rig, job_id))
         cloud.preempt(row.provider_instance_id)
 
-    when(past_a_fifth, preempt)
+    when(lambda: bool(rig.store.instances_of(job_id))
+         and spent(rig, job_id) >= Decimal("0.0022"), preempt)
     job = rig.run(cloud, job_id)
 
-    assert preempted, "the job ended before it could be preempted"
+    assert preempted and preempted[0] < Decimal("0.010")
     assert job.status == "failed"
-    reason = job.failure_reason or ""
-    assert " of resources.max_cost $0.01" in reason and "is spent on this job's earlier " \
-        "machines" in reason, reason
-    assert "is left: no placement left to try within it" in reason, reason
-    (row,) = rig.store.instances_of(job_id)  # nothing rented again
-    assert row.gpu_count == 1 and row.end_reason == "interrupted"
+    assert (job.failure_reason or "").startswith(
+        "resources.max_cost $0.0100 reached: this job's machines have billed"), \
+        job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    assert (first.gpu_count, first.end_reason) == (1, "interrupted")
+    assert (second.gpu_count, second.end_reason) == (2, "failed")
+    billed = money.from_micros(job.cost_micros)
+    assert Decimal("0.010") <= billed < Decimal("0.010") + 2 * PRICE * Decimal(
+        budget.EVERY_S + 10) / 3600
     assert_nothing_left(rig, cloud, job_id)
+
+
+def test_nothing_is_rented_for_a_job_whose_bill_has_reached_max_cost(rig: Rig) -> None:
+    """A job resumed (a worker's takeover, a requeue) after its machines billed the budget:
+    refused before renting, naming the budget and the bill."""
+    cloud = rig.cloud(gpus=["H100 PCIe"])
+    job_id = budget_job(rig, "0.006")
+    row = rig.store.add_instance(job_id, provider="sim", offer_id="h100pcie-x1", gpu="H100 PCIe",
+                                 gpu_count=1, billing="per_second", interruptible=False,
+                                 price_per_hour=PRICE, attempt=0)
+    with rig.store.transaction() as session:  # ran 20 s, then was lost: $0.0101
+        got = session.get(type(row), row.id)
+        assert got is not None
+        got.provider_instance_id, got.state, got.end_reason = "i-old", "terminated", "interrupted"
+        got.terminated_at = utcnow()
+        got.created_at = got.terminated_at - timedelta(seconds=20)
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "failed"
+    assert job.failure_reason == (
+        "resources.max_cost $0.0060 is spent: this job's machines have billed $0.0101, "
+        "nothing is left to place it again; raise resources.max_cost and submit it again")
+    assert [r.provider_instance_id for r in rig.store.instances_of(job_id)] == ["i-old"]
+    assert cloud.list() == []

@@ -285,10 +285,11 @@ class ResourcesSpec(Strict):
     max_price_per_hour: Money | None = Field(default=None, examples=[2.50],
                                              description="Most USD per machine-hour.")
     max_cost: Money | None = Field(default=None, description=(
-        "Most USD for the whole job: the plan's placement must be estimated under it; a "
-        "re-placement (after a preemption) must fit in what is left of it; and a machine "
-        "whose bill reaches it is stopped and released, the job failed with nothing "
-        "delivered (a hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
+        "Most USD for the whole job: the plan's placement must be estimated under it, and "
+        "the engine holds the bill to it: when the job's machines together have billed it "
+        "(a preemption's second machine included), the one running is stopped and released "
+        "and the job fails with nothing delivered, and nothing more is rented for it (a "
+        "hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
         "`job.budget_reached`). A registered server's rent does not count (it is paid "
         "whatever a job does)."),
                                    examples=[20])

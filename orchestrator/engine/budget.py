@@ -5,65 +5,61 @@ The plan judges one placement's estimate against the budget; the bill can still 
 a preemption re-places the job (another boot and download, and the work since its last
 checkpoint again), a host trains slower than estimated, a stall waits for the watchdog.
 So the engine holds the bill itself to it:
-- **a re-placement** is judged against what is left (max_cost minus what the job's machines
-  have billed so far, `Ledger.costs`); when nothing fits in that, the job fails naming the
-  budget, what was spent and what the cheapest placement would cost;
-- **while a machine runs** the monitor reads the bill every `EVERY_S` seconds; once it
-  reaches max_cost the job stops and fails (`StopKind.BUDGET`), its machine released. A
-  hard cap, as a spend limit is meant to be: what the job trained is not delivered (set
-  max_cost with headroom over `orch plan`'s estimate). It overshoots by at most the
-  seconds between two reads at the machine's price.
+- **while a machine runs** the monitor reads the bill (`Ledger.costs`: every machine of the
+  job, the running one to now) every `EVERY_S` seconds; once it reaches max_cost the job
+  stops and fails (`StopKind.BUDGET`), its machine released. A hard cap, as a spend limit
+  is meant to be: what the job trained is not delivered (set max_cost with headroom over
+  `orch plan`'s estimate). It overshoots by at most the seconds between two reads at the
+  machine's price. Not once the results are home (releasing): the job is done then.
+- **a re-placement** (after a preemption, a move, a failed host check) is refused when the
+  bill has reached max_cost already. It is not refused for want of the whole job's estimate
+  in what is left: the work done up to the last checkpoint is not paid again, and the cap
+  stops the bill wherever it ends.
 The charged bill only: a registered monthly server's rent is paid whatever a job does
 (amortised, not charged), so it never stops a job.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from decimal import Decimal
 
-from orchestrator.core import money, scheduler
+from orchestrator.core import money
+from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine.runner_core import JobFailed, RunState, Stop
 
 EVERY_S = 5.0  # between reads of the bill while a machine runs (the overshoot's bound)
+_TOLD = threading.Lock()  # the pipeline's and the monitor's threads both may say it
 
 
-def left(state: RunState, constraints: scheduler.Constraints
-         ) -> tuple[scheduler.Constraints, Decimal]:
-    """`constraints` with `max_cost` narrowed to what is left of it, and what the job's
-    machines have billed so far. JobFailed when nothing is left."""
-    budget = constraints.max_cost
+class BudgetSpent(JobFailed):
+    """The job's machines have billed resources.max_cost: nothing may be rented for it."""
+
+
+def check_left(state: RunState, budget: Decimal | None) -> None:
+    """Before renting: BudgetSpent when the job's machines have billed `budget` already."""
     if budget is None:
-        return constraints, Decimal(0)
+        return
     spent, _ = state.ledger.costs()
-    if spent <= 0:
-        return constraints, spent
     if spent >= budget:
         reached(state, spent, budget)
-        raise JobFailed(f"resources.max_cost {money.usd(budget)} is spent: this job's "
-                        f"machines have billed {money.usd(spent)}, nothing is left to place "
-                        "it again; raise resources.max_cost and submit it again")
-    return constraints._replace(max_cost=budget - spent), spent
-
-
-def no_fit(message: str, budget: Decimal | None, spent: Decimal) -> str:
-    """The scheduler's no-fit message for a re-placement judged against what is left."""
-    if budget is None or spent <= 0:
-        return message
-    return (f"{money.usd(spent)} of resources.max_cost {money.usd(budget)} is spent on this "
-            f"job's earlier machines, {money.usd(budget - spent)} is left: {message}")
+        raise BudgetSpent(f"resources.max_cost {money.usd(budget)} is spent: this job's "
+                          f"machines have billed {money.usd(spent)}, nothing is left to "
+                          "place it again; raise resources.max_cost and submit it again")
 
 
 def reached(state: RunState, spent: Decimal, budget: Decimal) -> None:
     """Tell whoever asked (`notify`: job.budget_reached, scope job) that it stops work, once
-    (the placement asks at every search)."""
-    if state.budget_told:
-        return
-    state.budget_told = True
+    a run (the placement asks at every search, the monitor at every read)."""
+    with _TOLD:
+        if state.budget_told:
+            return
+        state.budget_told = True
     state.notices.emit(EventKind.JOB_BUDGET_REACHED, {
         "scope": "job", "spent_usd": str(money.money(spent)),
-        "budget_usd": str(budget.normalize())})
+        "budget_usd": format(budget.normalize(), "f")})
 
 
 class Cap:
@@ -75,7 +71,8 @@ class Cap:
         self.last = 0.0
 
     def tick(self) -> None:
-        if self.max_cost is None or self.state.stop is not None:
+        if self.max_cost is None or self.state.stop is not None \
+                or self.state.ledger.progress.status is JobStatus.RELEASING:
             return
         now = time.monotonic()
         if now - self.last < EVERY_S:

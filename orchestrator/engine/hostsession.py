@@ -259,6 +259,11 @@ class HostSession:
         pipeline.run_phases(run, JobHooks(self, placed))
         if held is not None:
             held.pipeline = None  # every detached run ended: nothing to stop at the release
+        stop = self.state.stop
+        if stop is not None and stop.kind is StopKind.BUDGET:
+            # The cap was reached as the last phase ended: the results are home, so the job
+            # is done, not failed; only the release is left to pay (engine/budget.py).
+            self.state.clear_stop()
         self.state.check_cancel()
         self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
                         + "; releasing the instance")

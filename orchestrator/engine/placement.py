@@ -114,6 +114,8 @@ class Placement:
         kept, self.spot_rule = self.spot_rule, spot_rule
         try:
             found = self._candidates(1)
+        except budget.BudgetSpent:
+            raise  # not "none of this kind now": nothing of any kind, ever
         except JobFailed:
             return None
         finally:
@@ -188,8 +190,9 @@ class Placement:
         first (the retry list: `offerbook.top`, not the full ranking, which only a table
         needs)."""
         loaded = self.inputs.loaded
-        # A re-placement spends what is left of resources.max_cost (engine/budget.py).
-        constraints, spent = budget.left(self.state, constraints_from(loaded))
+        constraints = constraints_from(loaded)
+        # Nothing is rented once the job's bill has reached resources.max_cost (budget.py).
+        budget.check_left(self.state, constraints.max_cost)
         if self.spot_rule is not None:
             constraints = constraints._replace(spot=self.spot_rule)
         named = constraints.providers
@@ -249,9 +252,7 @@ class Placement:
             ranking = scheduler.rank(w, tokens, offers, gpus, constraints, cached_on=cached,
                                      measured=self.inputs.measured, evaluation=work,
                                      extras=extras)
-            raise JobFailed(budget.no_fit(scheduler.no_fit_message(w, offers, ranking,
-                                                                   constraints),
-                                          constraints_from(loaded).max_cost, spent))
+            raise JobFailed(scheduler.no_fit_message(w, offers, ranking, constraints))
         return placements
 
     def _offers_of(self, name: str, provider: Provider, constraints: scheduler.Constraints,
@@ -410,15 +411,8 @@ class Placement:
             raise recovery.ProvidersUnavailable("no placement could be provisioned, the "
                                                 "providers are unavailable: "
                                                 + "; ".join(failures))
-        if failures:
-            raise JobFailed("no placement could be provisioned: " + "; ".join(failures))
-        # With a budget partly spent, what is left of it may be why nothing else fits.
-        max_cost = constraints_from(self.inputs.loaded).max_cost
-        raise JobFailed(budget.no_fit(
-            "no placement left to try within it (those that fit failed before)",
-            max_cost, self.ledger.costs()[0] if max_cost is not None else Decimal(0))
-            if max_cost is not None and self.ledger.costs()[0] > 0
-            else "no placement left to try (all failed before)")
+        raise JobFailed("no placement could be provisioned: " + "; ".join(failures)
+                        if failures else "no placement left to try (all failed before)")
 
     def _rent(self, placement: scheduler.Placement, tried: set[tuple[str, str]]) -> Placed:
         """Rent (or claim) `placement`'s offer, its instance row written first; _Failed
