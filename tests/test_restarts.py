@@ -53,9 +53,10 @@ def _job(store: Store, name: str) -> str:
 
 
 def _rental(store: Store, job_id: str, gpu: str, at: datetime, ended: datetime | None,
-            iid: str | None = "i-1") -> None:
+            iid: str | None = "i-1", offer_id: str = "o") -> None:
     with store.transaction() as session:
         session.add(Instance(job_id=job_id, provider="sim", provider_instance_id=iid, gpu=gpu,
+                             offer_id=offer_id,
                              gpu_count=1, billing="per_second", interruptible=True,
                              price_per_hour_micros=1, state="terminated", created_at=at,
                              terminated_at=ended))
@@ -85,6 +86,9 @@ def test_the_engine_and_orch_plan_read_the_same_restarts(
         _rental(store, b, "A100 80GB", T0 + timedelta(minutes=22), None, iid=None)
         _step(store, b, T0 + timedelta(minutes=30))  # the never-created row's: not counted
         _rental(store, b, "H100 PCIe", T0 + timedelta(minutes=29), None)
+        # A machine taken warm (created when taken, no boot): not a restart.
+        _rental(store, b, "H100 PCIe", T0 + timedelta(minutes=40), None, offer_id="warm:7")
+        _step(store, b, T0 + timedelta(minutes=40, seconds=2))
         want = {("sim", "A100 80GB"): restarts.Measured(50.0, 2),
                 ("sim", "H100 PCIe"): restarts.Measured(60.0, 1)}
         assert stored.measured(store) == want

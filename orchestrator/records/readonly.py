@@ -53,7 +53,8 @@ _SPOT_SQL = ("SELECT provider, gpu, end_reason, created_at, terminated_at FROM i
              "WHERE interruptible AND provider_instance_id IS NOT NULL")
 
 # Each rental's time from `created_at` to its job's first training step on it (core.restarts),
-# the newest rentals of each provider and GPU first; the subquery runs on those rows only.
+# the newest rentals of each provider and GPU first; the subquery runs on those rows only. A
+# machine taken warm (offer id `warm:...`, created when taken: no boot) is not a restart.
 RESTART_SQL = f"""
 SELECT provider, gpu, created_at, (
     SELECT MIN(e.at) FROM event e
@@ -64,6 +65,7 @@ FROM (
            ROW_NUMBER() OVER (PARTITION BY provider, gpu
                               ORDER BY created_at DESC, id DESC) AS newest
     FROM instance WHERE provider_instance_id IS NOT NULL
+      AND (offer_id IS NULL OR offer_id NOT LIKE 'warm:%')
 ) AS recent WHERE newest <= {3 * restarts.WINDOW}
 ORDER BY provider, gpu, created_at DESC
 """
