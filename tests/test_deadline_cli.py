@@ -55,7 +55,7 @@ def test_plan_gives_each_strategy_expected_cost_and_chance_of_missing(
 
 
 def test_plan_weighs_the_restart_orch_measured_on_the_spot_gpu(
-        env: dict[str, str], tmp_path: Path) -> None:
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any history the restarts are the plan's boot + download; after a rental of the
     spot placement's GPU took 40 minutes from rental to first step, `orch plan` weighs that,
     says so, and expects the policy to cost no less (the engine reads the same rows)."""
@@ -65,7 +65,7 @@ def test_plan_weighs_the_restart_orch_measured_on_the_spot_gpu(
     assert restarts["spot_source"] == "plan" and restarts["on_demand_source"] == "plan"
     spot = next(p for p in [before["placement"], *before["alternatives"]]
                 if p["interruptible"])  # the plan's first spot placement, as the policy's
-    os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
+    monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
     store = open_store(f"sqlite:///{Path(env['XDG_DATA_HOME']) / 'orch' / 'orch.db'}")
     job_id = _a_job(store)
     row = store.add_instance(job_id, provider=spot["provider"], offer_id="o", gpu=spot["gpu"],
@@ -103,7 +103,8 @@ def test_a_deadline_no_placement_meets_is_refused_naming_the_fastest(
     assert submitted.returncode == 3  # nothing queued, nothing rented
 
 
-def test_prices_and_offers_show_the_learned_preemption_rate(env: dict[str, str]) -> None:
+def test_prices_and_offers_show_the_learned_preemption_rate(
+        env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     with VastEmulator(api_key=KEY) as emu:
         emu.add_offer(id=11, gpu_name="L40S", gpu_ram=46068, dph_base=0.52, min_bid=0.30)
         env.update(VAST_API_KEY=KEY, ORCH_VASTAI_URL=emu.url)
@@ -112,7 +113,7 @@ def test_prices_and_offers_show_the_learned_preemption_rate(env: dict[str, str])
             (True, "0.30/h (prior)"), (False, None)}
         # Two vastai L40S spot machines, one preempted after 3 h, one moved after 7 h:
         # (0.298 * 10 + 1) / (10 + 10) = 0.199/h.
-        os.environ["XDG_DATA_HOME"] = env["XDG_DATA_HOME"]
+        monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
         store = open_store(f"sqlite:///{Path(env['XDG_DATA_HOME']) / 'orch' / 'orch.db'}")
         job_id = _a_job(store)
         now = utcnow()

@@ -240,8 +240,20 @@ class DeadSshPort:
     def __init__(self, cloud: SimCloud) -> None:
         self.cloud = cloud
         self.first: str | None = None
-        self.refusing = socket.socket()  # bound, never listening: connections are refused
-        self.refusing.bind(("127.0.0.1", 0))
+        # Accepts and hangs up at once (no SSH banner, as an sshd not up behind a port
+        # forward), counting the engine's attempts.
+        self.refusing = socket.create_server(("127.0.0.1", 0))
+        self.attempts = 0
+        threading.Thread(target=self._hang_up, daemon=True).start()
+
+    def _hang_up(self) -> None:
+        while True:
+            try:
+                conn, _ = self.refusing.accept()
+            except OSError:  # closed: the test is over
+                return
+            self.attempts += 1
+            conn.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.cloud, name)
@@ -273,9 +285,12 @@ def test_preemption_while_ssh_comes_up_re_places_at_once(rig: Rig) -> None:
         return (bool(rows) and rows[0].provider_instance_id is not None
                 and rig.store.get_job(job_id).status == "connecting")
 
+    at_preemption: list[int] = []
+
     def preempt() -> None:
         time.sleep(1.0)  # some refused attempts first
         assert cloud.first is not None
+        at_preemption.append(cloud.attempts)
         cloud.preempt(cloud.first)
 
     when(connecting, preempt)
@@ -289,6 +304,10 @@ def test_preemption_while_ssh_comes_up_re_places_at_once(rig: Rig) -> None:
     first, second = rig.store.instances_of(job_id)
     assert first.provider_instance_id == cloud.first
     assert first.end_reason == "interrupted", first.end_reason  # not "unreachable"
+    # The retries stopped at the monitor's signal: an attempt or two after the preemption, not
+    # the ~25 that the 120 s connect deadline allows with backoff up to 5 s.
+    assert at_preemption and at_preemption[0] >= 1
+    assert cloud.attempts - at_preemption[0] <= 3, (at_preemption, cloud.attempts)
     assert second.end_reason == "released"
     assert job.interruptions == 1
     assert_nothing_left(rig, cloud.cloud, job_id)
