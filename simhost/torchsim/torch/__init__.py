@@ -67,7 +67,11 @@ class _Cuda:
     """`torch.cuda`."""
 
     def __init__(self) -> None:
-        self._queued: dict[int, float] = {}  # device index -> seconds of work not waited for
+        # Device index -> when (time.monotonic) the work launched on it is done. A real GPU
+        # runs a kernel while Python launches the next: the launches' own time overlaps the
+        # work, so it counts from when each is launched, not after the last (a loaded machine
+        # made the simulated card measure slower than its speed).
+        self._busy_until: dict[int, float] = {}
 
     def device_count(self) -> int:
         # NVML's count: the devices exist even when the driver is too old to run a kernel.
@@ -83,7 +87,7 @@ class _Cuda:
     def synchronize(self, dev: device | int | None = None) -> None:
         index = dev.index if isinstance(dev, device) else int(dev or 0)
         self._check(index)
-        time.sleep(self._queued.pop(index, 0.0))
+        time.sleep(max(0.0, self._busy_until.pop(index, 0.0) - time.monotonic()))
 
     def empty_cache(self) -> None:
         return None
@@ -92,7 +96,9 @@ class _Cuda:
         """A kernel of `flops` was launched on device `index`."""
         tflops = float(_OPTS.get("gpu_matmul_tflops") or 1.0) * float(_OPTS.get("gpu_speed")
                                                                        or 1.0)
-        self._queued[index] = self._queued.get(index, 0.0) + flops / (tflops * 1e12)
+        now = time.monotonic()
+        start = max(now, self._busy_until.get(index, now))
+        self._busy_until[index] = start + flops / (tflops * 1e12)
 
     def _check(self, index: int) -> None:
         if self.device_count() == 0:
