@@ -286,12 +286,10 @@ class ResourcesSpec(Strict):
                                              description="Most USD per machine-hour.")
     max_cost: Money | None = Field(default=None, description=(
         "Most USD for the whole job: the plan's placement must be estimated under it, and "
-        "the engine holds the bill to it: when the job's machines together have billed it "
-        "(a preemption's second machine included), the one running is stopped and released "
-        "and the job fails with nothing delivered, and nothing more is rented for it (a "
-        "hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
-        "`job.budget_reached`). A registered server's rent does not count (it is paid "
-        "whatever a job does)."),
+        "when the job's machines together have billed it (a preemption's second included), "
+        "the one running is stopped and released, the job fails with nothing delivered and "
+        "nothing more is rented (a hard cap: leave headroom over `orch plan`'s estimate; "
+        "`notify` gets `job.budget_reached`). A registered server's rent does not count."),
                                    examples=[20])
     deadline_hours: float | None = Field(
         default=None, gt=0, le=MAX_HOURS, examples=[12],
