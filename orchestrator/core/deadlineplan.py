@@ -67,16 +67,22 @@ class DeadlinePlan:
         return out
 
 
-def _restart(p: Placement, seen: Mapping[restarts.Key, restarts.Measured]
-             ) -> tuple[Restart, str]:
-    """The plan's boot + download, or the restart orch measured on that provider's GPU if
-    longer (`core.restarts`), as the engine's policy takes it; and which it is."""
+def restart_of(p: Placement, seen: Mapping[restarts.Key, restarts.Measured],
+               own_s: float | None = None) -> tuple[Restart, str]:
+    """The plan's boot + download, or the restart measured if longer, and which it is: `own_s`
+    (the engine's run, rental to its first step) when given, else orch's recent rentals of
+    that provider's GPU (`core.restarts`). One rule for `orch plan` and the engine's policy."""
     boot, pull = p.duration.boot * 3600, p.duration.model_pull * 3600
     history = seen.get((p.offer.provider, p.offer.gpu))
-    if history is None or history.seconds <= boot + pull:
+    if own_s:
+        seconds, source = own_s, f"measured on this run: {own_s:.0f} s"
+    elif history is not None:
+        seconds, source = history.seconds, f"measured: {history.describe()}"
+    else:
+        seconds, source = 0.0, "plan"
+    if seconds <= boot + pull:
         return Restart(boot_s=boot, download_s=pull), "plan"
-    return (Restart(boot_s=boot, download_s=pull, resume_s=history.seconds - boot - pull),
-            f"measured: {history.describe()}")
+    return Restart(boot_s=boot, download_s=pull, resume_s=seconds - boot - pull), source
 
 
 def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
@@ -97,7 +103,7 @@ def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
     job = ds.Job(work_s=work_s, window_s=deadline_hours * 3600,
                  checkpoint_every_s=min(checkpoint_every_s, max(1.0, d.training * 3600)))
     (spot_restart, spot_source), (od_restart, od_source) = (
-        _restart(spot, measured or {}), _restart(od, measured or {}))
+        restart_of(spot, measured or {}), restart_of(od, measured or {}))
     market = Market(spot_per_hour=spot.offer.price_per_hour,
                     on_demand_per_hour=od.offer.price_per_hour,
                     preemptions_per_hour=rate.preemptions_per_hour,

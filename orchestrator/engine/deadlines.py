@@ -48,6 +48,7 @@ from orchestrator.core.deadline import (
     Work,
     decide,
 )
+from orchestrator.core.deadlineplan import restart_of
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.restarts import Key as RestartKey
 from orchestrator.core.restarts import Measured as MeasuredRestart
@@ -186,14 +187,8 @@ class Contract:
                  seen: dict[RestartKey, MeasuredRestart]) -> Restart:
         """Boot + model download as estimated, or, if longer, the restart measured: this
         run's own (rental to first step), else orch's recent rentals of that provider's GPU
-        (`core.restarts`: the plan's figure leaves out SSH, the host check, set-up and the
-        trainer's start, about as long again as the boot)."""
-        if p is None:
-            return Restart()
-        boot, pull = p.duration.boot * 3600, p.duration.model_pull * 3600
-        history = seen.get((p.offer.provider, p.offer.gpu))
-        measured = self.restart_s or (history.seconds if history is not None else 0.0)
-        return Restart(boot_s=boot, download_s=pull, resume_s=max(0.0, measured - boot - pull))
+        (`deadlineplan.restart_of`, as `orch plan` weighs it)."""
+        return Restart() if p is None else restart_of(p, seen, self.restart_s)[0]
 
     def _wait(self, decision: Decision) -> None:
         wait = min(self.check_s, decision.recheck_after_s or self.check_s)

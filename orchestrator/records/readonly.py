@@ -151,10 +151,13 @@ def preemption_rates(url: str) -> dict[tuple[str, str], Rate]:
 
 def restart_times(url: str) -> dict[restarts.Key, restarts.Measured]:
     """Each (provider, GPU)'s measured rental-to-first-step seconds (`core.restarts`)."""
-    return restarts.measured((p, g, c, f) for p, g, c, f in
-                             ((p, g, parse_stored(c), parse_stored(f))
-                              for p, g, c, f in _rows(url, "instances", RESTART_SQL))
-                             if c is not None)
+    return restarts_of(_rows(url, "instances", RESTART_SQL))
+
+
+def restarts_of(rows: Iterable[tuple[Any, ...]]) -> dict[restarts.Key, restarts.Measured]:
+    """`RESTART_SQL`'s rows (times as stored) measured: for this path and the engine's."""
+    parsed = ((p, g, parse_stored(c), parse_stored(f)) for p, g, c, f in rows)
+    return restarts.measured((p, g, c, f) for p, g, c, f in parsed if c is not None)
 
 
 def host_observations(url: str, machines: Iterable[tuple[str, str]]

@@ -7,14 +7,12 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from orchestrator.core import restarts
-from orchestrator.records.historyread import parse_stored
-from orchestrator.records.readonly import RESTART_SQL
+from orchestrator.records.readonly import RESTART_SQL, restarts_of
 from orchestrator.records.store.database import StoreBase
 
 
 def measured(store: StoreBase) -> dict[restarts.Key, restarts.Measured]:
     """Each (provider, GPU)'s median seconds from a rental to its job's first step."""
     with store.session() as session:
-        rows = [(p, g, parse_stored(c), parse_stored(f))
-                for p, g, c, f in session.execute(text(RESTART_SQL))]
-    return restarts.measured((p, g, c, f) for p, g, c, f in rows if c is not None)
+        rows = [tuple(row) for row in session.execute(text(RESTART_SQL))]
+    return restarts_of(rows)
