@@ -71,6 +71,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import deadline_oracle  # noqa: E402
 from providers.sim.compute import SimCloud  # noqa: E402
 
 ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
@@ -256,9 +257,11 @@ class Load:
                 f"{100 * sum(self.busy) / len(self.busy):.0f}% (peak {100 * max(self.busy):.0f}%)")
 
 
-def regimes(names: list[str], args: argparse.Namespace) -> dict[str, dict[str, Tally]]:
+def regimes(names: list[str], args: argparse.Namespace
+            ) -> tuple[dict[str, dict[str, Tally]], dict[str, Decimal]]:
     """Run every regime's jobs, all strategies, in one pool of --parallel (each regime its
-    own records and market); their tallies."""
+    own records and market); their tallies, and the clairvoyant schedules' dollars of the
+    policy's jobs over the markets they met (bench/deadline_oracle.py)."""
     with tempfile.TemporaryDirectory(prefix="deadline-") as d:
         root = Path(args.keep or d)
         prepared = {name: prepare(name, root, args) for name in names}
@@ -270,7 +273,9 @@ def regimes(names: list[str], args: argparse.Namespace) -> dict[str, dict[str, T
         found = {name: tally(home, args.ratio) for name, (home, _, _) in prepared.items()}
         for home, _, _ in prepared.values():
             SimCloud(home / "orch" / "sim").terminate_all()
-    return found
+        bounds = {name: deadline_oracle.regime(home).clairvoyant
+                  for name, (home, _, _) in prepared.items()}
+    return found, bounds
 
 
 def main() -> None:
@@ -290,21 +295,25 @@ def main() -> None:
     total = {s: Tally() for s in STRATEGIES}
     started = time.monotonic()
     print(f"{'regime':8} {'on-demand':>10} {'spot only (missed)':>20} {'policy (missed)':>17} "
-          f"{'policy/od':>9} | at spot = {market}: {'policy/od':>9}")
+          f"{'policy/od':>9} {'clairvoyant/od':>14} | at spot = {market}: {'policy/od':>9}")
     load = Load()
-    everything = regimes(args.regimes.split(","), args)
+    everything, bounds = regimes(args.regimes.split(","), args)
     for name, found in everything.items():
         od, sp, po = found["ondemand"], found["spot"], found["policy"]
         print(f"{name:8} {od.usd:>10.4f} {sp.usd:>12.4f} ({sp.missed:>3}/{sp.jobs}) "
               f"{po.usd:>9.4f} ({po.missed:>3}/{po.jobs}) "
-              f"{po.usd / od.usd if od.usd else 0:>9.3f} | "
+              f"{po.usd / od.usd if od.usd else 0:>9.3f} "
+              f"{bounds[name] / od.usd if od.usd else 0:>14.3f} | "
               f"{'':>14}{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:>9.3f}"
               f"  (on-demand missed {od.missed})", flush=True)
         for s in STRATEGIES:
             total[s].add(found[s])
     od, sp, po = total["ondemand"], total["spot"], total["policy"]
-    print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), at "
-          f"spot at {market} {po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
+    bound = sum(bounds.values(), Decimal(0))
+    print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), "
+          f"clairvoyant/od {bound / od.usd if od.usd else 0:.3f} (the least any policy could "
+          f"have paid on these markets), at spot at {market} "
+          f"{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
           f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s; "
           f"{load.summary()}")
     print(f"ondemand_usd={od.usd:.4f} spot_usd={sp.usd:.4f} policy_usd={po.usd:.4f} "

@@ -1,0 +1,230 @@
+"""The least any policy could have paid: a clairvoyant schedule of each job over its own trace.
+
+Wu et al. ("Can't Be Late", NSDI '24, §6) measure their policies against an omniscient one
+that knows the whole spot trace in advance. This is that bound for issue 41's benches: for
+one job (work, deadline, the restart of each kind of machine, the prices) and the spot trace
+it ran against, `cheapest` finds by dynamic programming over time ticks the schedule of spot
+and on-demand machines that finishes by the deadline for the fewest dollars, knowing when
+spot comes and goes. It is a lower bound for every online policy on the same market, and is
+given more than any can have: it loses no work to a preemption (it knows when one comes), is
+billed nothing after one (no detection delay), and a machine rented within a tick of spot
+ending still runs that tick. What it cannot do is what the market forbids: rent spot while
+spot is gone, keep a spot machine past the end of the spell it was rented in, or make progress
+during a machine's restart, which is billed.
+
+`python bench/deadline_oracle.py DIR` reads a run kept by `bench/deadline.py --keep DIR` and
+prints, per regime, what on-demand, spot only and the policy paid beside the clairvoyant
+schedule of each policy job over the market it met (its GPU's trace from its submission, the
+restarts and the work measured in that run's on-demand jobs). `bench/deadline.py` prints the
+same at the end of each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sqlite3
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from providers.sim import spotmarket  # noqa: E402
+from providers.spottrace import SpotTrace  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job in ticks: work, ticks to the deadline, each machine's restart (billed, no
+    progress) and price per tick."""
+
+    work: int
+    window: int
+    spot_restart: int
+    on_demand_restart: int
+    spot_per_tick: float
+    on_demand_per_tick: float
+
+
+def spells(trace: SpotTrace, start_h: float, tick_h: float, ticks: int) -> list[int]:
+    """For each tick from trace hour `start_h`: the index of the spot spell a machine rented
+    at its start is in (-1: spot is gone). A machine runs on while the index stays the same."""
+    found = []
+    for k in range(ticks):
+        h = (start_h + k * tick_h) % trace.horizon_h
+        i = _spell_at(trace.intervals, h)
+        found.append(i)
+    return found
+
+
+def _spell_at(intervals: Sequence[tuple[float, float]], h: float) -> int:
+    lo, hi = 0, len(intervals)
+    while lo < hi:  # the last interval starting at or before h
+        mid = (lo + hi) // 2
+        if intervals[mid][0] <= h:
+            lo = mid + 1
+        else:
+            hi = mid
+    i = lo - 1
+    return i if i >= 0 and intervals[i][0] <= h < intervals[i][1] else -1
+
+
+def cheapest(job: Job, spell: Sequence[int]) -> float | None:
+    """The fewest dollars to finish `job` by its deadline knowing `spell` (one entry per tick,
+    as `spells` gives), or None when not even on-demand from the start finishes in time.
+
+    States after each tick, each an array over the work done (0..work): idle; on spot with k
+    restart ticks left (k = 0: making progress); on on-demand likewise. At each tick's start
+    any machine may be released (keeping its work: the schedule knows the preemption is
+    coming) and one rented; a spot machine whose spell ended is gone."""
+    inf = math.inf
+    w = job.work
+    idle = np.full(w + 1, inf)
+    idle[0] = 0.0
+    spot = np.full((job.spot_restart + 1, w + 1), inf)
+    od = np.full((job.on_demand_restart + 1, w + 1), inf)
+    best = inf
+    for t in range(min(job.window, len(spell))):
+        here = spell[t]
+        free = np.minimum(idle, np.minimum(spot.min(axis=0), od.min(axis=0)))
+        if here < 0 or (t > 0 and here != spell[t - 1]):
+            spot[:] = inf  # the spell it was rented in is over
+        idle = free
+        if here >= 0:
+            spot[-1] = np.minimum(spot[-1], free)
+        od[-1] = np.minimum(od[-1], free)
+        spot, done_spot = _tick(spot, job.spot_per_tick)
+        od, done_od = _tick(od, job.on_demand_per_tick)
+        best = min(best, done_spot, done_od)
+    return None if best == inf else best
+
+
+def _tick(state: np.ndarray, per_tick: float) -> tuple[np.ndarray, float]:
+    """One tick on a kind of machine: restarts count down, running ones progress; the cost
+    of those that finish in it, then dropped (nothing is rented once the work is done)."""
+    after = np.full_like(state, math.inf)
+    after[:-1] = state[1:] + per_tick
+    after[0, 1:] = np.minimum(after[0, 1:], state[0, :-1] + per_tick)
+    done = float(after[0, -1])
+    after[0, -1] = math.inf
+    return after, done
+
+
+def _t(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run's on-demand jobs measured: rental to first step, first step to the end."""
+
+    restart_s: float
+    work_s: float
+
+
+def measured(con: sqlite3.Connection, strategy: str) -> Measured:
+    """Medians over the finished jobs named `strategy-*` (their first machine)."""
+    restarts, works = [], []
+    for finished, first, last_rented in con.execute(
+            "SELECT j.finished_at, (SELECT MIN(e.at) FROM event e WHERE "
+            "e.job_id = j.id AND e.kind = 'train.progress'), (SELECT MAX(i.created_at) FROM "
+            "instance i WHERE i.job_id = j.id AND i.provider_instance_id IS NOT NULL) "
+            "FROM job j WHERE j.name LIKE ? AND j.status = 'succeeded'", (f"{strategy}-%",)):
+        if first and last_rented and finished and _t(first) > _t(last_rented):
+            restarts.append(_t(first) - _t(last_rented))
+            works.append(_t(finished) - _t(first))
+    if not restarts:
+        raise SystemExit(f"no finished {strategy} job with a training step to measure")
+    return Measured(statistics.median(restarts), statistics.median(works))
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A regime's clairvoyant dollars over its policy jobs, and how many could not finish
+    in time even so (none, when on-demand from the start meets every deadline)."""
+
+    clairvoyant: Decimal
+    jobs: int
+    infeasible: int
+
+
+def regime(home: Path, tick_s: float = 1.0) -> Bound:
+    """The clairvoyant schedule of each policy job in `home` (a regime's folder of a kept
+    run) over its GPU's trace from the second it was submitted."""
+    con = sqlite3.connect(home / "orch" / "orch.db")
+    saved = json.loads((home / "orch" / "sim" / spotmarket.ORIGIN_FILE).read_text())
+    market = spotmarket.SpotMarket(spotmarket.regime(saved["regime"]), int(saved["seed"]),
+                                   float(saved["origin"]), float(saved["seconds_per_hour"]))
+    od = measured(con, "ondemand")
+    prices = {(gpu, bool(spot)): int(price) for gpu, spot, price in con.execute(
+        "SELECT gpu, interruptible, MAX(price_per_hour_micros) FROM instance "
+        "GROUP BY gpu, interruptible")}
+    total, jobs, infeasible = 0.0, 0, 0
+    for created, spec_json in con.execute(
+            "SELECT created_at, spec_json FROM job WHERE name LIKE 'policy-%'"):
+        spec = json.loads(spec_json)["resources"]
+        gpu = spec["gpus"][0]
+        window = int(float(spec["deadline_hours"]) * 3600 / tick_s)
+        restart = round(od.restart_s / tick_s)
+        job = Job(work=round(od.work_s / tick_s), window=window, spot_restart=restart,
+                  on_demand_restart=restart,
+                  spot_per_tick=prices[gpu, True] / 1e6 / 3600 * tick_s,
+                  on_demand_per_tick=prices[gpu, False] / 1e6 / 3600 * tick_s)
+        found = cheapest(job, spells(market.trace(gpu), market.hour(_t(created)),
+                                     tick_s / market.seconds_per_hour, window))
+        jobs += 1
+        if found is None:
+            infeasible += 1
+        else:
+            total += found
+    con.close()
+    return Bound(Decimal(f"{total:.6f}"), jobs, infeasible)
+
+
+def report(found: dict[str, tuple[dict[str, Decimal], Bound]]) -> list[str]:
+    """Lines for each regime and all: on-demand, policy, clairvoyant, and their ratios."""
+    lines = [f"{'regime':8} {'on-demand':>10} {'spot only':>9} {'policy':>8} "
+             f"{'clairvoyant':>11} {'policy/od':>9} {'clairvoyant/od':>14} "
+             f"{'policy/clairvoyant':>18}"]
+    od_all = po_all = cl_all = sp_all = Decimal(0)
+    for name, (paid, bound) in found.items():
+        od, sp, po, cl = paid["ondemand"], paid["spot"], paid["policy"], bound.clairvoyant
+        od_all, sp_all, po_all, cl_all = od_all + od, sp_all + sp, po_all + po, cl_all + cl
+        lines.append(f"{name:8} {od:>10.4f} {sp:>9.4f} {po:>8.4f} {cl:>11.4f} "
+                     f"{po / od:>9.3f} {cl / od:>14.3f} {po / cl:>18.3f}"
+                     + (f"  ({bound.infeasible} of {bound.jobs} cannot finish in time)"
+                        if bound.infeasible else ""))
+    lines.append(f"{'all':8} {od_all:>10.4f} {sp_all:>9.4f} {po_all:>8.4f} {cl_all:>11.4f} "
+                 f"{po_all / od_all:>9.3f} {cl_all / od_all:>14.3f} {po_all / cl_all:>18.3f}")
+    return lines
+
+
+def main() -> int:
+    from bench.deadline import tally
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run", type=Path, help="a folder kept by bench/deadline.py --keep")
+    parser.add_argument("--tick-s", type=float, default=1.0, help="wall seconds per tick")
+    args = parser.parse_args()
+    found = {}
+    for home in sorted(p for p in args.run.iterdir()
+                       if (p / "orch" / "sim" / spotmarket.ORIGIN_FILE).exists()):
+        paid = {s: t.usd for s, t in tally(home, Decimal("3.33")).items()}
+        found[home.name] = (paid, regime(home, args.tick_s))
+    if not found:
+        raise SystemExit(f"{args.run}: no regime's records (kept by bench/deadline.py --keep)")
+    print("\n".join(report(found)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

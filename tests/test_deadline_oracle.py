@@ -1,0 +1,155 @@
+"""The clairvoyant bound of issue 41's benches (bench/deadline_oracle.py): the least any policy
+could pay for a job over a known spot trace.
+
+Checked against an exhaustive search of every schedule on small cases (a second, independent
+reading of the same rules), on the cases whose answer is known, and against the policy's own
+replays (core/deadlinesim.py): no replayed strategy that meets the deadline pays less."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import sys
+from decimal import Decimal
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from orchestrator.core import deadlinesim as ds
+from orchestrator.core.deadline import Market, Mode, Restart
+from providers import spottrace
+from providers.spottrace import SpotTrace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("deadline_oracle",
+                                                  ROOT / "bench" / "deadline_oracle.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+oracle = _load()
+
+
+def exhaustive(job: object, spell: list[int]) -> float | None:
+    """Every schedule, tick by tick: at each tick's start keep the machine (a spot one only
+    within its spell), release it, or rent spot (while a spell is on) or on-demand."""
+    best = math.inf
+    end = min(job.window, len(spell))  # type: ignore[attr-defined]
+
+    def go(t: int, kind: str, left: int, done: int, cost: float) -> None:
+        nonlocal best
+        if done >= job.work:  # type: ignore[attr-defined]
+            best = min(best, cost)
+            return
+        if t >= end or cost >= best:
+            return
+        options = [("none", 0)]
+        if kind == "od" or (kind == "spot" and spell[t] >= 0 and spell[t] == spell[t - 1]):
+            options.append((kind, left))
+        if spell[t] >= 0:
+            options.append(("spot", job.spot_restart))  # type: ignore[attr-defined]
+        options.append(("od", job.on_demand_restart))  # type: ignore[attr-defined]
+        for nxt, restart in options:
+            if nxt == "none":
+                if kind != "none":
+                    go(t + 1, "none", 0, done, cost)
+                elif t + 1 < end:
+                    go(t + 1, "none", 0, done, cost)
+                continue
+            price = job.spot_per_tick if nxt == "spot" else job.on_demand_per_tick  # type: ignore[attr-defined]
+            go(t + 1, nxt, max(0, restart - 1), done + (restart == 0), cost + price)
+
+    go(0, "none", 0, 0, 0.0)
+    return None if best == math.inf else best
+
+
+def _job(rng: random.Random) -> object:
+    return oracle.Job(work=rng.randint(1, 4), window=rng.randint(2, 9),
+                      spot_restart=rng.randint(0, 2), on_demand_restart=rng.randint(0, 2),
+                      spot_per_tick=1.0, on_demand_per_tick=rng.choice((1.5, 2.0, 3.0)))
+
+
+def _spells(rng: random.Random, n: int) -> list[int]:
+    found, spell, on = [], 0, rng.random() < 0.5
+    for _ in range(n):
+        if rng.random() < 0.35:  # the market changes: spot goes, comes, or a new spell begins
+            on = rng.random() < 0.6
+            spell += 1
+        found.append(spell if on else -1)
+    return found
+
+
+def test_it_agrees_with_an_exhaustive_search_of_every_schedule() -> None:
+    rng = random.Random(41)
+    agreed = 0
+    for _ in range(400):
+        job, spell = _job(rng), _spells(rng, 9)
+        want, got = exhaustive(job, spell), oracle.cheapest(job, spell)
+        assert (got is None) == (want is None), (job, spell, got, want)
+        if want is not None:
+            assert got == pytest.approx(want), (job, spell)
+            agreed += 1
+    assert agreed > 200  # most cases can finish: the comparison is not all None
+
+
+def test_the_known_cases() -> None:
+    job = oracle.Job(work=10, window=30, spot_restart=3, on_demand_restart=2,
+                     spot_per_tick=1.0, on_demand_per_tick=2.0)
+    assert oracle.cheapest(job, [0] * 30) == pytest.approx(13.0)  # spot throughout
+    assert oracle.cheapest(job, [-1] * 30) == pytest.approx(24.0)  # no spot: on-demand
+    assert oracle.cheapest(oracle.Job(10, 11, 3, 2, 1.0, 2.0), [0] * 11) is None
+    # Spot for 12 ticks, then gone: a restart of 3 leaves 9 of the 10 ticks of work; on-demand
+    # finishes the last one (2 + 1 ticks at 2.0), or runs it all (12 ticks at 2.0 = 24).
+    assert oracle.cheapest(job, [0] * 12 + [-1] * 18) == pytest.approx(12.0 + 6.0)
+    # Spells too short to pay for their restart are left alone.
+    assert oracle.cheapest(job, [0, 0, 0, -1] * 8) == pytest.approx(24.0)
+    # Waiting for spot is free if the deadline allows it.
+    assert oracle.cheapest(job, [-1] * 15 + [1] * 15) == pytest.approx(13.0)
+
+
+def test_no_policy_replayed_over_the_same_trace_pays_less() -> None:
+    """Whatever the policy does on a trace (core/deadlinesim.replay, with its lost work and
+    detection delays), the clairvoyant schedule of the same job on the same trace costs no
+    more. Trace, work and restarts are whole ticks, so neither side gains from rounding."""
+    rng = random.Random(7)
+    tick = 60.0
+    regime = spottrace.exponential(0.8, 1.0)
+    compared = 0
+    for seed in range(40):
+        work, window = rng.randint(60, 180), rng.randint(200, 400)  # ticks
+        restart = Restart(boot_s=tick * rng.randint(3, 8))
+        market = Market(Decimal("0.234"), Decimal("0.468"), 0.8, restart, restart)
+        raw = spottrace.generate(regime, seed, 3 * window * tick / 3600 + 24)
+        trace = SpotTrace(raw.horizon_h, tuple(
+            (a, b) for a, b in ((round(s * 60) / 60, round(e * 60) / 60) for s, e in raw.intervals)
+            if b > a))
+        job = ds.Job(work_s=work * tick, window_s=window * tick, checkpoint_every_s=600.0,
+                     detect_s=tick)
+        ticks = oracle.Job(work=work, window=window, spot_restart=round(restart.seconds / tick),
+                           on_demand_restart=round(restart.seconds / tick),
+                           spot_per_tick=0.234 / 60, on_demand_per_tick=0.468 / 60)
+        bound = oracle.cheapest(ticks, oracle.spells(trace, 0.0, tick / 3600, window))
+        assert bound is not None  # on-demand from the start always fits these windows
+        for plan, mode in ((ds.Plan.POLICY, Mode.GREEDY), (ds.Plan.POLICY, Mode.UNIFORM_PROGRESS),
+                           (ds.Plan.SPOT, Mode.GREEDY), (ds.Plan.ON_DEMAND, Mode.GREEDY)):
+            out = ds.replay(job, market, trace, ds.strategy(plan, market, mode))
+            if out.missed(job):
+                continue
+            paid = float(out.cost(market))
+            assert bound <= paid + 1e-6, (seed, plan, mode, bound, paid)
+            compared += 1
+    assert compared > 100
+
+
+def test_spells_follow_the_trace_and_wrap_at_its_horizon() -> None:
+    trace = SpotTrace(4.0, ((0.5, 1.5), (2.0, 3.0)))
+    assert oracle.spells(trace, 0.0, 0.5, 8) == [-1, 0, 0, -1, 1, 1, -1, -1]
+    assert oracle.spells(trace, 3.5, 0.5, 4) == [-1, -1, 0, 0]  # hour 4 is hour 0 again
