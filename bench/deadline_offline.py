@@ -7,7 +7,15 @@ providers/sim/spot_regimes.yaml, --jobs jobs (seeded) each replay one trace of t
 (orchestrator/core/deadlinesim.replay) under on-demand only, spot only, and orch's policy,
 whose mode (uniform progress or greedy) is chosen per job by `deadlinesim.estimate` from what
 orch would know before renting: the regime's preemption rate (as its history would learn it)
-and the prior's mean wait (core/preemption.py). Each mode's own total is printed too.
+and the prior's mean wait (core/preemption.py). Each mode's own total is printed too, and the
+clairvoyant bound (bench/deadline_oracle.py: the least any policy could pay for the job on
+its trace, knowing it in advance and losing no work).
+
+Each job meets the market at a random hour of one year-long trace of the regime, as jobs
+submitted at any time do (and as bench/deadline.py's jobs meet the simulated cloud's market).
+A trace drawn afresh for each job would start every job at the start of a spot spell, whose
+remaining life is shorter than that of the spell a job arriving at a random time lands in
+(the lifetimes are heavy-tailed): an earlier version did that and overstated the cost of spot.
 
 Jobs (seeded, --seed): training of 2 to 12 hours (--work-h); a deadline at that over a job fraction
 (work / time to the deadline, as the paper calls it) drawn from 0.4 to 0.8; an A100 80GB at
@@ -25,6 +33,7 @@ policy_missed=...` over all regimes.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import sys
 import time
@@ -35,14 +44,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import deadline_oracle  # noqa: E402
 from orchestrator.core import deadlinesim as ds  # noqa: E402
 from orchestrator.core import preemption  # noqa: E402
 from orchestrator.core.deadline import Market, Mode, Restart  # noqa: E402
 from providers import spottrace  # noqa: E402
 from providers.sim import spotmarket  # noqa: E402
+from providers.spottrace import SpotTrace  # noqa: E402
 
 SPOT, ON_DEMAND = Decimal("0.234"), Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
 DOWNLOAD_S = (64, 112, 256, 560)  # 16, 28, 64, 140 GB at 2 Gbit/s
+YEAR_H = 24 * 365.0
+TICK_S = 60.0  # the clairvoyant schedule's time step
+
+
+def window(trace: SpotTrace, start_h: float, hours: float) -> SpotTrace:
+    """`trace` seen from hour `start_h` for `hours`: what a job submitted then meets."""
+    return SpotTrace(hours, tuple((max(0.0, a - start_h), min(hours, b - start_h))
+                                  for a, b in trace.intervals
+                                  if b > start_h and a < start_h + hours))
+
+
+def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
+    """The least dollars that finish `job` on `trace` in time (deadline_oracle.cheapest, in
+    minutes: work rounded up, restarts down, so it stays a lower bound)."""
+    ticks = int(job.window_s // TICK_S)
+    found = deadline_oracle.cheapest(deadline_oracle.Job(
+        work=math.ceil(job.work_s / TICK_S), window=ticks,
+        spot_restart=int(market.spot_restart.seconds // TICK_S),
+        on_demand_restart=int(market.on_demand_restart.seconds // TICK_S),
+        spot_per_tick=float(market.spot_per_hour) * TICK_S / 3600,
+        on_demand_per_tick=float(market.on_demand_per_hour) * TICK_S / 3600),
+        deadline_oracle.spells(trace, 0.0, TICK_S / 3600, ticks))
+    return math.inf if found is None else found
 
 
 def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0)
@@ -66,10 +100,12 @@ def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
     spec = spotmarket.regimes()[name]
     wait_prior = preemption.prior().wait_mean_h
     totals: Counter[str] = Counter()
+    year = spottrace.generate(spec.regime, seed, YEAR_H)
+    arrivals = random.Random(seed + 1)
     for i, (job, restart) in enumerate(jobs(n, seed, work_h)):
         market = Market(spot, ON_DEMAND, spec.matched["preemptions_per_hour"], restart, restart)
-        trace = spottrace.generate(spec.regime, seed * 1000 + i,
-                                   3 * job.window_s / 3600 + 24)
+        hours = 3 * job.window_s / 3600 + 24
+        trace = window(year, arrivals.uniform(0, YEAR_H - hours), hours)
         chosen = ds.estimate(job, market, wait_prior, seed=i).policy.mode or Mode.GREEDY
         runs = {"ondemand": ds.strategy(ds.Plan.ON_DEMAND, market),
                 "spot": ds.strategy(ds.Plan.SPOT, market),
@@ -81,6 +117,7 @@ def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
             totals[f"{key}_micros"] += int(outcome.cost(market) * 1_000_000)
             totals[f"{key}_missed"] += outcome.missed(job)
         totals[f"chose_{chosen.value}"] += 1
+        totals["clairvoyant_micros"] += int(clairvoyant(job, market, trace) * 1_000_000)
     return totals
 
 
@@ -107,11 +144,13 @@ def main() -> int:
         print(f"{name}: ondemand_usd={usd(od)} spot_usd={usd(c['spot_micros'])} "
               f"policy_usd={usd(c['policy_micros'])} ({c['policy_micros'] / od:.3f} x on-demand;"
               f" greedy {c['greedy_micros'] / od:.3f}, uniform progress "
-              f"{c['uniform_micros'] / od:.3f}; chose greedy for {c['chose_greedy']}) "
+              f"{c['uniform_micros'] / od:.3f}; chose greedy for {c['chose_greedy']}; "
+              f"clairvoyant {c['clairvoyant_micros'] / od:.3f}) "
               f"spot_missed={c['spot_missed']} policy_missed={c['policy_missed']} "
               f"(greedy {c['greedy_missed']}, uniform {c['uniform_missed']})")
     od = total["ondemand_micros"]
-    print(f"all regimes: policy {total['policy_micros'] / od:.3f} x on-demand; "
+    print(f"all regimes: policy {total['policy_micros'] / od:.3f} x on-demand, clairvoyant "
+          f"{total['clairvoyant_micros'] / od:.3f}; "
           f"{time.process_time() - started:.1f} s of CPU")
     print(f"ondemand_usd={usd(od)} spot_usd={usd(total['spot_micros'])} "
           f"policy_usd={usd(total['policy_micros'])} spot_missed={total['spot_missed']} "
