@@ -92,6 +92,9 @@ def test_a_token_the_hub_does_not_know_is_named(hubm: HubEmulator,
     monkeypatch.setenv("HF_ENDPOINT", hubm.url)
     access = hubaccess.check_model("org/model", "main", BAD)
     assert access.problem is not None and "rejected HF_TOKEN" in access.problem
+    # In the real client's words (httpx's for the status; this said "401 Client Error:
+    # Unauthorized (...)", the requests-era text, until it was compared).
+    assert access.problem.endswith(f"`hf` says: {real_client_text(hubm, 'org/model', 'main', BAD)}")
 
 
 def test_a_hub_that_does_not_answer_is_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,19 +59,28 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def hf_cli_text(response: httpx.Response, repo: str) -> str | None:
-    """What `hf` prints (`Error: ...`) for this refusal of a model repo's API, or None."""
+def hf_cli_text(response: httpx.Response, repo: str, repo_type: str = "model") -> str | None:
+    """What `hf` prints (`Error: ...`) for this refusal of a model's (or, `repo_type`
+    "dataset", a dataset's) API, or None when it is no refusal. The repo type in the words
+    comes from the URL, as huggingface_hub 1.17.0 takes it (utils/_http.py
+    `_parse_repo_info_from_url`)."""
     code = response.headers.get("X-Error-Code")
     message = response.headers.get("X-Error-Message")
+    noun = repo_type.capitalize()
     if code == "RevisionNotFound":
-        return f"Error: Revision not found in model '{repo}'."
+        return f"Error: Revision not found in {repo_type} '{repo}'."
     if code == "GatedRepo":
-        return f"Error: Access denied. Model '{repo}' requires approval."
+        return f"Error: Access denied. {noun} '{repo}' requires approval."
     if code == "RepoNotFound" or (response.status_code == 401 and message != INVALID_TOKEN):
-        return (f"Error: Model '{repo}' not found. If the repo is private, make sure you are "
+        return (f"Error: {noun} '{repo}' not found. If the repo is private, make sure you are "
                 "authenticated and your token has the required permissions.")
     if response.status_code == 401:
-        return f"Error: 401 Client Error: Unauthorized ({INVALID_TOKEN})"
+        # httpx's own text for the status, which hf prints for an unmapped 401 (utils/_http.py;
+        # checked against the real client for a model and a dataset: tests/test_prerental.py).
+        return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'\n"
+                "For more information check: "
+                f"https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n"
+                f"{message or INVALID_TOKEN}")
     return None
 
 

@@ -33,31 +33,10 @@ import httpx
 from orchestrator.core import hubsize
 from orchestrator.core.datafiles import DatasetSize
 from orchestrator.core.hubsize import HubDatasetRef, HubSizeError
-from orchestrator.engine.hubaccess import INVALID_TOKEN, TIMEOUT_S, Access, endpoint
+from orchestrator.engine.hubaccess import TIMEOUT_S, Access, endpoint, hf_cli_text
 from playbooks.model_cache import classify_download_error
 
 DATASETS_SERVER = "https://datasets-server.huggingface.co"
-
-
-def hf_cli_text(response: httpx.Response, repo: str) -> str | None:
-    """What `hf download --repo-type dataset` prints (`Error: ...`) for this refusal of the
-    dataset's API, or None when it is no refusal."""
-    code = response.headers.get("X-Error-Code")
-    message = response.headers.get("X-Error-Message")
-    if code == "RevisionNotFound":
-        return f"Error: Revision not found in dataset '{repo}'."
-    if code == "GatedRepo":
-        return f"Error: Access denied. Dataset '{repo}' requires approval."
-    if code == "RepoNotFound" or (response.status_code == 401 and message != INVALID_TOKEN):
-        return (f"Error: Dataset '{repo}' not found. If the repo is private, make sure you are "
-                "authenticated and your token has the required permissions.")
-    if response.status_code == 401:
-        # httpx's own text for the status, which hf prints for an unmapped 401 (utils/_http.py).
-        return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'\n"
-                "For more information check: "
-                f"https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n"
-                f"{message or INVALID_TOKEN}")
-    return None
 
 
 def refused(text: str, repo: str, revision: str, token: str | None, field: str) -> str | None:
@@ -93,7 +72,7 @@ def check_dataset(repo: str, revision: str, token: str | None, *,
                 return DatasetAccess(unchecked=f"the Hub ({hub or endpoint()}) did not answer:"
                                                f" {type(exc).__name__}: {exc}")
             if not response.is_success:
-                text = hf_cli_text(response, repo)
+                text = hf_cli_text(response, repo, "dataset")
                 problem = None if text is None else refused(text, repo, revision, token, field)
                 if problem is None:
                     return DatasetAccess(
