@@ -22,6 +22,7 @@ same at the end of each run.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import sqlite3
@@ -58,24 +59,13 @@ class Job:
 def spells(trace: SpotTrace, start_h: float, tick_h: float, ticks: int) -> list[int]:
     """For each tick from trace hour `start_h`: the index of the spot spell a machine rented
     at its start is in (-1: spot is gone). A machine runs on while the index stays the same."""
+    starts = [start for start, _ in trace.intervals]
     found = []
     for k in range(ticks):
         h = (start_h + k * tick_h) % trace.horizon_h
-        i = _spell_at(trace.intervals, h)
-        found.append(i)
+        i = bisect.bisect_right(starts, h) - 1  # the last spell starting at or before h
+        found.append(i if i >= 0 and h < trace.intervals[i][1] else -1)
     return found
-
-
-def _spell_at(intervals: Sequence[tuple[float, float]], h: float) -> int:
-    lo, hi = 0, len(intervals)
-    while lo < hi:  # the last interval starting at or before h
-        mid = (lo + hi) // 2
-        if intervals[mid][0] <= h:
-            lo = mid + 1
-        else:
-            hi = mid
-    i = lo - 1
-    return i if i >= 0 and intervals[i][0] <= h < intervals[i][1] else -1
 
 
 def cheapest(job: Job, spell: Sequence[int]) -> float | None:
