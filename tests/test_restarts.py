@@ -91,8 +91,13 @@ def test_the_engine_and_orch_plan_read_the_same_restarts(
         _step(store, b, T0 + timedelta(minutes=40, seconds=2))
         want = {("sim", "A100 80GB"): restarts.Measured(50.0, 2),
                 ("sim", "H100 PCIe"): restarts.Measured(60.0, 1)}
-        assert stored.measured(store) == want
-        assert readonly.restart_times(url) == want
+        keys = [("sim", "A100 80GB"), ("sim", "H100 PCIe"), ("sim", "RTX 5090")]
+        assert stored.measured(store, keys) == want
+        assert readonly.restart_times(url, keys) == want
+        # Only the keys asked for are read.
+        assert stored.measured(store, keys[1:]) == {("sim", "H100 PCIe"): want["sim", "H100 PCIe"]}
+        assert readonly.restart_times(url, [keys[0]]) == {
+            ("sim", "A100 80GB"): want["sim", "A100 80GB"]}
     finally:
         store.close()
 
@@ -104,8 +109,8 @@ def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: 
     first = deadline_job(rig, 12)
     assert rig.run(cloud, first).status == "succeeded"
     (before,) = events(rig, first, "deadline.decision")
-    seen = stored.measured(rig.store)
     (row,) = rig.store.instances_of(first)
+    seen = stored.measured(rig.store, [("sim", row.gpu)])
     measured = seen[("sim", row.gpu)]
     assert measured.rentals == 1
     assert float(str(before["spot_restart_s"])) < measured.seconds  # the plan's: too short

@@ -31,20 +31,22 @@ def estimates(plan: Plan) -> DeadlinePlan | None:
     spot = next((p.offer for p in plan.ranking.placements if p.offer.interruptible), None)
     rate = rate_of(spot.provider, spot.gpu) if spot is not None else None
     from orchestrator.core.settings import settings
+    keys = {(p.offer.provider, p.offer.gpu)
+            for p in deadlineplan.compared(plan.ranking.placements) if p is not None}
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
                                  rate or preemption.rate(),
                                  checkpoint_every_s=settings().checkpoint_every_s,
-                                 measured=restart_times())
+                                 measured=restart_times(keys))
 
 
-def restart_times() -> dict[tuple[str, str], Measured]:
-    """Each (provider, GPU)'s measured rental-to-first-step seconds, read-only (none: the
-    plan's boot + download stand)."""
+def restart_times(keys: set[tuple[str, str]]) -> dict[tuple[str, str], Measured]:
+    """The measured rental-to-first-step seconds of each (provider, GPU) of `keys`,
+    read-only (none: the plan's boot + download stand)."""
     from orchestrator.core.paths import default_db_url
     from orchestrator.records.readonly import Unavailable, restart_times
 
     try:
-        return restart_times(default_db_url())
+        return restart_times(default_db_url(), keys)
     except Unavailable:
         return {}
 

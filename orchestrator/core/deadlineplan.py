@@ -85,6 +85,13 @@ def restart_of(p: Placement, seen: Mapping[restarts.Key, restarts.Measured],
     return Restart(boot_s=boot, download_s=pull, resume_s=seconds - boot - pull), source
 
 
+def compared(placements: tuple[Placement, ...]) -> tuple[Placement | None, Placement | None]:
+    """The cheapest spot and the cheapest on-demand placement of a ranking: what a deadline's
+    estimate compares (and whose restarts the caller reads)."""
+    return (next((p for p in placements if p.offer.interruptible), None),
+            next((p for p in placements if not p.offer.interruptible), None))
+
+
 def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
              rate: Rate, runs: int = 64,
              checkpoint_every_s: float = CHECKPOINT_EVERY_S,
@@ -93,8 +100,7 @@ def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
     """The estimates for a job with `deadline_hours` over its ranked `placements`; None
     when there is no spot or no on-demand placement to compare. `measured`: the restarts
     orch measured (`core.restarts`), where it has any."""
-    spot = next((p for p in placements if p.offer.interruptible), None)
-    od = next((p for p in placements if not p.offer.interruptible), None)
+    spot, od = compared(placements)
     if spot is None or od is None or spot.offer.price_per_hour is None \
             or od.offer.price_per_hour is None:
         return None

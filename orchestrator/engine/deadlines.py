@@ -174,7 +174,8 @@ class Contract:
         od = od_price if od_price is not None else (spot_price or Decimal(0)) * 2
         rate = (preemptions.rate_of(self.state.store, spot.offer.provider, spot.offer.gpu)
                 if spot is not None else preemption.rate())
-        seen_restarts = restarts.measured(self.state.store)
+        seen_restarts = restarts.measured(self.state.store, {
+            (p.offer.provider, p.offer.gpu) for p in (spot, on_demand) if p is not None})
         market = Market(spot_per_hour=spot_price if spot_price is not None else od,
                         on_demand_per_hour=od if od > 0 else Decimal("0.000001"),
                         preemptions_per_hour=rate.preemptions_per_hour,

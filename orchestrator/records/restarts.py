@@ -4,6 +4,8 @@ and the engine see the same figures."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sqlalchemy import text
 
 from orchestrator.core import restarts
@@ -11,8 +13,12 @@ from orchestrator.records.readonly import RESTART_SQL, restarts_of
 from orchestrator.records.store.database import StoreBase
 
 
-def measured(store: StoreBase) -> dict[restarts.Key, restarts.Measured]:
-    """Each (provider, GPU)'s median seconds from a rental to its job's first step."""
+def measured(store: StoreBase, keys: Iterable[restarts.Key]
+             ) -> dict[restarts.Key, restarts.Measured]:
+    """The median seconds from a rental to its job's first step of each (provider, GPU) of
+    `keys` that has any."""
     with store.session() as session:
-        rows = [tuple(row) for row in session.execute(text(RESTART_SQL))]
+        rows = [tuple(row) for provider, gpu in sorted(set(keys))
+                for row in session.execute(text(RESTART_SQL),
+                                           {"provider": provider, "gpu": gpu})]
     return restarts_of(rows)
