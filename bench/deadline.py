@@ -258,7 +258,7 @@ class Load:
 
 
 def regimes(names: list[str], args: argparse.Namespace
-            ) -> tuple[dict[str, dict[str, Tally]], dict[str, Decimal]]:
+            ) -> tuple[dict[str, dict[str, Tally]], dict[str, Decimal | None]]:
     """Run every regime's jobs, all strategies, in one pool of --parallel (each regime its
     own records and market); their tallies, and the clairvoyant schedules' dollars of the
     policy's jobs over the markets they met (bench/deadline_oracle.py)."""
@@ -273,9 +273,22 @@ def regimes(names: list[str], args: argparse.Namespace
         found = {name: tally(home, args.ratio) for name, (home, _, _) in prepared.items()}
         for home, _, _ in prepared.values():
             SimCloud(home / "orch" / "sim").terminate_all()
-        bounds = {name: deadline_oracle.regime(home).clairvoyant
-                  for name, (home, _, _) in prepared.items()}
+        bounds = {name: _bound(home) for name, (home, _, _) in prepared.items()}
     return found, bounds
+
+
+def _bound(home: Path) -> Decimal | None:
+    """The clairvoyant dollars of a regime's policy jobs; None (said) when its records lack
+    what the bound is computed from, so a finished run still prints its table."""
+    try:
+        return deadline_oracle.regime(home).clairvoyant
+    except deadline_oracle.Unmeasured as exc:
+        print(f"{home.name}: no clairvoyant bound: {exc}", flush=True)
+        return None
+
+
+def _ratio(dollars: Decimal | None, on_demand: Decimal) -> str:
+    return "n/a" if dollars is None or not on_demand else f"{dollars / on_demand:.3f}"
 
 
 def main() -> None:
@@ -303,15 +316,16 @@ def main() -> None:
         print(f"{name:8} {od.usd:>10.4f} {sp.usd:>12.4f} ({sp.missed:>3}/{sp.jobs}) "
               f"{po.usd:>9.4f} ({po.missed:>3}/{po.jobs}) "
               f"{po.usd / od.usd if od.usd else 0:>9.3f} "
-              f"{bounds[name] / od.usd if od.usd else 0:>14.3f} | "
+              f"{_ratio(bounds[name], od.usd):>14} | "
               f"{'':>14}{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:>9.3f}"
               f"  (on-demand missed {od.missed})", flush=True)
         for s in STRATEGIES:
             total[s].add(found[s])
     od, sp, po = total["ondemand"], total["spot"], total["policy"]
-    bound = sum(bounds.values(), Decimal(0))
+    known = [b for b in bounds.values() if b is not None]
+    bound = sum(known, Decimal(0)) if len(known) == len(bounds) else None
     print(f"all      policy/od {po.usd / od.usd if od.usd else 0:.3f} (target <= 0.6), "
-          f"clairvoyant/od {bound / od.usd if od.usd else 0:.3f} (the least any policy could "
+          f"clairvoyant/od {_ratio(bound, od.usd)} (the least any policy could "
           f"have paid on these markets), at spot at {market} "
           f"{po.usd_at_ratio / od.usd_at_ratio if od.usd else 0:.3f}; "
           f"on-demand missed {od.missed}; {time.monotonic() - started:.0f} s; "

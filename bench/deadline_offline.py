@@ -13,9 +13,10 @@ its trace, knowing it in advance and losing no work).
 
 Each job meets the market at a random hour of one year-long trace of the regime, as jobs
 submitted at any time do (and as bench/deadline.py's jobs meet the simulated cloud's market).
-A trace drawn afresh for each job would start every job at the start of a spot spell, whose
-remaining life is shorter than that of the spell a job arriving at a random time lands in
-(the lifetimes are heavy-tailed): an earlier version did that and overstated the cost of spot.
+A trace drawn afresh for each job starts every job at the start of a spot spell or of a gap,
+never inside one: with heavy-tailed spells and gaps, a job arriving at a random time lands in
+a longer one than a fresh draw (the inspection paradox). An earlier version did that, which
+made spot dearer than it is in calm and heavy and cheaper in bursty.
 
 Jobs (seeded, --seed): training of 2 to 12 hours (--work-h); a deadline at that over a job fraction
 (work / time to the deadline, as the paper calls it) drawn from 0.4 to 0.8; an A100 80GB at
@@ -67,10 +68,10 @@ def window(trace: SpotTrace, start_h: float, hours: float) -> SpotTrace:
 
 def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
     """The least dollars that finish `job` on `trace` in time (deadline_oracle.cheapest, in
-    minutes: work rounded up, restarts down, so it stays a lower bound)."""
-    ticks = int(job.window_s // TICK_S)
+    minutes: work and restarts rounded down, the time to the deadline up, in its favour)."""
+    ticks = math.ceil(job.window_s / TICK_S)
     found = deadline_oracle.cheapest(deadline_oracle.Job(
-        work=math.ceil(job.work_s / TICK_S), window=ticks,
+        work=math.floor(job.work_s / TICK_S), window=ticks,
         spot_restart=int(market.spot_restart.seconds // TICK_S),
         on_demand_restart=int(market.on_demand_restart.seconds // TICK_S),
         spot_per_tick=float(market.spot_per_hour) * TICK_S / 3600,

@@ -113,44 +113,63 @@ def _t(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+class Unmeasured(Exception):
+    """A kept run lacks what the bound is computed from (a finished on-demand job, a price)."""
+
+
 @dataclass(frozen=True)
 class Measured:
-    """What a run's on-demand jobs measured: rental to first step, first step to the end."""
+    """What a run's on-demand jobs measured (medians): from the rental to the trainer's start
+    (the end of the `train/start-training` step: everything a restart costs before training),
+    and from there to the job's end (the training, the merge and the delivery)."""
 
     restart_s: float
     work_s: float
+    jobs: int
 
 
 def measured(con: sqlite3.Connection, strategy: str) -> Measured:
-    """Medians over the finished jobs named `strategy-*` (their first machine)."""
+    """Medians over the finished jobs named `strategy-*`, each on its last machine."""
     restarts, works = [], []
-    for finished, first, last_rented in con.execute(
-            "SELECT j.finished_at, (SELECT MIN(e.at) FROM event e WHERE "
-            "e.job_id = j.id AND e.kind = 'train.progress'), (SELECT MAX(i.created_at) FROM "
-            "instance i WHERE i.job_id = j.id AND i.provider_instance_id IS NOT NULL) "
-            "FROM job j WHERE j.name LIKE ? AND j.status = 'succeeded'", (f"{strategy}-%",)):
-        if first and last_rented and finished and _t(first) > _t(last_rented):
-            restarts.append(_t(first) - _t(last_rented))
-            works.append(_t(finished) - _t(first))
+    for finished, started, rented in con.execute(
+            "SELECT j.finished_at, (SELECT MIN(e.at) FROM event e WHERE e.job_id = j.id AND "
+            "e.kind IN ('step.ok', 'step.changed') AND e.message = 'train/start-training' "
+            "AND e.at >= r.rented), r.rented FROM job j JOIN (SELECT job_id, MAX(created_at) "
+            "AS rented FROM instance WHERE provider_instance_id IS NOT NULL GROUP BY job_id) "
+            "r ON r.job_id = j.id WHERE j.name LIKE ? AND j.status = 'succeeded'",
+            (f"{strategy}-%",)):
+        if started and finished:
+            restarts.append(_t(started) - _t(rented))
+            works.append(_t(finished) - _t(started))
     if not restarts:
-        raise SystemExit(f"no finished {strategy} job with a training step to measure")
-    return Measured(statistics.median(restarts), statistics.median(works))
+        raise Unmeasured(f"no finished {strategy} job whose trainer started")
+    return Measured(statistics.median(restarts), statistics.median(works), len(restarts))
 
 
 @dataclass(frozen=True)
 class Bound:
-    """A regime's clairvoyant dollars over its policy jobs, and how many could not finish
-    in time even so (none, when on-demand from the start meets every deadline)."""
+    """A regime's clairvoyant dollars over its policy jobs, how many could not finish in time
+    even so (none, when on-demand from the start meets every deadline), and what the jobs
+    were made of."""
 
     clairvoyant: Decimal
     jobs: int
     infeasible: int
+    measured: Measured
 
 
 def regime(home: Path, tick_s: float = 1.0) -> Bound:
     """The clairvoyant schedule of each policy job in `home` (a regime's folder of a kept
-    run) over its GPU's trace from the second it was submitted."""
+    run) over its GPU's trace from the second it was submitted. Rounded to ticks in the
+    bound's favour: work and restarts down, the time to the deadline up."""
     con = sqlite3.connect(home / "orch" / "orch.db")
+    try:
+        return _regime(con, home, tick_s)
+    finally:
+        con.close()
+
+
+def _regime(con: sqlite3.Connection, home: Path, tick_s: float) -> Bound:
     saved = json.loads((home / "orch" / "sim" / spotmarket.ORIGIN_FILE).read_text())
     market = spotmarket.SpotMarket(spotmarket.regime(saved["regime"]), int(saved["seed"]),
                                    float(saved["origin"]), float(saved["seconds_per_hour"]))
@@ -159,13 +178,15 @@ def regime(home: Path, tick_s: float = 1.0) -> Bound:
         "SELECT gpu, interruptible, MAX(price_per_hour_micros) FROM instance "
         "GROUP BY gpu, interruptible")}
     total, jobs, infeasible = 0.0, 0, 0
+    restart = math.floor(od.restart_s / tick_s)
     for created, spec_json in con.execute(
             "SELECT created_at, spec_json FROM job WHERE name LIKE 'policy-%'"):
         spec = json.loads(spec_json)["resources"]
         gpu = spec["gpus"][0]
-        window = int(float(spec["deadline_hours"]) * 3600 / tick_s)
-        restart = round(od.restart_s / tick_s)
-        job = Job(work=round(od.work_s / tick_s), window=window, spot_restart=restart,
+        if (gpu, True) not in prices or (gpu, False) not in prices:
+            raise Unmeasured(f"no spot and on-demand price of {gpu} in the run's instances")
+        window = math.ceil(float(spec["deadline_hours"]) * 3600 / tick_s)
+        job = Job(work=math.floor(od.work_s / tick_s), window=window, spot_restart=restart,
                   on_demand_restart=restart,
                   spot_per_tick=prices[gpu, True] / 1e6 / 3600 * tick_s,
                   on_demand_per_tick=prices[gpu, False] / 1e6 / 3600 * tick_s)
@@ -176,8 +197,7 @@ def regime(home: Path, tick_s: float = 1.0) -> Bound:
             infeasible += 1
         else:
             total += found
-    con.close()
-    return Bound(Decimal(f"{total:.6f}"), jobs, infeasible)
+    return Bound(Decimal(f"{total:.6f}"), jobs, infeasible, od)
 
 
 def report(found: dict[str, tuple[dict[str, Decimal], Bound]]) -> list[str]:
@@ -191,6 +211,9 @@ def report(found: dict[str, tuple[dict[str, Decimal], Bound]]) -> list[str]:
         od_all, sp_all, po_all, cl_all = od_all + od, sp_all + sp, po_all + po, cl_all + cl
         lines.append(f"{name:8} {od:>10.4f} {sp:>9.4f} {po:>8.4f} {cl:>11.4f} "
                      f"{po / od:>9.3f} {cl / od:>14.3f} {po / cl:>18.3f}"
+                     + f"  (restart {bound.measured.restart_s:.1f} s, work "
+                       f"{bound.measured.work_s:.1f} s: medians of {bound.measured.jobs} "
+                       "on-demand jobs)"
                      + (f"  ({bound.infeasible} of {bound.jobs} cannot finish in time)"
                         if bound.infeasible else ""))
     lines.append(f"{'all':8} {od_all:>10.4f} {sp_all:>9.4f} {po_all:>8.4f} {cl_all:>11.4f} "
@@ -207,9 +230,13 @@ def main() -> int:
     args = parser.parse_args()
     found = {}
     for home in sorted(p for p in args.run.iterdir()
-                       if (p / "orch" / "sim" / spotmarket.ORIGIN_FILE).exists()):
+                       if (p / "orch" / "sim" / spotmarket.ORIGIN_FILE).exists()
+                       and any((p / "jobs").glob("policy-*.yml"))):
         paid = {s: t.usd for s, t in tally(home, Decimal("3.33")).items()}
-        found[home.name] = (paid, regime(home, args.tick_s))
+        try:
+            found[home.name] = (paid, regime(home, args.tick_s))
+        except Unmeasured as exc:
+            print(f"{home.name}: no bound: {exc}")
     if not found:
         raise SystemExit(f"{args.run}: no regime's records (kept by bench/deadline.py --keep)")
     print("\n".join(report(found)))

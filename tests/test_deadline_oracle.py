@@ -153,3 +153,53 @@ def test_spells_follow_the_trace_and_wrap_at_its_horizon() -> None:
     trace = SpotTrace(4.0, ((0.5, 1.5), (2.0, 3.0)))
     assert oracle.spells(trace, 0.0, 0.5, 8) == [-1, 0, 0, -1, 1, 1, -1, -1]
     assert oracle.spells(trace, 3.5, 0.5, 4) == [-1, -1, 0, 0]  # hour 4 is hour 0 again
+
+
+def test_a_run_s_restart_and_work_are_measured_from_its_finished_on_demand_jobs(
+        tmp_path: Path) -> None:
+    """Restart: the last rental to the end of the trainer's start (`train/start-training`),
+    not to the first progress event (a training step later); work: from there to the end."""
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.records.store import open_store
+    from orchestrator.records.store.tables import Event, Instance
+
+    t0 = datetime(2026, 12, 6, 12, 0, tzinfo=UTC)
+    store = open_store(f"sqlite:///{tmp_path / 'orch.db'}")
+
+    def job(name: str, rentals: list[int], started: int, done: int, status: str) -> None:
+        jid = store.create_job(
+            name=name, status="queued", method="lora", base_model="m", spec_json="{}",
+            spec_hash="0" * 64, placement=None, provider=None, gpu=None, gpu_count=None,
+            billing=None, interruptible=None, est_hours=None, est_cost=None,
+            event_kind="queued", event_message="", event_data=None).id
+        with store.transaction() as session:
+            for k, at in enumerate(rentals):
+                session.add(Instance(job_id=jid, provider="sim", provider_instance_id=f"i{k}",
+                                     gpu="A100 80GB", gpu_count=1, billing="per_second",
+                                     interruptible=False, price_per_hour_micros=1,
+                                     state="terminated", created_at=t0 + timedelta(seconds=at)))
+            # An earlier machine's trainer start (before the last rental), then the last's.
+            for at in ([rentals[0] + 3] if len(rentals) > 1 else []) + [started]:
+                session.add(Event(job_id=jid, at=t0 + timedelta(seconds=at),
+                                  kind="step.changed", message="train/start-training"))
+            session.add(Event(job_id=jid, at=t0 + timedelta(seconds=started + 2),
+                              kind="train.progress", message="step 1/48"))
+        con = sqlite3.connect(tmp_path / "orch.db")
+        con.execute("UPDATE job SET status = ?, finished_at = ? WHERE id = ?",
+                    (status, (t0 + timedelta(seconds=done)).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                     jid))
+        con.commit()
+        con.close()
+
+    job("ondemand-0", [0], 7, 100, "succeeded")  # restart 7, work 93
+    job("ondemand-1", [0, 50], 59, 160, "succeeded")  # second machine: restart 9, work 101
+    job("ondemand-2", [0], 8, 105, "succeeded")  # restart 8, work 97
+    job("ondemand-3", [0], 1, 500, "failed")  # not finished: not measured
+    job("policy-0", [0], 1, 50, "succeeded")  # another strategy's
+    store.close()
+    con = sqlite3.connect(tmp_path / "orch.db")
+    assert oracle.measured(con, "ondemand") == oracle.Measured(8.0, 97.0, 3)
+    with pytest.raises(oracle.Unmeasured):
+        oracle.measured(con, "spot")
