@@ -76,7 +76,9 @@ def hf_cli_text(response: httpx.Response, repo: str, repo_type: str = "model") -
                 "authenticated and your token has the required permissions.")
     if response.status_code == 401:
         # httpx's own text for the status, which hf prints for an unmapped 401 (utils/_http.py;
-        # checked against the real client for a model and a dataset: tests/test_prerental.py).
+        # compared with the real client's against the Hub emulator: tests/test_prerental.py).
+        # The real Hub also sends X-Request-Id, which hf appends to the first line as
+        # " (Request ID: ...)"; the advice built from this text does not depend on it.
         return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'\n"
                 "For more information check: "
                 f"https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n"
