@@ -22,7 +22,6 @@ same at the end of each run.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import math
 import sqlite3
@@ -30,7 +29,6 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.records.historyread import parse_stored  # noqa: E402
 from providers.sim import spotmarket  # noqa: E402
 from providers.spottrace import SpotTrace  # noqa: E402
 
@@ -57,14 +56,14 @@ class Job:
 
 
 def spells(trace: SpotTrace, start_h: float, tick_h: float, ticks: int) -> list[int]:
-    """For each tick from trace hour `start_h`: the index of the spot spell a machine rented
-    at its start is in (-1: spot is gone). A machine runs on while the index stays the same."""
-    starts = [start for start, _ in trace.intervals]
+    """For each tick from trace hour `start_h`: which spot spell a machine rented at its
+    start is in (numbered as met; -1: spot is gone), as the trace itself says
+    (`preempted_at`: the spell's end names it). A machine runs on while the number stays."""
+    ids: dict[float, int] = {}
     found = []
     for k in range(ticks):
-        h = (start_h + k * tick_h) % trace.horizon_h
-        i = bisect.bisect_right(starts, h) - 1  # the last spell starting at or before h
-        found.append(i if i >= 0 and h < trace.intervals[i][1] else -1)
+        end = trace.preempted_at((start_h + k * tick_h) % trace.horizon_h)
+        found.append(-1 if end is None else ids.setdefault(end, len(ids)))
     return found
 
 
@@ -110,7 +109,10 @@ def _tick(state: np.ndarray, per_tick: float) -> tuple[np.ndarray, float]:
 
 
 def _t(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    """A stored time column as epoch seconds."""
+    at = parse_stored(text)
+    assert at is not None
+    return at.timestamp()
 
 
 class Unmeasured(Exception):
