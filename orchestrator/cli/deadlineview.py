@@ -28,11 +28,11 @@ def estimates(plan: Plan) -> DeadlinePlan | None:
         return None
     from orchestrator.core import deadlineplan  # its simulator: only for a job with a deadline
 
-    spot = next((p.offer for p in plan.ranking.placements if p.offer.interruptible), None)
-    rate = rate_of(spot.provider, spot.gpu) if spot is not None else None
+    compared = deadlineplan.compared(plan.ranking.placements)
+    spot = compared[0]
+    rate = rate_of(spot.offer.provider, spot.offer.gpu) if spot is not None else None
     from orchestrator.core.settings import settings
-    keys = {(p.offer.provider, p.offer.gpu)
-            for p in deadlineplan.compared(plan.ranking.placements) if p is not None}
+    keys = {(p.offer.provider, p.offer.gpu) for p in compared if p is not None}
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
                                  rate or preemption.rate(),
                                  checkpoint_every_s=settings().checkpoint_every_s,

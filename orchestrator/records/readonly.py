@@ -153,8 +153,13 @@ def restart_times(url: str, keys: Iterable[restarts.Key]
                   ) -> dict[restarts.Key, restarts.Measured]:
     """The measured rental-to-first-step seconds (`core.restarts`) of each (provider, GPU) of
     `keys` that has any."""
-    return restarts_of(_rows(url, "instances", RESTART_SQL,
-                             [{"provider": p, "gpu": g} for p, g in sorted(set(keys))]))
+    return restarts_of(_rows(url, "instances", RESTART_SQL, restart_params(keys)))
+
+
+def restart_params(keys: Iterable[restarts.Key]) -> list[dict[str, str]]:
+    """`RESTART_SQL`'s parameters for each of `keys`, once each: for this path and the
+    engine's."""
+    return [{"provider": p, "gpu": g} for p, g in sorted(set(keys))]
 
 
 def restarts_of(rows: Iterable[tuple[Any, ...]]) -> dict[restarts.Key, restarts.Measured]:

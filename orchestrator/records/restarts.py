@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from sqlalchemy import text
 
 from orchestrator.core import restarts
-from orchestrator.records.readonly import RESTART_SQL, restarts_of
+from orchestrator.records.readonly import RESTART_SQL, restart_params, restarts_of
 from orchestrator.records.store.database import StoreBase
 
 
@@ -18,7 +18,6 @@ def measured(store: StoreBase, keys: Iterable[restarts.Key]
     """The median seconds from a rental to its job's first step of each (provider, GPU) of
     `keys` that has any."""
     with store.session() as session:
-        rows = [tuple(row) for provider, gpu in sorted(set(keys))
-                for row in session.execute(text(RESTART_SQL),
-                                           {"provider": provider, "gpu": gpu})]
+        rows = [tuple(row) for params in restart_params(keys)
+                for row in session.execute(text(RESTART_SQL), params)]
     return restarts_of(rows)
