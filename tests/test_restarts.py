@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 from conftest import database_url
+from sqlalchemy import text
 from test_deadline_engine import deadline_job, events
 from test_engine import Rig, assert_nothing_left, rig
 
 from orchestrator.core import restarts
 from orchestrator.records import readonly
 from orchestrator.records import restarts as stored
+from orchestrator.records.readonly import RESTART_SQL
 from orchestrator.records.store import Store, open_store
 from orchestrator.records.store.tables import Event, Instance
 
@@ -101,6 +103,20 @@ def test_the_engine_and_orch_plan_read_the_same_restarts(
     finally:
         store.close()
 
+
+def test_a_keys_newest_rentals_are_read_from_their_index(tmp_path: Path) -> None:
+    """The restart read is an index walk of one key's newest rentals, not a sort of every
+    rental (migration 0013): asked before each rental of a deadline job and by `orch plan`,
+    it read and sorted all instance rows (150k: 0.12-0.15 s for two keys; 0.1-0.4 ms now)."""
+    store = open_store(f"sqlite:///{tmp_path / 'orch.db'}")
+    try:
+        with store.session() as session:
+            plan = [str(row[-1]) for row in session.execute(
+                text("EXPLAIN QUERY PLAN " + RESTART_SQL), {"provider": "sim", "gpu": "A100"})]
+    finally:
+        store.close()
+    assert any("ix_instance_provider_gpu_created_at" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
 
 def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: Rig) -> None:
     """The first job's policy has only the plan's boot + download; once a rental of that GPU

@@ -201,6 +201,7 @@ def test_migration_creates_exactly_the_documented_tables_and_indexes(
         ("event", "ix_event_job_id_at"),
         ("instance", "ix_instance_provider_instance"),
         ("instance", "ix_instance_job_id"),
+        ("instance", "ix_instance_provider_gpu_created_at"),
         ("metric", "ix_metric_job_id_name"),
         ("metric", "uq_metric_job_name_step"),
         ("price_observation", "ix_price_observation_provider_gpu_observed_at"),

@@ -385,6 +385,8 @@ class Instance(SQLModel, table=True):
     __table_args__ = (
         Index("ix_instance_provider_instance", "provider", "provider_instance_id"),
         Index("ix_instance_job_id", "job_id"),
+        # RESTART_SQL's newest rentals of one (provider, GPU): migration 0013.
+        Index("ix_instance_provider_gpu_created_at", "provider", "gpu", "created_at", "id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
