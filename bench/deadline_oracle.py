@@ -75,6 +75,8 @@ def cheapest(job: Job, spell: Sequence[int]) -> float | None:
     restart ticks left (k = 0: making progress); on on-demand likewise. At each tick's start
     any machine may be released (keeping its work: the schedule knows the preemption is
     coming) and one rented; a spot machine whose spell ended is gone."""
+    if job.work <= 0:
+        return 0.0  # nothing to train: no machine
     inf = math.inf
     w = job.work
     idle = np.full(w + 1, inf)
@@ -230,15 +232,19 @@ def main() -> int:
     parser.add_argument("run", type=Path, help="a folder kept by bench/deadline.py --keep")
     parser.add_argument("--tick-s", type=float, default=1.0, help="wall seconds per tick")
     args = parser.parse_args()
+    if not args.run.is_dir():
+        raise SystemExit(f"{args.run}: not a folder; give one kept by bench/deadline.py --keep")
     found = {}
     for home in sorted(p for p in args.run.iterdir()
                        if (p / "orch" / "sim" / spotmarket.ORIGIN_FILE).exists()
                        and any((p / "jobs").glob("policy-*.yml"))):
-        paid = {s: t.usd for s, t in tally(home, Decimal("3.33")).items()}
         try:
+            paid = {s: t.usd for s, t in tally(home, Decimal("3.33")).items()}
             found[home.name] = (paid, regime(home, args.tick_s))
         except Unmeasured as exc:
             print(f"{home.name}: no bound: {exc}")
+        except (sqlite3.Error, OSError, ValueError, KeyError) as exc:  # not a whole run
+            print(f"{home.name}: no bound: its records cannot be read ({exc!r})")
     if not found:
         raise SystemExit(f"{args.run}: no regime's records (kept by bench/deadline.py --keep)")
     print("\n".join(report(found)))

@@ -113,6 +113,8 @@ def test_the_known_cases() -> None:
     assert oracle.cheapest(job, [0, 0, 0, -1] * 8) == pytest.approx(24.0)
     # Waiting for spot is free if the deadline allows it.
     assert oracle.cheapest(job, [-1] * 15 + [1] * 15) == pytest.approx(13.0)
+    # No work: nothing to rent, even with no time left.
+    assert oracle.cheapest(oracle.Job(0, 0, 3, 2, 1.0, 2.0), []) == 0.0
 
 
 def test_no_policy_replayed_over_the_same_trace_pays_less() -> None:
