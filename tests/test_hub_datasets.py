@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from conftest import PlaybookHostFactory, Reports
-from emulators.hub import HubEmulator
+from emulators.hub import HubEmulator, without_request_id
 
 from orchestrator.core.hubsize import HubDatasetRef
 from orchestrator.core.spec import SpecError, load_job
@@ -170,7 +170,8 @@ def test_refusals_before_renting_say_what_the_host_would(
     if not case.startswith("gated"):
         # A gated file's URL names no repo: the host's words are the generic ones, the API's
         # name the dataset (huggingface_hub cli/_errors.py `_format_gated_repo`).
-        assert f"Error: {said}" in real.stderr, (said, real.stderr)
+        assert f"Error: {without_request_id(said)}" in without_request_id(real.stderr), (
+            said, real.stderr)
     assert "Dataset" in said or "dataset" in said or case == "bad token"
 
 

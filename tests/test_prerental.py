@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from emulators.hub import HubEmulator
+from emulators.hub import HubEmulator, without_request_id
 from test_engine import Rig, rig  # noqa: F401  (the engine test rig fixture)
 
 from orchestrator.engine import hubaccess
@@ -94,7 +94,9 @@ def test_a_token_the_hub_does_not_know_is_named(hubm: HubEmulator,
     assert access.problem is not None and "rejected HF_TOKEN" in access.problem
     # In the real client's words (httpx's for the status; this said "401 Client Error:
     # Unauthorized (...)", the requests-era text, until it was compared).
-    assert access.problem.endswith(f"`hf` says: {real_client_text(hubm, 'org/model', 'main', BAD)}")
+    # Each answer has its own request id, which both texts carry after their first line.
+    real = without_request_id(real_client_text(hubm, "org/model", "main", BAD))
+    assert without_request_id(access.problem).endswith(f"`hf` says: {real}")
 
 
 def test_a_hub_that_does_not_answer_is_no_verdict(monkeypatch: pytest.MonkeyPatch) -> None:

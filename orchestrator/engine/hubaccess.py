@@ -75,15 +75,25 @@ def hf_cli_text(response: httpx.Response, repo: str, repo_type: str = "model") -
         return (f"Error: {noun} '{repo}' not found. If the repo is private, make sure you are "
                 "authenticated and your token has the required permissions.")
     if response.status_code == 401:
-        # httpx's own text for the status, which hf prints for an unmapped 401 (utils/_http.py;
-        # compared with the real client's against the Hub emulator: tests/test_prerental.py).
-        # The real Hub also sends X-Request-Id, which hf appends to the first line as
-        # " (Request ID: ...)"; the advice built from this text does not depend on it.
-        return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'\n"
+        # httpx's own text for the status, which hf prints for an unmapped 401, with the
+        # Hub's request id after its first line (utils/_http.py; compared with the real
+        # client's against the Hub emulator: tests/test_prerental.py). The id is what Hugging
+        # Face's support asks for; the advice built from this text does not depend on it.
+        return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'"
+                f"{_request_id(response)}\n"
                 "For more information check: "
                 f"https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n"
                 f"{message or INVALID_TOKEN}")
     return None
+
+
+def _request_id(response: httpx.Response) -> str:
+    """` (Request ID: ...)` as hf words the first of the headers it looks for, or ""."""
+    for header, label in (("X-Request-Id", "Request ID"), ("X-Amzn-Trace-Id", "Amzn Trace ID"),
+                          ("X-Amz-Cf-Id", "Amz CF ID")):
+        if value := response.headers.get(header):
+            return f" ({label}: {value})"
+    return ""
 
 
 def refused(text: str, repo: str, revision: str, token: str | None,

@@ -11,10 +11,12 @@ import fnmatch
 import hashlib
 import json
 import os
+import secrets
 import struct
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from .common import Host, SimError, container_to_host, say
@@ -227,8 +229,11 @@ def _check_access(host: Host, repo: str, revision: str, repo_type: str,
     label = repo_type.capitalize()
     if opts["hf_token"] is not None and token is not None and token != opts["hf_token"]:
         url = f"{_endpoint()}/api/{repo_type}s/{repo}/revision/{revision}"
+        # The Hub's X-Request-Id (a trace root; then the trace id hf sent, a uuid4), which hf
+        # puts after the first line of an error it does not map (utils/_http.py).
+        rid = f"Root=1-{int(time.time()):08x}-{secrets.token_hex(12)};{uuid.uuid4()}"
         raise _hf_error(
-            f"Client error '401 Unauthorized' for url '{url}'\n"
+            f"Client error '401 Unauthorized' for url '{url}' (Request ID: {rid})\n"
             "For more information check: "
             "https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n" + BAD_TOKEN)
     if repo in opts["hf_repos_not_found"]:

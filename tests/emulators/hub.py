@@ -33,9 +33,10 @@ What `hf upload` (the same version: `hf_api.create_repo`, `create_commit`, `_com
 - `POST /api/models/{repo}/commit/{rev}` (NDJSON: header, `file` base64, `lfsFile` oid):
   a new commit with those files; an `lfsFile` whose bytes never arrived is a 400.
 
-Errors carry the headers the real Hub sends and the client maps to exceptions
-(`X-Error-Code: RepoNotFound | RevisionNotFound | GatedRepo | EntryNotFound`,
-`X-Error-Message`, a JSON `{"error": ...}` body):
+Every answer carries an `X-Request-Id` (`providers.sim.hubserver.request_id`), which hf
+shows after the first line of an error it does not map. Errors carry the headers the real
+Hub sends and the client maps to exceptions (`X-Error-Code: RepoNotFound | RevisionNotFound |
+GatedRepo | EntryNotFound`, `X-Error-Message`, a JSON `{"error": ...}` body):
 
 - `GET /api/{models|datasets}/{repo}/auth-check`: what `HfApi.auth_check` asks (200 when
   the token may read the repo); orch asks it from the controller before renting;
@@ -72,10 +73,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
+from providers.sim.hubserver import request_id
+
 from . import hubwrite
 from .serve import Served
 
 INVALID_TOKEN = "Invalid credentials in Authorization header"
+# What hf adds to an unmapped error's first line; each answer has its own id, so two clients'
+# texts for the same refusal differ in it alone (as on the real Hub).
+REQUEST_ID = re.compile(r" \(Request ID: Root=1-[0-9a-f]{8}-[0-9a-f]{24}(;[0-9a-f-]+)?\)")
+
+
+def without_request_id(text: str) -> str:
+    """`text` with hf's request ids taken out, asserting it had one where it names a 401."""
+    if "'401 Unauthorized'" in text:
+        assert REQUEST_ID.search(text), text
+    return REQUEST_ID.sub("", text)
 
 
 @dataclass
@@ -180,6 +193,7 @@ class HubEmulator(Served):
         record.status = status
         raw = json.dumps({"error": message}).encode()
         h.send_response(status)
+        h.send_header("X-Request-Id", request_id(h.headers))
         h.send_header("Content-Type", "application/json; charset=utf-8")
         h.send_header("X-Error-Message", message)
         if code:
@@ -321,6 +335,7 @@ class HubEmulator(Served):
         raw = json.dumps(value).encode()
         record.status = 200
         h.send_response(200)
+        h.send_header("X-Request-Id", request_id(h.headers))
         h.send_header("Content-Type", "application/json; charset=utf-8")
         h.send_header("Content-Length", str(len(raw)))
         h.end_headers()
@@ -348,6 +363,7 @@ class HubEmulator(Served):
         part = content[start:end + 1]
         record.status = 206 if wanted is not None else 200
         h.send_response(record.status)
+        h.send_header("X-Request-Id", request_id(h.headers))
         h.send_header("Content-Type", "application/octet-stream")
         h.send_header("X-Repo-Commit", sha)
         h.send_header("ETag", f'"{hashlib.sha256(content).hexdigest()}"')
