@@ -190,7 +190,6 @@ class HostSession:
                     inst.ssh_host, inst.ssh_port, deadline=self.state.opts.connect_deadline_s,
                     give_up=stopped))
             except ssh.HostUnreachable as exc:  # e.g. TCP accepted, no SSH banner ever
-                self.state.check_stop()  # the monitor's reason first: preempted, cancelled
                 raise self._unreachable(placed, exc) from exc
             if kept is not None:  # the server outlives the job: its registry pins the key
                 self.state.store.set_server_host_key(kept.server_name(inst.instance_id), host_key)
@@ -201,7 +200,6 @@ class HostSession:
             conn = self.state.factory.connect(inst.ssh_host, inst.ssh_port, inst.ssh_user,
                                               host_key, give_up=stopped)
         except ssh.HostUnreachable as exc:
-            self.state.check_stop()
             raise self._unreachable(placed, exc) from exc
         self.ledger.event("connected", f"ssh {inst.ssh_user}@{inst.ssh_host}:{inst.ssh_port} "
                           f"(host key {ssh.fingerprint(ssh.parse_host_key(host_key))})")
@@ -214,7 +212,10 @@ class HostSession:
         return self.state.stop is not None
 
     def _unreachable(self, placed: Placed, exc: Exception) -> Stop:
-        """A host that stays unreachable over SSH: release it; the job is re-placed."""
+        """A host that stays unreachable over SSH: release it; the job is re-placed. The
+        monitor's reason comes first (preempted, cancelled): a spot machine taken while SSH
+        was retried is an interruption, which the preemption rate counts, not `unreachable`."""
+        self.state.check_stop()
         inst = placed.inst
         self.teardown.release(placed.row_id, EndReason.UNREACHABLE)
         return Stop(StopKind.INTERRUPTED, f"SSH to {inst.provider} instance {inst.instance_id} "
