@@ -24,8 +24,10 @@ policy weighs is scaled by the same factor (48/3600), so a job sees the same mar
 makes the same choices as one 75 times slower:
     trace                    real engine            here (48 s per trace hour)
     training (2 h)           2 h                    96 s (48 steps of --step-s 2 s)
-    restart: rent, boot,     ~5 min (catalog boot)  ~3-5 s: the sim's rent + SSH + host
-      check, setup, resume   + download             check + stand-ins (4-6 trace min)
+    restart: rent, boot,     ~5 min (catalog boot)  the sim's rent + SSH + host check +
+      check, setup, resume   + download             stand-ins: 6.4-7.1 s median to the
+                                                    trainer's start in the 50-job runs
+                                                    (8-9 trace min; fastest 5.5-5.8 s)
     checkpoint interval      15 min                 12 s (ORCH_CHECKPOINT_EVERY_S)
     deadline check           300 s                  4 s (ORCH_DEADLINE_CHECK_S)
     spot market              1 h                    48 s (ORCH_SIM_SPOT_SECONDS_PER_HOUR)
