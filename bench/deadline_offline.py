@@ -23,10 +23,12 @@ Jobs (seeded, --seed): training of 2 to 12 hours (--work-h); a deadline at that 
 the per-second catalog's prices ($0.234 spot, $0.468 on-demand an hour: spot at half price,
 providers/catalog/cloud.yaml); a restart of 5 min boot (the catalog's boot_minutes), the base
 model's download at the catalog's 2 Gbit/s (8B, 14B, 32B or 70B in bf16: 1 to 9 min) and
-1 min to resume; a checkpoint every 15 or 30 min of training; preemptions noticed after 60 s.
+1 min to resume; a checkpoint every 15 or 30 min of training (--checkpoint-min; a checkpoint
+costs no time here, so a shorter interval only lowers what a preemption loses); preemptions
+noticed after 60 s.
 Usage:
     python bench/deadline_offline.py [--jobs 50] [--seed 41] [--regimes calm,bursty,heavy]
-        [--spot-usd 0.234] [--work-h 2,12]
+        [--spot-usd 0.234] [--work-h 2,12] [--checkpoint-min 15,30]
 The last line reads `ondemand_usd=... spot_usd=... policy_usd=... spot_missed=...
 policy_missed=...` over all regimes.
 """
@@ -80,9 +82,9 @@ def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
     return math.inf if found is None else found
 
 
-def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0)
-         ) -> list[tuple[ds.Job, Restart]]:
-    """`n` seeded jobs and their restart."""
+def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0),
+         checkpoint_s: tuple[float, ...] = (900.0, 1800.0)) -> list[tuple[ds.Job, Restart]]:
+    """`n` seeded jobs and their restart, each checkpointing at one of `checkpoint_s`."""
     rng = random.Random(seed)
     found = []
     for _ in range(n):
@@ -90,20 +92,21 @@ def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0)
         fraction = rng.uniform(0.4, 0.8)
         restart = Restart(boot_s=300.0, download_s=rng.choice(DOWNLOAD_S), resume_s=60.0)
         job = ds.Job(work_s=work_h * 3600, window_s=work_h / fraction * 3600,
-                     checkpoint_every_s=rng.choice((900.0, 1800.0)), detect_s=60.0)
+                     checkpoint_every_s=rng.choice(checkpoint_s), detect_s=60.0)
         found.append((job, restart))
     return found
 
 
 def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
-               work_h: tuple[float, float] = (2.0, 12.0)) -> Counter[str]:
+               work_h: tuple[float, float] = (2.0, 12.0),
+               checkpoint_s: tuple[float, ...] = (900.0, 1800.0)) -> Counter[str]:
     """Dollars and misses of every strategy over `n` jobs in regime `name`."""
     spec = spotmarket.regimes()[name]
     wait_prior = preemption.prior().wait_mean_h
     totals: Counter[str] = Counter()
     year = spottrace.generate(spec.regime, seed, YEAR_H)
     arrivals = random.Random(seed + 1)
-    for i, (job, restart) in enumerate(jobs(n, seed, work_h)):
+    for i, (job, restart) in enumerate(jobs(n, seed, work_h, checkpoint_s)):
         market = Market(spot, ON_DEMAND, spec.matched["preemptions_per_hour"], restart, restart)
         hours = 3 * job.window_s / 3600 + 24
         trace = window(year, arrivals.uniform(0, YEAR_H - hours), hours)
@@ -134,12 +137,15 @@ def main() -> int:
     parser.add_argument("--spot-usd", type=Decimal, default=SPOT,
                         help="spot $/h against on-demand's $0.468 (default: the catalog's)")
     parser.add_argument("--work-h", default="2,12", help="training hours: low,high")
+    parser.add_argument("--checkpoint-min", default="15,30",
+                        help="minutes between checkpoints, one drawn per job from this list")
     args = parser.parse_args()
+    every = tuple(60.0 * float(x) for x in args.checkpoint_min.split(","))
     started = time.process_time()
     total: Counter[str] = Counter()
     for name in args.regimes.split(","):
         low, high = (float(x) for x in args.work_h.split(","))
-        c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high))
+        c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high), every)
         total.update(c)
         od = c["ondemand_micros"]
         print(f"{name}: ondemand_usd={usd(od)} spot_usd={usd(c['spot_micros'])} "
