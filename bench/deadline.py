@@ -171,7 +171,7 @@ def _t(text: str) -> float:
 
 def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
     """Each strategy's dollars (the cloud's meter) and deadlines missed, from the records."""
-    con = sqlite3.connect(home / "orch" / "orch.db")
+    con = sqlite3.connect(f"file:{home / 'orch' / 'orch.db'}?mode=ro", uri=True)
     cloud = SimCloud(home / "orch" / "sim")
     found = {s: Tally() for s in STRATEGIES}
     names: dict[str, str] = {}

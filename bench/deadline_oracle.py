@@ -166,7 +166,8 @@ def regime(home: Path, tick_s: float = 1.0) -> Bound:
     """The clairvoyant schedule of each policy job in `home` (a regime's folder of a kept
     run) over its GPU's trace from the second it was submitted. Rounded to ticks in the
     bound's favour: work and restarts down, the time to the deadline up."""
-    con = sqlite3.connect(home / "orch" / "orch.db")
+    # Read-only: a folder without a database is not given an empty one.
+    con = sqlite3.connect(f"file:{home / 'orch' / 'orch.db'}?mode=ro", uri=True)
     try:
         return _regime(con, home, tick_s)
     finally:
@@ -214,15 +215,21 @@ def report(found: dict[str, tuple[dict[str, Decimal], Bound]]) -> list[str]:
         od, sp, po, cl = paid["ondemand"], paid["spot"], paid["policy"], bound.clairvoyant
         od_all, sp_all, po_all, cl_all = od_all + od, sp_all + sp, po_all + po, cl_all + cl
         lines.append(f"{name:8} {od:>10.4f} {sp:>9.4f} {po:>8.4f} {cl:>11.4f} "
-                     f"{po / od:>9.3f} {cl / od:>14.3f} {po / cl:>18.3f}"
+                     f"{_ratio(po, od):>9} {_ratio(cl, od):>14} {_ratio(po, cl):>18}"
                      + f"  (restart {bound.measured.restart_s:.1f} s, work "
                        f"{bound.measured.work_s:.1f} s: medians of {bound.measured.jobs} "
                        "on-demand jobs)"
                      + (f"  ({bound.infeasible} of {bound.jobs} cannot finish in time)"
                         if bound.infeasible else ""))
     lines.append(f"{'all':8} {od_all:>10.4f} {sp_all:>9.4f} {po_all:>8.4f} {cl_all:>11.4f} "
-                 f"{po_all / od_all:>9.3f} {cl_all / od_all:>14.3f} {po_all / cl_all:>18.3f}")
+                 f"{_ratio(po_all, od_all):>9} {_ratio(cl_all, od_all):>14} "
+                 f"{_ratio(po_all, cl_all):>18}")
     return lines
+
+
+def _ratio(a: Decimal, b: Decimal) -> str:
+    """`a / b` to three places, or "n/a" when b is nothing (no job could be bounded)."""
+    return f"{a / b:.3f}" if b else "n/a"
 
 
 def main() -> int:
@@ -243,7 +250,7 @@ def main() -> int:
             found[home.name] = (paid, regime(home, args.tick_s))
         except Unmeasured as exc:
             print(f"{home.name}: no bound: {exc}")
-        except (sqlite3.Error, OSError, ValueError, KeyError) as exc:  # not a whole run
+        except (sqlite3.Error, OSError, json.JSONDecodeError) as exc:  # not a whole run
             print(f"{home.name}: no bound: its records cannot be read ({exc!r})")
     if not found:
         raise SystemExit(f"{args.run}: no regime's records (kept by bench/deadline.py --keep)")

@@ -92,7 +92,7 @@ REFUSALS = [
      "org/model has no revision 'nope': fix base_model's revision"),
     ("bad token", ["org/model"], BAD,
      "Error: Client error '401 Unauthorized' for url '{url}/api/models/org/model/revision/main'"
-     "\nFor more information check: https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401"
+     " (Request ID: <id>)\nFor more information check: https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401"
      "\n\nInvalid credentials in Authorization header\n",
      "Hugging Face rejected HF_TOKEN (401 Invalid credentials): set HF_TOKEN to a valid token"),
 ]

@@ -118,6 +118,7 @@ def test_a_keys_newest_rentals_are_read_from_their_index(tmp_path: Path) -> None
     assert any("ix_instance_provider_gpu_created_at" in step for step in plan), plan
     assert not any("TEMP B-TREE" in step for step in plan), plan
 
+
 def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: Rig) -> None:
     """The first job's policy has only the plan's boot + download; once a rental of that GPU
     has reached a step, the next job's policy weighs the measured restart instead."""

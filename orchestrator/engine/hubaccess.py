@@ -79,20 +79,21 @@ def hf_cli_text(response: httpx.Response, repo: str, repo_type: str = "model") -
         # Hub's request id after its first line (utils/_http.py; compared with the real
         # client's against the Hub emulator: tests/test_prerental.py). The id is what Hugging
         # Face's support asks for; the advice built from this text does not depend on it.
-        return (f"Error: Client error '401 Unauthorized' for url '{response.request.url}'"
-                f"{_request_id(response)}\n"
-                "For more information check: "
+        first = f"Client error '401 Unauthorized' for url '{response.request.url}'"
+        rest = ("\nFor more information check: "
                 f"https://developer.mozilla.org/en-US/docs/Web/HTTP/Status/401\n\n"
                 f"{message or INVALID_TOKEN}")
+        return f"Error: {first}{_request_id(response, first + rest)}{rest}"
     return None
 
 
-def _request_id(response: httpx.Response) -> str:
-    """` (Request ID: ...)` as hf words the first of the headers it looks for, or ""."""
+def _request_id(response: httpx.Response, text: str) -> str:
+    """` (Request ID: ...)` as hf words the first of the headers it looks for, or "" (also
+    when `text` already names it, as hf leaves it out then)."""
     for header, label in (("X-Request-Id", "Request ID"), ("X-Amzn-Trace-Id", "Amzn Trace ID"),
                           ("X-Amz-Cf-Id", "Amz CF ID")):
         if value := response.headers.get(header):
-            return f" ({label}: {value})"
+            return "" if value.lower() in text.lower() else f" ({label}: {value})"
     return ""
 
 
