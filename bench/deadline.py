@@ -25,9 +25,9 @@ makes the same choices as one 75 times slower:
     trace                    real engine            here (48 s per trace hour)
     training (2 h)           2 h                    96 s (48 steps of --step-s 2 s)
     restart: rent, boot,     ~5 min (catalog boot)  the sim's rent + SSH + host check +
-      check, setup, resume   + download             stand-ins: 6.4-7.1 s median to the
+      check, setup, resume   + download             stand-ins: 6.4-8.3 s median to the
                                                     trainer's start in the 50-job runs
-                                                    (8-9 trace min; fastest 5.5-5.8 s)
+                                                    (8-10 trace min; fastest 5.5-5.8 s)
     checkpoint interval      15 min                 12 s (ORCH_CHECKPOINT_EVERY_S)
     deadline check           300 s                  4 s (ORCH_DEADLINE_CHECK_S)
     spot market              1 h                    48 s (ORCH_SIM_SPOT_SECONDS_PER_HOUR)
