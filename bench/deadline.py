@@ -58,7 +58,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -66,7 +65,6 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -165,13 +163,9 @@ def run_one(env: dict[str, str], path: Path, spec: Spec) -> None:
         timeout=3600, check=False)
 
 
-def _t(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
     """Each strategy's dollars (the cloud's meter) and deadlines missed, from the records."""
-    con = sqlite3.connect(f"file:{home / 'orch' / 'orch.db'}?mode=ro", uri=True)
+    con = deadline_oracle.open_run(home)
     cloud = SimCloud(home / "orch" / "sim")
     found = {s: Tally() for s in STRATEGIES}
     names: dict[str, str] = {}
@@ -184,7 +178,8 @@ def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
         hours = float(json.loads(spec_json)["resources"]["deadline_hours"])
         t = found[strategy]
         t.jobs += 1
-        late = finished is None or _t(finished) - _t(created) > hours * 3600
+        epoch = deadline_oracle.epoch
+        late = finished is None or epoch(finished) - epoch(created) > hours * 3600
         t.missed += int(status != "succeeded" or late)
     rows = con.execute("SELECT job_id, provider_instance_id, price_per_hour_micros, "
                        "interruptible, gpu FROM instance WHERE provider_instance_id IS NOT "

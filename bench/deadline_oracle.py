@@ -110,7 +110,12 @@ def _tick(state: np.ndarray, per_tick: float) -> tuple[np.ndarray, float]:
     return after, done
 
 
-def _t(text: str) -> float:
+def open_run(home: Path) -> sqlite3.Connection:
+    """A kept regime's database, read-only: a folder without one is not given an empty one."""
+    return sqlite3.connect(f"file:{home / 'orch' / 'orch.db'}?mode=ro", uri=True)
+
+
+def epoch(text: str) -> float:
     """A stored time column as epoch seconds."""
     at = parse_stored(text)
     assert at is not None
@@ -143,8 +148,8 @@ def measured(con: sqlite3.Connection, strategy: str) -> Measured:
             "r ON r.job_id = j.id WHERE j.name LIKE ? AND j.status = 'succeeded'",
             (f"{strategy}-%",)):
         if started and finished:
-            restarts.append(_t(started) - _t(rented))
-            works.append(_t(finished) - _t(started))
+            restarts.append(epoch(started) - epoch(rented))
+            works.append(epoch(finished) - epoch(started))
     if not restarts:
         raise Unmeasured(f"no finished {strategy} job whose trainer started")
     return Measured(statistics.median(restarts), statistics.median(works), len(restarts))
@@ -166,8 +171,7 @@ def regime(home: Path, tick_s: float = 1.0) -> Bound:
     """The clairvoyant schedule of each policy job in `home` (a regime's folder of a kept
     run) over its GPU's trace from the second it was submitted. Rounded to ticks in the
     bound's favour: work and restarts down, the time to the deadline up."""
-    # Read-only: a folder without a database is not given an empty one.
-    con = sqlite3.connect(f"file:{home / 'orch' / 'orch.db'}?mode=ro", uri=True)
+    con = open_run(home)
     try:
         return _regime(con, home, tick_s)
     finally:
@@ -195,7 +199,7 @@ def _regime(con: sqlite3.Connection, home: Path, tick_s: float) -> Bound:
                   on_demand_restart=restart,
                   spot_per_tick=prices[gpu, True] / 1e6 / 3600 * tick_s,
                   on_demand_per_tick=prices[gpu, False] / 1e6 / 3600 * tick_s)
-        found = cheapest(job, spells(market.trace(gpu), market.hour(_t(created)),
+        found = cheapest(job, spells(market.trace(gpu), market.hour(epoch(created)),
                                      tick_s / market.seconds_per_hour, window))
         jobs += 1
         if found is None:
