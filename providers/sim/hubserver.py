@@ -10,22 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
-import time
 from email.message import Message
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote, urlsplit
 
 
 def request_id(headers: Message) -> str:
-    """The `X-Request-Id` the Hub answers with: an AWS trace root, then the trace id the
-    client sent (huggingface_hub sends `X-Amzn-Trace-Id`, a uuid4, with every request:
-    utils/_http.py). hf shows it after the first line of an error it does not map, as
-    "(Request ID: Root=1-68a3ff5e-10e4d1e1466c791270052ddc;1ac8f963-5a40-...)" in
-    Comfy-Org/ComfyUI#9415 (2025-08-19) and deepbeepmeep/Wan2GP#455 (2025-07-01)."""
-    root = f"Root=1-{int(time.time()):08x}-{secrets.token_hex(12)}"
-    sent = headers.get("X-Amzn-Trace-Id")
-    return f"{root};{sent}" if sent else root
+    """The `X-Request-Id` the Hub answers a request with these headers with (the shape is the
+    simulated host's `hf`'s: simhost/standins/hf.py `hub_request_id`)."""
+    from simhost.standins.hf import hub_request_id
+
+    return hub_request_id(headers.get("X-Amzn-Trace-Id"))
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -222,6 +222,17 @@ def _traceback(last_line: str) -> SimError:
                     "    sys.exit(main())\n" + last_line, 1)
 
 
+def hub_request_id(trace_id: str | None) -> str:
+    """The `X-Request-Id` the Hub answers with: an AWS trace root, then the trace id the
+    client sent (huggingface_hub sends `X-Amzn-Trace-Id`, a uuid4, with every request:
+    utils/_http.py). hf shows it after the first line of an error it does not map, as
+    "(Request ID: Root=1-68a3ff5e-10e4d1e1466c791270052ddc;1ac8f963-5a40-...)" in
+    Comfy-Org/ComfyUI#9415 (2025-08-19) and deepbeepmeep/Wan2GP#455 (2025-07-01). The
+    simulated Hubs answer with it too (providers/sim/hubserver.py `request_id`)."""
+    root = f"Root=1-{int(time.time()):08x}-{secrets.token_hex(12)}"
+    return f"{root};{trace_id}" if trace_id else root
+
+
 def _check_access(host: Host, repo: str, revision: str, repo_type: str,
                   token: str | None) -> None:
     """The Hub's refusals in the order it checks them (token, repo, revision, gate)."""
@@ -229,9 +240,7 @@ def _check_access(host: Host, repo: str, revision: str, repo_type: str,
     label = repo_type.capitalize()
     if opts["hf_token"] is not None and token is not None and token != opts["hf_token"]:
         url = f"{_endpoint()}/api/{repo_type}s/{repo}/revision/{revision}"
-        # The Hub's X-Request-Id (a trace root; then the trace id hf sent, a uuid4), which hf
-        # puts after the first line of an error it does not map (utils/_http.py).
-        rid = f"Root=1-{int(time.time()):08x}-{secrets.token_hex(12)};{uuid.uuid4()}"
+        rid = hub_request_id(str(uuid.uuid4()))  # hf sends a uuid4 as its trace id
         raise _hf_error(
             f"Client error '401 Unauthorized' for url '{url}' (Request ID: {rid})\n"
             "For more information check: "
