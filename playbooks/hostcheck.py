@@ -310,7 +310,7 @@ class HostCheck:
 
     @property
     def _disk_floor(self) -> float:
-        return self.spec.pull_bytes_per_s * self.spec.limits.disk.min_fraction_of_pull
+        return self.spec.limits.disk.floor(self.spec.pull_bytes_per_s)
 
     def judge_disk(self, result: ssh.Result, where: str, seconds: float) -> DiskResult:
         """The disk result from DISK_SCRIPT's output (`where`: the server path measured)."""

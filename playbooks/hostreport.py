@@ -167,6 +167,12 @@ class DiskThresholds(_Model):
         """How long each dd may run: `slack` x what the floor allows, at most timeout_s."""
         return min(self.timeout_s, self.test_mib * 2**20 / floor_bytes_per_s * self.slack)
 
+    def floor(self, pull_bytes_per_s: float) -> float:
+        """The slowest disk a host passes with (bytes/s) when the plan downloads at
+        `pull_bytes_per_s`; a checkpoint's write time is estimated at it
+        (core/checkpointing)."""
+        return pull_bytes_per_s * self.min_fraction_of_pull
+
 
 class HubThresholds(_Model):
     """The ranged GET's size and bound, and Vast.ai's VRAM-scaled download floor."""

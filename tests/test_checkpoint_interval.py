@@ -1,4 +1,5 @@
-"""The engine's checkpoint interval (`save_steps`) follows ORCH_CHECKPOINT_EVERY_S.
+"""The engine's checkpoint interval (`save_steps`): ORCH_CHECKPOINT_EVERY_S, and on spot
+Young's optimum for the GPU's preemption rate and the job's checkpoint, never longer.
 
 bench/deadline.py runs trace hours in seconds: a checkpoint every 15 real minutes would be
 none at all there (and a preemption would lose the whole run), so the interval is a setting
@@ -7,12 +8,23 @@ scaled with the trace clock, as the deadline check interval is.
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from pathlib import Path
 
+import orchfork
 import pytest
+import yaml
+from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
+from orchestrator.core import checkpointing, preemption, sizing
+from orchestrator.core.architectures import known_models
+from orchestrator.core.planning import workload_from
 from orchestrator.core.spec import load_job
 from orchestrator.engine.jobinputs import Inputs
+
+__all__ = ["rig"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_STEP = 1024 * 2 * 4  # examples/quickstart.yml: sequence_len x micro_batch x accumulation
@@ -35,3 +47,126 @@ def test_save_steps_follow_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_CHECKPOINT_EVERY_S", "12")
     assert _inputs(192, 96).save_steps(1) == 24
     assert _inputs(192, 96).save_steps(2) == 12  # two GPUs: half the steps, as often
+
+
+# --- on spot: Young's interval (core/checkpointing) -------------------------------------
+
+def test_young_is_the_square_root_of_twice_the_write_by_the_mean_time_between() -> None:
+    # 2 s to write, 0.3 preemptions an hour: M = 12,000 s, sqrt(2 x 2 x 12,000) = 219.1 s.
+    assert checkpointing.young_s(2.0, 0.3) == pytest.approx(219.089, abs=1e-3)
+    assert checkpointing.young_s(2.0, 0.0) == math.inf  # never preempted: never needed
+    with pytest.raises(ValueError, match="preemptions/h"):
+        checkpointing.young_s(2.0, -1.0)
+
+
+@pytest.mark.parametrize(("longest", "write_bytes", "rate", "expected"), [
+    (900.0, 250e6, 0.3, 219.089),  # Young's optimum, inside the bounds
+    (900.0, 250e6, 0.0, 900.0),  # no preemptions: the longest
+    (900.0, 50e9, 0.3, 900.0),  # a full fine-tune's write: Young says longer; the longest
+    (900.0, 1e6, 1.0, 60.0),  # a tiny write at a high rate: never under a minute
+    (30.0, 1e6, 1.0, 30.0),  # ... unless the user asked for less (ORCH_CHECKPOINT_EVERY_S)
+    (120.0, 250e6, 0.3, 120.0),  # the user's longest stands over Young's 3.7 min
+])
+def test_the_spot_interval_is_young_within_a_minute_and_the_setting(
+        longest: float, write_bytes: float, rate: float, expected: float) -> None:
+    spot = checkpointing.Spot(preemptions_per_hour=rate, write_bytes_per_s=125e6)
+    found = checkpointing.interval(longest, spot, int(write_bytes))
+    assert found.seconds == pytest.approx(expected, abs=1e-3)
+    assert found.write_s == pytest.approx(write_bytes / 125e6)
+
+
+def test_a_machine_that_is_not_preempted_checkpoints_at_the_setting() -> None:
+    assert checkpointing.interval(900.0) == checkpointing.Interval(900.0, None, None)
+    assert checkpointing.interval(900.0).describe() == "every 15 min"
+    with pytest.raises(ValueError, match="longest must be > 0"):
+        checkpointing.interval(0.0)
+    with pytest.raises(ValueError, match="write rate"):
+        checkpointing.interval(900.0, checkpointing.Spot(0.3, 0.0), 1)
+
+
+def test_the_interval_says_what_set_it() -> None:
+    spot = checkpointing.Spot(0.3, 125e6)
+    assert checkpointing.interval(900.0, spot, int(250e6)).describe() == (
+        "every 3.7 min (Young's optimum for a 2.0 s write)")
+    assert checkpointing.interval(900.0, spot, int(50e9)).describe() == (
+        "every 15 min (bounded; Young's optimum for a 6.7 min write: 51.6 min)")
+    assert checkpointing.interval(900.0, checkpointing.Spot(0.0, 125e6), 1).describe() == (
+        "every 15 min (bounded; Young's optimum for a 0.0 s write: none: no preemptions)")
+
+
+def _workload(method: str, optimizer: str) -> sizing.Workload:
+    arch = known_models()["qwen/qwen2.5-0.5b"].architecture
+    return sizing.Workload(arch=arch, method=method, optimizer=optimizer)  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_is_the_trained_weights_and_their_optimizer_state() -> None:
+    arch = known_models()["qwen/qwen2.5-0.5b"].architecture
+    adapters = arch.lora_params(16, sizing.LINEAR_MODULES)
+    # LoRA/QLoRA: fp32 adapters (4 bytes) and AdamW's two fp32 moments (8) or 8-bit ones
+    # (2); the frozen base, quantized or not, is not written.
+    assert sizing.checkpoint_bytes(_workload("lora", "adamw")) == adapters * 12
+    assert sizing.checkpoint_bytes(_workload("qlora", "adamw_8bit")) == adapters * 6
+    assert sizing.checkpoint_bytes(_workload("lora", "adamw_8bit")) == adapters * 6
+    # A full fine-tune: the bf16 model (2 bytes) and its bf16 moments (4).
+    assert sizing.checkpoint_bytes(_workload("full", "adamw")) == arch.params * 6
+
+
+def test_a_spot_rental_of_a_lora_job_checkpoints_more_often_a_full_one_does_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCH_CHECKPOINT_EVERY_S", raising=False)
+    spot = checkpointing.Spot(preemptions_per_hour=0.3, write_bytes_per_s=125e6)
+    qlora = _inputs(1200, 2 * 3600)  # the quickstart: a QLoRA adapter of Qwen2.5-0.5B
+    every = qlora.checkpoint_interval(spot)
+    assert 60 < every.seconds < 900 and every.young_s == every.seconds
+    # 1200 steps in 2 h: one checkpoint per `every` seconds of them.
+    assert qlora.save_steps(1, spot) == int(1200 * every.seconds / 7200) < 150
+    assert qlora.save_steps(1, checkpointing.Spot(0.0, 125e6)) == 150  # never preempted
+    loaded = load_job(ROOT / "examples" / "full-32b.yml")
+    full = Inputs(loaded, 1200 * PER_STEP, 2.0, {})
+    assert full.checkpoint_interval(spot).seconds == 900  # Young's optimum is longer
+
+
+def _rendered_save_steps(rig: Rig, spot: str) -> int:
+    """The `save_steps` of the config a job with `resources.spot: spot` trains with on the
+    simulated cloud (an A100 80GB either way; 200M tokens: 1.24 h of training estimated)."""
+    path = rig.job_file()
+    path.write_text(path.read_text()
+                    .replace("  format: alpaca\n", "  format: alpaca\n  tokens: 200000000\n")
+                    .replace("  spot: allowed\n", f"  spot: {spot}\n  gpus: [A100 80GB]\n"))
+    job_id = rig.queue(path)
+    seen: list[int] = []
+
+    def look() -> None:  # the config on the host, while it trains
+        seen.extend(yaml.safe_load(p.read_text())["save_steps"]
+                    for p in (rig.tmp / "sim").rglob("config.yml") if job_id in str(p))
+
+    cloud = rig.cloud()
+    when(lambda: training_step(rig.store, job_id) > 0, look)
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    (row,) = rig.store.instances_of(job_id)
+    assert row.interruptible is (spot == "required") and row.gpu == "A100 80GB"
+    assert_nothing_left(rig, cloud, job_id)
+    assert seen, "the config was not seen on the host"
+    # `orch render` says what the engine gave the trainer (same records: the rig's database).
+    rendered = orchfork.run(["render", str(path), "--json"], env=dict(os.environ), cwd=ROOT,
+                            timeout=120)
+    assert rendered.returncode == 0, rendered.stderr
+    assert json.loads(rendered.stdout)["axolotl_config"]["save_steps"] == seen[0]
+    return seen[0]
+
+
+def test_a_spot_rental_is_rendered_with_youngs_interval(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCH_CHECKPOINT_EVERY_S", raising=False)
+    on_demand = _rendered_save_steps(rig, "never")
+    spot = _rendered_save_steps(rig, "required")
+    # The same GPU and estimate: the steps scale as the intervals. On-demand: 15 min. Spot:
+    # Young's for the prior's rate and the adapter's checkpoint at the disk floor (125 MB/s).
+    rate = preemption.rate().preemptions_per_hour
+    loaded = load_job(next((rig.tmp / "jobs").glob("*.yml")))
+    arch = workload_from(loaded).arch
+    size = arch.lora_params(16, sizing.LINEAR_MODULES) * 12  # fp32 adapters, AdamW
+    young = checkpointing.young_s(size / 125e6, rate)
+    assert 60 < young < 900
+    assert spot == pytest.approx(on_demand * young / 900, abs=2)

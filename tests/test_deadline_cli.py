@@ -144,3 +144,17 @@ def _a_job(store: object) -> str:
     assert isinstance(store, Store)
     recorded, _ = record_job(store, load_job(ROOT / "examples" / "quickstart.yml"))
     return recorded.id
+
+
+def test_plan_says_how_often_the_job_checkpoints_on_spot(
+        env: dict[str, str], tmp_path: Path) -> None:
+    # The quickstart's QLoRA adapter of Qwen2.5-0.5B: a write of about a second at the disk
+    # floor; at the prior's 0.30/h Young's optimum is a couple of minutes (core/checkpointing).
+    path = job(tmp_path, 0.5)
+    out = json.loads(orch(env, "plan", str(path), "--json").stdout)["deadline"]
+    assert 60 < out["spot_checkpoint_every_s"] < 300
+    assert "checkpoints on spot: every " in orch(env, "plan", str(path)).stdout
+    # The user's longest interval stands over it.
+    env["ORCH_CHECKPOINT_EVERY_S"] = "45"
+    out = json.loads(orch(env, "plan", str(path), "--json").stdout)["deadline"]
+    assert out["spot_checkpoint_every_s"] == 45

@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from orchestrator.core import preemption
+from orchestrator.core import preemption, savers
 from orchestrator.core.preemption import Rate
 
 if TYPE_CHECKING:
+    from orchestrator.core.checkpointing import Interval, Spot
     from orchestrator.core.deadlineplan import DeadlinePlan
     from orchestrator.core.planning import Plan
     from orchestrator.core.restarts import Measured
+    from orchestrator.core.scheduler import Placement
     from orchestrator.core.spec import LoadedJob
 
 
@@ -31,12 +33,37 @@ def estimates(plan: Plan) -> DeadlinePlan | None:
     compared = deadlineplan.compared(plan.ranking.placements)
     spot = compared[0]
     rate = rate_of(spot.offer.provider, spot.offer.gpu) if spot is not None else None
-    from orchestrator.core.settings import settings
     keys = {(p.offer.provider, p.offer.gpu) for p in compared if p is not None}
     return deadlineplan.for_plan(plan.ranking.placements, res.deadline_hours,
                                  rate or preemption.rate(),
-                                 checkpoint_every_s=settings().checkpoint_every_s,
+                                 checkpoint=spot_checkpoints(plan, spot, rate),
                                  measured=restart_times(keys))
+
+
+def spot_checkpoints(plan: Plan, spot: Placement | None, rate: Rate | None) -> Interval:
+    """How often the job would checkpoint on the spot placement (as the engine renders it:
+    `Inputs.checkpoint_interval`), or `ORCH_CHECKPOINT_EVERY_S` without one."""
+    from orchestrator.core import checkpointing
+    from orchestrator.core.settings import settings
+    from orchestrator.core.sizing import checkpoint_bytes
+
+    longest = settings().checkpoint_every_s
+    if spot is None or rate is None:
+        return checkpointing.interval(longest)
+    size = checkpoint_bytes(spot.estimate.workload or savers.fallback(plan.workload),
+                            spot.estimate.strategy)
+    return checkpointing.interval(longest, spot_risk(spot, rate), size)
+
+
+def spot_risk(spot: Placement, rate: Rate | None = None) -> Spot:
+    """What the engine chooses a spot rental's checkpoint interval from (engine/hostchecks
+    `spot_risk`), read-only: the GPU's preemption rate (`rate`, else orch's history with the
+    prior) and the host check's disk floor for the offer's download rate."""
+    from orchestrator.core.checkpointing import Spot
+    from playbooks.hostreport import thresholds
+
+    rate = rate or rate_of(spot.offer.provider, spot.offer.gpu)
+    return Spot(rate.preemptions_per_hour, thresholds().disk.floor(spot.offer.pull_gbps * 1e9 / 8))
 
 
 def restart_times(keys: set[tuple[str, str]]) -> dict[tuple[str, str], Measured]:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from orchestrator.cli import deadlineview
 from orchestrator.cli.common import EXIT_INVALID, fail
 from orchestrator.cli.jobfile import load
 from orchestrator.cli.plan import plan_job, servers_for_plan
@@ -56,8 +57,13 @@ def render_job(file: Path, host: str | None) -> Any:
     kind: images.HostKind = "docker" if (host or chosen) == "docker" else "container"
     est = plan.estimate
     spec = job.spec
-    inputs = Inputs(job, total_tokens(job), plan.chosen.est_hours, {})
-    config = train_config(spec, est.strategy.value, inputs.save_steps(est.gpu_count),
+    # The training hours, as the engine sizes `save_steps` (the recorded est_training_hours).
+    inputs = Inputs(job, total_tokens(job), plan.chosen.duration.training, {})
+    # On a spot placement the trainer checkpoints at the interval the engine gives spot.
+    spot = (deadlineview.spot_risk(plan.chosen) if plan.chosen.offer.interruptible
+            else None)
+    config = train_config(spec, est.strategy.value,
+                          inputs.save_steps(est.gpu_count, spot, est.workload, est.strategy),
                           est.workload or plan.workload)
     layout = Layout(rendering.NOMINAL_BASE[kind])
     # Each dataset as the host has it: a local file uploaded, a Hub dataset downloaded there.

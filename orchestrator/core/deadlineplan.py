@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestrator.core import checkpointing, restarts
 from orchestrator.core import deadlinesim as ds
-from orchestrator.core import restarts
+from orchestrator.core.checkpointing import Interval
 from orchestrator.core.deadline import Market, Restart
 from orchestrator.core.preemption import Rate
 from orchestrator.core.scheduler import Placement
@@ -33,6 +34,7 @@ class DeadlinePlan:
     market: Market | None = None  # the prices and restarts the estimates were made with
     # Where each restart came from: "plan" (boot + download) or "measured: ..." (core.restarts).
     restart_source: tuple[str, str] = ("plan", "plan")
+    checkpoint: Interval | None = None  # how often the job checkpoints on spot
 
     def to_dict(self) -> dict[str, object]:
         """`orch plan --json`'s `deadline` object."""
@@ -46,6 +48,8 @@ class DeadlinePlan:
                 "spot_source": self.restart_source[0],
                 "on_demand_s": round(self.market.on_demand_restart.seconds, 1),
                 "on_demand_source": self.restart_source[1]}
+        if self.checkpoint is not None:
+            out["spot_checkpoint_every_s"] = round(self.checkpoint.seconds, 1)
         return out
 
     def lines(self) -> list[str]:
@@ -64,6 +68,8 @@ class DeadlinePlan:
             m, (ss, ods) = self.market, self.restart_source
             out.append(f"restarts: spot {m.spot_restart.seconds / 60:.1f} min ({ss}), "
                        f"on-demand {m.on_demand_restart.seconds / 60:.1f} min ({ods})")
+        if self.checkpoint is not None:
+            out.append(f"checkpoints on spot: {self.checkpoint.describe()}")
         return out
 
 
@@ -94,12 +100,15 @@ def compared(placements: tuple[Placement, ...]) -> tuple[Placement | None, Place
 
 def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
              rate: Rate, runs: int = 64,
-             checkpoint_every_s: float = CHECKPOINT_EVERY_S,
+             checkpoint: Interval | None = None,
              measured: Mapping[restarts.Key, restarts.Measured] | None = None,
              ) -> DeadlinePlan | None:
     """The estimates for a job with `deadline_hours` over its ranked `placements`; None
-    when there is no spot or no on-demand placement to compare. `measured`: the restarts
+    when there is no spot or no on-demand placement to compare. `checkpoint`: how often it
+    checkpoints on spot (default: the engine's default interval). `measured`: the restarts
     orch measured (`core.restarts`), where it has any."""
+    checkpoint = checkpoint or checkpointing.interval(CHECKPOINT_EVERY_S)
+    checkpoint_every_s = checkpoint.seconds
     spot, od = compared(placements)
     if spot is None or od is None or spot.offer.price_per_hour is None \
             or od.offer.price_per_hour is None:
@@ -115,4 +124,4 @@ def for_plan(placements: tuple[Placement, ...], deadline_hours: float,
                     preemptions_per_hour=rate.preemptions_per_hour,
                     spot_restart=spot_restart, on_demand_restart=od_restart)
     return DeadlinePlan(deadline_hours, ds.estimate(job, market, rate.wait_mean_h, runs),
-                        rate, od, spot, market, (spot_source, od_source))
+                        rate, od, spot, market, (spot_source, od_source), checkpoint)

@@ -166,7 +166,9 @@ class Settings(BaseModel):
     checkpoint_every_s: Seconds = _setting(
         CHECKPOINT_EVERY_S, SECONDS, f"{CHECKPOINT_EVERY_S:g}",
         "How often training saves a checkpoint (the trainer's `save_steps`, from the "
-        "estimated training time): the most work a preemption loses.", "Engine")
+        "estimated training time): the most work a preemption loses. On spot, orch "
+        "checkpoints more often where Young's interval for the GPU's preemption rate and "
+        "the job's checkpoint is shorter, never under a minute (docs/deadline.md).", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(

@@ -292,6 +292,14 @@ def _state(w: Workload, strategy: Strategy) -> tuple[int, int, int, int]:
     return weights, n * ADAPTER_WEIGHT, n * ADAPTER_GRADIENT, n * ADAPTER_OPTIMIZER[w.optimizer]
 
 
+def checkpoint_bytes(w: Workload, strategy: Strategy = Strategy.SINGLE) -> int:
+    """Bytes one training checkpoint writes: the trained weights (a full fine-tune's model,
+    else the adapters) and their optimizer state, in the sizes the GPU holds them. The
+    frozen base model of LoRA/QLoRA is not in it."""
+    weights, adapters, _, optimizer = _state(w, strategy)
+    return (weights if w.method == "full" else adapters) + optimizer
+
+
 def savers_on(w: Workload) -> tuple[str, ...]:
     """The memory savers `w` turns on, in the names `orch plan` shows."""
     on = []

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
-from orchestrator.core import preemption, scheduler
+from orchestrator.core import checkpointing, preemption, scheduler
 from orchestrator.core.deadline import (
     Choice,
     Decision,
@@ -54,6 +54,7 @@ from orchestrator.core.restarts import Key as RestartKey
 from orchestrator.core.restarts import Measured as MeasuredRestart
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, StopKind
+from orchestrator.engine import hostchecks
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.placement import Placement, hourly_rate
 from orchestrator.engine.runner_core import (
@@ -224,6 +225,7 @@ class Contract:
         if not self.active:
             return
         self.on = Machine.SPOT if self._spot(placed) else Machine.ON_DEMAND
+        self.state.save_steps = None  # the last machine's; the host session renders this one's
         self.placed_at = self.last_check = time.monotonic()
         self.samples = []
         self.stale = self.ledger.progress.step  # the last machine's: not this one's progress
@@ -254,7 +256,7 @@ class Contract:
         every = self.check_s
         rate = self._rate()
         if rate is not None and self.seen is not None:
-            every = min(every, self.inputs.save_steps(self.seen.plan().offer.gpu_count) / rate)
+            every = min(every, self._save_steps(self.seen) / rate)
         if now - self.last_check < every or self.seen is None:
             return
         self.last_check = now
@@ -317,8 +319,17 @@ class Contract:
         current = self.ledger.progress.step or durable
         unsaved = max(0, current - durable) if self.on is not Machine.NONE else 0
         done = min(durable, total)
-        every = self.inputs.save_steps(seen.plan().offer.gpu_count) / rate
+        every = self._save_steps(seen) / rate
         return Work(total, done, rate, min(unsaved, total - done), after), every
+
+    def _save_steps(self, seen: _Seen) -> int:
+        """The steps between checkpoints: the machine's own (as the host session rendered
+        it), else what a spot machine would be given (Young's interval for its rate)."""
+        if self.on is not Machine.NONE and self.state.save_steps is not None:
+            return self.state.save_steps
+        spot = None if seen.spot is None else checkpointing.Spot(
+            seen.market.preemptions_per_hour, hostchecks.disk_floor(seen.spot.offer))
+        return self.inputs.save_steps(seen.plan().offer.gpu_count, spot)
 
     @staticmethod
     def _after(seen: _Seen) -> float:

@@ -21,7 +21,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 
-from orchestrator.core import hostmemory, servercheck
+from orchestrator.core import checkpointing, hostmemory, servercheck
 from orchestrator.core.hostmemory import Observation, Source
 from orchestrator.core.planning import host_disk_gb
 from orchestrator.core.settings import settings
@@ -29,10 +29,11 @@ from orchestrator.core.states import EndReason, EventKind
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.runner_core import JobFailed, Ledger, Placed, RunState
 from orchestrator.engine.teardown import Teardown
+from orchestrator.records import preemptions
 from orchestrator.records.store import Store, utcnow
 from orchestrator.records.store.hosts import observation
 from playbooks.hostcheck import DEFAULT_PULL_BYTES_PER_S, HostCheckSpec, HostRejected
-from playbooks.hostreport import HostReport
+from playbooks.hostreport import HostReport, thresholds
 from playbooks.pipeline import PipelineJob
 from providers import catalog
 from providers.base import Offer, keeps_machine
@@ -75,6 +76,26 @@ def server_due(store: Store, provider: str, name: str) -> str | None:
     """Why registered server `name`'s host check is due now (None: it is not)."""
     rows = store.host_observations(provider, [name])
     return servercheck.due([observation(r) for r in rows], utcnow())
+
+
+def disk_floor(offer: Offer | None) -> float:
+    """Bytes/s: the slowest write a host passes the disk check at (half the offer's planned
+    download rate, playbooks/data/hostchecks.yaml), which a checkpoint is estimated at."""
+    return thresholds().disk.floor(offer.pull_gbps * 1e9 / 8 if offer is not None
+                                   else DEFAULT_PULL_BYTES_PER_S)
+
+
+def spot_risk(state: RunState, placed: Placed) -> checkpointing.Spot | None:
+    """What a spot rental's checkpoint interval is chosen from (None: not spot, or a kept
+    server): its provider's GPU preemption rate (the prior, then orch's history) and the
+    disk floor."""
+    inst = placed.inst
+    if not inst.interruptible or keeps_machine(placed.provider) is not None:
+        return None
+    held = state.held.get(placed.row_id)
+    rate = preemptions.rate_of(state.store, inst.provider, inst.gpu or "")
+    return checkpointing.Spot(rate.preemptions_per_hour,
+                              disk_floor(held.offer if held is not None else None))
 
 
 def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,

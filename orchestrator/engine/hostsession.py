@@ -241,11 +241,17 @@ class HostSession:
         kept = keeper is not None
         # Where we are connected, not the placement's instance (its address may only have
         # been learnt while connecting): a loopback host shares this machine's ports.
+        spot = hostchecks.spot_risk(self.state, placed)
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(host.conn.host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
-                                      exact_count=not kept)
+                                      exact_count=not kept, spot=spot)
+        # What the deadline contract weighs a preemption's loss by: this machine's interval.
+        self.state.save_steps = pj.config.save_steps
+        if spot is not None:
+            log.info("job %s on spot (%.2f preemptions/h): a checkpoint every %d steps",
+                     job.id, spot.preemptions_per_hour, pj.config.save_steps)
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
@@ -343,7 +349,8 @@ class JobHooks(pipeline.Hooks):
         # A rental training far below its plan is moved when that pays (never a kept server).
         self.slow = None if self.kept is not None else slowhost.SlowWatch(
             self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours),
-            self.inputs.save_steps(placed.inst.gpu_count or 1), opts.move_observed_s)
+            session.state.save_steps or self.inputs.save_steps(placed.inst.gpu_count or 1),
+            opts.move_observed_s)
 
     def check_stop(self) -> None:
         self.session.state.check_cancel()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from orchestrator.core import evalsizing, savers, trackingspec
+from orchestrator.core import checkpointing, evalsizing, savers, sizing, trackingspec
 from orchestrator.core.datafiles import DatasetSize
 from orchestrator.core.datasetspec import DatasetSpec
 from orchestrator.core.hubsize import HubDatasetRef, HubSizer
@@ -72,22 +72,38 @@ class Inputs:
         it (a 70B model would fill the 50 GB container disk)."""
         return host_disk_gb(self.loaded, minimum)
 
-    def save_steps(self, gpu_count: int) -> int:
-        """Checkpoint interval in optimizer steps: about one per `ORCH_CHECKPOINT_EVERY_S`."""
+    def checkpoint_interval(self, spot: checkpointing.Spot | None = None,
+                            w: Workload | None = None,
+                            strategy: str = sizing.Strategy.SINGLE) -> checkpointing.Interval:
+        """Training seconds between checkpoints: `ORCH_CHECKPOINT_EVERY_S`, or on a spot
+        machine (`spot`) Young's optimum for its preemption rate and the checkpoint of this
+        job as trained with `w` and `strategy` (default: its settings with orch's fallbacks,
+        on one GPU), never longer (core/checkpointing)."""
+        size = 0
+        if spot is not None:
+            size = sizing.checkpoint_bytes(w or savers.fallback(workload_from(self.loaded)),
+                                           sizing.Strategy(strategy))
+        return checkpointing.interval(settings().checkpoint_every_s, spot, size)
+
+    def save_steps(self, gpu_count: int, spot: checkpointing.Spot | None = None,
+                   w: Workload | None = None, strategy: str = sizing.Strategy.SINGLE) -> int:
+        """Checkpoint interval in optimizer steps: about one per `checkpoint_interval`."""
         t = self.loaded.spec.training
         per_step = t.sequence_len * t.micro_batch_size * t.gradient_accumulation_steps
         steps = max(1, self.tokens // max(1, per_step * gpu_count))
         if not self.est_train_hours:
             return max(1, min(500, steps // 10))
-        every_s = settings().checkpoint_every_s
+        every_s = self.checkpoint_interval(spot, w, strategy).seconds
         per_checkpoint = steps * every_s / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
-                     exact_count: bool = True) -> PipelineJob:
+                     exact_count: bool = True,
+                     spot: checkpointing.Spot | None = None) -> PipelineJob:
         """The host pipeline's view of this job on `inst`.
 
         `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
+        `spot`: `inst` is a spot machine at that risk (its checkpoints come more often).
         """
         from playbooks.deliver import HubTarget
         from playbooks.gpu import GpuExpectation
@@ -110,7 +126,8 @@ class Inputs:
                 est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
             if est is not None and est.workload is not None:
                 strategy, w = est.strategy.value, est.workload
-        config = train_config(spec, strategy, self.save_steps(count), w, job_id=job.id)
+        config = train_config(spec, strategy, self.save_steps(count, spot, w, strategy), w,
+                              job_id=job.id)
         sources = data_sources(spec, self.loaded.path.parent)
         token = os.environ.get("HF_TOKEN") or None
         out = spec.output

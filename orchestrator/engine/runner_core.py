@@ -317,6 +317,9 @@ class RunState:
         self.budget_told = False  # job.budget_reached sent (engine/budget.py): once a run
         # Asked by the monitor thread every tick (the deadline contract's check).
         self.ticks: list[Callable[[], None]] = []
+        # The trainer's `save_steps` on the machine the job is on (None: none yet): the
+        # host session renders it, the deadline contract weighs a preemption's loss by it.
+        self.save_steps: int | None = None
 
     def hold(self, row_id: int, provider: str, instance_id: str | None = None,
              offer: Offer | None = None) -> Attempt:
