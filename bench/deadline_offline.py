@@ -23,12 +23,14 @@ Jobs (seeded, --seed): training of 2 to 12 hours (--work-h); a deadline at that 
 the per-second catalog's prices ($0.234 spot, $0.468 on-demand an hour: spot at half price,
 providers/catalog/cloud.yaml); a restart of 5 min boot (the catalog's boot_minutes), the base
 model's download at the catalog's 2 Gbit/s (8B, 14B, 32B or 70B in bf16: 1 to 9 min) and
-1 min to resume; a checkpoint every 15 or 30 min of training (--checkpoint-min; a checkpoint
-costs no time here, so a shorter interval only lowers what a preemption loses); preemptions
-noticed after 60 s.
+1 min to resume; a checkpoint every 15 or 30 min of training (--checkpoint-min; `young`: the
+interval orch gives a spot machine, core/checkpointing, for the regime's rate and a QLoRA
+checkpoint of the job's model); preemptions noticed after 60 s. A checkpoint costs no time
+unless --charge-writes: then each stalls training for its write (that checkpoint at the
+host check's 125 MB/s), and the on-demand runs checkpoint every 15 min, as the engine's do.
 Usage:
     python bench/deadline_offline.py [--jobs 50] [--seed 41] [--regimes calm,bursty,heavy]
-        [--spot-usd 0.234] [--work-h 2,12] [--checkpoint-min 15,30]
+        [--spot-usd 0.234] [--work-h 2,12] [--checkpoint-min 15,30] [--charge-writes]
 The last line reads `ondemand_usd=... spot_usd=... policy_usd=... spot_missed=...
 policy_missed=...` over all regimes.
 """
@@ -36,6 +38,7 @@ policy_missed=...` over all regimes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import sys
@@ -48,15 +51,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import deadline_oracle  # noqa: E402
+from orchestrator.core import checkpointing, preemption, sizing  # noqa: E402
 from orchestrator.core import deadlinesim as ds  # noqa: E402
-from orchestrator.core import preemption  # noqa: E402
+from orchestrator.core.architectures import known_models  # noqa: E402
 from orchestrator.core.deadline import Market, Mode, Restart  # noqa: E402
+from orchestrator.core.settings import CHECKPOINT_EVERY_S  # noqa: E402
 from providers import spottrace  # noqa: E402
 from providers.sim import spotmarket  # noqa: E402
 from providers.spottrace import SpotTrace  # noqa: E402
 
 SPOT, ON_DEMAND = Decimal("0.234"), Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
 DOWNLOAD_S = (64, 112, 256, 560)  # 16, 28, 64, 140 GB at 2 Gbit/s
+MODELS = ("meta-llama/llama-3.1-8b", "qwen/qwen2.5-14b", "qwen/qwen2.5-32b",
+          "meta-llama/llama-3.1-70b")  # the base model each download is of
+DISK_FLOOR = 125e6  # bytes/s: the host check's disk floor at the catalog's 2 Gbit/s
+YOUNG = 0.0  # --checkpoint-min young: core/checkpointing's interval for the regime's rate
 YEAR_H = 24 * 365.0
 TICK_S = 60.0  # the clairvoyant schedule's time step
 
@@ -82,32 +91,60 @@ def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
     return math.inf if found is None else found
 
 
+def write_s(download_s: float) -> float:
+    """Seconds a QLoRA checkpoint (fp32 adapters, r 16 on every linear, 8-bit AdamW's
+    moments) of the job's base model takes to write at the host check's disk floor (125 MB/s:
+    core/checkpointing)."""
+    repo = MODELS[DOWNLOAD_S.index(int(download_s))]
+    arch = known_models()[repo].architecture
+    w = sizing.Workload(arch=arch, method="qlora", optimizer="adamw_8bit")
+    return sizing.checkpoint_bytes(w) / DISK_FLOOR
+
+
 def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0),
-         checkpoint_s: tuple[float, ...] = (900.0, 1800.0)) -> list[tuple[ds.Job, Restart]]:
-    """`n` seeded jobs and their restart, each checkpointing at one of `checkpoint_s`."""
+         checkpoint_s: tuple[float, ...] = (900.0, 1800.0), rate: float = 0.0,
+         charge_writes: bool = False) -> list[tuple[ds.Job, ds.Job, Restart]]:
+    """`n` seeded jobs, their twin on on-demand and their restart. Each checkpoints at one of
+    `checkpoint_s` (YOUNG: core/checkpointing's interval for `rate` preemptions an hour and the
+    job's checkpoint); its twin every ORCH_CHECKPOINT_EVERY_S (the engine's interval on a
+    machine that is not preempted). `charge_writes`: each checkpoint stalls training for its
+    write time (the work grows by write / interval, which the policy also sees: orch measures
+    the rate with the stalls); without it the twin is the job."""
     rng = random.Random(seed)
     found = []
     for _ in range(n):
         work_h = rng.uniform(*hours)
         fraction = rng.uniform(0.4, 0.8)
         restart = Restart(boot_s=300.0, download_s=rng.choice(DOWNLOAD_S), resume_s=60.0)
-        job = ds.Job(work_s=work_h * 3600, window_s=work_h / fraction * 3600,
-                     checkpoint_every_s=rng.choice(checkpoint_s), detect_s=60.0)
-        found.append((job, restart))
+        every = rng.choice(checkpoint_s)
+        write = write_s(restart.download_s)
+        if every == YOUNG:
+            every = checkpointing.interval(
+                CHECKPOINT_EVERY_S, checkpointing.Spot(rate, DISK_FLOOR),
+                round(write * DISK_FLOOR)).seconds
+        job = ds.Job(work_s=work_h * 3600 * (1 + write / every if charge_writes else 1),
+                     window_s=work_h / fraction * 3600, checkpoint_every_s=every, detect_s=60.0)
+        od = dataclasses.replace(
+            job, work_s=work_h * 3600 * (1 + write / CHECKPOINT_EVERY_S if charge_writes
+                                         else 1), checkpoint_every_s=CHECKPOINT_EVERY_S)
+        found.append((job, od if charge_writes else job, restart))
     return found
 
 
 def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
                work_h: tuple[float, float] = (2.0, 12.0),
-               checkpoint_s: tuple[float, ...] = (900.0, 1800.0)) -> Counter[str]:
+               checkpoint_s: tuple[float, ...] = (900.0, 1800.0),
+               charge_writes: bool = False) -> Counter[str]:
     """Dollars and misses of every strategy over `n` jobs in regime `name`."""
     spec = spotmarket.regimes()[name]
     wait_prior = preemption.prior().wait_mean_h
     totals: Counter[str] = Counter()
     year = spottrace.generate(spec.regime, seed, YEAR_H)
     arrivals = random.Random(seed + 1)
-    for i, (job, restart) in enumerate(jobs(n, seed, work_h, checkpoint_s)):
-        market = Market(spot, ON_DEMAND, spec.matched["preemptions_per_hour"], restart, restart)
+    rate = spec.matched["preemptions_per_hour"]
+    for i, (job, od_job, restart) in enumerate(
+            jobs(n, seed, work_h, checkpoint_s, rate, charge_writes)):
+        market = Market(spot, ON_DEMAND, rate, restart, restart)
         hours = 3 * job.window_s / 3600 + 24
         trace = window(year, arrivals.uniform(0, YEAR_H - hours), hours)
         chosen = ds.estimate(job, market, wait_prior, seed=i).policy.mode or Mode.GREEDY
@@ -117,7 +154,7 @@ def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
                 "greedy": ds.strategy(ds.Plan.POLICY, market, Mode.GREEDY),
                 "uniform": ds.strategy(ds.Plan.POLICY, market, Mode.UNIFORM_PROGRESS)}
         for key, decide_now in runs.items():
-            outcome = ds.replay(job, market, trace, decide_now)
+            outcome = ds.replay(od_job if key == "ondemand" else job, market, trace, decide_now)
             totals[f"{key}_micros"] += int(outcome.cost(market) * 1_000_000)
             totals[f"{key}_missed"] += outcome.missed(job)
         totals[f"chose_{chosen.value}"] += 1
@@ -138,14 +175,20 @@ def main() -> int:
                         help="spot $/h against on-demand's $0.468 (default: the catalog's)")
     parser.add_argument("--work-h", default="2,12", help="training hours: low,high")
     parser.add_argument("--checkpoint-min", default="15,30",
-                        help="minutes between checkpoints, one drawn per job from this list")
+                        help="minutes between checkpoints, one drawn per job from this list "
+                        "('young': orch's spot interval for the regime's rate)")
+    parser.add_argument("--charge-writes", action="store_true",
+                        help="each checkpoint stalls training for its write time (a QLoRA "
+                        "adapter of the job's model at 125 MB/s)")
     args = parser.parse_args()
-    every = tuple(60.0 * float(x) for x in args.checkpoint_min.split(","))
+    every = tuple(YOUNG if x.strip() == "young" else 60.0 * float(x)
+                  for x in args.checkpoint_min.split(","))
     started = time.process_time()
     total: Counter[str] = Counter()
     for name in args.regimes.split(","):
         low, high = (float(x) for x in args.work_h.split(","))
-        c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high), every)
+        c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high), every,
+                       args.charge_writes)
         total.update(c)
         od = c["ondemand_micros"]
         print(f"{name}: ondemand_usd={usd(od)} spot_usd={usd(c['spot_micros'])} "
