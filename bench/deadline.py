@@ -199,22 +199,32 @@ def tally(home: Path, ratio: Decimal) -> dict[str, Tally]:
 
 
 def checkpoint_s(regime: str, args: argparse.Namespace) -> float:
-    """The checkpoint interval in trace seconds: 15 min, or with --checkpoint young the one
-    orch gives a spot machine of the bench's job in `regime` (core/checkpointing: Young's for
-    the regime's preemption rate and the job's QLoRA checkpoint at the disk floor), which the
-    bench scales as it scales the others (the real write time and preemption rate go into it
-    unscaled, so it is the real engine's interval)."""
+    """The checkpoint interval in trace seconds: 15 min, or with --checkpoint young the
+    shortest one orch gives a spot machine of the bench's job in `regime` on GPUS
+    (core/checkpointing: Young's for the regime's preemption rate and the job's QLoRA
+    checkpoint, as the planner trains it on that GPU, at the disk floor), which the bench
+    scales as it scales the others (the real write time and rate go into it unscaled, so it
+    is the real engine's interval). It is a setting of the whole run: the on-demand machines
+    checkpoint as often, which costs them nothing here (they are not preempted, and the
+    stand-in's writes take no training time)."""
     if args.checkpoint == "fixed":
         return 900.0
     from orchestrator.core import checkpointing, savers, sizing
     from orchestrator.core.planning import workload_from
     from orchestrator.core.spec import load_job
+    from providers import catalog
     from providers.sim import spotmarket
 
     rate = spotmarket.regimes()[regime].matched["preemptions_per_hour"]
-    w = savers.fallback(workload_from(load_job(ROOT / "examples" / "quickstart.yml")))
-    return checkpointing.interval(900.0, checkpointing.Spot(rate, DISK_FLOOR),
-                                  sizing.checkpoint_bytes(w)).seconds
+    requested = workload_from(load_job(ROOT / "examples" / "quickstart.yml"))
+    found = []
+    for name in GPUS:
+        gpu = catalog.gpus()[name]
+        est = savers.fit(requested, 1, gpu.memory_bytes, None, gpu)
+        w = est.workload if est is not None and est.workload else savers.fallback(requested)
+        found.append(checkpointing.interval(900.0, checkpointing.Spot(rate, DISK_FLOOR),
+                                            sizing.checkpoint_bytes(w)).seconds)
+    return min(found)
 
 
 def prepare(name: str, root: Path, args: argparse.Namespace) -> tuple[Path, dict[str, str],

@@ -61,11 +61,11 @@ from providers.sim import spotmarket  # noqa: E402
 from providers.spottrace import SpotTrace  # noqa: E402
 
 SPOT, ON_DEMAND = Decimal("0.234"), Decimal("0.468")  # A100 80GB, providers/catalog/cloud.yaml
-DOWNLOAD_S = (64, 112, 256, 560)  # 16, 28, 64, 140 GB at 2 Gbit/s
-MODELS = ("meta-llama/llama-3.1-8b", "qwen/qwen2.5-14b", "qwen/qwen2.5-32b",
-          "meta-llama/llama-3.1-70b")  # the base model each download is of
+# Each job's base model and its download at the catalog's 2 Gbit/s (16, 28, 64, 140 GB).
+MODELS = (("meta-llama/llama-3.1-8b", 64), ("qwen/qwen2.5-14b", 112), ("qwen/qwen2.5-32b", 256),
+          ("meta-llama/llama-3.1-70b", 560))
 DISK_FLOOR = 125e6  # bytes/s: the host check's disk floor at the catalog's 2 Gbit/s
-YOUNG = 0.0  # --checkpoint-min young: core/checkpointing's interval for the regime's rate
+YOUNG = -1.0  # --checkpoint-min young: core/checkpointing's interval for the regime's rate
 YEAR_H = 24 * 365.0
 TICK_S = 60.0  # the clairvoyant schedule's time step
 
@@ -91,14 +91,12 @@ def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
     return math.inf if found is None else found
 
 
-def write_s(download_s: float) -> float:
-    """Seconds a QLoRA checkpoint (fp32 adapters, r 16 on every linear, 8-bit AdamW's
-    moments) of the job's base model takes to write at the host check's disk floor (125 MB/s:
-    core/checkpointing)."""
-    repo = MODELS[DOWNLOAD_S.index(int(download_s))]
+def qlora_bytes(repo: str) -> int:
+    """A QLoRA checkpoint of `repo` (fp32 adapters, r 16 on every linear, 8-bit AdamW's
+    moments), as core/checkpointing sizes it."""
     arch = known_models()[repo].architecture
-    w = sizing.Workload(arch=arch, method="qlora", optimizer="adamw_8bit")
-    return sizing.checkpoint_bytes(w) / DISK_FLOOR
+    return sizing.checkpoint_bytes(sizing.Workload(arch=arch, method="qlora",
+                                                   optimizer="adamw_8bit"))
 
 
 def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0),
@@ -115,13 +113,14 @@ def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0),
     for _ in range(n):
         work_h = rng.uniform(*hours)
         fraction = rng.uniform(0.4, 0.8)
-        restart = Restart(boot_s=300.0, download_s=rng.choice(DOWNLOAD_S), resume_s=60.0)
+        repo, download_s = rng.choice(MODELS)
+        restart = Restart(boot_s=300.0, download_s=download_s, resume_s=60.0)
         every = rng.choice(checkpoint_s)
-        write = write_s(restart.download_s)
-        if every == YOUNG:
-            every = checkpointing.interval(
-                CHECKPOINT_EVERY_S, checkpointing.Spot(rate, DISK_FLOOR),
-                round(write * DISK_FLOOR)).seconds
+        size = qlora_bytes(repo)
+        write = size / DISK_FLOOR  # seconds the checkpoint stalls training
+        if every == YOUNG:  # given the regime's own rate: what orch's history would learn
+            every = checkpointing.interval(CHECKPOINT_EVERY_S,
+                                           checkpointing.Spot(rate, DISK_FLOOR), size).seconds
         job = ds.Job(work_s=work_h * 3600 * (1 + write / every if charge_writes else 1),
                      window_s=work_h / fraction * 3600, checkpoint_every_s=every, detect_s=60.0)
         od = dataclasses.replace(
@@ -183,6 +182,8 @@ def main() -> int:
     args = parser.parse_args()
     every = tuple(YOUNG if x.strip() == "young" else 60.0 * float(x)
                   for x in args.checkpoint_min.split(","))
+    if any(e <= 0 and e != YOUNG for e in every):
+        parser.error(f"--checkpoint-min: minutes > 0 or 'young' (got {args.checkpoint_min})")
     started = time.process_time()
     total: Counter[str] = Counter()
     for name in args.regimes.split(","):

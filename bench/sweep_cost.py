@@ -80,7 +80,7 @@ def setup(scale: float) -> dict[str, str]:
     model_bytes = throughput.model_download_bytes(workload_from(loaded))
     cat = catalog.load()
     per_second = next(o for o in cat.offers if o.provider == "cloud")
-    bytes_per_s = per_second.pull_gbps * 1e9 / 8
+    bytes_per_s = per_second.pull_bytes_per_s
     return {"ORCH_SIM_BOOT_S": f"{per_second.boot_minutes * 60 * scale:.3f}",
             "ORCH_SIM_MODEL_BYTES": str(model_bytes),
             "ORCH_SIM_DOWNLOAD_BPS": f"{bytes_per_s / scale:.0f}"}

@@ -68,6 +68,11 @@ class Offer:
     # `machine_id`); None when it picks one at create (RunPod: `Instance.machine_id`).
     machine_id: str | None = None
 
+    @property
+    def pull_bytes_per_s(self) -> float:
+        """The model-download rate in bytes/s (`pull_gbps` is in Gbit/s)."""
+        return self.pull_gbps * 1e9 / 8
+
 
 class ProviderError(Exception):
     """Base of the errors adapters raise; each subclass tells the engine what to do next."""

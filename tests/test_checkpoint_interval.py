@@ -12,6 +12,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import orchfork
 import pytest
@@ -82,6 +83,21 @@ def test_a_machine_that_is_not_preempted_checkpoints_at_the_setting() -> None:
         checkpointing.interval(0.0)
     with pytest.raises(ValueError, match="write rate"):
         checkpointing.interval(900.0, checkpointing.Spot(0.3, 0.0), 1)
+    with pytest.raises(ValueError, match="needs the checkpoint's size"):
+        checkpointing.interval(900.0, checkpointing.Spot(0.3, 125e6))  # not 0 bytes silently
+
+
+@pytest.mark.parametrize(("every", "size", "expected"), [
+    (900.0, 10**8, 3),  # the longest interval: the trainer's three, as always
+    (300.0, 10**8, 9),  # a third of it: three times as many, the same 45 minutes
+    (60.0, 10**8, 45),  # a minute: 45 of 0.1 GB
+    (60.0, 10**9, 5),  # ... of 1 GB: 5 GB at most
+    (60.0, 4 * 10**9, 3),  # never fewer than three
+])
+def test_a_shorter_interval_keeps_more_checkpoints_as_long_on_the_host(
+        every: float, size: int, expected: int) -> None:
+    found = checkpointing.kept(checkpointing.Interval(every, 1.0, every), 900.0, size)
+    assert found == expected
 
 
 def test_the_interval_says_what_set_it() -> None:
@@ -126,18 +142,25 @@ def test_a_spot_rental_of_a_lora_job_checkpoints_more_often_a_full_one_does_not(
     assert full.checkpoint_interval(spot).seconds == 900  # Young's optimum is longer
 
 
-def _rendered_save_steps(rig: Rig, spot: str) -> int:
-    """The `save_steps` of the config a job with `resources.spot: spot` trains with on the
-    simulated cloud (an A100 80GB either way; 200M tokens: 1.24 h of training estimated)."""
+def _long_job(rig: Rig, spot: str, extra: str = "") -> Path:
+    """The quickstart with `resources.spot: spot` (and `extra`) on an A100 80GB, with 200M
+    tokens: 1.24 h of training estimated (the stand-in trains its few steps regardless)."""
     path = rig.job_file()
     path.write_text(path.read_text()
                     .replace("  format: alpaca\n", "  format: alpaca\n  tokens: 200000000\n")
-                    .replace("  spot: allowed\n", f"  spot: {spot}\n  gpus: [A100 80GB]\n"))
+                    .replace("  spot: allowed\n",
+                             f"  spot: {spot}\n  gpus: [A100 80GB]\n{extra}"))
+    return path
+
+
+def _rendered(rig: Rig, spot: str) -> tuple[str, dict[str, Any]]:
+    """The long job's id and the axolotl config it trains with on the simulated cloud."""
+    path = _long_job(rig, spot)
     job_id = rig.queue(path)
-    seen: list[int] = []
+    seen: list[dict[str, Any]] = []
 
     def look() -> None:  # the config on the host, while it trains
-        seen.extend(yaml.safe_load(p.read_text())["save_steps"]
+        seen.extend(yaml.safe_load(p.read_text())
                     for p in (rig.tmp / "sim").rglob("config.yml") if job_id in str(p))
 
     cloud = rig.cloud()
@@ -152,21 +175,52 @@ def _rendered_save_steps(rig: Rig, spot: str) -> int:
     rendered = orchfork.run(["render", str(path), "--json"], env=dict(os.environ), cwd=ROOT,
                             timeout=120)
     assert rendered.returncode == 0, rendered.stderr
-    assert json.loads(rendered.stdout)["axolotl_config"]["save_steps"] == seen[0]
-    return seen[0]
+    out = json.loads(rendered.stdout)["axolotl_config"]
+    assert {k: out[k] for k in KEYS} == {k: seen[0][k] for k in KEYS}
+    return job_id, seen[0]
+
+
+KEYS = ("save_steps", "save_total_limit")
+
+
+def _young(rig: Rig) -> float:
+    """Young's interval for the long job: the prior's rate, and its QLoRA adapter with
+    AdamW (the planner's choice for it on an A100: fp32 adapters and moments, 12 bytes a
+    parameter) at the disk floor (125 MB/s)."""
+    loaded = load_job(next((rig.tmp / "jobs").glob("*.yml")))
+    size = workload_from(loaded).arch.lora_params(16, sizing.LINEAR_MODULES) * 12
+    return checkpointing.young_s(size / 125e6, preemption.rate().preemptions_per_hour)
 
 
 def test_a_spot_rental_is_rendered_with_youngs_interval(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ORCH_CHECKPOINT_EVERY_S", raising=False)
-    on_demand = _rendered_save_steps(rig, "never")
-    spot = _rendered_save_steps(rig, "required")
+    _, on_demand = _rendered(rig, "never")
+    spot_id, spot = _rendered(rig, "required")
     # The same GPU and estimate: the steps scale as the intervals. On-demand: 15 min. Spot:
-    # Young's for the prior's rate and the adapter's checkpoint at the disk floor (125 MB/s).
-    rate = preemption.rate().preemptions_per_hour
-    loaded = load_job(next((rig.tmp / "jobs").glob("*.yml")))
-    arch = workload_from(loaded).arch
-    size = arch.lora_params(16, sizing.LINEAR_MODULES) * 12  # fp32 adapters, AdamW
-    young = checkpointing.young_s(size / 125e6, rate)
+    # Young's for the prior's rate and the adapter's checkpoint.
+    young = _young(rig)
     assert 60 < young < 900
-    assert spot == pytest.approx(on_demand * young / 900, abs=2)
+    assert spot["save_steps"] == pytest.approx(on_demand["save_steps"] * young / 900, abs=2)
+    # Each checkpoint stays on the host as long as at 15 min: 3 x 15 min of them.
+    assert on_demand["save_total_limit"] == 3
+    assert spot["save_total_limit"] == math.ceil(3 * 900 / young)
+    # The job's events say why (an on-demand machine's interval is the setting: no event).
+    (said,) = [e.message for e in rig.store.events(spot_id) if e.kind == "checkpoint.interval"]
+    assert "Young's optimum" in said and f"every {spot['save_steps']} steps" in said, said
+
+
+def test_the_deadline_policy_weighs_a_preemption_by_the_spot_interval_before_renting(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before any step the work is in the plan's seconds: the interval must be seconds too,
+    # Young's for the spot offer, not the spot machine's step count read as seconds.
+    monkeypatch.delenv("ORCH_CHECKPOINT_EVERY_S", raising=False)
+    cloud = rig.cloud()
+    job_id = rig.queue(_long_job(rig, "allowed", "  deadline_hours: 12\n"))
+    job = rig.run(cloud, job_id)
+    assert job.status == "succeeded", job.failure_reason
+    first = next(json.loads(e.data_json or "{}") for e in rig.store.events(job_id)
+                 if e.kind == "deadline.decision")
+    assert first["choice"] == "spot"
+    assert first["checkpoint_every_s"] == pytest.approx(_young(rig), abs=0.1)
+    assert_nothing_left(rig, cloud, job_id)

@@ -63,7 +63,7 @@ def spot_risk(spot: Placement, rate: Rate | None = None) -> Spot:
     from playbooks.hostreport import thresholds
 
     rate = rate or rate_of(spot.offer.provider, spot.offer.gpu)
-    return Spot(rate.preemptions_per_hour, thresholds().disk.floor(spot.offer.pull_gbps * 1e9 / 8))
+    return Spot(rate.preemptions_per_hour, thresholds().disk.floor(spot.offer.pull_bytes_per_s))
 
 
 def restart_times(keys: set[tuple[str, str]]) -> dict[tuple[str, str], Measured]:

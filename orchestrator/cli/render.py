@@ -64,7 +64,8 @@ def render_job(file: Path, host: str | None) -> Any:
             else None)
     config = train_config(spec, est.strategy.value,
                           inputs.save_steps(est.gpu_count, spot, est.workload, est.strategy),
-                          est.workload or plan.workload)
+                          est.workload or plan.workload,
+                          keep=inputs.save_total_limit(spot, est.workload, est.strategy))
     layout = Layout(rendering.NOMINAL_BASE[kind])
     # Each dataset as the host has it: a local file uploaded, a Hub dataset downloaded there.
     sources = data_sources(spec, job.path.parent)

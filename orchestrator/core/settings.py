@@ -168,7 +168,8 @@ class Settings(BaseModel):
         "How often training saves a checkpoint (the trainer's `save_steps`, from the "
         "estimated training time): the most work a preemption loses. On spot, orch "
         "checkpoints more often where Young's interval for the GPU's preemption rate and "
-        "the job's checkpoint is shorter, never under a minute (docs/deadline.md).", "Engine")
+        "the job's checkpoint is shorter, never under a minute unless this is "
+        "(docs/deadline.md).", "Engine")
 
     # --- SSH ----------------------------------------------------------------------------
     ssh_command_timeout_s: Seconds = _setting(

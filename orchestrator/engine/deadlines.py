@@ -113,6 +113,7 @@ class Contract:
         self.stale: int | None = None
         self.last_check = time.monotonic()
         self.moved = False
+        self.every_s: float | None = None  # the last situation's checkpoint interval
         self.warned = self.active and any(e.kind == EventKind.DEADLINE_WILL_MISS
                                           for e in state.store.events(state.job_id))
 
@@ -293,6 +294,7 @@ class Contract:
         assert self.hours is not None
         elapsed = (utcnow() - job.created_at).total_seconds()
         work, every = self._work(seen)
+        self.every_s = every
         starting = 0.0
         if on is not Machine.NONE and not self.samples:
             restart = (seen.market.spot_restart if on is Machine.SPOT
@@ -310,16 +312,19 @@ class Contract:
         after = self._after(seen)
         total, durable = self._steps()
         rate = self._rate()
+        every: float | None = None
         if total is None or rate is None:
             train_s = max(1.0, d.training * 3600)
             if total is not None:  # steps known from an earlier machine, not their rate
                 rate = total / train_s
-            else:
+            else:  # no steps known: the work in the plan's seconds, one "step" a second
                 total, durable, rate = math.ceil(train_s), 0, 1.0
+                every = min(train_s, self._interval(seen).seconds)
         current = self.ledger.progress.step or durable
         unsaved = max(0, current - durable) if self.on is not Machine.NONE else 0
         done = min(durable, total)
-        every = self._save_steps(seen) / rate
+        if every is None:
+            every = self._save_steps(seen) / rate
         return Work(total, done, rate, min(unsaved, total - done), after), every
 
     def _save_steps(self, seen: _Seen) -> int:
@@ -327,9 +332,23 @@ class Contract:
         it), else what a spot machine would be given (Young's interval for its rate)."""
         if self.on is not Machine.NONE and self.state.save_steps is not None:
             return self.state.save_steps
-        spot = None if seen.spot is None else checkpointing.Spot(
-            seen.market.preemptions_per_hour, hostchecks.disk_floor(seen.spot.offer))
-        return self.inputs.save_steps(seen.plan().offer.gpu_count, spot)
+        p, spot = self._spot_of(seen)
+        return self.inputs.save_steps(p.offer.gpu_count, spot, p.estimate.workload,
+                                      p.estimate.strategy)
+
+    def _interval(self, seen: _Seen) -> checkpointing.Interval:
+        """The training seconds between checkpoints a spot machine would be given."""
+        p, spot = self._spot_of(seen)
+        return self.inputs.checkpoint_interval(spot, p.estimate.workload, p.estimate.strategy)
+
+    @staticmethod
+    def _spot_of(seen: _Seen) -> tuple[scheduler.Placement, checkpointing.Spot | None]:
+        """The spot placement and what its checkpoint interval is chosen from (the on-demand
+        one and None without spot), as the host session will render it."""
+        if seen.spot is None:
+            return seen.plan(), None
+        return seen.spot, checkpointing.Spot(seen.market.preemptions_per_hour,
+                                             hostchecks.disk_floor(seen.spot.offer))
 
     @staticmethod
     def _after(seen: _Seen) -> float:
@@ -366,7 +385,10 @@ class Contract:
                 "preemptions": self.seen.rate_text,
                 "spot_restart_s": round(m.spot_restart.seconds, 1),
                 "on_demand_restart_s": round(m.on_demand_restart.seconds, 1),
-                "after_training_s": round(self._after(self.seen), 1), **decision.numbers}
+                "after_training_s": round(self._after(self.seen), 1),
+                # the training seconds a preemption's loss was weighed by
+                "checkpoint_every_s": None if self.every_s is None else round(self.every_s, 1),
+                **decision.numbers}
 
     def _record(self, decision: Decision, seen: _Seen) -> None:
         choice = Choice.ON_DEMAND if decision.choice is Choice.ON_DEMAND else None

@@ -81,7 +81,7 @@ def server_due(store: Store, provider: str, name: str) -> str | None:
 def disk_floor(offer: Offer | None) -> float:
     """Bytes/s: the slowest write a host passes the disk check at (half the offer's planned
     download rate, playbooks/data/hostchecks.yaml), which a checkpoint is estimated at."""
-    return thresholds().disk.floor(offer.pull_gbps * 1e9 / 8 if offer is not None
+    return thresholds().disk.floor(offer.pull_bytes_per_s if offer is not None
                                    else DEFAULT_PULL_BYTES_PER_S)
 
 
@@ -107,7 +107,7 @@ def spec_for(state: RunState, inputs: Inputs, pj: PipelineJob,
         return None
     held = state.held.get(placed.row_id)
     offer: Offer | None = held.offer if held is not None else None
-    pull = offer.pull_gbps * 1e9 / 8 if offer is not None else DEFAULT_PULL_BYTES_PER_S
+    pull = offer.pull_bytes_per_s if offer is not None else DEFAULT_PULL_BYTES_PER_S
     # The Hub the host's own model download uses: huggingface.co (the model cache playbook
     # sets no HF_ENDPOINT on the host; orch's own HF_ENDPOINT is where it asks and uploads).
     return HostCheckSpec(job_id=pj.job_id, gpu=pj.gpu, rated_tflops=gpu.bf16_tflops,

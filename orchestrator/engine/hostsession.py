@@ -249,9 +249,15 @@ class HostSession:
                                       exact_count=not kept, spot=spot)
         # What the deadline contract weighs a preemption's loss by: this machine's interval.
         self.state.save_steps = pj.config.save_steps
-        if spot is not None:
-            log.info("job %s on spot (%.2f preemptions/h): a checkpoint every %d steps",
-                     job.id, spot.preemptions_per_hour, pj.config.save_steps)
+        if spot is not None:  # say why a spot machine checkpoints more often
+            strategy, w = self.inputs.layout(job, inst)
+            every = self.inputs.checkpoint_interval(spot, w, strategy)
+            self.ledger.event(
+                "checkpoint.interval",
+                f"on spot ({spot.preemptions_per_hour:.2f} preemptions/h): a checkpoint "
+                f"{every.describe()}: every {pj.config.save_steps} steps, the newest "
+                f"{pj.config.save_total_limit} kept",
+                {"step": pj.config.save_steps, "seconds": round(every.seconds, 1)})
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
@@ -263,7 +269,7 @@ class HostSession:
         held = self.state.held.get(placed.row_id)
         if held is not None:
             held.pipeline = run
-        pipeline.run_phases(run, JobHooks(self, placed))
+        pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps))
         if held is not None:
             held.pipeline = None  # every detached run ended: nothing to stop at the release
         stop = self.state.stop
@@ -333,7 +339,7 @@ class HostSession:
 class JobHooks(pipeline.Hooks):
     """`playbooks.pipeline.Hooks` for a job the engine drives on one instance."""
 
-    def __init__(self, session: HostSession, placed: Placed) -> None:
+    def __init__(self, session: HostSession, placed: Placed, save_steps: int) -> None:
         self.session = session
         self.ledger = session.ledger
         self.inputs = session.inputs
@@ -349,8 +355,7 @@ class JobHooks(pipeline.Hooks):
         # A rental training far below its plan is moved when that pays (never a kept server).
         self.slow = None if self.kept is not None else slowhost.SlowWatch(
             self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours),
-            session.state.save_steps or self.inputs.save_steps(placed.inst.gpu_count or 1),
-            opts.move_observed_s)
+            save_steps, opts.move_observed_s)
 
     def check_stop(self) -> None:
         self.session.state.check_cancel()

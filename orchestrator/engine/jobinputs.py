@@ -79,11 +79,27 @@ class Inputs:
         machine (`spot`) Young's optimum for its preemption rate and the checkpoint of this
         job as trained with `w` and `strategy` (default: its settings with orch's fallbacks,
         on one GPU), never longer (core/checkpointing)."""
-        size = 0
-        if spot is not None:
-            size = sizing.checkpoint_bytes(w or savers.fallback(workload_from(self.loaded)),
-                                           sizing.Strategy(strategy))
-        return checkpointing.interval(settings().checkpoint_every_s, spot, size)
+        if spot is None:
+            return checkpointing.interval(settings().checkpoint_every_s)
+        return checkpointing.interval(settings().checkpoint_every_s, spot,
+                                      self.checkpoint_bytes(w, strategy))
+
+    def checkpoint_bytes(self, w: Workload | None = None,
+                         strategy: str = sizing.Strategy.SINGLE) -> int:
+        """One checkpoint's bytes, trained with `w` and `strategy` (see checkpoint_interval)."""
+        return sizing.checkpoint_bytes(w or savers.fallback(workload_from(self.loaded)),
+                                       sizing.Strategy(strategy))
+
+    def save_total_limit(self, spot: checkpointing.Spot | None = None,
+                         w: Workload | None = None,
+                         strategy: str = sizing.Strategy.SINGLE) -> int:
+        """Checkpoints the trainer keeps: more at a spot machine's shorter interval, so each
+        stays on the host as long as at the longest (core/checkpointing.kept)."""
+        if spot is None:
+            return checkpointing.KEEP
+        return checkpointing.kept(self.checkpoint_interval(spot, w, strategy),
+                                  settings().checkpoint_every_s,
+                                  self.checkpoint_bytes(w, strategy))
 
     def save_steps(self, gpu_count: int, spot: checkpointing.Spot | None = None,
                    w: Workload | None = None, strategy: str = sizing.Strategy.SINGLE) -> int:
@@ -96,6 +112,25 @@ class Inputs:
         every_s = self.checkpoint_interval(spot, w, strategy).seconds
         per_checkpoint = steps * every_s / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
+
+    def layout(self, job: Job, inst: Instance) -> tuple[str, Workload]:
+        """The layout and resolved settings the job trains with on `inst`: the planner's
+        choice on its GPU (the same pure function as at plan time); on a GPU orch has no
+        figures for, single and the settings orch used before it decided them."""
+        gpu = inst.gpu or job.gpu or ""
+        count = job.gpu_count or inst.gpu_count or 1
+        spec_gpu = catalog.gpus().get(gpu)
+        requested = workload_from(self.loaded)
+        if spec_gpu is not None:
+            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+            if est is None:
+                # Only an offloading layout fits: the placement checked its host RAM against
+                # the offer, which the instance row does not keep. Without this the job
+                # would be rendered single-GPU and run out of memory.
+                est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
+            if est is not None and est.workload is not None:
+                return est.strategy.value, est.workload
+        return "single", savers.fallback(requested)
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
                      exact_count: bool = True,
@@ -112,22 +147,9 @@ class Inputs:
         gpu = inst.gpu or job.gpu or ""
         count = job.gpu_count or inst.gpu_count or 1
         spec_gpu = catalog.gpus().get(gpu)
-        strategy = "single"
-        requested = workload_from(self.loaded)
-        # The planner's choice on this GPU (the same pure function as at plan time); on a
-        # GPU orch has no figures for, the settings orch used before it decided them.
-        w = savers.fallback(requested)
-        if spec_gpu is not None:
-            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
-            if est is None:
-                # Only an offloading layout fits: the placement checked its host RAM against
-                # the offer, which the instance row does not keep. Without this the job
-                # would be rendered single-GPU and run out of memory.
-                est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
-            if est is not None and est.workload is not None:
-                strategy, w = est.strategy.value, est.workload
+        strategy, w = self.layout(job, inst)
         config = train_config(spec, strategy, self.save_steps(count, spot, w, strategy), w,
-                              job_id=job.id)
+                              job_id=job.id, keep=self.save_total_limit(spot, w, strategy))
         sources = data_sources(spec, self.loaded.path.parent)
         token = os.environ.get("HF_TOKEN") or None
         out = spec.output
@@ -211,12 +233,14 @@ def dataset_entries(spec: JobSpec) -> tuple[tuple[DatasetEntry, ...], tuple[Data
 
 
 def train_config(spec: JobSpec, strategy: str, save_steps: int,
-                 settings: Workload, job_id: str | None = None) -> TrainConfigInput:
+                 settings: Workload, job_id: str | None = None,
+                 keep: int = checkpointing.KEEP) -> TrainConfigInput:
     """The job's axolotl inputs (paths left empty: the host's layout fills them).
 
     One function for the engine and `orch render`, so what is rendered is what runs.
     `settings` is the planner's resolved workload: the memory savers it turned on.
     `job_id` names the tracker's run (default: the job's name, as `orch render` shows it).
+    `keep`: the checkpoints the trainer keeps (`save_total_limit`).
     """
     t, lora = spec.training, spec.lora
     datasets, test_datasets = dataset_entries(spec)
@@ -232,7 +256,7 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int,
         activation_offloading=settings.activation_offloading is True,
         lora_r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         lora_target=None if lora.target is None else tuple(lora.target),
-        strategy=strategy, save_steps=save_steps,
+        strategy=strategy, save_steps=save_steps, save_total_limit=keep,
         datasets=datasets, test_datasets=test_datasets, val_set_size=t.val_set_size,
         tracking=trackingspec.tracker_keys(spec.tracking, spec.name, job_id or spec.name),
         extra=dict(spec.trainer.extra))  # fmt: skip
