@@ -59,6 +59,33 @@ def test_safety_net_on_demand_when_the_slack_cannot_absorb_one_more_restart() ->
     assert "on-demand to the end" in d.reason
 
 
+def test_the_margins_budget_a_slow_on_demand_restart() -> None:
+    """The Safety Net and the drift rule's fallback hold only if the on-demand restart that
+    follows a preemption is no longer than they budget: they take a slow one (the 90th
+    percentile measured, `slow_extra_s`); costs and the fastest way to finish do not."""
+    slow = Market(MARKET.spot_per_hour, MARKET.on_demand_per_hour, 0.3, RESTART,
+                  Restart(boot_s=300, download_s=240, resume_s=60, slow_extra_s=600))
+    usual = decide(situation(10, 11), MARKET)  # 60 min of slack, the net 56 min
+    assert (usual.choice, usual.rule) == (Choice.SPOT, Rule.TAKING_RISKS)
+    d = decide(situation(10, 11), slow)  # the net 66 min: a slow fallback no longer fits
+    assert (d.choice, d.rule) == (Choice.ON_DEMAND, Rule.SAFETY_NET)
+    assert d.numbers["safety_net_s"] == 66 * 60
+    # On spot, 50 min of slack: more than a preemption and a usual fallback (46 min), less
+    # than with a slow one (56 min): move while it still finishes in time.
+    on_spot = situation(10, 8.5 + 50 / 60, done_h=1.5, elapsed_h=4, on=Machine.SPOT)
+    assert decide(on_spot, MARKET).rule is Rule.EXPLOITATION
+    moved = decide(on_spot, slow)
+    assert (moved.choice, moved.rule) == (Choice.ON_DEMAND, Rule.DRIFT)
+    assert moved.numbers["fallback_s"] == 56 * 60
+    # The fastest way to finish is the usual one: 10 h of work and a 10 min restart fit in
+    # 10.2 h whatever a slow restart would take.
+    assert not decide(situation(10, 10.2, spot=False), slow).will_miss
+    assert spot_cost_factor(slow, situation(10, 12), from_on_demand=True) == spot_cost_factor(
+        MARKET, situation(10, 12), from_on_demand=True)
+    with pytest.raises(ValueError, match="slow_extra_s"):
+        Restart(slow_extra_s=-1)
+
+
 def test_no_spot_and_behind_uniform_progress_catches_up_on_demand() -> None:
     # 4 h of 10 done after 6 h of 15: the line says 4 h, it has 3.9.
     d = decide(situation(10, 9, done_h=3.9, elapsed_h=6, spot=False), MARKET)
@@ -206,3 +233,45 @@ def test_on_demand_only_misses_exactly_when_nothing_could_meet_the_deadline(
     fastest = ds.fastest(job, market)
     assert outcome.missed(job) is (not fastest.meets)
     assert outcome.finished_s == pytest.approx(restart + work_h * H)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trace=traces, work_h=st.floats(0.5, 30), fraction=st.floats(0.2, 1.0),
+       checkpoint=st.floats(60, 3600), rate=st.floats(0, 3), mode=st.sampled_from(list(Mode)),
+       spot_restart=st.floats(0, 1800), od_restart=st.floats(0, 1800),
+       slow=st.floats(0, 1800), share=st.floats(0, 1))
+def test_the_guarantee_holds_when_the_fallback_restart_runs_up_to_the_slow_one(
+        trace: SpotTrace, work_h: float, fraction: float, checkpoint: float, rate: float,
+        mode: Mode, spot_restart: float, od_restart: float, slow: float,
+        share: float) -> None:
+    """The policy plans with the usual on-demand restart and budgets a slow one; every
+    on-demand restart of the replay takes anything up to that slow one. It still meets every
+    deadline that on-demand, restarting that slowly from the start, could meet."""
+    believed = Market(Decimal("0.2"), Decimal("0.5"), rate, Restart(spot_restart),
+                      Restart(od_restart, slow_extra_s=slow))
+    real = Market(Decimal("0.2"), Decimal("0.5"), rate, Restart(spot_restart),
+                  Restart(od_restart + share * slow))
+    job = ds.Job(work_s=work_h * H, window_s=work_h * H / fraction, checkpoint_every_s=checkpoint)
+    on_demand = ds.replay(job, real, trace, ds.strategy(ds.Plan.ON_DEMAND, real))
+    assume(not on_demand.missed(job))
+    policy = ds.replay(job, real, trace, ds.strategy(ds.Plan.POLICY, believed, mode))
+    assert not policy.missed(job), policy
+
+
+def test_a_median_margin_misses_when_the_fallback_restart_runs_slow() -> None:
+    """Why the margins budget a slow restart: planned with the usual one alone, a job that
+    enters spot at the Safety Net's edge, is preempted and meets a slow on-demand restart
+    misses; budgeting the slow one, it goes on-demand from the start and meets it."""
+    # 2 h of work, checkpoints every 10 min; restarts 10 min, a slow on-demand one 20 min.
+    # Spot from 0 until 1790 s: preempted 590 s after a checkpoint.
+    job = ds.Job(work_s=2 * H, window_s=2 * H + 2200, checkpoint_every_s=600)
+    real = Market(Decimal("0.2"), Decimal("0.5"), 0.3, Restart(600), Restart(1200))
+    usual = Market(Decimal("0.2"), Decimal("0.5"), 0.3, Restart(600), Restart(600))
+    budgeted = Market(Decimal("0.2"), Decimal("0.5"), 0.3, Restart(600),
+                      Restart(600, slow_extra_s=600))
+    trace = SpotTrace(400.0, ((0.0, 1790 / H),))
+    assert not ds.replay(job, real, trace, ds.strategy(ds.Plan.ON_DEMAND, real)).missed(job)
+    late = ds.replay(job, real, trace, ds.strategy(ds.Plan.POLICY, usual, Mode.GREEDY))
+    assert late.missed(job) and late.preemptions == 1
+    met = ds.replay(job, real, trace, ds.strategy(ds.Plan.POLICY, budgeted, Mode.GREEDY))
+    assert not met.missed(job) and met.spot_s == 0

@@ -18,6 +18,7 @@ from emulators.vast import VastEmulator
 from test_cli import orch
 
 from orchestrator.records.store import open_store, utcnow
+from orchestrator.records.store.tables import Event
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "vast-market-key-0123456789"
@@ -77,18 +78,37 @@ def test_plan_weighs_the_restart_orch_measured_on_the_spot_gpu(
         assert got is not None
         got.provider_instance_id, got.created_at = "i-1", rented
     with store.transaction() as session:
-        from orchestrator.records.store.tables import Event
         session.add(Event(job_id=job_id, at=rented + timedelta(minutes=40),
                           kind="train.progress", message="step 1"))
+    # The on-demand placement's GPU: rentals that reached a step 10, 10, 10 and 30 minutes
+    # after they were made. The policy plans with the median and its margins with a slow one.
+    od = next(p for p in [before["placement"], *before["alternatives"]]
+              if not p["interruptible"])
+    for n, minutes in enumerate((10, 10, 10, 30)):
+        other = _a_job(store)
+        row = store.add_instance(other, provider=od["provider"], offer_id="o", gpu=od["gpu"],
+                                 gpu_count=1, billing="per_second", interruptible=False,
+                                 price_per_hour=Decimal("0.6"), attempt=0)
+        at = rented - timedelta(hours=n + 1)
+        with store.transaction() as session:
+            got = session.get(type(row), row.id)
+            assert got is not None
+            got.provider_instance_id, got.created_at = f"i-od-{n}", at
+            session.add(Event(job_id=other, at=at + timedelta(minutes=minutes),
+                              kind="train.progress", message="step 1"))
     store.close()
     after = json.loads(orch(env, "plan", str(path), "--json").stdout)["deadline"]
     assert after["restarts"]["spot_s"] == 2400.0
-    assert after["restarts"]["spot_source"] == "measured: 2400 s (median of 1 rentals)"
+    assert after["restarts"]["spot_source"] == "measured: 2400 s (1 rental)"
+    assert after["restarts"]["on_demand_s"] == 600.0
+    assert after["restarts"]["on_demand_source"] == ("measured: 600 s (median of 4 rentals; "
+                                                     "9 in 10 within 1440 s)")
+    assert after["restarts"]["on_demand_slow_s"] == 1440.0  # 0.7 of the way from 10 to 30 min
     policy = {s["strategy"]: Decimal(s["expected_cost"]) for s in after["strategies"]}
     earlier = {s["strategy"]: Decimal(s["expected_cost"])
                for s in before["deadline"]["strategies"]}
     assert policy["spot"] > earlier["spot"]  # each restart of spot costs 40 minutes now
-    assert "restarts: spot 40.0 min (measured: 2400 s (median of 1 rentals))" in orch(
+    assert "restarts: spot 40.0 min (measured: 2400 s (1 rental))" in orch(
         env, "plan", str(path)).stdout
 
 

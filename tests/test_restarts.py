@@ -36,14 +36,27 @@ def test_the_median_of_the_newest_rentals_that_reached_a_step() -> None:
              ("sim", "A100", T0, T0 - timedelta(seconds=5)),  # a step before it: not its own
              ("vastai", "H100", T0, T0 + timedelta(seconds=7))]
     got = restarts.measured(rows)
-    assert got == {("sim", "A100"): restarts.Measured(25.0, 4),
-                   ("vastai", "H100"): restarts.Measured(7.0, 1)}
-    assert got[("sim", "A100")].describe() == "25 s (median of 4 rentals)"
+    # The slow one of [10, 20, 30, 1000]: 90 % of the way from the 3rd to the 4th, 0.7 x 970.
+    assert got == {("sim", "A100"): restarts.Measured(25.0, 4, pytest.approx(709.0)),
+                   ("vastai", "H100"): restarts.Measured(7.0, 1, 7.0)}
+    assert got[("sim", "A100")].describe() == "25 s (median of 4 rentals; 9 in 10 within 709 s)"
     # Only the newest WINDOW of a key count (rows come newest first).
     many = [("sim", "A100", T0, T0 + timedelta(seconds=1))] * restarts.WINDOW
     old = [("sim", "A100", T0, T0 + timedelta(seconds=999))] * 5
     assert restarts.measured(many + old)[("sim", "A100")] == restarts.Measured(
-        1.0, restarts.WINDOW)
+        1.0, restarts.WINDOW, 1.0)
+
+
+def test_a_slow_restart_is_the_90th_percentile_of_the_window() -> None:
+    """What the deadline's margins budget: 9 in 10 of the measured restarts started sooner;
+    one rental is its own slow one; never beyond the longest measured."""
+    times = [float(s) for s in range(1, 21)]  # 1..20 s
+    assert restarts.slow_of(times) == pytest.approx(18.1)
+    assert restarts.slow_of([5.0]) == 5.0
+    assert restarts.slow_of([5.0, 9.0]) == pytest.approx(8.6)
+    # One outlier in twenty is past the 90th percentile; three are not.
+    assert restarts.slow_of([8.0] * 19 + [22.0]) == 8.0
+    assert restarts.slow_of([8.0] * 17 + [20.0, 21.0, 22.0]) == pytest.approx(20.1)
 
 
 def _job(store: Store, name: str) -> str:
@@ -91,8 +104,8 @@ def test_the_engine_and_orch_plan_read_the_same_restarts(
         # A machine taken warm (created when taken, no boot): not a restart.
         _rental(store, b, "H100 PCIe", T0 + timedelta(minutes=40), None, offer_id="warm:7")
         _step(store, b, T0 + timedelta(minutes=40, seconds=2))
-        want = {("sim", "A100 80GB"): restarts.Measured(50.0, 2),
-                ("sim", "H100 PCIe"): restarts.Measured(60.0, 1)}
+        want = {("sim", "A100 80GB"): restarts.Measured(50.0, 2, 58.0),
+                ("sim", "H100 PCIe"): restarts.Measured(60.0, 1, 60.0)}
         keys = [("sim", "A100 80GB"), ("sim", "H100 PCIe"), ("sim", "RTX 5090")]
         assert stored.measured(store, keys) == want
         assert readonly.restart_times(url, keys) == want
@@ -136,4 +149,7 @@ def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: 
     assert rig.run(cloud, second).status == "succeeded"
     (after,) = events(rig, second, "deadline.decision")
     assert float(str(after["spot_restart_s"])) == pytest.approx(measured.seconds, abs=0.1)
+    # One rental is its own slow one: the margins budget the restart measured.
+    assert float(str(after["on_demand_slow_restart_s"])) == pytest.approx(
+        float(str(after["on_demand_restart_s"])), abs=0.1)
     assert_nothing_left(rig, cloud, second)

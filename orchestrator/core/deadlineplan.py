@@ -47,6 +47,8 @@ class DeadlinePlan:
                 "spot_s": round(self.market.spot_restart.seconds, 1),
                 "spot_source": self.restart_source[0],
                 "on_demand_s": round(self.market.on_demand_restart.seconds, 1),
+                # What the deadline's margins budget for the fallback to on-demand.
+                "on_demand_slow_s": round(self.market.on_demand_restart.slow_s, 1),
                 "on_demand_source": self.restart_source[1]}
         if self.checkpoint is not None:
             out["spot_checkpoint_every_s"] = round(self.checkpoint.seconds, 1)
@@ -86,9 +88,14 @@ def restart_of(p: Placement, seen: Mapping[restarts.Key, restarts.Measured],
         seconds, source = history.seconds, f"measured: {history.describe()}"
     else:
         seconds, source = 0.0, "plan"
+    # A slow restart of that provider's GPU (its history's 90th percentile), beyond the one
+    # planned with: what the deadline's margins budget (core/deadline.Restart.slow_extra_s).
+    usual = max(seconds, boot + pull)
+    extra = max(0.0, history.slow - usual) if history is not None else 0.0
     if seconds <= boot + pull:
-        return Restart(boot_s=boot, download_s=pull), "plan"
-    return Restart(boot_s=boot, download_s=pull, resume_s=seconds - boot - pull), source
+        return Restart(boot_s=boot, download_s=pull, slow_extra_s=extra), "plan"
+    return Restart(boot_s=boot, download_s=pull, resume_s=seconds - boot - pull,
+                   slow_extra_s=extra), source
 
 
 def compared(placements: tuple[Placement, ...]) -> tuple[Placement | None, Placement | None]:

@@ -385,6 +385,8 @@ class Contract:
                 "preemptions": self.seen.rate_text,
                 "spot_restart_s": round(m.spot_restart.seconds, 1),
                 "on_demand_restart_s": round(m.on_demand_restart.seconds, 1),
+                # the on-demand restart the margins budget: a slow one (core/restarts)
+                "on_demand_slow_restart_s": round(m.on_demand_restart.slow_s, 1),
                 "after_training_s": round(self._after(self.seen), 1),
                 # the training seconds a preemption's loss was weighed by
                 "checkpoint_every_s": None if self.every_s is None else round(self.every_s, 1),
