@@ -77,9 +77,10 @@ def window(trace: SpotTrace, start_h: float, hours: float) -> SpotTrace:
                                   if b > start_h and a < start_h + hours))
 
 
-def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
-    """The least dollars that finish `job` on `trace` in time (deadline_oracle.cheapest, in
-    minutes: work and restarts rounded down, the time to the deadline up, in its favour)."""
+def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace, *pools: SpotTrace) -> float:
+    """The least dollars that finish `job` on `trace` (and other spot `pools` at the same
+    price) in time (deadline_oracle.cheapest, in minutes: work and restarts rounded down, the
+    time to the deadline up, in its favour)."""
     ticks = math.ceil(job.window_s / TICK_S)
     found = deadline_oracle.cheapest(deadline_oracle.Job(
         work=math.floor(job.work_s / TICK_S), window=ticks,
@@ -87,7 +88,7 @@ def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace) -> float:
         on_demand_restart=int(market.on_demand_restart.seconds // TICK_S),
         spot_per_tick=float(market.spot_per_hour) * TICK_S / 3600,
         on_demand_per_tick=float(market.on_demand_per_hour) * TICK_S / 3600),
-        deadline_oracle.spells(trace, 0.0, TICK_S / 3600, ticks))
+        *(deadline_oracle.spells(t, 0.0, TICK_S / 3600, ticks) for t in (trace, *pools)))
     return math.inf if found is None else found
 
 

@@ -67,35 +67,42 @@ def spells(trace: SpotTrace, start_h: float, tick_h: float, ticks: int) -> list[
     return found
 
 
-def cheapest(job: Job, spell: Sequence[int]) -> float | None:
+def cheapest(job: Job, spell: Sequence[int], *pools: Sequence[int]) -> float | None:
     """The fewest dollars to finish `job` by its deadline knowing `spell` (one entry per tick,
     as `spells` gives), or None when not even on-demand from the start finishes in time.
+    More `pools`: other spot pools the job accepts at the same price (other GPUs, zones),
+    each its own spells; a spot machine is in one pool and ends with that pool's spell.
 
-    States after each tick, each an array over the work done (0..work): idle; on spot with k
-    restart ticks left (k = 0: making progress); on on-demand likewise. At each tick's start
-    any machine may be released (keeping its work: the schedule knows the preemption is
-    coming) and one rented; a spot machine whose spell ended is gone."""
+    States after each tick, each an array over the work done (0..work): idle; on spot (in
+    each pool) with k restart ticks left (k = 0: making progress); on on-demand likewise. At
+    each tick's start any machine may be released (keeping its work: the schedule knows the
+    preemption is coming) and one rented; a spot machine whose spell ended is gone."""
     if job.work <= 0:
         return 0.0  # nothing to train: no machine
     inf = math.inf
     w = job.work
+    every = (spell, *pools)
     idle = np.full(w + 1, inf)
     idle[0] = 0.0
-    spot = np.full((job.spot_restart + 1, w + 1), inf)
+    spots = [np.full((job.spot_restart + 1, w + 1), inf) for _ in every]
     od = np.full((job.on_demand_restart + 1, w + 1), inf)
     best = inf
-    for t in range(min(job.window, len(spell))):
-        here = spell[t]
-        free = np.minimum(idle, np.minimum(spot.min(axis=0), od.min(axis=0)))
-        if here < 0 or (t > 0 and here != spell[t - 1]):
-            spot[:] = inf  # the spell it was rented in is over
+    for t in range(min(job.window, *(len(s) for s in every))):
+        free = np.minimum(idle, od.min(axis=0))
+        for spot in spots:
+            free = np.minimum(free, spot.min(axis=0))
         idle = free
-        if here >= 0:
-            spot[-1] = np.minimum(spot[-1], free)
+        for i, (pool, spot) in enumerate(zip(every, spots, strict=True)):
+            here = pool[t]
+            if here < 0 or (t > 0 and here != pool[t - 1]):
+                spot[:] = inf  # the spell it was rented in is over
+            if here >= 0:
+                spot[-1] = np.minimum(spot[-1], free)
+            spots[i], done_spot = _tick(spot, job.spot_per_tick)
+            best = min(best, done_spot)
         od[-1] = np.minimum(od[-1], free)
-        spot, done_spot = _tick(spot, job.spot_per_tick)
         od, done_od = _tick(od, job.on_demand_per_tick)
-        best = min(best, done_spot, done_od)
+        best = min(best, done_od)
     return None if best == inf else best
 
 

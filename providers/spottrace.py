@@ -28,6 +28,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,51 @@ class SpotTrace:
             return t
         i = self._index(t) + 1
         return self.intervals[i][0] if i < len(self.intervals) else None
+
+
+class Availability(Protocol):
+    """What a replay reads of a market: a `SpotTrace`, or several pools of one (`Pools`)."""
+
+    @property
+    def horizon_h(self) -> float: ...
+
+    def available(self, t: float) -> bool: ...
+
+    def preempted_at(self, t: float) -> float | None: ...
+
+    def next_available(self, t: float) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Several spot pools a job accepts (GPU models, zones, a marketplace's hosts), each its
+    own trace, in the order a rental prefers them (the cheapest first). Spot can be had while
+    any pool has it; a machine rented at hour t is in the first pool that has spot then and
+    is preempted at the end of that pool's spell, whatever the others do."""
+
+    traces: tuple[SpotTrace, ...]
+
+    def __post_init__(self) -> None:
+        if not self.traces:
+            raise ValueError("pools: at least one trace")
+
+    @property
+    def horizon_h(self) -> float:
+        return min(t.horizon_h for t in self.traces)
+
+    def available(self, t: float) -> bool:
+        return any(trace.available(t) for trace in self.traces)
+
+    def preempted_at(self, t: float) -> float | None:
+        for trace in self.traces:
+            ends = trace.preempted_at(t)
+            if ends is not None:
+                return ends
+        return None
+
+    def next_available(self, t: float) -> float | None:
+        found = [n for trace in self.traces if (n := trace.next_available(t)) is not None]
+        return min(found) if found else None
 
 
 def generate(regime: Regime, seed: int, horizon_h: float) -> SpotTrace:

@@ -18,6 +18,7 @@ from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.records import preemptions
 from orchestrator.records.store import utcnow
+from providers import spottrace
 from providers.sim import spotmarket
 
 __all__ = ["rig"]
@@ -226,4 +227,66 @@ def test_spot_gone_between_the_policy_and_the_rental_is_asked_again_not_failed(
     assert choices[0] == "spot" and "wait" in choices and choices[-1] == "spot", choices
     ran = [r for r in rig.store.instances_of(job_id) if r.end_reason == "released"]
     assert len(ran) == 1 and ran[0].interruptible
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def _pool_hour(market: spotmarket.SpotMarket, gpus: tuple[str, str]) -> float:
+    """A trace hour at which both GPUs' spot can be had and, whichever is rented first,
+    the other's spot lasts an hour past the end of the first's spell."""
+    one, two = (market.trace(g) for g in gpus)
+
+    def lasts(trace: spottrace.SpotTrace, at: float) -> bool:
+        ends = trace.preempted_at(at)
+        return ends is not None and ends > at + 1.0
+
+    for start, end in one.intervals:
+        at = start + 0.01
+        other_end = two.preempted_at(at)
+        if other_end is None or end - at < 0.5 or other_end - at < 0.5:
+            continue
+        if lasts(two, end + 0.001) and lasts(one, other_end + 0.001):
+            return at
+    raise AssertionError("no such hour in the trace")
+
+
+def test_preempted_on_one_gpus_spot_it_moves_to_anothers_spot(rig: Rig,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Each GPU model the job accepts is its own spot pool (its own trace in the simulated
+    market, as zones and hosts are on real clouds): spot can be had while any of them has
+    it. Preempted on one, the policy is asked again, sees the other's spot and places the
+    job there, resuming from its checkpoint, instead of waiting or paying on-demand."""
+    monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "1")
+    gpus = ("A100 80GB", "RTX 5090")
+    market = spotmarket.SpotMarket(spotmarket.regime("bursty"), 0, 0.0)
+    hour = _pool_hour(market, gpus)
+    began = time.time()
+    jumped: list[float] = []
+
+    def clock() -> float:
+        """The market from `hour`; once the job has trained a step on its first machine,
+        the end of that machine's spell (its preemption), the other GPU's spot still up."""
+        if not jumped and events(rig, job_id, "train.progress"):
+            (first,) = rig.store.instances_of(job_id)
+            ends = market.trace(first.gpu or "").preempted_at(hour)
+            assert ends is not None
+            jumped.append(ends * 3600 + 1 - (hour * 3600 + time.time() - began))
+        return hour * 3600 + time.time() - began + (jumped[0] if jumped else 0.0)
+
+    cloud = rig.cloud(spot_market=market, clock=clock, gpus=list(gpus),
+                      host_options={"train_steps": 12, "train_step_seconds": 0.3})
+    path = rig.job_file()
+    path.write_text(path.read_text().replace(
+        "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpu_count: 1\n"
+        f"  gpus: [{', '.join(gpus)}]\n"))
+    job_id = rig.queue(path)
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "succeeded", job.failure_reason
+    first, second = rig.store.instances_of(job_id)
+    assert first.interruptible and first.end_reason == "interrupted", first
+    assert second.interruptible and second.end_reason == "released", second
+    assert {first.gpu, second.gpu} == set(gpus)  # the other pool's spot, not the same GPU
+    decisions = events(rig, job_id, "deadline.decision")
+    assert [d["choice"] for d in decisions] == ["spot", "spot"], decisions
     assert_nothing_left(rig, cloud, job_id)

@@ -8,11 +8,14 @@ not vendored here, so the generated statistics are checked against those numbers
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core import deadlinesim as ds
+from orchestrator.core.deadline import Market, Restart
 from providers import spottrace
 from providers.sim import spotmarket
 from providers.spottrace import Regime, Spell, SpotTrace
@@ -97,3 +100,40 @@ def test_each_regime_generates_the_statistics_it_is_documented_to_match(name: st
 def test_regimes_are_ordered_calm_to_heavy() -> None:
     rates = {n: s.matched["preemptions_per_hour"] for n, s in spotmarket.regimes().items()}
     assert rates["calm"] < rates["bursty"] < rates["heavy"]
+
+
+def test_pools_spot_while_any_has_it_a_machine_ends_with_its_own_pool() -> None:
+    """Several spot pools a job accepts: spot can be had while any has it; a machine rented
+    at t is in the first pool with spot then and is preempted when that pool's spell ends,
+    even when another pool still has spot (it restarts there: a new rental)."""
+    first = SpotTrace(10.0, ((0.0, 2.0), (5.0, 6.0)))
+    second = SpotTrace(10.0, ((1.0, 4.0),))
+    pools = spottrace.Pools((first, second))
+    assert pools.horizon_h == 10.0
+    assert [pools.available(t) for t in (0.5, 1.5, 3.0, 4.5, 5.5, 7.0)] == [
+        True, True, True, False, True, False]
+    assert pools.preempted_at(1.5) == 2.0  # the first pool's machine, preferred
+    assert pools.preempted_at(2.5) == 4.0  # only the second has spot
+    assert pools.preempted_at(4.5) is None
+    assert pools.next_available(4.5) == 5.0 and pools.next_available(6.5) is None
+    with pytest.raises(ValueError, match="at least one"):
+        spottrace.Pools(())
+
+
+def test_a_job_replayed_over_more_pools_never_has_less_spot() -> None:
+    """One pool is the trace itself; a second, independent pool adds spot: spot only,
+    replayed over both, misses fewer deadlines in the heavy regime."""
+    regime = spotmarket.regime("heavy")
+    market = Market(Decimal("0.234"), Decimal("0.468"), 1.09, Restart(600), Restart(600))
+    missed = {1: 0, 2: 0}
+    for seed in range(40):
+        a, b = (spottrace.generate(regime, seed * 2 + k, 60.0) for k in (0, 1))
+        job = ds.Job(work_s=4 * 3600, window_s=7 * 3600, checkpoint_every_s=600)
+        alone = ds.replay(job, market, a, ds.strategy(ds.Plan.SPOT, market))
+        assert ds.replay(job, market, spottrace.Pools((a,)),
+                         ds.strategy(ds.Plan.SPOT, market)) == alone
+        both = ds.replay(job, market, spottrace.Pools((a, b)), ds.strategy(ds.Plan.SPOT,
+                                                                           market))
+        missed[1] += alone.missed(job)
+        missed[2] += both.missed(job)
+    assert missed[2] < missed[1]

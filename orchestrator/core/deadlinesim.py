@@ -28,7 +28,7 @@ from enum import StrEnum
 from orchestrator.core import money
 from orchestrator.core.deadline import Choice, Machine, Market, Mode, Situation, Work, decide
 from providers import spottrace
-from providers.spottrace import SpotTrace
+from providers.spottrace import Availability, SpotTrace
 
 # A strategy: the choice now, and when to ask again if nothing happens (None: at the next event).
 Strategy = Callable[[Situation], tuple[Choice, float | None]]
@@ -120,7 +120,7 @@ class _Run:
             self.on_demand_s += until - self.rented_at
 
 
-def replay(job: Job, market: Market, trace: SpotTrace, decide_now: Strategy,
+def replay(job: Job, market: Market, trace: Availability, decide_now: Strategy,
            horizon_s: float | None = None) -> Outcome:
     """One job through `trace` (hours from the job's start) under `decide_now`."""
     end = horizon_s if horizon_s is not None else trace.horizon_h * 3600
@@ -145,7 +145,7 @@ def replay(job: Job, market: Market, trace: SpotTrace, decide_now: Strategy,
     return Outcome(None, run.spot_s, run.on_demand_s, run.preemptions, run.rentals)
 
 
-def _situation(job: Job, run: _Run, trace: SpotTrace) -> Situation:
+def _situation(job: Job, run: _Run, trace: Availability) -> Situation:
     done = run.progress(run.t)
     saved = max(run.durable, math.floor(done / job.checkpoint_every_s) * job.checkpoint_every_s)
     total = math.ceil(job.work_s)
@@ -158,7 +158,7 @@ def _situation(job: Job, run: _Run, trace: SpotTrace) -> Situation:
                      check_every_s=job.check_every_s)
 
 
-def _switch(run: _Run, choice: Choice, market: Market, trace: SpotTrace, job: Job) -> None:
+def _switch(run: _Run, choice: Choice, market: Market, trace: Availability, job: Job) -> None:
     """Leave the machine it is on for `choice` (the work since the last checkpoint is lost)."""
     wanted = {Choice.SPOT: Machine.SPOT, Choice.ON_DEMAND: Machine.ON_DEMAND,
               Choice.WAIT: Machine.NONE}[choice]
@@ -194,7 +194,7 @@ def _preempted(run: _Run, job: Job) -> None:
     run.on, run.preempt_at, run.t = Machine.NONE, math.inf, noticed
 
 
-def _spot_until(trace: SpotTrace, t: float) -> float | None:
+def _spot_until(trace: Availability, t: float) -> float | None:
     """When spot that can be rented at second `t` goes (inf: not within the trace; None: it
     cannot be rented). An interval ending within a microsecond of `t` counts as gone: seconds
     and the trace's hours round differently, and a machine preempted on rental never runs."""
@@ -206,7 +206,7 @@ def _spot_until(trace: SpotTrace, t: float) -> float | None:
     return ends * 3600 if ends * 3600 > t + 1e-6 else None
 
 
-def _next_change(trace: SpotTrace, run: _Run) -> float:
+def _next_change(trace: Availability, run: _Run) -> float:
     """The next time spot appears or goes (what a waiting or on-demand job reacts to)."""
     if run.on is Machine.SPOT:
         return math.inf
