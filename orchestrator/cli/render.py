@@ -62,10 +62,9 @@ def render_job(file: Path, host: str | None) -> Any:
     # On a spot placement the trainer checkpoints at the interval the engine gives spot.
     spot = (deadlineview.spot_risk(plan.chosen) if plan.chosen.offer.interruptible
             else None)
-    config = train_config(spec, est.strategy.value,
-                          inputs.save_steps(est.gpu_count, spot, est.workload, est.strategy),
-                          est.workload or plan.workload,
-                          keep=inputs.save_total_limit(spot, est.workload, est.strategy))
+    every = inputs.checkpoints(est.gpu_count, spot, est.workload, est.strategy)
+    config = train_config(spec, est.strategy.value, every.save_steps,
+                          est.workload or plan.workload, keep=every.keep)
     layout = Layout(rendering.NOMINAL_BASE[kind])
     # Each dataset as the host has it: a local file uploaded, a Hub dataset downloaded there.
     sources = data_sources(spec, job.path.parent)

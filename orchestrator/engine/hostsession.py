@@ -242,22 +242,22 @@ class HostSession:
         # Where we are connected, not the placement's instance (its address may only have
         # been learnt while connecting): a loopback host shares this machine's ports.
         spot = hostchecks.spot_risk(self.state, placed)
+        rendered = self.inputs.rendered(job, inst, spot)
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(host.conn.host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
-                                      exact_count=not kept, spot=spot)
+                                      exact_count=not kept, rendered=rendered)
         # What the deadline contract weighs a preemption's loss by: this machine's interval.
-        self.state.save_steps = pj.config.save_steps
+        every = rendered.checkpoints
+        self.state.save_steps = every.save_steps
         if spot is not None:  # say why a spot machine checkpoints more often
-            strategy, w = self.inputs.layout(job, inst)
-            every = self.inputs.checkpoint_interval(spot, w, strategy)
             self.ledger.event(
                 "checkpoint.interval",
-                f"on spot ({spot.preemptions_per_hour:.2f} preemptions/h): a checkpoint "
-                f"{every.describe()}: every {pj.config.save_steps} steps, the newest "
-                f"{pj.config.save_total_limit} kept",
-                {"step": pj.config.save_steps, "seconds": round(every.seconds, 1)})
+                f"on spot ({spot.preemptions_per_hour:.2f} preemptions/h): "
+                f"{every.describe()}",
+                {"save_steps": every.save_steps, "seconds": round(every.interval.seconds, 1),
+                 "keep": every.keep})
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first

@@ -40,6 +40,31 @@ if TYPE_CHECKING:
     from playbooks.pipeline import PipelineJob
     from playbooks.vllm import Serving
 
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """How often the trainer checkpoints on a machine and how many it keeps."""
+
+    interval: checkpointing.Interval  # in training seconds
+    save_steps: int  # the interval in optimizer steps
+    keep: int  # save_total_limit
+
+    def describe(self) -> str:
+        """`a checkpoint every 2.4 min (...): every 781 steps, the newest 19 kept`."""
+        steps = "every step" if self.save_steps == 1 else f"every {self.save_steps} steps"
+        return (f"a checkpoint {self.interval.describe()}: {steps}, the newest {self.keep} "
+                "kept")
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """What the job trains with on one machine: the layout, its settings, its checkpoints."""
+
+    strategy: str
+    workload: Workload
+    checkpoints: Checkpoints
+
+
 class InputsError(Exception):
     """The recorded job cannot be run (its files moved, say); the message says which."""
 
@@ -79,10 +104,7 @@ class Inputs:
         machine (`spot`) Young's optimum for its preemption rate and the checkpoint of this
         job as trained with `w` and `strategy` (default: its settings with orch's fallbacks,
         on one GPU), never longer (core/checkpointing)."""
-        if spot is None:
-            return checkpointing.interval(settings().checkpoint_every_s)
-        return checkpointing.interval(settings().checkpoint_every_s, spot,
-                                      self.checkpoint_bytes(w, strategy))
+        return self._interval_keep(spot, w, strategy)[0]
 
     def checkpoint_bytes(self, w: Workload | None = None,
                          strategy: str = sizing.Strategy.SINGLE) -> int:
@@ -90,28 +112,51 @@ class Inputs:
         return sizing.checkpoint_bytes(w or savers.fallback(workload_from(self.loaded)),
                                        sizing.Strategy(strategy))
 
-    def save_total_limit(self, spot: checkpointing.Spot | None = None,
-                         w: Workload | None = None,
-                         strategy: str = sizing.Strategy.SINGLE) -> int:
-        """Checkpoints the trainer keeps: more at a spot machine's shorter interval, so each
-        stays on the host as long as at the longest (core/checkpointing.kept)."""
+    def checkpoints(self, gpu_count: int, spot: checkpointing.Spot | None = None,
+                    w: Workload | None = None,
+                    strategy: str = sizing.Strategy.SINGLE) -> Checkpoints:
+        """How the trainer checkpoints on a machine of `gpu_count` GPUs (`spot`: a spot
+        machine at that risk), trained with `w` and `strategy`: the interval
+        (`checkpoint_interval`), its steps (`save_steps`: about one checkpoint per interval
+        of the estimated training) and how many it keeps (`save_total_limit`: more at a
+        spot machine's shorter interval, so each stays on the host as long as at the
+        longest, core/checkpointing.kept). Everything the host session renders and the
+        deadline policy weighs, computed once."""
+        every, keep = self._interval_keep(spot, w, strategy)
+        return Checkpoints(every, self._steps_between(gpu_count, every.seconds), keep)
+
+    def _interval_keep(self, spot: checkpointing.Spot | None, w: Workload | None,
+                       strategy: str) -> tuple[checkpointing.Interval, int]:
+        """The interval and the checkpoints kept (see `checkpoints`)."""
+        longest = settings().checkpoint_every_s
         if spot is None:
-            return checkpointing.KEEP
-        return checkpointing.kept(self.checkpoint_interval(spot, w, strategy),
-                                  settings().checkpoint_every_s,
-                                  self.checkpoint_bytes(w, strategy))
+            return checkpointing.interval(longest), checkpointing.KEEP
+        size = self.checkpoint_bytes(w, strategy)
+        every = checkpointing.interval(longest, spot, size)
+        return every, checkpointing.kept(every, longest, size)
 
     def save_steps(self, gpu_count: int, spot: checkpointing.Spot | None = None,
                    w: Workload | None = None, strategy: str = sizing.Strategy.SINGLE) -> int:
-        """Checkpoint interval in optimizer steps: about one per `checkpoint_interval`."""
+        """Checkpoint interval in optimizer steps (`checkpoints(...).save_steps`)."""
+        return self.checkpoints(gpu_count, spot, w, strategy).save_steps
+
+    def _steps_between(self, gpu_count: int, every_s: float) -> int:
+        """Optimizer steps in `every_s` of the estimated training; without an estimate a
+        tenth of the steps (at most 500)."""
         t = self.loaded.spec.training
         per_step = t.sequence_len * t.micro_batch_size * t.gradient_accumulation_steps
         steps = max(1, self.tokens // max(1, per_step * gpu_count))
         if not self.est_train_hours:
             return max(1, min(500, steps // 10))
-        every_s = self.checkpoint_interval(spot, w, strategy).seconds
         per_checkpoint = steps * every_s / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
+
+    def rendered(self, job: Job, inst: Instance,
+                 spot: checkpointing.Spot | None = None) -> Rendered:
+        """The layout, settings and checkpoints the job trains with on `inst`."""
+        strategy, w = self.layout(job, inst)
+        count = job.gpu_count or inst.gpu_count or 1
+        return Rendered(strategy, w, self.checkpoints(count, spot, w, strategy))
 
     def layout(self, job: Job, inst: Instance) -> tuple[str, Workload]:
         """The layout and resolved settings the job trains with on `inst`: the planner's
@@ -134,11 +179,12 @@ class Inputs:
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
                      exact_count: bool = True,
-                     spot: checkpointing.Spot | None = None) -> PipelineJob:
+                     rendered: Rendered | None = None) -> PipelineJob:
         """The host pipeline's view of this job on `inst`.
 
         `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
-        `spot`: `inst` is a spot machine at that risk (its checkpoints come more often).
+        `rendered`: its layout and checkpoints (`rendered()`; on a spot machine they come more
+        often), default those of an on-demand machine.
         """
         from playbooks.deliver import HubTarget
         from playbooks.gpu import GpuExpectation
@@ -147,9 +193,9 @@ class Inputs:
         gpu = inst.gpu or job.gpu or ""
         count = job.gpu_count or inst.gpu_count or 1
         spec_gpu = catalog.gpus().get(gpu)
-        strategy, w = self.layout(job, inst)
-        config = train_config(spec, strategy, self.save_steps(count, spot, w, strategy), w,
-                              job_id=job.id, keep=self.save_total_limit(spot, w, strategy))
+        r = rendered or self.rendered(job, inst)
+        config = train_config(spec, r.strategy, r.checkpoints.save_steps, r.workload,
+                              job_id=job.id, keep=r.checkpoints.keep)
         sources = data_sources(spec, self.loaded.path.parent)
         token = os.environ.get("HF_TOKEN") or None
         out = spec.output
