@@ -114,6 +114,10 @@ class Contract:
         self.last_check = time.monotonic()
         self.moved = False
         self.every_s: float | None = None  # the last situation's checkpoint interval
+        # The training's steps as the job's events said them (`_steps`), and the newest
+        # progress event read looking for them.
+        self.total: int | None = None
+        self.events_read = 0
         self.warned = self.active and any(e.kind == EventKind.DEADLINE_WILL_MISS
                                           for e in state.store.events(state.job_id))
 
@@ -357,13 +361,22 @@ class Contract:
         return (d.merge + d.evaluation + d.delivery) * 3600
 
     def _steps(self) -> tuple[int | None, int]:
-        """(total steps, the step of the newest mirrored checkpoint) from the job's events."""
-        total, durable = self.ledger.progress.total, 0
-        for e in self.state.store.events(self.state.job_id):
-            if e.kind == "checkpoint.mirrored":
-                durable = max(durable, e.data().step or 0)
-            elif e.kind == EventKind.TRAIN_PROGRESS and total is None:
-                total = e.data().total
+        """(total steps, the step of the newest mirrored checkpoint) from the job's events:
+        its mirrored checkpoints (a few), and its progress events (thousands in a long job)
+        only until one says the total, from where the last check stopped. (An id committed
+        out of order on PostgreSQL could be passed over there; every progress event carries
+        the same total, so the next one says it.)"""
+        job_id = self.state.job_id
+        durable = max((e.data().step or 0 for e in self.state.store.events_of(
+            job_id, ("checkpoint.mirrored",))), default=0)
+        if self.total is None and not self.ledger.progress.total:
+            for e in self.state.store.events_of(job_id, (EventKind.TRAIN_PROGRESS,),
+                                                self.events_read):
+                self.events_read = max(self.events_read, e.id or 0)
+                if e.data().total:
+                    self.total = e.data().total
+                    break
+        total = self.ledger.progress.total or self.total
         return (int(total) if total else None), durable
 
     def _rate(self) -> float | None:

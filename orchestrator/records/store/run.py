@@ -55,6 +55,14 @@ class RecordsMixin(StoreBase):
                      .order_by(col(Event.id)))
             return list(session.exec(query))
 
+    def events_of(self, job_id: str, kinds: tuple[str, ...], after_id: int = 0) -> list[Event]:
+        """A job's events of `kinds` with id > `after_id`, oldest first (filtered here, not
+        by the caller: a long job has thousands of progress events)."""
+        with self.session() as session:
+            query = (select(Event).where(Event.job_id == job_id, col(Event.kind).in_(kinds),
+                                         col(Event.id) > after_id).order_by(col(Event.id)))
+            return list(session.exec(query))
+
     def events(self, job_id: str) -> list[Event]:
         """A job's events, oldest first; NotFoundError if the job does not exist."""
         with self.session() as session:
