@@ -28,9 +28,12 @@ interval orch gives a spot machine, core/checkpointing, for the regime's rate an
 checkpoint of the job's model); preemptions noticed after 60 s. A checkpoint costs no time
 unless --charge-writes: then each stalls training for its write (that checkpoint at the
 host check's 125 MB/s), and the on-demand runs checkpoint every 15 min, as the engine's do.
+--slow-restart F: the policy's margins budget an on-demand restart F of it longer than every
+real one is (what the engine's slow-restart margin costs when restarts do not vary).
 Usage:
     python bench/deadline_offline.py [--jobs 50] [--seed 41] [--regimes calm,bursty,heavy]
         [--spot-usd 0.234] [--work-h 2,12] [--checkpoint-min 15,30] [--charge-writes]
+        [--slow-restart 0]
 The last line reads `ondemand_usd=... spot_usd=... policy_usd=... spot_missed=...
 policy_missed=...` over all regimes.
 """
@@ -134,8 +137,10 @@ def jobs(n: int, seed: int, hours: tuple[float, float] = (2.0, 12.0),
 def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
                work_h: tuple[float, float] = (2.0, 12.0),
                checkpoint_s: tuple[float, ...] = (900.0, 1800.0),
-               charge_writes: bool = False) -> Counter[str]:
-    """Dollars and misses of every strategy over `n` jobs in regime `name`."""
+               charge_writes: bool = False, slow: float = 0.0) -> Counter[str]:
+    """Dollars and misses of every strategy over `n` jobs in regime `name`. `slow`: the
+    policy's margins budget an on-demand restart that much longer than the real one (a
+    share of it: what a slow restart costs when every restart is the median)."""
     spec = spotmarket.regimes()[name]
     wait_prior = preemption.prior().wait_mean_h
     totals: Counter[str] = Counter()
@@ -145,14 +150,16 @@ def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
     for i, (job, od_job, restart) in enumerate(
             jobs(n, seed, work_h, checkpoint_s, rate, charge_writes)):
         market = Market(spot, ON_DEMAND, rate, restart, restart)
+        believed = dataclasses.replace(market, on_demand_restart=dataclasses.replace(
+            restart, slow_extra_s=slow * restart.seconds))
         hours = 3 * job.window_s / 3600 + 24
         trace = window(year, arrivals.uniform(0, YEAR_H - hours), hours)
-        chosen = ds.estimate(job, market, wait_prior, seed=i).policy.mode or Mode.GREEDY
+        chosen = ds.estimate(job, believed, wait_prior, seed=i).policy.mode or Mode.GREEDY
         runs = {"ondemand": ds.strategy(ds.Plan.ON_DEMAND, market),
                 "spot": ds.strategy(ds.Plan.SPOT, market),
-                "policy": ds.strategy(ds.Plan.POLICY, market, chosen),
-                "greedy": ds.strategy(ds.Plan.POLICY, market, Mode.GREEDY),
-                "uniform": ds.strategy(ds.Plan.POLICY, market, Mode.UNIFORM_PROGRESS)}
+                "policy": ds.strategy(ds.Plan.POLICY, believed, chosen),
+                "greedy": ds.strategy(ds.Plan.POLICY, believed, Mode.GREEDY),
+                "uniform": ds.strategy(ds.Plan.POLICY, believed, Mode.UNIFORM_PROGRESS)}
         for key, decide_now in runs.items():
             outcome = ds.replay(od_job if key == "ondemand" else job, market, trace, decide_now)
             totals[f"{key}_micros"] += int(outcome.cost(market) * 1_000_000)
@@ -177,6 +184,10 @@ def main() -> int:
     parser.add_argument("--checkpoint-min", default="15,30",
                         help="minutes between checkpoints, one drawn per job from this list "
                         "('young': orch's spot interval for the regime's rate)")
+    parser.add_argument("--slow-restart", type=float, default=0.0,
+                        help="the policy's margins budget an on-demand restart this share "
+                        "longer than every real one (the product bench's 90th percentile "
+                        "is 0.3-0.5 of the median above it); measures what the margin costs")
     parser.add_argument("--charge-writes", action="store_true",
                         help="each checkpoint stalls training for its write time (a QLoRA "
                         "adapter of the job's model at 125 MB/s)")
@@ -190,7 +201,7 @@ def main() -> int:
     for name in args.regimes.split(","):
         low, high = (float(x) for x in args.work_h.split(","))
         c = run_regime(name, args.jobs, args.seed, args.spot_usd, (low, high), every,
-                       args.charge_writes)
+                       args.charge_writes, args.slow_restart)
         total.update(c)
         od = c["ondemand_micros"]
         print(f"{name}: ondemand_usd={usd(od)} spot_usd={usd(c['spot_micros'])} "

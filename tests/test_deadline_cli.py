@@ -102,7 +102,7 @@ def test_plan_weighs_the_restart_orch_measured_on_the_spot_gpu(
     assert after["restarts"]["spot_source"] == "measured: 2400 s (1 rental)"
     assert after["restarts"]["on_demand_s"] == 600.0
     assert after["restarts"]["on_demand_source"] == ("measured: 600 s (median of 4 rentals; "
-                                                     "9 in 10 within 1440 s)")
+                                                     "90% within 1440 s)")
     assert after["restarts"]["on_demand_slow_s"] == 1440.0  # 0.7 of the way from 10 to 30 min
     policy = {s["strategy"]: Decimal(s["expected_cost"]) for s in after["strategies"]}
     earlier = {s["strategy"]: Decimal(s["expected_cost"])

@@ -255,18 +255,20 @@ def test_preempted_on_one_gpus_spot_it_moves_to_anothers_spot(rig: Rig,
     """Each GPU model the job accepts is its own spot pool (its own trace in the simulated
     market, as zones and hosts are on real clouds): spot can be had while any of them has
     it. Preempted on one, the policy is asked again, sees the other's spot and places the
-    job there, resuming from its checkpoint, instead of waiting or paying on-demand."""
+    job there (resuming from its last mirrored checkpoint, if any), instead of waiting or
+    paying on-demand."""
     monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "1")
     gpus = ("A100 80GB", "RTX 5090")
     market = spotmarket.SpotMarket(spotmarket.regime("bursty"), 0, 0.0)
     hour = _pool_hour(market, gpus)
     began = time.time()
     jumped: list[float] = []
+    job_id: str | None = None
 
     def clock() -> float:
         """The market from `hour`; once the job has trained a step on its first machine,
         the end of that machine's spell (its preemption), the other GPU's spot still up."""
-        if not jumped and events(rig, job_id, "train.progress"):
+        if not jumped and job_id is not None and events(rig, job_id, "train.progress"):
             (first,) = rig.store.instances_of(job_id)
             ends = market.trace(first.gpu or "").preempted_at(hour)
             assert ends is not None

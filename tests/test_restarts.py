@@ -36,10 +36,10 @@ def test_the_median_of_the_newest_rentals_that_reached_a_step() -> None:
              ("sim", "A100", T0, T0 - timedelta(seconds=5)),  # a step before it: not its own
              ("vastai", "H100", T0, T0 + timedelta(seconds=7))]
     got = restarts.measured(rows)
-    # The slow one of [10, 20, 30, 1000]: 90 % of the way from the 3rd to the 4th, 0.7 x 970.
+    # The slow one of [10, 20, 30, 1000]: at position 2.7, 70 % of the way from 30 to 1000.
     assert got == {("sim", "A100"): restarts.Measured(25.0, 4, pytest.approx(709.0)),
                    ("vastai", "H100"): restarts.Measured(7.0, 1, 7.0)}
-    assert got[("sim", "A100")].describe() == "25 s (median of 4 rentals; 9 in 10 within 709 s)"
+    assert got[("sim", "A100")].describe() == "25 s (median of 4 rentals; 90% within 709 s)"
     # Only the newest WINDOW of a key count (rows come newest first).
     many = [("sim", "A100", T0, T0 + timedelta(seconds=1))] * restarts.WINDOW
     old = [("sim", "A100", T0, T0 + timedelta(seconds=999))] * 5
@@ -57,6 +57,9 @@ def test_a_slow_restart_is_the_90th_percentile_of_the_window() -> None:
     # One outlier in twenty is past the 90th percentile; three are not.
     assert restarts.slow_of([8.0] * 19 + [22.0]) == 8.0
     assert restarts.slow_of([8.0] * 17 + [20.0, 21.0, 22.0]) == pytest.approx(20.1)
+    assert restarts.slow_of([30.0, 10.0, 20.0, 1000.0]) == pytest.approx(709.0)  # any order
+    with pytest.raises(ValueError, match="at least one"):
+        restarts.slow_of([])
 
 
 def _job(store: Store, name: str) -> str:
@@ -133,9 +136,10 @@ def test_a_keys_newest_rentals_are_read_from_their_index(tmp_path: Path) -> None
 
 
 def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: Rig) -> None:
-    """The first job's policy has only the plan's boot + download; once a rental of that GPU
-    has reached a step, the next job's policy weighs the measured restart instead."""
-    cloud = rig.cloud()
+    """The first job's policy has only the plan's boot + download; once rentals of that GPU
+    have reached a step, the next job's policy weighs their median restart, and its margins a
+    slow one (their 90th percentile)."""
+    cloud = rig.cloud(gpus=["A100 80GB"])  # spot and on-demand: one GPU, one history
     first = deadline_job(rig, 12)
     assert rig.run(cloud, first).status == "succeeded"
     (before,) = events(rig, first, "deadline.decision")
@@ -144,12 +148,26 @@ def test_the_policy_weighs_the_restart_orch_measured_before_the_first_step(rig: 
     measured = seen[("sim", row.gpu)]
     assert measured.rentals == 1
     assert float(str(before["spot_restart_s"])) < measured.seconds  # the plan's: too short
+    assert before["on_demand_slow_restart_s"] == before["on_demand_restart_s"]  # no history
+
+    # Two more rentals of that GPU, 30 s and 300 s to their first step.
+    other = _job(rig.store, "other")
+    now = datetime.now(UTC)
+    for n, seconds in enumerate((30, 300)):
+        at = now - timedelta(hours=n + 1)
+        _rental(rig.store, other, row.gpu or "", at, at + timedelta(minutes=10),
+                iid=f"i-{n}")
+        _step(rig.store, other, at + timedelta(seconds=seconds))
+    measured = stored.measured(rig.store, [("sim", row.gpu)])[("sim", row.gpu)]
+    assert measured.rentals == 3 and measured.seconds == 30.0 and measured.slow > 200
 
     second = deadline_job(rig, 12)
     assert rig.run(cloud, second).status == "succeeded"
     (after,) = events(rig, second, "deadline.decision")
-    assert float(str(after["spot_restart_s"])) == pytest.approx(measured.seconds, abs=0.1)
-    # One rental is its own slow one: the margins budget the restart measured.
-    assert float(str(after["on_demand_slow_restart_s"])) == pytest.approx(
-        float(str(after["on_demand_restart_s"])), abs=0.1)
+    assert float(str(after["spot_restart_s"])) == pytest.approx(30.0, abs=0.1)
+    assert float(str(after["on_demand_restart_s"])) == pytest.approx(30.0, abs=0.1)
+    assert float(str(after["on_demand_slow_restart_s"])) == pytest.approx(measured.slow,
+                                                                          abs=0.1)
+    # The Safety Net's margin holds the slow one: spot restart + loss + slow + a check.
+    assert float(str(after["safety_net_s"])) >= 30.0 + measured.slow
     assert_nothing_left(rig, cloud, second)

@@ -120,7 +120,7 @@ def test_pools_spot_while_any_has_it_a_machine_ends_with_its_own_pool() -> None:
         spottrace.Pools(())
 
 
-def test_a_job_replayed_over_more_pools_never_has_less_spot() -> None:
+def test_spot_only_over_a_second_pool_misses_fewer_deadlines() -> None:
     """One pool is the trace itself; a second, independent pool adds spot: spot only,
     replayed over both, misses fewer deadlines in the heavy regime."""
     regime = spotmarket.regime("heavy")

@@ -26,10 +26,11 @@ What orch adds, each for a fact of its own machines:
   on-demand restart that follows it, plus one check interval of margin; the hysteresis's d
   is the spot restart + the work a preemption loses on average (half an interval) as the
   paper's d includes "progress loss caused by gaps between checkpoints" (§3.1).
-  The on-demand restart in the Safety Net and in the drift rule's fallback is a slow one
-  (`Restart.slow_extra_s`: the 90th percentile of orch's measured restarts): the guarantee
-  holds only if the fallback's restart takes no longer than budgeted, and half of all
-  restarts take longer than the median.
+  The on-demand restart in the Safety Net's margin and in the drift rule's trigger is a slow
+  one (`Restart.slow_extra_s`: the 90th percentile of orch's measured restarts): the
+  guarantee holds only if the fallback's restart takes no longer than budgeted, and half of
+  all restarts take longer than the median. Costs, `will_miss` and whether a move still
+  finishes in time use the median.
 - The preemption rate. The paper's policies are parameter-free; orch knows each provider's
   and GPU's interruptions per hour (orchestrator/core/preemption.py), so spot is only taken
   when its expected cost per hour of progress is below on-demand's: the paper's §5.4 rule
