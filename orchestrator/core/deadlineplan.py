@@ -68,11 +68,11 @@ class DeadlinePlan:
                    f"{self.rate.wait_mean_h:.2f} h after one (prior)")
         if self.market is not None:
             m, (ss, ods) = self.market, self.restart_source
-            slow = m.on_demand_restart
-            budget = (f"; its margins budget a slow one, {slow.slow_s / 60:.1f} min"
-                      if slow.slow_extra_s > 0 else "")
+            od_restart = m.on_demand_restart
+            budget = (f"; its margins budget a slow one, {od_restart.slow_s / 60:.1f} min"
+                      if od_restart.slow_extra_s > 0 else "")
             out.append(f"restarts: spot {m.spot_restart.seconds / 60:.1f} min ({ss}), "
-                       f"on-demand {slow.seconds / 60:.1f} min ({ods}{budget})")
+                       f"on-demand {od_restart.seconds / 60:.1f} min ({ods}{budget})")
         if self.checkpoint is not None:
             out.append(f"checkpoints on spot: {self.checkpoint.describe()}")
         return out

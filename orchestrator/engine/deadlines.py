@@ -118,8 +118,8 @@ class Contract:
         # progress event read looking for them.
         self.total: int | None = None
         self.events_read = 0
-        self.warned = self.active and any(e.kind == EventKind.DEADLINE_WILL_MISS
-                                          for e in state.store.events(state.job_id))
+        self.warned = self.active and bool(state.store.events_of(
+            state.job_id, (EventKind.DEADLINE_WILL_MISS,)))
 
     # --- before renting ---------------------------------------------------------------
 
