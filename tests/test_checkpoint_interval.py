@@ -16,8 +16,10 @@ from typing import Any
 
 import orchfork
 import pytest
+import test_engine_crash as crash
 import yaml
 from test_engine import Rig, assert_nothing_left, rig, training_step, when
+from test_engine_crash import env
 
 from orchestrator.core import checkpointing, preemption, sizing
 from orchestrator.core.architectures import known_models
@@ -25,7 +27,7 @@ from orchestrator.core.planning import workload_from
 from orchestrator.core.spec import load_job
 from orchestrator.engine.jobinputs import Inputs
 
-__all__ = ["rig"]
+__all__ = ["env", "rig"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_STEP = 1024 * 2 * 4  # examples/quickstart.yml: sequence_len x micro_batch x accumulation
@@ -224,3 +226,69 @@ def test_the_deadline_policy_weighs_a_preemption_by_the_spot_interval_before_ren
     assert first["choice"] == "spot"
     assert first["checkpoint_every_s"] == pytest.approx(_young(rig), abs=0.1)
     assert_nothing_left(rig, cloud, job_id)
+
+
+def test_a_takeover_keeps_the_checkpoints_the_running_trainer_was_given(
+        env: dict[str, str]) -> None:
+    # kill -9 of the worker while a spot job trains; the next worker renders the job again
+    # with a setting that would give the trainer other checkpoints (the same happens when
+    # the GPU's preemption rate moved in between). The trainer still runs with the config it
+    # started with: the takeover keeps it, says nothing new, and does not rewrite the file.
+    env.update(ORCH_SIM_TRAIN_STEPS="60", ORCH_SIM_STEP_S="0.5")
+    env.pop("ORCH_CHECKPOINT_EVERY_S", None)
+    folder = Path(env["XDG_DATA_HOME"]).parent / "jobs"
+    folder.mkdir()
+    path = folder / "job.yml"
+    path.write_text((ROOT / "examples" / "quickstart.yml").read_text()
+                    .replace("data/", str(ROOT / "examples" / "data") + "/")
+                    .replace("  format: alpaca\n", "  format: alpaca\n  tokens: 200000000\n")
+                    .replace("  spot: allowed\n", "  spot: required\n  gpus: [A100 80GB]\n"))
+    later = {**env, "ORCH_CHECKPOINT_EVERY_S": "60"}
+    rendered = [json.loads(orchfork.run(["render", str(path), "--json"], env=e, cwd=ROOT,
+                                        timeout=120).stdout)["axolotl_config"]["save_steps"]
+                for e in (env, later)]
+    assert rendered[0] != rendered[1], rendered  # the later setting does give other steps
+    job_id = json.loads(crash.orch(env, "submit", str(path), "--detach", "--json").stdout)[
+        "job_id"]
+
+    def on_host() -> int:
+        (config,) = [p for p in crash.sim_dir(env).rglob("config.yml") if job_id in str(p)]
+        return int(yaml.safe_load(config.read_text())["save_steps"])
+
+    def said() -> list[tuple[object, ...]]:
+        return crash.query(env, "SELECT json_extract(data_json, '$.instance'), "
+                                "json_extract(data_json, '$.save_steps') FROM event "
+                                "WHERE job_id = ? AND kind = 'checkpoint.interval'", job_id)
+
+    first = crash.spawn(env, "worker", "--once")
+    try:
+        crash.wait_for(lambda: crash.training(env, job_id), what="training on spot")
+        first.kill()  # SIGKILL: no teardown, the trainer goes on
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    ((instance, steps),) = said()
+    assert steps == on_host() == rendered[0]
+    crash.lease_lapsed(env)
+    connected = len(crash.query(env, "SELECT id FROM event WHERE job_id = ? AND kind = "
+                                     "'connected'", job_id))
+    second = crash.spawn(later, "worker", "--once")
+    try:
+        # Taken over: connected again, then training progress read from the same trainer.
+        def reattached() -> bool:
+            ids = [r[0] for r in crash.query(
+                env, "SELECT id FROM event WHERE job_id = ? AND kind = 'connected' "
+                     "ORDER BY id", job_id)]
+            return len(ids) > connected and bool(crash.query(
+                env, "SELECT 1 FROM event WHERE job_id = ? AND kind = 'train.progress' "
+                     "AND id > ?", job_id, ids[-1]))
+
+        crash.wait_for(reattached, timeout=120, what="the takeover reading progress")
+        assert on_host() == steps  # the running trainer's config, not rewritten
+        second.wait(timeout=180)
+    finally:
+        second.kill()
+    assert second.returncode == 0
+    assert crash.status(env, job_id) == "succeeded"
+    assert said() == [(instance, steps)]  # one machine, one interval: no second event
+    assert crash.live_instances(env) == []

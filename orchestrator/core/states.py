@@ -151,6 +151,10 @@ class EventKind(StrEnum):
     CANCEL_REQUESTED = "cancel.requested"
     DELIVERED = "delivered"  # where each artifact went; data `{"places": [...]}`
     TRAIN_PROGRESS = "train.progress"
+    # A spot machine's checkpoints as the trainer on it was given them (a takeover of the
+    # same machine keeps them); data `{instance, save_steps, seconds, keep, ...}`.
+    CHECKPOINT_INTERVAL = "checkpoint.interval"
+    CHECKPOINT_MIRRORED = "checkpoint.mirrored"  # a checkpoint copied off the host; `step`
     INSTANCE_TERMINATED = "instance.terminated"
     INSTANCE_RELEASED = "instance.released"
     # What people wait for: each is a job event (persisted first, with its webhook id) and

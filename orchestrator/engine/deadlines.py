@@ -118,8 +118,8 @@ class Contract:
         # progress event read looking for them.
         self.total: int | None = None
         self.events_read = 0
-        self.warned = self.active and bool(state.store.events_of(
-            state.job_id, (EventKind.DEADLINE_WILL_MISS,)))
+        self.warned = self.active and bool(state.store.events_after(
+            state.job_id, kinds=(EventKind.DEADLINE_WILL_MISS,)))
 
     # --- before renting ---------------------------------------------------------------
 
@@ -367,11 +367,11 @@ class Contract:
         out of order on PostgreSQL could be passed over there; every progress event carries
         the same total, so the next one says it.)"""
         job_id = self.state.job_id
-        durable = max((e.data().step or 0 for e in self.state.store.events_of(
-            job_id, ("checkpoint.mirrored",))), default=0)
+        durable = max((e.data().step or 0 for e in self.state.store.events_after(
+            job_id, kinds=(EventKind.CHECKPOINT_MIRRORED,))), default=0)
         if self.total is None and not self.ledger.progress.total:
-            for e in self.state.store.events_of(job_id, (EventKind.TRAIN_PROGRESS,),
-                                                self.events_read):
+            for e in self.state.store.events_after(job_id, self.events_read,
+                                                   (EventKind.TRAIN_PROGRESS,)):
                 self.events_read = max(self.events_read, e.id or 0)
                 if e.data().total:
                     self.total = e.data().total

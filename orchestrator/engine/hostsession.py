@@ -11,6 +11,7 @@ turn failures into the engine's verdicts.
 from __future__ import annotations
 
 import ipaddress
+import math
 import secrets
 import socket
 import time
@@ -18,11 +19,11 @@ from dataclasses import replace
 
 from tenacity import RetryCallState
 
-from orchestrator.core import throughput
+from orchestrator.core import checkpointing, throughput
 from orchestrator.core.jobstatus import JobStatus
-from orchestrator.core.states import EndReason, RowState, StopKind
+from orchestrator.core.states import EndReason, EventKind, RowState, StopKind
 from orchestrator.engine import hostchecks, recovery, slowhost, trainlog
-from orchestrator.engine.jobinputs import Inputs
+from orchestrator.engine.jobinputs import Checkpoints, Inputs
 from orchestrator.engine.pruning import Pruning
 from orchestrator.engine.runner_core import (
     EVAL_AGAIN,
@@ -243,6 +244,9 @@ class HostSession:
         # been learnt while connecting): a loopback host shares this machine's ports.
         spot = hostchecks.spot_risk(self.state, placed)
         rendered = self.inputs.rendered(job, inst, spot)
+        given = self._given_checkpoints(inst)
+        if given is not None:  # a takeover: the trainer there was given these
+            rendered = replace(rendered, checkpoints=given)
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(host.conn.host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,
@@ -251,13 +255,16 @@ class HostSession:
         # What the deadline contract weighs a preemption's loss by: this machine's interval.
         every = rendered.checkpoints
         self.state.save_steps = every.save_steps
-        if spot is not None:  # say why a spot machine checkpoints more often
+        if spot is not None and given is None:  # say why a spot machine checkpoints more often
+            young = every.interval.young_s
             self.ledger.event(
-                "checkpoint.interval",
+                EventKind.CHECKPOINT_INTERVAL,
                 f"on spot ({spot.preemptions_per_hour:.2f} preemptions/h): "
                 f"{every.describe()}",
-                {"save_steps": every.save_steps, "seconds": round(every.interval.seconds, 1),
-                 "keep": every.keep})
+                {"instance": inst.instance_id, "save_steps": every.save_steps,
+                 "seconds": round(every.interval.seconds, 1), "keep": every.keep,
+                 "write_s": every.interval.write_s,
+                 "young_s": None if young is None or math.isinf(young) else young})
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
@@ -281,6 +288,20 @@ class HostSession:
         self.ledger.set(JobStatus.RELEASING, "artifacts copied to " + pj.artifacts_dir
                         + "; releasing the instance")
         failpoint(JobStatus.RELEASING)
+
+    def _given_checkpoints(self, inst: Instance) -> Checkpoints | None:
+        """The checkpoints an earlier session of this job gave the trainer on `inst` (None:
+        none did). A takeover renders the job again, and the spot GPU's preemption rate may
+        have moved since: the running trainer keeps the config it started with, so its
+        `save_steps` is what the mirror is paced by and the deadline weighs a preemption by,
+        and the config on the host is not rewritten under it."""
+        for e in reversed(self.state.store.events_after(
+                self.state.job_id, kinds=(EventKind.CHECKPOINT_INTERVAL,))):
+            d = e.data()
+            if d.instance == inst.instance_id and d.save_steps and d.keep and d.seconds:
+                return Checkpoints(checkpointing.Interval(d.seconds, d.write_s, d.young_s),
+                                   d.save_steps, d.keep)
+        return None
 
     def on_train_progress(self, p: train.Progress) -> None:
         progress = self.ledger.progress
@@ -440,9 +461,10 @@ class JobHooks(pipeline.Hooks):
         self.next_mirror = step + max(1, run.job.config.save_steps)
         copied = checkpoints.mirror(run.host, run.train_job, self.local)
         if copied is not None and copied.copied:
-            self.ledger.event("checkpoint.mirrored", f"checkpoint-{copied.step} copied off the "
-                              f"host ({copied.bytes / 1e6:.1f} MB)", {"step": copied.step,
-                                                                      "bytes": copied.bytes})
+            self.ledger.event(EventKind.CHECKPOINT_MIRRORED,
+                              f"checkpoint-{copied.step} copied off the host "
+                              f"({copied.bytes / 1e6:.1f} MB)",
+                              {"step": copied.step, "bytes": copied.bytes})
 
     def train_progress(self, progress: train.Progress) -> None:
         self.session.on_train_progress(progress)

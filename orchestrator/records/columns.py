@@ -179,6 +179,12 @@ class EventData(_Kept):
     step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
     total: Lenient[int] = None  # `train.progress`: the steps of the whole training
     findings: Lenient[list[FindingRecord]] = None  # a registered server's check (issue 40)
+    # `checkpoint.interval`: what the trainer on `instance` was given (engine/hostsession)
+    save_steps: Lenient[int] = None
+    keep: Lenient[int] = None  # save_total_limit
+    seconds: Lenient[float] = None  # the interval in training seconds
+    write_s: Lenient[float] = None  # the checkpoint's estimated write
+    young_s: Lenient[float] = None  # Young's optimum before the bounds (None: infinite)
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""

@@ -48,20 +48,16 @@ class RecordsMixin(StoreBase):
             session.add(Event(job_id=job_id, at=utcnow(), kind=kind, message=message,
                               data_json=payload))
 
-    def events_after(self, job_id: str, after_id: int = 0) -> list[Event]:
-        """A job's events with id > `after_id`, oldest first (for `orch logs -f`)."""
+    def events_after(self, job_id: str, after_id: int = 0,
+                     kinds: tuple[str, ...] | None = None) -> list[Event]:
+        """A job's events with id > `after_id` (of `kinds` only, when given), oldest first:
+        `orch logs -f` follows every kind; the engine reads one or two of a long job's
+        thousands of progress events (filtered here, not by the caller)."""
         with self.session() as session:
-            query = (select(Event).where(Event.job_id == job_id, col(Event.id) > after_id)
-                     .order_by(col(Event.id)))
-            return list(session.exec(query))
-
-    def events_of(self, job_id: str, kinds: tuple[str, ...], after_id: int = 0) -> list[Event]:
-        """A job's events of `kinds` with id > `after_id`, oldest first (filtered here, not
-        by the caller: a long job has thousands of progress events)."""
-        with self.session() as session:
-            query = (select(Event).where(Event.job_id == job_id, col(Event.kind).in_(kinds),
-                                         col(Event.id) > after_id).order_by(col(Event.id)))
-            return list(session.exec(query))
+            query = select(Event).where(Event.job_id == job_id, col(Event.id) > after_id)
+            if kinds is not None:
+                query = query.where(col(Event.kind).in_(kinds))
+            return list(session.exec(query.order_by(col(Event.id))))
 
     def events(self, job_id: str) -> list[Event]:
         """A job's events, oldest first; NotFoundError if the job does not exist."""
