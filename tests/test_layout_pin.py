@@ -172,5 +172,6 @@ def test_the_engine_renders_the_layout_it_was_placed_with(tmp_path: Path, layout
                     billing="monthly", interruptible=False, price_per_hour_micros=0,
                     state="running")
     inputs = Inputs(loaded, total_tokens(loaded), None, {})
-    pj = inputs.pipeline_job(job, inst, vllm_port=8000, poll_s=1.0)
+    pj = inputs.pipeline_job(job, inst, vllm_port=8000, poll_s=1.0,
+                             rendered=inputs.rendered(job, inst))
     assert pj.config.strategy == expected

@@ -178,13 +178,12 @@ class Inputs:
         return "single", savers.fallback(requested)
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
-                     exact_count: bool = True,
-                     rendered: Rendered | None = None) -> PipelineJob:
+                     rendered: Rendered, exact_count: bool = True) -> PipelineJob:
         """The host pipeline's view of this job on `inst`.
 
         `exact_count` False: the machine may have more GPUs than the job uses (a kept server).
         `rendered`: its layout and checkpoints (`rendered()`; on a spot machine they come more
-        often), default those of an on-demand machine.
+        often: no default, so that no caller renders a spot machine as an on-demand one).
         """
         from playbooks.deliver import HubTarget
         from playbooks.gpu import GpuExpectation
@@ -193,9 +192,8 @@ class Inputs:
         gpu = inst.gpu or job.gpu or ""
         count = job.gpu_count or inst.gpu_count or 1
         spec_gpu = catalog.gpus().get(gpu)
-        r = rendered or self.rendered(job, inst)
-        config = train_config(spec, r.strategy, r.checkpoints.save_steps, r.workload,
-                              job_id=job.id, keep=r.checkpoints.keep)
+        config = train_config(spec, rendered.strategy, rendered.checkpoints.save_steps,
+                              rendered.workload, job_id=job.id, keep=rendered.checkpoints.keep)
         sources = data_sources(spec, self.loaded.path.parent)
         token = os.environ.get("HF_TOKEN") or None
         out = spec.output
