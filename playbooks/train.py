@@ -25,7 +25,7 @@ import json
 import os
 import shlex
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -317,13 +317,21 @@ def steps(job: TrainJob) -> list[Step]:
             "secrets-env", check=lambda h: _secrets_current(h, job),
             apply=lambda h: ssh.write_secret_env(h.conn, str(job.secrets_file), job.env),
             timeout_s=120))
+
+    def written(path: str, text: str) -> Callable[[Host], bool]:
+        # A trainer that runs read its configs when it started: a takeover that renders the
+        # job again (a moved preemption rate, a newer orch) must not rewrite them under it,
+        # where they would then say something other than what the run does.
+        return lambda h: (h.read(path) == text.encode()
+                          or status(h, job).state is TrainState.RUNNING)
+
     ds_text, ds_file = deepspeed_text(job), job.deepspeed_file
     if ds_text is not None and ds_file is not None:
         result.append(Step(
-            "upload-deepspeed", check=lambda h: h.read(ds_file) == ds_text.encode(),
+            "upload-deepspeed", check=written(ds_file, ds_text),
             apply=lambda h: h.put_text(ds_text, ds_file), timeout_s=120))
     result.append(Step(
-        "upload-config", check=lambda h: h.read(job.config_file) == config_text.encode(),
+        "upload-config", check=written(job.config_file, config_text),
         apply=lambda h: h.put_text(config_text, job.config_file), timeout_s=120))
     if job.runner == "docker":
         # Pulled on its own (a ~10 GB image): `docker run -d` would pull inside the start

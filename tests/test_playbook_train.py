@@ -147,9 +147,10 @@ def test_dataset_upload_is_skipped_when_unchanged_and_redone_when_changed(
 def test_reattach_after_the_connection_closed_mid_training(
         playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path,
         ssh_factory: Any) -> None:
-    # 6 s of training: enough that it still runs after the reconnect on a loaded machine (at
-    # 2 s a CI run saw it finish first; the test is about reattaching to a running one).
-    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=60,
+    # 10 s of training: enough that it still runs after the reconnect and a second render
+    # on a loaded machine (at 2 s a CI run saw it finish first; the test is about
+    # reattaching to a running one).
+    sim, host = playbook_host(toolkit_preinstalled=TOOLKIT, train_steps=100,
                               train_step_seconds=0.1)
     job = make_job(sim, host, tmp_path)
     run_playbook("train", steps(job), host, reports)
@@ -164,9 +165,19 @@ def test_reattach_after_the_connection_closed_mid_training(
     again = reconnect(sim, ssh_factory)
     assert not host.conn.is_connected and again.conn is not host.conn
     assert status(again, job).state is TrainState.RUNNING
+    # Rendered again with other checkpoints (a takeover after the rate moved): the running
+    # trainer's config is not rewritten under it, and nothing is started twice.
+    before = Path(job.config_file).read_text()
+    other = replace(job, config=replace(job.config, save_steps=7))
+    reports.clear()
+    run_playbook("train", steps(other), again, reports)
+    assert status(again, job).state is TrainState.RUNNING  # else the check proves nothing
+    assert reports.outcomes()["upload-config"] == "skipped"
+    assert reports.outcomes()["start-training"] == "skipped"
+    assert Path(job.config_file).read_text() == before
     late: list[Progress] = []
     assert wait(again, job, late.append, poll_s=0.05).state is TrainState.SUCCEEDED
-    assert late[-1].step == 60 and late[0].step is not None
+    assert late[-1].step == 100 and late[0].step is not None
     assert late[0].step >= (early[-1].step or 0)
     reports.clear()
     run_playbook("train", steps(job), again, reports)

@@ -244,8 +244,9 @@ class HostSession:
         # been learnt while connecting): a loopback host shares this machine's ports.
         spot = hostchecks.spot_risk(self.state, placed)
         rendered = self.inputs.rendered(job, inst, spot)
-        given = self._given_checkpoints(inst)
-        if given is not None:  # a takeover: the trainer there was given these
+        # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
+        given = self._given_checkpoints(inst) if spot is not None else None
+        if given is not None:
             rendered = replace(rendered, checkpoints=given)
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(host.conn.host or "") else 8000,
@@ -264,7 +265,7 @@ class HostSession:
                 {"instance": inst.instance_id, "save_steps": every.save_steps,
                  "seconds": round(every.interval.seconds, 1), "keep": every.keep,
                  "write_s": every.interval.write_s,
-                 "young_s": None if young is None or math.isinf(young) else young})
+                 "young_s": young if young is not None and math.isfinite(young) else None})
         if keeper is not None:  # its disk outlives the job: say where the outputs stay
             pj = replace(pj, kept_on=keeper.server_name(inst.instance_id))
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first

@@ -184,7 +184,7 @@ class EventData(_Kept):
     keep: Lenient[int] = None  # save_total_limit
     seconds: Lenient[float] = None  # the interval in training seconds
     write_s: Lenient[float] = None  # the checkpoint's estimated write
-    young_s: Lenient[float] = None  # Young's optimum before the bounds (None: infinite)
+    young_s: Lenient[float] = None  # Young's optimum, unbounded (None: infinite)
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""
