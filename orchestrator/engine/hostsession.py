@@ -243,11 +243,9 @@ class HostSession:
         # Where we are connected, not the placement's instance (its address may only have
         # been learnt while connecting): a loopback host shares this machine's ports.
         spot = hostchecks.spot_risk(self.state, placed)
-        rendered = self.inputs.rendered(job, inst, spot)
         # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
         given = self._given_checkpoints(inst) if spot is not None else None
-        if given is not None:
-            rendered = replace(rendered, checkpoints=given)
+        rendered = self.inputs.rendered(job, inst, spot, given)
         pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
                                       if _is_loopback(host.conn.host or "") else 8000,
                                       poll_s=self.state.opts.poll_s,

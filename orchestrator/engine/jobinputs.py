@@ -151,12 +151,13 @@ class Inputs:
         per_checkpoint = steps * every_s / (self.est_train_hours * 3600)
         return max(1, min(steps, int(per_checkpoint)))
 
-    def rendered(self, job: Job, inst: Instance,
-                 spot: checkpointing.Spot | None = None) -> Rendered:
-        """The layout, settings and checkpoints the job trains with on `inst`."""
+    def rendered(self, job: Job, inst: Instance, spot: checkpointing.Spot | None = None,
+                 given: Checkpoints | None = None) -> Rendered:
+        """The layout, settings and checkpoints the job trains with on `inst` (`given`: the
+        checkpoints the trainer there was given already, kept)."""
         strategy, w = self.layout(job, inst)
         count = job.gpu_count or inst.gpu_count or 1
-        return Rendered(strategy, w, self.checkpoints(count, spot, w, strategy))
+        return Rendered(strategy, w, given or self.checkpoints(count, spot, w, strategy))
 
     def layout(self, job: Job, inst: Instance) -> tuple[str, Workload]:
         """The layout and resolved settings the job trains with on `inst`: the planner's
