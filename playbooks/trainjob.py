@@ -5,6 +5,7 @@ run's status and progress. train.py builds on it (resume, the steps).
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -283,6 +284,23 @@ _NUMBER = r"'?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 _LOSS = re.compile(r"'loss':\s*" + _NUMBER)
 # Trainer.evaluate's metrics carry the `eval_` prefix: `{'eval_loss': 1.31, 'eval_runtime': ...}`.
 _EVAL_LOSS = re.compile(r"'eval_loss':\s*" + _NUMBER)
+_GRAD_NORM = re.compile(r"'grad_norm':\s*" + _NUMBER)
+
+
+def _logged_loss(line: str, text: str) -> float:
+    """The training loss a log line says, NaN where the trainer's NaN filter hid one.
+
+    transformers' Trainer (`logging_nan_inf_filter`, on by default) adds, for a step whose
+    loss is NaN or inf, the average of the window's earlier steps instead: a window whose
+    every step was NaN (weights gone NaN: a diverged run) sums to 0 and logs `'loss': 0.0`,
+    beside a `'grad_norm': nan`. A cross-entropy of exactly 0 is otherwise not a loss a
+    language model reaches; taken as written it would be a diverged run's best value.
+    """
+    value = float(text)
+    norm = _GRAD_NORM.search(line)
+    if value == 0.0 and norm is not None and not math.isfinite(float(norm.group(1))):
+        return math.nan
+    return value
 
 
 def parse_progress(text: str) -> Progress:
@@ -311,7 +329,7 @@ def parse_progress(text: str) -> Progress:
                 pending_eval.clear()
         found = _LOSS.search(line)
         if found:
-            loss = float(found.group(1))
+            loss = _logged_loss(line, found.group(1))
             pending.append(loss)
         found = _EVAL_LOSS.search(line)
         if found:
@@ -439,7 +457,9 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
     read, so the caller can keep the trainer's output without another round trip.
     """
     handle = job.handle("train")
-    reported: tuple[int, tuple[tuple[int, float], ...]] | None = None
+    # Losses compared by their text: a `nan` is not equal to itself, and each poll would
+    # report the same steps again.
+    reported: tuple[int, tuple[tuple[int, str], ...]] | None = None
     loss: float | None = None
     while True:
         current, text = handle.poll(host, tail_lines)
@@ -448,8 +468,9 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
         progress = parse_progress(text)
         # The loss is logged less often than the bar moves: keep the last one seen.
         loss = progress.loss if progress.loss is not None else loss
-        if progress.step is not None and (progress.step, progress.losses) != reported:
-            reported = progress.step, progress.losses
+        seen = tuple((step, repr(value)) for step, value in progress.losses)
+        if progress.step is not None and (progress.step, seen) != reported:
+            reported = progress.step, seen
             if on_progress is not None:
                 on_progress(replace(progress, loss=loss))
         if current.state is not TrainState.RUNNING:

@@ -358,7 +358,8 @@ def test_best_run_per_sweep_view(db: tuple[Store, str]) -> None:
     none = Sweep(id="s-00000000000c", name="no-objective", spec_json="{}", created_at=NOW)
     rows: list[Any] = [hi, lo, none]
     for n, (sweep, status) in enumerate([(hi, "succeeded"), (hi, "succeeded"), (hi, "failed"),
-                                         (lo, "succeeded"), (lo, "succeeded")]):
+                                         (lo, "succeeded"), (lo, "succeeded"),
+                                         (lo, "succeeded")]):
         rows.append(_job(f"j-{n}", NOW, sweep_id=sweep.id, status=status))
     # j-1 was evaluated twice (0.9, then 0.6): one row per (job, name, step) since 0006, and
     # Store.add_metrics keeps the latest.
@@ -366,7 +367,9 @@ def test_best_run_per_sweep_view(db: tuple[Store, str]) -> None:
               ("j-1", "eval.exact_match", 0.6, None),
               ("j-0", "eval.exact_match", 0.99, 100),  # a step metric is not final
               ("j-2", "eval.exact_match", 1.0, None),  # failed jobs never win
-              ("j-3", "eval.loss", 0.5, None), ("j-4", "eval.loss", 0.3, None)]
+              ("j-3", "eval.loss", 0.5, None), ("j-4", "eval.loss", 0.3, None),
+              # a diverged run's `nan` is NULL (0014), which SQLite sorts before any number
+              ("j-5", "eval.loss", None, None)]
     rows += [Metric(job_id=j, name=name, value=v, step=step, at=NOW)
              for j, name, v, step in metric]
     _add(store, *rows)

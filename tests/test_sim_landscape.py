@@ -115,3 +115,34 @@ def test_eval_losses_parse_in_both_transformers_spellings() -> None:
     progress = parse_progress(log)
     assert progress.eval_losses == ((1, 1.875), (2, 1.5))  # 9.9 waits for its bar
     assert progress.losses == ((1, 2.5),)
+
+
+def test_a_learning_rate_two_decades_too_high_diverges_as_transformers_logs_it(
+        simhost: SimHostFactory, ssh_factory: ConnectionFactory, tmp_path: Path) -> None:
+    logs, out, config = _train(simhost, ssh_factory, tmp_path, 5.0e-2)
+    assert landscape.diverges_at(config, 12) == 2
+    # transformers' NaN filter logs a window of NaN losses as 0.0, its grad norm as nan.
+    assert "{'loss': 0.0, 'grad_norm': nan, " in logs
+    assert "{'eval_loss': nan, " in logs
+    progress = parse_progress(logs)
+    assert math.isfinite(progress.losses[0][1]) and progress.losses[0][0] == 1
+    assert [s for s, v in progress.losses if math.isnan(v)] == list(range(2, 13))
+    assert [s for s, v in progress.eval_losses if math.isnan(v)] == [4, 8, 12]
+    quality = json.loads((out / "sim_landscape.json").read_text())
+    assert math.isnan(quality["final_eval_loss"]) and quality["recall"] == 0.0
+    assert not landscape.diverges(cfg(1.0e-2, 128)) and landscape.diverges(cfg(2.0e-2, 16))
+
+
+def test_a_zero_loss_beside_a_nan_grad_norm_is_a_nan_loss() -> None:
+    # What transformers logs for a window of NaN losses (logging_nan_inf_filter: the NaN
+    # steps add the window's average so far, 0), in both of its spellings.
+    log = ("{'loss': 2.5, 'grad_norm': 0.4, 'epoch': 0.1}\n 10%|#| 1/10 [00:01<00:09]\n"
+           "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.2}\n 20%|##| 2/10 [00:02<00:08]\n"
+           "{'loss': '0', 'grad_norm': 'nan', 'epoch': '0.3'}\n 30%|###| 3/10 [00:03<00:07]\n"
+           # an fp16 overflow: the step is skipped, its loss is a number
+           "{'loss': 1.9, 'grad_norm': inf, 'epoch': 0.4}\n 40%|####| 4/10 [00:04<00:06]\n"
+           "{'loss': 0.0, 'grad_norm': 0.0, 'epoch': 0.5}\n 50%|#####| 5/10 [00:05<00:05]\n"
+           "{'loss': nan, 'epoch': 0.6}\n 60%|######| 6/10 [00:06<00:04]\n")
+    losses = dict(parse_progress(log).losses)
+    assert losses[1] == 2.5 and losses[4] == 1.9 and losses[5] == 0.0
+    assert all(math.isnan(losses[s]) for s in (2, 3, 6))

@@ -607,26 +607,89 @@ def test_metrics_are_one_row_per_job_name_and_step(store: Store, db_path: Path) 
                       "(?, 'eval.count', 1.0, NULL, '2026-01-01T00:00:00.000000Z')", job.id)
 
 
-def test_upgrade_to_0006_drops_duplicate_metrics_keeping_the_newest(store: Store,
-                                                                    db_path: Path) -> None:
+def _migrate(store: Store, revision: str) -> None:
+    """Run alembic down (a revision) or up ("head") on the store's database."""
     from alembic import command
     from alembic.config import Config
 
-    job = store.create_job(**_job_kwargs())
     cfg = Config()
     cfg.set_main_option("script_location", str(store_mod.migrations_dir()))
     with store.engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.downgrade(cfg, "0005")
+        if revision == "head":
+            command.upgrade(cfg, "head")
+        else:
+            command.downgrade(cfg, revision)
+
+
+def test_upgrade_to_0006_drops_duplicate_metrics_keeping_the_newest(store: Store,
+                                                                    db_path: Path) -> None:
+    job = store.create_job(**_job_kwargs())
+    _migrate(store, "0005")
     at = "2026-01-01T00:00:00.000000Z"
     for value, step in ((1.0, None), (2.0, None), (3.0, 7), (4.0, 7), (5.0, 8)):
         _write(db_path, "INSERT INTO metric (job_id, name, value, step, at) VALUES "
                       "(?, 'm', ?, ?, ?)", job.id, value, step, at)
-    with store.engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+    _migrate(store, "head")
     assert _raw(db_path, "SELECT step, value FROM metric ORDER BY id") == [
         (None, 2.0), (7, 4.0), (8, 5.0)]
+
+
+def test_upgrade_to_0014_keeps_metrics_and_their_unique_index(store: Store,
+                                                                db_path: Path) -> None:
+    # 0014 copies `metric` to drop a NOT NULL (SQLite's way); the copy loses the expression
+    # index of 0006 unless the migration makes it again.
+    job = store.create_job(**_job_kwargs())
+    _migrate(store, "0013")
+    with pytest.raises(sqlite3.IntegrityError, match="NOT NULL constraint failed: metric.value"):
+        _write(db_path, "INSERT INTO metric (job_id, name, value, step, at) VALUES "
+                      "(?, 'train.loss', NULL, 4, '2026-01-01T00:00:00.000000Z')", job.id)
+    store.add_metrics(job.id, {"train.loss": 1.25}, step=3)
+    _migrate(store, "head")
+    assert _raw(db_path, "SELECT name, step, value FROM metric") == [("train.loss", 3, 1.25)]
+    store.add_metrics(job.id, {"train.loss": float("nan")}, step=4)
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        _write(db_path, "INSERT INTO metric (job_id, name, value, step, at) VALUES "
+                      "(?, 'train.loss', 2.0, 3, '2026-01-01T00:00:00.000000Z')", job.id)
+    assert _raw(db_path, "SELECT step, value FROM metric ORDER BY step") == [(3, 1.25),
+                                                                               (4, None)]
+
+
+def test_a_value_that_is_not_a_number_is_null_in_metrics_and_events(store: Store,
+                                                                      db_path: Path) -> None:
+    # A diverged run logs `nan`. SQLite's REAL holds no NaN (the NOT NULL metric column
+    # refused the insert, failing the poll that read it), and Python's json.dumps wrote a bare
+    # `NaN`, which SQLite's json_extract refuses: a user's query over all events failed.
+    job = store.create_job(**_job_kwargs())
+    store.add_event(job.id, "train.progress", "step 9/30 loss nan",
+                    {"step": 9, "loss": float("nan"), "rates": [1.0, float("inf")],
+                     "nested": {"x": float("-inf")}})
+    store.add_metrics(job.id, {"train.loss": float("nan"), "train.eval_loss": float("inf"),
+                               "train.grad": 0.5}, step=9)
+    assert _raw(db_path, "SELECT json_extract(data_json, '$.loss'), "
+                         "json_extract(data_json, '$.rates[1]'), "
+                         "json_extract(data_json, '$.nested.x'), json_valid(data_json) "
+                         "FROM event WHERE kind = 'train.progress'") == [(None, None, None, 1)]
+    assert _raw(db_path, "SELECT count(*) FROM event WHERE json_valid(data_json) = 0") == [(0,)]
+    assert _raw(db_path, "SELECT name, value FROM metric ORDER BY name") == [
+        ("train.eval_loss", None), ("train.grad", 0.5), ("train.loss", None)]
+
+
+def test_not_a_number_metrics_read_back_as_nan_on_every_backend(store: Store) -> None:
+    import math
+
+    job = store.create_job(**_job_kwargs())
+    store.add_metrics(job.id, {"train.loss": float("nan")}, step=2)
+    store.add_metrics(job.id, {"train.loss": 1.5}, step=1)
+    from orchestrator.records.store import nan_if_null
+
+    got = {m.step: (m.value, nan_if_null(m.value)) for m in store.metrics(job.id)}
+    assert got[1] == (1.5, 1.5)
+    assert got[2][0] is None and math.isnan(got[2][1])
+    from orchestrator.records.sweep.trials import curve
+
+    points = curve(store, job.id, "train.loss")
+    assert points[0] == (1, 1.5) and points[1][0] == 2 and math.isnan(points[1][1])
 
 
 def test_metric_upsert_on_every_backend(store: Store) -> None:

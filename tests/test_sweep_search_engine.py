@@ -54,7 +54,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # Whole simulated runs: once, on the default database (the store paths are the same code).
 SQLITE_ONLY = {"test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid",
-               "test_a_recorded_prune_is_completed_by_the_next_worker"}
+               "test_a_recorded_prune_is_completed_by_the_next_worker",
+               "test_a_diverged_trial_is_pruned_at_its_first_rung"}
 
 
 @pytest.fixture
@@ -191,6 +192,37 @@ def test_a_rung_is_decided_once(env: dict[str, str], folder: Path, store: Store)
         (False, RungDecision.PRUNE), (True, RungDecision.CONTINUE)]
 
 
+def test_a_diverged_trials_rung_is_null_and_reads_back_as_nan(env: dict[str, str], folder: Path,
+                                                               store: Store) -> None:
+    # A diverged run's losses are `nan` (NULL rows): the rung's mean is NaN, which optuna
+    # prunes; before 0014 the NOT NULL rung (and metric) columns refused it mid-poll.
+    import math
+
+    from orchestrator.records.sweep.trials import curve, prune_record
+
+    path = sweep_file(folder)
+    orch(env, "sweep", str(path))
+    job = jobs_of(store)[0].id
+    store.add_metrics(job, {"train.loss": 2.0}, step=1)
+    for step in range(2, 10):
+        store.add_metrics(job, {"train.loss": float("nan")}, step=step)
+    points = curve(store, job, "train.loss")
+    assert points[0] == (1, 2.0) and all(math.isnan(v) for _, v in points[1:])
+    nan = float("nan")
+    row = record_rungs(store, job, Prune(0, 100, 3, "train.loss", nan, 1.5,
+                                         (RungRecord(0, 100, nan),)), "train.loss", points, 30)
+    assert row is not None and row.value is None
+    assert math.isnan(prune_record(row).value)
+    sweep_id = jobs_of(store)[0].sweep_id
+    assert sweep_id is not None
+    trial = next(t for t in trials_of(store, sweep_id, None) if t.job.id == job)
+    assert [math.isnan(r.value) for r in trial.record.rungs] == [True]
+    # `orch sweep show --json` parses: JSON has no NaN, the rung's value is null.
+    shown = json.loads(orch(env, "sweep", "show", "ts", "--json"))
+    run = next(r for r in shown["runs"] if r["job_id"] == job)
+    assert [g["value"] for g in run["rungs"]] == [None]
+
+
 # --- the engine prunes -------------------------------------------------------------------------
 
 
@@ -262,6 +294,37 @@ def test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid(
     total = json.loads(orch(env, "cost", "--json"))["total"]
     assert total["jobs"] == 5
     assert Decimal(total["cost"]) == sum(Decimal(j.cost_micros) for j in jobs) / 10**6
+
+
+DIVERGING = """\
+name: dv
+base: jobs/quickstart.yml
+grid:
+  training.learning_rate: [2.0e-4, 5.0e-2]
+early_stop: {metric: train.loss, min_fraction: 0.1, reduction_factor: 3}
+max_parallel: 1
+objective: {metric: eval.exact_match, goal: max}
+"""
+
+
+def test_a_diverged_trial_is_pruned_at_its_first_rung(env: dict[str, str], folder: Path,
+                                                      store: Store) -> None:
+    # 5e-2 diverges at a tenth of its steps (docs/sim-landscape.md): transformers then logs
+    # `'loss': 0.0` beside `'grad_norm': nan`. Read as 0.0, the diverged run was the best at
+    # every rung (it went on, and cut the cutoff for the runs after it); read as `nan`, it is
+    # pruned at its first rung, as optuna prunes a NaN.
+    path = folder / "dv.yml"
+    path.write_text(DIVERGING)
+    _run_sweep(env, path, 2)
+    good, diverged = sorted(jobs_of(store), key=lambda j: j.trial_number or 0)
+    assert good.status == JobStatus.SUCCEEDED, good.failure_reason
+    assert diverged.status == JobStatus.PRUNED, diverged.failure_reason
+    row = stored_prune(store, diverged.id)
+    assert row is not None and row.value is None and row.resource == 100
+    text = orch(env, "sweep", "show", "dv")
+    assert "pruned at 10 % (train.loss nan)" in text
+    told = [e for e in store.events(diverged.id) if e.kind == EventKind.TRAIN_NOT_FINITE]
+    assert [e.data().metric for e in told] == ["train.loss"]
 
 
 def test_a_recorded_prune_is_completed_by_the_next_worker(

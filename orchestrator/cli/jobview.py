@@ -3,6 +3,7 @@ event's line (`orch submit`, `orch show`, `orch logs`)."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -169,7 +170,9 @@ def print_summary(s: dict[str, Any]) -> None:
                  + (f", {s['interruptions']} interruption(s), {s['lost_steps']} steps redone"
                     if s["interruptions"] else ""))
     if s["metrics"]:
-        lines.append("  eval: " + ", ".join(f"{k}={v:g}" for k, v in sorted(s["metrics"].items())))
+        # None: the metric was not a number (a diverged run's `nan` eval loss).
+        lines.append("  eval: " + ", ".join(f"{k}={'nan' if v is None else format(v, 'g')}"
+                                            for k, v in sorted(s["metrics"].items())))
     cost = f"  cost: {usd(s['cost'])}"
     if Decimal(s["storage_cost"]) >= Decimal("0.0001"):
         cost += f" (volume {usd(s['storage_cost'])})"
@@ -217,12 +220,16 @@ def _kind(s: dict[str, Any]) -> str:
 
 def loss_curve(metrics: list[Metric], columns: int) -> str:
     """The training loss as a sparkline that fits `columns`, with its first, last and min."""
-    by_step = {m.step: m.value for m in metrics if m.name == "train.loss" and m.step is not None}
+    by_step = {m.step: math.nan if m.value is None else m.value for m in metrics
+               if m.name == "train.loss" and m.step is not None}
     if len(by_step) < 2:
         return ""
     steps = sorted(by_step)
     values = [by_step[k] for k in steps]
-    head = (f"  train loss: {values[0]:.4g} -> {values[-1]:.4g} (min {min(values):.4g}), "
+    # A diverged run's `nan` steps are gaps in the line and are not its minimum.
+    numbers = [v for v in values if math.isfinite(v)]
+    least = f"{min(numbers):.4g}" if numbers else "nan"
+    head = (f"  train loss: {values[0]:.4g} -> {values[-1]:.4g} (min {least}), "
             f"steps {steps[0]}-{steps[-1]}")
     return f"{head}\n  {sparkline(values, max(8, columns - 2))}"
 

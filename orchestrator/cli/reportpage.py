@@ -22,7 +22,7 @@ from orchestrator.cli.reportsweep import SweepCharts, objective_section
 from orchestrator.cli.term import human_time
 from orchestrator.core.money import usd
 from orchestrator.records.history import cost_rollup
-from orchestrator.records.store import from_micros
+from orchestrator.records.store import from_micros, nan_if_null
 
 if TYPE_CHECKING:
     from orchestrator.records.columns import PlacementChoice
@@ -86,9 +86,10 @@ def run_data(store: Store, job: Job, sweep_name: str | None) -> RunData:
     metrics: dict[str, float] = {}
     for m in store.metrics(job.id):
         if m.step is None:
-            metrics[m.name] = m.value
+            metrics[m.name] = nan_if_null(m.value)  # NULL (not a number) charts as a gap
         elif m.name == "train.loss":
-            by_step[m.step] = m.value  # a resumed run reports a step again: the last counts
+            # a resumed run reports a step again: the last counts
+            by_step[m.step] = nan_if_null(m.value)
     return RunData(
         id=job.id, name=job.name, status=job.status, sweep=sweep_name, provider=job.provider,
         gpu=job.gpu, gpu_count=job.gpu_count, spot=job.interruptible,

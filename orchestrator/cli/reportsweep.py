@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.core.jobstatus import JobStatus
-from orchestrator.records.store import Store, Sweep
+from orchestrator.records.store import Store, Sweep, nan_if_null
 
 
 @dataclass
@@ -56,7 +56,8 @@ def sweep_charts(store: Store, sweep_id: str) -> SweepCharts | None:
         out.append(SweepTrial(
             t.job.id, t.record.number, dict(t.record.params), JobStatus(t.job.status),
             t.objective if t.objective is not None and math.isfinite(t.objective) else None,
-            [r.step for r in t.rungs], None if prune is None else (prune.step, prune.value)))
+            [r.step for r in t.rungs],
+            None if prune is None else (prune.step, nan_if_null(prune.value))))
     return SweepCharts(sweep.name, None if objective is None else objective.metric,
                        None if objective is None else objective.goal, out)
 

@@ -184,10 +184,12 @@ def _pruned(run: dict[str, Any]) -> str | None:
     at = next((g for g in run.get("rungs", ()) if g["decision"] == "prune"), None)
     if at is None:
         return None
-    worse = "<" if at["cutoff"] is not None and at["value"] < at["cutoff"] else ">"
+    value = at["value"]
+    if value is None:  # the metric was `nan` at the rung (a diverged run): no comparison
+        return f"pruned at {at['fraction'] * 100:g} % ({at['metric']} nan)"
+    worse = "<" if at["cutoff"] is not None and value < at["cutoff"] else ">"
     cutoff = "" if at["cutoff"] is None else f" {worse} {at['cutoff']:.4g}"
-    return (f"pruned at {at['fraction'] * 100:g} % ({at['metric']} {at['value']:.4g}"
-            f"{cutoff})")
+    return f"pruned at {at['fraction'] * 100:g} % ({at['metric']} {value:.4g}{cutoff})"
 
 
 def _show(name: str, json_out: bool) -> None:

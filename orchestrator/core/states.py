@@ -151,6 +151,8 @@ class EventKind(StrEnum):
     CANCEL_REQUESTED = "cancel.requested"
     DELIVERED = "delivered"  # where each artifact went; data `{"places": [...]}`
     TRAIN_PROGRESS = "train.progress"
+    # The first loss (or eval loss) of a job that was not a number; data `{metric, step}`.
+    TRAIN_NOT_FINITE = "train.not_finite"
     # A spot machine's checkpoints as the trainer on it was given them (a takeover of the
     # same machine keeps them); data `{instance, save_steps, seconds, keep, ...}`.
     CHECKPOINT_INTERVAL = "checkpoint.interval"

@@ -62,6 +62,18 @@ _FAILPOINTS = frozenset({JobStatus.TRAINING, JobStatus.MERGING, JobStatus.EVALUA
 # Times one attempt connects again after its SSH connection dropped (issue 23 §2).
 SSH_RETRIES = 3
 
+# What a `nan` loss means, in a `train.not_finite` event (docs/schema.md, `event`).
+NOT_FINITE_LOSS = ("the run has likely diverged (its weights are no longer numbers, which "
+                   "no later step recovers): a lower learning rate, bf16 instead of fp16 or "
+                   "gradient clipping are the usual fixes")
+NOT_FINITE_EVAL = ("the run diverged, or the held-out examples have no trained token "
+                   "(all prompt, or cut off by sequence_len)")
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    """Equal, a NaN counting as equal to a NaN (the trainer's `nan`, read at every poll)."""
+    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
+
 
 def connection_dropped(exc: BaseException) -> bool:
     """Whether `exc` is an SSH connection that dropped under a command or transfer (a reset,
@@ -113,6 +125,7 @@ class HostSession:
         self.warm = warm
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
         self.eval_losses: dict[int, float] = {}  # step -> eval loss recorded as a metric
+        self.not_finite_told: set[str] | None = None  # metrics a train.not_finite named
         self.pruning = Pruning(state)  # a sweep's early stopping (a no-op outside one)
         self.pipeline_run: PipelineRun | None = None  # the phases running on the machine
 
@@ -305,10 +318,11 @@ class HostSession:
     def on_train_progress(self, p: train.Progress) -> None:
         progress = self.ledger.progress
         new = [(step, loss) for step, loss in p.losses
-               if self.losses.get(step) != loss]
+               if not _same(self.losses.get(step), loss)]
         evals = [(step, loss) for step, loss in p.eval_losses
-                 if self.eval_losses.get(step) != loss]
-        if p.step == progress.step and p.loss == progress.loss and not new and not evals:
+                 if not _same(self.eval_losses.get(step), loss)]
+        if (p.step == progress.step and _same(p.loss, progress.loss)
+                and not new and not evals):
             return  # each short wait reports the current step again
         progress.step, progress.total, progress.loss = p.step, p.total, p.loss
         for step, loss in new:  # every step's loss the log showed, not only the latest
@@ -317,11 +331,33 @@ class HostSession:
         for step, loss in evals:  # the held-out split's loss: what early stopping may rank by
             self.state.store.add_metrics(self.state.job_id, {"train.eval_loss": loss}, step=step)
             self.eval_losses[step] = loss
+        self._tell_not_finite([("train.loss", s, v) for s, v in new]
+                              + [("train.eval_loss", s, v) for s, v in evals])
         self.ledger.event("train.progress", f"step {p.step}/{p.total}"
                           + (f" loss {p.loss:.4f}" if p.loss is not None else ""),
                           {"step": p.step, "total": p.total, "loss": p.loss})
         self.ledger.notify()
         self.pruning.on_progress(p.step, p.total)  # Stop(PRUNED) when it lost at a rung
+
+    def _tell_not_finite(self, reports: list[tuple[str, int, float]]) -> None:
+        """Say once per job and metric that the trainer logged it as not a number: the run
+        goes on (an eval loss of `nan` can also be a held-out split with no trained token),
+        but the user paying for it should know before the end."""
+        bad = [(name, step, value) for name, step, value in reports if not math.isfinite(value)]
+        if not bad:
+            return
+        if self.not_finite_told is None:  # a takeover: what an earlier worker said
+            self.not_finite_told = {e.data().metric or "" for e in self.state.store.events_after(
+                self.state.job_id, kinds=(EventKind.TRAIN_NOT_FINITE,))}
+        for name, step, value in sorted(bad, key=lambda r: r[1]):
+            if name in self.not_finite_told:
+                continue
+            self.not_finite_told.add(name)
+            why = (NOT_FINITE_LOSS if name == "train.loss" else NOT_FINITE_EVAL)
+            self.ledger.event(EventKind.TRAIN_NOT_FINITE,
+                              f"{name} is {value} at step {step}: {why}; it trains on "
+                              f"(`orch cancel {self.state.job_id}` stops it)",
+                              {"metric": name, "step": step})
 
     def park_pruned(self, placed: Placed) -> None:
         """Early stopping pruned the run on `placed`: with keep_warm, stop its training and

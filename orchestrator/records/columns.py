@@ -17,10 +17,11 @@ No SQLModel here: the read-only sqlite3 views (`sweep.view`, `history`) use thes
 from __future__ import annotations
 
 import json
+import math
 from decimal import Decimal
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictStr, ValidationError
 
 # A field read as None when its stored value does not fit the type (the provider answers'
 # rule for fields they carry only as a hint: the same validator).
@@ -154,7 +155,8 @@ class PruneRecord(BaseModel):
     resource: int
     step: int
     metric: str
-    value: float
+    # An event's JSON holds a `nan` as null (store.event_json): read back as NaN.
+    value: Annotated[float, BeforeValidator(lambda v: math.nan if v is None else v)]
     cutoff: float | None = None
 
 
@@ -177,6 +179,7 @@ class EventData(_Kept):
     pruned: Lenient[PruneRecord] = None  # a `state` event entering `pruned`: what decided it
     instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
     step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
+    metric: Lenient[str] = None  # `train.not_finite`: which loss was not a number
     total: Lenient[int] = None  # `train.progress`: the steps of the whole training
     findings: Lenient[list[FindingRecord]] = None  # a registered server's check (issue 40)
     # `checkpoint.interval`: what the trainer on `instance` was given (engine/hostsession)

@@ -179,7 +179,9 @@ def _say_eval(step: int, total: int, per_epoch: int, config: dict[str, Any],
               seed: int, history: list[dict[str, Any]]) -> None:
     """Trainer.evaluate's metrics (prefix `eval_`), logged as the ProgressCallback does:
     the dict is written above the bar, which is redrawn at the same step."""
-    value = round(landscape.eval_loss(config, step / max(total, 1), seed), 4)
+    gone = landscape.diverges_at(config, total)
+    value = (math.nan if gone is not None and step >= gone
+             else round(landscape.eval_loss(config, step / max(total, 1), seed), 4))
     epoch = round(step / per_epoch, 4)
     history.append({"eval_loss": value, "eval_runtime": 0.05,
                     "eval_samples_per_second": 200.0, "eval_steps_per_second": 25.0,
@@ -220,7 +222,8 @@ def _die(host: Host, step: int) -> None:
 def _quality(config: dict[str, Any], seed: int) -> dict[str, Any]:
     """What the landscape made of this run, for the served model (vllm.py's answers)."""
     lr, rank, epochs, method = landscape.knobs(config)
-    return {"final_eval_loss": landscape.final_loss(config, seed),
+    final = math.nan if landscape.diverges(config) else landscape.final_loss(config, seed)
+    return {"final_eval_loss": final,
             "recall": landscape.recall(config, seed), "seed": seed,
             "config": [lr, rank, epochs, method]}
 
@@ -406,6 +409,7 @@ def train(host: Host, argv: list[str]) -> int:
     lr = float(config.get("learning_rate") or 2e-4)
     seed = int(opts.get("landscape_seed") or 0)
     eval_every = _eval_every(config)
+    diverged_at = landscape.diverges_at(config, total)
     for step in range(start + 1, total + 1):
         faults = _faults(host)
         save_now = bool(save_every and step % save_every == 0)
@@ -426,9 +430,13 @@ def train(host: Host, argv: list[str]) -> int:
             )
         time.sleep(step_seconds)
         loss = round(landscape.train_loss(config, step, total, seed), 4)
+        grad_norm = round(0.9 / math.sqrt(step), 4)
+        if diverged_at is not None and step >= diverged_at:
+            # NaN weights: transformers' NaN filter logs a window of NaN losses as 0.0.
+            loss, grad_norm = 0.0, math.nan
         entry = {
             "loss": loss,
-            "grad_norm": round(0.9 / math.sqrt(step), 4),
+            "grad_norm": grad_norm,
             "learning_rate": lr,
             "epoch": round(step / per_epoch, 4),
             "step": step,

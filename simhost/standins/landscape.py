@@ -37,6 +37,8 @@ EPOCH_OVERFIT = 0.02  # per squared epoch past EPOCH_OPT
 METHOD = {"lora": 0.0, "qlora": 0.01, "full": -0.01}  # 4-bit base costs a little
 NOISE = 0.006  # std of the seeded per-configuration noise on `final`
 START = 1.5  # the eval loss starts at final * (1 + START)
+DIVERGE = 100.0  # a learning rate this many times lr_opt(r) or more diverges ...
+DIVERGE_AT = 0.1  # ... once this share of its steps is done: its weights become NaN
 SPEED = 2.0  # decay rate of one epoch's run
 LR_SPEED = 0.1  # how much faster a larger learning rate learns early
 TRAIN_GAP = 0.03  # train loss below eval loss, per epoch of data seen
@@ -88,6 +90,19 @@ def _decay(p: float, k: float) -> float:
     return (math.exp(-k * p) - math.exp(-k)) / (1.0 - math.exp(-k))
 
 
+def diverges(config: dict[str, Any]) -> bool:
+    """Whether the run's learning rate is two decades past the best one: it diverges."""
+    lr, rank, _, _ = knobs(config)
+    return lr >= DIVERGE * lr_opt(rank)
+
+
+def diverges_at(config: dict[str, Any], total: int) -> int | None:
+    """The first step whose loss is NaN (None: the run converges). From there the trainer
+    logs what transformers logs for NaN losses: `'loss': 0.0` beside `'grad_norm': nan`
+    (its logging_nan_inf_filter), and `'eval_loss': nan`."""
+    return max(1, math.ceil(DIVERGE_AT * total)) if diverges(config) else None
+
+
 def eval_loss(config: dict[str, Any], p: float, seed: int = 0) -> float:
     """The eval loss after share `p` (0..1) of the run's steps."""
     lr, rank, epochs, _ = knobs(config)
@@ -107,7 +122,10 @@ def train_loss(config: dict[str, Any], step: int, total: int, seed: int = 0) -> 
 
 def recall(config: dict[str, Any], seed: int = 0) -> float:
     """The share of trained answers the model gives back (the eval set's exact match when
-    the host opts in): 1 at BASE, falling by 0.05 per 0.01 of loss above it."""
+    the host opts in): 1 at BASE, falling by 0.05 per 0.01 of loss above it; 0 for a run
+    that diverged (NaN weights answer nothing right)."""
+    if diverges(config):
+        return 0.0
     return min(1.0, max(0.0, 1.0 - 5.0 * (final_loss(config, seed) - BASE)))
 
 

@@ -42,7 +42,7 @@ from providers import retrying
 # The newest migration in migrations/versions. Kept here so the fast path of open_store
 # knows the head without importing alembic; tests/test_store.py asserts it matches
 # alembic's real head, so a new migration without bumping this fails the suite.
-SCHEMA_HEAD = "0013"
+SCHEMA_HEAD = "0014"
 # Long enough for a second writer to wait out the first one's short transaction.
 BUSY_TIMEOUT_MS = 10_000
 # How long a writer waits for the SQLite write lock in all (SQLite's busy handler, retried by

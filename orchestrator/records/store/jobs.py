@@ -31,6 +31,7 @@ from orchestrator.core.jobstatus import (
 )
 from orchestrator.core.states import EventKind
 from orchestrator.records.store.database import StoreBase, db_now
+from orchestrator.records.store.notanumber import event_json
 from orchestrator.records.store.tables import (
     BILLINGS,
     CancelRequested,
@@ -83,7 +84,7 @@ def _state(session: Session, job: Job, status: JobStatus, now: datetime, message
     """`enter` plus the job's `state` event, in the caller's transaction."""
     enter(job, status, now, fields)
     session.add(Event(job_id=job.id, at=now, kind=EventKind.STATE, message=message,
-                      data_json=dumps({"status": job.status, **(data or {})})))
+                      data_json=event_json({"status": job.status, **(data or {})})))
 
 
 # --- claims ----------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ class JobsMixin(StoreBase):
                     at=now,
                     kind=event_kind,
                     message=event_message,
-                    data_json=None if event_data is None else dumps(event_data),
+                    data_json=None if event_data is None else event_json(event_data),
                 )
             )
         return job
@@ -543,8 +544,7 @@ class JobsMixin(StoreBase):
             job.deadline_choice = choice
             job.updated_at = now
             session.add(Event(job_id=job_id, at=now, kind=kind, message=message,
-                              data_json=json.dumps(data, sort_keys=True,
-                                                   separators=(",", ":"))))
+                              data_json=event_json(data)))
 
     def mark_phase_done(self, job_id: str, phase: str, *,
                         artifacts_dir: str | None = None) -> None:

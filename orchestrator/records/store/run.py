@@ -6,7 +6,6 @@ between the two leaves a row that reconciliation finds, never an unrecorded paid
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -17,6 +16,7 @@ from sqlmodel import Session, col, select
 from orchestrator.core import money
 from orchestrator.core.states import EndReason, RowState
 from orchestrator.records.store.database import StoreBase
+from orchestrator.records.store.notanumber import event_json, real_or_null
 from orchestrator.records.store.tables import (
     Event,
     Instance,
@@ -42,8 +42,8 @@ class RecordsMixin(StoreBase):
     def add_event(self, job_id: str, kind: str, message: str,
                   data: Mapping[str, object] | None = None) -> None:
         """Append one event to a job's history."""
-        payload = None if data is None else json.dumps(data, sort_keys=True,
-                                                       separators=(",", ":"))
+        # A not-finite float (a `nan` loss) is written as null: the message keeps its text.
+        payload = None if data is None else event_json(data)
         with self.transaction() as session:
             session.add(Event(job_id=job_id, at=utcnow(), kind=kind, message=message,
                               data_json=payload))
@@ -153,8 +153,9 @@ class RecordsMixin(StoreBase):
                              else col(Metric.step) == step)
                 session.execute(delete(Metric).where(col(Metric.job_id) == job_id,
                                                      col(Metric.name) == name, same_step))
-                session.add(Metric(job_id=job_id, name=name, value=float(value), step=step,
-                                   at=now))
+                # Not finite (a `nan` loss): NULL, see Metric.value.
+                session.add(Metric(job_id=job_id, name=name, step=step, at=now,
+                                   value=real_or_null(float(value))))
 
     def metrics(self, job_id: str) -> list[Metric]:
         """A job's metrics, in the order recorded."""

@@ -136,7 +136,6 @@ def dumps(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-
 class UTCDateTime(TypeDecorator[datetime]):
     """Aware UTC datetime stored as fixed-width ISO-8601 text ending in `Z`.
 
@@ -512,7 +511,8 @@ class Metric(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="job.id")
     name: str
-    value: float = Field(sa_type=Float)
+    # NULL (0014): not a finite number (a diverged run's `nan`; store/notanumber.py).
+    value: float | None = Field(default=None, sa_type=Float)
     step: int | None = None
     at: datetime = _time()
 
@@ -530,7 +530,7 @@ class SweepRung(SQLModel, table=True):
     rung: int  # optuna's rung index in the trial's bracket
     step: int  # the training step whose report decided it
     metric: str
-    value: float = Field(sa_type=Float)
+    value: float | None = Field(default=None, sa_type=Float)  # NULL: not a number (0014)
     decision: str  # `continue` or `prune` (core.states.RungDecision)
     cutoff: float | None = Field(default=None, sa_type=Float)  # a prune's: the value needed
     decided_at: datetime = _time()

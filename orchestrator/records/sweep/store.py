@@ -36,7 +36,6 @@ from orchestrator.records.readonly import measured_throughput
 from orchestrator.records.store import (
     Event,
     Job,
-    Metric,
     NotFoundError,
     Store,
     StoreError,
@@ -49,6 +48,7 @@ from orchestrator.records.store import (
 from orchestrator.records.store.jobs import check_move, sweep_usage
 from orchestrator.records.sweep.propose import propose_trials
 from orchestrator.records.sweep.runs import RunReport, run_rows
+from orchestrator.records.sweep.trials import final_values
 from orchestrator.records.sweep.trials import rung_rows as trial_rungs
 from orchestrator.records.sweep.view import (
     RUNNING_STATUSES,
@@ -469,17 +469,6 @@ def sweep_gate(source: Session | Store, job: Job) -> str | None:
 # --- status ----------------------------------------------------------------------------------
 
 
-def _final_metrics(session: Session, job_ids: list[str], name: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for i in range(0, len(job_ids), _IN_CHUNK):
-        chunk = job_ids[i:i + _IN_CHUNK]
-        query = (select(Metric).where(col(Metric.job_id).in_(chunk), Metric.name == name,
-                                      col(Metric.step).is_(None)).order_by(col(Metric.id)))
-        for m in session.exec(query):
-            out[m.job_id] = m.value  # the newest one recorded wins
-    return out
-
-
 def sweep_status(store: Store, name: str) -> dict[str, Any]:
     """A sweep's runs (params, state, metric, cost) and its best run by the objective.
 
@@ -500,7 +489,7 @@ def sweep_status(store: Store, name: str) -> dict[str, Any]:
                      .where(col(Event.kind) == EventKind.QUEUED).order_by(col(Event.id)))
             first.update(first_event_data(session.exec(query)))
         objective = sweep.spec().objective
-        metrics = _final_metrics(session, ids, objective.metric) if objective else {}
+        metrics = final_values(session, ids, objective.metric) if objective else {}
         rungs = rung_rows((r.job_id, r.resource, r.rung, r.step, r.metric, r.value,
                            r.decision, r.cutoff)
                           for rows in trial_rungs(session, ids).values() for r in rows)

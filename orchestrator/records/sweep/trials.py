@@ -30,7 +30,16 @@ from orchestrator.core.search import (
 )
 from orchestrator.core.states import EventKind, RungDecision
 from orchestrator.records.columns import EventData, ObjectiveRecord, PruneRecord, event_data
-from orchestrator.records.store import Event, Job, Metric, Store, SweepRung, utcnow
+from orchestrator.records.store import (
+    Event,
+    Job,
+    Metric,
+    Store,
+    SweepRung,
+    nan_if_null,
+    real_or_null,
+    utcnow,
+)
 
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
 _IN_CHUNK = 500
@@ -65,13 +74,14 @@ def _chunks(ids: Sequence[str]) -> list[Sequence[str]]:
     return [ids[i:i + _IN_CHUNK] for i in range(0, len(ids), _IN_CHUNK)]
 
 
-def _final(session: Session, ids: Sequence[str], name: str) -> dict[str, float]:
+def final_values(session: Session, ids: Sequence[str], name: str) -> dict[str, float]:
+    """Each job's final (step NULL) value of `name`, the newest recorded; NaN for NULL."""
     out: dict[str, float] = {}
     for chunk in _chunks(ids):
         query = (select(Metric).where(col(Metric.job_id).in_(chunk), Metric.name == name,
                                       col(Metric.step).is_(None)).order_by(col(Metric.id)))
         for m in session.exec(query):
-            out[m.job_id] = m.value
+            out[m.job_id] = nan_if_null(m.value)  # NaN (NULL): the trial failed to score
     return out
 
 
@@ -99,7 +109,7 @@ def trials_in(session: Session, sweep_id: str,
         for job_id, text in session.exec(query):
             if job_id not in first:
                 first[job_id] = event_data(text)
-    values = _final(session, ids, objective.metric) if objective else {}
+    values = final_values(session, ids, objective.metric) if objective else {}
     rungs = rung_rows(session, ids)
     out: list[Trial] = []
     for position, job in enumerate(jobs):
@@ -110,7 +120,8 @@ def trials_in(session: Session, sweep_id: str,
         mine = tuple(rungs.get(job.id, ()))
         record = TrialRecord(number, data.ordered_params() if data else {},
                              trial_state(job, value), value,
-                             tuple(RungRecord(r.rung, r.resource, r.value) for r in mine))
+                             tuple(RungRecord(r.rung, r.resource, nan_if_null(r.value))
+                                   for r in mine))
         out.append(Trial(job, record, mine, value))
     return sorted(out, key=lambda t: t.record.number)
 
@@ -127,7 +138,10 @@ def curve(store: Store, job_id: str, metric: str) -> list[tuple[int, float]]:
         query = (select(Metric.step, Metric.value)
                  .where(Metric.job_id == job_id, Metric.name == metric,
                         col(Metric.step).is_not(None)).order_by(col(Metric.step)))
-        return [(int(s), float(v)) for s, v in session.exec(query) if s is not None]
+        # NULL is a report that was not a number (a diverged run's `nan`): the search reads
+        # it as NaN, which no rung ranks above a number.
+        return [(int(s), math.nan if v is None else float(v)) for s, v in session.exec(query)
+                if s is not None]
 
 
 def stored_prune(store: Store, job_id: str) -> SweepRung | None:
@@ -148,12 +162,13 @@ def record_rungs(store: Store, job_id: str, decision: Decision, metric: str,
         found = rung_value(points, rung_step(r.resource, total_steps))
         step = found[0] if found is not None else rung_step(r.resource, total_steps)
         rows[r.resource] = SweepRung(job_id=job_id, resource=r.resource, rung=r.rung, step=step,
-                                     metric=metric, value=r.value,
+                                     metric=metric, value=real_or_null(r.value),
                                      decision=RungDecision.CONTINUE, decided_at=now)
     if isinstance(decision, Prune):
         rows[decision.resource] = SweepRung(
             job_id=job_id, resource=decision.resource, rung=decision.rung, step=decision.step,
-            metric=decision.metric, value=decision.value, cutoff=decision.cutoff,
+            metric=decision.metric, value=real_or_null(decision.value),
+            cutoff=None if decision.cutoff is None else real_or_null(decision.cutoff),
             decision=RungDecision.PRUNE, decided_at=now)
     if rows:
         try:
@@ -167,8 +182,8 @@ def record_rungs(store: Store, job_id: str, decision: Decision, metric: str,
 def prune_record(row: SweepRung) -> PruneRecord:
     """The `pruned` state event's data from the rung row that decided it."""
     return PruneRecord(rung=row.rung, resource=row.resource, step=row.step, metric=row.metric,
-                       value=row.value, cutoff=row.cutoff)
+                       value=nan_if_null(row.value), cutoff=row.cutoff)
 
 
-__all__ = ["Trial", "curve", "prune_record", "record_rungs", "rung_rows", "stored_prune",
-           "trial_state", "trials_in", "trials_of"]
+__all__ = ["Trial", "curve", "final_values", "prune_record", "record_rungs", "rung_rows",
+           "stored_prune", "trial_state", "trials_in", "trials_of"]

@@ -12,6 +12,7 @@ Money is integer micro-dollars until display.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -81,7 +82,7 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
             "index": data.index, "job_id": job.id, "name": job.name,
             "params": data.ordered_params(), "state": state, "status": job.status,
             "waiting": gate(usage, job) if state == SweepRunState.QUEUED else None,
-            "metric": metrics.get(job.id), "cost": dollars_text(job.cost_micros),
+            "metric": _number(metrics.get(job.id)), "cost": dollars_text(job.cost_micros),
             "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
             "rungs": [r.to_dict() for r in rungs.get(job.id, ())],
@@ -131,7 +132,7 @@ class RungRow:
     rung: int
     step: int
     metric: str
-    value: float
+    value: float | None  # None: the metric was not a number (`nan`) at the rung
     decision: str
     cutoff: float | None
 
@@ -147,6 +148,12 @@ def last_rung(rows: Sequence[RungRow]) -> float | None:
     return None if top is None else top / 1000
 
 
+def _number(value: float | None) -> float | None:
+    """A final metric as the views show it: None when missing or not a number (NULL/NaN:
+    JSON has no NaN, and `--json` output must parse)."""
+    return None if value is None or not math.isfinite(value) else value
+
+
 _RUNG_COLUMNS = "r.job_id, r.resource, r.rung, r.step, r.metric, r.value, r.decision, r.cutoff"
 
 
@@ -155,7 +162,8 @@ def rung_rows(rows: Iterable[Sequence[Any]]) -> dict[str, list[RungRow]]:
     out: dict[str, list[RungRow]] = {}
     for job_id, resource, rung, step, metric, value, decision, cutoff in rows:
         out.setdefault(job_id, []).append(RungRow(int(resource), int(rung), int(step), metric,
-                                                  float(value), decision,
+                                                  None if value is None else float(value),
+                                                  decision,
                                                   None if cutoff is None else float(cutoff)))
     return out
 

@@ -1,0 +1,84 @@
+"""A run whose loss is not a number (a diverged run's `nan`) through the product.
+
+A learning rate two decades past the landscape's best diverges on the simulated host: from
+a tenth of its steps the stand-in trainer logs what transformers logs then (`'loss': 0.0`
+beside `'grad_norm': nan`, `'eval_loss': nan`; docs/sim-landscape.md). Before orch stored
+such values as NULL, the first `nan` metric failed the poll that read it (SQLite's REAL holds
+no NaN; the column was NOT NULL) and an event's bare `NaN` broke every json_extract query a
+user ran over the events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from termutil import ROOT
+from test_show_estimates import orch
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path_factory.mktemp("xdg")),
+           "ORCH_SIM_TRAIN_STEPS": str(STEPS), "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
+    for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
+        env.pop(name, None)
+    folder = tmp_path_factory.mktemp("job")
+    text = (ROOT / "examples" / "quickstart.yml").read_text()
+    text = text.replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2\n  val_set_size: 0.1")
+    text += "trainer: {extra: {eval_steps: 4}}\n"
+    (folder / "job.yml").write_text(text)
+    (folder / "data").symlink_to(ROOT / "examples" / "data")
+    orch(env, "submit", str(folder / "job.yml"))
+    job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["job_id"]
+    db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
+    return {"env": env, "id": job_id, "db": db}
+
+
+def _rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(db) as con:  # the user's own sqlite3, as docs/schema.md shows
+        return con.execute(sql, params).fetchall()
+
+
+def test_a_diverged_run_trains_on_and_its_nan_is_null(diverged: dict[str, Any]) -> None:
+    db, job_id = diverged["db"], diverged["id"]
+    shown = json.loads(orch(diverged["env"], "show", job_id, "--json").stdout)
+    assert shown["status"] == "succeeded", shown  # orch says so; it does not stop the run
+    # Every event is JSON SQLite reads; the progress events' `nan` losses are null.
+    assert _rows(db, "SELECT count(*) FROM event WHERE data_json IS NOT NULL "
+                     "AND json_valid(data_json) = 0") == [(0,)]
+    losses = _rows(db, "SELECT json_extract(data_json, '$.step'), "
+                       "json_extract(data_json, '$.loss') FROM event "
+                       "WHERE job_id = ? AND kind = 'train.progress'", job_id)
+    assert losses and all(loss is None for step, loss in losses if step >= 2)
+    # One row per step; a `nan` one is NULL, the step before the divergence is a number.
+    train = _rows(db, "SELECT step, value FROM metric WHERE job_id = ? AND name = "
+                      "'train.loss' ORDER BY step", job_id)
+    assert [s for s, _ in train] == list(range(1, STEPS + 1))
+    assert train[0][1] is not None and all(v is None for _, v in train[1:])
+    evals = _rows(db, "SELECT step, value FROM metric WHERE job_id = ? AND name = "
+                      "'train.eval_loss' ORDER BY step IS NULL, step", job_id)
+    assert evals == [(4, None), (8, None), (12, None), (16, None), (20, None), (None, None)]
+    # Said once per metric, as soon as it was seen, with what to do.
+    told = _rows(db, "SELECT json_extract(data_json, '$.metric'), "
+                     "json_extract(data_json, '$.step'), message FROM event "
+                     "WHERE job_id = ? AND kind = 'train.not_finite' ORDER BY id", job_id)
+    assert [(m, s) for m, s, _ in told] == [("train.loss", 2), ("train.eval_loss", 4)]
+    assert "diverged" in told[0][2] and f"orch cancel {job_id}" in told[0][2]
+    # A `nan` read at every poll is reported once, not again at each poll.
+    assert len(losses) <= STEPS + 1
+
+
+def test_show_draws_a_diverged_runs_curve(diverged: dict[str, Any]) -> None:
+    env = {**diverged["env"], "COLUMNS": "120"}
+    text = orch(env, "show", diverged["id"]).stdout
+    line = next(x for x in text.splitlines() if x.strip().startswith("train loss:"))
+    assert "-> nan (min " in line and "(min nan)" not in line
+    assert "train.loss is nan at step 2: the run has likely diverged" in orch(
+        env, "logs", diverged["id"]).stdout
