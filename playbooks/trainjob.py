@@ -293,13 +293,15 @@ def _logged_loss(line: str, text: str) -> float:
     transformers' Trainer (`logging_nan_inf_filter`, on by default) adds, for a step whose
     loss is NaN or inf, the average of the window's earlier steps instead: a window whose
     every step was NaN (weights gone NaN: a diverged run) sums to 0 and logs `'loss': 0.0`,
-    beside a `'grad_norm': nan`. A cross-entropy of exactly 0 is otherwise not a loss a
-    language model reaches; taken as written it would be a diverged run's best value.
+    beside a `'grad_norm': nan` (logged when gradients are clipped: `max_grad_norm`, 1.0 by
+    default). Taken as written it would be a diverged run's best value. An `inf` norm is
+    not it: fp16's loss scaling overflows now and then, skips that step, and the loss is a
+    number (a converged fp16 loss under 5e-5 rounds to 0.0 too).
     """
     value = float(text)
     norm = _GRAD_NORM.search(line)
-    if value == 0.0 and norm is not None and not math.isfinite(float(norm.group(1))):
-        return math.nan
+    if value == 0.0 and norm is not None and math.isnan(float(norm.group(1))):
+        return float("nan")  # a new NaN at every poll, as a logged `nan` parses
     return value
 
 
@@ -457,9 +459,9 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
     read, so the caller can keep the trainer's output without another round trip.
     """
     handle = job.handle("train")
-    # Losses compared by their text: a `nan` is not equal to itself, and each poll would
-    # report the same steps again.
-    reported: tuple[int, tuple[tuple[int, str], ...]] | None = None
+    # A `nan` loss is not equal to itself: the same steps are reported again at each poll,
+    # and the caller compares NaN-aware (engine/hostsession.py `_same`).
+    reported: tuple[int, tuple[tuple[int, float], ...]] | None = None
     loss: float | None = None
     while True:
         current, text = handle.poll(host, tail_lines)
@@ -468,9 +470,8 @@ def wait(host: Host, job: TrainJob, on_progress: Callable[[Progress], None] | No
         progress = parse_progress(text)
         # The loss is logged less often than the bar moves: keep the last one seen.
         loss = progress.loss if progress.loss is not None else loss
-        seen = tuple((step, repr(value)) for step, value in progress.losses)
-        if progress.step is not None and (progress.step, seen) != reported:
-            reported = progress.step, seen
+        if progress.step is not None and (progress.step, progress.losses) != reported:
+            reported = progress.step, progress.losses
             if on_progress is not None:
                 on_progress(replace(progress, loss=loss))
         if current.state is not TrainState.RUNNING:

@@ -71,8 +71,12 @@ def test_a_diverged_run_trains_on_and_its_nan_is_null(diverged: dict[str, Any]) 
                      "WHERE job_id = ? AND kind = 'train.not_finite' ORDER BY id", job_id)
     assert [(m, s) for m, s, _ in told] == [("train.loss", 2), ("train.eval_loss", 4)]
     assert "diverged" in told[0][2] and f"orch cancel {job_id}" in told[0][2]
-    # A `nan` read at every poll is reported once, not again at each poll.
+    # A `nan` read at every poll (a new NaN each time, never equal to the last) is reported
+    # once: one progress event per step, and no metric row written twice (an upsert deletes
+    # and inserts, so a second write would leave a gap in the ids).
     assert len(losses) <= STEPS + 1
+    assert _rows(db, "SELECT max(id), count(*) FROM metric") == [(len(train) + len(evals) + 3,
+                                                                   len(train) + len(evals) + 3)]
 
 
 def test_show_draws_a_diverged_runs_curve(diverged: dict[str, Any]) -> None:

@@ -171,6 +171,37 @@ def test_the_first_runs_go_on_and_the_order_of_records_does_not_matter() -> None
     assert a == b and isinstance(a, Prune)
 
 
+def test_a_diverged_run_is_pruned_and_does_not_prune_the_runs_after_it() -> None:
+    import math
+
+    nan = float("nan")
+    # A run whose loss turned `nan` at the rung is pruned there, though its losses before
+    # were good (NaN weights do not come back), with its own rung index.
+    gone = [(s, 1.0 if s < 10 else nan) for s in range(1, 11)]
+    assert math.isnan(rung_value(gone, 10)[1])  # type: ignore[index]
+    first = decide(ASHA, [TrialRecord(0, {}, TrialState.RUNNING)], 0, gone, 100,
+                   study_name="s")
+    assert isinstance(first, Prune) and (first.rung, first.resource) == (0, 100)
+    assert math.isnan(first.value) and math.isnan(first.cutoff)  # nobody else at the rung
+    # Its NaN rung, recorded, is no competitor: the best run after it goes on (a NaN among
+    # optuna's competing values pruned every later run, whatever its value).
+    dead = TrialRecord(0, {}, TrialState.PRUNED, None, (RungRecord(0, 100, nan),))
+    others = [TrialRecord(i, {}, TrialState.COMPLETE, 1.0, (RungRecord(0, 100, 1.0 + i),))
+              for i in (1, 2)]
+    me = TrialRecord(3, {}, TrialState.RUNNING)
+    assert isinstance(decide(ASHA, [dead, *others, me], 3, _curve(0.4, 10), 100,
+                             study_name="s"), Continue)
+    # At a later rung: the index is that rung's, the cutoff the others' (one of four goes on).
+    passed = TrialRecord(3, {}, TrialState.RUNNING, None, (RungRecord(0, 100, 0.5),))
+    later = [TrialRecord(i, {}, TrialState.COMPLETE, 1.0, (RungRecord(0, 100, 0.6 + i / 10),
+                                                           RungRecord(1, 300, 0.5 + i / 10)))
+             for i in (1, 2)]
+    curve = [(s, 0.5 if s < 30 else nan) for s in range(1, 31)]
+    pruned = decide(ASHA, [dead, *later, passed], 3, curve, 100, study_name="s")
+    assert isinstance(pruned, Prune) and (pruned.rung, pruned.resource) == (1, 300)
+    assert pruned.cutoff == pytest.approx(0.6)
+
+
 def test_a_finished_run_records_every_rung_it_passed() -> None:
     trials = [TrialRecord(i, {}, TrialState.COMPLETE, 1.0, (RungRecord(0, 100, 1.0),
                                                             RungRecord(1, 300, 0.9)))

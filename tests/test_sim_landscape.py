@@ -139,10 +139,11 @@ def test_a_zero_loss_beside_a_nan_grad_norm_is_a_nan_loss() -> None:
     log = ("{'loss': 2.5, 'grad_norm': 0.4, 'epoch': 0.1}\n 10%|#| 1/10 [00:01<00:09]\n"
            "{'loss': 0.0, 'grad_norm': nan, 'epoch': 0.2}\n 20%|##| 2/10 [00:02<00:08]\n"
            "{'loss': '0', 'grad_norm': 'nan', 'epoch': '0.3'}\n 30%|###| 3/10 [00:03<00:07]\n"
-           # an fp16 overflow: the step is skipped, its loss is a number
+           # an fp16 overflow: the step is skipped, its loss is a number (0.0 included)
            "{'loss': 1.9, 'grad_norm': inf, 'epoch': 0.4}\n 40%|####| 4/10 [00:04<00:06]\n"
            "{'loss': 0.0, 'grad_norm': 0.0, 'epoch': 0.5}\n 50%|#####| 5/10 [00:05<00:05]\n"
-           "{'loss': nan, 'epoch': 0.6}\n 60%|######| 6/10 [00:06<00:04]\n")
+           "{'loss': nan, 'epoch': 0.6}\n 60%|######| 6/10 [00:06<00:04]\n"
+           "{'loss': 0.0, 'grad_norm': inf, 'epoch': 0.7}\n 70%|#######| 7/10 [00:07<00:03]\n")
     losses = dict(parse_progress(log).losses)
-    assert losses[1] == 2.5 and losses[4] == 1.9 and losses[5] == 0.0
+    assert losses[1] == 2.5 and losses[4] == 1.9 and losses[5] == 0.0 and losses[7] == 0.0
     assert all(math.isnan(losses[s]) for s in (2, 3, 6))

@@ -655,6 +655,38 @@ def test_upgrade_to_0014_keeps_metrics_and_their_unique_index(store: Store,
                                                                                (4, None)]
 
 
+def test_upgrade_to_0014_nulls_what_was_stored_not_a_number(store: Store) -> None:
+    # Before 0014 PostgreSQL's float8 kept a NaN metric, and any backend kept an event's bare
+    # `NaN`/`Infinity` (json.dumps allowed them): the upgrade writes them as NULL / null.
+    from sqlalchemy import text
+
+    job = store.create_job(**_job_kwargs())
+    _migrate(store, "0013")
+    postgres = store.engine.dialect.name == "postgresql"
+    with store.engine.begin() as conn:
+        conn.execute(text("INSERT INTO event (job_id, at, kind, message, data_json) VALUES "
+                          "(:j, '2026-01-01T00:00:00.000000Z', 'train.progress', 'nan', "
+                          ":d)"), {"j": job.id, "d": '{"loss":NaN,"x":[1.5,-Infinity],'
+                                                   '"note":"NaN in text"}'})
+        if postgres:
+            conn.execute(text("INSERT INTO metric (job_id, name, value, step, at) VALUES "
+                              "(:j, 'train.loss', CAST('NaN' AS double precision), 3, "
+                              "'2026-01-01T00:00:00.000000Z')"), {"j": job.id})
+    _migrate(store, "head")
+    with store.engine.begin() as conn:
+        rows = conn.execute(text("SELECT data_json FROM event WHERE kind = 'train.progress'"))
+        assert [r[0] for r in rows] == ['{"loss":null,"note":"NaN in text","x":[1.5,null]}']
+        if postgres:
+            assert conn.execute(text("SELECT value FROM metric")).all() == [(None,)]
+    # And back: 0014's downgrade deletes the NULL rows it cannot keep under NOT NULL.
+    store.add_metrics(job.id, {"train.loss": float("nan"), "train.grad": 0.5}, step=4)
+    _migrate(store, "0013")
+    with store.engine.connect() as conn:
+        kept = conn.execute(text("SELECT name, value FROM metric")).all()
+    assert [tuple(r) for r in kept] == [("train.grad", 0.5)]
+    _migrate(store, "head")
+
+
 def test_a_value_that_is_not_a_number_is_null_in_metrics_and_events(store: Store,
                                                                       db_path: Path) -> None:
     # A diverged run logs `nan`. SQLite's REAL holds no NaN (the NOT NULL metric column

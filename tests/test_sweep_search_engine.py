@@ -300,7 +300,7 @@ DIVERGING = """\
 name: dv
 base: jobs/quickstart.yml
 grid:
-  training.learning_rate: [2.0e-4, 5.0e-2]
+  training.learning_rate: [5.0e-2, 2.0e-4]
 early_stop: {metric: train.loss, min_fraction: 0.1, reduction_factor: 3}
 max_parallel: 1
 objective: {metric: eval.exact_match, goal: max}
@@ -312,11 +312,13 @@ def test_a_diverged_trial_is_pruned_at_its_first_rung(env: dict[str, str], folde
     # 5e-2 diverges at a tenth of its steps (docs/sim-landscape.md): transformers then logs
     # `'loss': 0.0` beside `'grad_norm': nan`. Read as 0.0, the diverged run was the best at
     # every rung (it went on, and cut the cutoff for the runs after it); read as `nan`, it is
-    # pruned at its first rung, as optuna prunes a NaN.
+    # pruned at its first rung, as optuna prunes a NaN. It runs first: its NaN rung, once
+    # recorded, must not be a competitor of the good run after it (it pruned it).
     path = folder / "dv.yml"
     path.write_text(DIVERGING)
     _run_sweep(env, path, 2)
-    good, diverged = sorted(jobs_of(store), key=lambda j: j.trial_number or 0)
+    by_lr = {json.loads(j.spec_json)["training"]["learning_rate"]: j for j in jobs_of(store)}
+    good, diverged = by_lr[2.0e-4], by_lr[5.0e-2]
     assert good.status == JobStatus.SUCCEEDED, good.failure_reason
     assert diverged.status == JobStatus.PRUNED, diverged.failure_reason
     row = stored_prune(store, diverged.id)

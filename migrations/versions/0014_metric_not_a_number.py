@@ -12,11 +12,18 @@ reported a value that is not a finite number" (docs/schema.md).
 
 `v_best_run_per_sweep` ordered by the value, where NULL sorts first in SQLite: a run whose
 objective was `nan` would have been a sweep's best. It is made again without them.
+
+What was written before is brought in line: PostgreSQL's float8 held a NaN (or infinity)
+where SQLite refused one, so such values become NULL there; and event data written with a
+bare `NaN`/`Infinity` (any database: Python's json.dumps allowed them) is written again with
+null, so every event is JSON that json_extract and `::json` read.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -70,9 +77,46 @@ def _alter(nullable: bool) -> None:
     op.execute(_view(with_values_only=nullable))
 
 
+def _finite(value: object) -> object:
+    # records/store/notanumber.finite as of this revision (a migration does not change).
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        fixed = {k: _finite(v) for k, v in items}
+        return fixed if isinstance(value, dict) else list(fixed.values())
+    return value
+
+
+def _rewrite_events() -> None:
+    """Event data with a bare NaN/Infinity, written again with null, canonical as the store
+    writes it (sorted keys, no spaces)."""
+    bind = op.get_bind()
+    rows = bind.execute(sa.text(
+        "SELECT id, data_json FROM event WHERE data_json LIKE '%NaN%' "
+        "OR data_json LIKE '%Infinity%'")).all()
+    for row_id, text in rows:
+        try:
+            fixed = json.dumps(_finite(json.loads(text)), sort_keys=True,
+                               separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            continue  # not JSON at all: left as it is
+        if fixed != text:
+            bind.execute(sa.text("UPDATE event SET data_json = :d WHERE id = :i"),
+                         {"d": fixed, "i": row_id})
+
+
 def upgrade() -> None:
-    """Drop the NOT NULL of both value columns; the best-run view skips NULL values."""
+    """Drop the NOT NULL of both value columns; the best-run view skips NULL values; what
+    was stored before that is not a finite number becomes NULL (null in event data)."""
     _alter(True)
+    if op.get_context().dialect.name == "postgresql":
+        for table, column in (("metric", "value"), ("sweep_rung", "value"),
+                              ("sweep_rung", "cutoff")):
+            op.execute(f"UPDATE {table} SET {column} = NULL WHERE {column} IN ("
+                       "CAST('NaN' AS double precision), CAST('Infinity' AS double precision), "
+                       "CAST('-Infinity' AS double precision))")
+    _rewrite_events()
 
 
 def downgrade() -> None:

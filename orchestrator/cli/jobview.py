@@ -226,7 +226,7 @@ def loss_curve(metrics: list[Metric], columns: int) -> str:
         return ""
     steps = sorted(by_step)
     values = [by_step[k] for k in steps]
-    # A diverged run's `nan` steps are gaps in the line and are not its minimum.
+    # A diverged run's `nan` steps are left out of the line and are not its minimum.
     numbers = [v for v in values if math.isfinite(v)]
     least = f"{min(numbers):.4g}" if numbers else "nan"
     head = (f"  train loss: {values[0]:.4g} -> {values[-1]:.4g} (min {least}), "

@@ -300,11 +300,15 @@ def rung_step(resource: int, total_steps: int) -> int:
 
 def rung_value(curve: Sequence[tuple[int, float]], step: int) -> tuple[int, float] | None:
     """(the first reported step at or past `step`, the smoothed metric there), or None
-    while no report has reached `step`."""
+    while no report has reached `step`. NaN when the report there is not a number: a run
+    that has diverged is judged by that, not by its losses from before (NaN weights do not
+    come back)."""
     reached = [s for s, _ in curve if s >= step]
     if not reached:
         return None
     at = min(reached)
+    if not all(math.isfinite(v) for s, v in curve if s == at):
+        return at, float("nan")
     low = step - max(1, math.ceil(SMOOTHING * step))
     window = [v for s, v in curve if low < s <= at and math.isfinite(v)]
     if not window:
@@ -334,7 +338,10 @@ def _rung_study(early_stop: EarlyStopSpec, study_name: str, trials: Sequence[Tri
     by_number = {t.number: t for t in trials}
     for i in range(max([number, *by_number]) + 1):
         t = by_number.get(i)
-        attrs = {} if t is None else {_RUNG_KEY.format(r.rung): r.value for r in t.rungs}
+        # A diverged trial's NaN rung is not a competing value: optuna never records one (it
+        # prunes a NaN before it would), and a NaN among them prunes every later trial.
+        attrs = {} if t is None else {_RUNG_KEY.format(r.rung): r.value for r in t.rungs
+                                      if math.isfinite(r.value)}
         inter = {} if t is None else {r.resource: r.value for r in t.rungs}
         if i == number:
             state, inter = OptunaState.RUNNING, {**inter, **values}
@@ -358,9 +365,13 @@ def _cutoff(early_stop: EarlyStopSpec, trials: Sequence[TrialRecord], number: in
     max(1, n // eta) of the n values recorded at that rung of the bracket)."""
     values = [r.value for t in trials if t.number != number for r in t.rungs
               if r.rung == rung.rung and r.resource == rung.resource and math.isfinite(r.value)]
-    values = sorted([*values, rung.value], reverse=early_stop.goal == "max")
-    keep = max(1, len(values) // early_stop.reduction_factor)
-    return values[keep - 1]
+    n = len(values) + 1  # this trial's own value counts, last when it is not a number
+    values = sorted([*values, *([rung.value] if math.isfinite(rung.value) else [])],
+                    reverse=early_stop.goal == "max")
+    if not values:
+        return math.nan  # a NaN, and no other trial at the rung yet: nothing to reach
+    keep = max(1, n // early_stop.reduction_factor)
+    return values[min(keep, len(values)) - 1]
 
 
 def decide(early_stop: EarlyStopSpec, trials: Sequence[TrialRecord], number: int,
@@ -392,6 +403,9 @@ def decide(early_stop: EarlyStopSpec, trials: Sequence[TrialRecord], number: int
         others = [t for t in trials if t.number != number]
         study = _rung_study(early_stop, study_name, [*others, mine], number, values)
         frozen = study.get_trials(deepcopy=False)[number]
+        # The rung this check is at, in optuna's count: the trial's rungs completed so far
+        # (a NaN is pruned before optuna records its rung, so `new` is empty then).
+        at_rung = sum(1 for k in frozen.system_attrs if k.startswith("completed_rung_"))
         stop = study.pruner.prune(study, frozen)
         attrs = study.get_trials(deepcopy=False)[number].system_attrs
         new = [RungRecord(int(k.rsplit("_", 1)[1]), resource, float(v)) for k, v in attrs.items()
@@ -399,7 +413,7 @@ def decide(early_stop: EarlyStopSpec, trials: Sequence[TrialRecord], number: int
                not in {r.rung for r in mine.rungs}]
         recorded += new
         if stop and not finished:
-            rung = new[-1] if new else RungRecord(0, resource, value)
+            rung = new[-1] if new else RungRecord(at_rung, resource, value)
             return Prune(rung.rung, resource, step, early_stop.metric, value,
                          _cutoff(early_stop, others, number, rung), tuple(recorded))
     return Continue(tuple(recorded))

@@ -63,9 +63,9 @@ _FAILPOINTS = frozenset({JobStatus.TRAINING, JobStatus.MERGING, JobStatus.EVALUA
 SSH_RETRIES = 3
 
 # What a `nan` loss means, in a `train.not_finite` event (docs/schema.md, `event`).
-NOT_FINITE_LOSS = ("the run has likely diverged (its weights are no longer numbers, which "
-                   "no later step recovers): a lower learning rate, bf16 instead of fp16 or "
-                   "gradient clipping are the usual fixes")
+NOT_FINITE_LOSS = ("the run has likely diverged (every step since the last log had a NaN "
+                   "loss: with bf16 or fp32 its weights are NaN and stay so): a lower "
+                   "learning rate, warm-up or gradient clipping are the usual fixes")
 NOT_FINITE_EVAL = ("the run diverged, or the held-out examples have no trained token "
                    "(all prompt, or cut off by sequence_len)")
 

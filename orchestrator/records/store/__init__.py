@@ -35,7 +35,7 @@ from orchestrator.records.store.database import (
 )
 from orchestrator.records.store.hosts import HostsMixin
 from orchestrator.records.store.jobs import JobsMixin, claim_in, claim_next_gated
-from orchestrator.records.store.notanumber import nan_if_null, real_or_null
+from orchestrator.records.store.notanumber import event_json, nan_if_null, real_or_null
 from orchestrator.records.store.run import RecordsMixin
 from orchestrator.records.store.servers import ServersMixin
 from orchestrator.records.store.tables import (
@@ -96,7 +96,7 @@ __all__ = [
     "Metric", "NotFoundError", "PriceObservation", "Server", "ServerBusyError", "Store",
     "StoreError", "Sweep", "SweepRung", "ThroughputObservation", "UTCDateTime", "WarmInstance",
     "claim_in",
-    "claim_next_gated", "db_now", "default_db_url", "from_micros", "lock_wait_s",
+    "claim_next_gated", "db_now", "default_db_url", "event_json", "from_micros", "lock_wait_s",
     "migrations_dir", "nan_if_null", "new_job_id", "new_sweep_id", "open_store", "real_or_null",
     "to_micros", "utcnow",
 ]

@@ -16,7 +16,7 @@ from orchestrator.core.planning import Plan
 from orchestrator.core.spec import spec_hash
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import SweepRun
-from orchestrator.records.store import Event, Job, from_micros, to_micros, utcnow
+from orchestrator.records.store import Event, Job, event_json, from_micros, to_micros, utcnow
 
 
 def _dumps(value: object) -> str:
@@ -75,7 +75,7 @@ def run_rows(sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan, name: st
     event = Event(
         job_id=job.id, at=now, kind=EventKind.QUEUED,
         message=f"submitted by sweep {sweep_name} ({what}): {placement['why']}",
-        data_json=_dumps({"sweep": sweep_name, "sweep_id": sweep_id, "index": run.index,
+        data_json=event_json({"sweep": sweep_name, "sweep_id": sweep_id, "index": run.index,
                           "params": run.params, "param_order": list(run.params),
                           "file": placement["job_file"],
                           "placement": placement["placement"]}))

@@ -14,7 +14,6 @@ Money is integer micro-dollars throughout; dollars only for display.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_EVEN
@@ -41,6 +40,7 @@ from orchestrator.records.store import (
     StoreError,
     Sweep,
     claim_next_gated,
+    event_json,
     from_micros,
     to_micros,
     utcnow,
@@ -70,10 +70,6 @@ STATES: tuple[SweepRunState, ...] = tuple(SweepRunState)
 R = SweepRunState
 # SQLite's default limit on bound parameters is 999 (older builds); stay below it.
 _IN_CHUNK = 500
-
-
-def _dumps(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 # --- submit ----------------------------------------------------------------------------------
@@ -278,7 +274,7 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
             return False
         session.add(Event(job_id=job_id, at=now, kind=EventKind.REQUEUED,
                           message=f"{why} (was failed: {previous or 'no reason recorded'})",
-                          data_json=_dumps({"status": JobStatus.QUEUED,
+                          data_json=event_json({"status": JobStatus.QUEUED,
                                             "previous_reason": previous})))
         return True
 
