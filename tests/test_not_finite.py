@@ -17,8 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_engine_crash as crash
 from termutil import ROOT
+from test_engine_crash import env
 from test_show_estimates import orch
+
+__all__ = ["env"]
 
 STEPS = 20
 
@@ -86,3 +90,44 @@ def test_show_draws_a_diverged_runs_curve(diverged: dict[str, Any]) -> None:
     assert "-> nan (min " in line and "(min nan)" not in line
     assert "train.loss is nan at step 2: the run has likely diverged" in orch(
         env, "logs", diverged["id"]).stdout
+
+
+def test_a_takeover_does_not_say_it_again(env: dict[str, str]) -> None:
+    # kill -9 of the worker after it said the loss was `nan`; the next worker reads the same
+    # trainer's log, `nan` steps included, and finds it said already (the events, not its
+    # memory): still one `train.not_finite` per metric.
+    env.update(ORCH_SIM_TRAIN_STEPS="40", ORCH_SIM_STEP_S="0.25")
+    folder = Path(env["XDG_DATA_HOME"]).parent / "jobs"
+    folder.mkdir()
+    path = folder / "job.yml"
+    path.write_text((ROOT / "examples" / "quickstart.yml").read_text()
+                    .replace("data/", str(ROOT / "examples" / "data") + "/")
+                    .replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2"))
+    job_id = json.loads(crash.orch(env, "submit", str(path), "--detach", "--json").stdout)[
+        "job_id"]
+
+    def told() -> list[tuple[Any, ...]]:
+        return crash.query(env, "SELECT json_extract(data_json, '$.metric') FROM event "
+                                "WHERE job_id = ? AND kind = 'train.not_finite'", job_id)
+
+    first = crash.spawn(env, "worker", "--once")
+    try:
+        crash.wait_for(told, what="the nan said")
+        first.kill()  # SIGKILL: no teardown, the trainer goes on
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    crash.lease_lapsed(env)
+    second = crash.spawn(env, "worker", "--once")
+    try:
+        second.wait(timeout=180)
+    finally:
+        second.kill()
+    assert second.returncode == 0
+    assert crash.status(env, job_id) == "succeeded"
+    # taken over on the same machine: connected twice, one instance
+    assert crash.query(env, "SELECT count(*) >= 2 FROM event WHERE job_id = ? AND kind = "
+                            "'connected'", job_id) == [(1,)]
+    assert crash.query(env, "SELECT count(*) FROM instance WHERE job_id = ?", job_id) == [(1,)]
+    assert told() == [("train.loss",)]
+    assert crash.live_instances(env) == []
