@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import test_engine_crash as crash
+from emulators.webhook import WebhookReceiver
 from termutil import ROOT
 from test_engine_crash import env
 from test_show_estimates import orch
@@ -28,7 +30,7 @@ STEPS = 20
 
 
 @pytest.fixture(scope="module")
-def diverged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path_factory.mktemp("xdg")),
            "ORCH_SIM_TRAIN_STEPS": str(STEPS), "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
     for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
@@ -37,12 +39,13 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     text = (ROOT / "examples" / "quickstart.yml").read_text()
     text = text.replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2\n  val_set_size: 0.1")
     text += "trainer: {extra: {eval_steps: 4}}\n"
-    (folder / "job.yml").write_text(text)
     (folder / "data").symlink_to(ROOT / "examples" / "data")
-    orch(env, "submit", str(folder / "job.yml"))
-    job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["job_id"]
-    db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
-    return {"env": env, "id": job_id, "db": db}
+    with WebhookReceiver() as hook:
+        (folder / "job.yml").write_text(text + f"notify: {{url: '{hook.url}/orch'}}\n")
+        orch(env, "submit", str(folder / "job.yml"))
+        job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["job_id"]
+        db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
+        yield {"env": env, "id": job_id, "db": db, "hook": [r.json() for r in hook.delivered()]}
 
 
 def _rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -75,6 +78,12 @@ def test_a_diverged_run_trains_on_and_its_nan_is_null(diverged: dict[str, Any]) 
                      "WHERE job_id = ? AND kind = 'train.not_finite' ORDER BY id", job_id)
     assert [(m, s) for m, s, _ in told] == [("train.loss", 2), ("train.eval_loss", 4)]
     assert "diverged" in told[0][2] and f"orch cancel {job_id}" in told[0][2]
+    # ... and sent to the job's `notify:` target as it happened, before the job's end.
+    sent = diverged["hook"]
+    assert [e["type"] for e in sent] == ["train.not_finite", "train.not_finite",
+                                         "job.succeeded"]
+    assert {k: sent[0]["data"][k] for k in ("job_id", "metric", "step", "value")} == {
+        "job_id": job_id, "metric": "train.loss", "step": 2, "value": "nan"}
     # A `nan` read at every poll (a new NaN each time, never equal to the last) is reported
     # once: one progress event per step, and no metric row written twice (an upsert deletes
     # and inserts, so a second write would leave a gap in the ids).

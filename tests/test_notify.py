@@ -69,6 +69,24 @@ def test_slacks_message_is_text_and_blocks() -> None:
                                         "lr-003 (eval.exact_match = 0.81)")
 
 
+def test_each_event_says_what_happened_in_its_own_words() -> None:
+    # deadline.will_miss's text fell through to the sweep's: "orch sweep `run-3` (j-3)
+    # finished: ? runs" for a job that will miss its deadline.
+    from orchestrator.core.states import NOTIFIED
+
+    for kind in NOTIFIED:
+        line = webhooks.summary(event(3, kind.value))
+        assert ("finished:" in line) == (kind.value == "sweep.finished"), (kind, line)
+    late = webhooks.summary(event(3, "deadline.will_miss", miss_by_s=1260.0,
+                                  fastest="on_demand"))
+    assert late == ("orch job `run-3` (j-3) will miss its deadline by 21 min whatever "
+                    "happens; it goes on on on_demand")
+    nan = webhooks.summary(event(3, "train.not_finite", metric="train.loss", step=12,
+                                 value="nan", reason="the run has likely diverged"))
+    assert nan == ("orch job `run-3` (j-3): train.loss is nan at step 12: the run has likely "
+                   "diverged; it trains on (`orch cancel j-3` stops it)")
+
+
 # --- the files -------------------------------------------------------------------------------
 
 def load(tmp_path: Path, text: str) -> object:

@@ -30,7 +30,8 @@ from orchestrator.core.states import NOTIFIED
 from orchestrator.core.strictmodel import Strict
 
 EventType = Literal["job.succeeded", "job.failed", "job.preempted", "job.replaced",
-                    "job.budget_reached", "sweep.finished", "deadline.will_miss"]
+                    "job.budget_reached", "sweep.finished", "deadline.will_miss",
+                    "train.not_finite"]
 # The schema's words are `states.NOTIFIED`'s (tests/test_notify.py checks they agree).
 EVENT_TYPES: tuple[str, ...] = tuple(kind.value for kind in NOTIFIED)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -151,7 +151,8 @@ class EventKind(StrEnum):
     CANCEL_REQUESTED = "cancel.requested"
     DELIVERED = "delivered"  # where each artifact went; data `{"places": [...]}`
     TRAIN_PROGRESS = "train.progress"
-    # The first loss (or eval loss) of a job that was not a number; data `{metric, step}`.
+    # The first loss (or eval loss) of a job that was not a number; data `{metric, step,
+    # value, reason}` (and `webhook_id` when a `notify:` target was sent it).
     TRAIN_NOT_FINITE = "train.not_finite"
     # A spot machine's checkpoints as the trainer on it was given them (a takeover of the
     # same machine keeps them); data `{instance, save_steps, seconds, keep, ...}`.
@@ -184,7 +185,7 @@ class EventKind(StrEnum):
 NOTIFIED: tuple[EventKind, ...] = (
     EventKind.JOB_SUCCEEDED, EventKind.JOB_FAILED, EventKind.JOB_PREEMPTED,
     EventKind.JOB_REPLACED, EventKind.JOB_BUDGET_REACHED, EventKind.SWEEP_FINISHED,
-    EventKind.DEADLINE_WILL_MISS,
+    EventKind.DEADLINE_WILL_MISS, EventKind.TRAIN_NOT_FINITE,
 )
 
 

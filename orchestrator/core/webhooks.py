@@ -29,7 +29,8 @@ from orchestrator.core.notifyspec import decode_secret
 USER_AGENT = "orch-webhooks/1"
 _ICON = {"job.succeeded": ":white_check_mark:", "job.failed": ":x:",
          "job.preempted": ":warning:", "job.replaced": ":arrows_counterclockwise:",
-         "job.budget_reached": ":money_with_wings:", "sweep.finished": ":checkered_flag:"}
+         "job.budget_reached": ":money_with_wings:", "sweep.finished": ":checkered_flag:",
+         "deadline.will_miss": ":hourglass:", "train.not_finite": ":warning:"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ def summary(event: WebhookEvent) -> str:
     if event.type == "job.budget_reached":
         return (f"orch {d.get('scope', 'job')} {name} reached its budget "
                 f"(${d.get('spent_usd')} of ${d.get('budget_usd')})")
+    if event.type == "deadline.will_miss":
+        late = d.get("miss_by_s")
+        by = f" by {late / 60:.0f} min" if isinstance(late, int | float) else ""
+        return (f"orch job {name} will miss its deadline{by} whatever happens; it goes on "
+                f"on {d.get('fastest') or 'the fastest choice'}")
+    if event.type == "train.not_finite":
+        return (f"orch job {name}: {d.get('metric', 'the loss')} is {d.get('value', 'nan')} "
+                f"at step {d.get('step', '?')}: {d.get('reason') or 'the run may have diverged'}"
+                f"; it trains on (`orch cancel {d.get('job_id', 'ID')}` stops it)")
     best = d.get("best") or {}
     tail = (f"; best run {best.get('name')} ({d.get('metric')} = {best.get('value')})"
             if best else "")
