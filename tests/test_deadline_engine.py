@@ -14,6 +14,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from emulators.webhook import WebhookReceiver
 from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.records import preemptions
@@ -94,12 +95,22 @@ def test_a_job_that_will_miss_whatever_happens_says_so_at_once_and_keeps_going(
         rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCH_DEADLINE_CHECK_S", "60")
     cloud = rig.cloud(host_options={"train_steps": 30, "train_step_seconds": STEP_S})
-    job_id = deadline_job(rig, 12)
-    when(lambda: training_step(rig.store, job_id) >= 5, lambda: squeeze(rig, job_id, 5))
-    job = rig.run(cloud, job_id)
+    with WebhookReceiver() as hook:  # a notify target: told as soon as it is known
+        path = rig.job_file()
+        path.write_text(path.read_text().replace(
+            "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n")
+            + f"notify: {{url: '{hook.url}/orch', events: [deadline.will_miss]}}\n")
+        job_id = rig.queue(path)
+        when(lambda: training_step(rig.store, job_id) >= 5, lambda: squeeze(rig, job_id, 5))
+        job = rig.run(cloud, job_id)
+        sent = [r.json() for r in hook.delivered()]
     assert job.status == "succeeded", job.failure_reason
-    (miss,) = events(rig, job_id, "deadline.will_miss")  # said once, not at every check
+    # Said once, not at every check, and not twice (the history's event is the webhook's).
+    (miss,) = events(rig, job_id, "deadline.will_miss")
     assert miss["fastest"] == "spot" and float(str(miss["miss_by_s"])) > 0, miss
+    assert [e["type"] for e in sent] == ["deadline.will_miss"]
+    assert sent[0]["data"]["job_id"] == job_id and sent[0]["data"]["reason"]
+    assert miss["webhook_id"]
     assert not events(rig, job_id, "deadline.move")  # moving would only be later
     (row,) = rig.store.instances_of(job_id)
     assert row.interruptible and row.end_reason == "released"

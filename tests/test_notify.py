@@ -78,9 +78,9 @@ def test_each_event_says_what_happened_in_its_own_words() -> None:
         line = webhooks.summary(event(3, kind.value))
         assert ("finished:" in line) == (kind.value == "sweep.finished"), (kind, line)
     late = webhooks.summary(event(3, "deadline.will_miss", miss_by_s=1260.0,
-                                  fastest="on_demand"))
+                                  fastest="on_demand", reason="2.1 h of work, 1.8 h left"))
     assert late == ("orch job `run-3` (j-3) will miss its deadline by 21 min whatever "
-                    "happens; it goes on on on_demand")
+                    "happens (2.1 h of work, 1.8 h left); it goes on on on_demand")
     nan = webhooks.summary(event(3, "train.not_finite", metric="train.loss", step=12,
                                  value="nan", reason="the run has likely diverged"))
     assert nan == ("orch job `run-3` (j-3): train.loss is nan at step 12: the run has likely "

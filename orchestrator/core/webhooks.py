@@ -102,8 +102,9 @@ def summary(event: WebhookEvent) -> str:
     if event.type == "deadline.will_miss":
         late = d.get("miss_by_s")
         by = f" by {late / 60:.0f} min" if isinstance(late, int | float) else ""
-        return (f"orch job {name} will miss its deadline{by} whatever happens; it goes on "
-                f"on {d.get('fastest') or 'the fastest choice'}")
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        return (f"orch job {name} will miss its deadline{by} whatever happens{why}; it goes "
+                f"on on {d.get('fastest') or 'the fastest choice'}")
     if event.type == "train.not_finite":
         return (f"orch job {name}: {d.get('metric', 'the loss')} is {d.get('value', 'nan')} "
                 f"at step {d.get('step', '?')}: {d.get('reason') or 'the run may have diverged'}"
