@@ -42,10 +42,11 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     (folder / "data").symlink_to(ROOT / "examples" / "data")
     with WebhookReceiver() as hook:
         (folder / "job.yml").write_text(text + f"notify: {{url: '{hook.url}/orch'}}\n")
-        orch(env, "submit", str(folder / "job.yml"))
+        done = orch(env, "submit", str(folder / "job.yml"))
         job_id = json.loads(orch(env, "jobs", "--json").stdout)[0]["job_id"]
         db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
-        yield {"env": env, "id": job_id, "db": db, "hook": [r.json() for r in hook.delivered()]}
+        yield {"env": env, "id": job_id, "db": db, "hook": [r.json() for r in hook.delivered()],
+               "shown": done.stdout + done.stderr}
 
 
 def _rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -84,6 +85,9 @@ def test_a_diverged_run_trains_on_and_its_nan_is_null(diverged: dict[str, Any]) 
                                          "job.succeeded"]
     assert {k: sent[0]["data"][k] for k in ("job_id", "metric", "step", "value")} == {
         "job_id": job_id, "metric": "train.loss", "step": 2, "value": "nan"}
+    # The webhook's event is the one shown where the job runs, too.
+    assert "training: train.loss is nan at step 2: the run has likely diverged" in (
+        diverged["shown"])
     # A `nan` read at every poll (a new NaN each time, never equal to the last) is reported
     # once: one progress event per step, and no metric row written twice (an upsert deletes
     # and inserts, so a second write would leave a gap in the ids).

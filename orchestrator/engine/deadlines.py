@@ -421,9 +421,7 @@ class Contract:
         self.warned = True
         data = {"miss_by_s": round(decision.miss_by_s, 1), "fastest": decision.choice.value,
                 "rule": Rule.CANNOT_MEET.value, "reason": decision.reason, **decision.numbers}
-        # A webhook, if a target wants it: its event is then the history's (one, not two).
-        if not self.state.notices.emit(EventKind.DEADLINE_WILL_MISS, data):
-            self.ledger.event(EventKind.DEADLINE_WILL_MISS,
-                              f"deadline: will miss it by {decision.miss_by_s / 60:.0f} min "
-                              f"whatever happens: {decision.reason}; continuing on "
-                              f"{decision.choice} (the fastest)", data)
+        self.state.tell(EventKind.DEADLINE_WILL_MISS,
+                        f"deadline: will miss it by {decision.miss_by_s / 60:.0f} min "
+                        f"whatever happens: {decision.reason}; continuing on "
+                        f"{decision.choice} (the fastest)", data)

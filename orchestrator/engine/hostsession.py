@@ -354,12 +354,10 @@ class HostSession:
                 continue
             self.not_finite_told.add(name)
             why = (NOT_FINITE_LOSS if name == "train.loss" else NOT_FINITE_EVAL)
-            data = {"metric": name, "step": step, "value": str(value), "reason": why}
-            # A webhook, if a target wants it: its event is then the history's (one, not two).
-            if not self.state.notices.emit(EventKind.TRAIN_NOT_FINITE, data):
-                self.ledger.event(EventKind.TRAIN_NOT_FINITE,
-                                  f"{name} is {value} at step {step}: {why}; it trains on "
-                                  f"(`orch cancel {self.state.job_id}` stops it)", data)
+            self.state.tell(EventKind.TRAIN_NOT_FINITE,
+                            f"{name} is {value} at step {step}: {why}; it trains on "
+                            f"(`orch cancel {self.state.job_id}` stops it)",
+                            {"metric": name, "step": step, "value": str(value), "reason": why})
 
     def park_pruned(self, placed: Placed) -> None:
         """Early stopping pruned the run on `placed`: with keep_warm, stop its training and

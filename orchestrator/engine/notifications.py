@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.core import notifyspec
@@ -120,22 +120,33 @@ class Notices:
             self.emit(EventKind.JOB_FAILED, {"reason": job.failure_reason or "",
                                              "cost_usd": from_micros(job.cost_micros or 0)})
 
-    def emit(self, kind: EventKind, data: Mapping[str, Any]) -> str:
+    def emit(self, kind: EventKind, data: Mapping[str, Any],
+             record: Callable[[Mapping[str, Any]], None] | None = None) -> str:
         """Record `kind` as a job event with a webhook id, then queue it; the id ("" when no
-        endpoint wants it: then nothing is recorded)."""
+        endpoint wants it: then nothing is recorded).
+
+        `record`: the caller's own recording of the event, given its data (with the webhook
+        id when it is sent), called whether or not an endpoint wants it: an event the job's
+        history has anyway (a deadline it will miss) is then one event, not two, and its
+        errors are the caller's."""
         assert kind in NOTIFIED, kind
         probe = WebhookEvent("", kind.value, utcnow())
         if not any(e.wants(probe) for e in self.notifier.endpoints):
+            if record is not None:
+                record(data)
             return ""  # nobody to tell: the history keeps what was sent, nothing else
         msg_id = f"msg_{uuid.uuid4().hex}"
         payload = ({**data, "last_run": self.job_id} if "sweep_id" in data
                    else {"job_id": self.job_id, "name": self.name, **data})
         event = WebhookEvent(msg_id, kind.value, utcnow(), payload)
-        try:
-            self.store.add_event(self.job_id, kind, summary(event),
-                                 {"webhook_id": msg_id, **_plain(data)})
-        except Exception:  # noqa: BLE001 - a notice never fails the job
-            log.exception("recording %s for job %s", kind, self.job_id)
+        if record is not None:  # recorded before it is sent, as below
+            record({"webhook_id": msg_id, **_plain(data)})
+        else:
+            try:
+                self.store.add_event(self.job_id, kind, summary(event),
+                                     {"webhook_id": msg_id, **_plain(data)})
+            except Exception:  # noqa: BLE001 - a notice never fails the job
+                log.exception("recording %s for job %s", kind, self.job_id)
         with self._lock:
             self._pending.update({(msg_id, e.shown): kind.value
                                   for e in self.notifier.endpoints if e.wants(event)})

@@ -321,6 +321,12 @@ class RunState:
         # host session renders it, the deadline contract weighs a preemption's loss by it.
         self.save_steps: int | None = None
 
+    def tell(self, kind: EventKind, message: str, data: Mapping[str, object]) -> None:
+        """An event the user should hear of as it happens (`NOTIFIED`): one event in the
+        history (shown like any other, with its webhook id when a `notify:` target wants
+        it), recorded before the webhook is sent."""
+        self.notices.emit(kind, data, record=lambda d: self.ledger.event(kind, message, d))
+
     def hold(self, row_id: int, provider: str, instance_id: str | None = None,
              offer: Offer | None = None) -> Attempt:
         """Hold instance row `row_id` (released at the end unless handed on); a row held
