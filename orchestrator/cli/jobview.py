@@ -220,7 +220,9 @@ def _kind(s: dict[str, Any]) -> str:
 
 def loss_curve(metrics: list[Metric], columns: int) -> str:
     """The training loss as a sparkline that fits `columns`, with its first, last and min."""
-    by_step = {m.step: math.nan if m.value is None else m.value for m in metrics
+    from orchestrator.records.store import nan_if_null  # loaded already: `metrics` are rows
+
+    by_step = {m.step: nan_if_null(m.value) for m in metrics
                if m.name == "train.loss" and m.step is not None}
     if len(by_step) < 2:
         return ""

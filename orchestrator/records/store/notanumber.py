@@ -17,7 +17,7 @@ from orchestrator.records.store.tables import dumps
 def finite(value: object) -> object:
     """`value` with every float in it that is not finite made None."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
+        return real_or_null(value)
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

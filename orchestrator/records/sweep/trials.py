@@ -140,8 +140,7 @@ def curve(store: Store, job_id: str, metric: str) -> list[tuple[int, float]]:
                         col(Metric.step).is_not(None)).order_by(col(Metric.step)))
         # NULL is a report that was not a number (a diverged run's `nan`): the search reads
         # it as NaN, which no rung ranks above a number.
-        return [(int(s), math.nan if v is None else float(v)) for s, v in session.exec(query)
-                if s is not None]
+        return [(int(s), nan_if_null(v)) for s, v in session.exec(query) if s is not None]
 
 
 def stored_prune(store: Store, job_id: str) -> SweepRung | None:
