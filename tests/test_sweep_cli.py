@@ -390,6 +390,30 @@ def test_sweep_show_picks_the_best_run_by_the_objective(env: dict[str, str], fol
     assert "qs" in table and f"{jobs[1].id} eval_loss=0.4" in table and "$6.00 / $25.00" in table
 
 
+def test_sweep_show_tells_a_nan_objective_from_none(env: dict[str, str], folder: Path,
+                                                     store: Store) -> None:
+    # A diverged run reports its objective as `nan` (a NULL row): shown as `nan`, not as `-`
+    # (reported nothing), and the best line says why there is none.
+    jobs = submit(store, sweep_file(folder))
+    finish(store, jobs[0].id)
+    store.add_metrics(jobs[0].id, {"eval_loss": float("nan")})
+    finish(store, jobs[1].id)  # finished without reporting it
+    shown = json.loads(orch(env, "sweep", "show", "qs", "--json").stdout)
+    assert [r["metric"] for r in shown["runs"]] == [None] * 4  # JSON has no NaN
+    assert [r["metric_nan"] for r in shown["runs"]] == [True, False, False, False]
+    assert [r["metric_nan"] for r in sweep_status(store, "qs")["runs"]] == \
+        [True, False, False, False]  # the store's path agrees with the read-only one
+    text = orch(env, "sweep", "show", "qs").stdout
+    header, *rows = text.splitlines()[1:6]
+    at = header.split("\t").index("eval_loss")
+    assert [r.split("\t")[at] for r in rows] == ["nan", "-", "-", "-"]
+    assert ("best: none yet (no finished run reported eval_loss as a number; 1 reported nan: "
+            "diverged?)") in text
+    store.add_metrics(jobs[1].id, {"eval_loss": 0.5})
+    text = orch(env, "sweep", "show", "qs").stdout
+    assert f"best (min eval_loss): {jobs[1].id} {jobs[1].name} eval_loss=0.5" in text
+
+
 def test_sweep_show_has_the_last_rung_each_run_reached(env: dict[str, str], folder: Path,
                                                        store: Store) -> None:
     from orchestrator.core.search import Continue, Prune, RungRecord

@@ -83,8 +83,10 @@ def _rung(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction * 100:g} %"
 
 
-def _metric(value: float | None) -> str:
-    return "-" if value is None else f"{value:g}"
+def _metric(value: float | None, nan: bool = False) -> str:
+    """A run's objective: `-` when it reported none, `nan` when it reported one that is not a
+    number (a diverged run)."""
+    return ("nan" if nan else "-") if value is None else f"{value:g}"
 
 
 def _submit(file: Path, retry_failed: bool, json_out: bool, quiet: bool, dry_run: bool) -> None:
@@ -221,7 +223,8 @@ def _show(name: str, json_out: bool) -> None:
         rows.append(["*" if r["job_id"] == best_id else "",
                      "-" if r["index"] is None else r["index"], r["job_id"],
                      *(_value(r["params"][k]) if k in r["params"] else "-" for k in keys),
-                     state, *([_rung(r["last_rung"])] if stops else []), _metric(r["metric"]),
+                     state, *([_rung(r["last_rung"])] if stops else []),
+                     _metric(r["metric"], r["metric_nan"]),
                      usd(r["cost"]), usd(r["est_cost"])])
     if rows:
         n = len(keys) + stops  # the columns before state's and metric's
@@ -232,7 +235,11 @@ def _show(name: str, json_out: bool) -> None:
     if obj is None:
         lines.append("best: no objective in the sweep file")
     elif status["best"] is None:
-        lines.append(f"best: none yet (no finished run reported {obj['metric']})")
+        nan = sum(1 for r in status["runs"]
+                  if r["state"] == SweepRunState.SUCCEEDED and r["metric_nan"])
+        lines.append(f"best: none yet (no finished run reported {obj['metric']} as a number"
+                     f"; {nan} reported nan: diverged?)" if nan else
+                     f"best: none yet (no finished run reported {obj['metric']})")
     else:
         b = status["best"]
         lines.append(f"best ({obj['goal']} {obj['metric']}): {b['job_id']} {b['name']} "

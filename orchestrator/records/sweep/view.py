@@ -82,7 +82,11 @@ def build_status(*, sweep_id: str, sweep_name: str, created_at: datetime, spec_j
             "index": data.index, "job_id": job.id, "name": job.name,
             "params": data.ordered_params(), "state": state, "status": job.status,
             "waiting": gate(usage, job) if state == SweepRunState.QUEUED else None,
-            "metric": _number(metrics.get(job.id)), "cost": dollars_text(job.cost_micros),
+            "metric": _number(metrics.get(job.id)),
+            # Reported, but not a number (a diverged run's `nan`): `metric` is null then, as
+            # for a run that reported nothing; the views tell the two apart with this.
+            "metric_nan": job.id in metrics and _number(metrics[job.id]) is None,
+            "cost": dollars_text(job.cost_micros),
             "est_cost": dollars_text(job.est_cost_micros), "failure_reason": job.failure_reason,
             "provider": job.provider, "gpu": job.gpu, "gpu_count": job.gpu_count,
             "rungs": [r.to_dict() for r in rungs.get(job.id, ())],
