@@ -101,6 +101,10 @@ def test_spelling_a_default_out_keeps_the_identity() -> None:
                "resources": {"gpus": "any", "headroom": 0.2}, "lora": {"target": "all-linear"}}
     assert spec_hash(JobSpec.model_validate(spelled)) == plain
     assert spec_hash(JobSpec.model_validate({**base, "training": {"epochs": 2}})) != plain
+    # Whether a diverged run is stopped is no part of what a healthy run produces: a sweep
+    # that turns it off must not run its finished runs again.
+    assert spec_hash(JobSpec.model_validate(
+        {**base, "training": {"stop_on_nan": False}})) == plain
 
 
 def test_the_spellings_are_defined_here_not_by_a_library() -> None:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orchfork
 import pytest
 import test_engine_crash as crash
 from emulators.webhook import WebhookReceiver
@@ -37,7 +38,9 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
         env.pop(name, None)
     folder = tmp_path_factory.mktemp("job")
     text = (ROOT / "examples" / "quickstart.yml").read_text()
-    text = text.replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2\n  val_set_size: 0.1")
+    # stop_on_nan: false, to see what a run that trains on to its end records.
+    text = text.replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2\n  val_set_size: 0.1"
+                        "\n  stop_on_nan: false")
     text += "trainer: {extra: {eval_steps: 4}}\n"
     (folder / "data").symlink_to(ROOT / "examples" / "data")
     with WebhookReceiver() as hook:
@@ -79,12 +82,14 @@ def test_a_diverged_run_trains_on_and_its_nan_is_null(diverged: dict[str, Any]) 
                      "WHERE job_id = ? AND kind = 'train.not_finite' ORDER BY id", job_id)
     assert [(m, s) for m, s, _ in told] == [("train.loss", 2), ("train.eval_loss", 4)]
     assert "diverged" in told[0][2] and f"orch cancel {job_id}" in told[0][2]
+    assert "it trains on" in told[0][2]
     # ... and sent to the job's `notify:` target as it happened, before the job's end.
     sent = diverged["hook"]
     assert [e["type"] for e in sent] == ["train.not_finite", "train.not_finite",
                                          "job.succeeded"]
     assert {k: sent[0]["data"][k] for k in ("job_id", "metric", "step", "value")} == {
         "job_id": job_id, "metric": "train.loss", "step": 2, "value": "nan"}
+    assert sent[0]["data"].get("stops_after") is None  # stop_on_nan: false
     # The webhook's event is the one shown where the job runs, too.
     assert "training: train.loss is nan at step 2: the run has likely diverged" in (
         diverged["shown"])
@@ -115,7 +120,8 @@ def test_a_takeover_does_not_say_it_again(env: dict[str, str]) -> None:
     path = folder / "job.yml"
     path.write_text((ROOT / "examples" / "quickstart.yml").read_text()
                     .replace("data/", str(ROOT / "examples" / "data") + "/")
-                    .replace("learning_rate: 2.0e-4", "learning_rate: 5.0e-2"))
+                    .replace("learning_rate: 2.0e-4",
+                             "learning_rate: 5.0e-2\n  stop_on_nan: false"))
     job_id = json.loads(crash.orch(env, "submit", str(path), "--detach", "--json").stdout)[
         "job_id"]
 
@@ -144,3 +150,52 @@ def test_a_takeover_does_not_say_it_again(env: dict[str, str]) -> None:
     assert crash.query(env, "SELECT count(*) FROM instance WHERE job_id = ?", job_id) == [(1,)]
     assert told() == [("train.loss",)]
     assert crash.live_instances(env) == []
+
+
+def test_a_diverged_run_is_stopped_after_three_nan_logs(tmp_path: Path) -> None:
+    # The default (training.stop_on_nan): three logged steps in a row with a `nan` training
+    # loss (steps 6, 7, 8 here: the stand-in diverges from step 6 and logs every step) stop
+    # the job, failed, its machine terminated, the target told; the steps after are never
+    # paid for.
+    steps = 60  # 12 s of training: a slow first poll still finds it running
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"),
+           "ORCH_SIM_TRAIN_STEPS": str(steps), "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
+    for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
+        env.pop(name, None)
+    (tmp_path / "data").symlink_to(ROOT / "examples" / "data")
+    text = (ROOT / "examples" / "quickstart.yml").read_text().replace(
+        "learning_rate: 2.0e-4", "learning_rate: 5.0e-2")
+    with WebhookReceiver() as hook:
+        (tmp_path / "job.yml").write_text(text + f"notify: {{url: '{hook.url}/orch'}}\n")
+        done = orchfork.run(["submit", str(tmp_path / "job.yml")], env=env, cwd=ROOT,
+                            timeout=300)
+        sent = [r.json() for r in hook.delivered()]
+    assert done.returncode != 0
+    shown = json.loads(orch(env, "jobs", "--json").stdout)[0]
+    job_id = shown["job_id"]
+    assert shown["status"] == "failed", shown
+    job = json.loads(orch(env, "show", job_id, "--json").stdout)
+    assert job["failure_reason"].startswith(
+        "diverged: train.loss was nan at every logged step from step "), job
+    assert "training.stop_on_nan: false" in job["failure_reason"]
+    db = next(Path(env["XDG_DATA_HOME"]).rglob("*.db"))
+    # Stopped at the third `nan` log, not trained on to its last step (a poll may have read
+    # a few steps more at once).
+    last = _rows(db, "SELECT max(step) FROM metric WHERE job_id = ? AND name = 'train.loss'",
+                 job_id)[0][0]
+    first = _rows(db, "SELECT min(step) FROM metric WHERE job_id = ? AND name = 'train.loss' "
+                      "AND value IS NULL", job_id)[0][0]
+    assert first == steps // 10  # the stand-in diverges at a tenth of its steps
+    assert first + 2 <= last < steps, last
+    # From the first `nan` to the newest step read (the third unless a poll read more).
+    assert (f"from step {first} to step {last} ({last - first + 1} logs)"
+            in job["failure_reason"])
+    assert _rows(db, "SELECT count(*) FROM instance WHERE job_id = ? AND terminated_at IS NULL",
+                 job_id) == [(0,)]
+    assert _rows(db, "SELECT count(*) FROM event WHERE job_id = ? AND kind = "
+                     "'instance.terminated'", job_id) == [(1,)]
+    told = _rows(db, "SELECT message FROM event WHERE job_id = ? AND kind = "
+                     "'train.not_finite'", job_id)
+    assert len(told) == 1 and "orch stops it if the loss is nan at 3 logged steps" in told[0][0]
+    assert [e["type"] for e in sent] == ["train.not_finite", "job.failed"]
+    assert sent[0]["data"]["stops_after"] == 3  # the webhook's text says what orch will do

@@ -84,7 +84,11 @@ def test_each_event_says_what_happened_in_its_own_words() -> None:
     nan = webhooks.summary(event(3, "train.not_finite", metric="train.loss", step=12,
                                  value="nan", reason="the run has likely diverged"))
     assert nan == ("orch job `run-3` (j-3): train.loss is nan at step 12: the run has likely "
-                   "diverged; it trains on (`orch cancel j-3` stops it)")
+                   "diverged; it trains on (`orch cancel j-3` stops it now)")
+    stops = webhooks.summary(event(3, "train.not_finite", metric="train.loss", step=12,
+                                   value="nan", reason="diverged", stops_after=3))
+    assert stops.endswith("diverged; orch stops it if the loss is nan at 3 logged steps in a "
+                          "row, as training.stop_on_nan says (`orch cancel j-3` stops it now)")
 
 
 # --- the files -------------------------------------------------------------------------------

@@ -260,3 +260,26 @@ def test_optunas_own_storage_refuses_orchs_database(tmp_path: Path) -> None:
     # It wrote its tables into orch's database before it refused.
     assert {"studies", "trials", "version_info"} <= tables
     assert not revision.startswith("v")  # orch's revision, not one of optuna's (v3.0.0.a ...)
+
+
+def test_a_trial_that_diverged_after_a_good_rung_is_not_among_the_good() -> None:
+    # Trial 0 passed its first rung with the best value, then diverged (a NaN rung, pruned:
+    # engine/pruning.Pruning.diverged). optuna's TPE ranks a pruned trial by its furthest
+    # step first: given its values, it would be one of the two "good" trials and every next
+    # proposal would come from its learning rate (40 of 40 seeds in review); given none, it
+    # ranks below every other trial, and the search stays away from it.
+    import math
+
+    space = [Param("training.learning_rate", "float", low=1e-5, high=1e-1, log=True)]
+    rows = [TrialRecord(0, {"training.learning_rate": 5e-2}, TrialState.PRUNED, None,
+                        (RungRecord(0, 111, 1.0), RungRecord(1, 170, math.nan)))]
+    rows += [TrialRecord(i, {"training.learning_rate": lr}, TrialState.PRUNED, None,
+                         (RungRecord(0, 111, v),))
+             for i, lr, v in ((1, 1e-4, 1.5), (2, 2e-5, 2.0), (3, 1e-5, 2.5))]
+    rows += [TrialRecord(4, {"training.learning_rate": 3e-4}, TrialState.COMPLETE, 1.2,
+                         (RungRecord(0, 111, 0.9),))]
+    rows += [TrialRecord(i, {"training.learning_rate": 1e-5 * (i + 1)}, TrialState.PRUNED,
+                         None, (RungRecord(0, 111, 3.0),)) for i in range(5, 20)]
+    proposed = [propose(space, rows, seed=s, n=1, goal="min", total=40,
+                        prune_goal="min")[0]["training.learning_rate"] for s in range(10)]
+    assert all(lr < 1e-2 for lr in proposed), proposed

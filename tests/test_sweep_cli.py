@@ -207,6 +207,29 @@ def test_retry_failed_requeues_only_failed_runs(env: dict[str, str], folder: Pat
     assert again["counts"]["requeued"] == 0 and again["counts"]["queued"] == 2
 
 
+def test_retry_failed_runs_the_job_with_an_edit_that_keeps_its_identity(
+        env: dict[str, str], folder: Path, store: Store) -> None:
+    # A run failed as diverged; its reason says `training.stop_on_nan: false` trains on.
+    # That edit keeps the run's identity (and so its failed job): the retry must run with
+    # it. An edit that changes the identity is a new run, never written over an old one.
+    path = sweep_file(folder)
+    orch(env, "sweep", str(path))
+    jobs = jobs_of(store)
+    finish(store, jobs[0].id, "failed", failure_reason="diverged: train.loss was nan ...")
+    before = {j.id: (j.spec_json, j.spec_hash) for j in jobs}
+    base = folder / "jobs" / "quickstart.yml"
+    base.write_text(base.read_text().replace("learning_rate: 2.0e-4",
+                                             "learning_rate: 2.0e-4\n  stop_on_nan: false"))
+    orch(env, "sweep", str(path), "--retry-failed")
+    retried = store.get_job(jobs[0].id)
+    assert retried.status == "queued" and retried.spec_hash == before[jobs[0].id][1]
+    spec = json.loads(retried.spec_json)
+    assert spec["training"]["stop_on_nan"] is False and spec["name"] == jobs[0].name
+    for job in jobs[1:]:  # not failed: not requeued, not rewritten
+        assert (store.get_job(job.id).spec_json, job.spec_hash) == before[job.id]
+    assert len(jobs_of(store)) == 4
+
+
 def test_quiet_prints_nothing_on_an_idle_tick(env: dict[str, str], folder: Path) -> None:
     path = sweep_file(folder)
     first = orch(env, "sweep", str(path), "--quiet")

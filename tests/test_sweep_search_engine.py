@@ -55,7 +55,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # Whole simulated runs: once, on the default database (the store paths are the same code).
 SQLITE_ONLY = {"test_a_tpe_sweep_prunes_losing_runs_and_keeps_what_they_paid",
                "test_a_recorded_prune_is_completed_by_the_next_worker",
-               "test_a_diverged_trial_is_pruned_at_its_first_rung"}
+               "test_a_diverged_trial_is_pruned_at_its_first_rung",
+               "test_a_diverged_trial_is_pruned_before_a_late_rung_and_parks_its_machine",
+               "test_a_diverged_run_without_early_stop_fails_and_its_retry_takes_the_edit"}
 
 
 @pytest.fixture
@@ -307,6 +309,16 @@ objective: {metric: eval.exact_match, goal: max}
 """
 
 
+def _good_and_diverged(env: dict[str, str], path: Path, store: Store) -> tuple[Job, Job]:
+    """Run DIVERGING's two trials: the good one succeeded, the diverged one was pruned."""
+    _run_sweep(env, path, 2)
+    by_lr = {json.loads(j.spec_json)["training"]["learning_rate"]: j for j in jobs_of(store)}
+    good, diverged = by_lr[2.0e-4], by_lr[5.0e-2]
+    assert good.status == JobStatus.SUCCEEDED, good.failure_reason
+    assert diverged.status == JobStatus.PRUNED, diverged.failure_reason
+    return good, diverged
+
+
 def test_a_diverged_trial_is_pruned_at_its_first_rung(env: dict[str, str], folder: Path,
                                                       store: Store) -> None:
     # 5e-2 diverges at a tenth of its steps (docs/sim-landscape.md): transformers then logs
@@ -316,17 +328,71 @@ def test_a_diverged_trial_is_pruned_at_its_first_rung(env: dict[str, str], folde
     # recorded, must not be a competitor of the good run after it (it pruned it).
     path = folder / "dv.yml"
     path.write_text(DIVERGING)
-    _run_sweep(env, path, 2)
-    by_lr = {json.loads(j.spec_json)["training"]["learning_rate"]: j for j in jobs_of(store)}
-    good, diverged = by_lr[2.0e-4], by_lr[5.0e-2]
-    assert good.status == JobStatus.SUCCEEDED, good.failure_reason
-    assert diverged.status == JobStatus.PRUNED, diverged.failure_reason
+    good, diverged = _good_and_diverged(env, path, store)
     row = stored_prune(store, diverged.id)
     assert row is not None and row.value is None and row.resource == 100
     text = orch(env, "sweep", "show", "dv")
     assert "pruned at 10 % (train.loss nan)" in text
     told = [e for e in store.events(diverged.id) if e.kind == EventKind.TRAIN_NOT_FINITE]
     assert [e.data().metric for e in told] == ["train.loss"]
+
+
+def test_a_diverged_trial_is_pruned_before_a_late_rung_and_parks_its_machine(
+        env: dict[str, str], folder: Path, store: Store) -> None:
+    # The first rung at half the steps, the divergence at a tenth: three `nan` logs later
+    # the trial is pruned (as optuna prunes a NaN report at any step), not failed, so the
+    # search ranks it below every other trial and its machine is parked for the next.
+    path = folder / "dv.yml"
+    path.write_text(DIVERGING.replace("min_fraction: 0.1", "min_fraction: 0.5"))
+    base = folder / "jobs" / "quickstart.yml"
+    base.write_text(base.read_text().replace("  spot: allowed\n",
+                                             "  spot: never\n  keep_warm: 120s\n"))
+    good, diverged = _good_and_diverged(env, path, store)
+    # Recorded before the stop, as a rung's prune is (a takeover completes it), where it
+    # stopped: before the rung at half its steps, with no value to rank it by.
+    row = stored_prune(store, diverged.id)
+    assert row is not None and row.value is None and row.cutoff is None
+    assert row.step < 15 and row.resource == -(-row.step * 1000 // 30) and row.rung == 0
+    said = [e for e in store.events(diverged.id) if e.kind == "sweep.pruned"]
+    assert len(said) == 1 and "diverged" in said[0].message, said
+    assert f"pruned at {row.resource / 10:g} % (train.loss nan)" in orch(env, "sweep", "show",
+                                                                        "dv")
+    sweep_id = diverged.sweep_id
+    assert sweep_id is not None
+    states = {t.job.id: t.record.state for t in trials_of(store, sweep_id, None)}
+    assert states[diverged.id] == "pruned"
+    assert any(e.kind == "instance.parked" for e in store.events(diverged.id))
+    machines = {r.provider_instance_id for j in (good, diverged) for r in store.instances_of(j.id)}
+    assert len(machines) == 1  # the good trial took the diverged one's parked machine
+    orch(env, "warm", "release", "--all")
+    assert live(env) == []
+
+
+def test_a_diverged_run_without_early_stop_fails_and_its_retry_takes_the_edit(
+        env: dict[str, str], folder: Path, store: Store) -> None:
+    # Without early_stop a diverged run fails (`diverged: ...`); the search reads it as
+    # pruned, evidence against its params. Its reason names `training.stop_on_nan: false`:
+    # that edit leaves the run's identity (and its failed job) as it was, so
+    # `--retry-failed` must run the job with it, not with the spec it failed with.
+    path = folder / "dv.yml"
+    path.write_text(DIVERGING.replace(
+        "early_stop: {metric: train.loss, min_fraction: 0.1, reduction_factor: 3}\n", "")
+        .replace("[5.0e-2, 2.0e-4]", "[5.0e-2]"))
+    _run_sweep(env, path, 1)
+    (job,) = jobs_of(store)
+    assert job.status == JobStatus.FAILED and job.failure_reason is not None
+    assert job.failure_reason.startswith("diverged: train.loss was nan"), job.failure_reason
+    assert job.sweep_id is not None
+    assert [t.record.state for t in trials_of(store, job.sweep_id, None)] == ["pruned"]
+    base = folder / "jobs" / "quickstart.yml"
+    base.write_text(base.read_text().replace("learning_rate: 2.0e-4",
+                                             "learning_rate: 2.0e-4\n  stop_on_nan: false"))
+    orch(env, "sweep", str(path), "--retry-failed", "-q")
+    orch(env, "worker", "--once", "-q", timeout=300)
+    (again,) = jobs_of(store)
+    assert again.id == job.id and again.spec_hash == job.spec_hash
+    assert json.loads(again.spec_json)["training"]["stop_on_nan"] is False
+    assert again.status == JobStatus.SUCCEEDED, again.failure_reason  # trained on
 
 
 def test_a_recorded_prune_is_completed_by_the_next_worker(

@@ -226,7 +226,8 @@ def test_unknown_keys_name_the_line_and_the_valid_keys(folder: Path) -> None:
         f"{path}:4 grid.training.lerning_rate: not a job-file key; did you mean "
         "'training.learning_rate'? training has: sequence_len, micro_batch_size, "
         "gradient_accumulation_steps, epochs, learning_rate, optimizer, "
-        "gradient_checkpointing, packing, cross_entropy, activation_offloading, val_set_size",
+        "gradient_checkpointing, packing, cross_entropy, activation_offloading, val_set_size, "
+        "stop_on_nan",
         f"{path}:5 grid.bogus: not a job-file key; a job file has: name, base_model, method, "
         "lora, training, dataset, datasets, eval, resources, trainer, output, tracking, notify",
         f"{path}:6 grid.resources.max_gpus.x: resources.max_gpus is a single value, not a "

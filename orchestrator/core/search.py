@@ -219,9 +219,14 @@ def _tpe_study(space: Sequence[Param], known: Sequence[TrialRecord], goal: str,
             study.add_trial(optuna.trial.create_trial(
                 params=encoded, distributions=dists, value=t.value))
         elif t.state == TrialState.PRUNED:
+            # A diverged trial (a NaN rung) is given no values: optuna's TPE ranks a pruned
+            # trial by its furthest step first, so a NaN there after a good rung value would
+            # still count it among the good; with none it ranks below every other trial.
+            diverged = any(math.isnan(r.value) for r in t.rungs)
             study.add_trial(optuna.trial.create_trial(
                 params=encoded, distributions=dists, state=OptunaState.PRUNED,
-                intermediate_values={r.resource: sign * r.value for r in t.rungs}))
+                intermediate_values={} if diverged else {r.resource: sign * r.value
+                                                         for r in t.rungs}))
         elif t.state in (TrialState.PENDING, TrialState.RUNNING):
             study.add_trial(optuna.trial.create_trial(
                 params=encoded, distributions=dists, state=OptunaState.RUNNING))

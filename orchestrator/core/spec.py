@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator.core import canonical, userfiles, yamlpos
+from orchestrator.core import userfiles, yamlpos
 from orchestrator.core.architectures import (
     LINEAR_MODULES,
     Architecture,
@@ -38,6 +38,7 @@ from orchestrator.core.outputspec import OutputSpec, output_problems
 from orchestrator.core.sizing import LayoutName, pin_problem
 from orchestrator.core.specerrors import Problems, closest, translate, with_missing
 from orchestrator.core.specfiles import check_eval, datasets_size, raw_file_problems
+from orchestrator.core.specidentity import spec_hash
 from orchestrator.core.specnames import check_names, with_name_problems
 from orchestrator.core.strictmodel import Strict
 from orchestrator.core.trackingspec import TrackingSpec
@@ -242,6 +243,13 @@ class TrainingSpec(Strict):
         description="Hold out this fraction of the training data and report its loss during "
                     "training (axolotl's `val_set_size`); not with a dataset's "
                     "`validation_split`.")
+    stop_on_nan: bool = Field(
+        default=True, examples=[True],
+        description="Stop the job, as failed with nothing delivered (a trial of a sweep "
+                    "with `early_stop`: pruned), once the training loss was `nan` at 3 logged "
+                    "steps in a row: a diverged run's weights are NaN and every further step "
+                    "is paid for nothing (docs/schema.md, `train.not_finite`). `false`: train "
+                    "on, only saying so.")
 
 
 class EvalSpec(Strict):
@@ -462,34 +470,6 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
-
-
-# Job-file fields added after spec hashes were first recorded, with the default that keeps
-# the old behaviour: at that default they are left out of the hashed form, so every recorded
-# hash (a sweep's record of work already paid for) stays the identity of the same job.
-ADDED_LATER: dict[tuple[str, ...], object] = {
-    ("resources", "layout"): "auto",
-    ("output",): OutputSpec().model_dump(mode="python"),
-    ("training", "val_set_size"): None,
-    ("dataset", "fields"): None,
-    ("dataset", "validation_split"): None,
-    ("dataset", "path", "revision"): "main",
-    ("dataset", "path", "subset"): None,
-    ("datasets",): None,
-}
-
-
-def spec_hash(spec: JobSpec) -> str:
-    """sha256 of the spec's canonical form (orchestrator/core/canonical.py), defaults filled,
-    fields added later left out at their default (ADDED_LATER)."""
-    data = canonical.without_defaults(spec.model_dump(mode="python"), ADDED_LATER)
-    # How long the machine stays warm afterwards changes what the job costs, never what it
-    # produces: a sweep that adds keep_warm must not run its finished runs again. Nor do
-    # where the run is logged and who is told about it.
-    data["resources"].pop("keep_warm", None)
-    data.pop("tracking", None)
-    data.pop("notify", None)
-    return canonical.digest(data)
 
 
 # --- loading --------------------------------------------------------------------------------

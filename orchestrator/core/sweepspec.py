@@ -38,6 +38,7 @@ from orchestrator.core.spec import (
     read_mapping,
 )
 from orchestrator.core.specerrors import submodel
+from orchestrator.core.specidentity import spec_hash
 from orchestrator.core.sweepdraws import (
     Origin,
     candidates,
@@ -360,7 +361,7 @@ def _expand(spec: SweepSpec, path: Path, pos: yamlpos.Positions, base_job: Loade
                 loc = specerrors.user_loc(tuple(err["loc"]))
                 problems.report(origins, loc, specerrors.describe(dict(err), JobSpec), None)
             continue
-        identity = jobspec.spec_hash(job)
+        identity = spec_hash(job)
         if identity in seen:
             duplicates += 1
             continue

@@ -24,6 +24,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from orchestrator.core import divergence
 from orchestrator.core.notifyspec import decode_secret
 
 USER_AGENT = "orch-webhooks/1"
@@ -108,7 +109,8 @@ def summary(event: WebhookEvent) -> str:
     if event.type == "train.not_finite":
         return (f"orch job {name}: {d.get('metric', 'the loss')} is {d.get('value', 'nan')} "
                 f"at step {d.get('step', '?')}: {d.get('reason') or 'the run may have diverged'}"
-                f"; it trains on (`orch cancel {d.get('job_id', 'ID')}` stops it)")
+                f"; {divergence.fate(d.get('stops_after'))} "
+                f"(`orch cancel {d.get('job_id', 'ID')}` stops it now)")
     best = d.get("best") or {}
     tail = (f"; best run {best.get('name')} ({d.get('metric')} = {best.get('value')})"
             if best else "")

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from tenacity import RetryCallState
 
-from orchestrator.core import checkpointing, throughput
+from orchestrator.core import checkpointing, divergence, throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, EventKind, RowState, StopKind
 from orchestrator.engine import hostchecks, recovery, slowhost, trainlog
@@ -338,6 +338,11 @@ class HostSession:
                           {"step": p.step, "total": p.total, "loss": p.loss})
         self.ledger.notify()
         self.pruning.on_progress(p.step, p.total)  # Stop(PRUNED) when it lost at a rung
+        if self.inputs.loaded.spec.training.stop_on_nan and new:
+            gone = divergence.diverged(self.losses)
+            if gone is not None:
+                self.pruning.diverged(gone, p.total)  # a sweep trial with early_stop: pruned
+                raise JobFailed(gone.reason())  # its machine released as on any failure
 
     def _tell_not_finite(self, reports: list[tuple[str, int, float]]) -> None:
         """Say once per job and metric that the trainer logged it as not a number: the run
@@ -354,10 +359,13 @@ class HostSession:
                 continue
             self.not_finite_told.add(name)
             why = (NOT_FINITE_LOSS if name == "train.loss" else NOT_FINITE_EVAL)
+            stops = (divergence.NAN_LOGS if name == "train.loss"
+                     and self.inputs.loaded.spec.training.stop_on_nan else None)
             self.state.tell(EventKind.TRAIN_NOT_FINITE,
-                            f"{name} is {value} at step {step}: {why}; it trains on "
-                            f"(`orch cancel {self.state.job_id}` stops it)",
-                            {"metric": name, "step": step, "value": str(value), "reason": why})
+                            f"{name} is {value} at step {step}: {why}; {divergence.fate(stops)} "
+                            f"(`orch cancel {self.state.job_id}` stops it now)",
+                            {"metric": name, "step": step, "value": str(value), "reason": why,
+                             "stops_after": stops})
 
     def park_pruned(self, placed: Placed) -> None:
         """Early stopping pruned the run on `placed`: with keep_warm, stop its training and
@@ -488,6 +496,11 @@ class JobHooks(pipeline.Hooks):
         if lost:
             self.ledger.set(JobStatus.TRAINING, f"resumed from step {info.step}",
                             lost_steps=self.ledger.job().lost_steps + lost)
+        # The lost machine's losses past the checkpoint are redone here: they are not this
+        # run's newest (a `nan` of theirs must not count towards stopping a diverged run).
+        for seen in (self.session.losses, self.session.eval_losses):
+            for step in [s for s in seen if s > info.step]:
+                del seen[step]
 
     def mirror(self, run: PipelineRun) -> None:
         step = self.ledger.progress.step

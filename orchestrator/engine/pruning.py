@@ -14,7 +14,10 @@ instead of training on.
 
 from __future__ import annotations
 
+import math
+
 from orchestrator.core import search
+from orchestrator.core.divergence import Diverged
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.searchspec import EarlyStopSpec
 from orchestrator.core.states import StopKind
@@ -89,6 +92,30 @@ class Pruning:
             return
         self._decide(total, finished=True)
 
+    def diverged(self, gone: Diverged, total: int | None) -> None:
+        """The run diverged (core/divergence): in a sweep with early_stop it is pruned now,
+        as optuna's pruners prune a trial whose report is NaN at any step, and a warm
+        machine is parked for the next trial. Elsewhere a no-op: the job fails.
+
+        The prune is recorded first, as a rung's is (a takeover completes it: `check_stored`),
+        at the share of its steps where it stopped (`pruned at 17 %`), with a NULL value: the
+        search then ranks it below every other trial, whatever it passed before."""
+        es = self.early_stop
+        if es is None or not total:
+            return
+        rungs = search.rung_resources(es)
+        pending = [r for r in rungs if r not in self.decided]
+        at = rungs.index(pending[0]) if pending else len(rungs)
+        # Past every recorded check (the key is job and resource), within the run.
+        resource = min(search.RESOURCE, max(math.ceil(gone.last * search.RESOURCE / total),
+                                            max(self.decided, default=0) + 1))
+        decision = search.Prune(at, resource, gone.last, es.metric, math.nan, math.nan)
+        row = trials.record_rungs(self.state.store, self.state.job_id, decision, es.metric,
+                                  [], total)
+        if row is not None:
+            failpoint("pruned-decided")
+            self._stop(row, f"diverged: {gone.what()}")
+
     def _decide(self, total: int, *, finished: bool) -> None:
         es, store, job_id = self.early_stop, self.state.store, self.state.job_id
         assert es is not None and self.sweep_id is not None
@@ -110,10 +137,11 @@ class Pruning:
             failpoint("pruned-decided")  # decided, not stopped: the takeover completes it
             self._stop(row)
 
-    def _stop(self, row: SweepRung) -> None:
+    def _stop(self, row: SweepRung, why: str = "") -> None:
         record = trials.prune_record(row)
-        self.state.ledger.event("sweep.pruned", describe(record), record.model_dump())
-        raise Stop(StopKind.PRUNED, describe(record))
+        said = describe(record) + (f" ({why})" if why else "")
+        self.state.ledger.event("sweep.pruned", said, record.model_dump())
+        raise Stop(StopKind.PRUNED, said)
 
 
 def record_pruned(ledger: Ledger, teardown: Teardown, reason: str, fields: JobUpdate) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.planning import Plan
-from orchestrator.core.spec import spec_hash
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.specidentity import spec_hash
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import SweepRun
 from orchestrator.records.store import Event, Job, event_json, from_micros, to_micros, utcnow
@@ -49,6 +50,14 @@ class RunReport:
         }
 
 
+def named(spec: JobSpec, name: str) -> JobSpec:
+    """`spec` as the run named `name` records it."""
+    if name == spec.name:
+        return spec
+    return type(spec).model_validate({**spec.model_dump(mode="json", by_alias=True),
+                                      "name": name})
+
+
 def run_rows(sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan, name: str,
              trial_number: int | None = None) -> tuple[Job, Event]:
     """The queued job row of a run (named `name`) and its first event, not yet added. The
@@ -57,10 +66,7 @@ def run_rows(sweep_id: str, sweep_name: str, run: SweepRun, plan: Plan, name: st
     placement["job_file"] = str(run.job.path.resolve())
     p = plan.chosen
     now = utcnow()
-    spec = run.job.spec
-    if name != spec.name:
-        spec = type(spec).model_validate({**spec.model_dump(mode="json", by_alias=True),
-                                          "name": name})
+    spec = named(run.job.spec, name)
     job = Job(
         name=spec.name, status=JobStatus.QUEUED, method=spec.method,
         base_model=spec.base_model.repo,

@@ -27,6 +27,8 @@ from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
 from orchestrator.core.planning import Plan, make_plan
 from orchestrator.core.scheduler import NoFit
+from orchestrator.core.spec import JobSpec
+from orchestrator.core.specidentity import spec_hash
 from orchestrator.core.states import EventKind, SweepRunState
 from orchestrator.core.sweepspec import LoadedSweep, SweepRun
 from orchestrator.core.throughput import Measured, MeasuredKey
@@ -47,7 +49,7 @@ from orchestrator.records.store import (
 )
 from orchestrator.records.store.jobs import check_move, sweep_usage
 from orchestrator.records.sweep.propose import propose_trials
-from orchestrator.records.sweep.runs import RunReport, run_rows
+from orchestrator.records.sweep.runs import RunReport, named, run_rows
 from orchestrator.records.sweep.trials import final_values
 from orchestrator.records.sweep.trials import rung_rows as trial_rungs
 from orchestrator.records.sweep.view import (
@@ -253,9 +255,13 @@ def _existing(run: SweepRun, job: Job, state: SweepRunState | None = None,
                      job.id, job.status, job.est_cost_micros, job.cost_micros, message)
 
 
-def requeue_failed(store: Store, job_id: str, why: str) -> bool:
+def requeue_failed(store: Store, job_id: str, why: str, spec: JobSpec | None = None) -> bool:
     """Put a failed job back in the queue (attempt + 1, reason cleared); False if not failed.
 
+    With `spec` (the run as the sweep file says it now) the job runs with it when it is the
+    same job (its hash is the recorded one): what the hash leaves out, such as
+    `training.stop_on_nan`, `keep_warm` or `notify`, can only change this way, since an
+    edit of those keeps the run's key and so its failed job.
     One conditional UPDATE, so of two processes retrying at once only one requeues.
     """
     now = utcnow()
@@ -265,11 +271,13 @@ def requeue_failed(store: Store, job_id: str, why: str) -> bool:
         if job is None or job.status != JobStatus.FAILED:
             return False
         previous = job.failure_reason
+        same = spec is not None and spec_hash(spec) == job.spec_hash
         result = session.execute(
             update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.FAILED)
             .values(status=JobStatus.QUEUED, attempt=job.attempt + 1, failure_reason=None,
                     finished_at=None, lease_owner=None, lease_expires_at=None,
-                    cancel_requested_at=None, updated_at=now))
+                    cancel_requested_at=None, updated_at=now,
+                    **({"spec_json": spec.model_dump_json()} if same and spec else {})))
         if not getattr(result, "rowcount", 0):
             return False
         session.add(Event(job_id=job_id, at=now, kind=EventKind.REQUEUED,
@@ -329,7 +337,8 @@ def submit_sweep(store: Store, loaded: LoadedSweep, *, retry_failed: bool = Fals
                 if dry_run:
                     report.runs.append(_existing(run, job, R.REQUEUED, job.failure_reason or ""))
                     continue
-                if requeue_failed(store, job.id, "requeued by `orch sweep --retry-failed`"):
+                if requeue_failed(store, job.id, "requeued by `orch sweep --retry-failed`",
+                                  named(run.job.spec, job.name)):
                     again = store.get_job(job.id)
                     report.runs.append(_existing(run, again, R.REQUEUED,
                                                  job.failure_reason or ""))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from orchestrator.core import divergence
 from orchestrator.core.jobstatus import ACTIVE_STATUSES, JobStatus
 from orchestrator.core.search import (
     Decision,
@@ -57,13 +58,19 @@ class Trial:
 
 def trial_state(job: Job, value: float | None) -> TrialState:
     """The search's view of a job's status (queued: pending; active or interrupted:
-    running; succeeded with its objective: complete; pruned; anything else: failed)."""
+    running; succeeded with its objective: complete; pruned, or failed as diverged: pruned;
+    anything else: failed)."""
     status = JobStatus(job.status)
     if status in (JobStatus.QUEUED, JobStatus.PLANNED):
         return TrialState.PENDING
     if status in ACTIVE_STATUSES or status == JobStatus.INTERRUPTED:
         return TrialState.RUNNING
     if status == JobStatus.PRUNED:
+        return TrialState.PRUNED
+    if status == JobStatus.FAILED and (job.failure_reason or "").startswith(
+            divergence.REASON_PREFIX):
+        # Stopped as diverged (a sweep without early_stop): evidence against its params, as
+        # a pruned trial with no rung value is to the search; a failure is not evidence.
         return TrialState.PRUNED
     if status == JobStatus.SUCCEEDED and value is not None and math.isfinite(value):
         return TrialState.COMPLETE
