@@ -30,12 +30,18 @@ __all__ = ["env"]
 STEPS = 20
 
 
-@pytest.fixture(scope="module")
-def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path_factory.mktemp("xdg")),
-           "ORCH_SIM_TRAIN_STEPS": str(STEPS), "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
+def _env(xdg: Path, steps: int) -> dict[str, str]:
+    """A fresh history, and the simulated trainer's `steps` of 0.2 s polled every 0.1 s."""
+    env = {**os.environ, "XDG_DATA_HOME": str(xdg), "ORCH_SIM_TRAIN_STEPS": str(steps),
+           "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
     for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
         env.pop(name, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    env = _env(tmp_path_factory.mktemp("xdg"), STEPS)
     folder = tmp_path_factory.mktemp("job")
     text = (ROOT / "examples" / "quickstart.yml").read_text()
     # stop_on_nan: false, to see what a run that trains on to its end records.
@@ -158,10 +164,7 @@ def test_a_diverged_run_is_stopped_after_three_nan_logs(tmp_path: Path) -> None:
     # the job, failed, its machine terminated, the target told; the steps after are never
     # paid for.
     steps = 60  # 12 s of training: a slow first poll still finds it running
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg"),
-           "ORCH_SIM_TRAIN_STEPS": str(steps), "ORCH_SIM_STEP_S": "0.2", "ORCH_POLL_S": "0.1"}
-    for name in ("ORCH_DB_URL", "NO_COLOR", "COLUMNS"):
-        env.pop(name, None)
+    env = _env(tmp_path / "xdg", steps)
     (tmp_path / "data").symlink_to(ROOT / "examples" / "data")
     text = (ROOT / "examples" / "quickstart.yml").read_text().replace(
         "learning_rate: 2.0e-4", "learning_rate: 5.0e-2")

@@ -64,6 +64,14 @@ def diverged(losses: Mapping[int, float], logs: int = NAN_LOGS) -> Diverged | No
     return Diverged(steps[-bad], steps[-1], bad)
 
 
+def told(metric: str, value: object, step: object, why: str, stops_after: int | None,
+         job_id: str) -> str:
+    """What a `train.not_finite` event says: its message, and a webhook's text after the
+    job's name (core/webhooks.summary), from the event's data."""
+    return (f"{metric} is {value} at step {step}: {why}; {fate(stops_after)} "
+            f"(`orch cancel {job_id}` stops it now)")
+
+
 def fate(stops_after: int | None) -> str:
     """What becomes of a run whose loss was `nan`, as `train.not_finite` says it (its data's
     `stops_after`: the logs in a row that stop it, None when nothing will)."""

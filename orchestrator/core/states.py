@@ -152,7 +152,7 @@ class EventKind(StrEnum):
     DELIVERED = "delivered"  # where each artifact went; data `{"places": [...]}`
     TRAIN_PROGRESS = "train.progress"
     # The first loss (or eval loss) of a job that was not a number; data `{metric, step,
-    # value, reason}` (and `webhook_id` when a `notify:` target was sent it).
+    # value, reason, stops_after}` (and `webhook_id` when a `notify:` target was sent it).
     TRAIN_NOT_FINITE = "train.not_finite"
     # A spot machine's checkpoints as the trainer on it was given them (a takeover of the
     # same machine keeps them); data `{instance, save_steps, seconds, keep, ...}`.

@@ -107,10 +107,10 @@ def summary(event: WebhookEvent) -> str:
         return (f"orch job {name} will miss its deadline{by} whatever happens{why}; it goes "
                 f"on on {d.get('fastest') or 'the fastest choice'}")
     if event.type == "train.not_finite":
-        return (f"orch job {name}: {d.get('metric', 'the loss')} is {d.get('value', 'nan')} "
-                f"at step {d.get('step', '?')}: {d.get('reason') or 'the run may have diverged'}"
-                f"; {divergence.fate(d.get('stops_after'))} "
-                f"(`orch cancel {d.get('job_id', 'ID')}` stops it now)")
+        return f"orch job {name}: " + divergence.told(
+            d.get("metric", "the loss"), d.get("value", "nan"), d.get("step", "?"),
+            d.get("reason") or "the run may have diverged", d.get("stops_after"),
+            d.get("job_id", "ID"))
     best = d.get("best") or {}
     tail = (f"; best run {best.get('name')} ({d.get('metric')} = {best.get('value')})"
             if best else "")

@@ -362,8 +362,7 @@ class HostSession:
             stops = (divergence.NAN_LOGS if name == "train.loss"
                      and self.inputs.loaded.spec.training.stop_on_nan else None)
             self.state.tell(EventKind.TRAIN_NOT_FINITE,
-                            f"{name} is {value} at step {step}: {why}; {divergence.fate(stops)} "
-                            f"(`orch cancel {self.state.job_id}` stops it now)",
+                            divergence.told(name, value, step, why, stops, self.state.job_id),
                             {"metric": name, "step": step, "value": str(value), "reason": why,
                              "stops_after": stops})
 

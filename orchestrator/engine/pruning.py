@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.core import search
+from orchestrator.core import divergence, search
 from orchestrator.core.divergence import Diverged
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.searchspec import EarlyStopSpec
@@ -114,7 +114,7 @@ class Pruning:
                                   [], total)
         if row is not None:
             failpoint("pruned-decided")
-            self._stop(row, f"diverged: {gone.what()}")
+            self._stop(row, f"{divergence.REASON_PREFIX} {gone.what()}")
 
     def _decide(self, total: int, *, finished: bool) -> None:
         es, store, job_id = self.early_stop, self.state.store, self.state.job_id

@@ -271,13 +271,15 @@ def requeue_failed(store: Store, job_id: str, why: str, spec: JobSpec | None = N
         if job is None or job.status != JobStatus.FAILED:
             return False
         previous = job.failure_reason
-        same = spec is not None and spec_hash(spec) == job.spec_hash
+        # The run as the sweep file says it now, when it is the same job.
+        fresh = (spec.model_dump_json() if spec is not None
+                 and spec_hash(spec) == job.spec_hash else None)
         result = session.execute(
             update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.FAILED)
             .values(status=JobStatus.QUEUED, attempt=job.attempt + 1, failure_reason=None,
                     finished_at=None, lease_owner=None, lease_expires_at=None,
                     cancel_requested_at=None, updated_at=now,
-                    **({"spec_json": spec.model_dump_json()} if same and spec else {})))
+                    **({"spec_json": fresh} if fresh is not None else {})))
         if not getattr(result, "rowcount", 0):
             return False
         session.add(Event(job_id=job_id, at=now, kind=EventKind.REQUEUED,
