@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from playbooks import ssh
 
+from . import evalport
 from .base import (
     Emit,
     Host,
     Layout,
     Step,
+    StepFailed,
     StepReport,
     container_name,
     run_playbook,
@@ -43,8 +45,8 @@ from .vllm import (
     host_engine_args,
     probe_once,
     served_root,
-    server_running,
     server_spec,
+    serving_port,
     stop_server,
     wait_ready,
 )
@@ -84,6 +86,7 @@ class _Served:
     result: EvalResult = field(default_factory=EvalResult)
     _spec: ServerSpec | None = None
     _native: NativeServer | None = None
+    _refused: set[int] = field(default_factory=set)  # ports a start was refused on
     _scores: EvalScores | None = None
     _lm: tuple[dict[str, float], str] | None = None
 
@@ -119,16 +122,59 @@ class _Served:
                                self.tokenizer_dir or self.model_dir_host, output,
                                self.served_name, self.lm_eval_timeout_s, self.max_model_len)
 
+    def _use(self, port: int) -> None:
+        """Serve (and reach the server) on `port` from now on."""
+        if port == self.port:
+            return
+        self.port = port
+        if self._spec is not None:
+            self._spec = replace(self._spec, port=port)
+        if self._native is not None:
+            self._native = replace(self._native, port=port)
+
     def serve(self, h: Host) -> None:
-        if self.native is not None:
-            self.server(h).start(h)
-        else:
-            ensure_server(h, self.spec(h))
+        """Start the server on a port nothing listens on (`evalport`), the asked one first;
+        a Docker start refused for its port is tried on the next (a native vLLM's refusal
+        shows while it loads: `ready`)."""
+        for attempt in range(1, evalport.TRIES + 1):
+            asked = self.port
+            self._use(evalport.pick(asked, evalport.listening(h) | self._refused))
+            if self.port != asked:
+                log.warning("port %d is taken on the host's 127.0.0.1: vLLM for job %s serves "
+                            "on %d", asked, self.job_id, self.port)
+            try:
+                if self.native is not None:
+                    self._start_native(h)
+                else:
+                    ensure_server(h, self.spec(h))
+                return
+            except StepFailed as exc:
+                if attempt == evalport.TRIES or not evalport.refused(exc):
+                    raise
+                self._refused.add(self.port)
+
+    def _start_native(self, h: Host) -> None:
+        """Start the rental's server; one that already exited because its port was taken
+        raises (vLLM binds its socket first), any other exit is left to the checks."""
+        server = self.server(h)
+        server.start(h)
+        try:
+            server.fail_if_exited(h, 0.0)
+        except StepFailed as exc:
+            if evalport.refused(exc):
+                raise
 
     def running(self, h: Host) -> bool:
+        """Whether the job's server runs (on whichever port it was given: a takeover
+        adopts it)."""
         if self.native is not None:
-            return self.server(h).running(h)
-        return server_running(h, self.spec(h))
+            port = self.server(h).serving_port(h)
+        else:
+            port = serving_port(h, self.spec(h))
+        if port is None:
+            return False
+        self._use(port)
+        return True
 
     def root(self, h: Host) -> str | None:
         """The path vLLM reports serving the eval's name from: only our server has it."""
@@ -136,6 +182,21 @@ class _Served:
         return served_root(args, self.served_name)
 
     def ready(self, h: Host) -> None:
+        """Wait for the server; one that exits because its port was taken meanwhile (its
+        socket binds as it starts) is started again on another."""
+        for attempt in range(1, evalport.TRIES + 1):
+            try:
+                self._wait_ready(h)
+                return
+            except StepFailed as exc:
+                if attempt == evalport.TRIES or not evalport.refused(exc):
+                    raise
+                log.warning("vLLM for job %s could not take port %d: starting it again",
+                            self.job_id, self.port)
+                self._refused.add(self.port)
+                self.serve(h)
+
+    def _wait_ready(self, h: Host) -> None:
         if self.native is not None:
             wait_ready(h.conn, self.port, self.ready_deadline_s, served_name=self.served_name,
                        alive=lambda elapsed: self.server(h).fail_if_exited(h, elapsed),

@@ -222,18 +222,27 @@ def _inspect(host: Host, name: str) -> dict[str, Any] | None:
     return {"status": status, "image": image, "cmd": cmd or [], "ports": ports or {}}
 
 
-def _matches(info: Mapping[str, Any], spec: ServerSpec) -> bool:
+def _published(info: Mapping[str, Any], spec: ServerSpec) -> int | None:
+    """The host port (on 127.0.0.1) a running container of `spec`'s image and arguments
+    publishes vLLM's port on; None when it is not that server."""
     bindings = info["ports"].get(f"{CONTAINER_PORT}/tcp") or []
     published = {(b.get("HostIp"), str(b.get("HostPort"))) for b in bindings}
-    return (info["status"] == "running" and info["image"] == spec.image
-            and list(info["cmd"]) == list(spec.args)
-            and published == {("127.0.0.1", str(spec.port))})
+    if not (info["status"] == "running" and info["image"] == spec.image
+            and list(info["cmd"]) == list(spec.args) and len(published) == 1):
+        return None
+    ip, port = next(iter(published))
+    return int(port) if ip == "127.0.0.1" and port.isdigit() else None
 
 
-def server_running(host: Host, spec: ServerSpec) -> bool:
-    """Whether the job's container runs exactly this server (image, args, port)."""
+def _matches(info: Mapping[str, Any], spec: ServerSpec) -> bool:
+    return _published(info, spec) == spec.port
+
+
+def serving_port(host: Host, spec: ServerSpec) -> int | None:
+    """The port the job's container serves `spec`'s model on, whichever port it was given
+    (a takeover finds the server the last worker started); None when none runs."""
     info = _inspect(host, spec.name)
-    return info is not None and _matches(info, spec)
+    return None if info is None else _published(info, spec)
 
 
 def ensure_server(host: Host, spec: ServerSpec) -> bool:

@@ -117,6 +117,18 @@ class NativeServer:
     def running(self, host: Host) -> bool:
         return self.state(host) == "running"
 
+    def serving_port(self, host: Host) -> int | None:
+        """The `--port` the running server was started with (a takeover finds the server
+        the last worker started, on the port it picked); None when none runs."""
+        if not self.running(host):
+            return None
+        # The run's process is `sh orch-job.sh run DIR CMD...`: its arguments are ours.
+        script = 'read -r pid _ < "$1/pid" && tr "\\000" "\\n" < "/proc/$pid/cmdline"'
+        words = host.run(["sh", "-c", script, "sh", self.run_dir]).stdout.splitlines()
+        found = [value for flag, value in zip(words, words[1:], strict=False)
+                 if flag == "--port"]
+        return int(found[-1]) if found and found[-1].isdigit() else None
+
     def start(self, host: Host) -> None:
         """Start the server unless it runs; a finished or lost run is cleared first."""
         state = self.state(host)

@@ -136,17 +136,15 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
     playbook_host: PlaybookHostFactory,
 ) -> None:
     _sim, host, layout = setup(playbook_host, vllm_startup_seconds=60)
-    # The port stays bound (not listening: connections are refused, as while vLLM loads) for
-    # the whole wait, so that no other test's server can take it meanwhile: under xdist one
-    # did, answered ready, and this wait returned instead of reaching its deadline.
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        port = int(held.getsockname()[1])
-        spec = serving(host, server_spec(host, "job-slow", merged_model(layout, "job-slow"),
-                                         layout, IMAGE, port, 1024))
-        started = time.monotonic()
-        with pytest.raises(StepFailed) as info:
-            wait_ready(host.conn, port, 1.5, container=spec.name)
+    port = free_port()
+    spec = serving(host, server_spec(host, "job-slow", merged_model(layout, "job-slow"),
+                                     layout, IMAGE, port, 1024))
+    started = time.monotonic()
+    # With `root`: under xdist another test's server once took the port, answered ready, and
+    # this wait returned instead of reaching its deadline (vLLM binds with SO_REUSEPORT, so
+    # a second server on a port shares it); only this job's model counts as ready.
+    with pytest.raises(StepFailed) as info:
+        wait_ready(host.conn, port, 1.5, container=spec.name, root=served_root(spec.args))
     assert time.monotonic() - started < 30  # gave up at its 1.5 s deadline, not the 60 s load
     assert info.value.fault is Fault.HOST
     assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(

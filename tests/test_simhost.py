@@ -534,6 +534,32 @@ def test_vllm_checks_the_model_against_the_gpus_memory(
         run(conn, ["docker", "rm", "-f", "ok"], 30).check()
 
 
+def test_docker_refuses_to_publish_a_port_another_process_holds(
+    simhost: SimHostFactory, ssh_factory: ConnectionFactory
+) -> None:
+    # Docker's proxy cannot listen there: the container is created and not started, with
+    # the daemon's text (Docker 28; a public deployment log shows the same for vLLM's 8000).
+    host = simhost(toolkit_preinstalled=TOOLKIT)
+    conn = connect(ssh_factory, host)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        started = run(conn, ["docker", "run", "-d", "--name", "web", "-p",
+                             f"127.0.0.1:{port}:8000", IMAGE, "true"], 30)
+    assert started.exit_code == 125
+    assert ("docker: Error response from daemon: failed to set up container networking: "
+            "driver failed programming external connectivity on endpoint web (") in started.stderr
+    assert started.stderr.rstrip().endswith(
+        f"failed to bind host port for 127.0.0.1:{port}:172.17.0.2:8000/tcp: "
+        "address already in use")
+    state = run(conn, ["docker", "inspect", "-f", "{{.State.Status}}", "web"], 30)
+    assert state.stdout.strip() == "created"
+    assert run(conn, ["docker", "rm", "web"], 30).ok  # the port is free now: it starts
+    assert run(conn, ["docker", "run", "-d", "--name", "web", "-p", f"127.0.0.1:{port}:8000",
+                      IMAGE, "true"], 30).ok
+
+
 def test_docker_refuses_an_unpublished_trainer_tag_like_the_registry(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:

@@ -91,11 +91,11 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-# Loopback ports for the eval server of a simulated host (every simulated host shares this
+# The port asked for the eval server of a simulated host (every simulated host shares this
 # machine's 127.0.0.1), drawn at random below Linux's default ephemeral range (32768-60999):
 # a port the kernel hands out for bind(0) is soon handed out again, to an SSH tunnel's local
-# end or another job's pick, and two jobs' vLLM servers met on one port (the readiness probe
-# now also checks the server's model path, `playbooks.vllm.served_root`).
+# end or another job's pick. The evaluation takes the next free one when the server starts
+# (`playbooks.evalport`); drawn at random, concurrent jobs do not all ask for one port there.
 _PICK_RANGE = (20000, 32000)
 
 

@@ -568,6 +568,24 @@ def _check_free(host: Host, name: str, ports: list[tuple[str, int, int]]) -> Non
                     )
 
 
+def _taken_host_port(ports: list[tuple[str, int, int]]) -> tuple[str, int, int] | None:
+    """The first published (ip, host port, container port) another process of this machine
+    holds. Bound as docker-proxy binds (Go's listen: SO_REUSEADDR, no SO_REUSEPORT), so a
+    listener or a bound socket there refuses it, and a closed connection's TIME_WAIT not."""
+    import socket
+
+    for ip, hp, cp in ports:
+        if not hp:
+            continue  # `-p CPORT`: Docker picks a free host port
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((ip or "0.0.0.0", hp))
+            except OSError:
+                return ip or "0.0.0.0", hp, cp
+    return None
+
+
 def _ensure_image(host: Host, image: str) -> None:
     """Pull an image that is not local yet; a tag the registry does not publish fails."""
     if image in daemon_state(host)["images"]:
@@ -687,6 +705,20 @@ def _run(host: Host, args: list[str]) -> int:
         env, env_names = _container_env(host, name, spec, runtime, rootfs)
         argv, cwd, image_workdir = _process(host, spec, rootfs)
         record = _record(host, cid, name, spec, runtime, argv, env, env_names, cwd, image_workdir)
+        taken = _taken_host_port(spec.ports)
+        if taken is not None:
+            # Docker's proxy cannot listen on a published port another process holds: the
+            # container is created, and not started.
+            ip, hp, cp = taken
+            record["State"].update(ExitCode=128, Error="address already in use")
+            _save(host, record)
+            raise SimError(
+                "docker: Error response from daemon: failed to set up container networking: "
+                f"driver failed programming external connectivity on endpoint {name} "
+                f"({os.urandom(32).hex()}): failed to bind host port for "
+                f"{ip}:{hp}:172.17.0.2:{cp}/tcp: address already in use",
+                125,
+            )
         exe_path = _executable(argv[0], env["PATH"], bool(spec.mounts))
         if exe_path is None:
             record["State"].update(ExitCode=127,

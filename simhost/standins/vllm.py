@@ -229,6 +229,22 @@ def vllm(host: Host, argv: list[str]) -> int:
         )
     if loras and not enable_lora:
         raise SimError("ValueError: --lora-modules requires --enable-lora", 1)
+    bind_port: int | None = port
+    if os.environ.get("SIMHOST_CONTAINER") and os.environ.get("SIMHOST_NETWORK") != "host":
+        published: dict[str, int] = json.loads(os.environ.get("SIMHOST_PORTS", "{}"))
+        bind_port = published.get(str(port))
+    # As vLLM's setup_server: the socket is bound before the engine is built (so a taken port
+    # fails at once), with SO_REUSEADDR and SO_REUSEPORT (so a port another such server
+    # holds is shared, not refused), and listens only once the model is loaded.
+    server: _Server | None = None
+    if bind_port is not None:
+        server = _Server(("127.0.0.1", bind_port), BaseHTTPRequestHandler,
+                         bind_and_activate=False)
+        try:
+            server.server_bind()
+        except OSError as exc:
+            server.server_close()
+            raise SimError(f"OSError: [Errno {exc.errno}] {exc.strerror}", 1) from None
     if not host.gpus_visible():
         raise SimError("RuntimeError: Failed to infer device type (no GPU visible)", 1)
     model_dir = Path(container_to_host(model))
@@ -256,10 +272,6 @@ def vllm(host: Host, argv: list[str]) -> int:
     for name, folder in lora_dirs.items():
         answers[name] = _answerer(host, [model_dir, folder])
 
-    bind_port: int | None = port
-    if os.environ.get("SIMHOST_CONTAINER") and os.environ.get("SIMHOST_NETWORK") != "host":
-        published: dict[str, int] = json.loads(os.environ.get("SIMHOST_PORTS", "{}"))
-        bind_port = published.get(str(port))
     say(f"INFO:     vLLM API server (simhost) loading {model} as {', '.join(served)}")
     time.sleep(float(host.options["vllm_startup_seconds"]))
 
@@ -267,23 +279,16 @@ def vllm(host: Host, argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
-    if bind_port is None:
+    if server is None:
         say(f"INFO:     Uvicorn running on http://0.0.0.0:{port} (container port not published)")
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             return 0
-    handler = _handler(answers, served, loras, model, max_len, api_key,
-                       tokens.adds_bos(model_dir))
-    try:
-        server = _Server(("127.0.0.1", bind_port), handler)
-    except OSError as exc:
-        raise SimError(
-            f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
-            f"('127.0.0.1', {bind_port}): {exc.strerror}",
-            1,
-        ) from None
+    server.RequestHandlerClass = _handler(answers, served, loras, model, max_len, api_key,
+                                          tokens.adds_bos(model_dir))
+    server.server_activate()
     say(f"INFO:     Uvicorn running on http://0.0.0.0:{port} (Press CTRL+C to quit)")
     host.event("vllm-serving", port=bind_port, served=served + list(loras))
     try:
