@@ -8,13 +8,17 @@ On the simulated cloud's H100 PCIe on-demand ($1.811/h), a job planned at ~$0.00
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.core import money
 from orchestrator.engine import budget
+from orchestrator.engine.jobinputs import artifacts_dir
+from orchestrator.engine.runner_core import checkpoint_dir
 from orchestrator.records.store import utcnow
 
 __all__ = ["rig"]
@@ -48,8 +52,19 @@ def test_a_machine_whose_bill_reaches_max_cost_is_stopped_and_the_job_fails(rig:
     assert (job.failure_reason or "").startswith(
         "resources.max_cost $0.0060 reached: this job's machines have billed $0.00"), \
         job.failure_reason
-    assert "nothing delivered" in (job.failure_reason or "")
     assert training_step(rig.store, job_id) < 200, "training ran to the end"
+    # What it trained and orch had copied home is kept: the newest mirrored checkpoint,
+    # moved into the job's artifacts directory, said in the reason and a `delivered` event.
+    found = re.search(r"; its newest checkpoint \(step (\d+) of 200\) is kept in (\S+)$",
+                      job.failure_reason or "")
+    assert found, job.failure_reason
+    step, kept = int(found[1]), Path(found[2])
+    assert kept == artifacts_dir(job_id) / f"checkpoint-{step}"
+    assert (kept / "adapter_model.safetensors").is_file()
+    assert (kept / "trainer_state.json").is_file()
+    assert not any(checkpoint_dir(job_id).glob("checkpoint-*"))  # moved, not copied
+    (delivered,) = [e for e in rig.store.events(job_id) if e.kind == "delivered"]
+    assert delivered.data().places[0].location == str(kept)
     (row,) = rig.store.instances_of(job_id)
     assert row.end_reason == "failed" and row.terminated_at is not None
     billed = money.from_micros(job.cost_micros)
@@ -113,6 +128,8 @@ def test_nothing_is_rented_for_a_job_whose_bill_has_reached_max_cost(rig: Rig) -
     assert job.status == "failed"
     assert job.failure_reason == (
         "resources.max_cost $0.0060 is spent: this job's machines have billed $0.0101, "
-        "nothing is left to place it again; raise resources.max_cost and submit it again")
+        "nothing is left to place it again; raise resources.max_cost and submit it again; "
+        "nothing delivered: no checkpoint had been copied off the machine (orch copies those "
+        "up to 2 GiB, LoRA and QLoRA adapters, as training saves them)")
     assert [r.provider_instance_id for r in rig.store.instances_of(job_id)] == ["i-old"]
     assert cloud.list() == []

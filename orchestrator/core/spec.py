@@ -295,9 +295,11 @@ class ResourcesSpec(Strict):
     max_cost: Money | None = Field(default=None, description=(
         "Most USD for the whole job: the plan's placement must be estimated under it, and "
         "when the job's machines together have billed it (a preemption's second included), "
-        "the one running is stopped and released, the job fails with nothing delivered and "
-        "nothing more is rented (a hard cap: leave headroom over `orch plan`'s estimate; "
-        "`notify` gets `job.budget_reached`). A registered server's rent does not count."),
+        "the one running is stopped and released, the job fails and nothing more is rented "
+        "(a hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
+        "`job.budget_reached`); the newest checkpoint orch had copied off the machine (LoRA "
+        "and QLoRA: up to 2 GiB) is kept in the job's artifacts directory. A registered "
+        "server's rent does not count."),
                                    examples=[20])
     deadline_hours: float | None = Field(
         default=None, gt=0, le=MAX_HOURS, examples=[12],

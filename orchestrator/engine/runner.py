@@ -225,6 +225,8 @@ class JobRunner:
             status = S.CANCELLED if kind is Outcome.CANCELLED else S.FAILED
             if status is S.CANCELLED:
                 reason = cancel_summary(ledger, teardown, reason)
+            elif teardown.state.budget_told:  # max_cost stopped it: keep what is home
+                reason = f"{reason}; {teardown.keep_checkpoint()}"
             fields["failure_reason"] = reason if status is S.FAILED else None
             ledger.set(status, reason, {"reason": reason}, **fields)
             teardown.delete_checkpoints()

@@ -14,6 +14,7 @@ import shutil
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.engine import recovery
+from orchestrator.engine.jobinputs import artifacts_dir
 from orchestrator.engine.runner_core import (
     LOST,
     JobFailed,
@@ -25,7 +26,7 @@ from orchestrator.engine.runner_core import (
     log,
 )
 from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, utcnow
-from playbooks import secrets, ssh
+from playbooks import checkpoints, secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers import retried
 from providers.base import KeepsMachine, NotFound, ProviderError
@@ -205,6 +206,32 @@ class Teardown:
                 log.info("instance row %s: terminated, row left open: %s", row_id, exc)
             except Exception:  # keep tearing the others down; reconcile finds what is left
                 log.exception("teardown of instance row %s", row_id)
+
+    def keep_checkpoint(self) -> str:
+        """At a budget stop: move the newest checkpoint orch had copied off the machine (the
+        mirror) into the job's artifacts directory, and say so for the failure reason. It is
+        home already, so keeping it bills nothing, where fetching a newer one from the
+        machine would bill the copy's seconds past the cap."""
+        job_id = self.state.job_id
+        steps = checkpoints.local_steps(checkpoint_dir(job_id))
+        if not steps:
+            return ("nothing delivered: no checkpoint had been copied off the machine (orch "
+                    "copies those up to 2 GiB, LoRA and QLoRA adapters, as training saves them)")
+        step = steps[0]
+        target = artifacts_dir(job_id) / f"checkpoint-{step}"
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)  # a copy an earlier attempt kept
+            shutil.move(checkpoint_dir(job_id) / f"checkpoint-{step}", target)
+        except OSError as exc:  # the failure is recorded all the same
+            return f"nothing delivered: keeping checkpoint-{step} in {target} failed: {exc}"
+        total = self.ledger.progress.total
+        at = f"step {step}" + (f" of {total}" if total else "")
+        self.ledger.event(EventKind.DELIVERED, f"checkpoint at {at}: {target} (the budget "
+                          "stopped training; adapter and optimizer state)",
+                          {"places": [{"what": "checkpoint", "where": "local",
+                                       "location": str(target)}]})
+        return f"its newest checkpoint ({at}) is kept in {target}"
 
     def delete_checkpoints(self) -> None:
         """Delete orch's local copy of the job's checkpoints: the job is finished."""
