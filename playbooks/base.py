@@ -169,9 +169,17 @@ class Host:
         return limit
 
 
+# The help pointer a CLI prints after its error (Docker: "See 'docker run --help'." in older
+# releases, "Run 'docker run --help' for more information" in newer): never the error.
+_HELP_TRAILER = re.compile(r"(See|Run|Try) '[^']+ --help'( for more information)?\.?")
+
+
 def last_line(text: str) -> str:
-    """The last non-empty line of a command's output (the usual error message)."""
+    """The last non-empty line of a command's output (the usual error message), past a
+    CLI's help pointer."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    while len(lines) > 1 and _HELP_TRAILER.fullmatch(lines[-1]):
+        lines.pop()
     return lines[-1][:300] if lines else "(no output)"
 
 

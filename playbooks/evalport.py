@@ -13,6 +13,15 @@ chosen on the host, at the moment the server starts, from the TCP sockets listen
 (`/proc/net/tcp` and `/proc/net/tcp6`: every Linux has them, no `ss` or Python needed), and a
 start refused for the port (a socket bound but not yet listening is not in those tables:
 Docker's own allocations, a server still loading) is tried again on the next one.
+
+What this cannot see: another vLLM of the same user that is still loading (bound with
+SO_REUSEPORT, not yet listening) takes no room in those tables, and a server started on its
+port shares it once both listen. The readiness probe still waits for this job's model
+(`vllm.probe`'s `root`), but scoring could reach the other. One job holds a machine at a
+time, so on a real host that other server would be the user's own; on the test bench, where
+every simulated host shares this machine's loopback, the engine draws the asked port at
+random as the evaluation starts (`JobHooks.eval_port`), checking that nothing is
+bound there.
 """
 
 from __future__ import annotations

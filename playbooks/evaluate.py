@@ -87,6 +87,7 @@ class _Served:
     _spec: ServerSpec | None = None
     _native: NativeServer | None = None
     _refused: set[int] = field(default_factory=set)  # ports a start was refused on
+    _launched: bool = False  # this run started a rental's server (it may end at once)
     _scores: EvalScores | None = None
     _lm: tuple[dict[str, float], str] | None = None
 
@@ -135,8 +136,8 @@ class _Served:
     def serve(self, h: Host) -> None:
         """Start the server on a port nothing listens on (`evalport`), the asked one first;
         a Docker start refused for its port is tried on the next (a native vLLM's refusal
-        shows while it loads: `ready`)."""
-        for attempt in range(1, evalport.TRIES + 1):
+        may show only while it loads: `ready`). `evalport.TRIES` starts in all."""
+        while True:
             asked = self.port
             self._use(evalport.pick(asked, evalport.listening(h) | self._refused))
             if self.port != asked:
@@ -149,15 +150,23 @@ class _Served:
                     ensure_server(h, self.spec(h))
                 return
             except StepFailed as exc:
-                if attempt == evalport.TRIES or not evalport.refused(exc):
-                    raise
-                self._refused.add(self.port)
+                self._refuse(exc)
+
+    def _refuse(self, exc: StepFailed) -> None:
+        """Count a start that failed: raise `exc` unless its port was taken and a start
+        is left."""
+        if not evalport.refused(exc) or len(self._refused) + 1 >= evalport.TRIES:
+            raise exc
+        log.warning("vLLM for job %s could not take port %d: starting it again",
+                    self.job_id, self.port)
+        self._refused.add(self.port)
 
     def _start_native(self, h: Host) -> None:
         """Start the rental's server; one that already exited because its port was taken
         raises (vLLM binds its socket first), any other exit is left to the checks."""
         server = self.server(h)
         server.start(h)
+        self._launched = True
         try:
             server.fail_if_exited(h, 0.0)
         except StepFailed as exc:
@@ -168,7 +177,13 @@ class _Served:
         """Whether the job's server runs (on whichever port it was given: a takeover
         adopts it)."""
         if self.native is not None:
-            port = self.server(h).serving_port(h)
+            server = self.server(h)
+            port = server.serving_port(h)
+            if port is None and self._launched and server.state(h) != "missing":
+                # Started here and ended already (its port taken as it bound, a crash): the
+                # step did its part; `ready` starts it again on another port, or reports
+                # the end with its log, rather than "applied, but not in the desired state".
+                return True
         else:
             port = serving_port(h, self.spec(h))
         if port is None:
@@ -184,16 +199,12 @@ class _Served:
     def ready(self, h: Host) -> None:
         """Wait for the server; one that exits because its port was taken meanwhile (its
         socket binds as it starts) is started again on another."""
-        for attempt in range(1, evalport.TRIES + 1):
+        while True:
             try:
                 self._wait_ready(h)
                 return
             except StepFailed as exc:
-                if attempt == evalport.TRIES or not evalport.refused(exc):
-                    raise
-                log.warning("vLLM for job %s could not take port %d: starting it again",
-                            self.job_id, self.port)
-                self._refused.add(self.port)
+                self._refuse(exc)
                 self.serve(h)
 
     def _wait_ready(self, h: Host) -> None:

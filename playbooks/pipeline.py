@@ -296,6 +296,11 @@ class Hooks:
         """The evaluation set's rows (None: none)."""
         return _read_rows(run.job.eval_set) if run.job.eval_set else None
 
+    def eval_port(self, run: PipelineRun) -> int:
+        """The port to ask for the eval server on the host's 127.0.0.1 (the evaluation takes
+        the next free one if something listens there: `playbooks.evalport`)."""
+        return run.job.vllm_port
+
     def evaluated(self, run: PipelineRun) -> None:
         """The evaluation succeeded: `run.metrics` holds its scores."""
 
@@ -447,7 +452,7 @@ def _evaluate(run: PipelineRun, hooks: Hooks) -> None:
         try:
             result = evaluate.evaluate(
                 run.host, job.job_id, model, run.layout, job.vllm_image,
-                job.vllm_port, context, hooks.eval_rows(run),
+                hooks.eval_port(run), context, hooks.eval_rows(run),
                 tasks=job.eval_tasks, lora=adapter, emit=hooks.emit,
                 stop_after=hooks.stop_after_eval(), runner=tj.runner,
                 native_wrap=tj.native.wrap, native_wrapper=tj.wrapper, native_uv=tj.native.uv,

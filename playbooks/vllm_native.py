@@ -118,24 +118,30 @@ class NativeServer:
         return self.state(host) == "running"
 
     def serving_port(self, host: Host) -> int | None:
-        """The `--port` the running server was started with (a takeover finds the server
-        the last worker started, on the port it picked); None when none runs."""
+        """The port the running server serves on when it serves this model with these
+        arguments (a takeover finds the server the last worker started, on the port it
+        picked); None when none runs, or one started otherwise."""
         if not self.running(host):
             return None
-        # The run's process is `sh orch-job.sh run DIR CMD...`: its arguments are ours.
+        # The run's process is `sh orch-job.sh run DIR CMD...`: the words after DIR are the
+        # command `serve_argv` gave, its last one the port.
         script = 'read -r pid _ < "$1/pid" && tr "\\000" "\\n" < "/proc/$pid/cmdline"'
         words = host.run(["sh", "-c", script, "sh", self.run_dir]).stdout.splitlines()
-        found = [value for flag, value in zip(words, words[1:], strict=False)
-                 if flag == "--port"]
-        return int(found[-1]) if found and found[-1].isdigit() else None
+        if len(words) < 5 or words[4:-1] != self.serve_argv()[4:-1]:
+            return None
+        return int(words[-1]) if words[-1].isdigit() else None
 
     def start(self, host: Host) -> None:
-        """Start the server unless it runs; a finished or lost run is cleared first."""
+        """Start the server unless it runs as `serve_argv` says (whatever its port); a
+        finished or lost run, or one with other arguments, is ended first."""
         state = self.state(host)
-        if state == "running":
+        if state == "running" and self.serving_port(host) is not None:
             return
         if state != "missing":
             host.must(["sh", self.wrapper, "stop", self.run_dir], "clearing the old vLLM run")
+            # orch-job.sh appends to `log`: the last run's lines (a port refused) must not
+            # read as this one's in `fail_if_exited`'s tail.
+            host.run(["mv", "-f", f"{self.run_dir}/log", f"{self.run_dir}/log.1"])
         host.must(self.serve_argv(), "starting vLLM", fault=Fault.HOST)
 
     def log_tail(self, host: Host, lines: int = 50) -> str:

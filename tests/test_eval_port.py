@@ -16,9 +16,9 @@ from test_pipeline import ANSWERS, make_job
 from test_playbook_evaluate import IMAGE, ROWS, free_port, merged_model, setup
 
 from playbooks import evalport
-from playbooks.base import StepFailed, container_name
+from playbooks.base import StepFailed, container_name, last_line
 from playbooks.evaluate import evaluate
-from playbooks.pipeline import run_pipeline
+from playbooks.pipeline import PipelineRun, SimpleHooks, run_phases, run_pipeline
 
 TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -41,6 +41,16 @@ def test_listening_ports_are_read_from_the_kernels_tables() -> None:
         listener.listen()
         port = listener.getsockname()[1]
         assert port in evalport.parse_listening(Path("/proc/net/tcp").read_text())
+
+
+def test_a_clis_help_pointer_is_not_taken_for_its_error() -> None:
+    # Docker prints its help pointer after the daemon's error; the error is what is said.
+    docker = ("docker: Error response from daemon: failed to set up container networking: "
+              "... address already in use")
+    assert last_line(f"{docker}\n\nRun 'docker run --help' for more information\n") == docker
+    assert last_line("docker: manifest unknown.\nSee 'docker run --help'.") == (
+        "docker: manifest unknown.")
+    assert last_line("See 'docker run --help'.") == "See 'docker run --help'."  # nothing else
 
 
 def test_the_asked_port_or_the_next_free_one() -> None:
@@ -94,9 +104,15 @@ def test_a_rental_whose_port_is_taken_serves_on_the_next(
     (served,) = sim.events("vllm-serving")
     assert served["port"] != job.vllm_port
     assert sim.nvme_path is not None
-    (log,) = Path(sim.nvme_path).rglob(f"jobs/{job.job_id}/run/vllm/log")
-    # Bound only: the real bind error, then the second start serving.
-    assert ("OSError: [Errno 98] Address already in use" in log.read_text()) is not listen
+    (run,) = Path(sim.nvme_path).rglob(f"jobs/{job.job_id}/run/vllm")
+    # Bound only: the real bind error (in the first run's log, kept aside), then the second
+    # start serving.
+    refused = run / "log.1"
+    assert refused.is_file() is not listen
+    if not listen:
+        assert refused.read_text().rstrip().endswith(
+            "OSError: [Errno 98] Address already in use")
+    assert "Address already in use" not in (run / "log").read_text()
 
 
 def test_a_takeover_adopts_the_server_on_its_moved_port(
@@ -114,3 +130,26 @@ def test_a_takeover_adopts_the_server_on_its_moved_port(
     assert reports.outcomes("evaluate")["vllm-server"] == "skipped"
     assert len(sim.events("docker-run")) == 1
     assert container_name("vllm", "job-t") not in sim.containers()
+
+
+class _LeavesTheServer(SimpleHooks):
+    """A worker lost after its evaluation started: its server is left running."""
+
+    def stop_after_eval(self) -> bool:
+        return False
+
+
+def test_a_rental_takeover_adopts_its_server_on_the_moved_port(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # On a rental the port is read from the server's own command line (/proc/PID/cmdline).
+    sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                              train_step_seconds=0.05)
+    job = make_job(tmp_path, "lora")
+    with held(job.vllm_port, listen=True):
+        first = run_phases(PipelineRun(host, job), _LeavesTheServer(reports))
+        reports.clear()
+        again = run_pipeline(host, job, reports)
+    assert first.metrics == again.metrics and again.metrics["eval.exact_match"] == 1.0
+    assert reports.outcomes("evaluate")["vllm-server"] == "skipped"
+    (served,) = sim.events("vllm-serving")  # started once, by the first worker
+    assert served["port"] != job.vllm_port

@@ -147,9 +147,10 @@ def test_a_server_still_loading_at_the_deadline_fails_with_the_log_tail(
         wait_ready(host.conn, port, 1.5, container=spec.name, root=served_root(spec.args))
     assert time.monotonic() - started < 30  # gave up at its 1.5 s deadline, not the 60 s load
     assert info.value.fault is Fault.HOST
-    assert "not ready within 1.5s" in str(info.value) and "not accepting connections" in str(
-        info.value
-    )
+    # Still loading; or, the port shared meanwhile, serving another job's model.
+    assert "not ready within 1.5s" in str(info.value)
+    assert ("not accepting connections" in str(info.value)
+            or "another server holds this port" in str(info.value)), info.value
     assert "loading /workspace/data/jobs/job-slow/output/merged as ft" in info.value.stderr_tail
     stop_server(host, "job-slow")
 

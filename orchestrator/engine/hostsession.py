@@ -94,8 +94,8 @@ def _is_loopback(host: str) -> bool:
 # The port asked for the eval server of a simulated host (every simulated host shares this
 # machine's 127.0.0.1), drawn at random below Linux's default ephemeral range (32768-60999):
 # a port the kernel hands out for bind(0) is soon handed out again, to an SSH tunnel's local
-# end or another job's pick. The evaluation takes the next free one when the server starts
-# (`playbooks.evalport`); drawn at random, concurrent jobs do not all ask for one port there.
+# end or another job's pick. Drawn as the evaluation starts (`JobHooks.eval_port`), which
+# takes the next free one if something listens there by then (`playbooks.evalport`).
 _PICK_RANGE = (20000, 32000)
 
 
@@ -288,7 +288,8 @@ class HostSession:
         held = self.state.held.get(placed.row_id)
         if held is not None:
             held.pipeline = run
-        pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps))
+        pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps,
+                                          _is_loopback(host.conn.host or "")))
         if held is not None:
             held.pipeline = None  # every detached run ended: nothing to stop at the release
         stop = self.state.stop
@@ -402,8 +403,10 @@ class HostSession:
 class JobHooks(pipeline.Hooks):
     """`playbooks.pipeline.Hooks` for a job the engine drives on one instance."""
 
-    def __init__(self, session: HostSession, placed: Placed, save_steps: int) -> None:
+    def __init__(self, session: HostSession, placed: Placed, save_steps: int,
+                 loopback: bool = False) -> None:
         self.session = session
+        self.loopback = loopback
         self.ledger = session.ledger
         self.inputs = session.inputs
         self.placed = placed
@@ -552,6 +555,11 @@ class JobHooks(pipeline.Hooks):
 
     def eval_rows(self, run: PipelineRun) -> list[dict[str, object]] | None:
         return self.inputs.eval_rows()
+
+    def eval_port(self, run: PipelineRun) -> int:
+        # On loopback, drawn as the evaluation starts, not with the pipeline: another job on
+        # this machine's ports could take it during the training in between.
+        return _free_port() if self.loopback else run.job.vllm_port
 
     def evaluated(self, run: PipelineRun) -> None:
         if run.metrics:

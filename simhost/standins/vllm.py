@@ -132,6 +132,7 @@ def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    allow_reuse_port = True  # vLLM's create_server_socket sets both
 
 
 def _answerer(host: Host, model_dirs: list[Path]) -> Any:
