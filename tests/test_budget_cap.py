@@ -9,10 +9,12 @@ On the simulated cloud's H100 PCIe on-demand ($1.811/h), a job planned at ~$0.00
 from __future__ import annotations
 
 import re
+import shutil
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
 from test_engine import Rig, assert_nothing_left, rig, training_step, when
 
 from orchestrator.core import money
@@ -39,6 +41,19 @@ def spent(r: Rig, job_id: str) -> Decimal:
     from orchestrator.engine.runner_core import instance_cost
 
     return sum((instance_cost(row)[0] for row in r.store.instances_of(job_id)), Decimal(0))
+
+
+def billed_before(rig: Rig, job_id: str, seconds: int) -> None:
+    """An earlier machine of the job: an H100 PCIe that ran `seconds`, then was lost."""
+    row = rig.store.add_instance(job_id, provider="sim", offer_id="h100pcie-x1", gpu="H100 PCIe",
+                                 gpu_count=1, billing="per_second", interruptible=False,
+                                 price_per_hour=PRICE, attempt=0)
+    with rig.store.transaction() as session:
+        got = session.get(type(row), row.id)
+        assert got is not None
+        got.provider_instance_id, got.state, got.end_reason = "i-old", "terminated", "interrupted"
+        got.terminated_at = utcnow()
+        got.created_at = got.terminated_at - timedelta(seconds=seconds)
 
 
 def test_a_machine_whose_bill_reaches_max_cost_is_stopped_and_the_job_fails(rig: Rig) -> None:
@@ -114,15 +129,7 @@ def test_nothing_is_rented_for_a_job_whose_bill_has_reached_max_cost(rig: Rig) -
     refused before renting, naming the budget and the bill."""
     cloud = rig.cloud(gpus=["H100 PCIe"])
     job_id = budget_job(rig, "0.006")
-    row = rig.store.add_instance(job_id, provider="sim", offer_id="h100pcie-x1", gpu="H100 PCIe",
-                                 gpu_count=1, billing="per_second", interruptible=False,
-                                 price_per_hour=PRICE, attempt=0)
-    with rig.store.transaction() as session:  # ran 20 s, then was lost: $0.0101
-        got = session.get(type(row), row.id)
-        assert got is not None
-        got.provider_instance_id, got.state, got.end_reason = "i-old", "terminated", "interrupted"
-        got.terminated_at = utcnow()
-        got.created_at = got.terminated_at - timedelta(seconds=20)
+    billed_before(rig, job_id, 20)  # $0.0101
     job = rig.run(cloud, job_id)
 
     assert job.status == "failed"
@@ -133,3 +140,49 @@ def test_nothing_is_rented_for_a_job_whose_bill_has_reached_max_cost(rig: Rig) -
         "up to 2 GiB, LoRA and QLoRA adapters, as training saves them)")
     assert [r.provider_instance_id for r in rig.store.instances_of(job_id)] == ["i-old"]
     assert cloud.list() == []
+
+
+def test_a_cap_reached_once_the_model_is_home_keeps_the_model_not_an_older_checkpoint(
+        rig: Rig) -> None:
+    """Stopped in evaluation (billed too: here a vLLM that takes 90 s to load), after an
+    earlier machine of the job had billed 80 s ($0.0402 of the $0.06 cap, the plan's
+    estimate $0.054): the trained model was copied home and delivered before; the reason
+    says so, no older checkpoint lands beside it, and its `delivered` event (what `orch show`
+    lists) stays the last one."""
+    cloud = rig.cloud(gpus=["H100 PCIe"], host_options={
+        "train_steps": 10, "train_step_seconds": 0.1, "vllm_startup_seconds": 90})
+    path = rig.job_file()  # with its eval set
+    path.write_text(path.read_text().replace("  spot: allowed\n",
+                                             "  spot: never\n  max_cost: 0.06\n"))
+    job_id = rig.queue(path)
+    billed_before(rig, job_id, 80)
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "failed" and job.phase_done == "artifacts", job.failure_reason
+    assert (job.failure_reason or "").endswith(
+        f"; the trained model had been copied home: it is kept in {artifacts_dir(job_id)}")
+    assert not any(artifacts_dir(job_id).glob("checkpoint-*"))
+    delivered = [e for e in rig.store.events(job_id) if e.kind == "delivered"]
+    assert [p.what for p in delivered[-1].data().places] == ["adapter"]
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def test_a_checkpoint_that_cannot_be_moved_is_left_in_the_mirror(
+        rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    cloud = rig.cloud(gpus=["H100 PCIe"],
+                      host_options={"train_steps": 200, "train_step_seconds": 0.2})
+    job_id = budget_job(rig, "0.006")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(shutil, "move", refused)
+    job = rig.run(cloud, job_id)
+
+    assert job.status == "failed"
+    found = re.search(r"; keeping checkpoint-(\d+) in \S+ failed \(\[Errno 13\] Permission "
+                      r"denied\): it is left in (\S+)$", job.failure_reason or "")
+    assert found, job.failure_reason
+    assert Path(found[2]) == checkpoint_dir(job_id) / f"checkpoint-{found[1]}"
+    assert (Path(found[2]) / "trainer_state.json").is_file()
+    assert not any(artifacts_dir(job_id).glob("checkpoint-*"))
+    assert not [e for e in rig.store.events(job_id) if e.kind == "delivered"]

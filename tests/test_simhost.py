@@ -538,7 +538,7 @@ def test_docker_refuses_to_publish_a_port_another_process_holds(
     simhost: SimHostFactory, ssh_factory: ConnectionFactory
 ) -> None:
     # Docker's proxy cannot listen there: the container is created and not started, with
-    # the daemon's text (Docker 28; a public deployment log shows the same for vLLM's 8000).
+    # the daemon's text as public logs of current Docker show it (one for vLLM's 8000).
     host = simhost(toolkit_preinstalled=TOOLKIT)
     conn = connect(ssh_factory, host)
     with socket.socket() as other:

@@ -297,9 +297,10 @@ class ResourcesSpec(Strict):
         "when the job's machines together have billed it (a preemption's second included), "
         "the one running is stopped and released, the job fails and nothing more is rented "
         "(a hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
-        "`job.budget_reached`); the newest checkpoint orch had copied off the machine (LoRA "
-        "and QLoRA: up to 2 GiB) is kept in the job's artifacts directory. A registered "
-        "server's rent does not count."),
+        "`job.budget_reached`); it keeps what is home: the trained model when the cap stops "
+        "its evaluation, else the newest checkpoint orch had copied off the machine (those "
+        "up to 2 GiB: LoRA and QLoRA adapters), in the job's artifacts directory. A "
+        "registered server's rent does not count."),
                                    examples=[20])
     deadline_hours: float | None = Field(
         default=None, gt=0, le=MAX_HOURS, examples=[12],

@@ -8,11 +8,11 @@ So the engine holds the bill itself to it:
 - **while a machine runs** the monitor reads the bill (`Ledger.costs`: every machine of the
   job, the running one to now) every `EVERY_S` seconds; once it reaches max_cost the job
   stops and fails (`StopKind.BUDGET`), its machine released. A hard cap, as a spend limit
-  is meant to be: the job is not finished (no merge, evaluation or delivery: those are
-  billed too), but what it trained and orch had already copied home, the newest mirrored
-  checkpoint, is kept in its artifacts directory (`Teardown.keep_checkpoint`: it costs
-  nothing more). It overshoots by at most the seconds between two reads at the machine's
-  price. Not once the results are home (releasing): the job is done then.
+  is meant to be: the job is not finished (merging, evaluating, delivering are billed too),
+  but it keeps what is home already, at no further cost (`Teardown.keep_checkpoint`): the
+  trained model when the cap stops the evaluation, else the newest checkpoint orch had
+  mirrored. It overshoots by at most the seconds between two reads at the machine's price.
+  Not while releasing: the job is done then.
 - **a re-placement** (after a preemption, a move, a failed host check) is refused when the
   bill has reached max_cost already. It is not refused for want of the whole job's estimate
   in what is left: the work done up to the last checkpoint is not paid again, and the cap

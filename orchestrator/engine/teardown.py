@@ -17,6 +17,7 @@ from orchestrator.engine import recovery
 from orchestrator.engine.jobinputs import artifacts_dir
 from orchestrator.engine.runner_core import (
     LOST,
+    PHASES,
     JobFailed,
     Placed,
     RunState,
@@ -25,7 +26,7 @@ from orchestrator.engine.runner_core import (
     failpoint,
     log,
 )
-from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, utcnow
+from orchestrator.records.store import DatabaseBusy, DatabaseFull, Instance, LeaseLost, utcnow
 from playbooks import checkpoints, secrets, ssh
 from playbooks.base import Host, StepFailed
 from providers import retried
@@ -48,6 +49,7 @@ class Teardown:
         self.stalls = 0  # attempts the watchdog stopped in this run
         # What this run ended, as said to the user ("sim instance i-1 terminated").
         self.ended: list[str] = []
+        self.keep_mirror = False  # keep_checkpoint could not move it: the mirror is kept
 
     def instance_lost(self, placed: Placed) -> str | None:
         """Why the instance is gone (the pipeline error was its loss), or None if it is fine."""
@@ -211,29 +213,56 @@ class Teardown:
         """At a budget stop: move the newest checkpoint orch had copied off the machine (the
         mirror) into the job's artifacts directory, and say so for the failure reason. It is
         home already, so keeping it bills nothing, where fetching a newer one from the
-        machine would bill the copy's seconds past the cap."""
+        machine would bill the copy's seconds past the cap. Once the trained model is home
+        (the artifacts phase done) that is what the job keeps: no older checkpoint beside
+        it, and its `delivered` event stays the last one."""
         job_id = self.state.job_id
+        job = self.ledger.job()
+        if job.lease_owner != self.ledger.owner:  # another worker has the job: not ours
+            raise LeaseLost(f"job {job_id} is no longer leased to {self.ledger.owner}")
+        if job.phase_done in PHASES[PHASES.index("artifacts"):]:
+            return f"the trained model had been copied home: it is kept in {job.artifacts_dir}"
+        home = artifacts_dir(job_id)
         steps = checkpoints.local_steps(checkpoint_dir(job_id))
         if not steps:
+            # A run before this one (its end unrecorded, or a retried failed job) kept it.
+            kept = checkpoints.local_steps(home)
+            if kept:
+                return (f"its newest checkpoint (step {kept[0]}) is kept in "
+                        f"{home / f'checkpoint-{kept[0]}'}")
             return ("nothing delivered: no checkpoint had been copied off the machine (orch "
                     "copies those up to 2 GiB, LoRA and QLoRA adapters, as training saves them)")
         step = steps[0]
-        target = artifacts_dir(job_id) / f"checkpoint-{step}"
+        source = checkpoint_dir(job_id) / f"checkpoint-{step}"
+        target = home / f"checkpoint-{step}"
+        part = home / f"checkpoint-{step}.part"  # never a half copy that looks whole
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(target, ignore_errors=True)  # a copy an earlier attempt kept
-            shutil.move(checkpoint_dir(job_id) / f"checkpoint-{step}", target)
-        except OSError as exc:  # the failure is recorded all the same
-            return f"nothing delivered: keeping checkpoint-{step} in {target} failed: {exc}"
+            home.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(part, ignore_errors=True)
+            shutil.move(source, part)
+            shutil.rmtree(target, ignore_errors=True)  # a copy an earlier run kept
+            part.rename(target)
+        except OSError as exc:  # the failure is recorded all the same; the copy stays
+            if source.is_dir():  # not moved (or half copied to another disk): keep the mirror
+                shutil.rmtree(part, ignore_errors=True)
+                self.keep_mirror = True
+            where = source if source.is_dir() else part
+            return f"keeping checkpoint-{step} in {target} failed ({exc}): it is left in {where}"
+        for older in checkpoints.local_steps(home):  # an earlier run's, now stale
+            if older != step:
+                shutil.rmtree(home / f"checkpoint-{older}", ignore_errors=True)
         total = self.ledger.progress.total
         at = f"step {step}" + (f" of {total}" if total else "")
         self.ledger.event(EventKind.DELIVERED, f"checkpoint at {at}: {target} (the budget "
-                          "stopped training; adapter and optimizer state)",
-                          {"places": [{"what": "checkpoint", "where": "local",
-                                       "location": str(target)}]})
+                          "stopped training; the trainer's checkpoint, optimizer state "
+                          "included)", {"places": [{"what": "checkpoint", "where": "local",
+                                                    "location": str(target)}]})
         return f"its newest checkpoint ({at}) is kept in {target}"
 
     def delete_checkpoints(self) -> None:
-        """Delete orch's local copy of the job's checkpoints: the job is finished."""
+        """Delete orch's local copy of the job's checkpoints: the job is finished (unless
+        keeping its newest failed: that copy is then all the user has)."""
+        if self.keep_mirror:
+            return
         shutil.rmtree(checkpoint_dir(self.state.job_id), ignore_errors=True)
 
