@@ -184,7 +184,8 @@ def last_line(text: str) -> str:
 
 
 Check = Callable[[Host], bool]
-Apply = Callable[[Host], None]
+# What an apply may say about what it did (reported with the step; None: nothing to add).
+Apply = Callable[[Host], str | None]
 
 
 @dataclass(frozen=True)
@@ -287,11 +288,11 @@ def _run_step(step: Step, host: Host) -> tuple[StepOutcome, str]:
         return (StepOutcome.OK if step.apply is None else StepOutcome.SKIPPED), ""
     if step.apply is None:
         raise StepFailed(step.message, fault=step.fault)
-    step.apply(host)
+    said = step.apply(host)
     if not step.check(host):
         raise StepFailed(f"{step.name}: applied, but the host still is not in the desired "
                          "state", fault=step.fault)
-    return StepOutcome.CHANGED, ""
+    return StepOutcome.CHANGED, said or ""
 
 
 def _ssh_fault(exc: ssh.SSHError) -> Fault:

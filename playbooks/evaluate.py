@@ -88,6 +88,7 @@ class _Served:
     _native: NativeServer | None = None
     _refused: set[int] = field(default_factory=set)  # ports a start was refused on
     _launched: bool = False  # this run started a rental's server (it may end at once)
+    asked: int = field(init=False)  # the port the job asked for (`port`: the one it got)
     _scores: EvalScores | None = None
     _lm: tuple[dict[str, float], str] | None = None
 
@@ -123,6 +124,9 @@ class _Served:
                                self.tokenizer_dir or self.model_dir_host, output,
                                self.served_name, self.lm_eval_timeout_s, self.max_model_len)
 
+    def __post_init__(self) -> None:
+        self.asked = self.port
+
     def _use(self, port: int) -> None:
         """Serve (and reach the server) on `port` from now on."""
         if port == self.port:
@@ -133,10 +137,11 @@ class _Served:
         if self._native is not None:
             self._native = replace(self._native, port=port)
 
-    def serve(self, h: Host) -> None:
+    def serve(self, h: Host) -> str | None:
         """Start the server on a port nothing listens on (`evalport`), the asked one first;
         a Docker start refused for its port is tried on the next (a native vLLM's refusal
-        may show only while it loads: `ready`). `evalport.TRIES` starts in all."""
+        may show only while it loads: `ready`). `evalport.TRIES` starts in all. Says where
+        it serves when that is not the port asked for (the step's report, an event)."""
         while True:
             asked = self.port
             self._use(evalport.pick(asked, evalport.listening(h) | self._refused))
@@ -148,9 +153,16 @@ class _Served:
                     self._start_native(h)
                 else:
                     ensure_server(h, self.spec(h))
-                return
             except StepFailed as exc:
                 self._refuse(exc)
+                continue
+            return self.moved()
+
+    def moved(self) -> str | None:
+        """Where the server serves, when that is not the port the job asked for."""
+        if self.port == self.asked:
+            return None
+        return f"serving on the host's 127.0.0.1:{self.port} (port {self.asked} is taken there)"
 
     def _refuse(self, exc: StepFailed) -> None:
         """Count a start that failed: raise `exc` unless its port was taken and a start
@@ -196,16 +208,17 @@ class _Served:
         args = self.server(h).args if self.native is not None else self.spec(h).args
         return served_root(args, self.served_name)
 
-    def ready(self, h: Host) -> None:
+    def ready(self, h: Host) -> str | None:
         """Wait for the server; one that exits because its port was taken meanwhile (its
-        socket binds as it starts) is started again on another."""
+        socket binds as it starts) is started again on another, and says so."""
+        said = None
         while True:
             try:
                 self._wait_ready(h)
-                return
+                return said
             except StepFailed as exc:
                 self._refuse(exc)
-                self.serve(h)
+                said = self.serve(h)
 
     def _wait_ready(self, h: Host) -> None:
         if self.native is not None:

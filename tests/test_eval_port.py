@@ -62,6 +62,13 @@ def test_the_asked_port_or_the_next_free_one() -> None:
         evalport.pick(65535, {65535}, span=5)
 
 
+def said(reports: Reports) -> str:
+    """What the evaluation's steps reported about the port (the job's event text)."""
+    return " ".join(r.message for r in reports.items
+                    if r.playbook == "evaluate" and r.step in ("vllm-server", "vllm-ready")
+                    and r.message)
+
+
 @contextlib.contextmanager
 def held(port: int, listen: bool) -> Iterator[socket.socket]:
     """`port` on 127.0.0.1 taken by another program: listening (what `/proc/net/tcp` shows)
@@ -88,6 +95,8 @@ def test_a_docker_host_whose_port_is_taken_serves_on_the_next(
     (served,) = sim.events("vllm-serving")
     assert served["port"] != job.vllm_port
     assert reports.outcomes("evaluate")["vllm-server"] == "changed"
+    assert said(reports) == (f"serving on the host's 127.0.0.1:{served['port']} "
+                             f"(port {job.vllm_port} is taken there)")
 
 
 @pytest.mark.parametrize("listen", [True, False], ids=["listening", "bound"])
@@ -103,6 +112,8 @@ def test_a_rental_whose_port_is_taken_serves_on_the_next(
     assert result.metrics["eval.exact_match"] == 1.0
     (served,) = sim.events("vllm-serving")
     assert served["port"] != job.vllm_port
+    assert said(reports) == (f"serving on the host's 127.0.0.1:{served['port']} "
+                             f"(port {job.vllm_port} is taken there)")
     assert sim.nvme_path is not None
     (run,) = Path(sim.nvme_path).rglob(f"jobs/{job.job_id}/run/vllm")
     # Bound only: the real bind error (in the first run's log, kept aside), then the second
