@@ -143,11 +143,11 @@ class _Served:
         may show only while it loads: `ready`). `evalport.TRIES` starts in all. Says where
         it serves when that is not the port asked for (the step's report, an event)."""
         while True:
-            asked = self.port
-            self._use(evalport.pick(asked, evalport.listening(h) | self._refused))
-            if self.port != asked:
+            before = self.port
+            self._use(evalport.pick(before, evalport.listening(h) | self._refused))
+            if self.port != before:
                 log.warning("port %d is taken on the host's 127.0.0.1: vLLM for job %s serves "
-                            "on %d", asked, self.job_id, self.port)
+                            "on %d", before, self.job_id, self.port)
             try:
                 if self.native is not None:
                     self._start_native(h)
@@ -190,8 +190,9 @@ class _Served:
         adopts it)."""
         if self.native is not None:
             server = self.server(h)
-            port = server.serving_port(h)
-            if port is None and self._launched and server.state(h) != "missing":
+            state = server.state(h)
+            port = server.serving_port(h, state)
+            if port is None and self._launched and state != "missing":
                 # Started here and ended already (its port taken as it bound, a crash): the
                 # step did its part; `ready` starts it again on another port, or reports
                 # the end with its log, rather than "applied, but not in the desired state".

@@ -117,11 +117,12 @@ class NativeServer:
     def running(self, host: Host) -> bool:
         return self.state(host) == "running"
 
-    def serving_port(self, host: Host) -> int | None:
+    def serving_port(self, host: Host, state: str | None = None) -> int | None:
         """The port the running server serves on when it serves this model with these
         arguments (a takeover finds the server the last worker started, on the port it
-        picked); None when none runs, or one started otherwise."""
-        if not self.running(host):
+        picked); None when none runs, or one started otherwise. `state`: the run's status
+        line when the caller has just read it (`state`)."""
+        if (state or self.state(host)) != "running":
             return None
         # The run's process is `sh orch-job.sh run DIR CMD...`: the words after DIR are the
         # command `serve_argv` gave, its last one the port.
@@ -135,7 +136,7 @@ class NativeServer:
         """Start the server unless it runs as `serve_argv` says (whatever its port); a
         finished or lost run, or one with other arguments, is ended first."""
         state = self.state(host)
-        if state == "running" and self.serving_port(host) is not None:
+        if self.serving_port(host, state) is not None:
             return
         if state != "missing":
             host.must(["sh", self.wrapper, "stop", self.run_dir], "clearing the old vLLM run")

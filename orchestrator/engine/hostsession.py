@@ -253,14 +253,13 @@ class HostSession:
         job = self.ledger.job()
         keeper = keeps_machine(placed.provider)
         kept = keeper is not None
-        # Where we are connected, not the placement's instance (its address may only have
-        # been learnt while connecting): a loopback host shares this machine's ports.
         spot = hostchecks.spot_risk(self.state, placed)
         # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
         given = self._given_checkpoints(inst) if spot is not None else None
         rendered = self.inputs.rendered(job, inst, spot, given)
-        pj = self.inputs.pipeline_job(job, inst, vllm_port=_free_port()
-                                      if _is_loopback(host.conn.host or "") else 8000,
+        # The port asked for the eval server: 8000, vLLM's default; a loopback host's is
+        # drawn as the evaluation starts (`JobHooks.eval_port`).
+        pj = self.inputs.pipeline_job(job, inst, vllm_port=8000,
                                       poll_s=self.state.opts.poll_s,
                                       # a kept server may have more GPUs than the job uses
                                       exact_count=not kept, rendered=rendered)
@@ -288,6 +287,8 @@ class HostSession:
         held = self.state.held.get(placed.row_id)
         if held is not None:
             held.pipeline = run
+        # Where we are connected, not the placement's instance (its address may only have
+        # been learnt while connecting): a loopback host shares this machine's ports.
         pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps,
                                           _is_loopback(host.conn.host or "")))
         if held is not None:
