@@ -257,7 +257,7 @@ class HostSession:
         # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
         given = self._given_checkpoints(inst) if spot is not None else None
         rendered = self.inputs.rendered(job, inst, spot, given)
-        # The port asked for the eval server: 8000, vLLM's default; a loopback host's is
+        # The port asked for the eval server is vLLM's default, 8000; a loopback host's is
         # drawn as the evaluation starts (`JobHooks.eval_port`).
         pj = self.inputs.pipeline_job(job, inst, vllm_port=8000,
                                       poll_s=self.state.opts.poll_s,
