@@ -5,6 +5,7 @@ does and exits with is what the same command says started on its own."""
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,23 @@ SCRIPTS = [
 ]
 
 
+def relaying(host: SimHost, timeout: float = 20.0) -> SimHost:
+    """The host once its init listens for relayed commands. Init imports every stand-in after
+    it starts sshd, so on a loaded machine the first commands after boot run on their own (as
+    they should: relaying saves time, it changes nothing else); a test of what is relayed
+    waits for it."""
+    # simhost/bin/_relay.py's SOCKET, an abstract socket ("@" in the table).
+    name = f"@simhost-relay-{int((host.state_dir / 'init.pid').read_text())}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open("/proc/net/unix") as table:
+            if any(line.split()[-1] == name for line in table.readlines()[1:]
+                   if len(line.split()) > 7):
+                return host
+        time.sleep(0.05)
+    raise AssertionError(f"the host's init does not listen on {name} after {timeout:.0f} s")
+
+
 def said(factory: ConnectionFactory, host: SimHost) -> list[tuple[int, str, str]]:
     conn = connect(factory, host)
     out = []
@@ -63,12 +81,12 @@ def hosts(simhost: Callable[..., SimHost], monkeypatch: pytest.MonkeyPatch
           ) -> tuple[SimHost, SimHost, SimHost]:
     """Relaying with the compiled client; relaying with the Python one; not relaying (the
     shell wrapper starts Python, which runs the command itself)."""
-    relaying = simhost()
+    relaying_host = relaying(simhost())
     monkeypatch.setenv("SIMHOST_CLIENT", "python")
-    python_client = simhost()
+    python_client = relaying(simhost())
     monkeypatch.setenv("SIMHOST_RELAY", "0")
     alone = simhost()
-    return relaying, python_client, alone
+    return relaying_host, python_client, alone
 
 
 def test_a_relayed_command_says_and_does_what_it_does_started_alone(
@@ -101,7 +119,7 @@ def test_a_host_s_commands_are_the_compiled_client_when_there_is_a_compiler(
 
 def test_long_running_and_process_starting_commands_are_not_relayed(
         simhost: Callable[..., SimHost], ssh_factory: ConnectionFactory) -> None:
-    host = simhost()
+    host = relaying(simhost())
     conn = connect(ssh_factory, host)
     script = ("docker run -d --name t ubuntu echo hi >/dev/null; sleep 0.5; docker logs -f t; "
               "docker stop t >/dev/null 2>&1; docker rm t >/dev/null; docker logs --tail 1 t "
