@@ -12,15 +12,20 @@ mapped from nvidia-smi's names by the small table `NVIDIA_SMI_NAMES` below.
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from playbooks import images
+from playbooks import images, ssh
 from playbooks.base import Fault, Host, Step, StepFailed, last_line
 
-QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,memory.used",
          "--format=csv,noheader,nounits"]
+# The processes holding GPU memory. nvidia-smi in a container lists none of another PID
+# namespace (another container's, the host's), so an empty list does not mean no process.
+APPS_QUERY = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory",
+              "--format=csv,noheader,nounits"]
 
 # Catalog name -> the product names nvidia-smi prints for it (`--query-gpu=name`), matched
 # whole, ignoring case and repeated spaces. Source: the names NVIDIA's drivers report on
@@ -109,6 +114,12 @@ class GpuExpectation:
     # The trainer image's CUDA ("13.0") and the image, when the driver must be checked for it.
     min_cuda: str | None = None
     image: str = ""
+    # What the job needs free on each of its GPUs before it starts: MiB for training (the
+    # plan's peak with headroom), and the fraction of each GPU's memory its evaluation's
+    # vLLM takes (`--gpu-memory-utilization`), which vLLM refuses to start without (0: no
+    # vLLM). Checked by the pre-flight host check (`busy`), as nvidia-smi reports memory.used.
+    free_mib: int = 0
+    serve_utilization: float = 0.0
 
     def __post_init__(self) -> None:
         if self.model not in NVIDIA_SMI_NAMES:
@@ -126,25 +137,100 @@ class GpuInfo:
     memory_mib: int
     driver_version: str
     model: str | None = field(default=None)
+    used_mib: int | None = None  # memory in use by any process (None: nvidia-smi did not say)
 
 
 def parse_inventory(text: str) -> list[GpuInfo]:
-    """GPUs from `nvidia-smi --query-gpu=name,memory.total,driver_version` CSV lines."""
+    """GPUs from `nvidia-smi --query-gpu=name,memory.total,driver_version[,memory.used]` CSV
+    lines (memory.used may be `[N/A]`: then unknown)."""
     gpus: list[GpuInfo] = []
     for line in text.splitlines():
         if not line.strip():
             continue
         # The name comes first and never contains a comma in NVIDIA's product names, but
         # split from the right so an odd one cannot shift the numeric columns.
-        parts = [p.strip() for p in line.rsplit(",", 2)]
-        if len(parts) != 3:
+        parts = [p.strip() for p in line.rsplit(",", 3)]
+        if len(parts) == 4 and not parts[1].removesuffix("MiB").strip().isdigit():
+            parts = [p.strip() for p in line.rsplit(",", 2)]  # a name with a comma, no used
+        if len(parts) not in (3, 4):
             raise ValueError(f"unexpected nvidia-smi line {line!r}")
-        name, memory, driver = parts
+        name, memory, driver = parts[:3]
         memory = memory.removesuffix("MiB").strip()
         if not memory.isdigit():
             raise ValueError(f"unexpected memory.total {memory!r} in nvidia-smi line {line!r}")
-        gpus.append(GpuInfo(name, int(memory), driver, catalog_model(name)))
+        used = parts[3].removesuffix("MiB").strip() if len(parts) == 4 else ""
+        gpus.append(GpuInfo(name, int(memory), driver, catalog_model(name),
+                            int(used) if used.isdigit() else None))
     return gpus
+
+
+# Memory an idle card may report in use, which `busy` does not hold against a job: a headless
+# card reports a few MiB, one that drives a display a few hundred (its X server). A plan may
+# fill a card up to its headroom (`sizing`: the peak x 1.2 by default), which covers that.
+IDLE_USED_MIB = 512
+
+
+def busy(expected: GpuExpectation, gpus: Sequence[GpuInfo]) -> str | None:
+    """Why the job's GPUs (the first `expected.count`: Docker's `--gpus N` takes those) have
+    too little memory free for it (`GpuExpectation.free_mib`, `serve_utilization`); None when
+    they have enough or nvidia-smi did not report memory.used. Call it before anything of
+    the job runs on them: its own trainer or server holds memory too."""
+    short: list[str] = []
+    serve_need = 0
+    for i, g in enumerate(gpus[:expected.count]):
+        serve = math.ceil(expected.serve_utilization * g.memory_mib)
+        if g.used_mib is None or g.used_mib <= IDLE_USED_MIB \
+                or g.memory_mib - g.used_mib >= max(expected.free_mib, serve):
+            continue
+        short.append(f"GPU {i}: {g.used_mib} of {g.memory_mib} MiB in use")
+        serve_need = max(serve_need, serve)
+    if not short:
+        return None
+    needs = []
+    if expected.free_mib:
+        needs.append(f"training needs {expected.free_mib} MiB free")
+    if serve_need:
+        needs.append(f"its evaluation's vLLM takes {expected.serve_utilization:g} of a GPU's "
+                     f"memory ({serve_need} MiB) and does not start with less free")
+    return (f"GPU memory is already in use by processes outside this job ({'; '.join(short)})"
+            f": less is free than the job needs on each GPU ({' and '.join(needs)})")
+
+
+def holders(run: Callable[[list[str]], ssh.Result]) -> str:
+    """The processes nvidia-smi says hold GPU memory, as a clause: "pid 4242 (python3, 21504
+    MiB)"; "" when it lists none (in a container it sees no other PID namespace's)."""
+    try:
+        result = run(APPS_QUERY)
+    except ssh.SSHError:
+        return ""
+    apps = []
+    for line in result.stdout.splitlines() if result.ok else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            apps.append(f"pid {parts[0]} ({parts[1]}, {parts[2]} MiB)")
+    return ", ".join(apps)
+
+
+def held_by(run: Callable[[list[str]], ssh.Result]) -> str:
+    """Who holds the GPUs' memory, as a clause of a reason (`holders`, or why none is named)."""
+    who = holders(run)
+    return (f"held by {who}" if who else "no process holding it is visible from orch's login "
+            "(nvidia-smi in a container lists none of another container or of the host)")
+
+
+def memory_report(run: Callable[[list[str]], ssh.Result]) -> str:
+    """What nvidia-smi says of the GPUs' memory and who holds it, for an error message that
+    follows a server or trainer finding too little free ("" when it cannot tell)."""
+    try:
+        result = run(QUERY)
+        gpus = parse_inventory(result.stdout) if result.ok else []
+    except (ssh.SSHError, ValueError):
+        return ""
+    if not gpus:
+        return ""
+    used = "; ".join(f"GPU {i}: {g.used_mib} of {g.memory_mib} MiB in use" for i, g in
+                     enumerate(gpus) if g.used_mib is not None)
+    return f"nvidia-smi on the host: {used or 'memory in use not reported'}; {held_by(run)}"
 
 
 def check_gpus(host: Host) -> list[GpuInfo]:

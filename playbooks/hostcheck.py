@@ -3,7 +3,9 @@
 Five verification steps, cheapest first, each recording a typed result (playbooks/hostreport.py)
 and failing the host (`Fault.PROVIDER`: release it and rent another) when it is not fit:
 
-1. `inventory`: the GPUs nvidia-smi lists are the offer's model and count, with its memory.
+1. `inventory`: the GPUs nvidia-smi lists are the offer's model and count, with its memory,
+   and no other process holds so much of it that the job's training or its evaluation's
+   vLLM would not fit in what is left (`gpu.busy`).
 2. `driver`: the driver supports the trainer image's CUDA (nvidia-smi's "CUDA Version") and is
    at least the toolkit's minimum driver (NVIDIA's table, hostchecks.yaml).
 3. `disk`: on the disk the model cache will use, free space for the job's need, and a flushed
@@ -244,10 +246,18 @@ class HostCheck:
             return self._record(Check.INVENTORY, InventoryResult(
                 verdict=Verdict.FAIL, reason=str(exc), seconds=self._since(started)))
         problem = gpu.mismatch(self.spec.gpu, self._gpus)
+        crowded = None if problem else gpu.busy(self.spec.gpu, self._gpus)
+        if crowded is not None:
+            # A fresh rental (nothing of the job runs yet) or a registered server before the
+            # job: the memory is someone else's, and the job would fail on it after paying
+            # for the download (training out of memory, or vLLM refused after training).
+            problem = f"{crowded}; {gpu.held_by(host.run)}"
         return self._record(Check.INVENTORY, InventoryResult(
             verdict=Verdict.FAIL if problem else Verdict.PASS, reason=problem or "",
             seconds=self._since(started), gpus=[g.name for g in self._gpus],
-            memory_mib=[g.memory_mib for g in self._gpus]))
+            memory_mib=[g.memory_mib for g in self._gpus],
+            used_mib=[g.used_mib for g in self._gpus if g.used_mib is not None],
+            busy=crowded is not None))
 
     # -- 2. driver and CUDA
 

@@ -54,6 +54,8 @@ class InventoryResult(Result):
 
     gpus: list[str] = Field(default_factory=list)
     memory_mib: list[int] = Field(default_factory=list)
+    used_mib: list[int] = Field(default_factory=list)  # in use, by whatever held it then
+    busy: bool = False  # failed because other processes held the memory the job needs
 
 
 class DriverResult(Result):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,7 @@ from typing import Any
 import httpx
 from fabric import Connection
 
-from playbooks import ssh
+from playbooks import gpu, ssh
 
 from .base import (
     CONTAINER_ROOT,
@@ -283,6 +284,44 @@ def stop_server(host: Host, job_id: str) -> bool:
     return _remove(host, container_name("vllm", job_id))
 
 
+# vLLM V1 runs its engine in a process of its own. An engine that fails to start (out of
+# memory, too little room for the KV cache, GPU memory another process holds) logs the cause
+# under the engine's prefix, and the log then ends with the API server's own error, which only
+# says so: "RuntimeError: Engine core initialization failed. See root cause above. Failed
+# core proc(s): {}" (vllm/v1/engine/utils.py `wait_for_engine_startup`; public logs of
+# 0.10 to 0.19 end so).
+_ENGINE_FAILED = "Engine core initialization failed"
+_LOG_PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker|VllmWorker)[^)]*\)\s*"
+                         r"(?:(?:ERROR|WARNING|INFO|DEBUG) \d\d-\d\d \d\d:\d\d:\d\d "
+                         r"\[[^\]]*\]\s*)?")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): ")
+# vllm/v1/worker/utils.py `request_memory`: less free than gpu_memory_utilization x total.
+FREE_MEMORY = "Free memory on device"
+
+
+def root_cause(log_text: str) -> str:
+    """Why a vLLM server ended, from its log: the engine's own error when the log ends with
+    the API server's "Engine core initialization failed", else the last line."""
+    lines = [ln for ln in (_LOG_PREFIX.sub("", raw).strip() for raw in log_text.splitlines())
+             if ln]
+    if lines and _ENGINE_FAILED in lines[-1]:
+        for line in reversed(lines[:-1]):
+            if _EXCEPTION.match(line) and _ENGINE_FAILED not in line:
+                return line[:400]
+    return last_line("\n".join(lines)) if lines else last_line(log_text)
+
+
+def failure(log_text: str, run: Callable[[list[str]], ssh.Result]) -> str:
+    """`root_cause`, and when the GPUs had too little memory free, what nvidia-smi says holds
+    it (`run` runs a command on the host)."""
+    cause = root_cause(log_text)
+    if FREE_MEMORY in cause:
+        report = gpu.memory_report(run)
+        if report:
+            cause += f" [{report}]"
+    return cause
+
+
 def server_logs(conn: Connection, name: str, lines: int = LOG_TAIL_LINES) -> str:
     """The last `lines` of a container's log (stdout and stderr), or why there are none."""
     try:
@@ -413,7 +452,7 @@ def wait_ready(
                 tail = server_logs(conn, container) if container else ""
                 raise StepFailed(
                     f"vLLM on the host's 127.0.0.1:{port} was not ready within {deadline_s:g}s "
-                    f"(last: {seen})" + (f"; log: {last_line(tail)}" if tail else ""),
+                    f"(last: {seen})" + (f"; log: {root_cause(tail)}" if tail else ""),
                     fault=Fault.HOST, stderr=tail,
                 )
             time.sleep(min(wait, max(0.0, deadline_s - (now - started))))
@@ -429,6 +468,6 @@ def _fail_if_exited(conn: Connection, container: str, elapsed: float) -> None:
     tail = server_logs(conn, container)
     raise StepFailed(
         f"the vLLM container {container} stopped while loading ({state}, after "
-        f"{elapsed:.0f}s): {last_line(tail)}",
+        f"{elapsed:.0f}s): {failure(tail, lambda argv: ssh.run(conn, argv, timeout=30))}",
         fault=Fault.HOST, stderr=tail,
     )

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import images
-from .base import Fault, Host, Layout, StepFailed, last_line
+from . import images, vllm
+from .base import Fault, Host, Layout, StepFailed
 
 Wrap = Callable[[Sequence[str]], list[str]]
 PYTHON = "3.12"  # the axolotl images' Python (images.yaml tags), for uv's venv
@@ -155,8 +155,9 @@ class NativeServer:
         if state == "running":
             return
         tail = self.log_tail(host)
+        why = vllm.failure(tail, lambda argv: host.run(argv, timeout=30))
         raise StepFailed(f"vLLM on the rental stopped while loading ({state}, after "
-                         f"{elapsed:.0f}s): {last_line(tail)}", fault=Fault.HOST, stderr=tail)
+                         f"{elapsed:.0f}s): {why}", fault=Fault.HOST, stderr=tail)
 
     def stop(self, host: Host) -> bool:
         """End the server (absent is fine); True when one was running."""

@@ -77,6 +77,11 @@ class SimHostOptions:
     # the image's torch and every training step run at that fraction.
     gpu_matmul_tflops: float = 791.2
     gpu_speed: float = 1.0
+    # MiB of each GPU's memory held by a process outside the job (the user's notebook on a
+    # kept server, a server left running, a crashed tenant's leftover): nvidia-smi reports it
+    # in use (its process listed outside a container, as nvidia-smi in a container sees no
+    # other PID namespace), and vLLM and the image's torch find that much less free.
+    gpu_memory_held_mib: int = 0
     # system
     has_docker: bool = True
     has_lm_eval: bool | None = None  # None: on PATH exactly when there is no Docker

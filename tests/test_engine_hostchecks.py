@@ -20,7 +20,7 @@ from orchestrator.core.hostmemory import Source
 from orchestrator.records.store import from_micros
 from providers.sim import market
 from providers.sim.compute import SimCloud
-from providers.sim.market import Fault, Market
+from providers.sim.market import Fault, Machine, Market
 
 __all__ = ["rig"]  # test_engine's fixture, used here
 
@@ -42,19 +42,26 @@ def _checks(rig: Rig, job_id: str) -> list[dict[str, Any]]:
             if e.kind == "host.checked"]
 
 
-def test_a_rental_that_fails_its_check_is_released_and_the_job_placed_again(rig: Rig) -> None:
-    # Sold by model (RunPod-like): the first rental of an RTX 4090 lands on a machine with no
-    # route to the Hub, the second on a good one (seeded).
-    chosen = Market(seed=1, bad_fraction=0.2, kinds=(Fault.NO_HUB,))
+def _bad_then_good(rig: Rig, fault: Fault) -> tuple[SimCloud, Machine, Machine, str, Any]:
+    """A job whose first rental of an RTX 4090 lands on a machine with `fault`, the second on
+    a good one (seed 1, sold by model: RunPod-like), run to its end: it succeeded, the bad
+    machine released for its check."""
+    chosen = Market(seed=1, bad_fraction=0.2, kinds=(fault,))
     bad, good = (market.draw(chosen, "RTX 4090", n) for n in range(2))
-    assert bad.fault is Fault.NO_HUB and good.fault is None
+    assert bad.fault is fault and good.fault is None
     cloud = _cloud(rig, chosen)
     job_id = rig.queue(rig.job_file())
     job = rig.run(cloud, job_id)
-
     assert job.status == "succeeded", job.failure_reason
+    assert [i.end_reason for i in rig.store.instances_of(job_id)] == [
+        "host_check_failed", "released"]
+    return cloud, bad, good, job_id, job
+
+
+def test_a_rental_that_fails_its_check_is_released_and_the_job_placed_again(rig: Rig) -> None:
+    # The first rental lands on a machine with no route to the Hub, the second on a good one.
+    cloud, bad, good, job_id, job = _bad_then_good(rig, Fault.NO_HUB)
     first, second = rig.store.instances_of(job_id)
-    assert (first.end_reason, second.end_reason) == ("host_check_failed", "released")
     # Not an interruption: no attempt or interruption is counted, nothing resumed.
     assert (job.attempt, job.interruptions) == (0, 0)
     # The failed host's billed seconds are the job's, as such.
@@ -84,6 +91,25 @@ def test_a_rental_that_fails_its_check_is_released_and_the_job_placed_again(rig:
     text = subprocess.run([ORCH, "show", job_id], capture_output=True, text=True, timeout=120,
                           check=True).stdout
     assert "Host checks: 1 machine(s) failed their check" in text
+
+
+def test_a_rental_whose_gpu_memory_is_held_is_released_before_the_download(rig: Rig) -> None:
+    # 12 GiB of the RTX 4090's 24 GiB held by another process: the quickstart's training fits
+    # in what is left, its evaluation's vLLM (0.9 of the card) would not. The engine gives the
+    # check both needs; the machine is released before anything is downloaded onto it.
+    cloud, _bad, _good, job_id, _job = _bad_then_good(rig, Fault.GPU_BUSY)
+    failed, passed = _checks(rig, job_id)
+    inventory = failed["report"]["inventory"]
+    assert (inventory["verdict"], inventory["busy"], inventory["used_mib"]) == (
+        "fail", True, [12288])
+    assert "training needs" in inventory["reason"]
+    assert "its evaluation's vLLM takes 0.9 of a GPU's memory" in inventory["reason"]
+    assert passed["report"]["inventory"]["used_mib"] == [0]
+    messages = [e.message for e in rig.store.events(job_id)]
+    checked = [i for i, m in enumerate(messages) if m.startswith("host check of")]
+    downloads = [i for i, m in enumerate(messages) if m.startswith("model_cache/")]
+    assert downloads and checked[0] < checked[-1] < downloads[0]
+    assert cloud.list() == []
 
 
 def test_a_machine_that_failed_is_not_offered_to_the_next_job(rig: Rig) -> None:

@@ -179,3 +179,22 @@ def test_a_slow_registered_server_warns_and_runs_the_job(rig: Rig, simhost: Any)
     assert shown["outcome"] == "slow"
     assert [(f["check"], f["severity"]) for f in shown["findings"]] == [("disk", "slow")]
     assert "found it slow" in servers_text()
+
+
+def test_a_registered_server_whose_gpu_memory_is_held_fails_the_job_naming_the_process(
+        rig: Rig, simhost: Any) -> None:
+    # The user's own notebook holds 21 GiB of box1's H100: the quickstart's training would
+    # fit, its evaluation's vLLM (0.9 of the card) would be refused after the training was
+    # done. The job fails before anything is downloaded, naming the process and the fix.
+    host = simhost(**HOST, gpu_memory_held_mib=21504)
+    job_id, job = on_server(rig, host)
+
+    assert job.status == "failed"
+    reason = job.failure_reason or ""
+    assert "registered server box1 failed its host check" in reason
+    assert "GPU 0: 21504 of 81559 MiB in use" in reason
+    assert "held by pid 4242 (python3, 21504 MiB)" in reason
+    assert "fix: stop what holds the GPUs' memory on box1" in reason
+    assert not [e for e in rig.store.events(job_id) if e.message.startswith("model_cache/")]
+    why = hostchecks.server_due(rig.store, "dedicated", "box1")
+    assert why is not None and "found: inventory" in why  # checked again before the next job

@@ -18,7 +18,7 @@ def test_matching_host_passes_and_reports_inventory(playbook_host: PlaybookHostF
     # Both steps share one nvidia-smi call.
     assert sum("nvidia-smi" in c for c in sim.ssh_commands()) == 1
     assert check_gpus(host) == [GpuInfo("NVIDIA H100 80GB HBM3", 81559, "580.65.06",
-                                        "H100 SXM")] * 2
+                                        "H100 SXM", used_mib=0)] * 2
 
 
 @pytest.mark.parametrize(
@@ -121,9 +121,31 @@ def test_catalog_names_from_nvidia_smi() -> None:
 def test_parse_inventory_and_bad_expectations() -> None:
     text = "NVIDIA H200, 143771, 570.172.08\nNVIDIA H200, 143771 MiB, 570.172.08\n\n"
     assert [g.memory_mib for g in parse_inventory(text)] == [143771, 143771]
+    assert [g.used_mib for g in parse_inventory(text)] == [None, None]  # not asked
+    # memory.used, the fourth field: a number, or [N/A] (unknown).
+    used = parse_inventory("NVIDIA H200, 143771, 570.172.08, 21504\n"
+                           "NVIDIA H200, 143771 MiB, 570.172.08, [N/A]")
+    assert [(g.memory_mib, g.used_mib) for g in used] == [(143771, 21504), (143771, None)]
     with pytest.raises(ValueError, match="memory.total"):
         parse_inventory("NVIDIA H200, [N/A], 570.172.08")
     with pytest.raises(ValueError, match="unknown GPU model"):
         GpuExpectation("H100", 1)
     with pytest.raises(ValueError, match=">= 1"):
         GpuExpectation("H200", 0)
+
+
+def test_memory_in_use_is_held_against_the_job_only_past_an_idle_cards() -> None:
+    def card(used: int | None) -> GpuInfo:
+        return GpuInfo("NVIDIA H100 80GB HBM3", 81559, "580.65.06", "H100 SXM", used)
+
+    training = GpuExpectation("H100 SXM", 1, free_mib=81_500)  # planned to the last MiB
+    assert gpu.busy(training, [card(4)]) is None  # a headless card's few MiB: idle
+    assert gpu.busy(training, [card(None)]) is None  # not reported: not judged
+    said = gpu.busy(training, [card(600)])
+    assert said is not None and "GPU 0: 600 of 81559 MiB in use" in said
+    assert "training needs 81500 MiB free" in said and "vLLM" not in said
+    # vLLM's need is its fraction of each card; only the job's GPUs (the first `count`).
+    serving = GpuExpectation("H100 SXM", 1, serve_utilization=0.9, exact_count=False)
+    assert gpu.busy(serving, [card(8000), card(60000)]) is None
+    said = gpu.busy(serving, [card(9000), card(0)])
+    assert said is not None and "vLLM takes 0.9 of a GPU's memory (73404 MiB)" in said

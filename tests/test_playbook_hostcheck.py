@@ -144,6 +144,35 @@ def test_each_bad_machine_fails_the_check_that_measures_it(
     assert leftovers(sim) == [] and probes(sim) == []
 
 
+def test_gpu_memory_another_process_holds_fails_the_check_when_the_job_needs_it(
+        playbook_host: PlaybookHostFactory, reports: Reports) -> None:
+    # 21 GiB of an H100's 81559 MiB held by the user's notebook (a Docker host: a kept
+    # server's nvidia-smi names the process). Training needs 30000 MiB, which is free; the
+    # evaluation's vLLM asks 0.9 of the card (73404 MiB) and would be refused after training.
+    sim, host = playbook_host(gpu_memory_held_mib=21504)
+    evaluates = replace(H100, free_mib=30_000, serve_utilization=0.9)
+    report = hostcheck.run(host, spec(gpu=evaluates), reports)
+    assert list(report.failures) == [Check.INVENTORY]
+    assert report.inventory is not None and report.inventory.busy
+    assert report.inventory.used_mib == [21504]
+    why = report.failures[Check.INVENTORY]
+    assert "GPU 0: 21504 of 81559 MiB in use" in why
+    assert "vLLM takes 0.9 of a GPU's memory (73404 MiB)" in why
+    assert "held by pid 4242 (python3, 21504 MiB)" in why
+    assert reports.items[-1].fault == "provider"
+    assert not any("hf download" in c for c in sim.ssh_commands())
+    # Without an evaluation, what training needs is free: the check passes it.
+    assert hostcheck.run(host, spec(gpu=replace(evaluates, serve_utilization=0.0)),
+                         reports).inventory.verdict is Verdict.PASS  # type: ignore[union-attr]
+    # Training that needs more than is left fails it; a container rental's nvidia-smi does
+    # not see the process of another PID namespace, and the reason says so.
+    _, rented = rental(playbook_host, gpu_memory_held_mib=21504)
+    report = hostcheck.run(rented, spec(gpu=replace(H100, free_mib=70_000)), reports)
+    why = report.failures[Check.INVENTORY]
+    assert "training needs 70000 MiB free" in why and "vLLM" not in why
+    assert "no process holding it is visible" in why
+
+
 def test_a_complete_check_runs_past_failures_and_skips_what_they_void(
         playbook_host: PlaybookHostFactory, reports: Reports) -> None:
     # A registered server's check (complete): it is not released, so it is told everything

@@ -30,6 +30,11 @@ def report(**results: object) -> HostReport:
 @pytest.mark.parametrize(("results", "check", "severity", "fix"), [
     ({"inventory": InventoryResult(verdict=FAIL, reason="1x NVIDIA A100, expected H100 SXM")},
      "inventory", Severity.BLOCKS, "orch servers remove box1"),
+    ({"inventory": InventoryResult(verdict=FAIL, reason="GPU memory is already in use by "
+                                   "processes outside this job (GPU 0: 21504 of 81559 MiB in "
+                                   "use)", used_mib=[21504], busy=True)},
+     "inventory", Severity.BLOCKS, "stop what holds the GPUs' memory on box1 (`nvidia-smi "
+     "--query-compute-apps"),
     ({"driver": DriverResult(verdict=FAIL, reason="CUDA 12.8", min_driver="580.65.06",
                              image_cuda="13.0")},
      "driver", Severity.BLOCKS, "install an NVIDIA driver >= 580.65.06 (CUDA 13.0) on box1"),

@@ -48,11 +48,12 @@ def test_a_fifth_of_each_pool_is_bad_by_the_seed_and_ids_are_stable() -> None:
     all_seeds = [tuple(m.fault for m in market.pool(Market(seed=s, bad_fraction=0.2),
                                                      "H100 SXM")) for s in range(20)]
     assert len(set(all_seeds)) > 10
-    # Every kind turns up across pools; a market of one kind has only that kind.
+    # Every default kind turns up across pools (gpu_busy only when named); a market of one
+    # kind has only that kind.
     kinds = Counter(m.fault for gpu in ("RTX 3090", "RTX 4090", "A100 80GB", "H100 PCIe",
                                         "H100 SXM", "H200", "B200")
                     for m in market.pool(Market(seed=1, bad_fraction=0.5), gpu) if m.fault)
-    assert set(kinds) == set(Fault)
+    assert set(kinds) == set(market.DEFAULT_KINDS) == set(Fault) - {Fault.GPU_BUSY}
     only = Market(seed=3, bad_fraction=1.0, kinds=(Fault.NO_HUB,))
     assert {m.fault for m in market.pool(only, "RTX 4090")} == {Fault.NO_HUB}
     assert {m.fault for m in market.pool(Market(), "RTX 4090")} == {None}
@@ -85,7 +86,8 @@ def test_each_fault_is_a_valid_host_of_its_kind(fault: Fault) -> None:
     expected = {Fault.SLOW_GPU: ("gpu_speed", 0.5), Fault.NO_HUB: ("hub_unreachable", True),
                 Fault.SLOW_HUB: ("download_bytes_per_second", 3e6),
                 Fault.SLOW_DISK: ("disk_write_bytes_per_second", 40e6),
-                Fault.OLD_DRIVER: ("cuda_version", "12.8")}
+                Fault.OLD_DRIVER: ("cuda_version", "12.8"),
+                Fault.GPU_BUSY: ("gpu_memory_held_mib", 12288)}
     if fault in expected:
         name, value = expected[fault]
         assert getattr(options, name) == value

@@ -26,6 +26,7 @@ from playbooks.hostreport import (
     DriverResult,
     HostReport,
     HubResult,
+    InventoryResult,
     MatmulResult,
     Result,
     Verdict,
@@ -137,6 +138,11 @@ def _classify(check: Check, result: Result, server: str, image: str) -> Finding:
     if isinstance(result, MatmulResult):
         return Finding(check, blocks, reason, f"make `docker run --rm --gpus all {image} "
                        f"nvidia-smi` work on {server} (the job trains in that image)")
+    if isinstance(result, InventoryResult) and result.busy:
+        return Finding(check, blocks, reason, f"stop what holds the GPUs' memory on {server} "
+                       "(`nvidia-smi --query-compute-apps=pid,process_name,used_memory "
+                       "--format=csv` lists it), then submit again: the server is checked "
+                       "again before the next job")
     # inventory: nvidia-smi does not list the registered GPUs
     return Finding(check, blocks, reason, f"make nvidia-smi on {server} list the GPUs it was "
                    f"registered with, or register what it has (`orch servers remove "

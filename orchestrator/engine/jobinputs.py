@@ -201,12 +201,15 @@ class Inputs:
         hub = None if out.push_to_hub is None else HubTarget(
             out.push_to_hub, private=out.private, merged=out.merged)
         serving = serving_for(self.loaded, count, spec_gpu.memory_bytes if spec_gpu else None)
+        evaluates = spec.eval.eval_set is not None or bool(spec.eval.tasks)
         return PipelineJob(
             job_id=job.id, repo=spec.base_model.repo, revision=spec.base_model.revision,
             model_bytes=self.loaded.architecture.params * 2,
             gpu=GpuExpectation(gpu, count, exact_count=exact_count,
                                min_cuda=images.min_cuda(spec.trainer.image),
-                               image=spec.trainer.image),
+                               image=spec.trainer.image, free_mib=training_mib(rendered, count),
+                               serve_utilization=serving.gpu_memory_utilization
+                               if evaluates else 0.0),
             config=config, sources=sources, dataset=first_local(sources),
             trainer_env=trackingspec.trainer_env(spec.tracking, os.environ),
             artifacts_dir=str(artifacts_dir(job.id)),
@@ -216,6 +219,17 @@ class Inputs:
             vllm_port=vllm_port, serving=serving, hf_token=token, poll_s=poll_s,
             include_merged=out.merged_local(), push_to_hub=hub,
             hub_endpoint=os.environ.get("HF_ENDPOINT") or None)  # fmt: skip
+
+
+def training_mib(rendered: Rendered, gpu_count: int) -> int:
+    """MiB the job's training needs free on each GPU: the plan's peak with its headroom
+    (`sizing.estimate`, as the placement was fitted); 0 when it cannot be sized."""
+    try:
+        need = sizing.estimate(rendered.workload, gpu_count,
+                               sizing.strategy_named(rendered.strategy)).required_bytes
+    except ValueError:
+        return 0
+    return -(-need // 2**20)
 
 
 def serving_for(loaded: LoadedJob, gpu_count: int, gpu_memory_bytes: int | None) -> Serving:

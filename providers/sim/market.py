@@ -40,6 +40,12 @@ class Fault(StrEnum):
     OLD_DRIVER = "old_driver"
     NO_HUB = "no_hub"
     SLOW_HUB = "slow_hub"
+    GPU_BUSY = "gpu_busy"
+
+
+# The faults a market draws from unless named: gpu_busy only when named (it is what shared and
+# kept servers show more than rentals; adding it here would change every seeded market's draws).
+DEFAULT_KINDS = tuple(f for f in Fault if f is not Fault.GPU_BUSY)
 
 
 @cache
@@ -59,7 +65,7 @@ class Market:
 
     seed: int = 0
     bad_fraction: float = 0.0
-    kinds: tuple[Fault, ...] = tuple(Fault)
+    kinds: tuple[Fault, ...] = DEFAULT_KINDS
     machines_per_gpu: int | None = None  # None: market.yaml's
     per_machine_offers: bool = False
 

@@ -25,13 +25,14 @@ def _gpu_values(host: Host, index: int) -> dict[str, str]:
     opts = host.options
     uuid = hashlib.sha1(f"{host.dir}:{index}".encode()).hexdigest()
     memory = int(opts["gpu_memory_mib"])
+    held = min(memory, int(opts.get("gpu_memory_held_mib") or 0))
     return {
         "index": str(index),
         "name": opts["gpu_model"],
         "uuid": f"GPU-{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:32]}",
         "memory.total": str(memory),
-        "memory.used": "0",
-        "memory.free": str(memory),
+        "memory.used": str(held),
+        "memory.free": str(memory - held),
         "driver_version": opts["driver_version"],
         "pci.bus_id": f"00000000:{0x18 + index * 0x10:02X}:00.0",
         "utilization.gpu": "0",
@@ -55,6 +56,7 @@ def nvidia_smi(host: Host, argv: list[str]) -> int:
             9,
         )
     query: list[str] | None = None
+    apps: list[str] | None = None
     fmt: set[str] = set()
     indexes = list(range(int(opts["gpu_count"])))
     args = list(argv)
@@ -69,6 +71,9 @@ def nvidia_smi(host: Host, argv: list[str]) -> int:
         elif arg in ("-i", "--id") or arg.startswith("--id="):
             value = arg.split("=", 1)[1] if "=" in arg else args.pop(0)
             indexes = [int(v) for v in value.split(",")]
+        elif arg.startswith("--query-compute-apps"):
+            value = arg.split("=", 1)[1] if "=" in arg else args.pop(0)
+            apps = [f.strip() for f in value.split(",") if f.strip()]
         elif arg in ("-L", "--list-gpus"):
             for i in indexes:
                 v = _gpu_values(host, i)
@@ -83,6 +88,8 @@ def nvidia_smi(host: Host, argv: list[str]) -> int:
             return 0
         else:
             raise SimError(f'Invalid combination of input arguments: "{arg}"', 2)
+    if apps is not None:
+        return _compute_apps(host, apps, fmt)
     if query is None:
         _summary(host, indexes)
         return 0
@@ -103,6 +110,35 @@ def nvidia_smi(host: Host, argv: list[str]) -> int:
             unit = _UNITS.get(field)
             cells.append(values[field] + (f" {unit}" if unit and "nounits" not in fmt else ""))
         say(", ".join(cells))
+    return 0
+
+
+# `--query-compute-apps` fields: the process holding `gpu_memory_held_mib` (a fixed pid and
+# name: nothing else on the simulated host uses a GPU's memory as nvidia-smi sees it).
+_HELD_PID, _HELD_NAME = "4242", "python3"
+
+
+def _compute_apps(host: Host, fields: list[str], fmt: set[str]) -> int:
+    """`--query-compute-apps=pid,process_name,used_memory[,gpu_uuid,...] --format=csv`."""
+    if "csv" not in fmt:
+        raise SimError('"--query-compute-apps" requires "--format=csv"', 2)
+    known = ("pid", "process_name", "used_memory", "gpu_uuid", "gpu_bus_id", "gpu_name")
+    for name in fields:
+        if name not in known:
+            raise SimError(f'Field "{name}" is not a valid field to query.', 2)
+    if "noheader" not in fmt:
+        say(", ".join(f + (" [MiB]" if f == "used_memory" else "") for f in fields))
+    held = int(host.options.get("gpu_memory_held_mib") or 0)
+    if not held or os.environ.get("SIMHOST_CONTAINER") or host.options.get("container_image"):
+        # nvidia-smi in a container (a `docker run`, or the rental itself) lists no process
+        # of another PID namespace.
+        return 0
+    for i in range(int(host.options["gpu_count"])):
+        v = _gpu_values(host, i)
+        row = {"pid": _HELD_PID, "process_name": _HELD_NAME,
+               "used_memory": v["memory.used"] + ("" if "nounits" in fmt else " MiB"),
+               "gpu_uuid": v["uuid"], "gpu_bus_id": v["pci.bus_id"], "gpu_name": v["name"]}
+        say(", ".join(row[f] for f in fields))
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import time
@@ -89,6 +90,23 @@ def _check_tokenizer(model_dir: Path, model: str) -> None:
                        f"imported. (loading the tokenizer of {model} with transformers 4)", 1)
 
 
+def _engine_failed(cause: str) -> SimError:
+    """What `vllm serve` prints when its engine core fails to start (vLLM V1: the engine runs
+    in a process of its own): the cause with the engine process's log prefix, then the API
+    server's own error, which is the log's last line (vllm/v1/engine/utils.py
+    `wait_for_engine_startup`, as public logs of 0.10-0.19 end)."""
+    stamp = time.strftime("%m-%d %H:%M:%S", time.gmtime())
+    engine = f"(EngineCore_DP0 pid={os.getpid() + 1}) ERROR {stamp} [core.py:1108]"
+    return SimError(
+        f"{engine} EngineCore failed to start.\n"
+        f"{engine} Traceback (most recent call last):\n"
+        f"{engine}   File \"/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py\", "
+        "line 1099, in run_engine_core\n"
+        f"{engine} {cause}\n"
+        f"(APIServer pid={os.getpid()}) RuntimeError: Engine core initialization failed. See "
+        "root cause above. Failed core proc(s): {}", 1)
+
+
 def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int,
                   utilization: float, max_len: int, lora_bytes: int) -> None:
     """The model's weights and one sequence's KV cache must fit the simulated GPUs."""
@@ -96,6 +114,16 @@ def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int
     if tp > gpus:
         raise SimError(f"ValueError: The number of required GPUs ({tp}) exceeds the total "
                        f"number of available GPUs ({gpus}) on this node", 1)
+    total = int(host.options["gpu_memory_mib"]) * 1024**2
+    free = total - min(total, int(host.options.get("gpu_memory_held_mib") or 0) * 1024**2)
+    requested = math.ceil(total * utilization)
+    if free < requested:
+        # vllm/v1/worker/utils.py `request_memory`, as the engine's device starts.
+        raise _engine_failed(
+            f"ValueError: Free memory on device cuda:0 ({round(free / GIB, 2)}/"
+            f"{round(total / GIB, 2)} GiB) on startup is less than desired GPU memory "
+            f"utilization ({utilization:g}, {round(requested / GIB, 2)} GiB). Decrease GPU "
+            "memory utilization or reduce GPU memory used by other processes.")
     # A config.json that leaves a field out gets transformers' LlamaConfig default for it.
     config = {**_LLAMA_DEFAULTS, **json.loads((model_dir / "config.json").read_text())}
     layers, hidden = int(config["num_hidden_layers"]), int(config["hidden_size"])
@@ -113,20 +141,20 @@ def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int
     budget = int(host.options["gpu_memory_mib"]) * 1024**2 * utilization
     per_gpu = (weights + lora_bytes) / tp + _OVERHEAD
     if per_gpu > budget:
-        raise SimError(
+        raise _engine_failed(
             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
             f"{(per_gpu - _OVERHEAD) / GIB:.2f} GiB. GPU 0 has a total capacity of "
             f"{int(host.options['gpu_memory_mib']) / 1024:.2f} GiB (loading {weights / GIB:.1f}"
-            f" GiB of weights over {tp} GPU(s) at gpu_memory_utilization {utilization:g})", 1)
+            f" GiB of weights over {tp} GPU(s) at gpu_memory_utilization {utilization:g})")
     kv = 2 * layers * kv_heads * head_dim * 2 * max_len / tp
     if per_gpu + kv > budget:
-        free = (budget - per_gpu) / GIB
-        raise SimError(
+        room = (budget - per_gpu) / GIB
+        raise _engine_failed(
             f"ValueError: To serve at least one request with the models's max seq len "
             f"({max_len}), ({kv / GIB:.2f} GiB KV cache is needed, which is larger than the "
-            f"available KV cache memory ({free:.2f} GiB). Try increasing "
+            f"available KV cache memory ({room:.2f} GiB). Try increasing "
             "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
-            "engine.", 1)
+            "engine.")
 
 
 class _Server(ThreadingHTTPServer):

@@ -148,10 +148,17 @@ def _new(shape: tuple[int, ...], dev: device | str | None, dtype: str | None) ->
     count = 1
     for n in shape:
         count *= int(n)
-    if count * size > int(_OPTS["gpu_memory_mib"]) * 2**20:
+    total = int(_OPTS["gpu_memory_mib"])
+    held = min(total, int(_OPTS.get("gpu_memory_held_mib") or 0))  # another process's
+    if count * size > (total - held) * 2**20:
+        # torch's text; a process of another PID namespace is not named (a container's).
+        other = (f" Process 4242 has {held / 1024:.2f} GiB memory in use."
+                 if held and not (os.environ.get("SIMHOST_CONTAINER")
+                                  or _OPTS.get("container_image")) else "")
         raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {count * size / 2**30:.2f}"
                                f" GiB. GPU {dev.index} has a total capacity of "
-                               f"{int(_OPTS['gpu_memory_mib']) / 1024:.2f} GiB")
+                               f"{total / 1024:.2f} GiB of which {(total - held) / 1024:.2f} GiB"
+                               f" is free.{other}")
     return Tensor(tuple(int(n) for n in shape), dev, dtype or float32)
 
 
