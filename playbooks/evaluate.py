@@ -21,6 +21,7 @@ from .base import (
     Layout,
     Step,
     StepFailed,
+    StepOutcome,
     StepReport,
     container_name,
     run_playbook,
@@ -337,11 +338,22 @@ def _run_served(run: _Served, host: Host, emit: Emit, stop_after: bool) -> EvalR
         result.reports += run_playbook(PLAYBOOK, run.steps(), host, emit)
     except BaseException as exc:
         # Stop the server, but never let a failure to stop hide why evaluation failed.
+        said: list[StepReport] = []
+
+        def seen(report: StepReport) -> None:
+            said.append(report)
+            emit(report)  # the engine's emit may raise a stop that arrived meanwhile
+
         try:
-            result.reports += run_playbook(PLAYBOOK, [run.stop_step()], host, emit)
+            result.reports += run_playbook(PLAYBOOK, [run.stop_step()], host, seen)
         except Exception as stop_exc:  # reported on the original error instead
-            log.error("stopping vLLM for job %s failed: %s", run.job_id, stop_exc)
-            exc.add_note(f"stopping the vLLM server also failed: {stop_exc}")
+            if any(r.outcome is not StepOutcome.FAILED for r in said):
+                # The server was stopped; what raised is the report's recipient (a cancel or
+                # a budget stop the engine had pending), not the stop.
+                log.info("vLLM for job %s stopped (then: %s)", run.job_id, stop_exc)
+            else:
+                log.error("stopping vLLM for job %s failed: %s", run.job_id, stop_exc)
+                exc.add_note(f"stopping the vLLM server also failed: {stop_exc}")
         raise
     if stop_after:
         result.reports += run_playbook(PLAYBOOK, [run.stop_step()], host, emit)

@@ -471,3 +471,25 @@ def test_lm_eval_runs_in_the_trainer_image_against_the_server(
     assert bridge.exit_code == 1 and "Cannot connect to host 127.0.0.1" in bridge.stderr
     # The image pins bare lm_eval: without the api extra, local-completions cannot start.
     assert bare_image.exit_code == 1 and "pip install lm-eval[api]" in bare_image.stderr
+
+
+def test_a_stop_that_arrives_as_a_failed_evaluation_stops_its_server_is_not_a_failed_stop(
+    playbook_host: PlaybookHostFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The server ends while loading (no config); as its stop is reported, the recipient (the
+    # engine's emit, with a cancel pending) raises. The server was stopped: neither the log
+    # nor the error may say the stop failed.
+    sim, host, layout = setup(playbook_host)
+    model = merged_model(layout, "job-c", config=False)
+
+    def emit(report: Any) -> None:
+        if report.step == "stop-server":
+            raise RuntimeError("job job-c was cancelled")
+
+    with caplog.at_level("INFO", logger="playbooks.evaluate"), \
+            pytest.raises(PlaybookFailed, match="stopped while loading") as info:
+        evaluate(host, "job-c", model, layout, IMAGE, free_port(), 1024, ROWS, emit=emit)
+    assert container_name("vllm", "job-c") not in sim.containers()
+    assert "vLLM for job job-c stopped (then: job job-c was cancelled)" in caplog.text
+    assert "failed: job job-c was cancelled" not in caplog.text
+    assert not any("also failed" in note for note in getattr(info.value, "__notes__", []))
