@@ -120,6 +120,7 @@ class GpuExpectation:
     # vLLM). Checked by the pre-flight host check (`busy`), as nvidia-smi reports memory.used.
     free_mib: int = 0
     serve_utilization: float = 0.0
+    serve_gpus: int = 1  # of which vLLM uses the first this many (its tensor-parallel size)
 
     def __post_init__(self) -> None:
         if self.model not in NVIDIA_SMI_NAMES:
@@ -151,7 +152,9 @@ def parse_inventory(text: str) -> list[GpuInfo]:
         # split from the right so an odd one cannot shift the numeric columns.
         parts = [p.strip() for p in line.rsplit(",", 3)]
         if len(parts) == 4 and not parts[1].removesuffix("MiB").strip().isdigit():
-            parts = [p.strip() for p in line.rsplit(",", 2)]  # a name with a comma, no used
+            three = [p.strip() for p in line.rsplit(",", 2)]  # a name with a comma, no used?
+            if three[1].removesuffix("MiB").strip().isdigit():
+                parts = three
         if len(parts) not in (3, 4):
             raise ValueError(f"unexpected nvidia-smi line {line!r}")
         name, memory, driver = parts[:3]
@@ -164,10 +167,15 @@ def parse_inventory(text: str) -> list[GpuInfo]:
     return gpus
 
 
-# Memory an idle card may report in use, which `busy` does not hold against a job: a headless
-# card reports a few MiB, one that drives a display a few hundred (its X server). A plan may
-# fill a card up to its headroom (`sizing`: the peak x 1.2 by default), which covers that.
+# Memory an idle card may report in use, which `busy` allows for against the job's training
+# need: a headless card reports a few MiB, one that drives a display a few hundred (its X
+# server). That need is the plan's peak with its headroom (`sizing`: x 1.2 by default), which
+# covers that much.
 IDLE_USED_MIB = 512
+# vLLM measures the free memory after its own CUDA context exists (`init_device`), so that
+# must be free on top of its fraction of the card: the same figure as
+# orchestrator/core/evalsizing.py's CUDA_CONTEXT.
+VLLM_CONTEXT_MIB = 768
 
 
 def busy(expected: GpuExpectation, gpus: Sequence[GpuInfo]) -> str | None:
@@ -178,9 +186,16 @@ def busy(expected: GpuExpectation, gpus: Sequence[GpuInfo]) -> str | None:
     short: list[str] = []
     serve_need = 0
     for i, g in enumerate(gpus[:expected.count]):
-        serve = math.ceil(expected.serve_utilization * g.memory_mib)
-        if g.used_mib is None or g.used_mib <= IDLE_USED_MIB \
-                or g.memory_mib - g.used_mib >= max(expected.free_mib, serve):
+        if g.used_mib is None:
+            continue
+        free = g.memory_mib - g.used_mib
+        serve = 0
+        if expected.serve_utilization and i < expected.serve_gpus:
+            serve = math.ceil(expected.serve_utilization * g.memory_mib)
+        # Training: an idle card's use is allowed for (the headroom covers it); vLLM: its
+        # own check, with its CUDA context.
+        if free + IDLE_USED_MIB >= expected.free_mib and (
+                not serve or free >= serve + VLLM_CONTEXT_MIB):
             continue
         short.append(f"GPU {i}: {g.used_mib} of {g.memory_mib} MiB in use")
         serve_need = max(serve_need, serve)
@@ -191,7 +206,8 @@ def busy(expected: GpuExpectation, gpus: Sequence[GpuInfo]) -> str | None:
         needs.append(f"training needs {expected.free_mib} MiB free")
     if serve_need:
         needs.append(f"its evaluation's vLLM takes {expected.serve_utilization:g} of a GPU's "
-                     f"memory ({serve_need} MiB) and does not start with less free")
+                     f"memory ({serve_need} MiB, and {VLLM_CONTEXT_MIB} MiB for its CUDA "
+                     "context) and does not start with less free")
     return (f"GPU memory is already in use by processes outside this job ({'; '.join(short)})"
             f": less is free than the job needs on each GPU ({' and '.join(needs)})")
 
@@ -205,9 +221,11 @@ def holders(run: Callable[[list[str]], ssh.Result]) -> str:
         return ""
     apps = []
     for line in result.stdout.splitlines() if result.ok else []:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit():
-            apps.append(f"pid {parts[0]} ({parts[1]}, {parts[2]} MiB)")
+        pid, _, rest = line.partition(",")
+        name, _, used = rest.rpartition(",")  # a process name may hold a comma
+        pid, name, used = pid.strip(), name.strip(), used.strip()
+        if pid.isdigit() and name:
+            apps.append(f"pid {pid} ({name}" + (f", {used} MiB)" if used.isdigit() else ")"))
     return ", ".join(apps)
 
 

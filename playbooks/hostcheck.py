@@ -256,7 +256,7 @@ class HostCheck:
             verdict=Verdict.FAIL if problem else Verdict.PASS, reason=problem or "",
             seconds=self._since(started), gpus=[g.name for g in self._gpus],
             memory_mib=[g.memory_mib for g in self._gpus],
-            used_mib=[g.used_mib for g in self._gpus if g.used_mib is not None],
+            used_mib=[g.used_mib for g in self._gpus],
             busy=crowded is not None))
 
     # -- 2. driver and CUDA

@@ -54,7 +54,9 @@ class InventoryResult(Result):
 
     gpus: list[str] = Field(default_factory=list)
     memory_mib: list[int] = Field(default_factory=list)
-    used_mib: list[int] = Field(default_factory=list)  # in use, by whatever held it then
+    # In use, by whatever held it then (None: nvidia-smi said [N/A]); empty in a report
+    # written before orch read it.
+    used_mib: list[int | None] = Field(default_factory=list)
     busy: bool = False  # failed because other processes held the memory the job needs
 
 

@@ -297,6 +297,15 @@ _LOG_PREFIX = re.compile(r"^\((?:EngineCore|APIServer|Worker|VllmWorker)[^)]*\)\
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): ")
 # vllm/v1/worker/utils.py `request_memory`: less free than gpu_memory_utilization x total.
 FREE_MEMORY = "Free memory on device"
+# Lines of a failed server's log read for its cause. The API server's own traceback alone is
+# ~60 lines (vLLM 0.19, Python 3.12: 21 frames with their caret lines, in public logs), so the
+# engine's error is never within the last LOG_TAIL_LINES; those are what the failure keeps.
+CAUSE_LINES = 400
+
+
+def last_lines(text: str, count: int = LOG_TAIL_LINES) -> str:
+    """The last `count` lines of `text`."""
+    return "\n".join(text.splitlines()[-count:])
 
 
 def root_cause(log_text: str) -> str:
@@ -304,8 +313,11 @@ def root_cause(log_text: str) -> str:
     the API server's "Engine core initialization failed", else the last line."""
     lines = [ln for ln in (_LOG_PREFIX.sub("", raw).strip() for raw in log_text.splitlines())
              if ln]
-    if lines and _ENGINE_FAILED in lines[-1]:
-        for line in reversed(lines[:-1]):
+    # Searched back from the API server's line, which need not be the last: Python's
+    # resource_tracker may warn of leaked shared memory after it (vllm-project/vllm#26898).
+    wrapper = [i for i, line in enumerate(lines) if _ENGINE_FAILED in line]
+    if wrapper:
+        for line in reversed(lines[:wrapper[-1]]):
             if _EXCEPTION.match(line) and _ENGINE_FAILED not in line:
                 return line[:400]
     return last_line("\n".join(lines)) if lines else last_line(log_text)
@@ -449,11 +461,11 @@ def wait_ready(
                 if alive is not None:
                     alive(now - started)
             if now - started >= deadline_s:
-                tail = server_logs(conn, container) if container else ""
+                logged = server_logs(conn, container, CAUSE_LINES) if container else ""
                 raise StepFailed(
                     f"vLLM on the host's 127.0.0.1:{port} was not ready within {deadline_s:g}s "
-                    f"(last: {seen})" + (f"; log: {root_cause(tail)}" if tail else ""),
-                    fault=Fault.HOST, stderr=tail,
+                    f"(last: {seen})" + (f"; log: {root_cause(logged)}" if logged else ""),
+                    fault=Fault.HOST, stderr=last_lines(logged),
                 )
             time.sleep(min(wait, max(0.0, deadline_s - (now - started))))
             wait = min(wait * 1.5, 2.0)
@@ -465,9 +477,9 @@ def _fail_if_exited(conn: Connection, container: str, elapsed: float) -> None:
     if result.ok and result.stdout.split()[:1] == ["running"]:
         return
     state = result.stdout.strip() if result.ok else "missing"
-    tail = server_logs(conn, container)
+    logged = server_logs(conn, container, CAUSE_LINES)
     raise StepFailed(
         f"the vLLM container {container} stopped while loading ({state}, after "
-        f"{elapsed:.0f}s): {failure(tail, lambda argv: ssh.run(conn, argv, timeout=30))}",
-        fault=Fault.HOST, stderr=tail,
+        f"{elapsed:.0f}s): {failure(logged, lambda argv: ssh.run(conn, argv, timeout=30))}",
+        fault=Fault.HOST, stderr=last_lines(logged),
     )

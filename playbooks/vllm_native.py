@@ -154,10 +154,11 @@ class NativeServer:
         state = self.state(host)
         if state == "running":
             return
-        tail = self.log_tail(host)
-        why = vllm.failure(tail, lambda argv: host.run(argv, timeout=30))
+        logged = self.log_tail(host, vllm.CAUSE_LINES)
+        why = vllm.failure(logged, lambda argv: host.run(argv, timeout=30))
         raise StepFailed(f"vLLM on the rental stopped while loading ({state}, after "
-                         f"{elapsed:.0f}s): {why}", fault=Fault.HOST, stderr=tail)
+                         f"{elapsed:.0f}s): {why}", fault=Fault.HOST,
+                         stderr=vllm.last_lines(logged))
 
     def stop(self, host: Host) -> bool:
         """End the server (absent is fine); True when one was running."""

@@ -7,18 +7,23 @@ server, the check and the fix, a slow one warns and the job runs."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import time
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 from emulators.hosts import WithHostPaths
+from sqlalchemy import text
 from test_engine import HOST, Rig, rig  # the same rig fixture (SQLite)
 from test_engine_hostchecks import ORCH
 
+from orchestrator.core.hostmemory import Source
 from orchestrator.engine import hostchecks
 from orchestrator.engine.runner import JobRunner, Options, owner_id
-from orchestrator.records.store import utcnow
+from orchestrator.records.store import open_store, utcnow
 from providers.dedicated.compute import Dedicated
 from providers.sim.compute import SimCloud
 
@@ -198,3 +203,57 @@ def test_a_registered_server_whose_gpu_memory_is_held_fails_the_job_naming_the_p
     assert not [e for e in rig.store.events(job_id) if e.message.startswith("model_cache/")]
     why = hostchecks.server_due(rig.store, "dedicated", "box1")
     assert why is not None and "found: inventory" in why  # checked again before the next job
+
+
+def test_a_takeover_on_a_registered_server_does_not_check_what_the_job_runs_there(
+        rig: Rig, simhost: Any) -> None:
+    # box1's check passed 6 days before the job, so the job's first run does not check it.
+    # That worker is killed (SIGKILL: no teardown) while the job trains; by the takeover the
+    # check is due (8 days old). The next worker reattaches to the running trainer without
+    # checking the server: a check then would measure the job's own trainer, its GPU memory
+    # most of all, as another process's (a real nvidia-smi reports it in use).
+    host = simhost(**{**HOST, "train_steps": 60, "train_step_seconds": 0.3})
+    rig.store.record_host_observation("dedicated", "box1", Source.CHECK, failed=False,
+                                      delivered=1.0, why="", at=utcnow() - timedelta(days=6))
+    rig.store.add_server(name="box1", host=host.host, port=host.port, user=host.user,
+                         gpu="H100 SXM", gpu_count=1, monthly_price=Decimal(2190))
+    path = rig.job_file()
+    path.write_text(path.read_text().replace("providers: [sim]", "providers: [dedicated]"))
+    job_id = rig.queue(path)
+    url = os.environ["ORCH_DB_URL"]
+    options = Options(poll_s=0.2, watch_s=0.2, lease_s=3, ssh_key=rig.key.private)
+
+    def work(owner: str) -> Any:
+        store = open_store(url)  # a process of its own has a store of its own
+        assert store.claim_job(job_id, owner, 3) is not None
+        dedicated = WithHostPaths(Dedicated(store), lambda _iid: str(host.root))
+        return JobRunner(store, {"dedicated": dedicated}, owner, options).run(job_id)
+
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the killed worker)
+        try:
+            work("first")
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(e.kind == "train.progress" for e in rig.store.events(job_id)):
+            assert time.monotonic() < deadline, "the first worker never trained"
+            time.sleep(0.2)
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    with rig.store.engine.begin() as db:  # the check ages past its week meanwhile
+        db.execute(text("UPDATE host_observation SET at = :at"),
+                    {"at": utcnow() - timedelta(days=8)})
+    assert hostchecks.server_due(rig.store, "dedicated", "box1") is not None
+    time.sleep(3.5)  # the killed worker's lease lapses; the next worker requeues, claims
+    assert [j.id for j in rig.store.requeue_lapsed()] == [job_id]
+    job = work(owner_id("second"))
+
+    assert job.status == "succeeded", job.failure_reason
+    kinds = [e.kind for e in rig.store.events(job_id)]
+    assert "instance.adopted" in kinds
+    assert "host.checked" not in kinds and "server.check_due" not in kinds
+    (row,) = rig.store.instances_of(job_id)
+    assert row.provider == "dedicated"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import PlaybookHostFactory, Reports
 
 from playbooks import gpu
 from playbooks.base import Fault, PlaybookFailed, run_playbook
 from playbooks.gpu import GpuExpectation, GpuInfo, catalog_model, check_gpus, parse_inventory
+from playbooks.ssh import Result
 
 
 def test_matching_host_passes_and_reports_inventory(playbook_host: PlaybookHostFactory,
@@ -144,8 +147,28 @@ def test_memory_in_use_is_held_against_the_job_only_past_an_idle_cards() -> None
     said = gpu.busy(training, [card(600)])
     assert said is not None and "GPU 0: 600 of 81559 MiB in use" in said
     assert "training needs 81500 MiB free" in said and "vLLM" not in said
-    # vLLM's need is its fraction of each card; only the job's GPUs (the first `count`).
+    # An idle card's use is allowed for continuously, not as a cliff: 23864 MiB free of a
+    # 4090's 24564 covers a plan of 24000 (its peak x 1.2) with the allowance.
+    rtx = GpuInfo("NVIDIA GeForce RTX 4090", 24564, "580.65.06", "RTX 4090", 700)
+    assert gpu.busy(GpuExpectation("RTX 4090", 1, free_mib=24_000), [rtx]) is None
+    # vLLM's need is its fraction of each card and its CUDA context (768 MiB), on the GPUs it
+    # uses (its tensor-parallel size); only the job's GPUs (the first `count`).
     serving = GpuExpectation("H100 SXM", 1, serve_utilization=0.9, exact_count=False)
-    assert gpu.busy(serving, [card(8000), card(60000)]) is None
-    said = gpu.busy(serving, [card(9000), card(0)])
-    assert said is not None and "vLLM takes 0.9 of a GPU's memory (73404 MiB)" in said
+    assert gpu.busy(serving, [card(7000), card(60000)]) is None
+    said = gpu.busy(serving, [card(8000), card(0)])  # 73559 free < 73404 + 768
+    assert said is not None and "vLLM takes 0.9 of a GPU's memory (73404 MiB" in said
+    two = GpuExpectation("H100 SXM", 2, free_mib=10_000, serve_utilization=0.9, serve_gpus=1)
+    assert gpu.busy(two, [card(0), card(30000)]) is None  # GPU 1 trains, vLLM is on GPU 0
+    assert gpu.busy(replace(two, serve_gpus=2), [card(0), card(30000)]) is not None
+
+
+def test_the_processes_holding_memory_are_named_as_nvidia_smi_lists_them() -> None:
+    def listed(stdout: str) -> str:
+        return gpu.held_by(lambda argv: Result(tuple(argv), " ".join(argv), 0, stdout, "", 0.1))
+
+    assert listed("4242, python3, 21504\n77, my, odd, name, [N/A]\n") == (
+        "held by pid 4242 (python3, 21504 MiB), pid 77 (my, odd, name)")
+    assert listed("").startswith("no process holding it is visible from orch's login")
+    # memory.total [N/A] is an error that says so, memory.used [N/A] is unknown.
+    with pytest.raises(ValueError, match=r"memory.total '\[N/A\]'"):
+        parse_inventory("NVIDIA H200, [N/A], 570.172.08, 21504")

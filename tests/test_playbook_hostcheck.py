@@ -157,7 +157,7 @@ def test_gpu_memory_another_process_holds_fails_the_check_when_the_job_needs_it(
     assert report.inventory.used_mib == [21504]
     why = report.failures[Check.INVENTORY]
     assert "GPU 0: 21504 of 81559 MiB in use" in why
-    assert "vLLM takes 0.9 of a GPU's memory (73404 MiB)" in why
+    assert "vLLM takes 0.9 of a GPU's memory (73404 MiB, and 768 MiB for its CUDA context)" in why
     assert "held by pid 4242 (python3, 21504 MiB)" in why
     assert reports.items[-1].fault == "provider"
     assert not any("hf download" in c for c in sim.ssh_commands())

@@ -6,7 +6,8 @@ A fresh rental's first run of the pipeline checks the host before anything is do
 job already), not a takeover of an instance this job already checked (its `host.checked`
 event says so) nor one past its first phase. A registered monthly server is checked the same
 way when its check is due (`core.servercheck.due`: never checked, its last check found
-something, or that check is a week old), its report kept against the server's name; it is
+something, or that check is a week old), but not on a takeover of the job there (what the job
+runs there would be measured as someone else's); its report kept against the server's name; it is
 never released nor replaced: a blocking finding fails the job naming the server, the check
 and the fix, a slow one is a warning (`core.servercheck.judge`). Every report is an event
 and a `host_observation` row keyed by the provider's machine id; a failing rental is
@@ -57,6 +58,11 @@ def wanted(state: RunState, placed: Placed, kept: bool) -> bool:
         return False
     if not kept:
         return True
+    if placed.adopted:
+        # A takeover of the job on its registered server (a check not due when it started
+        # may be due now): its trainer or eval server may run there, and the check would
+        # measure them, its GPU memory most of all, as if they were someone else's.
+        return False
     name = server_name(placed)
     why = server_due(state.store, placed.inst.provider, name)
     if why is not None:

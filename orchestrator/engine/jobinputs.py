@@ -209,7 +209,7 @@ class Inputs:
                                min_cuda=images.min_cuda(spec.trainer.image),
                                image=spec.trainer.image, free_mib=training_mib(rendered, count),
                                serve_utilization=serving.gpu_memory_utilization
-                               if evaluates else 0.0),
+                               if evaluates else 0.0, serve_gpus=serving.tensor_parallel),
             config=config, sources=sources, dataset=first_local(sources),
             trainer_env=trackingspec.trainer_env(spec.tracking, os.environ),
             artifacts_dir=str(artifacts_dir(job.id)),

@@ -150,7 +150,7 @@ class Placement:
             if adopted is None and inst is not None and inst.state not in LOST:
                 self.ledger.event("instance.adopted", f"reattaching to {row.provider} instance "
                                   f"{row.provider_instance_id} after a takeover")
-                adopted = Placed(row.id, provider, inst)
+                adopted = Placed(row.id, provider, inst, adopted=True)
             else:  # lost, or a second machine of the job: only a lost one was taken
                 self.teardown.release(row.id, EndReason.INTERRUPTED if inst is None or
                                       inst.state in LOST else EndReason.REPLACED)

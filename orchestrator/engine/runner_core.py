@@ -201,6 +201,7 @@ class Placed:
     provider: Provider
     inst: Instance
     warm: bool = False  # taken warm from an earlier job (docs/warm.md): no volume of this job
+    adopted: bool = False  # this job's machine, taken over: its trainer may run there
 
 
 @dataclass

@@ -35,6 +35,9 @@ GIB = 1024**3
 # activations (orch's estimate, docs/sizing.md "Evaluation", is larger; the stand-in only
 # refuses what cannot possibly load).
 _OVERHEAD = 1.5 * GIB
+# The CUDA context of the engine's process: vLLM measures the free memory after creating it
+# (gpu_worker `init_device`); orch's evaluation sizing takes the same 0.75 GiB.
+_CONTEXT = int(0.75 * GIB)
 
 
 # transformers' LlamaConfig defaults (configuration_llama.py), for fields a config leaves out.
@@ -103,8 +106,30 @@ def _engine_failed(cause: str) -> SimError:
         f"{engine}   File \"/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py\", "
         "line 1099, in run_engine_core\n"
         f"{engine} {cause}\n"
-        f"(APIServer pid={os.getpid()}) RuntimeError: Engine core initialization failed. See "
-        "root cause above. Failed core proc(s): {}", 1)
+        f"(EngineCore_DP0 pid={os.getpid() + 1}) Process EngineCore_DP0:\n"
+        f"(EngineCore_DP0 pid={os.getpid() + 1}) {cause}\n"
+        + _api_traceback(f"(APIServer pid={os.getpid()}) ")
+        + f"(APIServer pid={os.getpid()}) RuntimeError: Engine core initialization failed. "
+        "See root cause above. Failed core proc(s): {}", 1)
+
+
+# The API server's own traceback between the engine's cause and the log's last line: the
+# shape of public vLLM 0.19 logs under Python 3.12 (21 frames, each with its source line
+# and caret line: ~60 lines), not their exact frames.
+_API_FRAMES = ("main", "cmd", "run", "run", "run", "run_until_complete", "wrapper",
+               "run_server", "run_server_worker", "__aenter__", "build_async_engine_client",
+               "__aenter__", "build_async_engine_client_from_engine_args", "from_vllm_config",
+               "__init__", "make_async_mp_client", "__init__", "__init__", "__exit__",
+               "launch_core_engines", "wait_for_engine_startup")
+
+
+def _api_traceback(prefix: str) -> str:
+    lines = [f"{prefix}Traceback (most recent call last):"]
+    for n, frame in enumerate(_API_FRAMES):
+        lines += [f'{prefix}  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/'
+                  f'engine/frame{n}.py", line {100 + n}, in {frame}',
+                  f"{prefix}    {frame}(...)", f"{prefix}    ^^^^^^^^^^^^^"]
+    return "\n".join(lines) + "\n"
 
 
 def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int,
@@ -115,7 +140,8 @@ def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int
         raise SimError(f"ValueError: The number of required GPUs ({tp}) exceeds the total "
                        f"number of available GPUs ({gpus}) on this node", 1)
     total = int(host.options["gpu_memory_mib"]) * 1024**2
-    free = total - min(total, int(host.options.get("gpu_memory_held_mib") or 0) * 1024**2)
+    held = min(total, int(host.options.get("gpu_memory_held_mib") or 0) * 1024**2)
+    free = max(0, total - held - _CONTEXT)  # measured once this process's context exists
     requested = math.ceil(total * utilization)
     if free < requested:
         # vllm/v1/worker/utils.py `request_memory`, as the engine's device starts.
