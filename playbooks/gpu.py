@@ -251,6 +251,24 @@ def memory_report(run: Callable[[list[str]], ssh.Result]) -> str:
     return f"nvidia-smi on the host: {used or 'memory in use not reported'}; {held_by(run)}"
 
 
+def free_step(expected: GpuExpectation) -> Step:
+    """A verification that no other process holds the memory the job needs on its GPUs
+    (`busy`): before a trainer first starts on a host that was not just host-checked (a
+    registered server between its checks, a machine kept warm), when nothing of the job runs
+    on its GPUs yet."""
+    def free(host: Host) -> bool:
+        problem = busy(expected, check_gpus(host))
+        if problem is not None:
+            raise StepFailed(
+                f"{problem}; {held_by(host.run)}. Nothing was trained: free that memory "
+                "(`nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv` "
+                "lists what holds it) and run the job again.", fault=Fault.HOST)
+        return True
+
+    return Step("memory-free", free, timeout_s=90, fault=Fault.HOST,
+                message="other processes hold the GPU memory the job needs")
+
+
 def check_gpus(host: Host) -> list[GpuInfo]:
     """The host's GPUs; raises StepFailed (Fault.HOST) when there is no working driver."""
     result = host.run(QUERY, timeout=60)

@@ -257,3 +257,24 @@ def test_a_takeover_on_a_registered_server_does_not_check_what_the_job_runs_ther
     assert "host.checked" not in kinds and "server.check_due" not in kinds
     (row,) = rig.store.instances_of(job_id)
     assert row.provider == "dedicated"
+
+
+def test_memory_taken_on_a_registered_server_since_its_check_fails_before_training(
+        rig: Rig, simhost: Any) -> None:
+    # box1 passed its check yesterday (not due); the user's notebook has since taken 21 GiB.
+    # The job is told before its trainer starts, not after a training it paid for.
+    host = simhost(**HOST, gpu_memory_held_mib=21504)
+    rig.store.record_host_observation("dedicated", "box1", Source.CHECK, failed=False,
+                                      delivered=1.0, why="", at=utcnow() - timedelta(days=1))
+    job_id, job = on_server(rig, host)
+
+    assert job.status == "failed"
+    reason = job.failure_reason or ""
+    assert "gpu/memory-free: GPU memory is already in use" in reason, reason
+    assert "GPU 0: 21504 of 81559 MiB in use" in reason
+    assert "held by pid 4242 (python3, 21504 MiB)" in reason
+    assert "Nothing was trained" in reason
+    kinds = rig.kinds(job_id)
+    assert "host.checked" not in kinds  # not due: the step before training found it
+    assert not [c for c in host.ssh_commands() if "axolotl" in c and " train" in c]
+    assert not [e for e in rig.store.events(job_id) if e.message.startswith("train/")]
