@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -251,13 +252,20 @@ def memory_report(run: Callable[[list[str]], ssh.Result]) -> str:
     return f"nvidia-smi on the host: {used or 'memory in use not reported'}; {held_by(run)}"
 
 
-def free_step(expected: GpuExpectation) -> Step:
+# How long `free_step` looks again before it fails: memory a process is still releasing as
+# it exits (a server stopped just before) is not held against the job.
+FREE_WAIT_S = 20.0
+
+
+def free_step(expected: GpuExpectation, wait_s: float = FREE_WAIT_S) -> Step:
     """A verification that no other process holds the memory the job needs on its GPUs
-    (`busy`): before a trainer first starts on a host that was not just host-checked (a
-    registered server between its checks, a machine kept warm), when nothing of the job runs
-    on its GPUs yet."""
+    (`busy`): before a trainer first starts on a registered server that was not just
+    host-checked, when nothing of the job runs on its GPUs yet."""
     def free(host: Host) -> bool:
-        problem = busy(expected, check_gpus(host))
+        until = time.monotonic() + wait_s
+        while (problem := busy(expected, check_gpus(host))) is not None \
+                and time.monotonic() < until:
+            time.sleep(2.0)
         if problem is not None:
             raise StepFailed(
                 f"{problem}; {held_by(host.run)}. Nothing was trained: free that memory "

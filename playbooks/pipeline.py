@@ -368,10 +368,13 @@ def _train(run: PipelineRun, hooks: Hooks) -> None:
     hooks.status(P.TRAINING, "training (detached on the host)")
     status = train.status(host, tj)
     needs = run.job.gpu.free_mib or run.job.gpu.serve_utilization
-    if status.state is train.TrainState.MISSING and needs and run.host_report is None:
-        # Nothing of the job runs on the GPUs yet, and no host check just looked: memory
-        # another process took since (a registered server between its checks, a machine
-        # kept warm) fails here, before the training is paid, not after it.
+    if status.state is train.TrainState.MISSING and needs and run.host_report is None \
+            and run.job.kept_on is not None:
+        # A registered server between its checks, nothing of the job on its GPUs yet: memory
+        # another process took since fails here, before the training is paid, not after it.
+        # Not a rental kept warm: an earlier job's native vLLM may still be exiting there
+        # (orch-job.sh's stop waits for its leader only), and a rental's fault should
+        # re-place the job, not fail it.
         run_playbook("gpu", [gpu.free_step(run.job.gpu)], host, hooks.emit, hooks.check_stop)
     if status.state is not train.TrainState.RUNNING and (
             run.resume or status.state is train.TrainState.FAILED):
