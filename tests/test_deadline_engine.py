@@ -286,8 +286,11 @@ def test_preempted_on_one_gpus_spot_it_moves_to_anothers_spot(rig: Rig,
             jumped.append(ends * 3600 + 1 - (hour * 3600 + time.time() - began))
         return hour * 3600 + time.time() - began + (jumped[0] if jumped else 0.0)
 
+    # 40 steps (12 s), not 12: once, under a full suite's load, the job ended on its first
+    # machine, never preempted (cause not captured); a longer training widens the window in
+    # which the jump to the spell's end lands while the job still runs.
     cloud = rig.cloud(spot_market=market, clock=clock, gpus=list(gpus),
-                      host_options={"train_steps": 12, "train_step_seconds": 0.3})
+                      host_options={"train_steps": 40, "train_step_seconds": 0.3})
     path = rig.job_file()
     path.write_text(path.read_text().replace(
         "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpu_count: 1\n"
