@@ -389,8 +389,9 @@ class Detached:
                   else f"starting container {self.name} ({what})", env_file=env_file)
 
     def stop(self, host: Host) -> None:
-        """End the run now and forget it (`docker rm -f`, or the wrapper's `stop`: TERM to its
-        process group, then KILL); absent is fine. Its data (checkpoints) stays."""
+        """End the run now and forget it (`docker rm -f`, or the wrapper's `stop`: TERM to
+        each process of its session, KILL after 10 s, back once none is left); absent is
+        fine. Its data (checkpoints) stays."""
         if self.runner == "process":
             script = '[ -f "$1" ] || exit 0; exec sh "$@"'
             host.must(["sh", "-c", script, "sh", self.wrapper, "stop", self.run_dir],

@@ -6,8 +6,10 @@
 #   orch-job.sh status DIR               prints one line: running | exited CODE | lost | missing
 #   orch-job.sh poll   DIR N             the status line, then the last N lines of DIR/log
 #   orch-job.sh clear  DIR               forget the finished run in DIR (the log is kept)
-#   orch-job.sh stop   DIR               end a running run: SIGTERM to its session's process
-#                                        group, SIGKILL after 10 s; then forget it
+#   orch-job.sh stop   DIR               end a run: SIGTERM to every process of its session,
+#                                        SIGKILL to those left after 10 s; returns once none
+#                                        is left (exit 1, run kept, if one outlives SIGKILL
+#                                        by 10 s), then forgets it
 #   orch-job.sh run    DIR CMD [ARG...]  (internal) the detached part: pid, log, exit code
 #
 # DIR holds `pid` ("PID STARTTIME"), `log` (stdout and stderr, appended) and `exit_code`
@@ -36,6 +38,48 @@ alive() {  # whether the run recorded in $1/pid is still running
     kill -0 "$pid" 2>/dev/null || return 1
     [ "$started" = 0 ] && return 0
     [ "$(starttime "$pid")" = "$started" ]
+}
+
+# The running (not zombie) processes of the session whose leader was pid $1, on one line.
+# `start` made the run a session leader, and everything it starts stays in that session
+# unless it calls setsid itself. Its leader is a `sh` that dies at once on SIGTERM, while its
+# children (a trainer, vLLM's engine process) may take seconds to exit or ignore the signal,
+# and they hold the GPU's memory until they are gone: waiting on the leader is not enough.
+members() {
+    session=$1
+    set +f
+    found=
+    for d in /proc/[0-9]*; do
+        # `read`, a builtin: no process per entry. A process may end between glob and read.
+        read -r stat 2>/dev/null < "$d/stat" || continue
+        rest=${stat##*) }
+        set -f
+        # shellcheck disable=SC2086  # state letter and numbers only; globbing is off
+        set -- $rest
+        set +f
+        # $1 state, $2 ppid, $3 process group, $4 session
+        [ "$4" = "$session" ] || continue
+        case $1 in Z | X) continue ;; esac
+        found="$found ${d#/proc/}"
+    done
+    set -f
+    printf '%s\n' "$found"
+}
+
+# Sends signal $1 to the processes in $left, then waits up to 10 s until session $2 has none
+# (leaves what is still there in $left). SIGKILL goes again to what is left, for a child
+# forked just before it; SIGTERM goes once, as a second one may cut short a clean shutdown.
+signal_until_gone() {
+    # shellcheck disable=SC2086  # a list of pids
+    kill "-$1" $left 2>/dev/null
+    i=0
+    while [ -n "${left# }" ] && [ "$i" -lt 200 ]; do
+        i=$((i + 1))
+        sleep 0.05
+        left=$(members "$2")
+        # shellcheck disable=SC2086
+        [ "$1" = KILL ] && [ -n "${left# }" ] && kill -KILL $left 2>/dev/null
+    done
 }
 
 status() {
@@ -101,16 +145,19 @@ clear)
     rm -f "$dir/pid" "$dir/exit_code"
     ;;
 stop)
-    # `start` made the run a session (and process group) leader: its pid is the group id.
-    if alive "$dir"; then
-        read -r pid _started < "$dir/pid"
-        kill -TERM "-$pid" 2>/dev/null  # dash: no `--` before a negative pid
-        i=0
-        while alive "$dir" && [ "$i" -lt 200 ]; do
-            i=$((i + 1))
-            sleep 0.05
-        done
-        alive "$dir" && kill -KILL "-$pid" 2>/dev/null
+    if [ -f "$dir/pid" ] && read -r sid started < "$dir/pid"; then
+        # A leader pid that now names another process (its start time differs: reused after
+        # a reboot or a wrap-around) is not this run's: then nothing here is signalled.
+        leader=$(starttime "$sid") || leader=
+        if [ -z "$leader" ] || [ "$started" = 0 ] || [ "$leader" = "$started" ]; then
+            left=$(members "$sid")
+            [ -n "${left# }" ] && signal_until_gone TERM "$sid"
+            [ -n "${left# }" ] && signal_until_gone KILL "$sid"
+            if [ -n "${left# }" ]; then
+                echo "orch-job.sh: processes$left of the run in $dir are still there 10 s after SIGKILL (stuck in the kernel, or the GPU driver); the run is kept" >&2
+                exit 1
+            fi
+        fi
     fi
     rm -f "$dir/pid" "$dir/exit_code"
     ;;

@@ -1,0 +1,131 @@
+"""playbooks/remote/orch-job.sh, the wrapper that runs a job's trainer and vLLM detached on
+hosts without Docker, run here as the host runs it (`sh`, dash on Debian and Ubuntu).
+
+`stop` must leave nothing of the run: a trainer or vLLM engine process that outlives it holds
+the GPU's memory, and the next job on that machine fails or pays for a host that cannot run it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _wrapper() -> str:
+    path = Path(__file__).resolve().parents[1] / "playbooks" / "remote" / "orch-job.sh"
+    assert path.is_file(), path
+    return str(path)
+
+
+def job(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", _wrapper(), *args], capture_output=True, text=True,
+                          timeout=60, check=check)
+
+
+def session_of(run_dir: Path) -> int:
+    return int((run_dir / "pid").read_text().split()[0])
+
+
+def members(session: int) -> list[int]:
+    """Processes of `session` that are not zombies, read from /proc as the wrapper does."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(") ")[2].split()
+        if fields[3] == str(session) and fields[0] not in ("Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+def wait_for(predicate, what: str, limit: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + limit
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "run"
+    yield path
+    # Whatever a failing test leaves is killed, so no test leaves a process behind.
+    if (path / "pid").exists():
+        for pid in members(session_of(path)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def start(run_dir: Path, script: str, processes: int) -> int:
+    job("start", str(run_dir), "sh", "-c", script)
+    session = session_of(run_dir)
+    wait_for(lambda: len(members(session)) >= processes,
+             f"the run did not start {processes} processes")
+    return session
+
+
+def test_stop_waits_for_a_child_that_takes_seconds_to_handle_sigterm(run_dir: Path) -> None:
+    # A trainer saving on SIGTERM, or vLLM's engine process shutting down, outlives the
+    # wrapper's leader `sh`, which dies at once. The wrapper used to wait for that leader only.
+    session = start(run_dir, "sh -c 'trap \"sleep 2; exit 0\" TERM; "
+                             "while :; do sleep 0.1; done' & wait", processes=3)
+    job("stop", str(run_dir))
+    assert members(session) == []
+    assert not (run_dir / "pid").exists()
+    assert job("status", str(run_dir)).stdout.strip() == "missing"
+
+
+def test_stop_kills_a_child_that_ignores_sigterm(run_dir: Path) -> None:
+    # SIG_IGN survives exec: `sleep` here ignores SIGTERM, as a stuck process does.
+    session = start(run_dir, "trap '' TERM; sleep 300", processes=2)
+    job("stop", str(run_dir))
+    assert members(session) == []
+    assert not (run_dir / "pid").exists()
+
+
+def test_stop_ends_the_children_of_a_run_whose_leader_is_gone(run_dir: Path) -> None:
+    # The leader killed alone (an OOM kill, a stray `kill`): the run reads `lost`, and its
+    # children still hold what they held.
+    session = start(run_dir, "sleep 300 & sleep 300 & wait", processes=4)
+    os.kill(session, signal.SIGKILL)
+    wait_for(lambda: session not in members(session), "the leader did not die")
+    assert job("status", str(run_dir)).stdout.strip() == "lost"
+    assert len(members(session)) == 3  # `sh -c` and its two sleeps
+    job("stop", str(run_dir))
+    assert members(session) == []
+
+
+def test_stop_signals_nothing_when_the_recorded_pid_names_another_process(
+        tmp_path: Path) -> None:
+    # After a reboot the recorded pid may be another process's: its start time differs.
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "pid").write_text(f"{other.pid} 1\n")
+        job("stop", str(run_dir))
+        assert other.poll() is None
+        assert not (run_dir / "pid").exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stop_of_a_finished_run_clears_it(run_dir: Path) -> None:
+    job("start", str(run_dir), "sh", "-c", "exit 3")
+    wait_for(lambda: (run_dir / "exit_code").exists(), "the run did not finish")
+    assert job("status", str(run_dir)).stdout.strip() == "exited 3"
+    job("stop", str(run_dir))
+    assert job("status", str(run_dir)).stdout.strip() == "missing"
+    job("start", str(run_dir), "sh", "-c", "exit 0")
