@@ -94,6 +94,9 @@ __all__ = ["PHASES", "JobFailed", "JobRunner", "Options", "Progress",
            "owner_id"]
 
 S = JobStatus
+# At most this long the run waits, once the job is finished and recorded, for its monitor
+# thread to end the tick it is in (a tick's provider call has its own, shorter timeout).
+MONITOR_JOIN_S = 30.0
 
 
 class JobRunner:
@@ -168,6 +171,12 @@ class JobRunner:
             factory.close_all()
             db_error = self._finish(ledger, teardown, outcome, reason) or db_error
             told(state.notices, self.store, job_id)
+            # The monitor ends its tick (a deadline or budget check, a provider's answer)
+            # before the run returns: a daemon thread still running when `orch worker
+            # --once` exits races the interpreter's exit hooks (weakref.finalize's, which
+            # SQLAlchemy's generated functions register, fails with "dictionary changed size
+            # during iteration" when a thread adds one meanwhile: seen once in CI).
+            watcher.join(MONITOR_JOIN_S)
         if db_error is not None:
             raise db_error
         return self.store.get_job(job_id)
