@@ -129,3 +129,26 @@ def test_stop_of_a_finished_run_clears_it(run_dir: Path) -> None:
     job("stop", str(run_dir))
     assert job("status", str(run_dir)).stdout.strip() == "missing"
     job("start", str(run_dir), "sh", "-c", "exit 0")
+
+
+def test_clear_ends_what_a_finished_run_left_running(run_dir: Path) -> None:
+    # A launcher that exits while its worker goes on (the leader writes the exit code):
+    # forgetting the run must not leave the worker holding the GPU for the next one, as
+    # Docker ends a container's processes when it exits.
+    job("start", str(run_dir), "sh", "-c", "sleep 300 & exit 1")
+    wait_for(lambda: (run_dir / "exit_code").exists(), "the run did not finish")
+    session = session_of(run_dir)
+    assert len(members(session)) == 1  # the sleep
+    assert job("status", str(run_dir)).stdout.strip() == "exited 1"
+    job("clear", str(run_dir))
+    assert members(session) == []
+    assert job("status", str(run_dir)).stdout.strip() == "missing"
+
+
+def test_clear_refuses_a_running_run_and_signals_nothing(run_dir: Path) -> None:
+    session = start(run_dir, "sleep 300", processes=2)
+    refused = job("clear", str(run_dir), check=False)
+    assert refused.returncode == 3 and "still running" in refused.stderr
+    assert session in members(session)
+    assert job("status", str(run_dir)).stdout.strip() == "running"
+    job("stop", str(run_dir))

@@ -5,7 +5,8 @@
 #                                        once DIR/pid exists; refuses while DIR holds a run
 #   orch-job.sh status DIR               prints one line: running | exited CODE | lost | missing
 #   orch-job.sh poll   DIR N             the status line, then the last N lines of DIR/log
-#   orch-job.sh clear  DIR               forget the finished run in DIR (the log is kept)
+#   orch-job.sh clear  DIR               forget the finished run in DIR (the log is kept),
+#                                        ending what it left running, as `stop` does
 #   orch-job.sh stop   DIR               end a run: SIGTERM to every process of its session,
 #                                        SIGKILL to those left after 10 s; returns once none
 #                                        is left (exit 1, run kept, if one outlives SIGKILL
@@ -96,6 +97,26 @@ status() {
     fi
 }
 
+# Ends what is left of the run in $1: SIGTERM to every process of its session, SIGKILL to
+# those left after 10 s; returns once none is left (1, with a message, if one outlives
+# SIGKILL by 10 s).
+end_session() {
+    if [ -f "$1/pid" ] && read -r sid started < "$1/pid"; then
+        # A leader pid that now names another process (its start time differs: reused after
+        # a reboot or a wrap-around) is not this run's: then nothing here is signalled.
+        leader=$(starttime "$sid") || leader=
+        if [ -z "$leader" ] || [ "$started" = 0 ] || [ "$leader" = "$started" ]; then
+            left=$(members "$sid")
+            [ -n "${left# }" ] && signal_until_gone TERM "$sid"
+            [ -n "${left# }" ] && signal_until_gone KILL "$sid"
+            if [ -n "${left# }" ]; then
+                echo "orch-job.sh: processes$left of the run in $1 are still there 10 s after SIGKILL (stuck in the kernel, or the GPU driver); the run is kept" >&2
+                return 1
+            fi
+        fi
+    fi
+}
+
 mode=${1:-}
 [ $# -ge 2 ] || { echo "usage: orch-job.sh start|status|poll|clear|stop|run DIR ..." >&2; exit 2; }
 shift
@@ -142,23 +163,14 @@ clear)
         echo "orch-job.sh: the run in $dir is still running" >&2
         exit 3
     fi
+    # What the run started and left behind (a trainer's worker when its launcher exited, a
+    # run whose leader was killed alone) is ended too, as Docker ends a container's
+    # processes when it exits: they would hold the GPU's memory from the next run.
+    end_session "$dir" || exit 1
     rm -f "$dir/pid" "$dir/exit_code"
     ;;
 stop)
-    if [ -f "$dir/pid" ] && read -r sid started < "$dir/pid"; then
-        # A leader pid that now names another process (its start time differs: reused after
-        # a reboot or a wrap-around) is not this run's: then nothing here is signalled.
-        leader=$(starttime "$sid") || leader=
-        if [ -z "$leader" ] || [ "$started" = 0 ] || [ "$leader" = "$started" ]; then
-            left=$(members "$sid")
-            [ -n "${left# }" ] && signal_until_gone TERM "$sid"
-            [ -n "${left# }" ] && signal_until_gone KILL "$sid"
-            if [ -n "${left# }" ]; then
-                echo "orch-job.sh: processes$left of the run in $dir are still there 10 s after SIGKILL (stuck in the kernel, or the GPU driver); the run is kept" >&2
-                exit 1
-            fi
-        fi
-    fi
+    end_session "$dir" || exit 1
     rm -f "$dir/pid" "$dir/exit_code"
     ;;
 *)
