@@ -88,3 +88,19 @@ def test_a_rental_whose_gpu_memory_is_held_fails_its_eval_with_the_cause(
     assert info.value.playbook == "evaluate" and REFUSED in said
     assert "GPU 0: 21504 of 81559 MiB in use; no process holding it is visible" in said
     assert any(Path(job.artifacts_dir).rglob("adapter_model.safetensors"))
+
+
+def test_a_rentals_evaluation_ends_with_its_gpu_memory_free(
+        playbook_host: PlaybookHostFactory, reports: Reports, tmp_path: Path) -> None:
+    # vLLM's engine process holds the GPU's memory and takes seconds to exit after SIGTERM
+    # (5 s here). The stop must wait for it: the next job on a machine kept warm, or the
+    # merge, would otherwise meet the memory still taken. orch-job.sh's stop once returned as
+    # soon as its leader `sh` died, the engine still exiting.
+    _sim, host = playbook_host(has_docker=False, container_image=CLOUD_IMAGE, train_steps=2,
+                               train_step_seconds=0.05, vllm_exit_seconds=5.0)
+    job = make_job(tmp_path, "lora")
+    result = run_pipeline(host, job, reports)
+    assert result.metrics["eval.exact_match"] == 1.0
+    used = host.run(["nvidia-smi", "--query-gpu=memory.used",
+                     "--format=csv,noheader,nounits"]).stdout.split()
+    assert used == ["0"]

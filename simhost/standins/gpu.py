@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
+from . import gpumem
 from .common import Host, SimError, say
 
 _COMPUTE_CAP = {"B200": "10.0", "H200": "9.0", "H100": "9.0", "GH200": "9.0", "L40": "8.9"}
@@ -25,7 +26,7 @@ def _gpu_values(host: Host, index: int) -> dict[str, str]:
     opts = host.options
     uuid = hashlib.sha1(f"{host.dir}:{index}".encode()).hexdigest()
     memory = int(opts["gpu_memory_mib"])
-    held = min(memory, int(opts.get("gpu_memory_held_mib") or 0))
+    held = gpumem.used_mib(host, index)
     return {
         "index": str(index),
         "name": opts["gpu_model"],
@@ -113,9 +114,9 @@ def nvidia_smi(host: Host, argv: list[str]) -> int:
     return 0
 
 
-# `--query-compute-apps` fields: the process holding `gpu_memory_held_mib` (a fixed pid and
-# name: nothing else on the simulated host uses a GPU's memory as nvidia-smi sees it).
-_HELD_PID, _HELD_NAME = "4242", "python3"
+# `--query-compute-apps`: the process holding `gpu_memory_held_mib` (a fixed pid and name),
+# then the host's own processes that hold memory (`gpumem`).
+_HELD_PID, _HELD_NAME = 4242, "python3"
 
 
 def _compute_apps(host: Host, fields: list[str], fmt: set[str]) -> int:
@@ -128,17 +129,21 @@ def _compute_apps(host: Host, fields: list[str], fmt: set[str]) -> int:
             raise SimError(f'Field "{name}" is not a valid field to query.', 2)
     if "noheader" not in fmt:
         say(", ".join(f + (" [MiB]" if f == "used_memory" else "") for f in fields))
-    held = int(host.options.get("gpu_memory_held_mib") or 0)
-    if not held or os.environ.get("SIMHOST_CONTAINER") or host.options.get("container_image"):
+    if os.environ.get("SIMHOST_CONTAINER") or host.options.get("container_image"):
         # nvidia-smi in a container (a `docker run`, or the rental itself) lists no process
-        # of another PID namespace.
+        # of another PID namespace: the driver reports host pids, which it cannot map.
         return 0
+    held = int(host.options.get("gpu_memory_held_mib") or 0)
+    owners = gpumem.holders(host)
     for i in range(int(host.options["gpu_count"])):
         v = _gpu_values(host, i)
-        row = {"pid": _HELD_PID, "process_name": _HELD_NAME,
-               "used_memory": v["memory.used"] + ("" if "nounits" in fmt else " MiB"),
-               "gpu_uuid": v["uuid"], "gpu_bus_id": v["pci.bus_id"], "gpu_name": v["name"]}
-        say(", ".join(row[f] for f in fields))
+        rows = [(_HELD_PID, _HELD_NAME, held)] if held else []
+        rows += [(h.pid, h.name, h.mib) for h in owners if i in h.gpus]
+        for pid, name, mib in rows:
+            row = {"pid": str(pid), "process_name": name,
+                   "used_memory": str(mib) + ("" if "nounits" in fmt else " MiB"),
+                   "gpu_uuid": v["uuid"], "gpu_bus_id": v["pci.bus_id"], "gpu_name": v["name"]}
+            say(", ".join(row[f] for f in fields))
     return 0
 
 

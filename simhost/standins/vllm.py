@@ -11,6 +11,7 @@ or adapter directory: the longest known prompt contained in the request), else
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 
-from . import images, landscape, tokens
+from . import gpumem, images, landscape, tokens
 from .common import Host, SimError, container_to_host, say
 from .disks import logical_size
 
@@ -140,7 +141,8 @@ def _check_memory(host: Host, model_dir: Path, quantization: str | None, tp: int
         raise SimError(f"ValueError: The number of required GPUs ({tp}) exceeds the total "
                        f"number of available GPUs ({gpus}) on this node", 1)
     total = int(host.options["gpu_memory_mib"]) * 1024**2
-    held = min(total, int(host.options.get("gpu_memory_held_mib") or 0) * 1024**2)
+    # Another process's, and the host's own (another vLLM engine, one still exiting).
+    held = max(gpumem.used_mib(host, i) for i in range(tp)) * 1024**2
     free = max(0, total - held - _CONTEXT)  # measured once this process's context exists
     requested = math.ceil(total * utilization)
     if free < requested:
@@ -321,6 +323,8 @@ def vllm(host: Host, argv: list[str]) -> int:
                 1,
             )
     _check_memory(host, model_dir, quantization, tp, utilization, max_len, lora_bytes)
+    engine = _start_engine(host, math.ceil(int(host.options["gpu_memory_mib"]) * utilization)
+                           + _CONTEXT // 2**20, tp)
     served = names or [model]
     base_answer = _answerer(host, [model_dir])
     answers = {name: base_answer for name in served}
@@ -334,13 +338,24 @@ def vllm(host: Host, argv: list[str]) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    try:
+        _serve(host, server, port, bind_port, served, loras, answers, model, max_len, api_key,
+               model_dir)
+    finally:
+        _stop_engine(engine)
+    return 0
+
+
+def _serve(host: Host, server: _Server | None, port: int, bind_port: int | None,
+           served: list[str], loras: dict[str, str], answers: dict[str, Any], model: str,
+           max_len: int, api_key: str | None, model_dir: Path) -> None:
     if server is None:
         say(f"INFO:     Uvicorn running on http://0.0.0.0:{port} (container port not published)")
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
-            return 0
+            return
     server.RequestHandlerClass = _handler(answers, served, loras, model, max_len, api_key,
                                           tokens.adds_bos(model_dir))
     server.server_activate()
@@ -352,7 +367,43 @@ def vllm(host: Host, argv: list[str]) -> int:
         pass
     finally:
         server.server_close()
-    return 0
+
+
+def _start_engine(host: Host, mib: int, tp: int) -> int:
+    """vLLM V1's engine process (`VLLM::EngineCore`), which holds the GPUs' memory: `mib` on
+    each of the first `tp` GPUs, until it has exited. On SIGTERM (the API server's shutdown,
+    or a signal to the whole group) it takes `vllm_exit_seconds` to exit, as the real engine
+    takes seconds to shut down; it also ends when the API server is gone."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 0
+    try:
+        stopping = False
+
+        def term(_signum: int, _frame: FrameType | None) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, term)
+        signal.signal(signal.SIGINT, term)
+        gpumem.hold(host, "VLLM::EngineCore", mib, range(tp))
+        while not stopping and os.getppid() == parent:
+            time.sleep(0.05)
+        time.sleep(float(host.options.get("vllm_exit_seconds") or 0))
+        gpumem.release(host)
+    except BaseException:  # noqa: BLE001 - a forked child must never return into the server
+        code = 1
+    os._exit(code)
+
+
+def _stop_engine(pid: int) -> None:
+    """What the API server does on its way out: ask the engine to end and wait for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _encoded(raw: Any, bos: bool, special: bool) -> list[tuple[list[int], str, bool]]:

@@ -19,7 +19,7 @@ import os
 import time
 from types import SimpleNamespace
 
-from standins import images  # simhost/standins (this python's path holds simhost/)
+from standins import gpumem, images  # simhost/standins (this python's path holds simhost/)
 from standins.common import Host
 
 _HOST = Host.from_env()
@@ -149,12 +149,15 @@ def _new(shape: tuple[int, ...], dev: device | str | None, dtype: str | None) ->
     for n in shape:
         count *= int(n)
     total = int(_OPTS["gpu_memory_mib"])
-    held = min(total, int(_OPTS.get("gpu_memory_held_mib") or 0))  # another process's
+    held = gpumem.used_mib(_HOST, dev.index or 0)  # other processes'
     if count * size > (total - held) * 2**20:
         # torch's text; a process of another PID namespace is not named (a container's).
-        other = (f" Process 4242 has {held / 1024:.2f} GiB memory in use."
-                 if held and not (os.environ.get("SIMHOST_CONTAINER")
-                                  or _OPTS.get("container_image")) else "")
+        others = [(4242, int(_OPTS.get("gpu_memory_held_mib") or 0))] + [
+            (h.pid, h.mib) for h in gpumem.holders(_HOST) if (dev.index or 0) in h.gpus]
+        other = ("".join(f" Process {pid} has {mib / 1024:.2f} GiB memory in use."
+                         for pid, mib in others if mib)
+                 if not (os.environ.get("SIMHOST_CONTAINER")
+                         or _OPTS.get("container_image")) else "")
         raise OutOfMemoryError(f"CUDA out of memory. Tried to allocate {count * size / 2**30:.2f}"
                                f" GiB. GPU {dev.index} has a total capacity of "
                                f"{total / 1024:.2f} GiB of which {(total - held) / 1024:.2f} GiB"
