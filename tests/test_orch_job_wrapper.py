@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -152,3 +153,19 @@ def test_clear_refuses_a_running_run_and_signals_nothing(run_dir: Path) -> None:
     assert session in members(session)
     assert job("status", str(run_dir)).stdout.strip() == "running"
     job("stop", str(run_dir))
+
+
+def test_stop_reads_a_process_whose_name_holds_a_newline_and_a_parenthesis(
+        run_dir: Path) -> None:
+    # /proc/PID/stat gives the name in parentheses as the process set it (prctl, 15 bytes):
+    # it may hold ") " and newlines, and here a fake state letter. Read as one line, that
+    # process once parsed as too few fields and the stop took it for gone.
+    name = "x) 1 2\\nZ) y"
+    script = (f"{sys.executable} -c \"import ctypes, signal, time; "
+              f"signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f"ctypes.CDLL(None).prctl(15, b'{name}', 0, 0, 0); time.sleep(300)\"")
+    session = start(run_dir, script, processes=2)
+    wait_for(lambda: any("\n" in Path(f"/proc/{pid}/comm").read_text().rstrip("\n")
+                         for pid in members(session)), "the name was not set")
+    job("stop", str(run_dir))
+    assert members(session) == []

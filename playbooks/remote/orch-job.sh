@@ -52,19 +52,29 @@ members() {
     found=
     for d in /proc/[0-9]*; do
         # `read`, a builtin: no process per entry. A process may end between glob and read.
-        read -r stat 2>/dev/null < "$d/stat" || continue
+        # Its name (in parentheses) may hold newlines and ") ": the lines are joined and
+        # the fields are what follows the last ") ".
+        stat=
+        while IFS= read -r line; do stat="$stat$line "; done 2>/dev/null < "$d/stat" \
+            || [ -n "$stat" ] || continue
         rest=${stat##*) }
         set -f
         # shellcheck disable=SC2086  # state letter and numbers only; globbing is off
         set -- $rest
         set +f
         # $1 state, $2 ppid, $3 process group, $4 session
-        [ "$4" = "$session" ] || continue
+        [ $# -ge 4 ] && [ "$4" = "$session" ] || continue
         case $1 in Z | X) continue ;; esac
         found="$found ${d#/proc/}"
     done
     set -f
     printf '%s\n' "$found"
+}
+
+# Centiseconds since boot (/proc/uptime, read by a builtin: dash has no $SECONDS).
+uptime_cs() {
+    read -r up _ < /proc/uptime
+    printf '%s\n' "${up%.*}${up#*.}"
 }
 
 # Sends signal $1 to the processes in $left, then waits up to 10 s until session $2 has none
@@ -73,9 +83,9 @@ members() {
 signal_until_gone() {
     # shellcheck disable=SC2086  # a list of pids
     kill "-$1" $left 2>/dev/null
-    i=0
-    while [ -n "${left# }" ] && [ "$i" -lt 200 ]; do
-        i=$((i + 1))
+    # By the clock, not by a count of rounds: each round's /proc scan takes time too.
+    deadline=$(($(uptime_cs) + 1000))
+    while [ -n "${left# }" ] && [ "$(uptime_cs)" -lt "$deadline" ]; do
         sleep 0.05
         left=$(members "$2")
         # shellcheck disable=SC2086
