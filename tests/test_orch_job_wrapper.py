@@ -55,13 +55,16 @@ def wait_for(predicate, what: str, limit: float = 10.0) -> None:  # type: ignore
         time.sleep(0.05)
 
 
+# The sessions the tests started: whatever a failing test leaves is killed by them (a stop
+# that failed may have removed the pid file).
+STARTED: list[int] = []
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path):  # type: ignore[no-untyped-def]
-    path = tmp_path / "run"
-    yield path
-    # Whatever a failing test leaves is killed, so no test leaves a process behind.
-    if (path / "pid").exists():
-        for pid in members(session_of(path)):
+    yield tmp_path / "run"
+    while STARTED:
+        for pid in members(STARTED.pop()):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -71,6 +74,7 @@ def run_dir(tmp_path: Path):  # type: ignore[no-untyped-def]
 def start(run_dir: Path, script: str, processes: int) -> int:
     job("start", str(run_dir), "sh", "-c", script)
     session = session_of(run_dir)
+    STARTED.append(session)
     wait_for(lambda: len(members(session)) >= processes,
              f"the run did not start {processes} processes")
     return session
@@ -169,3 +173,24 @@ def test_stop_reads_a_process_whose_name_holds_a_newline_and_a_parenthesis(
                          for pid in members(session)), "the name was not set")
     job("stop", str(run_dir))
     assert members(session) == []
+
+
+def test_a_run_recorded_in_another_boot_or_container_signals_nothing(tmp_path: Path) -> None:
+    # A container restarted with its disk kept: pids start again from 1, and a daemon whose
+    # session leader has exited may now have the session id the old run recorded. Nothing
+    # of that run can be left: the record's boot and PID namespace say so.
+    daemon = subprocess.run(["setsid", "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"],
+                            capture_output=True, text=True, check=True)
+    pid = int(daemon.stdout)
+    try:
+        session = int(Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split()[3])
+        assert session != pid and not Path(f"/proc/{session}").exists()  # its leader is gone
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "pid").write_text(f"{session} 12345 another-boot/pid:[4026531836]\n")
+        assert job("status", str(run_dir)).stdout.strip() == "lost"
+        job("clear", str(run_dir))
+        assert members(session) == [pid]
+        assert job("status", str(run_dir)).stdout.strip() == "missing"
+    finally:
+        os.kill(pid, signal.SIGKILL)

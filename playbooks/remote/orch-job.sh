@@ -13,7 +13,7 @@
 #                                        by 10 s), then forgets it
 #   orch-job.sh run    DIR CMD [ARG...]  (internal) the detached part: pid, log, exit code
 #
-# DIR holds `pid` ("PID STARTTIME"), `log` (stdout and stderr, appended) and `exit_code`
+# DIR holds `pid` ("PID STARTTIME BOOT_ID/pid:[NAMESPACE]"), `log` (stdout and stderr, appended) and `exit_code`
 # (written when CMD ends). `lost` = the process is gone without an exit code: killed, or the
 # host rebooted. Every value arrives as a positional parameter and is only ever expanded in
 # double quotes: nothing the caller passes is evaluated by this shell.
@@ -35,7 +35,7 @@ starttime() {
 
 alive() {  # whether the run recorded in $1/pid is still running
     [ -f "$1/pid" ] || return 1
-    read -r pid started < "$1/pid" || return 1
+    read -r pid started _ < "$1/pid" || return 1
     kill -0 "$pid" 2>/dev/null || return 1
     [ "$started" = 0 ] && return 0
     [ "$(starttime "$pid")" = "$started" ]
@@ -78,19 +78,29 @@ uptime_cs() {
 }
 
 # Sends signal $1 to the processes in $left, then waits up to 10 s until session $2 has none
-# (leaves what is still there in $left). SIGKILL goes again to what is left, for a child
-# forked just before it; SIGTERM goes once, as a second one may cut short a clean shutdown.
+# (leaves what is still there in $left; 1 when /proc cannot be read). SIGKILL goes again to
+# what is left, for a child forked just before it; SIGTERM goes once, as a second one may cut
+# short a clean shutdown.
 signal_until_gone() {
     # shellcheck disable=SC2086  # a list of pids
     kill "-$1" $left 2>/dev/null
     # By the clock, not by a count of rounds: each round's /proc scan takes time too.
     deadline=$(($(uptime_cs) + 1000))
     while [ -n "${left# }" ] && [ "$(uptime_cs)" -lt "$deadline" ]; do
-        sleep 0.05
-        left=$(members "$2")
+        sleep 0.1
+        left=$(members "$2") || return 1
         # shellcheck disable=SC2086
         [ "$1" = KILL ] && [ -n "${left# }" ] && kill -KILL $left 2>/dev/null
     done
+    return 0
+}
+
+# This boot and PID namespace ("BOOT_ID/pid:[INODE]"): a run recorded under another (the host
+# rebooted, the container restarted with its disk kept) has no process left, and the pid it
+# recorded may be anyone's session now.
+where() {
+    read -r boot 2>/dev/null < /proc/sys/kernel/random/boot_id || boot=
+    printf '%s/%s\n' "$boot" "$(readlink /proc/self/ns/pid)"
 }
 
 status() {
@@ -109,21 +119,25 @@ status() {
 
 # Ends what is left of the run in $1: SIGTERM to every process of its session, SIGKILL to
 # those left after 10 s; returns once none is left (1, with a message, if one outlives
-# SIGKILL by 10 s).
+# SIGKILL by 10 s, or /proc cannot be read: never "none left" for want of looking).
 end_session() {
-    if [ -f "$1/pid" ] && read -r sid started < "$1/pid"; then
-        # A leader pid that now names another process (its start time differs: reused after
-        # a reboot or a wrap-around) is not this run's: then nothing here is signalled.
-        leader=$(starttime "$sid") || leader=
-        if [ -z "$leader" ] || [ "$started" = 0 ] || [ "$leader" = "$started" ]; then
-            left=$(members "$sid")
-            [ -n "${left# }" ] && signal_until_gone TERM "$sid"
-            [ -n "${left# }" ] && signal_until_gone KILL "$sid"
-            if [ -n "${left# }" ]; then
-                echo "orch-job.sh: processes$left of the run in $1 are still there 10 s after SIGKILL (stuck in the kernel, or the GPU driver); the run is kept" >&2
-                return 1
-            fi
-        fi
+    [ -f "$1/pid" ] && read -r sid started recorded < "$1/pid" || return 0
+    # Recorded in another boot or container (a run from before this file had the field
+    # counts as this one's): nothing of it runs here.
+    [ -z "${recorded:-}" ] || [ "$recorded" = "$(where)" ] || return 0
+    # A leader pid that now names another process (its start time differs) is not this
+    # run's: then nothing here is signalled.
+    leader=$(starttime "$sid") || leader=
+    [ -z "$leader" ] || [ "$started" = 0 ] || [ "$leader" = "$started" ] || return 0
+    if ! left=$(members "$sid") \
+            || { [ -n "${left# }" ] && ! signal_until_gone TERM "$sid"; } \
+            || { [ -n "${left# }" ] && ! signal_until_gone KILL "$sid"; }; then
+        echo "orch-job.sh: cannot read /proc to find the processes of the run in $1" >&2
+        return 1
+    fi
+    if [ -n "${left# }" ]; then
+        echo "orch-job.sh: processes$left of the run in $1 are still there 10 s after SIGKILL (stuck in the kernel, or the GPU driver); the run is kept" >&2
+        return 1
     fi
 }
 
@@ -154,7 +168,7 @@ start)
     ;;
 run)
     st=$(starttime $$) || st=0
-    printf '%s %s\n' "$$" "$st" > "$dir/pid.tmp" && mv -f "$dir/pid.tmp" "$dir/pid"
+    printf '%s %s %s\n' "$$" "$st" "$(where)" > "$dir/pid.tmp" && mv -f "$dir/pid.tmp" "$dir/pid"
     "$@" >>"$dir/log" 2>&1 </dev/null
     code=$?
     # Written aside and renamed, so a reader never sees an empty exit code.
