@@ -132,7 +132,7 @@ class SimHostOptions:
     vllm_startup_seconds: float = 0.3
     # How long vLLM's engine process takes to exit after SIGTERM (holding the GPU memory
     # meanwhile): an assumption, not a measurement; a large model's engine takes longer.
-    vllm_exit_seconds: float = 1.0
+    vllm_exit_seconds: float = 0.5
     completion_answers: dict[str, str] = field(default_factory=dict)
     completion_default: str = "I do not know."
     # The loss landscape (standins/landscape.py, docs/sim-landscape.md): its noise seed, and

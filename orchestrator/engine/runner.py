@@ -95,8 +95,10 @@ __all__ = ["PHASES", "JobFailed", "JobRunner", "Options", "Progress",
 
 S = JobStatus
 # At most this long the run waits, once the job is finished and recorded, for its monitor
-# thread to end the tick it is in (a tick's provider call has its own, shorter timeout).
-MONITOR_JOIN_S = 30.0
+# thread to end the tick it is in: a tick's provider call may retry for up to the provider
+# API's 120-s deadline (providers/http.py). After Ctrl-C or SIGTERM, a short wait only.
+MONITOR_JOIN_S = 150.0
+MONITOR_JOIN_STOPPED_S = 2.0
 
 
 class JobRunner:
@@ -142,6 +144,7 @@ class JobRunner:
         watcher.start()
         outcome, reason = Outcome.FAILED, "the engine stopped unexpectedly"
         db_error: DatabaseBusy | DatabaseFull | None = None
+        join_s = MONITOR_JOIN_S
         try:
             outcome, reason = self._drive(state, teardown), ""
         except (DatabaseBusy, DatabaseFull) as exc:
@@ -159,6 +162,7 @@ class JobRunner:
             outcome, reason = Outcome.of_stop(exc.kind), str(exc)
         except (KeyboardInterrupt, Terminated) as exc:
             what = "Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "SIGTERM"
+            join_s = MONITOR_JOIN_STOPPED_S
             outcome = Outcome.REQUEUE if self.on_signal == "requeue" else Outcome.CANCELLED
             reason = f"stopped by {what}"
             raise
@@ -176,7 +180,7 @@ class JobRunner:
             # --once` exits races the interpreter's exit hooks (weakref.finalize's, which
             # SQLAlchemy's generated functions register, fails with "dictionary changed size
             # during iteration" when a thread adds one meanwhile: seen once in CI).
-            watcher.join(MONITOR_JOIN_S)
+            watcher.join(join_s)
         if db_error is not None:
             raise db_error
         return self.store.get_job(job_id)

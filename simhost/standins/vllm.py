@@ -323,24 +323,25 @@ def vllm(host: Host, argv: list[str]) -> int:
                 1,
             )
     _check_memory(host, model_dir, quantization, tp, utilization, max_len, lora_bytes)
-    engine = _start_engine(host, math.ceil(int(host.options["gpu_memory_mib"]) * utilization)
-                           + _CONTEXT // 2**20, tp)
     served = names or [model]
     base_answer = _answerer(host, [model_dir])
     answers = {name: base_answer for name in served}
     for name, folder in lora_dirs.items():
         answers[name] = _answerer(host, [model_dir, folder])
 
-    say(f"INFO:     vLLM API server (simhost) loading {model} as {', '.join(served)}")
-    time.sleep(float(host.options["vllm_startup_seconds"]))
-
     def stop(_signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    engine = _start_engine(host, math.ceil(int(host.options["gpu_memory_mib"]) * utilization)
+                           + _CONTEXT // 2**20, tp)
     try:
+        say(f"INFO:     vLLM API server (simhost) loading {model} as {', '.join(served)}")
+        time.sleep(float(host.options["vllm_startup_seconds"]))
         _serve(host, server, port, bind_port, served, loras, answers, model, max_len, api_key,
                model_dir)
+    except KeyboardInterrupt:
+        pass
     finally:
         _stop_engine(engine)
     return 0
