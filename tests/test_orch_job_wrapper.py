@@ -8,6 +8,7 @@ the GPU's memory, and the next job on that machine fails or pays for a host that
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -194,3 +195,12 @@ def test_a_run_recorded_in_another_boot_or_container_signals_nothing(tmp_path: P
         assert job("status", str(run_dir)).stdout.strip() == "missing"
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_the_wrapper_is_shellcheck_clean() -> None:
+    # It runs under whatever `sh` a rented image has (dash on Debian and Ubuntu): POSIX only.
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is missing: run `bash scripts/install --test`"
+    result = subprocess.run([shellcheck, "-s", "sh", _wrapper()], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout

@@ -13,10 +13,11 @@
 #                                        by 10 s), then forgets it
 #   orch-job.sh run    DIR CMD [ARG...]  (internal) the detached part: pid, log, exit code
 #
-# DIR holds `pid` ("PID STARTTIME BOOT_ID/pid:[NAMESPACE]"), `log` (stdout and stderr, appended) and `exit_code`
-# (written when CMD ends). `lost` = the process is gone without an exit code: killed, or the
-# host rebooted. Every value arrives as a positional parameter and is only ever expanded in
-# double quotes: nothing the caller passes is evaluated by this shell.
+# DIR holds `pid` ("PID STARTTIME BOOT_ID/pid:[NAMESPACE]"), `log` (stdout and stderr,
+# appended) and `exit_code` (written when CMD ends). `lost` = the process is gone without an
+# exit code: killed, or the host rebooted. Every value arrives as a positional parameter and
+# is only ever expanded in double quotes: nothing the caller passes is evaluated by this
+# shell.
 set -u
 set -f
 
@@ -63,7 +64,7 @@ members() {
         set -- $rest
         set +f
         # $1 state, $2 ppid, $3 process group, $4 session
-        [ $# -ge 4 ] && [ "$4" = "$session" ] || continue
+        if [ $# -lt 4 ] || [ "$4" != "$session" ]; then continue; fi
         case $1 in Z | X) continue ;; esac
         found="$found ${d#/proc/}"
     done
