@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from emulators.webhook import WebhookReceiver
@@ -179,14 +180,19 @@ def test_the_sim_spot_market_is_chosen_by_the_settings(
         settings()
 
 
-def test_a_preempted_job_with_one_spot_offer_takes_it_again_when_the_policy_says_spot(
-        rig: Rig) -> None:
-    cloud = rig.cloud(host_options={"train_steps": 10, "train_step_seconds": 0.3})
-    path = rig.job_file()
+def one_a100_job(r: Rig) -> tuple[Any, str]:
+    """A 10-step job with a 12-h deadline on the sim's A100 80GB (one spot offer)."""
+    cloud = r.cloud(host_options={"train_steps": 10, "train_step_seconds": 0.3})
+    path = r.job_file()
     path.write_text(path.read_text().replace(
         "  spot: allowed\n", "  spot: allowed\n  deadline_hours: 12\n  gpus: [A100 80GB]\n"
         "  gpu_count: 1\n"))
-    job_id = rig.queue(path)
+    return cloud, r.queue(path)
+
+
+def test_a_preempted_job_with_one_spot_offer_takes_it_again_when_the_policy_says_spot(
+        rig: Rig) -> None:
+    cloud, job_id = one_a100_job(rig)
 
     def preempt() -> None:
         (row,) = rig.store.instances_of(job_id)
@@ -305,4 +311,34 @@ def test_preempted_on_one_gpus_spot_it_moves_to_anothers_spot(rig: Rig,
     assert {first.gpu, second.gpu} == set(gpus)  # the other pool's spot, not the same GPU
     decisions = events(rig, job_id, "deadline.decision")
     assert [d["choice"] for d in decisions] == ["spot", "spot"], decisions
+    assert_nothing_left(rig, cloud, job_id)
+
+
+def test_interruptions_on_spot_that_reach_the_limit_take_on_demand_not_a_failure(
+        rig: Rig) -> None:
+    # The attempt limit (max_attempts, 6 by default) once failed a deadline job whose spot
+    # machines kept being preempted (the product bench's heavy market: 1 job in 50), though
+    # on-demand, which no preemption ends, could still finish it in time.
+    cloud, job_id = one_a100_job(rig)
+
+    def preempt(index: int) -> None:
+        rows = rig.store.instances_of(job_id)
+        assert rows[index].provider_instance_id
+        cloud.preempt(rows[index].provider_instance_id)
+
+    def nth_trains(index: int) -> bool:
+        rows = rig.store.instances_of(job_id)
+        return (len(rows) > index and rows[index].provider_instance_id is not None
+                and rig.store.get_job(job_id).status == "training")
+
+    when(lambda: nth_trains(0) and training_step(rig.store, job_id) >= 2, lambda: preempt(0))
+    when(lambda: nth_trains(1), lambda: preempt(1))
+    job = rig.run(cloud, job_id, max_attempts=2)
+    assert job.status == "succeeded", job.failure_reason
+    rows = rig.store.instances_of(job_id)
+    assert [(r.interruptible, r.end_reason) for r in rows] == [
+        (True, "interrupted"), (True, "interrupted"), (False, "released")]
+    decisions = events(rig, job_id, "deadline.decision")
+    assert decisions[-1]["rule"] == "attempts" and decisions[-1]["choice"] == "on_demand"
+    assert rig.store.get_job(job_id).deadline_choice == "on_demand"
     assert_nothing_left(rig, cloud, job_id)

@@ -90,6 +90,9 @@ class Rule(StrEnum):
     EXPLOITATION = "exploitation"
     SPOT_NOT_WORTH = "spot_not_worth"  # spot's expected cost per progress >= on-demand's
     WAIT = "wait"
+    # orch's own: the job's interruptions on spot reached its attempt limit (`max_attempts`):
+    # on-demand to the end, where a generic limit would fail a job the Safety Net can finish.
+    ATTEMPTS = "attempts"
 
 
 @dataclass(frozen=True)

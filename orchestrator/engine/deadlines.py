@@ -54,7 +54,7 @@ from orchestrator.core.restarts import Key as RestartKey
 from orchestrator.core.restarts import Measured as MeasuredRestart
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, StopKind
-from orchestrator.engine import hostchecks
+from orchestrator.engine import hostchecks, recovery
 from orchestrator.engine.jobinputs import Inputs
 from orchestrator.engine.placement import Placement, hourly_rate
 from orchestrator.engine.runner_core import (
@@ -67,7 +67,7 @@ from orchestrator.engine.runner_core import (
 )
 from orchestrator.engine.teardown import Teardown
 from orchestrator.records import preemptions, restarts
-from orchestrator.records.store import LeaseLost, StoreError, utcnow
+from orchestrator.records.store import Job, LeaseLost, StoreError, utcnow
 
 MODE = Mode.GREEDY
 # The placement's search narrowed to one kind (resources.spot's words).
@@ -207,6 +207,31 @@ class Contract:
         while time.monotonic() < until:
             self.state.check_stop()
             time.sleep(min(0.5, max(0.0, until - time.monotonic())))
+
+    def out_of_attempts(self, job: Job, max_attempts: int) -> str | None:
+        """Why the job fails instead of being placed again (`recovery.out_of_attempts`),
+        under the contract: interruptions on spot that reach the limit take the Safety Net,
+        on-demand to the end, which no preemption ends; after that only on-demand machines'
+        interruptions count. Spot's preemptions are what the contract weighs and plans for:
+        the limit failed a job whose deadline on-demand could still meet (the product
+        bench's heavy market, 1 job in 50, after 6 preemptions in 2.5 min)."""
+        if not self.active:
+            return recovery.out_of_attempts(job, max_attempts)
+        if job.deadline_choice is not Choice.ON_DEMAND:
+            if job.interruptions >= max_attempts:
+                self.state.store.record_deadline(
+                    job.id, self.ledger.owner, Choice.ON_DEMAND, EventKind.DEADLINE_DECISION,
+                    f"deadline: on_demand ({Rule.ATTEMPTS}): {job.interruptions} interruptions "
+                    f"reached the job's limit of {max_attempts}; on-demand to the end",
+                    {"choice": Choice.ON_DEMAND.value, "rule": Rule.ATTEMPTS.value,
+                     "interruptions": job.interruptions, "max_attempts": max_attempts})
+            return None
+        lost = sum(1 for r in self.state.store.instances_of(job.id)
+                   if r.end_reason is EndReason.INTERRUPTED and not r.interruptible)
+        if lost >= max_attempts:
+            return (f"gave up after {lost} interruptions of on-demand machines (preempted or "
+                    f"lost hosts); see `orch show {job.id}`")
+        return None
 
     # --- the machine it is on ---------------------------------------------------------
 

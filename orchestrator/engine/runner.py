@@ -264,7 +264,7 @@ class JobRunner:
         replacing = False  # the last attempt lost its machine: the next placement re-places
         while True:
             job = ledger.job()
-            gave_up = recovery.out_of_attempts(job, self.opts.max_attempts)
+            gave_up = contract.out_of_attempts(job, self.opts.max_attempts)
             if gave_up is not None:
                 raise JobFailed(gave_up)
             adopted = contract.after_adopt(placement.adopt(), teardown, placement)
