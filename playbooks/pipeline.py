@@ -372,9 +372,9 @@ def _train(run: PipelineRun, hooks: Hooks) -> None:
             and run.job.kept_on is not None:
         # A registered server between its checks, nothing of the job on its GPUs yet: memory
         # another process took since fails here, before the training is paid, not after it.
-        # Not a rental kept warm: an earlier job's native vLLM may still be exiting there
-        # (orch-job.sh's stop waits for its leader only), and a rental's fault should
-        # re-place the job, not fail it.
+        # Not a rental kept warm: a rental's fault should re-place the job, where this
+        # step's failure fails it (the earlier job's processes are gone: orch-job.sh's stop
+        # returns once none of its session is left).
         run_playbook("gpu", [gpu.free_step(run.job.gpu)], host, hooks.emit, hooks.check_stop)
     if status.state is not train.TrainState.RUNNING and (
             run.resume or status.state is train.TrainState.FAILED):
