@@ -9,7 +9,9 @@ whose mode (uniform progress or greedy) is chosen per job by `deadlinesim.estima
 orch would know before renting: the regime's preemption rate (as its history would learn it)
 and the prior's mean wait (core/preemption.py). Each mode's own total is printed too, and the
 clairvoyant bound (bench/deadline_oracle.py: the least any policy could pay for the job on
-its trace, knowing it in advance and losing no work).
+its trace, knowing it in advance and losing no work). Beside them, what the policy pays when told
+when each spot spell ends and when spot comes back (`peeking`: what a perfect forecast of both
+is worth to the policy's rules, docs/deadline.md "What knowing the near future is worth").
 
 Each job meets the market at a random hour of one year-long trace of the regime, as jobs
 submitted at any time do (and as bench/deadline.py's jobs meet the simulated cloud's market).
@@ -57,7 +59,16 @@ from bench import deadline_oracle  # noqa: E402
 from orchestrator.core import checkpointing, preemption, sizing  # noqa: E402
 from orchestrator.core import deadlinesim as ds  # noqa: E402
 from orchestrator.core.architectures import known_models  # noqa: E402
-from orchestrator.core.deadline import Market, Mode, Restart  # noqa: E402
+from orchestrator.core.deadline import (  # noqa: E402
+    Choice,
+    Machine,
+    Market,
+    Mode,
+    Restart,
+    Rule,
+    Situation,
+    decide,
+)
 from orchestrator.core.settings import CHECKPOINT_EVERY_S  # noqa: E402
 from providers import spottrace  # noqa: E402
 from providers.sim import spotmarket  # noqa: E402
@@ -93,6 +104,54 @@ def clairvoyant(job: ds.Job, market: Market, trace: SpotTrace, *pools: SpotTrace
         on_demand_per_tick=float(market.on_demand_per_hour) * TICK_S / 3600),
         *(deadline_oracle.spells(t, 0.0, TICK_S / 3600, ticks) for t in (trace, *pools)))
     return math.inf if found is None else found
+
+
+def peeking(trace: SpotTrace, market: Market, mode: Mode) -> ds.Strategy:
+    """orch's policy told two things no online policy knows, to price that knowledge: when
+    the spot spell it could rent ends, and when spot comes back while it is gone.
+
+    - A spell is rented only if worth it by the paper's rule for a known spot lifetime o
+      (Wu et al. §5.4): o / (o - d) < k from idle, (o + k d_od) / (o - d) < k from
+      on-demand, k = on-demand's price over spot's, d the policy's changeover (restart, half
+      a checkpoint interval, detection); otherwise the policy decides as if spot were gone.
+    - While spot is gone, a job the policy would leave waiting runs on on-demand instead if
+      spot comes back only after the Safety Net would fire (waiting would spend the slack
+      that later spot needs); on on-demand it moves to spot when spot is back, worth it and
+      the slack covers the Safety Net's margin, and stays on on-demand otherwise.
+    Everything else (the Safety Net, drift, the mode) is the policy's own.
+    """
+    k = float(market.on_demand_per_hour / market.spot_per_hour)
+
+    def worth(s: Situation) -> bool:
+        ends = trace.preempted_at(s.elapsed_s / 3600)
+        if ends is None:
+            return False
+        o = ends * 3600 - s.elapsed_s
+        d = market.spot_restart.seconds + s.checkpoint_every_s / 2 + s.detect_s
+        if o <= d:
+            return False
+        if s.on is Machine.ON_DEMAND:
+            return (o + k * market.on_demand_restart.seconds) / (o - d) < k
+        return o / (o - d) < k
+
+    def policy(s: Situation) -> tuple[Choice, float | None]:
+        if s.spot_available and s.on is not Machine.SPOT and not worth(s):
+            s = dataclasses.replace(s, spot_available=False)
+        d = decide(s, market, mode)
+        if d.rule in (Rule.DONE, Rule.CANNOT_MEET) or s.on is Machine.SPOT:
+            return d.choice, d.recheck_after_s
+        room = s.time_left_s - s.work.left_s(keep=False)
+        net = d.numbers["safety_net_s"]
+        if s.on is Machine.ON_DEMAND:
+            if s.spot_available and room >= net:
+                return Choice.SPOT, None
+            return Choice.ON_DEMAND, None
+        if d.choice is Choice.WAIT:
+            back = trace.next_available(s.elapsed_s / 3600 + 1e-9)
+            if back is None or back * 3600 - s.elapsed_s > room - net:
+                return Choice.ON_DEMAND, None
+        return d.choice, d.recheck_after_s
+    return policy
 
 
 def qlora_bytes(repo: str) -> int:
@@ -159,7 +218,8 @@ def run_regime(name: str, n: int, seed: int, spot: Decimal = SPOT,
                 "spot": ds.strategy(ds.Plan.SPOT, market),
                 "policy": ds.strategy(ds.Plan.POLICY, believed, chosen),
                 "greedy": ds.strategy(ds.Plan.POLICY, believed, Mode.GREEDY),
-                "uniform": ds.strategy(ds.Plan.POLICY, believed, Mode.UNIFORM_PROGRESS)}
+                "uniform": ds.strategy(ds.Plan.POLICY, believed, Mode.UNIFORM_PROGRESS),
+                "peek": peeking(trace, believed, chosen)}
         for key, decide_now in runs.items():
             outcome = ds.replay(od_job if key == "ondemand" else job, market, trace, decide_now)
             totals[f"{key}_micros"] += int(outcome.cost(market) * 1_000_000)
@@ -208,11 +268,13 @@ def main() -> int:
               f"policy_usd={usd(c['policy_micros'])} ({c['policy_micros'] / od:.3f} x on-demand;"
               f" greedy {c['greedy_micros'] / od:.3f}, uniform progress "
               f"{c['uniform_micros'] / od:.3f}; chose greedy for {c['chose_greedy']}; "
-              f"clairvoyant {c['clairvoyant_micros'] / od:.3f}) "
+              f"knowing the spell's end and spot's return {c['peek_micros'] / od:.3f} "
+              f"(missed {c['peek_missed']}); clairvoyant {c['clairvoyant_micros'] / od:.3f}) "
               f"spot_missed={c['spot_missed']} policy_missed={c['policy_missed']} "
               f"(greedy {c['greedy_missed']}, uniform {c['uniform_missed']})")
     od = total["ondemand_micros"]
-    print(f"all regimes: policy {total['policy_micros'] / od:.3f} x on-demand, clairvoyant "
+    print(f"all regimes: policy {total['policy_micros'] / od:.3f} x on-demand, knowing the "
+          f"spell's end and spot's return {total['peek_micros'] / od:.3f}, clairvoyant "
           f"{total['clairvoyant_micros'] / od:.3f}; "
           f"{time.process_time() - started:.1f} s of CPU")
     print(f"ondemand_usd={usd(od)} spot_usd={usd(total['spot_micros'])} "
