@@ -198,7 +198,10 @@ class Contract:
         return Restart() if p is None else restart_of(p, seen, self.restart_s)[0]
 
     def _wait(self, decision: Decision) -> None:
-        wait = min(self.check_s, decision.recheck_after_s or self.check_s)
+        # A recheck of 0 s (the Safety Net's trigger is now) is asked again at once: `or`
+        # read it as "none" and waited a whole check interval, which is the margin's.
+        again = decision.recheck_after_s
+        wait = min(self.check_s, self.check_s if again is None else again)
         message = f"deadline: waiting for spot ({decision.reason}); asked again in {wait:.0f}s"
         if self.requeue:
             raise Deferred(message, utcnow() + timedelta(seconds=max(1.0, wait)))
