@@ -113,12 +113,16 @@ def peeking(trace: SpotTrace, market: Market, mode: Mode) -> ds.Strategy:
     - A spell is rented only if worth it by the paper's rule for a known spot lifetime o
       (Wu et al. §5.4): o / (o - d) < k from idle, (o + k d_od) / (o - d) < k from
       on-demand, k = on-demand's price over spot's, d the policy's changeover (restart, half
-      a checkpoint interval, detection); otherwise the policy decides as if spot were gone.
+      a checkpoint interval, detection); otherwise the policy decides as if spot were gone
+      (a waiting job then waits for that spell's end: the rule below counts any spell as
+      spot's return, even one not worth renting).
     - While spot is gone, a job the policy would leave waiting runs on on-demand instead if
       spot comes back only after the Safety Net would fire (waiting would spend the slack
       that later spot needs); on on-demand it moves to spot when spot is back, worth it and
       the slack covers the Safety Net's margin, and stays on on-demand otherwise.
-    Everything else (the Safety Net, drift, the mode) is the policy's own.
+    Everything else (the Safety Net, drift, the mode while idle or on spot) is the policy's
+    own. It is one use of a perfect forecast, not the best: it can pay more than the policy
+    (a spell refused as not worth renting is waited through, though waiting spends slack).
     """
     k = float(market.on_demand_per_hour / market.spot_per_hour)
 

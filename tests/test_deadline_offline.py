@@ -62,3 +62,14 @@ def test_a_gap_longer_than_the_slack_is_ridden_on_on_demand_then_spot() -> None:
     assert plain.spot_s == 0 and plain.on_demand_s > JOB_2H
     assert 0 < told.on_demand_s <= 3600 and told.spot_s > 0
     assert told.cost(MARKET) < plain.cost(MARKET)
+
+
+def test_a_job_inside_the_safety_nets_margin_stays_on_on_demand_when_spot_comes_back() -> None:
+    # 30 min of slack, less than the Safety Net's margin (a spot restart, a checkpoint
+    # interval, detection, a slow on-demand restart and a check: 41 min): on-demand at once,
+    # and to the end, though a long spell comes at 30 min. A move to spot there would leave
+    # no room for the fallback if it were preempted.
+    trace = SpotTrace(100.0, ((0.5, 100.0),))
+    plain, told = _both(trace, window_h=2.5)
+    assert plain.spot_s == 0 and told.spot_s == 0
+    assert told.on_demand_s == plain.on_demand_s
