@@ -18,7 +18,7 @@ from emulators.vast import VastEmulator
 from test_cli import orch
 
 from orchestrator.records.store import open_store, utcnow
-from orchestrator.records.store.tables import Event
+from orchestrator.records.store.tables import Event, Job
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "vast-market-key-0123456789"
@@ -156,14 +156,41 @@ def test_prices_and_offers_show_the_learned_preemption_rate(
         assert "0.20/h (1 in 10 h)" in orch(env, "prices", "L40S").stdout
 
 
-def _a_job(store: object) -> str:
+def _a_job(store: object, path: Path = ROOT / "examples" / "quickstart.yml") -> str:
     from orchestrator.core.spec import load_job
     from orchestrator.engine.submission import record_job
     from orchestrator.records.store import Store
 
     assert isinstance(store, Store)
-    recorded, _ = record_job(store, load_job(ROOT / "examples" / "quickstart.yml"))
+    recorded, _ = record_job(store, load_job(path))
     return recorded.id
+
+
+@pytest.mark.parametrize(("status", "ended_h", "outcome", "says"), [
+    ("failed", 1.0, "missed", "missed: the job failed"),  # no model by the deadline
+    ("failed", 3.0, "missed", "missed by 1h 00m (the job failed)"),
+    ("cancelled", 1.0, "stopped", "not judged: the job was cancelled before it finished"),
+    ("queued", None, "missed", "missed by 1h 00m"),  # still waiting, 3 h into a 2-h deadline
+])
+def test_show_says_whether_a_job_that_did_not_succeed_missed_its_deadline(
+        env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str,
+        ended_h: float | None, outcome: str, says: str) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", env["XDG_DATA_HOME"])
+    store = open_store(f"sqlite:///{Path(env['XDG_DATA_HOME']) / 'orch' / 'orch.db'}")
+    job_id = _a_job(store, job(tmp_path, 2))
+    started = utcnow() - timedelta(hours=3)
+    with store.transaction() as session:
+        row = session.get(Job, job_id)
+        assert row is not None
+        row.created_at, row.status = started, status
+        row.finished_at = None if ended_h is None else started + timedelta(hours=ended_h)
+    store.close()
+    deadline = json.loads(orch(env, "show", job_id, "--json").stdout)["deadline"]
+    assert deadline["outcome"] == outcome and deadline["hours"] == 2, deadline
+    if ended_h is not None:
+        assert deadline["margin_s"] == pytest.approx((2 - ended_h) * 3600, abs=0.2)
+    assert deadline["decisions"] == 0 and deadline["on_demand_from"] is None
+    assert says in orch(env, "show", job_id).stdout
 
 
 def test_plan_says_how_often_the_job_checkpoints_on_spot(

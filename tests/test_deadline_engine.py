@@ -10,8 +10,12 @@ miss the deadline whatever happens (`deadline.will_miss`).
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,6 +41,17 @@ def events(r: Rig, job_id: str, kind: str) -> list[dict[str, object]]:
     return [json.loads(e.data_json or "{}") for e in r.store.events(job_id) if e.kind == kind]
 
 
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+
+
+def shown(job_id: str) -> tuple[dict[str, Any], str]:
+    """`orch show JOB`'s deadline (`--json`) and its text, from the rig's database."""
+    def run(*extra: str) -> str:
+        return subprocess.run([ORCH, "show", job_id, *extra], capture_output=True, text=True,
+                              timeout=120, check=True).stdout
+    return json.loads(run("--json"))["deadline"], run("--events", "0")
+
+
 def test_a_deadline_with_slack_starts_on_spot_as_the_policy_decides(rig: Rig) -> None:
     cloud = rig.cloud()
     job_id = deadline_job(rig, 12)
@@ -48,6 +63,11 @@ def test_a_deadline_with_slack_starts_on_spot_as_the_policy_decides(rig: Rig) ->
     (row,) = rig.store.instances_of(job_id)
     assert row.interruptible and row.end_reason == "released"
     assert rig.store.get_job(job_id).deadline_choice is None
+    deadline, text = shown(job_id)  # `orch show`: due in 12 h, met, spot throughout
+    assert deadline["outcome"] == "met" and deadline["hours"] == 12, deadline
+    assert 11 * 3600 < deadline["margin_s"] < 12 * 3600 and deadline["decisions"] == 1
+    assert deadline["on_demand_from"] is None and deadline["will_miss"] is None
+    assert "deadline: due " in text and "to spare" in text and "on-demand from" not in text
     assert_nothing_left(rig, cloud, job_id)
 
 
@@ -89,6 +109,11 @@ def test_drift_moves_the_job_from_spot_to_on_demand_and_it_finishes_there(
     assert job.interruptions == 0 and job.deadline_choice == "on_demand"
     assert not events(rig, job_id, "deadline.will_miss")  # on-demand meets it
     assert events(rig, job_id, "resume"), "did not resume from the mirrored checkpoint"
+    deadline, text = shown(job_id)  # `orch show` says when and why it took on-demand
+    assert deadline["outcome"] == "met" and deadline["margin_s"] > 0, deadline
+    taken = deadline["on_demand_from"]
+    assert taken["rule"] == "drift" and taken["kind"] == "deadline.move", deadline
+    assert "to the end (drift)" in text and "met, " in text
     assert_nothing_left(rig, cloud, job_id)
 
 
@@ -115,6 +140,10 @@ def test_a_job_that_will_miss_whatever_happens_says_so_at_once_and_keeps_going(
     assert not events(rig, job_id, "deadline.move")  # moving would only be later
     (row,) = rig.store.instances_of(job_id)
     assert row.interruptible and row.end_reason == "released"
+    deadline, text = shown(job_id)  # `orch show`: missed, and said so early
+    assert deadline["outcome"] == "missed" and deadline["margin_s"] < 0, deadline
+    assert deadline["will_miss"]["miss_by_s"] == miss["miss_by_s"]
+    assert "missed by " in text and "that it would miss it by" in text
     assert_nothing_left(rig, cloud, job_id)
 
 
@@ -341,4 +370,6 @@ def test_interruptions_on_spot_that_reach_the_limit_take_on_demand_not_a_failure
     decisions = events(rig, job_id, "deadline.decision")
     assert decisions[-1]["rule"] == "attempts" and decisions[-1]["choice"] == "on_demand"
     assert rig.store.get_job(job_id).deadline_choice == "on_demand"
+    deadline, text = shown(job_id)
+    assert deadline["on_demand_from"]["rule"] == "attempts" and "(attempts)" in text
     assert_nothing_left(rig, cloud, job_id)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
+from orchestrator.cli import jobdeadline
 from orchestrator.cli import plan as cli_plan
 from orchestrator.cli.common import (
     EXIT_CANCELLED,
@@ -312,6 +313,8 @@ def show(
     job = _get_job(store, job_id)
     summary = job_summary(store, job)
     now = utcnow()
+    evs = store.events(job.id)
+    summary["deadline"] = jobdeadline.summary(job, evs, now)
     instances = []
     rows = store.instances_of(job.id)
     for r in rows:
@@ -325,7 +328,6 @@ def show(
             "cost": str(charged), "amortised": str(amortised)})
     ranked = [p.as_stored() for p in job.placement().ranked()]
     ranked = [p for p in ranked if p]
-    evs = store.events(job.id)
     rejected = [i for i in instances if i["end_reason"] == EndReason.HOST_CHECK_FAILED]
     summary["host_checks"] = {"rejected": len(rejected),
                               "cost": str(sum((Decimal(str(i["cost"])) for i in rejected),

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import typer
 
-from orchestrator.cli import integrationview
+from orchestrator.cli import integrationview, jobdeadline
 from orchestrator.cli.term import (
     colour_enabled,
     human_duration,
@@ -183,6 +183,8 @@ def print_summary(s: dict[str, Any]) -> None:
     lines.append(cost)
     if s["hours"] is not None:
         lines.append(_time_line(s))
+    if s.get("deadline") is not None:  # `orch show` only
+        lines.append(jobdeadline.line(s["deadline"], s["job_id"], s["status"]))
     # The artifacts directory, then what went elsewhere (a merged model's folder, the Hub).
     if s["artifacts_dir"]:
         lines.append(f"  artifacts: {s['artifacts_dir']}")

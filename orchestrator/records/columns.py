@@ -188,6 +188,11 @@ class EventData(_Kept):
     seconds: Lenient[float] = None  # the interval in training seconds
     write_s: Lenient[float] = None  # the checkpoint's estimated write
     young_s: Lenient[float] = None  # Young's optimum, unbounded (None: infinite)
+    # `deadline.decision` / `deadline.move`: the policy's choice and rule (core/deadline.py);
+    # `deadline.will_miss`: by how much the fastest choice misses
+    choice: Lenient[str] = None
+    rule: Lenient[str] = None
+    miss_by_s: Lenient[float] = None
 
     def ordered_params(self) -> dict[str, Any]:
         """A sweep run's params in the sweep file's key order."""
