@@ -167,10 +167,12 @@ def _a_job(store: object, path: Path = ROOT / "examples" / "quickstart.yml") -> 
 
 
 @pytest.mark.parametrize(("status", "ended_h", "outcome", "says"), [
-    ("failed", 1.0, "missed", "missed: the job failed"),  # no model by the deadline
+    ("failed", 1.0, "missed", "missed: the job failed 1h 00m before it"),  # no model by then
     ("failed", 3.0, "missed", "missed by 1h 00m (the job failed)"),
-    ("cancelled", 1.0, "stopped", "not judged: the job was cancelled before it finished"),
+    ("cancelled", 1.0, "stopped", "not judged: the job was cancelled 1h 00m before it"),
+    ("cancelled", 3.0, "missed", "missed by 1h 00m (then cancelled)"),  # overdue already
     ("queued", None, "missed", "missed by 1h 00m"),  # still waiting, 3 h into a 2-h deadline
+    ("planned", None, "planned", "not run: the job was only planned"),  # a dry run
 ])
 def test_show_says_whether_a_job_that_did_not_succeed_missed_its_deadline(
         env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, status: str,
@@ -189,6 +191,8 @@ def test_show_says_whether_a_job_that_did_not_succeed_missed_its_deadline(
     assert deadline["outcome"] == outcome and deadline["hours"] == 2, deadline
     if ended_h is not None:
         assert deadline["margin_s"] == pytest.approx((2 - ended_h) * 3600, abs=0.2)
+    elif status == "planned":
+        assert deadline["margin_s"] is None
     assert deadline["decisions"] == 0 and deadline["on_demand_from"] is None
     assert says in orch(env, "show", job_id).stdout
 

@@ -143,7 +143,7 @@ def test_a_job_that_will_miss_whatever_happens_says_so_at_once_and_keeps_going(
     deadline, text = shown(job_id)  # `orch show`: missed, and said so early
     assert deadline["outcome"] == "missed" and deadline["margin_s"] < 0, deadline
     assert deadline["will_miss"]["miss_by_s"] == miss["miss_by_s"]
-    assert "missed by " in text and "that it would miss it by" in text
+    assert "missed by " in text and "it expected to miss it by" in text
     assert_nothing_left(rig, cloud, job_id)
 
 
@@ -371,5 +371,5 @@ def test_interruptions_on_spot_that_reach_the_limit_take_on_demand_not_a_failure
     assert decisions[-1]["rule"] == "attempts" and decisions[-1]["choice"] == "on_demand"
     assert rig.store.get_job(job_id).deadline_choice == "on_demand"
     deadline, text = shown(job_id)
-    assert deadline["on_demand_from"]["rule"] == "attempts" and "(attempts)" in text
+    assert deadline["on_demand_from"]["rule"] == "attempts" and "(the attempt limit)" in text
     assert_nothing_left(rig, cloud, job_id)
