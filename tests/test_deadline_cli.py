@@ -195,6 +195,10 @@ def test_show_says_whether_a_job_that_did_not_succeed_missed_its_deadline(
         assert deadline["margin_s"] is None
     assert deadline["decisions"] == 0 and deadline["on_demand_from"] is None
     assert says in orch(env, "show", job_id).stdout
+    # `--events 0` shows none of the job's events (it once showed them all).
+    text = orch(env, "show", job_id, "--events", "0").stdout
+    rows = text.split("Events (newest 0 of ")[1].splitlines()[1:]  # after that heading
+    assert all(not r.strip() or r.split()[0] == "at" for r in rows), text  # a header at most
 
 
 def test_plan_says_how_often_the_job_checkpoints_on_spot(

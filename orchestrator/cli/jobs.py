@@ -387,7 +387,9 @@ def _print_events(job: "Job", evs: list["Event"], events: int) -> None:
     typer.echo("\n" + prose(f"Events (newest {min(events, len(evs))} of {len(evs)}; "
                             f"all with `orch logs {job.id}`):"))
     typer.echo(table(["at", "kind", "message"],
-                     [[human_time(e.at), e.kind, event_line(e)] for e in evs[-events:]],
+                     # evs[-0:] would be all of them: `--events 0` is none
+                     [[human_time(e.at), e.kind, event_line(e)]
+                      for e in evs[len(evs) - min(events, len(evs)):]],
                      drop=[1]))
 
 
