@@ -6,30 +6,15 @@ policy alone."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from decimal import Decimal
-from pathlib import Path
-from types import ModuleType
+
+import benchmod
 
 from orchestrator.core import deadlinesim as ds
 from orchestrator.core.deadline import Market, Mode, Restart
 from providers.spottrace import SpotTrace
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deadline_offline",
-                                                  ROOT / "bench" / "deadline_offline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-offline = _load()
+offline = benchmod.load("deadline_offline")
 RESTART = Restart(boot_s=300.0, download_s=240.0, resume_s=60.0)  # 10 min
 MARKET = Market(Decimal("0.234"), Decimal("0.468"), 0.3, RESTART, RESTART)
 JOB_2H = 7200.0

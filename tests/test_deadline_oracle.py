@@ -7,14 +7,12 @@ replays (core/deadlinesim.py): no replayed strategy that meets the deadline pays
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
-import sys
 from decimal import Decimal
 from pathlib import Path
-from types import ModuleType
 
+import benchmod
 import pytest
 
 from orchestrator.core import deadlinesim as ds
@@ -22,20 +20,7 @@ from orchestrator.core.deadline import Market, Mode, Restart
 from providers import spottrace
 from providers.spottrace import SpotTrace
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deadline_oracle",
-                                                  ROOT / "bench" / "deadline_oracle.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-oracle = _load()
+oracle = benchmod.load("deadline_oracle")
 
 
 def exhaustive(job: object, spell: list[int]) -> float | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.term import human_duration, human_time, iso_utc
@@ -40,10 +40,10 @@ def summary(job: Job, events: Sequence[Event], now: datetime) -> dict[str, Any] 
     hours = job.spec().resources.deadline_hours
     if hours is None:
         return None
-    due = _utc(job.created_at) + timedelta(hours=hours)
+    due = job.created_at + timedelta(hours=hours)  # the store's times are aware UTC
     status = JobStatus(job.status)
     final = status in FINAL_STATUSES
-    end = _utc(job.finished_at or job.updated_at) if final else _utc(now)
+    end = (job.finished_at or job.updated_at) if final else now
     margin = (due - end).total_seconds()
     if status is JobStatus.PLANNED:
         outcome = "planned"
@@ -106,9 +106,4 @@ def _span(seconds: float) -> str:
 
 
 def _parse(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
-
-def _utc(value: datetime) -> datetime:
-    # The store gives aware UTC times; a naive one (a row written by hand) is UTC too.
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(text)  # `Z` included (Python 3.11)
