@@ -109,10 +109,22 @@ def submit(
     json_out: JsonFlag = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Rent without asking (asked only "
                                       "on a terminal, never with --json).")] = False,
+    resume_from: Annotated[str | None, typer.Option(
+        "--resume-from", metavar="JOB", help="Start from the checkpoint an ended job of the "
+        "same training kept (its budget stopped it): plan and pay for the rest only.")] = None,
 ) -> None:
     """Plan a job and run it in the foreground with live progress (or --detach)."""
     loaded = load(file)
     store = open_db()
+    resume = None
+    if resume_from is not None:
+        from orchestrator.engine import resumefrom
+
+        try:
+            resume = resumefrom.find(store, resume_from, loaded)
+        except resumefrom.ResumeRefused as exc:
+            fail(f"{file}: --resume-from {resume_from}: {exc}")
+        loaded = loaded._replace(done=resume.done)
     status = JobStatus.PLANNED if dry_run else JobStatus.QUEUED
     # Checked before anything is recorded, in every mode: a job nothing here can run is
     # neither queued for a worker to fail nor planned as if it could run.
@@ -135,7 +147,8 @@ def submit(
         if not (dry_run or yes or json_out):
             confirm(plan, market)
         row, plan = record_job(store, loaded, status=status, plan=plan,
-                               message="dry run: nothing started" if dry_run else None)
+                               message="dry run: nothing started" if dry_run else None,
+                               resume=resume)
     except NoFit as exc:
         fail(f"{file}: {exc}", EXIT_NO_FIT)
     p = plan.chosen
@@ -144,15 +157,20 @@ def submit(
             f"  est. {p.est_hours:.2f} h  {money(p.est_cost)}")
     if dry_run or detach:
         if json_out:
-            print_json({"job_id": row.id, "status": row.status, **placement})
+            print_json({"job_id": row.id, "status": row.status, **placement,
+                         "resume_from": None if resume is None else resume.record()})
         else:
             tail = ("(dry run: nothing started)" if dry_run
                     else "(queued: `orch worker` runs it; follow with `orch logs "
                     f"{row.id} -f`)")
             typer.echo(f"{head}  {tail}")
+            if resume is not None:
+                typer.echo(f"  {resume.describe()}")
         return
     if not json_out:
         typer.echo(head)
+        if resume is not None:
+            typer.echo(f"  {resume.describe()}")
     _run_here(store, row, providers, notes, json_out)
 
 

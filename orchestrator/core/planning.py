@@ -74,7 +74,9 @@ class Plan(NamedTuple):
             "trainable_params": self.workload.trainable_params,
             "tokens": {"per_epoch": self.job.dataset.tokens,
                        "epochs": spec.training.epochs,
-                       "total": total_tokens(self.job),
+                       "total": total_tokens(self.job._replace(done=0.0)),
+                       # What this job trains: less when it resumes from a checkpoint.
+                       "left": total_tokens(self.job),
                        "source": self.job.dataset.source},
             "estimate": estimate_dict(est),
             # resources.layout as asked ("auto" or a pin) and the layout the plan uses.
@@ -179,8 +181,9 @@ def extras_for(job: LoadedJob) -> Extras:
 
 
 def total_tokens(job: LoadedJob) -> int:
-    """Tokens trained over all epochs."""
-    return max(1, round(job.dataset.tokens * job.spec.training.epochs))
+    """Tokens left to train over all epochs: all of them, or what a checkpoint the job
+    resumes from has not trained yet (`LoadedJob.done`)."""
+    return max(1, round(job.dataset.tokens * job.spec.training.epochs * (1 - job.done)))
 
 
 def constraints_from(job: LoadedJob) -> Constraints:

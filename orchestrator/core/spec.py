@@ -299,8 +299,9 @@ class ResourcesSpec(Strict):
         "(a hard cap: leave headroom over `orch plan`'s estimate; `notify` gets "
         "`job.budget_reached`); it keeps what is home: the trained model when the cap stops "
         "its evaluation, else the newest checkpoint orch had copied off the machine (those "
-        "up to 2 GiB: LoRA and QLoRA adapters), in the job's artifacts directory. A "
-        "registered server's rent does not count."),
+        "up to 2 GiB: LoRA and QLoRA adapters), in the job's artifacts directory, from which "
+        "`orch submit job.yml --resume-from JOB` continues with a higher max_cost, planning "
+        "and paying for the rest only. A registered server's rent does not count."),
                                    examples=[20])
     deadline_hours: float | None = Field(
         default=None, gt=0, le=MAX_HOURS, examples=[12],
@@ -460,6 +461,9 @@ class LoadedJob(NamedTuple):
     # The Hub's published sizes the estimate used (recorded at submit, so a worker sizes the
     # job again without asking the Hub: `engine/jobinputs.load_inputs`).
     hub_sizes: tuple[tuple[HubDatasetRef, DatasetSize], ...] = ()
+    # The share of training a checkpoint it resumes from has done already (`orch submit
+    # --resume-from`): sizing plans the rest only (`planning.total_tokens`).
+    done: float = 0.0
 
     @property
     def spec_hash(self) -> str:

@@ -40,3 +40,43 @@ def spec_hash(spec: BaseModel) -> str:
     data.pop("tracking", None)
     data.pop("notify", None)
     return canonical.digest(data)
+
+
+# What a job file may change and still resume from a checkpoint another job of it kept
+# (`orch submit --resume-from`): where the job runs, what it may cost, how it is named,
+# watched, evaluated and delivered. None of these changes a training step, so the kept
+# optimizer state, schedule and data order continue the same run. Everything else (the
+# model, the data, the hyperparameters; the GPUs, count and layout, which decide the memory
+# savers the planner turns on and how the optimizer state is sharded) must be as it was.
+RESUMABLE_ACROSS: tuple[tuple[str, ...], ...] = (
+    ("name",), ("eval",), ("output",), ("tracking",), ("notify",),
+    ("training", "stop_on_nan"),
+    ("resources", "max_cost"), ("resources", "deadline_hours"),
+    ("resources", "max_price_per_hour"), ("resources", "spot"), ("resources", "providers"),
+    ("resources", "servers"), ("resources", "keep_warm"),
+)
+
+
+def training_differences(before: BaseModel, after: BaseModel) -> list[str]:
+    """The fields outside RESUMABLE_ACROSS in which two job specs differ, each as
+    `field: <before> -> <after>` (values in the canonical form), in field order."""
+    old = _leaves(canonical.plain(before.model_dump(mode="python")))
+    new = _leaves(canonical.plain(after.model_dump(mode="python")))
+    out = []
+    for path in dict.fromkeys([*old, *new]):
+        if any(path[:len(p)] == p for p in RESUMABLE_ACROSS):
+            continue
+        a, b = old.get(path, "(unset)"), new.get(path, "(unset)")
+        if a != b:
+            out.append(f"{'.'.join(path)}: {canonical.dumps(a)} -> {canonical.dumps(b)}")
+    return out
+
+
+def _leaves(data: object, at: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
+    """Plain data's values by their key path (a list is one value)."""
+    if not isinstance(data, dict):
+        return {at: data}
+    out: dict[tuple[str, ...], object] = {}
+    for key, value in data.items():
+        out.update(_leaves(value, (*at, key)))
+    return out

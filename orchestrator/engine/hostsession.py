@@ -22,7 +22,7 @@ from tenacity import RetryCallState
 from orchestrator.core import checkpointing, divergence, throughput
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.states import EndReason, EventKind, RowState, StopKind
-from orchestrator.engine import hostchecks, recovery, slowhost, trainlog
+from orchestrator.engine import hostchecks, recovery, resumefrom, slowhost, trainlog
 from orchestrator.engine.jobinputs import Checkpoints, Inputs
 from orchestrator.engine.pruning import Pruning
 from orchestrator.engine.runner_core import (
@@ -281,7 +281,10 @@ class HostSession:
         if hostchecks.wanted(self.state, placed, kept):  # a fresh rental: check it first
             pj = replace(pj, host_check=hostchecks.spec_for(self.state, self.inputs, pj, placed))
         done = recovery.phases_done(job.phase_done, PHASES)
-        run = PipelineRun(host, pj, done=done, resume=job.attempt > 0,
+        # A later attempt resumes; so does a job's first that starts from a checkpoint
+        # another job kept (`orch submit --resume-from`).
+        resume = job.attempt > 0 or job.placement().resume_from is not None
+        run = PipelineRun(host, pj, done=done, resume=resume,
                           train_seconds=job.train_seconds or 0.0)
         self.pipeline_run = run
         held = self.state.held.get(placed.row_id)
@@ -479,11 +482,16 @@ class JobHooks(pipeline.Hooks):
         held.job_dir = run.layout.job_dir(self.ledger.job_id)
 
     def restore(self, run: PipelineRun) -> None:
-        # A no-op without local copies (the first attempt, or a takeover on the same machine).
-        restored = checkpoints.restore(run.host, run.train_job, self.local)
+        # A no-op without local copies (the first attempt, or a takeover on the same machine),
+        # unless the job starts from a checkpoint another job kept (`--resume-from`).
+        source, where = self.local, "the local copy"
+        kept = resumefrom.kept_root(self.ledger.job())
+        if kept is not None and not checkpoints.local_steps(source):
+            source, where = kept, str(kept)
+        restored = checkpoints.restore(run.host, run.train_job, source)
         if restored is not None:
-            self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from the "
-                              "local copy to the new instance", {"step": restored})
+            self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from "
+                              f"{where} to the new instance", {"step": restored})
 
     def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
         reached = self.ledger.progress.step  # on the lost instance

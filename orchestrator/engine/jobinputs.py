@@ -343,19 +343,32 @@ def job_file(job: Job) -> Path:
     return Path(path)
 
 
-def load_inputs(job: Job) -> Inputs:
-    """Resolve a recorded job again; InputsError when its files are gone or changed."""
-    path = job_file(job)
+def recorded_spec(job: Job) -> JobSpec:
+    """The job's spec as recorded at submit, validated again."""
     data = document_object(job.spec_json)
     if job.spec().method == "full":
         # The recorded spec carries every default, lora's too; a full fine-tune's job file
         # may not set lora, so leave the defaults out when validating it again.
         data.pop("lora", None)
-    spec = JobSpec.model_validate(data)
+    return JobSpec.model_validate(data)
+
+
+def load_inputs(job: Job) -> Inputs:
+    """Resolve a recorded job again; InputsError when its files are gone or changed."""
+    path = job_file(job)
+    spec = recorded_spec(job)
     try:
         loaded = resolve(spec, path, hub_size=recorded_sizes(job.placement().hub_sizes))
     except SpecError as exc:
         raise InputsError(f"job {job.id}: {'; '.join(exc.problems)}") from exc
+    resume = job.placement().resume_from
+    if resume is not None and resume.step and resume.max_steps:
+        kept = Path(resume.dir or "") / f"checkpoint-{resume.step}"
+        if not kept.is_dir():  # before renting: the job's budget was sized for the rest
+            raise InputsError(f"job {job.id} resumes from {kept} (kept by job {resume.job}), "
+                              "which is gone: submit the job file again without "
+                              "--resume-from to train from the start")
+        loaded = loaded._replace(done=min(resume.step / resume.max_steps, 1.0))
     planned = job.placement().placement
     est = None if planned is None else planned.est_training_hours
     return Inputs(loaded, total_tokens(loaded), est or None,

@@ -91,6 +91,16 @@ class PlacementChoice(_Kept):
     throughput_source: Lenient[str] = None
 
 
+class ResumeRecord(_Record):
+    """`placement_json.resume_from`: the checkpoint an earlier job kept that this job starts
+    from (`orch submit --resume-from`, engine/resumefrom.py)."""
+
+    job: Lenient[str] = None  # the job that kept it
+    dir: Lenient[str] = None  # the local directory holding checkpoint-<step>
+    step: Lenient[int] = None
+    max_steps: Lenient[int] = None
+
+
 class PlacementRecord(_Record):
     """`job.placement_json`: the chosen placement, the ranked alternatives, the job file."""
 
@@ -99,6 +109,7 @@ class PlacementRecord(_Record):
     job_file: Lenient[str] = None
     # Hub datasets' published sizes used at submit (`engine/submission.hub_size_record`).
     hub_sizes: Lenient[list[dict[str, Any]]] = None
+    resume_from: Lenient[ResumeRecord] = None
 
     def ranked(self) -> list[PlacementChoice]:
         """The chosen placement, then the alternatives, in the plan's order."""

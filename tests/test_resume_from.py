@@ -1,0 +1,154 @@
+"""`orch submit --resume-from JOB`: a job its budget stopped is continued by a new job from
+the checkpoint it kept, on the simulated cloud through the real CLI, instead of training from
+step 0 again (engine/resumefrom.py). The first job is test_budget_cap's: 200 steps of 0.2 s
+on an H100 PCIe on-demand, stopped by max_cost $0.006 after its first mirrored checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_budget_cap import budget_job
+from test_engine import Rig, assert_nothing_left, rig
+
+from orchestrator.core.spec import load_job
+from orchestrator.core.specidentity import training_differences
+from orchestrator.engine.jobinputs import artifacts_dir
+from providers.sim.compute import SimCloud
+
+__all__ = ["rig"]
+
+ORCH = shutil.which("orch", path=str(Path(sys.executable).parent)) or "orch"
+
+
+def orch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ORCH, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+def progress_steps(rig: Rig, job_id: str) -> list[int]:
+    return [e.data().step or 0 for e in rig.store.events(job_id) if e.kind == "train.progress"]
+
+
+def stopped_by_budget(rig: Rig) -> tuple[SimCloud, str, int, Path, Path]:
+    """test_budget_cap's job, stopped by its budget: (cloud, job id, the step its kept
+    checkpoint holds, that checkpoint, the same job file with max_cost 1)."""
+    cloud = rig.cloud(gpus=["H100 PCIe"],
+                      host_options={"train_steps": 200, "train_step_seconds": 0.2})
+    first = budget_job(rig, "0.006")
+    stopped = rig.run(cloud, first)
+    assert stopped.status == "failed"
+    found = re.search(r"its newest checkpoint \(step (\d+) of 200\) is kept in (\S+)$",
+                      stopped.failure_reason or "")
+    assert found, stopped.failure_reason
+    path = Path(stopped.placement().job_file or "")
+    more = path.with_name("more.yml")
+    more.write_text(path.read_text().replace("max_cost: 0.006", "max_cost: 1"))
+    return cloud, first, int(found[1]), Path(found[2]), more
+
+
+def test_a_job_its_budget_stopped_is_continued_from_its_checkpoint(rig: Rig) -> None:
+    cloud, first, step, kept, more = stopped_by_budget(rig)
+    # The same training with a higher budget, continued: planned for what is left.
+    out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
+    assert out.returncode == 0, out.stderr
+    sent = json.loads(out.stdout)
+    assert sent["resume_from"] == {"job": first, "dir": str(kept.parent), "step": step,
+                                   "max_steps": 200}
+    left = sent["tokens"]["left"]
+    assert left == round(sent["tokens"]["total"] * (1 - step / 200))
+    fresh = json.loads(orch("submit", str(more), "--dry-run", "--json").stdout)
+    assert fresh["tokens"]["left"] == fresh["tokens"]["total"] > left
+    assert sent["placement"]["offer_id"] == fresh["placement"]["offer_id"]
+    hours = sent["placement"]["est_training_hours"]
+    assert hours == pytest.approx(fresh["placement"]["est_training_hours"] * (1 - step / 200),
+                                  rel=0.01)
+    # (Its cost is the same to the micro-dollar: a few seconds of training on this tiny set.)
+    second = sent["job_id"]
+    (queued,) = [e for e in rig.store.events(second) if e.kind == "queued"]
+    assert f"resumes from {first}'s checkpoint at step {step} of 200" in queued.message
+
+    done = rig.run(cloud, second)
+    assert done.status == "succeeded", done.failure_reason
+    (restored,) = [e for e in rig.store.events(second) if e.kind == "checkpoint.restored"]
+    assert restored.data().step == step and str(kept.parent) in restored.message
+    (resumed,) = [e for e in rig.store.events(second) if e.kind == "resume"]
+    assert resumed.message.startswith(f"resuming from step {step} ")
+    steps = progress_steps(rig, second)
+    assert min(steps) >= step and max(steps) == 200, steps  # not from step 0 again
+    assert kept.is_dir(), "the first job's checkpoint is left as it was"
+    assert_nothing_left(rig, cloud, second)
+
+    # It trained to the end: nothing is left to resume.
+    again = orch("submit", str(more), "--dry-run", "--resume-from", second)
+    assert again.returncode == 1
+    assert f"{second} finished training: its model is in" in again.stderr
+
+
+def test_resume_from_is_refused_before_anything_is_recorded(rig: Rig) -> None:
+    """Unknown job, one still queued, one that kept nothing, another training: each refused
+    naming the file, the flag and the fix; no job row is added."""
+    path = rig.job_file()
+    queued = rig.queue(path)
+    jobs = len(rig.store.list_jobs())
+
+    out = orch("submit", str(path), "--dry-run", "--resume-from", "j-nosuch")
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"error: {path}: --resume-from j-nosuch: no job 'j-nosuch'")
+
+    out = orch("submit", str(path), "--dry-run", "--resume-from", queued)
+    assert f"{queued} is queued: resume from it once it has ended" in out.stderr
+
+    assert orch("cancel", queued).returncode == 0  # ended, never having run
+    out = orch("submit", str(path), "--dry-run", "--resume-from", queued)
+    assert out.returncode == 1
+    assert f"{queued} kept no checkpoint" in out.stderr, out.stderr
+
+    other = path.with_name("other.yml")
+    other.write_text(path.read_text().replace("learning_rate: 2.0e-4", "learning_rate: 1.0e-4")
+                     .replace("sequence_len: 1024", "sequence_len: 512"))
+    out = orch("submit", str(other), "--dry-run", "--resume-from", queued)
+    assert out.returncode == 1
+    assert ("training.sequence_len: 1024 -> 512; training.learning_rate: 0.0002 -> 0.0001"
+            in out.stderr), out.stderr
+    assert len(rig.store.list_jobs()) == jobs
+
+
+@pytest.mark.parametrize(("edit", "differs"), [
+    (("max_cost: 0.5", "max_cost: 3"), []),
+    (("spot: allowed", "spot: never"), []),
+    (("name: quickstart-qwen25-05b", "name: longer"), []),
+    (("epochs: 1", "epochs: 2"), ["training.epochs: 1.0 -> 2.0"]),
+    (("r: 16", "r: 8"), ["lora.r: 16 -> 8"]),
+    (("  providers: [sim]", "  providers: [sim]\n  gpu_count: 2"),
+     ["resources.gpu_count: null -> 2"]),
+])
+def test_what_may_change_between_a_job_and_the_one_resuming_it(
+        tmp_path: Path, edit: tuple[str, str], differs: list[str]) -> None:
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    shutil.copytree(examples / "data", tmp_path / "data")
+    text = (examples / "quickstart.yml").read_text().replace(
+        "  providers: [sim]", "  providers: [sim]\n  max_cost: 0.5")
+    (tmp_path / "a.yml").write_text(text)
+    (tmp_path / "b.yml").write_text(text.replace(*edit))
+    a, b = load_job(tmp_path / "a.yml"), load_job(tmp_path / "b.yml")
+    assert training_differences(a.spec, b.spec) == differs
+
+
+def test_a_kept_checkpoint_gone_before_the_run_fails_it_before_renting(rig: Rig) -> None:
+    cloud, first, _, _, more = stopped_by_budget(rig)
+    out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout)["job_id"]
+    shutil.rmtree(artifacts_dir(first))
+    job = rig.run(cloud, second)
+    assert job.status == "failed"
+    assert "which is gone: submit the job file again without --resume-from" in (
+        job.failure_reason or ""), job.failure_reason
+    assert rig.store.instances_of(second) == []  # nothing was rented
