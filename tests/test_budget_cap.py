@@ -70,11 +70,12 @@ def test_a_machine_whose_bill_reaches_max_cost_is_stopped_and_the_job_fails(rig:
     assert training_step(rig.store, job_id) < 200, "training ran to the end"
     # What it trained and orch had copied home is kept: the newest mirrored checkpoint,
     # moved into the job's artifacts directory, said in the reason and a `delivered` event.
-    found = re.search(r"; its newest checkpoint \(step (\d+) of 200\) is kept in (\S+)$",
-                      job.failure_reason or "")
+    found = re.search(r"; its newest checkpoint \(step (\d+) of 200\) is kept in (\S+) "
+                      r"\(`orch submit JOB_FILE --resume-from (j-[0-9a-f]+)` with a higher "
+                      r"max_cost continues from it\)$", job.failure_reason or "")
     assert found, job.failure_reason
     step, kept = int(found[1]), Path(found[2])
-    assert kept == artifacts_dir(job_id) / f"checkpoint-{step}"
+    assert kept == artifacts_dir(job_id) / f"checkpoint-{step}" and found[3] == job_id
     assert (kept / "adapter_model.safetensors").is_file()
     assert (kept / "trainer_state.json").is_file()
     assert not any(checkpoint_dir(job_id).glob("checkpoint-*"))  # moved, not copied

@@ -11,15 +11,20 @@ import re
 import shutil
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
 from test_budget_cap import budget_job
 from test_engine import Rig, assert_nothing_left, rig
 
+from orchestrator.core.hostmemory import MoveCase, move_or_stay, policy
+from orchestrator.core.planning import make_plan
 from orchestrator.core.spec import load_job
 from orchestrator.core.specidentity import training_differences
-from orchestrator.engine.jobinputs import artifacts_dir
+from orchestrator.engine.jobinputs import artifacts_dir, resolved_layout
+from orchestrator.engine.resumefrom import ResumePoint
+from orchestrator.engine.slowhost import planned_seconds
 from providers.sim.compute import SimCloud
 
 __all__ = ["rig"]
@@ -44,7 +49,7 @@ def stopped_by_budget(rig: Rig) -> tuple[SimCloud, str, int, Path, Path]:
     first = budget_job(rig, "0.006")
     stopped = rig.run(cloud, first)
     assert stopped.status == "failed"
-    found = re.search(r"its newest checkpoint \(step (\d+) of 200\) is kept in (\S+)$",
+    found = re.search(r"its newest checkpoint \(step (\d+) of 200\) is kept in (\S+) ",
                       stopped.failure_reason or "")
     assert found, stopped.failure_reason
     path = Path(stopped.placement().job_file or "")
@@ -59,8 +64,14 @@ def test_a_job_its_budget_stopped_is_continued_from_its_checkpoint(rig: Rig) -> 
     out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
     assert out.returncode == 0, out.stderr
     sent = json.loads(out.stdout)
+    # Held to what the checkpoint was written with: one H100 PCIe, single, AdamW.
+    pins = {"resources": {"gpu_count": 1, "layout": "single"},
+            "training": {"optimizer": "adamw"}}
     assert sent["resume_from"] == {"job": first, "dir": str(kept.parent), "step": step,
-                                   "max_steps": 200}
+                                   "max_steps": 200, "pins": pins}
+    recorded = json.loads(rig.store.get_job(sent["job_id"]).spec_json or "{}")
+    assert (recorded["resources"]["gpu_count"], recorded["resources"]["layout"],
+            recorded["training"]["optimizer"]) == (1, "single", "adamw")
     left = sent["tokens"]["left"]
     assert left == round(sent["tokens"]["total"] * (1 - step / 200))
     fresh = json.loads(orch("submit", str(more), "--dry-run", "--json").stdout)
@@ -104,19 +115,21 @@ def test_resume_from_is_refused_before_anything_is_recorded(rig: Rig) -> None:
 
     out = orch("submit", str(path), "--dry-run", "--resume-from", queued)
     assert f"{queued} is queued: resume from it once it has ended" in out.stderr
+    assert "cancelling it deletes them" in out.stderr  # no advice that loses the checkpoint
 
     assert orch("cancel", queued).returncode == 0  # ended, never having run
     out = orch("submit", str(path), "--dry-run", "--resume-from", queued)
     assert out.returncode == 1
-    assert f"{queued} kept no checkpoint" in out.stderr, out.stderr
+    assert (f"{queued} kept no checkpoint on this machine (a cancelled job's checkpoints are "
+            "deleted)") in out.stderr, out.stderr
 
     other = path.with_name("other.yml")
     other.write_text(path.read_text().replace("learning_rate: 2.0e-4", "learning_rate: 1.0e-4")
                      .replace("sequence_len: 1024", "sequence_len: 512"))
     out = orch("submit", str(other), "--dry-run", "--resume-from", queued)
     assert out.returncode == 1
-    assert ("training.sequence_len: 1024 -> 512; training.learning_rate: 0.0002 -> 0.0001"
-            in out.stderr), out.stderr
+    assert ("training.sequence_len: 1024 -> 512; training.learning_rate: 0.0002 -> 0.0001. "
+            "Set these back (only name, eval, " in out.stderr), out.stderr
     assert len(rig.store.list_jobs()) == jobs
 
 
@@ -124,6 +137,8 @@ def test_resume_from_is_refused_before_anything_is_recorded(rig: Rig) -> None:
     (("max_cost: 0.5", "max_cost: 3"), []),
     (("spot: allowed", "spot: never"), []),
     (("name: quickstart-qwen25-05b", "name: longer"), []),
+    (("epochs: 1", "epochs: 1\n  gradient_checkpointing: true"), []),
+    (("  spot: allowed", "  spot: allowed\n  headroom: 0.3"), []),
     (("epochs: 1", "epochs: 2"), ["training.epochs: 1.0 -> 2.0"]),
     (("r: 16", "r: 8"), ["lora.r: 16 -> 8"]),
     (("  providers: [sim]", "  providers: [sim]\n  gpu_count: 2"),
@@ -152,3 +167,82 @@ def test_a_kept_checkpoint_gone_before_the_run_fails_it_before_renting(rig: Rig)
     assert "which is gone: submit the job file again without --resume-from" in (
         job.failure_reason or ""), job.failure_reason
     assert rig.store.instances_of(second) == []  # nothing was rented
+
+
+def test_a_kept_checkpoint_that_cannot_be_resumed_is_refused(rig: Rig) -> None:
+    """Checked as the trainer checks one (train.prepare_resume): at submit, then on the
+    machine. Either way nothing trains from step 0 on a budget sized for the rest."""
+    cloud, first, step, kept, more = stopped_by_budget(rig)
+    (kept / "optimizer.pt").rename(kept.parent / "optimizer.pt.away")
+    out = orch("submit", str(more), "--dry-run", "--resume-from", first)
+    assert out.returncode == 1
+    assert (f"{first}'s checkpoint {kept} cannot be resumed from: its optimizer state is "
+            "missing; submit without --resume-from") in out.stderr, out.stderr
+    (kept.parent / "optimizer.pt.away").rename(kept / "optimizer.pt")
+
+    out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout)["job_id"]
+    # Cut after the check (a partial copy): the machine's trainer would start from step 0.
+    (kept / "trainer_state.json").write_text("{")
+    job = rig.run(cloud, second)
+    assert job.status == "failed"
+    assert (f"it was to resume from {first}'s checkpoint at step {step}, but the machine's "
+            "newest resumable checkpoint is at step 0 (moved aside: ") in (
+        job.failure_reason or ""), job.failure_reason
+    assert progress_steps(rig, second) == [], "it trained"
+    assert_nothing_left(rig, cloud, second)
+
+
+def test_the_data_changed_since_is_refused(rig: Rig) -> None:
+    cloud, first, _, _, more = stopped_by_budget(rig)
+    data = more.parent / "data" / "train.jsonl"
+    data.write_text(data.read_text() * 2)
+    out = orch("submit", str(more), "--dry-run", "--resume-from", first)
+    assert out.returncode == 1
+    assert f"{first} trained on " in out.stderr and "the data changed" in out.stderr, out.stderr
+
+
+def test_the_pins_hold_the_plan_to_the_checkpoints_optimizer(tmp_path: Path) -> None:
+    """Qwen2.5-7B LoRA at 4096 x 4: on one RTX 3090 auto resolves 8-bit AdamW, on an A100
+    AdamW. A checkpoint written on the 3090 holds 8-bit AdamW's state (not AdamW's): the job
+    resuming it on `spot: never` (an A100) keeps 8-bit AdamW, in its plan and as the engine
+    renders it there (`resolved_layout` over the recorded spec)."""
+    shutil.copytree(Path(__file__).resolve().parent.parent / "examples" / "data",
+                    tmp_path / "data")
+    text = ("name: pin\nbase_model: Qwen/Qwen2.5-7B\nmethod: lora\ntraining: {sequence_len: "
+            "4096, micro_batch_size: 4, learning_rate: 1.0e-4}\ndataset: {path: "
+            "data/train.jsonl, format: alpaca, tokens: 20000000}\nresources:\n  spot: "
+            "allowed\n  providers: [cloud]\n")
+    (tmp_path / "a.yml").write_text(text)
+    (tmp_path / "b.yml").write_text(text.replace("spot: allowed", "spot: never"))
+    a, b = load_job(tmp_path / "a.yml"), load_job(tmp_path / "b.yml")
+    strategy, w = resolved_layout(a, "RTX 3090", 1)
+    assert (strategy, str(w.optimizer)) == ("single", "adamw_8bit")
+    unpinned = make_plan(b).chosen
+    assert unpinned.offer.gpu == "A100 80GB"
+    assert str(unpinned.estimate.workload.optimizer) == "adamw"
+
+    point = ResumePoint("j-a", tmp_path, 50, 100, {
+        "resources": {"gpu_count": 1, "layout": strategy},
+        "training": {"optimizer": str(w.optimizer)}})
+    held = point.apply(b)
+    chosen = make_plan(held).chosen
+    assert (chosen.offer.gpu, chosen.offer.gpu_count) == ("A100 80GB", 1)
+    assert str(chosen.estimate.workload.optimizer) == "adamw_8bit"
+    assert resolved_layout(held, "A100 80GB", 1)[1].optimizer == "adamw_8bit"
+    assert held.done == 0.5 and b.done == 0.0
+
+
+@pytest.mark.parametrize(("done", "moves"), [(0.5, False), (0.0, True)])
+def test_a_resumed_job_is_measured_against_its_whole_run(done: float, moves: bool) -> None:
+    """The trainer counts the whole run's steps (10,000), the plan of a job resumed at half
+    way its half (5,000 s at 1 step/s). A machine at exactly that speed stays: its plan's
+    rate is the whole run over the whole run's seconds (`planned_seconds(.., done)`). Read
+    without `done`, as before, it looks half as fast as planned and is moved."""
+    planned = planned_seconds(5000 / 3600, done)
+    assert planned is not None
+    case = MoveCase(remaining=5000.0, measured_rate=1.0, planned_rate=10_000 / planned,
+                    price_here=Decimal("2"), price_elsewhere=Decimal("2"),
+                    setup_elsewhere_s=300.0, redo=0.0, observed_s=600.0)
+    assert move_or_stay(case, policy()).move is moves

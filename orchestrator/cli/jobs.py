@@ -124,7 +124,7 @@ def submit(
             resume = resumefrom.find(store, resume_from, loaded)
         except resumefrom.ResumeRefused as exc:
             fail(f"{file}: --resume-from {resume_from}: {exc}")
-        loaded = loaded._replace(done=resume.done)
+        loaded = resume.apply(loaded)
     status = JobStatus.PLANNED if dry_run else JobStatus.QUEUED
     # Checked before anything is recorded, in every mode: a job nothing here can run is
     # neither queued for a worker to fail nor planned as if it could run.

@@ -7,6 +7,8 @@ whatever is added to the job file later.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel
 
 from orchestrator.core import canonical
@@ -44,27 +46,33 @@ def spec_hash(spec: BaseModel) -> str:
 
 # What a job file may change and still resume from a checkpoint another job of it kept
 # (`orch submit --resume-from`): where the job runs, what it may cost, how it is named,
-# watched, evaluated and delivered. None of these changes a training step, so the kept
-# optimizer state, schedule and data order continue the same run. Everything else (the
+# watched, evaluated and delivered, and the memory savers (recomputed activations, offloaded
+# ones, the loss kernel: the same maths in other memory). None of these changes what a
+# training step computes, so the kept optimizer state, schedule and data order continue the
+# same run. The GPU count, layout and optimizer the planner resolves per machine are held to
+# the checkpoint's (engine/resumefrom.py). Everything else (the
 # model, the data, the hyperparameters; the GPUs, count and layout, which decide the memory
 # savers the planner turns on and how the optimizer state is sharded) must be as it was.
 RESUMABLE_ACROSS: tuple[tuple[str, ...], ...] = (
     ("name",), ("eval",), ("output",), ("tracking",), ("notify",),
-    ("training", "stop_on_nan"),
+    ("training", "stop_on_nan"), ("training", "gradient_checkpointing"),
+    ("training", "activation_offloading"), ("training", "cross_entropy"),
+    ("resources", "headroom"),
     ("resources", "max_cost"), ("resources", "deadline_hours"),
     ("resources", "max_price_per_hour"), ("resources", "spot"), ("resources", "providers"),
     ("resources", "servers"), ("resources", "keep_warm"),
 )
 
 
-def training_differences(before: BaseModel, after: BaseModel) -> list[str]:
-    """The fields outside RESUMABLE_ACROSS in which two job specs differ, each as
-    `field: <before> -> <after>` (values in the canonical form), in field order."""
+def training_differences(before: BaseModel, after: BaseModel,
+                         ignore: Sequence[tuple[str, ...]] = ()) -> list[str]:
+    """The fields outside RESUMABLE_ACROSS (and `ignore`) in which two job specs differ,
+    each as `field: <before> -> <after>` (values in the canonical form), in field order."""
     old = _leaves(canonical.plain(before.model_dump(mode="python")))
     new = _leaves(canonical.plain(after.model_dump(mode="python")))
     out = []
     for path in dict.fromkeys([*old, *new]):
-        if any(path[:len(p)] == p for p in RESUMABLE_ACROSS):
+        if any(path[:len(p)] == p for p in (*RESUMABLE_ACROSS, *ignore)):
             continue
         a, b = old.get(path, "(unset)"), new.get(path, "(unset)")
         if a != b:

@@ -118,6 +118,9 @@ class Contract:
         # progress event read looking for them.
         self.total: int | None = None
         self.events_read = 0
+        # A job resumed from another's checkpoint (`--resume-from`) has that step durable.
+        kept = state.ledger.job().placement().resume_from if self.hours is not None else None
+        self.kept_step = (kept.step or 0) if kept is not None else 0
         self.warned = self.active and bool(state.store.events_after(
             state.job_id, kinds=(EventKind.DEADLINE_WILL_MISS,)))
 
@@ -348,7 +351,9 @@ class Contract:
         if total is None or rate is None:
             train_s = max(1.0, d.training * 3600)
             if total is not None:  # steps known from an earlier machine, not their rate
-                rate = total / train_s
+                # The trainer counts the whole run's steps; a job resumed from another's
+                # checkpoint (`--resume-from`) was planned for the rest only.
+                rate = total * (1 - min(self.inputs.loaded.done, 0.99)) / train_s
             else:  # no steps known: the work in the plan's seconds, one "step" a second
                 total, durable, rate = math.ceil(train_s), 0, 1.0
                 every = min(train_s, self._interval(seen).seconds)
@@ -396,7 +401,7 @@ class Contract:
         the same total, so the next one says it.)"""
         job_id = self.state.job_id
         durable = max((e.data().step or 0 for e in self.state.store.events_after(
-            job_id, kinds=(EventKind.CHECKPOINT_MIRRORED,))), default=0)
+            job_id, kinds=(EventKind.CHECKPOINT_MIRRORED,))), default=self.kept_step)
         if self.total is None and not self.ledger.progress.total:
             for e in self.state.store.events_after(job_id, self.events_read,
                                                    (EventKind.TRAIN_PROGRESS,)):

@@ -424,7 +424,8 @@ class JobHooks(pipeline.Hooks):
         self.wait_s: float | None = max(opts.watch_s, opts.poll_s)
         # A rental training far below its plan is moved when that pays (never a kept server).
         self.slow = None if self.kept is not None else slowhost.SlowWatch(
-            self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours),
+            self.ledger, placed, slowhost.planned_seconds(self.inputs.est_train_hours,
+                                                          self.inputs.loaded.done),
             save_steps, opts.move_observed_s)
 
     def check_stop(self) -> None:
@@ -484,16 +485,14 @@ class JobHooks(pipeline.Hooks):
     def restore(self, run: PipelineRun) -> None:
         # A no-op without local copies (the first attempt, or a takeover on the same machine),
         # unless the job starts from a checkpoint another job kept (`--resume-from`).
-        source, where = self.local, "the local copy"
-        kept = resumefrom.kept_root(self.ledger.job())
-        if kept is not None and not checkpoints.local_steps(source):
-            source, where = kept, str(kept)
+        source, where = resumefrom.restore_source(self.ledger.job(), self.local)
         restored = checkpoints.restore(run.host, run.train_job, source)
         if restored is not None:
             self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from "
                               f"{where} to the new instance", {"step": restored})
 
     def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
+        resumefrom.check_resumed(self.ledger.job(), info.step, info.problems)
         reached = self.ledger.progress.step  # on the lost instance
         lost = info.lost_steps or 0
         if reached is not None:
@@ -550,8 +549,10 @@ class JobHooks(pipeline.Hooks):
         # cloud trains at whatever speed its stand-in is told to.
         job = self.ledger.job()
         seconds = run.train_seconds
+        # Nor a resumed one (`--resume-from`): its seconds hold the trainer's skip through
+        # the data it had trained, which its tokens do not.
         if isinstance(self.provider, Simulated) or job.interruptions or seconds <= 0 \
-                or not job.gpu:
+                or not job.gpu or job.placement().resume_from is not None:
             return
         inputs = self.inputs
         size = throughput.size_class(inputs.loaded.architecture.params)

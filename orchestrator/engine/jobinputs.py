@@ -163,20 +163,8 @@ class Inputs:
         """The layout and resolved settings the job trains with on `inst`: the planner's
         choice on its GPU (the same pure function as at plan time); on a GPU orch has no
         figures for, single and the settings orch used before it decided them."""
-        gpu = inst.gpu or job.gpu or ""
-        count = job.gpu_count or inst.gpu_count or 1
-        spec_gpu = catalog.gpus().get(gpu)
-        requested = workload_from(self.loaded)
-        if spec_gpu is not None:
-            est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
-            if est is None:
-                # Only an offloading layout fits: the placement checked its host RAM against
-                # the offer, which the instance row does not keep. Without this the job
-                # would be rendered single-GPU and run out of memory.
-                est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
-            if est is not None and est.workload is not None:
-                return est.strategy.value, est.workload
-        return "single", savers.fallback(requested)
+        return resolved_layout(self.loaded, inst.gpu or job.gpu or "",
+                               job.gpu_count or inst.gpu_count or 1)
 
     def pipeline_job(self, job: Job, inst: Instance, vllm_port: int, poll_s: float,
                      rendered: Rendered, exact_count: bool = True) -> PipelineJob:
@@ -319,6 +307,24 @@ def train_config(spec: JobSpec, strategy: str, save_steps: int,
         datasets=datasets, test_datasets=test_datasets, val_set_size=t.val_set_size,
         tracking=trackingspec.tracker_keys(spec.tracking, spec.name, job_id or spec.name),
         extra=dict(spec.trainer.extra))  # fmt: skip
+
+
+def resolved_layout(loaded: LoadedJob, gpu: str, count: int) -> tuple[str, Workload]:
+    """The layout and resolved settings `loaded` trains with on `count` x `gpu`: the planner's
+    choice (the same pure function as at plan time); on a GPU orch has no figures for,
+    single and the settings orch used before it decided them."""
+    spec_gpu = catalog.gpus().get(gpu)
+    requested = workload_from(loaded)
+    if spec_gpu is not None:
+        est = savers.fit(requested, count, spec_gpu.memory_bytes, None, spec_gpu)
+        if est is None:
+            # Only an offloading layout fits: the placement checked its host RAM against
+            # the offer, which the instance row does not keep. Without this the job
+            # would be rendered single-GPU and run out of memory.
+            est = savers.fit(requested, count, spec_gpu.memory_bytes, PLACED_RAM, spec_gpu)
+        if est is not None and est.workload is not None:
+            return est.strategy.value, est.workload
+    return "single", savers.fallback(requested)
 
 
 def _resolved(cross_entropy: CrossEntropy | Literal["auto"]) -> CrossEntropy:

@@ -9,23 +9,32 @@ first machine, as a re-placement after a preemption does (`JobHooks.restore`), a
 what is left: its estimate, its deadline and its `max_cost` are for the rest
 (`LoadedJob.done`). The earlier job is left as it was: its record, its bill, its checkpoint.
 
-Only the same training can continue (`specidentity.training_differences`): a checkpoint holds
-optimizer state and a learning-rate schedule for one model, data and set of hyperparameters.
+Only the same training can continue:
+- the job files may differ only where `specidentity.RESUMABLE_ACROSS` allows, and the data
+  must have the tokens it had (a checkpoint holds optimizer state, a learning-rate schedule
+  and a position in the data for one model, data set and set of hyperparameters);
+- the new job trains on the GPU count, layout and optimizer the checkpoint was written with
+  (`pins`): the planner resolves `auto` per GPU, and another count changes the global batch
+  (so the step count the checkpoint's position is in), another layout the checkpoint's format
+  (ZeRO-3 and FSDP shard it), another optimizer the state's format (8-bit AdamW's is not
+  AdamW's). They are written into the new job's spec, so every placement keeps them.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus
-from orchestrator.core.spec import LoadedJob
-from orchestrator.core.specidentity import training_differences
-from orchestrator.engine.jobinputs import artifacts_dir, recorded_spec
-from orchestrator.engine.runner_core import PHASES, checkpoint_dir
+from orchestrator.core.spec import JobSpec, LoadedJob
+from orchestrator.core.specidentity import RESUMABLE_ACROSS, training_differences
+from orchestrator.engine.jobinputs import artifacts_dir, recorded_spec, resolved_layout
+from orchestrator.engine.runner_core import PHASES, JobFailed, checkpoint_dir
+from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job, Store
-from playbooks import checkpoints
+from playbooks.trainjob import ADAPTER_WEIGHTS, FULL_WEIGHTS, OPTIMIZER_STATE
 
 
 class ResumeRefused(ValueError):
@@ -34,12 +43,14 @@ class ResumeRefused(ValueError):
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """A checkpoint another job kept: `root`/checkpoint-`step`, of `max_steps`."""
+    """A checkpoint another job kept: `root`/checkpoint-`step`, of `max_steps`, written on
+    `pins` (the spec fields the new job must train with)."""
 
     job_id: str
     root: Path
     step: int
     max_steps: int
+    pins: dict[str, dict[str, object]] = field(default_factory=dict)
 
     @property
     def done(self) -> float:
@@ -49,12 +60,24 @@ class ResumePoint:
     def record(self) -> dict[str, object]:
         """As `placement_json.resume_from` keeps it (records/columns.ResumeRecord)."""
         return {"job": self.job_id, "dir": str(self.root), "step": self.step,
-                "max_steps": self.max_steps}
+                "max_steps": self.max_steps, "pins": self.pins}
 
     def describe(self) -> str:
+        """One line for the user: where it resumes from and what it is held to."""
+        r, t = self.pins.get("resources", {}), self.pins.get("training", {})
         return (f"resumes from {self.job_id}'s checkpoint at step {self.step} of "
                 f"{self.max_steps} ({self.root / f'checkpoint-{self.step}'}): "
-                f"{1 - self.done:.0%} of training left")
+                f"{1 - self.done:.0%} of training left, on {r.get('gpu_count')} GPU(s), "
+                f"layout {r.get('layout')}, optimizer {t.get('optimizer')}, as it was written")
+
+    def apply(self, loaded: LoadedJob) -> LoadedJob:
+        """`loaded` held to the checkpoint: its pins in the spec, what is left to train."""
+        data = loaded.spec.model_dump(mode="python")
+        if loaded.spec.method == "full":
+            data.pop("lora", None)  # as `recorded_spec` reads one back: a full job sets none
+        for section, values in self.pins.items():
+            data[section] = {**data[section], **values}
+        return loaded._replace(spec=JobSpec.model_validate(data), done=self.done)
 
 
 def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
@@ -65,47 +88,114 @@ def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
         raise ResumeRefused(f"no job {job_id!r} in the history; `orch jobs` lists them")
     status = JobStatus(job.status)
     if status not in FINAL_STATUSES:
-        raise ResumeRefused(f"{job_id} is {status}: resume from it once it has ended (it keeps "
-                            f"a checkpoint when its budget stops it), or `orch cancel {job_id}`")
+        raise ResumeRefused(f"{job_id} is {status}: resume from it once it has ended (a job "
+                            "its budget stops keeps its newest checkpoint; cancelling it "
+                            "deletes them)")
     if status is JobStatus.SUCCEEDED or (
             job.phase_done in PHASES[PHASES.index("artifacts"):]):
         raise ResumeRefused(f"{job_id} finished training: its model is in "
                             f"{job.artifacts_dir or artifacts_dir(job_id)}; nothing to resume")
-    differ = training_differences(recorded_spec(job), loaded.spec)
-    if differ:
-        raise ResumeRefused(
-            f"{job_id} trained something else, and a checkpoint continues only the same "
-            "training (only resources.max_cost, deadline_hours, max_price_per_hour, spot, "
-            "providers, servers, keep_warm, and name, eval, output, tracking, notify may "
-            f"change); {job_id}'s job -> this file: {'; '.join(differ)}")
+    pins = _pins(job, loaded)
+    _same_training(job, loaded, pins)
     found = [(step, root) for root in (artifacts_dir(job_id), checkpoint_dir(job_id))
-             for step in checkpoints.local_steps(root)]
+             for step in _steps(root)]
     if not found:
-        raise ResumeRefused(
-            f"{job_id} kept no checkpoint: orch keeps the newest one it had copied off the "
-            "machine (LoRA and QLoRA adapters up to 2 GiB) when the budget stops a job, and "
-            "none had been copied; submit without --resume-from to train from the start")
+        why = ("a cancelled job's checkpoints are deleted" if status is JobStatus.CANCELLED
+               else "orch keeps the newest checkpoint it had copied off the machine (LoRA and "
+               "QLoRA adapters up to 2 GiB) when the budget stops a job, and none is here")
+        raise ResumeRefused(f"{job_id} kept no checkpoint on this machine ({why}); submit "
+                            "without --resume-from to train from the start")
     step, root = max(found)
-    return ResumePoint(job_id, root, step, _max_steps(job_id, root / f"checkpoint-{step}"))
+    folder = root / f"checkpoint-{step}"
+    max_steps = _complete(job_id, folder, step, adapter=loaded.spec.method != "full")
+    return ResumePoint(job_id, root, step, max_steps, pins)
 
 
-def _max_steps(job_id: str, folder: Path) -> int:
-    """The run's length as the trainer wrote it in the checkpoint (HF's trainer_state.json)."""
+def _same_training(job: Job, loaded: LoadedJob, pins: dict[str, dict[str, object]]) -> None:
+    """ResumeRefused unless `loaded` trains what `job` trained. The pinned fields are `auto`
+    in a job file that leaves them to the planner (and pinned in a job that resumed too):
+    they are compared with the pins instead."""
+    pinned = [(section, key) for section, values in pins.items() for key in values]
+    differ = training_differences(recorded_spec(job), loaded.spec, ignore=pinned)
+    given = loaded.spec.model_dump(mode="python")
+    differ += [f"{section}.{key}: {value} as trained -> {given[section][key]}"
+               for section, values in pins.items() for key, value in values.items()
+               if given[section][key] not in (None, "auto", value)]
+    if differ:
+        may = ", ".join(".".join(p) for p in RESUMABLE_ACROSS)
+        raise ResumeRefused(
+            f"{job.id} trained something else: a checkpoint continues only the same training. "
+            f"{job.id}'s job -> this file: {'; '.join(differ)}. Set these back (only {may} "
+            "may change), or submit without --resume-from to train from the start")
+    tokens = document_object(job.placement_json).get("tokens")
+    before = tokens.get("per_epoch") if isinstance(tokens, dict) else None
+    if isinstance(before, int) and before != loaded.dataset.tokens:
+        raise ResumeRefused(
+            f"{job.id} trained on {before:,} tokens per epoch, this file's data has "
+            f"{loaded.dataset.tokens:,} ({loaded.dataset.source}): the data changed, and the "
+            "checkpoint's place in it would be wrong; submit without --resume-from to train "
+            "from the start")
+
+
+def _pins(job: Job, loaded: LoadedJob) -> dict[str, dict[str, object]]:
+    """The GPU count, layout and optimizer `job` trained with on its last placement (its own
+    spec resolved there, as the engine rendered it; `loaded`: the same data)."""
+    count = job.gpu_count or 1
+    strategy, w = resolved_layout(loaded._replace(spec=recorded_spec(job)), job.gpu or "",
+                                  count)
+    return {"resources": {"gpu_count": count, "layout": strategy},
+            "training": {"optimizer": str(w.optimizer)}}
+
+
+def _steps(root: Path) -> list[int]:
+    """The complete checkpoint copies under `root` (`checkpoint-N`; a `.part` is not one)."""
+    from playbooks import checkpoints
+
+    return checkpoints.local_steps(root)
+
+
+def _complete(job_id: str, folder: Path, step: int, adapter: bool) -> int:
+    """The run's length (max_steps) if `folder` is a checkpoint the trainer can resume from
+    (what `train.prepare_resume` checks on a host); ResumeRefused otherwise."""
     path = folder / "trainer_state.json"
     try:
-        total = json.loads(path.read_text()).get("max_steps")
+        state = json.loads(path.read_text())
+        written, total = state.get("global_step"), state.get("max_steps")
     except (OSError, ValueError, AttributeError) as exc:
         raise ResumeRefused(f"{job_id}'s checkpoint cannot be read ({path}: {exc}); submit "
                             "without --resume-from to train from the start") from exc
-    if not isinstance(total, int) or total <= 0:
-        raise ResumeRefused(f"{path} gives no max_steps ({total!r}): orch cannot tell how much "
-                            "is left; submit without --resume-from to train from the start")
+    weights = ADAPTER_WEIGHTS if adapter else FULL_WEIGHTS
+    problem = (f"trainer_state.json says step {written}" if written != step else
+               f"its max_steps is {total!r}" if not isinstance(total, int) or total <= 0 else
+               "its optimizer state is missing" if not any(
+                   (folder / n).exists() for n in OPTIMIZER_STATE) else
+               "its weights are missing" if not any((folder / n).exists() for n in weights)
+               else None)
+    if problem is not None:
+        raise ResumeRefused(f"{job_id}'s checkpoint {folder} cannot be resumed from: "
+                            f"{problem}; submit without --resume-from to train from the start")
+    assert isinstance(total, int)
     return total
 
 
-def kept_root(job: Job) -> Path | None:
-    """The folder holding the checkpoint `job` was submitted to resume from, if any."""
+def restore_source(job: Job, local: Path) -> tuple[Path, str]:
+    """Where a new machine of `job` gets its checkpoint from, and how to say it: orch's copy
+    of the job's own (`local`), else the one it was submitted to resume from."""
     resume = job.placement().resume_from
-    if resume is None or not resume.dir:
-        return None
-    return Path(resume.dir)
+    if resume is not None and resume.dir and not _steps(local):
+        return Path(resume.dir), resume.dir
+    return local, "the local copy"
+
+
+def check_resumed(job: Job, step: int, problems: Sequence[str]) -> None:
+    """JobFailed when `job`, submitted to continue from a checkpoint at a step (planned and
+    budgeted for the rest), would resume from an earlier one (`step`, 0 for none): training
+    it all again is not what was asked for or paid for. Before training starts."""
+    resume = job.placement().resume_from
+    if resume is None or not resume.step or step >= resume.step:
+        return
+    moved = f" (moved aside: {'; '.join(problems)})" if problems else ""
+    raise JobFailed(f"it was to resume from {resume.job}'s checkpoint at step {resume.step}, "
+                    f"but the machine's newest resumable checkpoint is at step {step}{moved}; "
+                    "nothing was trained. Submit the job file again without --resume-from to "
+                    "train from the start")

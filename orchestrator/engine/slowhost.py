@@ -99,7 +99,12 @@ class SlowWatch:
                    given_up=True)
 
 
-def planned_seconds(est_train_hours: float | None) -> float | None:
-    """The plan's training seconds (None: the job has no plan to measure against)."""
-    return est_train_hours * 3600 if est_train_hours else None
+def planned_seconds(est_train_hours: float | None, done: float = 0.0) -> float | None:
+    """The plan's training seconds for the whole run (None: the job has no plan to measure
+    against). `done`: the share a checkpoint it resumed from holds (`LoadedJob.done`), which
+    its plan left out, where the trainer's step count (what a rate is measured against)
+    counts the whole run."""
+    if not est_train_hours or done >= 1:
+        return None
+    return est_train_hours * 3600 / (1 - done)
 

@@ -36,10 +36,8 @@ def record_job(store: Store, loaded: LoadedJob, *, status: JobStatus = JobStatus
                data: Mapping[str, object] | None = None,
                resume: ResumePoint | None = None) -> tuple[Job, Plan]:
     """Plan `loaded` (scheduler.NoFit if nothing fits) and insert it; (job row, plan).
-    `resume`: the checkpoint another job kept that it starts from, kept in its placement for
-    the worker; the job is planned for what that leaves (a `plan` given must be too)."""
-    if resume is not None:
-        loaded = loaded._replace(done=resume.done)
+    `resume`: the checkpoint another job kept that it starts from (`loaded` held to it:
+    `ResumePoint.apply`), kept in its placement for the worker."""
     plan = plan or make_plan(loaded, store.registered(),
                              listed=price_lists(loaded.spec.resources.providers))
     placement = plan.to_dict(alternatives=10_000)

@@ -257,7 +257,8 @@ class Teardown:
                           "stopped training; the trainer's checkpoint, optimizer state "
                           "included)", {"places": [{"what": "checkpoint", "where": "local",
                                                     "location": str(target)}]})
-        return f"its newest checkpoint ({at}) is kept in {target}"
+        return (f"its newest checkpoint ({at}) is kept in {target} (`orch submit JOB_FILE "
+                f"--resume-from {job_id}` with a higher max_cost continues from it)")
 
     def delete_checkpoints(self) -> None:
         """Delete orch's local copy of the job's checkpoints: the job is finished (unless

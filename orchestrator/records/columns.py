@@ -99,6 +99,9 @@ class ResumeRecord(_Record):
     dir: Lenient[str] = None  # the local directory holding checkpoint-<step>
     step: Lenient[int] = None
     max_steps: Lenient[int] = None
+    # The spec fields it was submitted held to (`ResumePoint.pins`): GPU count, layout,
+    # optimizer, as the checkpoint was written.
+    pins: Lenient[dict[str, dict[str, Any]]] = None
 
 
 class PlacementRecord(_Record):
