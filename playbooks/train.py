@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 
 import paramiko
 
@@ -147,15 +147,32 @@ def list_dir(host: Host, path: str) -> dict[str, paramiko.SFTPAttributes] | None
     return None if entries is None else {a.filename: a for a in entries}
 
 
+class _Entry(Protocol):
+    """What the check reads of a directory entry: an SFTP listing's or `os.stat`'s."""
+
+    @property
+    def st_mode(self) -> int | None: ...
+
+    @property
+    def st_size(self) -> int | None: ...
+
+
 def _checkpoint_problem(host: Host, path: str, number: int, adapter: bool) -> str | None:
-    """Why checkpoint `path` cannot be resumed from, or None when it is complete.
+    """Why checkpoint `path` on the host cannot be resumed from (`checkpoint_problem`)."""
+    return checkpoint_problem(list_dir(host, path) or {},
+                              lambda name: host.read(f"{path}/{name}"), number, adapter)
+
+
+def checkpoint_problem(entries: Mapping[str, _Entry], read: Callable[[str], bytes | None],
+                       number: int, adapter: bool) -> str | None:
+    """Why a checkpoint cannot be resumed from, or None when it is complete, from its
+    directory's `entries` and `read` (a file's bytes by name, None if absent): on a host,
+    and where orch keeps a copy (`orch submit --resume-from` checks that one the same way).
 
     Saves are not atomic (a preempted save leaves a directory that looks like a checkpoint),
     and HF writes trainer_state.json after the weights and optimizer state: so it must be
     there and parse, and so must the rest.
     """
-    entries = list_dir(host, path) or {}
-
     def present(name: str) -> bool:
         attrs = entries.get(name)
         if attrs is None:
@@ -164,7 +181,7 @@ def _checkpoint_problem(host: Host, path: str, number: int, adapter: bool) -> st
 
     if not present("trainer_state.json"):
         return "trainer_state.json missing"
-    raw = host.read(f"{path}/trainer_state.json")
+    raw = read("trainer_state.json")
     try:
         state = json.loads(raw or b"")
         global_step = int(state["global_step"])
@@ -180,20 +197,19 @@ def _checkpoint_problem(host: Host, path: str, number: int, adapter: bool) -> st
         return ("adapter weights missing" if adapter else "model weights missing")
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if not adapter and present(index):
-            missing = _missing_shards(host, f"{path}/{index}", entries)
+            missing = _missing_shards(read(index), index, entries)
             if missing:
                 return f"weight shard {missing[0]} missing"
     return None
 
 
-def _missing_shards(host: Host, index_path: str,
-                    entries: Mapping[str, paramiko.SFTPAttributes]) -> list[str]:
-    """Shards named by a safetensors/bin index that are absent or empty in `entries`."""
+def _missing_shards(raw: bytes | None, index: str, entries: Mapping[str, _Entry]) -> list[str]:
+    """Shards named by a safetensors/bin index (`raw`) that are absent or empty in `entries`."""
     try:
-        weight_map = json.loads(host.read(index_path) or b"")["weight_map"]
+        weight_map = json.loads(raw or b"")["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (ValueError, TypeError, KeyError, AttributeError):
-        return [PurePosixPath(index_path).name]
+        return [index]
     return [s for s in shards if s not in entries or not (entries[s].st_size or 0)]
 
 

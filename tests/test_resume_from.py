@@ -22,9 +22,10 @@ from orchestrator.core.hostmemory import MoveCase, move_or_stay, policy
 from orchestrator.core.planning import make_plan
 from orchestrator.core.spec import load_job
 from orchestrator.core.specidentity import training_differences
-from orchestrator.engine.jobinputs import artifacts_dir, resolved_layout
+from orchestrator.engine.jobinputs import artifacts_dir, checkpoint_dir, resolved_layout
 from orchestrator.engine.resumefrom import ResumePoint
 from orchestrator.engine.slowhost import planned_seconds
+from orchestrator.records.store import Job
 from providers.sim.compute import SimCloud
 
 __all__ = ["rig"]
@@ -173,12 +174,13 @@ def test_a_kept_checkpoint_that_cannot_be_resumed_is_refused(rig: Rig) -> None:
     """Checked as the trainer checks one (train.prepare_resume): at submit, then on the
     machine. Either way nothing trains from step 0 on a budget sized for the rest."""
     cloud, first, step, kept, more = stopped_by_budget(rig)
-    (kept / "optimizer.pt").rename(kept.parent / "optimizer.pt.away")
+    state = (kept / "optimizer.pt").read_bytes()
+    (kept / "optimizer.pt").write_bytes(b"")  # a copy cut short: as the host check reads it
     out = orch("submit", str(more), "--dry-run", "--resume-from", first)
     assert out.returncode == 1
-    assert (f"{first}'s checkpoint {kept} cannot be resumed from: its optimizer state is "
-            "missing; submit without --resume-from") in out.stderr, out.stderr
-    (kept.parent / "optimizer.pt.away").rename(kept / "optimizer.pt")
+    assert (f"{first}'s checkpoint {kept} cannot be resumed from: optimizer state missing; "
+            "submit without --resume-from") in out.stderr, out.stderr
+    (kept / "optimizer.pt").write_bytes(state)
 
     out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
     assert out.returncode == 0, out.stderr
@@ -246,3 +248,45 @@ def test_a_resumed_job_is_measured_against_its_whole_run(done: float, moves: boo
                     price_here=Decimal("2"), price_elsewhere=Decimal("2"),
                     setup_elsewhere_s=300.0, redo=0.0, observed_s=600.0)
     assert move_or_stay(case, policy()).move is moves
+
+
+def test_the_pins_are_the_machine_that_wrote_the_checkpoint_not_the_last_placement(
+        rig: Rig) -> None:
+    """A job placed again after a preemption can be stopped by its budget before the new
+    machine trains: its kept checkpoint is the earlier machine's. The pins come from the
+    `checkpoint.mirrored` record of that step, not from the job's last placement (here set
+    to two A100s, as `Ledger.placing` records an offer tried)."""
+    _, first, step, _, more = stopped_by_budget(rig)
+    (mirrored,) = [e.data() for e in rig.store.events(first)
+                   if e.kind == "checkpoint.mirrored" and e.data().step == step]
+    written = {"resources": {"gpu_count": 1, "layout": "single"},
+               "training": {"optimizer": "adamw"}}
+    assert mirrored.pins == written
+    with rig.store.transaction() as session:
+        job = session.get(Job, first)
+        assert job is not None
+        job.gpu, job.gpu_count = "A100 80GB", 2
+    out = orch("submit", str(more), "--dry-run", "--json", "--resume-from", first)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["resume_from"]["pins"] == written
+    # A file that sets a pinned field otherwise is refused; `auto` takes the pin.
+    two = more.with_name("two.yml")
+    two.write_text(more.read_text().replace("  spot: never\n", "  spot: never\n  gpu_count: 2\n"))
+    out = orch("submit", str(two), "--dry-run", "--resume-from", first)
+    assert out.returncode == 1
+    assert "resources.gpu_count: 1 as trained -> 2 in this file" in out.stderr, out.stderr
+
+
+def test_a_resumed_job_with_its_own_copy_does_not_need_the_first_ones(rig: Rig) -> None:
+    """Taken over after it mirrored a checkpoint of its own (a worker's restart): the first
+    job's folder may be gone by then; the job resumes from its own copy."""
+    cloud, first, step, kept, more = stopped_by_budget(rig)
+    out = orch("submit", str(more), "--detach", "--json", "--resume-from", first)
+    assert out.returncode == 0, out.stderr
+    second = json.loads(out.stdout)["job_id"]
+    shutil.copytree(kept, checkpoint_dir(second) / kept.name)  # as its mirror would hold it
+    shutil.rmtree(artifacts_dir(first))
+    job = rig.run(cloud, second)
+    assert job.status == "succeeded", job.failure_reason
+    (restored,) = [e for e in rig.store.events(second) if e.kind == "checkpoint.restored"]
+    assert restored.data().step == step and "from the local copy" in restored.message

@@ -122,9 +122,9 @@ def submit(
 
         try:
             resume = resumefrom.find(store, resume_from, loaded)
+            loaded = resume.apply(loaded)
         except resumefrom.ResumeRefused as exc:
             fail(f"{file}: --resume-from {resume_from}: {exc}")
-        loaded = resume.apply(loaded)
     status = JobStatus.PLANNED if dry_run else JobStatus.QUEUED
     # Checked before anything is recorded, in every mode: a job nothing here can run is
     # neither queued for a worker to fail nor planned as if it could run.
@@ -150,7 +150,10 @@ def submit(
                                message="dry run: nothing started" if dry_run else None,
                                resume=resume)
     except NoFit as exc:
-        fail(f"{file}: {exc}", EXIT_NO_FIT)
+        held = "" if resume is None else (
+            f" (held to {resume.job_id}'s checkpoint: {resume.describe_pins()}, which these "
+            "settings cannot change)")
+        fail(f"{file}: {exc}{held}", EXIT_NO_FIT)
     p = plan.chosen
     placement = plan.to_dict(alternatives=10_000)
     head = (f"{row.id}  {status}  {p.offer.provider} {p.offer.gpu} x{p.offer.gpu_count}"

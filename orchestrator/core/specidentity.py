@@ -45,14 +45,13 @@ def spec_hash(spec: BaseModel) -> str:
 
 
 # What a job file may change and still resume from a checkpoint another job of it kept
-# (`orch submit --resume-from`): where the job runs, what it may cost, how it is named,
-# watched, evaluated and delivered, and the memory savers (recomputed activations, offloaded
-# ones, the loss kernel: the same maths in other memory). None of these changes what a
-# training step computes, so the kept optimizer state, schedule and data order continue the
-# same run. The GPU count, layout and optimizer the planner resolves per machine are held to
-# the checkpoint's (engine/resumefrom.py). Everything else (the
-# model, the data, the hyperparameters; the GPUs, count and layout, which decide the memory
-# savers the planner turns on and how the optimizer state is sharded) must be as it was.
+# (`orch submit --resume-from`): where the job runs (the GPU models and providers it may
+# take) and what it may cost, how it is named, watched, evaluated and delivered, and the
+# memory savers (recomputed or offloaded activations, the loss kernel: the same maths in
+# other memory). None of these changes what a training step computes. What the planner
+# resolves per machine and a checkpoint depends on (the GPU count, layout and optimizer) is
+# held to the checkpoint's (engine/resumefrom.py); the model, the data and the
+# hyperparameters must be as they were.
 RESUMABLE_ACROSS: tuple[tuple[str, ...], ...] = (
     ("name",), ("eval",), ("output",), ("tracking",), ("notify",),
     ("training", "stop_on_nan"), ("training", "gradient_checkpointing"),
@@ -60,7 +59,8 @@ RESUMABLE_ACROSS: tuple[tuple[str, ...], ...] = (
     ("resources", "headroom"),
     ("resources", "max_cost"), ("resources", "deadline_hours"),
     ("resources", "max_price_per_hour"), ("resources", "spot"), ("resources", "providers"),
-    ("resources", "servers"), ("resources", "keep_warm"),
+    ("resources", "servers"), ("resources", "keep_warm"), ("resources", "gpus"),
+    ("resources", "max_gpus"),
 )
 
 

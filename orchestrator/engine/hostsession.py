@@ -121,6 +121,8 @@ class HostSession:
         self.state = state
         self.ledger = state.ledger
         self.inputs = inputs
+        # The shape the job trains with on the machine it is on (`Rendered.pins`).
+        self.pins: dict[str, dict[str, object]] = {}
         self.teardown = teardown
         self.warm = warm
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
@@ -257,6 +259,7 @@ class HostSession:
         # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
         given = self._given_checkpoints(inst) if spot is not None else None
         rendered = self.inputs.rendered(job, inst, spot, given)
+        self.pins = rendered.pins()  # recorded with each checkpoint copied off this machine
         # The port asked for the eval server is vLLM's default, 8000; a loopback host's is
         # drawn as the evaluation starts (`JobHooks.eval_port`).
         pj = self.inputs.pipeline_job(job, inst, vllm_port=8000,
@@ -522,7 +525,8 @@ class JobHooks(pipeline.Hooks):
             self.ledger.event(EventKind.CHECKPOINT_MIRRORED,
                               f"checkpoint-{copied.step} copied off the host "
                               f"({copied.bytes / 1e6:.1f} MB)",
-                              {"step": copied.step, "bytes": copied.bytes})
+                              {"step": copied.step, "bytes": copied.bytes,
+                               "pins": self.session.pins})
 
     def train_progress(self, progress: train.Progress) -> None:
         self.session.on_train_progress(progress)

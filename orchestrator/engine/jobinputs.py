@@ -63,6 +63,13 @@ class Rendered:
     strategy: str
     workload: Workload
     checkpoints: Checkpoints
+    gpu_count: int = 1
+
+    def pins(self) -> dict[str, dict[str, object]]:
+        """The job-file values that render this again: what a checkpoint written here needs
+        of the machine that resumes it (`checkpoint.mirrored`'s `pins`, engine/resumefrom)."""
+        return {"resources": {"gpu_count": self.gpu_count, "layout": self.strategy},
+                "training": {"optimizer": str(self.workload.optimizer)}}
 
 
 class InputsError(Exception):
@@ -157,7 +164,7 @@ class Inputs:
         checkpoints the trainer there was given already, kept)."""
         strategy, w = self.layout(job, inst)
         count = job.gpu_count or inst.gpu_count or 1
-        return Rendered(strategy, w, given or self.checkpoints(count, spot, w, strategy))
+        return Rendered(strategy, w, given or self.checkpoints(count, spot, w, strategy), count)
 
     def layout(self, job: Job, inst: Instance) -> tuple[str, Workload]:
         """The layout and resolved settings the job trains with on `inst`: the planner's
@@ -335,6 +342,11 @@ def _resolved(cross_entropy: CrossEntropy | Literal["auto"]) -> CrossEntropy:
     return cross_entropy
 
 
+def checkpoint_dir(job_id: str) -> Path:
+    """Local copies of a job's newest checkpoint (providers without a volume)."""
+    return data_dir() / "checkpoints" / job_id
+
+
 def artifacts_dir(job_id: str) -> Path:
     """Where a job's adapter (and merged model) are copied back to."""
     return data_dir() / "artifacts" / job_id
@@ -370,7 +382,10 @@ def load_inputs(job: Job) -> Inputs:
     resume = job.placement().resume_from
     if resume is not None and resume.step and resume.max_steps:
         kept = Path(resume.dir or "") / f"checkpoint-{resume.step}"
-        if not kept.is_dir():  # before renting: the job's budget was sized for the rest
+        own = checkpoint_dir(job.id)
+        # Before renting (the job's budget was sized for the rest), unless it has its own
+        # copy since: a later attempt resumes from that.
+        if not kept.is_dir() and not any(own.glob("checkpoint-*")):
             raise InputsError(f"job {job.id} resumes from {kept} (kept by job {resume.job}), "
                               "which is gone: submit the job file again without "
                               "--resume-from to train from the start")

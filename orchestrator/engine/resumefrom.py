@@ -27,14 +27,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus
 from orchestrator.core.spec import JobSpec, LoadedJob
 from orchestrator.core.specidentity import RESUMABLE_ACROSS, training_differences
-from orchestrator.engine.jobinputs import artifacts_dir, recorded_spec, resolved_layout
+from orchestrator.core.states import EventKind
+from orchestrator.engine.jobinputs import artifacts_dir, recorded_spec
 from orchestrator.engine.runner_core import PHASES, JobFailed, checkpoint_dir
 from orchestrator.records.columns import document_object
 from orchestrator.records.store import Job, Store
-from playbooks.trainjob import ADAPTER_WEIGHTS, FULL_WEIGHTS, OPTIMIZER_STATE
+from playbooks import train
 
 
 class ResumeRefused(ValueError):
@@ -64,11 +67,10 @@ class ResumePoint:
 
     def describe(self) -> str:
         """One line for the user: where it resumes from and what it is held to."""
-        r, t = self.pins.get("resources", {}), self.pins.get("training", {})
         return (f"resumes from {self.job_id}'s checkpoint at step {self.step} of "
                 f"{self.max_steps} ({self.root / f'checkpoint-{self.step}'}): "
-                f"{1 - self.done:.0%} of training left, on {r.get('gpu_count')} GPU(s), "
-                f"layout {r.get('layout')}, optimizer {t.get('optimizer')}, as it was written")
+                f"{1 - self.done:.0%} of training left, on {self.describe_pins()}, as it was "
+                "written")
 
     def apply(self, loaded: LoadedJob) -> LoadedJob:
         """`loaded` held to the checkpoint: its pins in the spec, what is left to train."""
@@ -77,7 +79,19 @@ class ResumePoint:
             data.pop("lora", None)  # as `recorded_spec` reads one back: a full job sets none
         for section, values in self.pins.items():
             data[section] = {**data[section], **values}
-        return loaded._replace(spec=JobSpec.model_validate(data), done=self.done)
+        try:
+            spec = JobSpec.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(e["msg"] for e in exc.errors())
+            raise ResumeRefused(f"this file cannot train as {self.job_id}'s checkpoint was "
+                                f"written ({self.describe_pins()}): {problems}") from None
+        return loaded._replace(spec=spec, done=self.done)
+
+    def describe_pins(self) -> str:
+        """`1 GPU(s), layout single, optimizer adamw`."""
+        r, t = self.pins.get("resources", {}), self.pins.get("training", {})
+        return (f"{r.get('gpu_count')} GPU(s), layout {r.get('layout')}, optimizer "
+                f"{t.get('optimizer')}")
 
 
 def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
@@ -95,8 +109,7 @@ def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
             job.phase_done in PHASES[PHASES.index("artifacts"):]):
         raise ResumeRefused(f"{job_id} finished training: its model is in "
                             f"{job.artifacts_dir or artifacts_dir(job_id)}; nothing to resume")
-    pins = _pins(job, loaded)
-    _same_training(job, loaded, pins)
+    _same_training(job, loaded)
     found = [(step, root) for root in (artifacts_dir(job_id), checkpoint_dir(job_id))
              for step in _steps(root)]
     if not found:
@@ -106,21 +119,22 @@ def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
         raise ResumeRefused(f"{job_id} kept no checkpoint on this machine ({why}); submit "
                             "without --resume-from to train from the start")
     step, root = max(found)
+    pins = _pins(store, job, step)
+    _fits_pins(job_id, loaded, pins)
     folder = root / f"checkpoint-{step}"
     max_steps = _complete(job_id, folder, step, adapter=loaded.spec.method != "full")
     return ResumePoint(job_id, root, step, max_steps, pins)
 
 
-def _same_training(job: Job, loaded: LoadedJob, pins: dict[str, dict[str, object]]) -> None:
+# The spec fields the planner resolves per machine that a checkpoint depends on (`pins`).
+PINNED = (("resources", "gpu_count"), ("resources", "layout"), ("training", "optimizer"))
+
+
+def _same_training(job: Job, loaded: LoadedJob) -> None:
     """ResumeRefused unless `loaded` trains what `job` trained. The pinned fields are `auto`
     in a job file that leaves them to the planner (and pinned in a job that resumed too):
-    they are compared with the pins instead."""
-    pinned = [(section, key) for section, values in pins.items() for key in values]
-    differ = training_differences(recorded_spec(job), loaded.spec, ignore=pinned)
-    given = loaded.spec.model_dump(mode="python")
-    differ += [f"{section}.{key}: {value} as trained -> {given[section][key]}"
-               for section, values in pins.items() for key, value in values.items()
-               if given[section][key] not in (None, "auto", value)]
+    they are checked against the pins (`_fits_pins`)."""
+    differ = training_differences(recorded_spec(job), loaded.spec, ignore=PINNED)
     if differ:
         may = ", ".join(".".join(p) for p in RESUMABLE_ACROSS)
         raise ResumeRefused(
@@ -137,14 +151,31 @@ def _same_training(job: Job, loaded: LoadedJob, pins: dict[str, dict[str, object
             "from the start")
 
 
-def _pins(job: Job, loaded: LoadedJob) -> dict[str, dict[str, object]]:
-    """The GPU count, layout and optimizer `job` trained with on its last placement (its own
-    spec resolved there, as the engine rendered it; `loaded`: the same data)."""
-    count = job.gpu_count or 1
-    strategy, w = resolved_layout(loaded._replace(spec=recorded_spec(job)), job.gpu or "",
-                                  count)
-    return {"resources": {"gpu_count": count, "layout": strategy},
-            "training": {"optimizer": str(w.optimizer)}}
+def _fits_pins(job_id: str, loaded: LoadedJob, pins: dict[str, dict[str, object]]) -> None:
+    """ResumeRefused when the file sets a pinned field to another value than the checkpoint
+    was written with (`auto`, or unset, takes the pin)."""
+    given = loaded.spec.model_dump(mode="python")
+    clash = [f"{section}.{key}: {value} as trained -> {given[section][key]} in this file"
+             for section, values in pins.items() for key, value in values.items()
+             if given[section][key] not in (None, "auto", value)]
+    if clash:
+        raise ResumeRefused(f"{job_id}'s checkpoint was written with other settings: "
+                            f"{'; '.join(clash)}. Leave them to the planner (auto) or set "
+                            "them as trained, or submit without --resume-from")
+
+
+def _pins(store: Store, job: Job, step: int) -> dict[str, dict[str, object]]:
+    """The GPU count, layout and optimizer the checkpoint at `step` was written with, as
+    recorded when it was copied off its machine (not `job`'s last placement: a job is
+    placed again after a preemption, and can be stopped before the new machine trains)."""
+    for event in store.events_after(job.id, kinds=(EventKind.CHECKPOINT_MIRRORED,)):
+        data = event.data()
+        if data.step == step and data.pins:
+            return data.pins
+    raise ResumeRefused(
+        f"{job.id}'s checkpoint at step {step} was copied by an orch that did not record the "
+        "GPU count, layout and optimizer it was written with, and resuming it with others "
+        "fails or silently misreads it; submit without --resume-from to train from the start")
 
 
 def _steps(root: Path) -> list[int]:
@@ -155,22 +186,21 @@ def _steps(root: Path) -> list[int]:
 
 
 def _complete(job_id: str, folder: Path, step: int, adapter: bool) -> int:
-    """The run's length (max_steps) if `folder` is a checkpoint the trainer can resume from
-    (what `train.prepare_resume` checks on a host); ResumeRefused otherwise."""
-    path = folder / "trainer_state.json"
+    """The run's length (max_steps) if `folder` is a checkpoint the trainer can resume from,
+    by the check a host's copy gets (`train.checkpoint_problem`); ResumeRefused otherwise."""
+    def read(name: str) -> bytes | None:
+        path = folder / name
+        return path.read_bytes() if path.is_file() else None
+
     try:
-        state = json.loads(path.read_text())
-        written, total = state.get("global_step"), state.get("max_steps")
+        entries = {p.name: p.stat() for p in folder.iterdir()}
+        problem = train.checkpoint_problem(entries, read, step, adapter)
+        total = json.loads(read("trainer_state.json") or b"{}").get("max_steps")
     except (OSError, ValueError, AttributeError) as exc:
-        raise ResumeRefused(f"{job_id}'s checkpoint cannot be read ({path}: {exc}); submit "
+        raise ResumeRefused(f"{job_id}'s checkpoint {folder} cannot be read ({exc}); submit "
                             "without --resume-from to train from the start") from exc
-    weights = ADAPTER_WEIGHTS if adapter else FULL_WEIGHTS
-    problem = (f"trainer_state.json says step {written}" if written != step else
-               f"its max_steps is {total!r}" if not isinstance(total, int) or total <= 0 else
-               "its optimizer state is missing" if not any(
-                   (folder / n).exists() for n in OPTIMIZER_STATE) else
-               "its weights are missing" if not any((folder / n).exists() for n in weights)
-               else None)
+    if problem is None and (not isinstance(total, int) or total <= 0):
+        problem = f"trainer_state.json gives no max_steps ({total!r})"
     if problem is not None:
         raise ResumeRefused(f"{job_id}'s checkpoint {folder} cannot be resumed from: "
                             f"{problem}; submit without --resume-from to train from the start")

@@ -38,6 +38,7 @@ from orchestrator.core.scheduler import Placement
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EventKind, StopKind
 from orchestrator.engine import recovery
+from orchestrator.engine.jobinputs import checkpoint_dir as checkpoint_dir  # re-exported
 from orchestrator.engine.notifications import Notices
 from orchestrator.engine.watchdog import Watchdog
 from orchestrator.records.store import (
@@ -178,11 +179,6 @@ def instance_cost(row: money.CostedInstance,
                   until: datetime | None = None) -> tuple[Decimal, Decimal]:
     """(charged, amortised) for an instance row from create to terminate (or `until`)."""
     return money.instance_cost(row, until or utcnow())
-
-
-def checkpoint_dir(job_id: str) -> Path:
-    """Local copies of a job's newest checkpoint (providers without a volume)."""
-    return data_dir() / "checkpoints" / job_id
 
 
 def describe_failure(exc: BaseException) -> str:

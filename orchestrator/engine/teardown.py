@@ -229,7 +229,8 @@ class Teardown:
             kept = checkpoints.local_steps(home)
             if kept:
                 return (f"its newest checkpoint (step {kept[0]}) is kept in "
-                        f"{home / f'checkpoint-{kept[0]}'}")
+                        f"{home / f'checkpoint-{kept[0]}'} (`orch submit JOB_FILE "
+                        f"--resume-from {job_id}` with a higher max_cost continues from it)")
             return ("nothing delivered: no checkpoint had been copied off the machine (orch "
                     "copies those up to 2 GiB, LoRA and QLoRA adapters, as training saves them)")
         step = steps[0]

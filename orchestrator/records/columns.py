@@ -193,6 +193,8 @@ class EventData(_Kept):
     pruned: Lenient[PruneRecord] = None  # a `state` event entering `pruned`: what decided it
     instance: Lenient[str] = None  # the provider's instance id (`host.checked`, ...)
     step: Lenient[int] = None  # `train.progress`, `checkpoint.mirrored`: the step
+    # `checkpoint.mirrored`: the GPU count, layout and optimizer it was written with.
+    pins: Lenient[dict[str, dict[str, Any]]] = None
     metric: Lenient[str] = None  # `train.not_finite`: which loss was not a number
     total: Lenient[int] = None  # `train.progress`: the steps of the whole training
     findings: Lenient[list[FindingRecord]] = None  # a registered server's check (issue 40)
