@@ -85,6 +85,17 @@ def without_defaults(data: dict[str, Any],
     return out
 
 
+def leaves(data: Any, at: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested mappings' values by their key path (a list, or anything not a mapping, is one
+    value): what two versions of a file are compared over, field by field."""
+    if not isinstance(data, Mapping):
+        return {at: data}
+    out: dict[tuple[str, ...], Any] = {}
+    for key, value in data.items():
+        out.update(leaves(value, (*at, key)))
+    return out
+
+
 def dumps(value: Any) -> str:
     """The canonical JSON text of `value`."""
     return json.dumps(plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -68,8 +68,8 @@ def training_differences(before: BaseModel, after: BaseModel,
                          ignore: Sequence[tuple[str, ...]] = ()) -> list[str]:
     """The fields outside RESUMABLE_ACROSS (and `ignore`) in which two job specs differ,
     each as `field: <before> -> <after>` (values in the canonical form), in field order."""
-    old = _leaves(canonical.plain(before.model_dump(mode="python")))
-    new = _leaves(canonical.plain(after.model_dump(mode="python")))
+    old = canonical.leaves(canonical.plain(before.model_dump(mode="python")))
+    new = canonical.leaves(canonical.plain(after.model_dump(mode="python")))
     out = []
     for path in dict.fromkeys([*old, *new]):
         if any(path[:len(p)] == p for p in (*RESUMABLE_ACROSS, *ignore)):
@@ -77,14 +77,4 @@ def training_differences(before: BaseModel, after: BaseModel,
         a, b = old.get(path, "(unset)"), new.get(path, "(unset)")
         if a != b:
             out.append(f"{'.'.join(path)}: {canonical.dumps(a)} -> {canonical.dumps(b)}")
-    return out
-
-
-def _leaves(data: object, at: tuple[str, ...] = ()) -> dict[tuple[str, ...], object]:
-    """Plain data's values by their key path (a list is one value)."""
-    if not isinstance(data, dict):
-        return {at: data}
-    out: dict[tuple[str, ...], object] = {}
-    for key, value in data.items():
-        out.update(_leaves(value, (*at, key)))
     return out

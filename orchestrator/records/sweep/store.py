@@ -23,6 +23,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from orchestrator.core import canonical
 from orchestrator.core.jobstatus import JobStatus
 from orchestrator.core.money import usd
 from orchestrator.core.planning import Plan, make_plan
@@ -435,13 +436,9 @@ class _Recorded:
                 f"they stay in this sweep's spent ({usd(from_micros(spent))}) and best"]
 
 
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): value}
+def _flat(value: Any) -> dict[str, Any]:
+    """`value`'s leaves by dotted key (`training.learning_rate`)."""
+    return {".".join(path): leaf for path, leaf in canonical.leaves(value).items()}
 
 
 def _diff(old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...],
