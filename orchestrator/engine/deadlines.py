@@ -119,8 +119,7 @@ class Contract:
         self.total: int | None = None
         self.events_read = 0
         # A job resumed from another's checkpoint (`--resume-from`) has that step durable.
-        kept = state.ledger.job().placement().resume_from if self.hours is not None else None
-        self.kept_step = (kept.step or 0) if kept is not None else 0
+        self.kept_step = (inputs.resume.step or 0) if inputs.resume is not None else 0
         self.warned = self.active and bool(state.store.events_after(
             state.job_id, kinds=(EventKind.DEADLINE_WILL_MISS,)))
 

@@ -121,8 +121,6 @@ class HostSession:
         self.state = state
         self.ledger = state.ledger
         self.inputs = inputs
-        # The shape the job trains with on the machine it is on (`Rendered.pins`).
-        self.pins: dict[str, dict[str, object]] = {}
         self.teardown = teardown
         self.warm = warm
         self.losses: dict[int, float] = {}  # step -> training loss recorded as a metric
@@ -259,7 +257,6 @@ class HostSession:
         # A takeover (or a reconnect) of a spot machine: the trainer there was given these.
         given = self._given_checkpoints(inst) if spot is not None else None
         rendered = self.inputs.rendered(job, inst, spot, given)
-        self.pins = rendered.pins()  # recorded with each checkpoint copied off this machine
         # The port asked for the eval server is vLLM's default, 8000; a loopback host's is
         # drawn as the evaluation starts (`JobHooks.eval_port`).
         pj = self.inputs.pipeline_job(job, inst, vllm_port=8000,
@@ -286,7 +283,7 @@ class HostSession:
         done = recovery.phases_done(job.phase_done, PHASES)
         # A later attempt resumes; so does a job's first that starts from a checkpoint
         # another job kept (`orch submit --resume-from`).
-        resume = job.attempt > 0 or job.placement().resume_from is not None
+        resume = job.attempt > 0 or self.inputs.resume is not None
         run = PipelineRun(host, pj, done=done, resume=resume,
                           train_seconds=job.train_seconds or 0.0)
         self.pipeline_run = run
@@ -295,7 +292,7 @@ class HostSession:
             held.pipeline = run
         # Where we are connected, not the placement's instance (its address may only have
         # been learnt while connecting): a loopback host shares this machine's ports.
-        pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps,
+        pipeline.run_phases(run, JobHooks(self, placed, pj.config.save_steps, rendered.pins(),
                                           _is_loopback(host.conn.host or "")))
         if held is not None:
             held.pipeline = None  # every detached run ended: nothing to stop at the release
@@ -411,8 +408,9 @@ class JobHooks(pipeline.Hooks):
     """`playbooks.pipeline.Hooks` for a job the engine drives on one instance."""
 
     def __init__(self, session: HostSession, placed: Placed, save_steps: int,
-                 loopback: bool = False) -> None:
+                 pins: dict[str, dict[str, object]], loopback: bool = False) -> None:
         self.session = session
+        self.pins = pins  # how this machine trains: recorded with each checkpoint copied off
         self.loopback = loopback
         self.ledger = session.ledger
         self.inputs = session.inputs
@@ -488,14 +486,15 @@ class JobHooks(pipeline.Hooks):
     def restore(self, run: PipelineRun) -> None:
         # A no-op without local copies (the first attempt, or a takeover on the same machine),
         # unless the job starts from a checkpoint another job kept (`--resume-from`).
-        source, where = resumefrom.restore_source(self.ledger.job(), self.local)
+        source, where = resumefrom.source(self.inputs.resume, self.local) or (
+            self.local, "the local copy")
         restored = checkpoints.restore(run.host, run.train_job, source)
         if restored is not None:
             self.ledger.event("checkpoint.restored", f"uploaded checkpoint-{restored} from "
                               f"{where} to the new instance", {"step": restored})
 
     def resumed(self, run: PipelineRun, info: train.ResumeInfo) -> None:
-        resumefrom.check_resumed(self.ledger.job(), info.step, info.problems)
+        resumefrom.check_resumed(self.inputs.resume, info.step, info.problems)
         reached = self.ledger.progress.step  # on the lost instance
         lost = info.lost_steps or 0
         if reached is not None:
@@ -526,7 +525,7 @@ class JobHooks(pipeline.Hooks):
                               f"checkpoint-{copied.step} copied off the host "
                               f"({copied.bytes / 1e6:.1f} MB)",
                               {"step": copied.step, "bytes": copied.bytes,
-                               "pins": self.session.pins})
+                               "pins": self.pins})
 
     def train_progress(self, progress: train.Progress) -> None:
         self.session.on_train_progress(progress)
@@ -556,7 +555,7 @@ class JobHooks(pipeline.Hooks):
         # Nor a resumed one (`--resume-from`): its seconds hold the trainer's skip through
         # the data it had trained, which its tokens do not.
         if isinstance(self.provider, Simulated) or job.interruptions or seconds <= 0 \
-                or not job.gpu or job.placement().resume_from is not None:
+                or not job.gpu or self.inputs.resume is not None:
             return
         inputs = self.inputs
         size = throughput.size_class(inputs.loaded.architecture.params)

@@ -25,7 +25,7 @@ from orchestrator.core.settings import settings
 from orchestrator.core.sizing import CrossEntropy, Workload
 from orchestrator.core.spec import JobSpec, LoadedJob, SpecError, resolve
 from orchestrator.core.userfiles import lines
-from orchestrator.records.columns import document_object
+from orchestrator.records.columns import ResumeRecord, document_object
 from orchestrator.records.store import Job
 from playbooks import images
 from playbooks.axolotl import TrainConfigInput
@@ -63,7 +63,7 @@ class Rendered:
     strategy: str
     workload: Workload
     checkpoints: Checkpoints
-    gpu_count: int = 1
+    gpu_count: int
 
     def pins(self) -> dict[str, dict[str, object]]:
         """The job-file values that render this again: what a checkpoint written here needs
@@ -88,6 +88,9 @@ class Inputs:
     tokens: int
     est_train_hours: float | None
     measured: dict[MeasuredKey, Measured]  # throughput learned from finished jobs
+    # The checkpoint another job kept that this one starts from (`orch submit --resume-from`,
+    # engine/resumefrom.py); `loaded.done` is what it holds.
+    resume: ResumeRecord | None = None
 
     def eval_rows(self) -> list[dict[str, object]] | None:
         """The eval set's rows, or None when the job has no eval set."""
@@ -381,19 +384,11 @@ def load_inputs(job: Job) -> Inputs:
         raise InputsError(f"job {job.id}: {'; '.join(exc.problems)}") from exc
     resume = job.placement().resume_from
     if resume is not None and resume.step and resume.max_steps:
-        kept = Path(resume.dir or "") / f"checkpoint-{resume.step}"
-        own = checkpoint_dir(job.id)
-        # Before renting (the job's budget was sized for the rest), unless it has its own
-        # copy since: a later attempt resumes from that.
-        if not kept.is_dir() and not any(own.glob("checkpoint-*")):
-            raise InputsError(f"job {job.id} resumes from {kept} (kept by job {resume.job}), "
-                              "which is gone: submit the job file again without "
-                              "--resume-from to train from the start")
         loaded = loaded._replace(done=min(resume.step / resume.max_steps, 1.0))
     planned = job.placement().placement
     est = None if planned is None else planned.est_training_hours
     return Inputs(loaded, total_tokens(loaded), est or None,
-                  measured_throughput())
+                  measured_throughput(), resume)
 
 
 def recorded_sizes(records: list[dict[str, Any]] | None) -> HubSizer:

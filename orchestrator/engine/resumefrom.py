@@ -33,11 +33,11 @@ from orchestrator.core.jobstatus import FINAL_STATUSES, JobStatus
 from orchestrator.core.spec import JobSpec, LoadedJob
 from orchestrator.core.specidentity import RESUMABLE_ACROSS, training_differences
 from orchestrator.core.states import EventKind
-from orchestrator.engine.jobinputs import artifacts_dir, recorded_spec
+from orchestrator.engine.jobinputs import Inputs, InputsError, artifacts_dir, recorded_spec
 from orchestrator.engine.runner_core import PHASES, JobFailed, checkpoint_dir
-from orchestrator.records.columns import document_object
+from orchestrator.records.columns import ResumeRecord, document_object
 from orchestrator.records.store import Job, Store
-from playbooks import train
+from playbooks import checkpoints, train
 
 
 class ResumeRefused(ValueError):
@@ -111,7 +111,7 @@ def find(store: Store, job_id: str, loaded: LoadedJob) -> ResumePoint:
                             f"{job.artifacts_dir or artifacts_dir(job_id)}; nothing to resume")
     _same_training(job, loaded)
     found = [(step, root) for root in (artifacts_dir(job_id), checkpoint_dir(job_id))
-             for step in _steps(root)]
+             for step in checkpoints.local_steps(root)]
     if not found:
         why = ("a cancelled job's checkpoints are deleted" if status is JobStatus.CANCELLED
                else "orch keeps the newest checkpoint it had copied off the machine (LoRA and "
@@ -178,13 +178,6 @@ def _pins(store: Store, job: Job, step: int) -> dict[str, dict[str, object]]:
         "fails or silently misreads it; submit without --resume-from to train from the start")
 
 
-def _steps(root: Path) -> list[int]:
-    """The complete checkpoint copies under `root` (`checkpoint-N`; a `.part` is not one)."""
-    from playbooks import checkpoints
-
-    return checkpoints.local_steps(root)
-
-
 def _complete(job_id: str, folder: Path, step: int, adapter: bool) -> int:
     """The run's length (max_steps) if `folder` is a checkpoint the trainer can resume from,
     by the check a host's copy gets (`train.checkpoint_problem`); ResumeRefused otherwise."""
@@ -208,20 +201,35 @@ def _complete(job_id: str, folder: Path, step: int, adapter: bool) -> int:
     return total
 
 
-def restore_source(job: Job, local: Path) -> tuple[Path, str]:
-    """Where a new machine of `job` gets its checkpoint from, and how to say it: orch's copy
-    of the job's own (`local`), else the one it was submitted to resume from."""
-    resume = job.placement().resume_from
-    if resume is not None and resume.dir and not _steps(local):
+def source(resume: ResumeRecord | None, local: Path) -> tuple[Path, str] | None:
+    """Where a new machine of a job gets its checkpoint from, and how to say it: orch's copy
+    of the job's own (`local`), else the one it was submitted to resume from (`resume`) while
+    that is there; None: neither."""
+    if checkpoints.local_steps(local):
+        return local, "the local copy"
+    if resume is not None and resume.dir and resume.step and (
+            Path(resume.dir) / f"checkpoint-{resume.step}").is_dir():
         return Path(resume.dir), resume.dir
-    return local, "the local copy"
+    return None
 
 
-def check_resumed(job: Job, step: int, problems: Sequence[str]) -> None:
-    """JobFailed when `job`, submitted to continue from a checkpoint at a step (planned and
-    budgeted for the rest), would resume from an earlier one (`step`, 0 for none): training
-    it all again is not what was asked for or paid for. Before training starts."""
-    resume = job.placement().resume_from
+def require_source(inputs: Inputs, job_id: str) -> None:
+    """InputsError, before anything is rented, when a job submitted to resume from another's
+    checkpoint has neither it nor a copy of its own: its budget was sized for the rest."""
+    resume = inputs.resume
+    if resume is None or not (resume.step and resume.max_steps) or source(
+            resume, checkpoint_dir(job_id)) is not None:
+        return
+    kept = Path(resume.dir or "") / f"checkpoint-{resume.step}"
+    raise InputsError(f"job {job_id} resumes from {kept} (kept by job {resume.job}), which is "
+                      "gone: submit the job file again without --resume-from to train from "
+                      "the start")
+
+
+def check_resumed(resume: ResumeRecord | None, step: int, problems: Sequence[str]) -> None:
+    """JobFailed when a job submitted to continue from a checkpoint at a step (`resume`:
+    planned and budgeted for the rest) would resume from an earlier one (`step`, 0 for none):
+    training it all again is not what was asked for or paid for. Before training starts."""
     if resume is None or not resume.step or step >= resume.step:
         return
     moved = f" (moved aside: {'; '.join(problems)})" if problems else ""

@@ -41,7 +41,7 @@ from orchestrator.core.paths import data_dir, private_dir
 from orchestrator.core.settings import settings
 from orchestrator.core.states import EndReason, EventKind, Outcome, StopKind
 from orchestrator.core.utc import iso_z
-from orchestrator.engine import budget, hostchecks, recovery
+from orchestrator.engine import budget, hostchecks, recovery, resumefrom
 from orchestrator.engine.deadlines import Contract
 from orchestrator.engine.hostsession import HostSession
 from orchestrator.engine.jobinputs import InputsError, artifacts_dir, load_inputs
@@ -250,6 +250,7 @@ class JobRunner:
         ledger = state.ledger
         try:
             inputs = load_inputs(ledger.job())
+            resumefrom.require_source(inputs, state.job_id)
         except InputsError as exc:
             raise JobFailed(str(exc)) from exc
         ledger.disk_gb = inputs.disk_gb(self.opts.disk_gb)
